@@ -1,0 +1,146 @@
+"""The tensor-ops protocol on jax.Array (CPU).
+
+Shards and combines go through numpy: every eager jax op would compile once per new
+shape, and the explorer makes many shapes. Results come back as jax arrays of the same
+dtype, so the op under test always sees jax inputs. Arrays of extended dtypes (PRNG keys)
+have no numpy form; they are sliced and joined with lax and compared on their key data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+# (rtol, atol relative to the largest finite magnitude of the expected value) per dtype.
+_TOL = {
+    np.dtype(np.float64): (1e-7, 1e-9),
+    np.dtype(np.complex128): (1e-7, 1e-9),
+    np.dtype(np.float32): (1e-4, 1e-5),
+    np.dtype(np.complex64): (1e-4, 1e-5),
+}
+_LOW_TOL = (2e-2, 1e-2)  # float16, bfloat16, float8 kinds
+
+
+def _is_extended(x: jax.Array) -> bool:
+    return jnp.issubdtype(x.dtype, jax.dtypes.extended)
+
+
+def _np(x: jax.Array) -> np.ndarray:
+    return np.asarray(x)
+
+
+def _back(a: np.ndarray, like: jax.Array) -> jax.Array:
+    return jnp.asarray(np.asarray(a, dtype=like.dtype))
+
+
+class JaxOps:
+    """TensorOps for jax.Array."""
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, jax.Array)
+
+    def shape(self, x: jax.Array) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.shape)
+
+    def dtype_kind(self, x: jax.Array) -> str:
+        d = x.dtype
+        if _is_extended(x):
+            return OTHER
+        if d == np.bool_:
+            return BOOL
+        if jnp.issubdtype(d, jnp.complexfloating):
+            return COMPLEX
+        if jnp.issubdtype(d, jnp.floating):
+            return FLOAT
+        if jnp.issubdtype(d, jnp.integer):
+            return INT
+        return OTHER
+
+    def dtype_name(self, x: jax.Array) -> str:
+        return str(x.dtype)
+
+    def narrow(self, x, dim, start, length):
+        if _is_extended(x):
+            return lax.slice_in_dim(x, start, start + length, axis=dim)
+        index = [slice(None)] * x.ndim
+        index[dim] = slice(start, start + length)
+        return _back(_np(x)[tuple(index)].copy(), x)
+
+    def concat(self, xs: Sequence[jax.Array], dim: int):
+        xs = list(xs)
+        if _is_extended(xs[0]):
+            return lax.concatenate(xs, dim)
+        return _back(np.concatenate([_np(x) for x in xs], axis=dim), xs[0])
+
+    def _binary(self, a, b, f):
+        return _back(f(_np(a), _np(b)), a)
+
+    def add(self, a, b):
+        return self._binary(a, b, np.logical_or if a.dtype == np.bool_ else np.add)
+
+    def sub(self, a, b):
+        return self._binary(a, b, np.subtract)
+
+    def multiply(self, a, b):
+        return self._binary(a, b, np.logical_and if a.dtype == np.bool_ else np.multiply)
+
+    def maximum(self, a, b):
+        return self._binary(a, b, np.maximum)
+
+    def minimum(self, a, b):
+        return self._binary(a, b, np.minimum)
+
+    def scale(self, x, factor: float):
+        return _back(_np(x) * factor, x)
+
+    def close(self, actual: Any, expected: Any) -> bool:
+        if not (self.is_tensor(actual) and self.is_tensor(expected)):
+            return False
+        if actual.shape != expected.shape or self.dtype_kind(actual) != self.dtype_kind(expected):
+            return False
+        if _is_extended(actual) or _is_extended(expected):
+            if actual.dtype != expected.dtype:
+                return False
+            return bool(np.array_equal(_np(jax.random.key_data(actual)), _np(jax.random.key_data(expected))))
+        a, e = _np(actual), _np(expected)
+        if self.dtype_kind(actual) not in (FLOAT, COMPLEX):
+            return bool(np.array_equal(a, e.astype(a.dtype)))
+        if a.size == 0:
+            return True
+        rtol, atol_rel = _TOL.get(np.dtype(a.dtype), _LOW_TOL)
+        wide = np.complex128 if np.iscomplexobj(a) else np.float64
+        a64, e64 = a.astype(wide), e.astype(wide)
+        finite = np.isfinite(e64)
+        scale = float(np.abs(e64[finite]).max()) if finite.any() else 0.0
+        return bool(np.allclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True))
+
+    def zeros_like(self, x):
+        if _is_extended(x):
+            return x
+        return _back(np.zeros(x.shape, dtype=x.dtype), x)
+
+    def random_like(self, x: jax.Array, seed: int):
+        kind = self.dtype_kind(x)
+        rng = np.random.default_rng(seed)
+        if kind == BOOL:
+            return _back(rng.integers(0, 2, x.shape).astype(bool), x)
+        if kind == FLOAT:
+            return _back(rng.standard_normal(x.shape), x)
+        if kind == COMPLEX:
+            return _back(rng.standard_normal(x.shape) + 1j * rng.standard_normal(x.shape), x)
+        if kind == INT:
+            info = np.iinfo(x.dtype)
+            lo, hi = (0, 200) if info.min == 0 else (-100, 100)
+            return _back(rng.integers(lo, min(hi, int(info.max)), x.shape), x)
+        return x
+
+    def clone(self, x):
+        if _is_extended(x):
+            return x
+        return _back(_np(x).copy(), x)

@@ -1,0 +1,147 @@
+"""The ATen op catalog: every overload by name, and the schema facts the sweep needs.
+
+Names follow ``str(torch.ops.aten.mm.default)``: ``aten.<name>.<overload>``, with
+``default`` for the unnamed overload.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+NAMESPACE = "aten"
+
+# Ops whose output is (partly) uninitialized memory: their results cannot be compared.
+UNINITIALIZED = frozenset({
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "resize", "resize_", "resize_as",
+    "resize_as_", "_resize_output", "_resize_output_", "set", "set_", "_efficientzerotensor",
+    "empty_quantized", "_nested_tensor_from_mask_left_aligned",
+})
+# Random ops the nondeterministic_seeded tag misses (they take a Generator or draw from it).
+RANDOM = frozenset({
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
+    "bernoulli_", "normal", "normal_", "uniform", "uniform_", "cauchy", "cauchy_", "exponential",
+    "exponential_", "geometric", "geometric_", "log_normal", "log_normal_", "random", "random_",
+    "multinomial", "poisson", "dropout", "dropout_", "feature_dropout", "alpha_dropout",
+    "feature_alpha_dropout", "native_dropout", "rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_",
+    "_fused_dropout", "_standard_gamma", "_sample_dirichlet", "binomial", "_make_dep_token",
+})
+
+
+@functools.lru_cache(maxsize=1)
+def all_overloads() -> tuple[str, ...]:
+    """Every registered aten overload, sorted."""
+    names = set()
+    for full in torch._C._dispatch_get_all_op_names():
+        ns, sep, rest = full.partition("::")
+        if ns != NAMESPACE or not sep:
+            continue
+        base, _, overload = rest.partition(".")
+        names.add(f"{NAMESPACE}.{base}.{overload or 'default'}")
+    return tuple(sorted(names))
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """'aten.add.Tensor' -> ('add', 'Tensor')."""
+    ns, base, overload = name.split(".")
+    if ns != NAMESPACE:
+        raise KeyError(f"not an aten op: {name}")
+    return base, overload
+
+
+def resolve(name: str) -> torch._ops.OpOverload:
+    """The OpOverload for a catalog name; KeyError when it does not exist."""
+    base, overload = split_name(name)
+    try:
+        return getattr(getattr(torch.ops.aten, base), overload)
+    except (AttributeError, RuntimeError) as e:
+        raise KeyError(f"unknown op {name}") from e
+
+
+def op_name(func: torch._ops.OpOverload) -> str:
+    return str(func)
+
+
+def positional_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
+    """Schema names of the positional arguments (what OpCase.arg_names holds)."""
+    return tuple(a.name for a in func._schema.arguments if not a.kwarg_only)
+
+
+def out_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
+    """The ``out=``-style arguments (written, keyword-only)."""
+    return tuple(a.name for a in func._schema.arguments if a.is_out)
+
+
+def written_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
+    """Arguments the op mutates in place, out arguments excluded."""
+    return tuple(
+        a.name for a in func._schema.arguments
+        if a.alias_info is not None and a.alias_info.is_write and not a.is_out
+    )
+
+
+def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:
+    """Why the op's output cannot be compared across runs, or None."""
+    base = func._schema.name.split("::")[1]
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return "tagged nondeterministic_seeded (random sampling)"
+    if base in RANDOM or base.rstrip("_") in RANDOM:
+        return "draws random numbers"
+    if base in UNINITIALIZED:
+        return "output is uninitialized memory"
+    if any(str(a.real_type).endswith("Generator") or str(a.real_type) == "Optional[Generator]" for a in func._schema.arguments):
+        return "takes a random generator"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _overloads_by_base() -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for name in all_overloads():
+        out.setdefault(split_name(name)[0], []).append(name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _arg_key(arg) -> tuple[str, str]:
+    return arg.name, str(arg.real_type)
+
+
+@functools.lru_cache(maxsize=None)
+def functional_sibling(name: str) -> str | None:
+    """The functional overload an in-place (``foo_``) or ``out=`` overload computes.
+
+    In-place: the same overload of the name without the trailing underscore. Out: the
+    overload of the same name whose arguments are the out overload's minus its out args.
+    """
+    func = resolve(name)
+    base, overload = split_name(name)
+    if written_arg_names(func) and base.endswith("_") and not base.endswith("__"):
+        candidate = f"{NAMESPACE}.{base[:-1]}.{overload}"
+        if candidate in set(all_overloads()):
+            return candidate
+        return None
+    outs = out_arg_names(func)
+    if not outs:
+        return None
+    want = [_arg_key(a) for a in func._schema.arguments if not a.is_out]
+    for other in _overloads_by_base().get(base, ()):
+        if other == name:
+            continue
+        g = resolve(other)
+        if out_arg_names(g) or written_arg_names(g):
+            continue
+        if [_arg_key(a) for a in g._schema.arguments] == want:
+            return other
+    return None
+
+
+def is_core(func: torch._ops.OpOverload) -> bool:
+    return torch.Tag.core in func.tags
+
+
+__all__ = [
+    "NAMESPACE", "all_overloads", "functional_sibling", "is_core", "nondeterministic_reason", "op_name",
+    "out_arg_names", "positional_names", "resolve", "split_name", "written_arg_names",
+]

@@ -1,0 +1,104 @@
+"""The tensor-ops protocol on torch tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+# Tolerances per floating dtype: (rtol, atol relative to the largest magnitude involved).
+_TOL = {
+    torch.float64: (1e-7, 1e-9),
+    torch.complex128: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.complex64: (1e-4, 1e-5),
+}
+_LOW_TOL = (2e-2, 1e-2)  # float16 / bfloat16
+
+
+class TorchOps:
+    """TensorOps for torch.Tensor (CPU)."""
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    def shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def dtype_kind(self, x: torch.Tensor) -> str:
+        d = x.dtype
+        if d == torch.bool:
+            return BOOL
+        if d.is_complex:
+            return COMPLEX
+        if d.is_floating_point:
+            return FLOAT
+        if d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64):
+            return INT
+        return OTHER
+
+    def dtype_name(self, x: torch.Tensor) -> str:
+        return str(x.dtype).removeprefix("torch.")
+
+    def narrow(self, x, dim, start, length):
+        return x.narrow(dim, start, length).clone()
+
+    def concat(self, xs: Sequence[torch.Tensor], dim: int):
+        return torch.cat(list(xs), dim)
+
+    def add(self, a, b):
+        return torch.logical_or(a, b) if a.dtype == torch.bool else a + b
+
+    def sub(self, a, b):
+        return a - b
+
+    def multiply(self, a, b):
+        return torch.logical_and(a, b) if a.dtype == torch.bool else a * b
+
+    def maximum(self, a, b):
+        return torch.maximum(a, b)
+
+    def minimum(self, a, b):
+        return torch.minimum(a, b)
+
+    def scale(self, x, factor: float):
+        return (x * factor).to(x.dtype)
+
+    def close(self, actual: Any, expected: Any) -> bool:
+        if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
+            return False
+        if actual.shape != expected.shape or self.dtype_kind(actual) != self.dtype_kind(expected):
+            return False
+        if actual.is_sparse or expected.is_sparse or actual.is_quantized or expected.is_quantized:
+            return False
+        a, e = actual.detach(), expected.detach()
+        if not (a.dtype.is_floating_point or a.dtype.is_complex):
+            return bool(torch.equal(a, e.to(a.dtype)))
+        if a.numel() == 0:
+            return True
+        rtol, atol_rel = _TOL.get(a.dtype, _LOW_TOL)
+        a64 = a.to(torch.complex128 if a.dtype.is_complex else torch.float64)
+        e64 = e.to(a64.dtype)
+        finite = torch.isfinite(e64)
+        scale = float(e64[finite].abs().max()) if bool(finite.any()) else 0.0
+        return bool(torch.allclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True))
+
+    def zeros_like(self, x):
+        return torch.zeros_like(x)
+
+    def random_like(self, x: torch.Tensor, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        if x.dtype == torch.bool:  # vary the density by seed so any/all-like outputs vary too
+            return torch.rand(x.shape, generator=g) < (0.15, 0.5, 0.85)[seed % 3]
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            return torch.randn(x.shape, generator=g, dtype=x.dtype)
+        if x.dtype == torch.uint8:
+            return torch.randint(0, 200, x.shape, generator=g, dtype=x.dtype)
+        if self.dtype_kind(x) == INT:
+            return torch.randint(-100, 100, x.shape, generator=g, dtype=x.dtype)
+        return x.clone()
+
+    def clone(self, x):
+        return x.clone()

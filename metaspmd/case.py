@@ -1,0 +1,69 @@
+"""OpCase: one op call with concrete inputs, the unit the explorer and verifier work on,
+and the Backend protocol that sweeps use to list ops and build their cases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from .spec import InputPlacement, OutputCombine
+from .tensor_ops import TensorOps
+
+Args = tuple[tuple, dict]
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """An op and one example call.
+
+    ``fn(*args, **kwargs)`` runs the op. Tensor leaves anywhere in ``args``/``kwargs``
+    (lists and tuples of tensors included) are the op's tensor inputs, in flattening order.
+
+    ``fresh(seed)`` regenerates inputs of the same signature from the sample's own
+    generator, so constrained inputs (indices, positive-definite matrices, probabilities)
+    stay valid; without it, the verifier refills tensors blindly with signed random values,
+    except the arguments named in ``fixed``, which keep their example values.
+
+    ``candidates``: strategies to verify instead of exploring (rules derived from shape
+    arithmetic for view-like ops); each is (input placements, output combines).
+    """
+
+    op: str
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    arg_names: tuple[str, ...] = ()
+    fresh: Callable[[int], Args] | None = None
+    fixed: frozenset[str] = frozenset()
+    candidates: tuple[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]], ...] | None = None
+    deterministic: bool = True
+
+    def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+class NoSample(Exception):
+    """The backend has no sample input for this op."""
+
+
+class Skip(Exception):
+    """The op is deliberately not explored; ``status`` says why (e.g. 'nondeterministic')."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class Backend(Protocol):
+    """What a sweep needs from a framework backend."""
+
+    name: str
+
+    def tensor_ops(self) -> TensorOps: ...
+
+    def list_ops(self) -> list[str]:
+        """Every op name this backend catalogs, sorted."""
+
+    def cases(self, op: str) -> Sequence[OpCase]:
+        """Example calls of ``op``, one per distinct signature. Raises NoSample or Skip."""

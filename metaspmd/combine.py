@@ -1,0 +1,136 @@
+"""Splitting inputs into shards and recombining local outputs (the combine functions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .spec import Combine, Gather, Identity, Reduce
+from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one dim of size ``size`` is cut into ``n`` shards.
+
+    ``skew`` makes the first shard larger than the rest, so uneven splits are exercised
+    beyond the near-equal ones that ``size % n != 0`` already gives.
+    """
+
+    n: int
+    skew: bool = False
+
+    def bounds(self, size: int) -> list[tuple[int, int]] | None:
+        """(start, length) per shard, or None when ``size`` cannot be cut this way."""
+        if size < self.n:
+            return None
+        if self.skew:
+            rest = max(1, size // (2 * self.n))
+            lengths = [size - rest * (self.n - 1)] + [rest] * (self.n - 1)
+        else:
+            q, r = divmod(size, self.n)
+            lengths = [q + (1 if i < r else 0) for i in range(self.n)]
+        if any(length <= 0 for length in lengths):
+            return None
+        starts = [sum(lengths[:i]) for i in range(self.n)]
+        return list(zip(starts, lengths))
+
+    def is_even(self, size: int) -> bool:
+        b = self.bounds(size)
+        return b is not None and len({length for _, length in b}) == 1
+
+
+def shard_with_halo(ops: TensorOps, x: Any, dim: int, bounds: list[tuple[int, int]], halo: int) -> list[Any]:
+    """The shards of x along dim; each extended by ``halo`` neighbour elements per side."""
+    size = ops.shape(x)[dim]
+    out = []
+    for start, length in bounds:
+        lo, hi = max(0, start - halo), min(size, start + length + halo)
+        out.append(ops.narrow(x, dim, lo, hi - lo))
+    return out
+
+
+def partial_summands(ops: TensorOps, x: Any, n: int, seed: int) -> list[Any]:
+    """n signed random tensors that add up to x (a Partial(sum) version of x)."""
+    parts = [ops.random_like(x, seed * 7919 + i) for i in range(n - 1)]
+    last = x
+    for p in parts:
+        last = ops.sub(last, p)
+    return parts + [last]
+
+
+def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
+    """The reduce ops worth trying for an output of dtype kind ``kind``."""
+    if kind == FLOAT:
+        return ("sum", "max", "min", "prod") + (("avg",) if even else ())
+    if kind == COMPLEX:
+        return ("sum", "prod") + (("avg",) if even else ())
+    if kind == INT:
+        return ("sum", "max", "min", "prod")
+    if kind == BOOL:
+        return ("max", "min")
+    return ()
+
+
+def candidate_combines(
+    ops: TensorOps, locals_: Sequence[Any], global_: Any, even: bool, max_halo: int = 0, max_block: int = 4
+) -> list[Combine]:
+    """Every combine whose shapes fit, cheapest first; numerics decide later."""
+    gshape = ops.shape(global_)
+    lshapes = [ops.shape(x) for x in locals_]
+    if any(len(s) != len(gshape) for s in lshapes):
+        return []
+    n = len(locals_)
+    out: list[Combine] = []
+    for d in range(len(gshape)):
+        if any(s[:d] + s[d + 1 :] != gshape[:d] + gshape[d + 1 :] for s in lshapes):
+            continue
+        total = sum(s[d] for s in lshapes)
+        for halo in range(max_halo + 1):
+            if total - 2 * halo * (n - 1) == gshape[d] and all(s[d] > 2 * halo for s in lshapes):
+                out.append(Gather(d, halo))
+        if total == gshape[d] and max_block > 1:
+            for block in range(2, max_block + 1):
+                if all(s[d] % block == 0 and s[d] > 0 for s in lshapes):
+                    out.append(Gather(d, 0, block))
+    if all(s == gshape for s in lshapes):
+        out.append(Identity())
+        out += [Reduce(op) for op in reduce_ops_for(ops.dtype_kind(global_), even)]
+    return out
+
+
+def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> Any:
+    """The global output that ``combine`` builds from the local outputs."""
+    if isinstance(combine, Identity):
+        return locals_[0]
+    if isinstance(combine, Reduce):
+        fold = {"sum": ops.add, "avg": ops.add, "max": ops.maximum, "min": ops.minimum, "prod": ops.multiply}[combine.op]
+        acc = locals_[0]
+        for x in locals_[1:]:
+            acc = fold(acc, x)
+        return ops.scale(acc, 1.0 / len(locals_)) if combine.op == "avg" else acc
+    d, n = combine.dim, len(locals_)
+    pieces = []
+    for i, x in enumerate(locals_):
+        size = ops.shape(x)[d]
+        lo = combine.halo if i > 0 else 0
+        hi = size - (combine.halo if i < n - 1 else 0)
+        pieces.append(ops.narrow(x, d, lo, hi - lo) if (lo, hi) != (0, size) else x)
+    if combine.block == 1:
+        return ops.concat(pieces, d)
+    blocks = []
+    for b in range(combine.block):
+        for x in pieces:
+            step = ops.shape(x)[d] // combine.block
+            blocks.append(ops.narrow(x, d, b * step, step))
+    return ops.concat(blocks, d)
+
+
+def holds(ops: TensorOps, combine: Combine, locals_: Sequence[Any], global_: Any) -> bool:
+    """Does ``combine`` rebuild ``global_`` from ``locals_`` exactly (within tolerance)?"""
+    try:
+        if isinstance(combine, Identity):
+            return all(ops.close(x, global_) for x in locals_)
+        return ops.close(apply_combine(ops, combine, locals_), global_)
+    except Exception:  # shapes that do not line up, dtype mismatches: not a valid combine
+        return False

@@ -1,0 +1,383 @@
+"""The ShardCombine explorer (MetaDist Algorithm 1, improved) and its verifier.
+
+For one example call of an op:
+
+1. Enumerate groups: one dim per input (or none), all of the same size, so the inputs can
+   be cut at the same boundaries (mm: {A.1, B.0}); input halos for single-input groups
+   (convolution); Partial(sum) inputs, alone (linear ops) or added to a group that failed
+   (addmm's bias while the contraction dim is sharded).
+2. Explore each group on the example with 2 shards: run the op on every shard, and keep
+   every combine (gather with halo/block, reduce, identity) that rebuilds each output.
+3. Verify the survivors on fresh inputs: 2 and 3 shards and a skewed uneven split, each
+   with new data from the sample's own generator. Only combines that hold on every trial
+   stay; reduce(avg) is checked on equal shards only.
+
+Soundness guards: an op whose global output differs between two identical calls is
+nondeterministic; an output that does not change across fresh inputs cannot tell combines
+apart, so the entry gets no strategy; shards of an input must really differ.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from . import pytree
+from .case import Backend, NoSample, OpCase, Skip
+from .combine import Split, candidate_combines, holds, partial_summands, shard_with_halo
+from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
+from .signature import arg_items, signature
+from .spec import (
+    N, CombineSpec, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec, Reduce, ShardIn,
+    ShardSpec, tables_from_strategies,
+)
+from .tensor_ops import COMPLEX, FLOAT, TensorOps
+
+EXPLORE_SPLIT = Split(2)
+TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True))
+
+
+@dataclass(frozen=True)
+class ExploreConfig:
+    max_groups: int = 256  # per distinct dim size
+    max_input_halo: int = 2
+    max_block: int = 4
+    halo: bool = True
+    partial: bool = True
+    max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
+
+
+@dataclass
+class _Trial:
+    """One set of inputs and the op's global outputs on them."""
+
+    args: tuple
+    kwargs: dict
+    leaves: list[Any]
+    outputs: list[Any]  # tensor leaves of the output
+    others: list[Any]  # non-tensor leaves of the output (must match on every shard)
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}".strip()
+    text = re.sub(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?", "<path>", text)  # no machine paths in the registry
+    return text[:200]
+
+
+class _Explorer:
+    def __init__(self, case: OpCase, ops: TensorOps, config: ExploreConfig, seed: int):
+        self.case, self.ops, self.config, self.seed = case, ops, config, seed
+        self.leaf_names = self._leaf_names()
+
+    # ------------------------------------------------------------------ running
+
+    def _leaf_names(self) -> list[str]:
+        names = []
+        for name, value in arg_items(self.case.arg_names, self.case.args, self.case.kwargs):
+            names += [name] * len(pytree.leaves(value, self.ops.is_tensor))
+        return names
+
+    def _flatten_out(self, out: Any) -> tuple[list[Any], list[Any]]:
+        tensors = pytree.leaves(out, self.ops.is_tensor)
+        others = pytree.leaves(out, lambda x: not self.ops.is_tensor(x) and not isinstance(x, (list, tuple, dict)))
+        return tensors, others
+
+    def _call(self, leaves: Sequence[Any], trial: _Trial) -> tuple[list[Any], list[Any]]:
+        args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
+        return self._flatten_out(self.case.call(args, kwargs))
+
+    def _trial(self, args: tuple, kwargs: dict) -> _Trial:
+        leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
+        trial = _Trial(args, kwargs, leaves, [], [])
+        trial.outputs, trial.others = self._call(leaves, trial)
+        return trial
+
+    def _fresh_inputs(self, k: int) -> tuple[tuple, dict]:
+        seed = self.seed * 1000 + k
+        example = pytree.leaves((self.case.args, self.case.kwargs), self.ops.is_tensor)
+        if self.case.fresh is not None:
+            try:
+                args, kwargs = self.case.fresh(seed)
+                leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
+                if [self.ops.shape(x) for x in leaves] == [self.ops.shape(x) for x in example]:
+                    return tuple(args), dict(kwargs)
+            except Exception:
+                pass  # fall back to refilling the example
+        new = [
+            x if name in self.case.fixed or self.ops.dtype_kind(x) == "o" else self.ops.random_like(x, seed * 131 + i)
+            for i, (x, name) in enumerate(zip(example, self.leaf_names))
+        ]
+        args, kwargs = pytree.replace((self.case.args, dict(self.case.kwargs)), self.ops.is_tensor, new)
+        return args, kwargs
+
+    # ------------------------------------------------------------------ groups
+
+    def _groups(self, shapes: list[tuple[int, ...]]) -> list[Group]:
+        sizes = sorted({s for shape in shapes for s in shape if s >= 2})
+        groups: list[Group] = []
+        for size in sizes:
+            options = [[None] + [d for d, s in enumerate(shape) if s == size] for shape in shapes]
+            n_combos = 1
+            for o in options:
+                n_combos *= len(o)
+            if n_combos - 1 <= self.config.max_groups:
+                combos = itertools.product(*options)
+            else:  # too many inputs: singletons, and every input with that size at the same dim
+                singles = [tuple(d if j == i else None for j in range(len(shapes))) for i, o in enumerate(options) for d in o[1:]]
+                aligned = [tuple(d if d in o else None for o in options) for d in range(max(map(len, shapes)))]
+                combos = singles + aligned
+            for combo in combos:
+                dims = tuple((i, d, 0) for i, d in enumerate(combo) if d is not None)
+                if dims:
+                    groups.append(Group(dims))
+        unique = list(dict.fromkeys(groups))
+        unique.sort(key=lambda g: (-len(g.dims), g.dims))
+        return unique
+
+    def _partial_sets(self, exclude: set[int]) -> list[tuple[int, ...]]:
+        floats = [
+            i for i, x in enumerate(self.trials[0].leaves)
+            if i not in exclude and self.ops.dtype_kind(x) in (FLOAT, COMPLEX)
+        ]
+        if not floats:
+            return []
+        if len(floats) <= self.config.max_partial_inputs:
+            return [c for r in range(1, len(floats) + 1) for c in itertools.combinations(floats, r)]
+        return [(i,) for i in floats] + [tuple(floats)]
+
+    # ------------------------------------------------------------------ one group
+
+    def _locals(self, group: Group, trial: _Trial, split: Split) -> list[list[Any]] | None:
+        """Local outputs per shard, or None when the group cannot run this way."""
+        ops = self.ops
+        n = split.n
+        per_input: dict[int, list[Any]] = {}
+        if group.dims:
+            size = ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
+            bounds = split.bounds(size)
+            if bounds is None:
+                return None
+            for i, d, halo in group.dims:
+                shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
+                if all(ops.close(shards[0], s) for s in shards[1:]):
+                    return None  # identical shards prove nothing
+                per_input[i] = shards
+        for i in group.partial:
+            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed + 17 * i + n)
+        result = []
+        for k in range(n):
+            leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
+            try:
+                tensors, others = self._call(leaves, trial)
+            except Exception:
+                return None
+            if len(tensors) != len(trial.outputs) or others != trial.others:
+                return None
+            result.append(tensors)
+        return result
+
+    def _is_even(self, group: Group, split: Split) -> bool:
+        if not group.dims:
+            return True
+        i, d, _ = group.dims[0]
+        return split.is_even(self.ops.shape(self.trials[0].leaves[i])[d])
+
+    def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None) -> list[list] | None:
+        locs = self._locals(group, trial, split)
+        if locs is None:
+            return None
+        even = self._is_even(group, split)
+        max_halo = 2 * max((h for _, _, h in group.dims), default=0)
+        out = []
+        for j, glob in enumerate(trial.outputs):
+            shards = [loc[j] for loc in locs]
+            cands = candidates[j] if candidates is not None else candidate_combines(
+                self.ops, shards, glob, even, max_halo, self.config.max_block
+            )
+            valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
+            if not even:  # avg is only meaningful on equal shards: keep it untested here
+                valid += [c for c in cands if c == Reduce("avg")]
+            if not valid:
+                return None
+            out.append(valid)
+        return out
+
+    def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
+        """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
+        alive = [list(opts) for opts in found]
+        avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
+        counts, uneven = set(), False
+        for trial, split in zip(self.trials[1:], TRIAL_SPLITS):
+            if group.dims:
+                size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
+                if split.bounds(size) is None:
+                    split = Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is None:
+                return None
+            even = self._is_even(group, split)
+            if even:
+                avg_checks += 1
+            alive = [[c for c in opts if c in kept and (even or c != Reduce("avg"))] + ([Reduce("avg")] if not even and Reduce("avg") in kept else [])
+                     for opts, kept in zip(alive, ok)]
+            counts.add(split.n)
+            uneven |= not even
+        result = []
+        for opts in alive:
+            if avg_checks < 2:
+                opts = [c for c in opts if c != Reduce("avg")]
+            if Identity() in opts:  # max/min of identical shards are implied by identity
+                opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
+            if not opts:
+                return None
+            result.append(OutputCombine.of(opts))
+        return tuple(result), counts, uneven
+
+    # ------------------------------------------------------------------ entry
+
+    def run(self) -> RuleEntry:
+        case, ops = self.case, self.ops
+        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        example = _example(ops, case)
+        ranks = tuple(len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor))
+
+        def entry(status: str, reason: str = "", tables=None, verified=None, notes=()) -> RuleEntry:
+            if tables is None:
+                tables = _no_strategy(ranks)
+            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason, tuple(notes))
+
+        try:
+            first = self._trial(tuple(case.args), dict(case.kwargs))
+            again = self._trial(tuple(case.args), dict(case.kwargs))
+        except Exception as e:
+            return entry("failed", _error_text(e))
+        if len(first.outputs) != len(again.outputs) or not all(ops.close(a, b) for a, b in zip(again.outputs, first.outputs)):
+            return entry("failed", "nondeterministic: two identical calls differ")
+        if not first.outputs:
+            return entry("replicate-only", "no tensor output")
+        self.trials = [first]
+        try:
+            for k in range(1, len(TRIAL_SPLITS) + 1):
+                self.trials.append(self._trial(*self._fresh_inputs(k)))
+        except Exception as e:
+            return entry("failed", "fresh inputs: " + _error_text(e))
+        for j in range(len(first.outputs)):
+            if 0 not in ops.shape(first.outputs[j]) and all(ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:]):
+                return entry("replicate-only", f"output {j} does not vary with the inputs: combines cannot be verified")
+
+        found, counts, uneven = [], set(), False
+
+        def accept(group: Group, combines) -> bool:
+            nonlocal uneven
+            if combines is None:
+                return False
+            verified = self._verify(group, combines)
+            if verified is None:
+                return False
+            outs, used, unev = verified
+            found.append((group.placements(len(ranks)), outs))
+            counts.update(used)
+            uneven |= unev
+            return True
+
+        if case.candidates is not None:
+            for placements, outs in case.candidates:
+                group = _group_of(placements)
+                accept(group, self._valid_combines(group, first, EXPLORE_SPLIT, [list(o.options) for o in outs]))
+            status = "derived"
+        else:
+            shapes = [ops.shape(x) for x in first.leaves]
+            for group in self._groups(shapes):
+                if accept(group, self._valid_combines(group, first, EXPLORE_SPLIT)):
+                    continue
+                sharded = {i for i, _, _ in group.dims}
+                if self.config.partial and any(
+                    accept(Group(group.dims, p), self._valid_combines(Group(group.dims, p), first, EXPLORE_SPLIT))
+                    for p in self._partial_sets(sharded)
+                ):
+                    continue
+                if self.config.halo and len(group.dims) == 1 and self._halo_fits(group, shapes):
+                    i, d, _ = group.dims[0]
+                    for h in range(1, self.config.max_input_halo + 1):
+                        g = Group(((i, d, h),))
+                        if accept(g, self._valid_combines(g, first, EXPLORE_SPLIT)):
+                            break
+            if self.config.partial:
+                for p in self._partial_sets(set()):
+                    g = Group((), p)
+                    accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
+            status = "ok"
+        if not found:
+            return entry("replicate-only", "no strategy holds")
+        shard, partial, combine, notes = tables_from_strategies(ranks, found)
+        verification = Verification(len(TRIAL_SPLITS), tuple(sorted(counts)), uneven)
+        return entry(status, "", (shard, partial, combine), verification, notes)
+
+    def _halo_fits(self, group: Group, shapes) -> bool:
+        i, d, _ = group.dims[0]
+        return shapes[i][d] >= 6  # room for 3 shards and their halos
+
+
+def _no_strategy(ranks) -> tuple[ShardSpec, PartialSpec, CombineSpec]:
+    return ShardSpec(tuple((N,) * r for r in ranks)), PartialSpec(tuple(() for _ in ranks)), CombineSpec(())
+
+
+def _group_of(placements: Sequence[InputPlacement]) -> Group:
+    dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn))
+    partial = tuple(i for i, p in enumerate(placements) if isinstance(p, PartialInput))
+    return Group(dims, partial)
+
+
+def _example_value(ops: TensorOps, x: Any) -> Any:
+    if ops.is_tensor(x):
+        return TensorArg(tuple(ops.shape(x)), ops.dtype_name(x))
+    if isinstance(x, (list, tuple)):
+        return tuple(_example_value(ops, y) for y in x)
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def _example(ops: TensorOps, case: OpCase) -> Example:
+    return Example(tuple((name, _example_value(ops, v)) for name, v in arg_items(case.arg_names, case.args, case.kwargs)))
+
+
+def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreConfig = ExploreConfig()) -> RuleEntry:
+    """Explore and verify one example call. Op errors become a 'failed' entry, never an exception."""
+    try:
+        return _Explorer(case, ops, config, seed).run()
+    except Exception as e:  # a bug in a sample or a wrapper must not stop a sweep
+        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
+        shard, partial, combine = _no_strategy(ranks)
+        return RuleEntry(sig, "failed", shard, partial, combine, _example(ops, case), None, "explorer: " + _error_text(e))
+
+
+def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig()) -> OpRecord:
+    """All example calls of one op, as the record its registry file holds."""
+    try:
+        cases = list(backend.cases(op))
+    except Skip as s:
+        return OpRecord(op, backend.name, s.status, (), s.reason)
+    except NoSample as e:
+        return OpRecord(op, backend.name, "no-sample", (), str(e) or "no sample input")
+    except Exception as e:
+        return OpRecord(op, backend.name, "failed", (), "cases: " + _error_text(e))
+    if not cases:
+        return OpRecord(op, backend.name, "no-sample", (), "no sample input")
+    ops = backend.tensor_ops()
+    entries: dict[str, RuleEntry] = {}
+    for case in cases:
+        if not case.deterministic:
+            return OpRecord(op, backend.name, "nondeterministic", (), "the op is marked nondeterministic")
+        e = explore_case(case, ops, config=config)
+        entries.setdefault(e.signature, e)
+    record = make_record(op, backend.name, entries.values())
+    if all(e.reason.startswith("nondeterministic") for e in record.entries):
+        return OpRecord(op, backend.name, "nondeterministic", (), record.entries[0].reason)
+    return record
+
+
+__all__ = ["ExploreConfig", "explore_case", "explore_op"]

@@ -1,0 +1,335 @@
+"""Registry files: one YAML file per op, deterministic to write, strict to read.
+
+Writing is deterministic (fixed key order, entries sorted by signature, no timestamps or
+paths) and atomic (temp file + rename). Reading composes the YAML with a safe loader
+(libyaml's when available), refuses any non-standard tag (``!!python/object`` and
+friends), validates every field against the rule model, and reports ``file:line``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .rules import (
+    ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
+)
+from .spec import CombineSpec, DimLabel, OutputCombine, PartialIn, PartialSpec, ShardSpec, SpecError, label_number
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_OP_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_STANDARD_TAGS = {
+    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
+}
+
+
+class RegistryError(ValueError):
+    """A registry file that does not hold a valid record; the message starts with file:line."""
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _Flow(list):
+    pass
+
+
+class _FlowMap(dict):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    """Pure-Python dumper: byte-identical output whether or not libyaml is installed."""
+
+
+_Dumper.add_representer(_Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+_Dumper.add_representer(_FlowMap, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v.items(), flow_style=True))
+
+
+def _flow_nested(rows) -> _Flow:
+    return _Flow(_Flow(str(x) for x in row) for row in rows)
+
+
+def _example_value(v: Any) -> Any:
+    if isinstance(v, TensorArg):
+        return _FlowMap(shape=_Flow(v.shape), dtype=v.dtype)
+    if isinstance(v, tuple):
+        items = [_example_value(x) for x in v]
+        return _Flow(items) if all(not isinstance(x, dict) for x in items) else items
+    return v
+
+
+def _entry_data(e: RuleEntry) -> dict:
+    data: dict[str, Any] = {"signature": e.signature, "status": e.status}
+    if e.reason:
+        data["reason"] = e.reason
+    data["shard"] = _flow_nested(e.shard.inputs)
+    if not e.partial.is_empty():
+        data["partial"] = _flow_nested(e.partial.inputs)
+    combine = _FlowMap()
+    for label, outs in e.combine.by_label:
+        combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
+    data["combine"] = combine
+    data["example"] = {name: _example_value(v) for name, v in e.example.args}
+    if e.verified is not None:
+        data["verified"] = _FlowMap(
+            trials=e.verified.trials, shard_counts=_Flow(e.verified.shard_counts), uneven=e.verified.uneven
+        )
+    if e.notes:
+        data["notes"] = list(e.notes)
+    return data
+
+
+def dump_record(record: OpRecord) -> str:
+    data: dict[str, Any] = {"schema": SCHEMA_VERSION, "op": record.op, "backend": record.backend, "status": record.status}
+    if record.reason:
+        data["reason"] = record.reason
+    data["entries"] = [_entry_data(e) for e in sorted(record.entries, key=lambda e: e.signature)]
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
+    return f"# metaspmd rules for {record.op} ({record.backend}); regenerate with tools/sweep.py\n" + body
+
+
+def record_path(root: str | os.PathLike, backend: str, op: str) -> Path:
+    if not _OP_NAME_RE.match(op) or not _OP_NAME_RE.match(backend):
+        raise RegistryError(f"op name {op!r} / backend {backend!r} is not usable as a file name")
+    return Path(root) / backend / f"{op}.yaml"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
+    path = record_path(root, record.backend, record.op)
+    write_text_atomic(path, dump_record(record))
+    return path
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Reader:
+    """Turns composed YAML nodes into model objects, failing with file:line."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+
+    def fail(self, node: yaml.Node | None, message: str):
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise RegistryError(f"{self.filename}:{line}: {message}")
+
+    def value(self, node: yaml.Node) -> Any:
+        """Plain Python value of a node, refusing non-standard tags."""
+        if node.tag not in _STANDARD_TAGS:
+            self.fail(node, f"tag {node.tag!r} is not allowed in a registry file")
+        if isinstance(node, yaml.ScalarNode):
+            return _construct(node)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.value(n) for n in node.value]
+        return {self.scalar_key(k): self.value(v) for k, v in node.value}
+
+    def scalar_key(self, node: yaml.Node) -> str:
+        if not isinstance(node, yaml.ScalarNode) or node.tag not in _STANDARD_TAGS:
+            self.fail(node, "mapping keys must be plain strings")
+        return str(node.value)
+
+    def mapping(self, node: yaml.Node, required: tuple[str, ...], optional: tuple[str, ...], what: str) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode) or node.tag not in _STANDARD_TAGS:
+            self.fail(node, f"{what} must be a mapping")
+        fields: dict[str, yaml.Node] = {}
+        for k, v in node.value:
+            key = self.scalar_key(k)
+            if key in fields:
+                self.fail(k, f"duplicate key {key!r} in {what}")
+            if key not in required and key not in optional:
+                self.fail(k, f"unknown key {key!r} in {what} (expected {', '.join(required + optional)})")
+            fields[key] = v
+        for key in required:
+            if key not in fields:
+                self.fail(node, f"{what} lacks {key!r}")
+        return fields
+
+    def string(self, node: yaml.Node, what: str) -> str:
+        v = self.value(node)
+        if not isinstance(v, str):
+            self.fail(node, f"{what} must be a string, got {v!r}")
+        return v
+
+    def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode) or node.tag not in _STANDARD_TAGS:
+            self.fail(node, f"{what} must be a list")
+        return node.value
+
+    def parsed(self, node: yaml.Node, parse, what: str):
+        try:
+            return parse(self.string(node, what))
+        except SpecError as e:
+            self.fail(node, f"{what}: {e}")
+
+    # ---------------------------------------------------------------- model
+
+    def record(self, root: yaml.Node) -> OpRecord:
+        f = self.mapping(root, ("schema", "op", "backend", "status", "entries"), ("reason",), "rule file")
+        if self.value(f["schema"]) != SCHEMA_VERSION:
+            self.fail(f["schema"], f"schema {self.value(f['schema'])!r} is not supported (expected {SCHEMA_VERSION})")
+        op = self.string(f["op"], "op")
+        backend = self.string(f["backend"], "backend")
+        for key, name in (("op", op), ("backend", backend)):
+            if not _OP_NAME_RE.match(name):
+                self.fail(f[key], f"{key} {name!r} has characters a rule file may not use")
+        status = self.string(f["status"], "status")
+        if status not in OP_STATUSES:
+            self.fail(f["status"], f"unknown status {status!r} (expected one of {', '.join(OP_STATUSES)})")
+        reason = self.string(f["reason"], "reason") if "reason" in f else ""
+        entries = tuple(self.entry(n) for n in self.sequence(f["entries"], "entries"))
+        sigs = [e.signature for e in entries]
+        if len(set(sigs)) != len(sigs):
+            self.fail(f["entries"], "two entries share a signature")
+        if sigs != sorted(sigs):
+            self.fail(f["entries"], "entries must be sorted by signature")
+        return OpRecord(op, backend, status, entries, reason)
+
+    def entry(self, node: yaml.Node) -> RuleEntry:
+        f = self.mapping(
+            node, ("signature", "status", "shard", "combine", "example"), ("reason", "partial", "verified", "notes"), "entry"
+        )
+        signature = self.string(f["signature"], "signature")
+        status = self.string(f["status"], "entry status")
+        if status not in ENTRY_STATUSES:
+            self.fail(f["status"], f"unknown entry status {status!r} (expected one of {', '.join(ENTRY_STATUSES)})")
+        shard = ShardSpec(tuple(
+            tuple(self.parsed(d, DimLabel.parse, "shard label") for d in self.sequence(row, "shard row"))
+            for row in self.sequence(f["shard"], "shard")
+        ))
+        partial = PartialSpec(tuple(() for _ in shard.inputs))
+        if "partial" in f:
+            rows = self.sequence(f["partial"], "partial")
+            if len(rows) != len(shard.inputs):
+                self.fail(f["partial"], f"partial lists {len(rows)} inputs, shard lists {len(shard.inputs)}")
+            partial = PartialSpec(tuple(
+                tuple(self.parsed(p, PartialIn.parse, "partial input") for p in self.sequence(row, "partial row")) for row in rows
+            ))
+        combine = self.combine(f["combine"])
+        used = shard.labels() | partial.labels()
+        for label in sorted(used - set(combine.as_dict()), key=label_number):
+            self.fail(f["shard"], f"label {label} has no combine")
+        for label in sorted(set(combine.as_dict()) - used, key=label_number):
+            self.fail(f["combine"], f"unknown label {label}: no input is sharded or partial under it")
+        example = self.example(f["example"])
+        n_tensors = sum(_count_tensors(v) for _, v in example.args)
+        if n_tensors != len(shard.inputs):
+            self.fail(f["shard"], f"shard lists {len(shard.inputs)} inputs but the example has {n_tensors} tensor inputs")
+        ranks = [len(t.shape) for _, v in example.args for t in _tensors(v)]
+        for i, (row, rank) in enumerate(zip(shard.inputs, ranks)):
+            if len(row) != rank:
+                self.fail(f["shard"], f"input {i} has rank {rank} in the example but {len(row)} shard labels")
+        verified = self.verified(f["verified"]) if "verified" in f else None
+        notes = tuple(self.string(n, "note") for n in self.sequence(f["notes"], "notes")) if "notes" in f else ()
+        reason = self.string(f["reason"], "reason") if "reason" in f else ""
+        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes)
+
+    def combine(self, node: yaml.Node) -> CombineSpec:
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, "combine must be a mapping from S<j> to a combine")
+        mapping = {}
+        for k, v in node.value:
+            label = self.scalar_key(k)
+            try:
+                label_number(label)
+            except SpecError as e:
+                self.fail(k, str(e))
+            if isinstance(v, yaml.SequenceNode):
+                mapping[label] = tuple(self.parsed(x, OutputCombine.parse, f"combine of {label}") for x in v.value)
+            else:
+                mapping[label] = (self.parsed(v, OutputCombine.parse, f"combine of {label}"),)
+        try:
+            return CombineSpec.of(mapping)
+        except SpecError as e:
+            self.fail(node, str(e))
+
+    def example(self, node: yaml.Node) -> Example:
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, "example must be a mapping from argument name to value")
+        return Example(tuple((self.scalar_key(k), self.example_value(v)) for k, v in node.value))
+
+    def example_value(self, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            f = self.mapping(node, ("shape", "dtype"), (), "tensor")
+            shape = self.value(f["shape"])
+            if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+                self.fail(f["shape"], f"bad tensor shape {shape!r}")
+            return TensorArg(tuple(shape), self.string(f["dtype"], "dtype"))
+        if isinstance(node, yaml.SequenceNode):
+            return tuple(self.example_value(n) for n in node.value)
+        return self.value(node)
+
+    def verified(self, node: yaml.Node) -> Verification:
+        f = self.mapping(node, ("trials", "shard_counts", "uneven"), (), "verified")
+        trials, counts, uneven = self.value(f["trials"]), self.value(f["shard_counts"]), self.value(f["uneven"])
+        if not isinstance(trials, int) or not isinstance(counts, list) or not isinstance(uneven, bool):
+            self.fail(node, "verified needs trials (int), shard_counts (list of int), uneven (bool)")
+        return Verification(trials, tuple(counts), uneven)
+
+
+_scalar_loader = yaml.SafeLoader("")
+
+
+def _construct(node: yaml.ScalarNode) -> Any:
+    return _scalar_loader.construct_object(node, deep=True)
+
+
+def _tensors(v: Any) -> list[TensorArg]:
+    if isinstance(v, TensorArg):
+        return [v]
+    if isinstance(v, tuple):
+        return [t for x in v for t in _tensors(x)]
+    return []
+
+
+def _count_tensors(v: Any) -> int:
+    return len(_tensors(v))
+
+
+def loads_record(text: str, filename: str = "<string>") -> OpRecord:
+    reader = _Reader(filename)
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise RegistryError(f"{filename}:{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if root is None:
+        raise RegistryError(f"{filename}:1: empty file")
+    return reader.record(root)
+
+
+def load_record(path: str | os.PathLike) -> OpRecord:
+    path = Path(path)
+    return loads_record(path.read_text(encoding="utf-8"), str(path))
+
+
+def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
+    """Every record of one backend, by op name. Raises RegistryError on the first bad file."""
+    folder = Path(root) / backend
+    records = {}
+    for path in sorted(folder.glob("*.yaml")):
+        record = load_record(path)
+        if path.name != f"{record.op}.yaml":
+            raise RegistryError(f"{path}:1: file holds op {record.op!r}; expected {path.stem!r}")
+        records[record.op] = record
+    return records

@@ -1,0 +1,104 @@
+"""Rule entries and op records: the content of one registry file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Union
+
+from .spec import CombineSpec, PartialSpec, ShardSpec, Strategy, strategies
+
+SCHEMA_VERSION = 1
+
+# Entry statuses. 'ok': explored and verified strategies; 'derived': derived from shape
+# arithmetic and verified; 'replicate-only': explored, no strategy holds; 'failed': the
+# op could not be run or explored on this example (reason says why).
+ENTRY_STATUSES = ("ok", "derived", "replicate-only", "failed")
+# Op statuses add those that stop before any example runs.
+OP_STATUSES = ENTRY_STATUSES + ("nondeterministic", "no-sample", "skipped")
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor in a replayable example: shape and dtype only."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+ExampleValue = Union[TensorArg, None, bool, int, float, str, tuple]
+
+
+@dataclass(frozen=True)
+class Example:
+    """The concrete call an entry was discovered and verified on, under schema names."""
+
+    args: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What the verifier ran before accepting the entry's strategies."""
+
+    trials: int
+    shard_counts: tuple[int, ...]
+    uneven: bool
+
+
+@dataclass(frozen=True)
+class RuleEntry:
+    signature: str
+    status: str
+    shard: ShardSpec
+    partial: PartialSpec
+    combine: CombineSpec
+    example: Example
+    verified: Verification | None = None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+
+    def strategies(self) -> Iterator[Strategy]:
+        return strategies(self.shard, self.partial, self.combine)
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.shard.inputs)
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One registry file: an op, its overall status, and its entries sorted by signature."""
+
+    op: str
+    backend: str
+    status: str
+    entries: tuple[RuleEntry, ...] = ()
+    reason: str = ""
+
+    def entry(self, signature: str) -> RuleEntry | None:
+        for e in self.entries:
+            if e.signature == signature:
+                return e
+        return None
+
+
+def summarize_status(entries: tuple[RuleEntry, ...]) -> tuple[str, str]:
+    """The op status from its entries: the best outcome any signature reached."""
+    if not entries:
+        return "no-sample", "no example call"
+    statuses = {e.status for e in entries}
+    for s in ("ok", "derived", "replicate-only"):
+        if s in statuses:
+            return s, ""
+    return "failed", entries[0].reason
+
+
+def make_record(op: str, backend: str, entries) -> OpRecord:
+    entries = tuple(sorted(entries, key=lambda e: e.signature))
+    status, reason = summarize_status(entries)
+    return OpRecord(op, backend, status, entries, reason)
+
+
+__all__ = [
+    "ENTRY_STATUSES", "Example", "OP_STATUSES", "OpRecord", "RuleEntry", "SCHEMA_VERSION",
+    "TensorArg", "Verification", "make_record", "summarize_status",
+]

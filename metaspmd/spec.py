@@ -1,0 +1,444 @@
+"""The rule model: shard labels, combine functions and strategies, in paper notation.
+
+Every class is a frozen dataclass whose ``str`` is its paper-notation form and whose
+``parse`` inverts it exactly (``parse(str(x)) == x``). These strings are what the YAML
+registry stores, what reviewers read and what codegen validates against.
+
+    shard:   [[S1, S2], [S2, S3]]                       (ShardSpec: per input, per dim)
+    partial: [[], [], [S2(sum)]]                        (PartialSpec: per input)
+    combine: {S1: gather(dim=0), S2: reduce(sum), ...}  (CombineSpec: per strategy label)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Union
+
+REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
+PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
+
+_LABEL = r"S[1-9][0-9]*"
+_LABEL_RE = re.compile(rf"^{_LABEL}$")
+_DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
+_PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z]+)\)$")
+_GATHER_RE = re.compile(r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=([1-9][0-9]*))?(?:, block=([2-9]|[1-9][0-9]+))?\)$")
+_REDUCE_RE = re.compile(r"^reduce\(([a-z]+)\)$")
+
+
+class SpecError(ValueError):
+    """A string or structure that is not valid paper notation."""
+
+
+def check_label(label: str) -> str:
+    if not isinstance(label, str) or not _LABEL_RE.match(label):
+        raise SpecError(f"bad strategy label {label!r} (expected S<j>, j >= 1)")
+    return label
+
+
+def label_number(label: str) -> int:
+    return int(check_label(label)[1:])
+
+
+# --------------------------------------------------------------------------- combine
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Concatenate the local outputs along ``dim``.
+
+    ``halo``: each local output carries ``halo`` extra elements at every internal shard
+    boundary (convolution with padding); they are dropped before concatenating.
+    ``block``: each local output is ``block`` equal blocks (concat of ``block`` inputs);
+    the global output is block 0 of every shard, then block 1 of every shard, and so on.
+    """
+
+    dim: int
+    halo: int = 0
+    block: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dim < 0 or self.halo < 0 or self.block < 1:
+            raise SpecError(f"bad gather(dim={self.dim}, halo={self.halo}, block={self.block})")
+
+    def __str__(self) -> str:
+        extra = (f", halo={self.halo}" if self.halo else "") + (f", block={self.block}" if self.block > 1 else "")
+        return f"gather(dim={self.dim}{extra})"
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Reduce the local outputs elementwise (the output is Partial(op))."""
+
+    op: str
+
+    def __post_init__(self) -> None:
+        if self.op not in REDUCE_OPS:
+            raise SpecError(f"bad reduce op {self.op!r} (expected one of {', '.join(REDUCE_OPS)})")
+
+    def __str__(self) -> str:
+        return f"reduce({self.op})"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Every shard already holds the global output (the output is Replicate)."""
+
+    def __str__(self) -> str:
+        return "identity"
+
+
+Combine = Union[Gather, Reduce, Identity]
+
+
+def parse_combine(text: str) -> Combine:
+    if not isinstance(text, str):
+        raise SpecError(f"combine must be a string, got {text!r}")
+    s = text.strip()
+    if s == "identity":
+        return Identity()
+    m = _GATHER_RE.match(s)
+    if m:
+        return Gather(int(m[1]), int(m[2] or 0), int(m[3] or 1))
+    m = _REDUCE_RE.match(s)
+    if m:
+        return Reduce(m[1])
+    raise SpecError(f"bad combine {text!r} (expected gather(dim=D[, halo=H][, block=B]), reduce(OP) or identity)")
+
+
+def combine_order(c: Combine) -> tuple:
+    """A total order on combines, for deterministic output."""
+    if isinstance(c, Gather):
+        return (0, c.dim, c.halo, c.block, 0)
+    if isinstance(c, Identity):  # Replicate output: cheaper for a planner than Partial
+        return (1, 0, 0, 0, 0)
+    return (2, 0, 0, 0, REDUCE_OPS.index(c.op))
+
+
+@dataclass(frozen=True)
+class OutputCombine:
+    """The valid combines of one output under one strategy (alternatives, any one works)."""
+
+    options: tuple[Combine, ...]
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise SpecError("an output needs at least one combine")
+        if len(set(self.options)) != len(self.options):
+            raise SpecError(f"duplicate combine in {self}")
+
+    @property
+    def first(self) -> Combine:
+        return self.options[0]
+
+    def __str__(self) -> str:
+        return " | ".join(str(c) for c in self.options)
+
+    @classmethod
+    def parse(cls, text: str) -> "OutputCombine":
+        if not isinstance(text, str):
+            raise SpecError(f"combine must be a string, got {text!r}")
+        return cls(tuple(parse_combine(p) for p in text.split("|")))
+
+    @classmethod
+    def of(cls, options) -> "OutputCombine":
+        return cls(tuple(sorted(set(options), key=combine_order)))
+
+
+# --------------------------------------------------------------------------- shard
+
+
+@dataclass(frozen=True)
+class DimLabel:
+    """One input dim: not sharded (``N``) or sharded by strategy ``S<j>``, with an input halo."""
+
+    label: str | None = None
+    halo: int = 0
+
+    def __post_init__(self) -> None:
+        if self.label is None:
+            if self.halo:
+                raise SpecError("an unsharded dim cannot carry a halo")
+        else:
+            check_label(self.label)
+            if self.halo < 0:
+                raise SpecError(f"bad halo {self.halo}")
+
+    def __str__(self) -> str:
+        if self.label is None:
+            return "N"
+        return f"{self.label}(halo={self.halo})" if self.halo else self.label
+
+    @classmethod
+    def parse(cls, text: str) -> "DimLabel":
+        m = _DIM_RE.match(text) if isinstance(text, str) else None
+        if not m:
+            raise SpecError(f"bad dim label {text!r} (expected N, S<j> or S<j>(halo=H))")
+        if m[1]:
+            return cls()
+        return cls(m[2], int(m[3] or 0))
+
+
+N = DimLabel()
+
+
+def _split_top(text: str) -> list[str]:
+    """Split 'a, [b, c], d' at top-level commas."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    tail = "".join(cur).strip()
+    if tail or parts:
+        parts.append(tail)
+    return parts
+
+
+def _parse_nested(text: str, what: str) -> list[list[str]]:
+    s = text.strip() if isinstance(text, str) else ""
+    if not (s.startswith("[") and s.endswith("]")):
+        raise SpecError(f"bad {what} {text!r}")
+    out = []
+    for item in _split_top(s[1:-1]):
+        if not (item.startswith("[") and item.endswith("]")):
+            raise SpecError(f"bad {what} {text!r}")
+        out.append([p for p in _split_top(item[1:-1])])
+    return out
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Per tensor input, per dim: its label. Dims sharing a label are sharded together."""
+
+    inputs: tuple[tuple[DimLabel, ...], ...]
+
+    def __post_init__(self) -> None:
+        for i, dims in enumerate(self.inputs):
+            labels = [d.label for d in dims if d.label]
+            if len(labels) != len(set(labels)):
+                raise SpecError(f"input {i} uses one label on two dims: {self}")
+
+    def __str__(self) -> str:
+        return "[" + ", ".join("[" + ", ".join(str(d) for d in dims) + "]" for dims in self.inputs) + "]"
+
+    @classmethod
+    def parse(cls, text: str) -> "ShardSpec":
+        return cls(tuple(tuple(DimLabel.parse(d) for d in dims) for dims in _parse_nested(text, "shard spec")))
+
+    def labels(self) -> set[str]:
+        return {d.label for dims in self.inputs for d in dims if d.label}
+
+
+@dataclass(frozen=True)
+class PartialIn:
+    """An input that is Partial(op) under strategy ``label``: ``S2(sum)``."""
+
+    label: str
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        check_label(self.label)
+        if self.op not in REDUCE_OPS:
+            raise SpecError(f"bad partial op {self.op!r}")
+
+    def __str__(self) -> str:
+        return f"{self.label}({self.op})"
+
+    @classmethod
+    def parse(cls, text: str) -> "PartialIn":
+        m = _PARTIAL_RE.match(text) if isinstance(text, str) else None
+        if not m:
+            raise SpecError(f"bad partial input {text!r} (expected S<j>(op))")
+        return cls(m[1], m[2])
+
+
+@dataclass(frozen=True)
+class PartialSpec:
+    """Per tensor input: the strategies under which that input is Partial."""
+
+    inputs: tuple[tuple[PartialIn, ...], ...]
+
+    def __str__(self) -> str:
+        return "[" + ", ".join("[" + ", ".join(str(p) for p in ps) + "]" for ps in self.inputs) + "]"
+
+    @classmethod
+    def parse(cls, text: str) -> "PartialSpec":
+        return cls(tuple(tuple(PartialIn.parse(p) for p in ps) for ps in _parse_nested(text, "partial spec")))
+
+    def labels(self) -> set[str]:
+        return {p.label for ps in self.inputs for p in ps}
+
+    def is_empty(self) -> bool:
+        return not any(self.inputs)
+
+
+@dataclass(frozen=True)
+class CombineSpec:
+    """Per strategy label: one OutputCombine per output."""
+
+    by_label: tuple[tuple[str, tuple[OutputCombine, ...]], ...]
+
+    def __post_init__(self) -> None:
+        labels = [lab for lab, _ in self.by_label]
+        for lab in labels:
+            check_label(lab)
+        if labels != sorted(labels, key=label_number) or len(set(labels)) != len(labels):
+            raise SpecError(f"combine labels must be unique and sorted: {labels}")
+        counts = {len(outs) for _, outs in self.by_label}
+        if len(counts) > 1:
+            raise SpecError(f"strategies disagree on the number of outputs: {self}")
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, tuple[OutputCombine, ...]]) -> "CombineSpec":
+        return cls(tuple(sorted(((k, tuple(v)) for k, v in mapping.items()), key=lambda kv: label_number(kv[0]))))
+
+    def as_dict(self) -> dict[str, tuple[OutputCombine, ...]]:
+        return dict(self.by_label)
+
+    def __str__(self) -> str:
+        def one(outs):
+            return str(outs[0]) if len(outs) == 1 else "[" + ", ".join(str(o) for o in outs) + "]"
+
+        return "{" + ", ".join(f"{lab}: {one(outs)}" for lab, outs in self.by_label) + "}"
+
+    @classmethod
+    def parse(cls, text: str) -> "CombineSpec":
+        s = text.strip() if isinstance(text, str) else ""
+        if not (s.startswith("{") and s.endswith("}")):
+            raise SpecError(f"bad combine spec {text!r}")
+        mapping = {}
+        for item in _split_top(s[1:-1]):
+            lab, sep, rest = item.partition(":")
+            if not sep:
+                raise SpecError(f"bad combine spec item {item!r}")
+            rest = rest.strip()
+            if rest.startswith("["):
+                outs = tuple(OutputCombine.parse(p) for p in _split_top(rest[1:-1]))
+            else:
+                outs = (OutputCombine.parse(rest),)
+            mapping[check_label(lab.strip())] = outs
+        return cls.of(mapping)
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+@dataclass(frozen=True)
+class Replicate:
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class ShardIn:
+    dim: int
+    halo: int = 0
+
+    def __str__(self) -> str:
+        return f"S({self.dim})" if not self.halo else f"S({self.dim}, halo={self.halo})"
+
+
+@dataclass(frozen=True)
+class PartialInput:
+    op: str = "sum"
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+InputPlacement = Union[Replicate, ShardIn, PartialInput]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One strategy for one mesh axis: a placement per input, a combine per output."""
+
+    label: str
+    inputs: tuple[InputPlacement, ...]
+    outputs: tuple[OutputCombine, ...]
+
+    def __str__(self) -> str:
+        ins = ", ".join(str(p) for p in self.inputs)
+        outs = ", ".join(str(o) for o in self.outputs)
+        return f"{self.label}: ({ins}) -> ({outs})"
+
+
+def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec) -> Iterator[Strategy]:
+    """Expand the per-dim tables into one Strategy per label."""
+    for label, outs in combine.by_label:
+        placements: list[InputPlacement] = []
+        for i, dims in enumerate(shard.inputs):
+            sharded = [ShardIn(d, lab.halo) for d, lab in enumerate(dims) if lab.label == label]
+            partials = [PartialInput(p.op) for p in (partial.inputs[i] if partial.inputs else ()) if p.label == label]
+            placements.append(sharded[0] if sharded else partials[0] if partials else Replicate())
+        yield Strategy(label, tuple(placements), outs)
+
+
+@dataclass(frozen=True)
+class Group:
+    """What the explorer tries as one strategy: sharded (input, dim, halo) and partial inputs."""
+
+    dims: tuple[tuple[int, int, int], ...] = ()  # (input index, dim, input halo)
+    partial: tuple[int, ...] = ()  # input indices split into random summands (Partial(sum))
+
+    def placements(self, n_inputs: int) -> tuple[InputPlacement, ...]:
+        out: list[InputPlacement] = [Replicate()] * n_inputs
+        for i, d, h in self.dims:
+            out[i] = ShardIn(d, h)
+        for i in self.partial:
+            out[i] = PartialInput("sum")
+        return tuple(out)
+
+
+def tables_from_strategies(
+    ranks: tuple[int, ...], found: list[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]]
+) -> tuple[ShardSpec, PartialSpec, CombineSpec, list[str]]:
+    """Pack found strategies into paper-notation tables, labels S1, S2, ... in order.
+
+    A strategy whose sharded dim already carries another label cannot be written in the
+    per-dim table; it is dropped and named in the returned notes.
+    """
+    dims: list[list[DimLabel]] = [[N] * r for r in ranks]
+    partial: list[list[PartialIn]] = [[] for _ in ranks]
+    combine: dict[str, tuple[OutputCombine, ...]] = {}
+    notes: list[str] = []
+
+    def reading_order(item) -> tuple:
+        # Label in the order a reader scans the table: input by input, dim by dim; Partial-only last.
+        placements = item[0]
+        first = [(i, p.dim) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
+        partial_at = [i for i, p in enumerate(placements) if isinstance(p, PartialInput)]
+        return (0, first[0], partial_at) if first else (1, (0, 0), partial_at)
+
+    for placements, outs in sorted(found, key=reading_order):
+        clash = any(isinstance(p, ShardIn) and dims[i][p.dim].label for i, p in enumerate(placements))
+        if clash:
+            notes.append("dropped (dim already labelled): " + ", ".join(str(p) for p in placements))
+            continue
+        label = f"S{len(combine) + 1}"
+        for i, p in enumerate(placements):
+            if isinstance(p, ShardIn):
+                dims[i][p.dim] = DimLabel(label, p.halo)
+            elif isinstance(p, PartialInput):
+                partial[i].append(PartialIn(label, p.op))
+        combine[label] = outs
+    return (
+        ShardSpec(tuple(tuple(d) for d in dims)),
+        PartialSpec(tuple(tuple(p) for p in partial)),
+        CombineSpec.of(combine),
+        notes,
+    )
+
+
+__all__ = [
+    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "InputPlacement", "N",
+    "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce", "Replicate",
+    "ShardIn", "ShardSpec", "SpecError", "Strategy", "parse_combine", "strategies", "tables_from_strategies",
+]

@@ -1,0 +1,64 @@
+"""The tensor-ops protocol: everything the framework-free core needs from a tensor library.
+
+Each backend (torch, jax, tvm) implements it once; the explorer, verifier and combine
+functions talk to tensors only through it, so the core never imports a framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+# Dtype kinds: the only dtype facts the core reasons about.
+FLOAT, COMPLEX, INT, BOOL, OTHER = "f", "c", "i", "b", "o"
+
+
+@runtime_checkable
+class TensorOps(Protocol):
+    """Small protocol over one tensor library. Tensors are opaque to the core."""
+
+    def is_tensor(self, x: Any) -> bool:
+        """True for a tensor leaf of an op's inputs or outputs."""
+
+    def shape(self, x: Any) -> tuple[int, ...]: ...
+
+    def dtype_kind(self, x: Any) -> str:
+        """One of FLOAT, COMPLEX, INT, BOOL, OTHER."""
+
+    def dtype_name(self, x: Any) -> str:
+        """The library's own dtype name without prefix, e.g. 'float32', 'int64'."""
+
+    def narrow(self, x: Any, dim: int, start: int, length: int) -> Any:
+        """A copy of x[..., start:start+length, ...] along dim."""
+
+    def concat(self, xs: Sequence[Any], dim: int) -> Any: ...
+
+    def add(self, a: Any, b: Any) -> Any: ...
+
+    def sub(self, a: Any, b: Any) -> Any: ...
+
+    def multiply(self, a: Any, b: Any) -> Any: ...
+
+    def maximum(self, a: Any, b: Any) -> Any: ...
+
+    def minimum(self, a: Any, b: Any) -> Any: ...
+
+    def scale(self, x: Any, factor: float) -> Any:
+        """x * factor, keeping x's dtype (used for reduce(avg))."""
+
+    def close(self, actual: Any, expected: Any) -> bool:
+        """Same shape and dtype kind, and equal values.
+
+        Exact for integer and bool tensors; for floating tensors a tolerance scaled to the
+        magnitudes involved (NaN matches NaN at the same position).
+        """
+
+    def zeros_like(self, x: Any) -> Any: ...
+
+    def random_like(self, x: Any, seed: int) -> Any:
+        """Fresh signed, non-degenerate random values of x's shape and dtype.
+
+        Floats: standard normal. Integers: signed values from a range wide enough that
+        shards differ. Bools: fair coin flips.
+        """
+
+    def clone(self, x: Any) -> Any: ...

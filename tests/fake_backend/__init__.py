@@ -1,0 +1,89 @@
+"""A backend for sweep tests: numpy ops that explore cleanly, and ops that misbehave in
+every way a real framework can (raise, hang, segfault, abort, exit).
+
+Loaded by module name (``--backend fake_backend``) in the sweep's worker processes, so
+it must be importable from the tests folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.explorer import explore_op as _explore_op
+
+from .numpy_ops import NumpyOps
+
+
+def _arrays(seed: int, *shapes) -> tuple:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s) for s in shapes)
+
+
+def _case(op: str, fn, shapes, arg_names, **kwargs) -> OpCase:
+    return OpCase(
+        op=op, fn=fn, args=_arrays(0, *shapes), kwargs=kwargs, arg_names=arg_names,
+        fresh=lambda seed: (_arrays(seed + 1, *shapes), dict(kwargs)),
+    )
+
+
+def _raise():
+    raise ValueError("no kernel for this dtype")
+
+
+def _hang():
+    time.sleep(3600)
+
+
+def _segfault():
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(10)
+
+
+# op -> what cases(op) does. Explorable ops return their cases; the rest misbehave.
+_OPS = {
+    "fake.add": lambda: [_case("fake.add", np.add, [(4, 6), (4, 6)], ("self", "other"))],
+    "fake.matmul": lambda: [_case("fake.matmul", np.matmul, [(4, 6), (6, 8)], ("self", "other"))],
+    "fake.sum": lambda: [_case("fake.sum", np.sum, [(6, 4)], ("self",), axis=0)],
+    "fake.nosample": lambda: (_ for _ in ()).throw(NoSample("no sample input")),
+    "fake.skipped": lambda: (_ for _ in ()).throw(Skip("skipped", "in-place variant")),
+    "fake.random": lambda: [OpCase("fake.random", lambda x: x + np.random.random(x.shape), _arrays(0, (4,)),
+                                   arg_names=("self",), deterministic=False)],
+    "fake.raise": _raise,
+    "fake.escape": lambda: [],  # explore_op below raises for it
+    "fake.exit": lambda: sys.exit(3),
+    "fake.hang": _hang,
+    "fake.segv": _segfault,
+    "fake.abort": os.abort,
+}
+
+
+class FakeBackend:
+    name = "fake"
+
+    def tensor_ops(self) -> NumpyOps:
+        return NumpyOps()
+
+    def list_ops(self) -> list[str]:
+        return sorted(_OPS)
+
+    def cases(self, op: str):
+        return _OPS[op]()
+
+
+def get_backend(fail: str = "") -> FakeBackend:
+    if fail:
+        raise RuntimeError(f"cannot start: {fail}")
+    return FakeBackend()
+
+
+def explore_op(backend, op):
+    """The real explorer, except that 'fake.escape' raises out of it (an explorer bug)."""
+    if op == "fake.escape":
+        raise RuntimeError("explorer bug at 0x7f3a2b1c9d40 in /opt/somewhere/explorer.py\nsecond line")
+    return _explore_op(backend, op)

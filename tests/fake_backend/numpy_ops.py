@@ -1,0 +1,77 @@
+"""TensorOps over numpy arrays: enough for the explorer to run the fake backend's ops.
+Test-only; the real backends live under backends/."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+
+class NumpyOps:
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def shape(self, x: np.ndarray) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def dtype_kind(self, x: np.ndarray) -> str:
+        return {"f": FLOAT, "c": COMPLEX, "i": INT, "u": INT, "b": BOOL}.get(x.dtype.kind, OTHER)
+
+    def dtype_name(self, x: np.ndarray) -> str:
+        return x.dtype.name
+
+    def narrow(self, x, dim, start, length):
+        return np.take(x, np.arange(start, start + length), axis=dim)
+
+    def concat(self, xs: Sequence[np.ndarray], dim: int):
+        return np.concatenate(list(xs), axis=dim)
+
+    def add(self, a, b):
+        return np.logical_or(a, b) if a.dtype == bool else a + b
+
+    def sub(self, a, b):
+        return a - b
+
+    def multiply(self, a, b):
+        return np.logical_and(a, b) if a.dtype == bool else a * b
+
+    def maximum(self, a, b):
+        return np.maximum(a, b)
+
+    def minimum(self, a, b):
+        return np.minimum(a, b)
+
+    def scale(self, x, factor: float):
+        return (x * factor).astype(x.dtype)
+
+    def close(self, actual: Any, expected: Any) -> bool:
+        if not (self.is_tensor(actual) and self.is_tensor(expected)):
+            return False
+        if actual.shape != expected.shape or self.dtype_kind(actual) != self.dtype_kind(expected):
+            return False
+        if self.dtype_kind(actual) not in (FLOAT, COMPLEX):
+            return bool(np.array_equal(actual, expected))
+        if actual.size == 0:
+            return True
+        scale = float(np.abs(expected).max())
+        return bool(np.allclose(actual, expected, rtol=1e-9, atol=1e-12 * max(scale, 1e-30), equal_nan=True))
+
+    def zeros_like(self, x):
+        return np.zeros_like(x)
+
+    def random_like(self, x: np.ndarray, seed: int):
+        rng = np.random.default_rng(seed)
+        kind = self.dtype_kind(x)
+        if kind == BOOL:
+            return rng.integers(0, 2, x.shape).astype(bool)
+        if kind == FLOAT:
+            return rng.standard_normal(x.shape).astype(x.dtype)
+        if kind == INT:
+            return rng.integers(-100, 100, x.shape).astype(x.dtype)
+        return x.copy()
+
+    def clone(self, x):
+        return x.copy()

@@ -1,0 +1,179 @@
+"""ShardCombine on real torch ops: the paper's figures, appendix A.3, Partial inputs, and
+the reference implementation's known false positives."""
+
+import pytest
+import torch
+
+from metaspmd.case import OpCase
+from metaspmd.combine import Split, apply_combine, shard_with_halo
+from metaspmd.explorer import explore_case
+from metaspmd.explorer import ExploreConfig
+from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Replicate, ShardIn
+
+torch_ops = pytest.importorskip("metaspmd.backends.torch.tensor_ops")
+OPS = torch_ops.TorchOps()
+aten = torch.ops.aten
+F64 = torch.float64
+
+
+def randn(*shape):
+    return torch.randn(*shape, dtype=F64)
+
+
+def explore(fn, args, names=(), kwargs=None, **kw):
+    return explore_case(OpCase("test", fn, tuple(args), kwargs or {}, tuple(names), **kw), OPS)
+
+
+def combines(entry):
+    return {label: [str(o) for o in outs] for label, outs in entry.combine.by_label}
+
+
+def test_figure3_mm():
+    e = explore(aten.mm.default, [randn(6, 4), randn(4, 5)], ("self", "mat2"))
+    assert str(e.shard) == "[[S1, S2], [S2, S3]]"
+    c = combines(e)
+    assert (c["S1"], c["S2"], c["S3"]) == (["gather(dim=0)"], ["reduce(sum)"], ["gather(dim=1)"])
+    assert e.verified.trials >= 3 and e.verified.shard_counts == (2, 3) and e.verified.uneven
+
+
+def test_figure3_add():
+    e = explore(aten.add.Tensor, [randn(6, 4), randn(6, 4)], ("self", "other"))
+    assert str(e.shard) == "[[S1, S2], [S1, S2]]"
+    assert combines(e)["S1"] == ["gather(dim=0)"] and combines(e)["S2"] == ["gather(dim=1)"]
+
+
+def test_figure3_layer_norm_last_dim():
+    e = explore(aten.native_layer_norm.default, [randn(6, 8), [8], randn(8), randn(8), 1e-5],
+                ("input", "normalized_shape", "weight", "bias", "eps"))
+    x_labels = [str(d) for d in e.shard.inputs[0]]
+    assert x_labels == ["S1", "N"]  # batch dim gathers; no rule on the normalized dim
+    assert combines(e)["S1"] == ["gather(dim=0)"] * 3
+
+
+def _conv1d(x, w, padding):
+    return aten.convolution.default(x, w, None, [1], [padding], [1], False, [0], 1)
+
+
+@pytest.mark.parametrize("padding,out_halo", [(0, 0), (1, 1)])
+def test_appendix_a3_conv1d_halo(padding, out_halo):
+    e = explore(_conv1d, [randn(2, 3, 12), randn(4, 3, 3), padding], ("input", "weight", "padding"))
+    halo_dims = [(label, d) for d, label in enumerate(e.shard.inputs[0]) if label.halo]
+    assert len(halo_dims) == 1 and halo_dims[0][1] == 2 and halo_dims[0][0].halo == 1
+    combine = e.combine.as_dict()[halo_dims[0][0].label][0]
+    assert combine.first == Gather(2, out_halo)
+    # The rule reproduces the global output on new data with 4 uneven shards.
+    x, w = randn(2, 3, 23), randn(4, 3, 3)
+    bounds = Split(4).bounds(23)
+    shards = shard_with_halo(OPS, x, 2, bounds, 1)
+    rebuilt = apply_combine(OPS, combine.first, [_conv1d(s, w, padding) for s in shards])
+    assert torch.allclose(rebuilt, _conv1d(x, w, padding))
+
+
+def test_appendix_a3_cat_block():
+    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"))
+    assert str(e.shard.inputs[0][0]) == "S1" and all(str(row[0]) == "S1" for row in e.shard.inputs)
+    assert combines(e)["S1"] == ["gather(dim=0, block=3)"]
+
+
+def test_partial_input_mm():
+    e = explore(aten.mm.default, [randn(6, 4), randn(4, 5)], ("self", "mat2"))
+    first_partial = e.partial.inputs[0]
+    assert len(first_partial) == 1
+    label = first_partial[0].label
+    assert [s for s in e.strategies() if s.label == label][0].inputs == (
+        PartialInput("sum"), Replicate())
+    assert combines(e)[label] == ["reduce(sum)"]
+
+
+def test_relu_has_no_partial_rule():
+    e = explore(aten.relu.default, [randn(6, 4)], ("self",))
+    assert e.partial.is_empty()
+    assert combines(e) == {"S1": ["gather(dim=0)"], "S2": ["gather(dim=1)"]}
+
+
+def test_addmm_bias_partial_on_contraction():
+    e = explore(aten.addmm.default, [randn(6, 5), randn(6, 4), randn(4, 5)], ("self", "mat1", "mat2"))
+    k_label = e.shard.inputs[1][1].label
+    assert k_label and e.shard.inputs[2][0].label == k_label  # contraction dim sharded in both mats
+    assert k_label in {p.label for p in e.partial.inputs[0]}  # ... with the bias as a Partial input
+    assert combines(e)[k_label] == ["reduce(sum)"]
+
+
+def test_addmm_plain_search_misses_contraction_rule():
+    e = explore_case(OpCase("t", aten.addmm.default, (randn(6, 5), randn(6, 4), randn(4, 5)), {}, ("self", "mat1", "mat2")),
+                     OPS, config=ExploreConfig(partial=False))
+    assert e.shard.inputs[1][1].label is None
+
+
+def test_mean_reduce_avg_on_equal_shards():
+    e = explore(aten.mean.dim, [randn(6, 12), [1]], ("self", "dim"))
+    assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(avg)"]
+
+
+def test_mean_over_large_positive_dim_is_not_max():
+    x = torch.rand(4, 1000, dtype=F64) + 5.0  # all positive, tightly clustered: the reference's trap
+    e = explore(aten.mean.dim, [x, [1]], ("self", "dim"))
+    options = [str(c) for outs in e.combine.as_dict().values() for o in outs for c in o.options]
+    assert "reduce(max)" not in options and "reduce(min)" not in options
+
+
+def test_amin_is_reduce_min_with_negative_values():
+    x = randn(6, 8) - 3.0
+    e = explore(aten.amin.default, [x, [1]], ("self", "dim"))
+    assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(min)"]
+
+
+def test_unique_on_binary_ints_is_not_identity():
+    x = torch.randint(0, 2, (16,))
+    e = explore(lambda t: torch.unique(t), [x], ("self",))
+    options = [c for outs in e.combine.as_dict().values() for o in outs for c in o.options]
+    assert Identity() not in options
+
+
+def test_wrong_derived_candidate_is_rejected():
+    x = randn(6, 4)
+    wrong = ((ShardIn(0),), (OutputCombine((Gather(0),)),))  # transpose moves dim 0 to 1
+    right = ((ShardIn(0),), (OutputCombine((Gather(1),)),))
+    e = explore(aten.t.default, [x], ("self",), candidates=(wrong, right))
+    assert e.status == "derived"
+    assert combines(e) == {"S1": ["gather(dim=1)"]}
+    e = explore(aten.t.default, [x], ("self",), candidates=(wrong,))
+    assert e.status == "replicate-only"
+
+
+def test_nondeterministic_op_is_flagged():
+    e = explore(lambda t: t + torch.rand(t.shape, dtype=F64), [randn(6, 4)], ("self",))
+    assert e.status == "failed" and e.reason.startswith("nondeterministic")
+
+
+def test_constant_output_gives_no_rule():
+    e = explore(lambda t: torch.isnan(t).any(), [randn(6, 4)], ("self",))  # always False on random data
+    assert e.status == "replicate-only" and "does not vary" in e.reason
+
+
+def test_crashing_op_is_a_failed_entry():
+    def boom(t):
+        raise RuntimeError("kaboom at /home/someone/file.py")
+    e = explore(boom, [randn(6, 4)], ("self",))
+    assert e.status == "failed" and "kaboom" in e.reason and "/home" not in e.reason
+
+
+def test_integer_index_inputs_stay_valid_with_fresh():
+    x = randn(8, 5)
+
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(8, 5, generator=g, dtype=F64), 0, torch.randint(0, 8, (6,), generator=g)), {}
+
+    e = explore(aten.index_select.default, [x, 0, torch.randint(0, 8, (6,))], ("self", "dim", "index"), fresh=fresh)
+    assert e.status == "ok"
+    assert combines(e)[e.shard.inputs[0][1].label] == ["gather(dim=1)"]
+    assert combines(e)[e.shard.inputs[1][0].label] == ["gather(dim=0)"]
+    assert e.shard.inputs[0][0].label is None  # sharding the indexed dim needs masking: no rule
+
+
+def test_reduce_kinds_on_bool_and_int():
+    e = explore(aten.any.dim, [torch.randn(6, 8) > 0.9, 1], ("self", "dim"))
+    assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(max)"]
+    e = explore(aten.sum.dim_IntList, [torch.randint(-9, 9, (6, 8)), [1]], ("self", "dim"))
+    assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(sum)"]

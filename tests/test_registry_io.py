@@ -1,0 +1,85 @@
+"""Registry files: deterministic dump, lossless round trip, strict validation with file:line."""
+
+import pytest
+
+from metaspmd.registry_io import RegistryError, dump_record, load_record, loads_record, write_record
+from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
+from metaspmd.spec import CombineSpec, PartialSpec, ShardSpec
+
+MM = """\
+schema: 1
+op: aten.mm.default
+backend: torch
+status: ok
+entries:
+- signature: self:f[*,*] mat2:f[*,*]
+  status: ok
+  shard: [[S1, S2], [S2, S3]]
+  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}
+  example:
+    self: {shape: [6, 4], dtype: float64}
+    mat2: {shape: [4, 5], dtype: float64}
+  verified: {trials: 3, shard_counts: [2, 3], uneven: true}
+"""
+
+
+def entry(**kw):
+    base = dict(
+        signature="self:f[*,*] mat2:f[*,*]", status="ok",
+        shard=ShardSpec.parse("[[S1, S2], [S2, S3]]"), partial=PartialSpec.parse("[[S4(sum)], []]"),
+        combine=CombineSpec.parse("{S1: gather(dim=0), S2: reduce(sum), S3: 'gather(dim=1, halo=1)', S4: reduce(sum)}".replace("'", "")),
+        example=Example((("self", TensorArg((6, 4), "float64")), ("mat2", TensorArg((4, 5), "float64")), ("alpha", 0.5), ("dims", (1, 2)))),
+        verified=Verification(3, (2, 3), True), notes=("a note",),
+    )
+    base.update(kw)
+    return RuleEntry(**base)
+
+
+def test_round_trip_is_lossless_and_deterministic(tmp_path):
+    record = make_record("aten.mm.default", "torch", [entry(), entry(signature="a", status="replicate-only", reason="r")])
+    text = dump_record(record)
+    assert loads_record(text) == record
+    assert dump_record(loads_record(text)) == text
+    path = write_record(tmp_path, record)
+    assert path == tmp_path / "torch" / "aten.mm.default.yaml"
+    assert load_record(path) == record
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_loads_hand_written_file():
+    r = loads_record(MM, "mm.yaml")
+    assert str(r.entries[0].shard) == "[[S1, S2], [S2, S3]]"
+    assert [str(s) for s in r.entries[0].strategies()][1] == "S2: (S(1), S(0)) -> (reduce(sum))"
+
+
+@pytest.mark.parametrize("old,new,line,message", [
+    ("S2: reduce(sum)", "S2: reduce(total)", 9, "bad reduce op"),
+    ("S2: reduce(sum)", "S2: gather(dim=x)", 9, "bad combine"),
+    ("S3: gather(dim=1)}", "S3: gather(dim=1), S7: identity}", 9, "unknown label S7"),
+    ("[[S1, S2], [S2, S3]]", "[[S1, S2], [S2, S3], [N]]", 8, "example has 2 tensor inputs"),
+    ("[[S1, S2], [S2, S3]]", "[[S1, S2], [S2, Q3]]", 8, "bad dim label"),
+    ("status: ok\nentries", "status: great\nentries", 4, "unknown status"),
+    ("  verified", "  colour: red\n  verified", 13, "unknown key 'colour'"),
+    ("shard: [[S1", "shard: [[S1 [", 8, "not valid YAML"),
+])
+def test_malformed_file_names_file_and_line(old, new, line, message):
+    assert old in MM
+    with pytest.raises(RegistryError) as err:
+        loads_record(MM.replace(old, new, 1), "registry/torch/aten.mm.default.yaml")
+    assert str(err.value).startswith(f"registry/torch/aten.mm.default.yaml:{line}:"), str(err.value)
+    assert message in str(err.value)
+
+
+def test_python_object_tag_rejected():
+    text = MM.replace("dtype: float64}\n    mat2", "dtype: !!python/object/apply:os.system [echo hi]}\n    mat2", 1)
+    with pytest.raises(RegistryError, match=r"f.yaml:11: tag .*python/object"):
+        loads_record(text, "f.yaml")
+
+
+def test_empty_and_unsafe_names():
+    with pytest.raises(RegistryError, match="f.yaml:1: empty"):
+        loads_record("", "f.yaml")
+    with pytest.raises(RegistryError, match="characters"):
+        loads_record(MM.replace("op: aten.mm.default", "op: ../../etc/passwd"), "f.yaml")
+    with pytest.raises(RegistryError):
+        write_record("/nonexistent", OpRecord("../x", "torch", "ok"))

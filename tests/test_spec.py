@@ -1,0 +1,53 @@
+"""The rule model's string forms round-trip and reject what is not paper notation."""
+
+import pytest
+
+from metaspmd.spec import (
+    CombineSpec, DimLabel, Gather, Identity, OutputCombine, PartialIn, PartialSpec, Reduce, Replicate, ShardIn,
+    ShardSpec, SpecError, parse_combine, strategies,
+)
+
+
+@pytest.mark.parametrize("text", [
+    "gather(dim=0)", "gather(dim=3, halo=2)", "gather(dim=1, block=3)", "gather(dim=2, halo=1, block=2)",
+    "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "identity",
+])
+def test_combine_round_trip(text):
+    c = parse_combine(text)
+    assert str(c) == text
+    assert parse_combine(str(c)) == c
+
+
+@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "Identity", "gather(dim=0, block=1)", ""])
+def test_bad_combine_rejected(text):
+    with pytest.raises(SpecError):
+        parse_combine(text)
+
+
+def test_tables_round_trip():
+    shard = ShardSpec.parse("[[S1, S2], [S2, S3(halo=1)]]")
+    assert shard.inputs[1][1] == DimLabel("S3", 1)
+    assert ShardSpec.parse(str(shard)) == shard
+    combine = CombineSpec.parse("{S1: gather(dim=0), S2: reduce(sum) | reduce(max), S3: gather(dim=1) | identity}")
+    assert CombineSpec.parse(str(combine)) == combine
+    partial = PartialSpec.parse("[[S2(sum)], []]")
+    assert PartialSpec.parse(str(partial)) == partial
+    assert str(OutputCombine.of([Reduce("sum"), Gather(0), Identity()])) == "gather(dim=0) | identity | reduce(sum)"
+    assert PartialIn.parse("S4(sum)") == PartialIn("S4", "sum")
+
+
+@pytest.mark.parametrize("text", ["[[S1, S1]]", "[[X1]]", "[[S0]]", "[S1]", "[[N(halo=1)]]"])
+def test_bad_shard_rejected(text):
+    with pytest.raises(SpecError):
+        ShardSpec.parse(text)
+
+
+def test_strategies_expand_labels():
+    shard = ShardSpec.parse("[[S1, S2], [S2, S3], [N, N]]")
+    partial = PartialSpec.parse("[[], [], [S2(sum)]]")
+    combine = CombineSpec.parse("{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}")
+    s = {x.label: x for x in strategies(shard, partial, combine)}
+    assert s["S1"].inputs == (ShardIn(0), Replicate(), Replicate())
+    assert s["S2"].inputs[0] == ShardIn(1) and s["S2"].inputs[1] == ShardIn(0)
+    assert str(s["S2"].inputs[2]) == "P(sum)"
+    assert s["S3"].outputs[0].first == Gather(1)
