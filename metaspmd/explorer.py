@@ -243,10 +243,12 @@ class _Explorer:
         example = _example(ops, case)
         ranks = tuple(len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor))
 
+        results: tuple[TensorArg, ...] = ()
+
         def entry(status: str, reason: str = "", tables=None, verified=None, notes=()) -> RuleEntry:
             if tables is None:
                 tables = _no_strategy(ranks)
-            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason, tuple(notes))
+            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason, tuple(notes), results)
 
         try:
             first = self._trial(tuple(case.args), dict(case.kwargs))
@@ -255,6 +257,7 @@ class _Explorer:
             return entry("failed", _error_text(e))
         if len(first.outputs) != len(again.outputs) or not all(ops.close(a, b) for a, b in zip(again.outputs, first.outputs)):
             return entry("failed", "nondeterministic: two identical calls differ")
+        results = tuple(_example_value(ops, x) for x in first.outputs)
         if not first.outputs:
             return entry("replicate-only", "no tensor output")
         self.trials = [first]

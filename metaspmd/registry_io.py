@@ -76,6 +76,8 @@ def _entry_data(e: RuleEntry) -> dict:
         combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
     data["combine"] = combine
     data["example"] = {name: _example_value(v) for name, v in e.example.args}
+    if e.results:
+        data["results"] = [_example_value(r) for r in e.results]
     if e.verified is not None:
         data["verified"] = _FlowMap(
             trials=e.verified.trials, shard_counts=_Flow(e.verified.shard_counts), uneven=e.verified.uneven
@@ -206,7 +208,7 @@ class _Reader:
 
     def entry(self, node: yaml.Node) -> RuleEntry:
         f = self.mapping(
-            node, ("signature", "status", "shard", "combine", "example"), ("reason", "partial", "verified", "notes"), "entry"
+            node, ("signature", "status", "shard", "combine", "example"), ("reason", "partial", "results", "verified", "notes"), "entry"
         )
         signature = self.string(f["signature"], "signature")
         status = self.string(f["status"], "entry status")
@@ -241,7 +243,15 @@ class _Reader:
         verified = self.verified(f["verified"]) if "verified" in f else None
         notes = tuple(self.string(n, "note") for n in self.sequence(f["notes"], "notes")) if "notes" in f else ()
         reason = self.string(f["reason"], "reason") if "reason" in f else ""
-        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes)
+        results = ()
+        if "results" in f:
+            results = tuple(self.example_value(n) for n in self.sequence(f["results"], "results"))
+            if not all(isinstance(r, TensorArg) for r in results):
+                self.fail(f["results"], "results must be tensors ({shape, dtype})")
+        n_out = {len(outs) for _, outs in combine.by_label}
+        if results and n_out and n_out != {len(results)}:
+            self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
+        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results)
 
     def combine(self, node: yaml.Node) -> CombineSpec:
         if not isinstance(node, yaml.MappingNode):

@@ -55,6 +55,7 @@ class RuleEntry:
     verified: Verification | None = None
     reason: str = ""
     notes: tuple[str, ...] = ()
+    results: tuple[TensorArg, ...] = ()  # the example's tensor outputs, in flattening order
 
     def strategies(self) -> Iterator[Strategy]:
         return strategies(self.shard, self.partial, self.combine)

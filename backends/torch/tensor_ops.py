@@ -91,7 +91,7 @@ class TorchOps:
     def random_like(self, x: torch.Tensor, seed: int):
         g = torch.Generator().manual_seed(seed)
         if x.dtype == torch.bool:  # vary the density by seed so any/all-like outputs vary too
-            return torch.rand(x.shape, generator=g) < (0.15, 0.5, 0.85)[seed % 3]
+            return torch.rand(x.shape, generator=g) < (0.1, 0.5, 0.9)[seed % 3]
         if x.dtype.is_floating_point or x.dtype.is_complex:
             return torch.randn(x.shape, generator=g, dtype=x.dtype)
         if x.dtype == torch.uint8:
