@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from metaspmd.rules import OpRecord
+from metaspmd.rules import OpRecord, TensorArg
 from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
 
 DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
@@ -103,3 +103,107 @@ def placement_rules(record: OpRecord) -> dict[str, tuple[PlacementRule, ...]]:
         if rules:
             out[e.signature] = rules
     return out
+
+
+# --------------------------------------------------------------------------- JAX / Shardy
+
+
+@dataclass(frozen=True)
+class JaxStrategy:
+    """One strategy on one mesh axis: per input and output, the sharded dim (or None).
+
+    ``partial``: per output, the pending reduction ('sum') when the output is Partial,
+    else ''. An output that is Partial has no sharded dim.
+    """
+
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+    partial_inputs: tuple[str, ...]
+    partial_outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ShardyRule:
+    """A Shardy-style einsum rule: ``"s1 s2, s2 s3 -> s1 s3"`` with its special factors."""
+
+    rule: str
+    reduction_factors: tuple[str, ...]
+    need_replication_factors: tuple[str, ...]
+    permutation_factors: tuple[str, ...] = ()
+
+
+def jax_strategies(entry) -> tuple[JaxStrategy, ...]:
+    out = []
+    for s in entry.strategies():
+        rule = placement_rule(s)
+        if rule is None:
+            continue
+        if any(p.kind == "Partial" and p.op not in JAX_REDUCTION_OPS for p in rule.inputs + rule.outputs):
+            continue
+        out.append(JaxStrategy(
+            tuple(p.dim if p.kind == "Shard" else None for p in rule.inputs),
+            tuple(p.dim if p.kind == "Shard" else None for p in rule.outputs),
+            tuple(p.op if p.kind == "Partial" else "" for p in rule.inputs),
+            tuple(p.op if p.kind == "Partial" else "" for p in rule.outputs),
+        ))
+    return tuple(dict.fromkeys(out))
+
+
+def shardy_rule(entry) -> ShardyRule | None:
+    """The entry's strategies as one Shardy factor rule, or None when it cannot be one.
+
+    A label becomes a factor when it shards one dim per operand (no halo), no Partial
+    inputs, and every output either gathers it on a dim of the same size (pass-through)
+    or reduces it by sum (reduction factor). Every other dim gets its own factor, listed
+    as need-replication, so propagation never shards what no verified rule covers.
+    """
+    in_shapes = [t.shape for _, v in entry.example.args for t in _tensor_args(v)]
+    out_shapes = [r.shape for r in entry.results]
+    if not out_shapes or any(len(s) == 0 for s in in_shapes + out_shapes):
+        return None
+    partial_labels = entry.partial.labels()
+    in_f = [[None] * len(s) for s in in_shapes]
+    out_f = [[None] * len(s) for s in out_shapes]
+    reduction = []
+    for label, outs in entry.combine.by_label:
+        if label in partial_labels:
+            continue
+        dims = [(i, d, lab.halo) for i, row in enumerate(entry.shard.inputs) for d, lab in enumerate(row) if lab.label == label]
+        if not dims or any(h for _, _, h in dims):
+            continue
+        size = in_shapes[dims[0][0]][dims[0][1]]
+        gathers, reduces = [], 0
+        for j, o in enumerate(outs):
+            first = _output_placement(o)
+            if first is not None and first.kind == "Shard" and out_shapes[j][first.dim] == size and out_f[j][first.dim] is None:
+                gathers.append((j, first.dim))
+            elif first is not None and first.kind == "Partial" and first.op == "sum":
+                reduces += 1
+        if len(gathers) + reduces != len(outs) or (gathers and reduces):
+            continue
+        name = label.lower()
+        for i, d, _ in dims:
+            in_f[i][d] = name
+        for j, d in gathers:
+            out_f[j][d] = name
+        if reduces:
+            reduction.append(name)
+    need = []
+    counter = 0
+    for table in (in_f, out_f):
+        for row in table:
+            for d, f in enumerate(row):
+                if f is None:
+                    counter += 1
+                    row[d] = f"r{counter}"
+                    need.append(row[d])
+    text = ", ".join(" ".join(r) for r in in_f) + " -> " + ", ".join(" ".join(r) for r in out_f)
+    return ShardyRule(text, tuple(reduction), tuple(need))
+
+
+def _tensor_args(v):
+    if isinstance(v, TensorArg):
+        return [v]
+    if isinstance(v, tuple):
+        return [t for x in v for t in _tensor_args(x)]
+    return []
