@@ -1,0 +1,141 @@
+"""The generated DTensor rule table at runtime: lookup, and installation into DTensor.
+
+``register()`` installs table rules through ``register_sharding`` for the ops DTensor
+has no rule for. It leaves DTensor's own rules alone: ``register_sharding`` cannot
+override single-dim strategies, and DTensor's hand-written rules for the rest are
+already trusted by its users.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+from metaspmd.signature import signature
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+
+class SpecOps:
+    """Just enough of the TensorOps protocol to compute signatures over DTensorSpecs."""
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, (DTensorSpec, torch.Tensor))
+
+    def shape(self, x) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def dtype_kind(self, x) -> str:
+        d = x.tensor_meta.dtype if isinstance(x, DTensorSpec) else x.dtype
+        if d == torch.bool:
+            return BOOL
+        if d.is_complex:
+            return COMPLEX
+        if d.is_floating_point:
+            return FLOAT
+        return INT if d in _INT_DTYPES else OTHER
+
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_SPEC_OPS = SpecOps()
+
+
+def op_name(op: torch._ops.OpOverload) -> str:
+    return f"aten.{op._schema.name.split('::', 1)[1]}.{op._overloadname or 'default'}"
+
+
+def positional_names(op: torch._ops.OpOverload) -> tuple[str, ...]:
+    return tuple(a.name for a in op._schema.arguments if not a.kwarg_only)
+
+
+def table() -> dict:
+    from metaspmd.generated.torch_rules import RULES
+
+    return RULES
+
+
+def lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    """The table's strategies for this call (tensors or DTensorSpecs), or None."""
+    sigs = table().get(op_name(op))
+    if sigs is None:
+        return None
+    return sigs.get(signature(_SPEC_OPS, positional_names(op), args, kwargs))
+
+
+def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
+    p = DTensor._op_dispatcher.sharding_propagator
+    return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules
+
+
+def _resolve(name: str) -> torch._ops.OpOverload | None:
+    _, family, overload = name.split(".", 2)
+    packet = getattr(torch.ops.aten, family, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
+def _supported_schema(op: torch._ops.OpOverload) -> str:
+    """Why register_sharding cannot carry this op's rules, or '' when it can."""
+    schema = op._schema
+    if schema.is_mutable:
+        return "mutates an input"
+    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+        return "returns something other than plain tensors"
+    if any(str(a.type) in ("Tensor[]", "Tensor?[]") for a in schema.arguments):
+        return "takes a list of tensors"
+    return ""
+
+
+def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
+    names = positional_names(op)
+    n_out = len(op._schema.returns)
+
+    def strategies(*args, **kwargs):
+        is_spec = [isinstance(a, DTensorSpec) for a in args]
+        replicate_all = ([Replicate()] * n_out, [Replicate() if s else None for s in is_spec])
+        rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs), ())
+        out = [replicate_all]
+        for ins, outs in rules:
+            if len(ins) != sum(is_spec) or len(outs) != n_out:
+                continue  # the call passes tensors by keyword: not this table entry's shape
+            it = iter(ins)
+            out.append((list(outs), [next(it) if s else None for s in is_spec]))
+        return out
+
+    return strategies
+
+
+@dataclass
+class RegisterReport:
+    installed: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
+
+    def __str__(self) -> str:
+        return f"installed metaspmd rules for {len(self.installed)} ops; skipped {len(self.skipped)}"
+
+
+def register(ops: list[str] | None = None) -> RegisterReport:
+    """Install table rules into DTensor for ops it has no rule for; report what was done."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.distributed.tensor.experimental import register_sharding
+
+    report = RegisterReport()
+    rules = table()
+    for name in sorted(ops if ops is not None else rules):
+        op = _resolve(name) if name in rules else None
+        if op is None:
+            report.skipped[name] = "no rule in the table" if name not in rules else "not an ATen op here"
+            continue
+        if dtensor_has_rule(op):
+            report.skipped[name] = "DTensor has its own rule"
+            continue
+        why = _supported_schema(op)
+        if why:
+            report.skipped[name] = why
+            continue
+        register_sharding(op)(_sharding_fn(op, rules[name]))
+        report.installed.append(name)
+    _clear_sharding_prop_cache()
+    return report
