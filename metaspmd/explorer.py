@@ -189,7 +189,8 @@ class _Explorer:
         if locs is None:
             return None
         even = self._is_even(group, split)
-        max_halo = 2 * max((h for _, _, h in group.dims), default=0)
+        # output halos: twice the input halo (convolution), or 1 with none (padding ops)
+        max_halo = max(1, 2 * max((h for _, _, h in group.dims), default=0))
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
