@@ -1,0 +1,114 @@
+"""Registering TE kernels: the ``@kernel`` decorator and the registry it fills.
+
+A kernel is a builder function that creates placeholders with symbolic shapes
+(``te.var``) and returns ``(inputs, output)`` (or a list of outputs)::
+
+    @kernel(example={"n": 8})
+    def vector_add():
+        n = te.var("n")
+        a = te.placeholder((n,), "float64", name="a")
+        b = te.placeholder((n,), "float64", name="b")
+        return [a, b], te.compute((n,), lambda i: a[i] + b[i], name="out")
+
+``example`` gives each symbolic var its size in the example call. ``variants`` lists
+keyword arguments for the builder (one compiled kernel and one example per variant);
+they are part of the call's signature, like a framework op's non-tensor arguments.
+``int_ranges`` bounds the random values of integer inputs (``{"indices": (0, "n")}``,
+a bound may name a var), so index inputs stay meaningful.
+
+Registration only records the builder: building, validating and compiling happen when
+the backend first asks for the kernel's cases, so one broken kernel cannot stop a sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+PREFIX = "tvm."
+
+Params = tuple[tuple[str, Any], ...]  # one variant's builder keyword arguments, sorted
+
+
+class KernelError(ValueError):
+    """An invalid kernel; the message starts with the kernel's op name."""
+
+    def __init__(self, op: str, message: str):
+        super().__init__(f"kernel {op}: {message}")
+        self.op = op
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A registered kernel, not yet built."""
+
+    op: str  # 'tvm.<name>'
+    builder: Callable[..., Any]
+    example: tuple[tuple[str, int], ...]  # symbolic var name -> example size
+    variants: tuple[Params, ...] = ((),)
+    int_ranges: tuple[tuple[str, tuple[int | str, int | str]], ...] = ()
+    module: str = ""  # the module that registered it (what --kernels selects)
+
+
+def _params(variant: Mapping[str, Any]) -> Params:
+    # lists become tuples: a variant is a cache key and a signature value
+    return tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in dict(variant).items()))
+
+
+def op_name(name: str) -> str:
+    return name if name.startswith(PREFIX) else PREFIX + name
+
+
+class KernelRegistry:
+    """Kernels by op name. Re-registering from the same module replaces (module reloads)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, KernelSpec] = {}
+
+    def add(self, spec: KernelSpec) -> None:
+        old = self._specs.get(spec.op)
+        if old is not None and old.module != spec.module:
+            raise KernelError(spec.op, f"already registered by module {old.module!r}")
+        self._specs[spec.op] = spec
+
+    def get(self, op: str) -> KernelSpec:
+        try:
+            return self._specs[op]
+        except KeyError:
+            raise KeyError(f"no TVM kernel named {op!r}") from None
+
+    def ops(self, modules: Iterable[str] | None = None) -> list[str]:
+        """Registered op names, sorted; only those registered by ``modules`` when given."""
+        wanted = None if modules is None else set(modules)
+        return sorted(op for op, s in self._specs.items() if wanted is None or s.module in wanted)
+
+
+REGISTRY = KernelRegistry()
+
+
+def kernel(
+    name: str | None = None,
+    *,
+    example: Mapping[str, int],
+    variants: Iterable[Mapping[str, Any]] = ({},),
+    int_ranges: Mapping[str, tuple[int | str, int | str]] | None = None,
+    registry: KernelRegistry | None = None,
+):
+    """Register the decorated builder as kernel ``tvm.<name>`` (default: the function's name)."""
+
+    def register(builder: Callable[..., Any]) -> Callable[..., Any]:
+        spec = KernelSpec(
+            op=op_name(name or builder.__name__),
+            builder=builder,
+            example=tuple(sorted((str(k), int(v)) for k, v in example.items())),
+            variants=tuple(_params(v) for v in variants) or ((),),
+            int_ranges=tuple(sorted((k, tuple(v)) for k, v in (int_ranges or {}).items())),
+            module=builder.__module__,
+        )
+        (registry or REGISTRY).add(spec)
+        return builder
+
+    return register
+
+
+__all__ = ["KernelError", "KernelRegistry", "KernelSpec", "PREFIX", "REGISTRY", "kernel", "op_name"]

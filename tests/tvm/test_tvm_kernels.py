@@ -1,0 +1,189 @@
+"""Registering, validating, compiling and calling TE kernels."""
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import te, topi  # noqa: E402
+
+from metaspmd.backends.tvm import KernelError, KernelRegistry, TvmBackend, build_kernel, kernel  # noqa: E402
+from metaspmd.backends.tvm.tensor_ops import to_tvm  # noqa: E402
+from metaspmd.explorer import explore_op  # noqa: E402
+
+
+def backend_of(reg: KernelRegistry) -> TvmBackend:
+    return TvmBackend([__name__], reg)
+
+
+def conv1d_registry() -> KernelRegistry:
+    reg = KernelRegistry()
+
+    @kernel("conv", example={"w": 10, "k": 3}, registry=reg)
+    def conv():
+        w, k = te.var("w"), te.var("k")
+        x = te.placeholder((w,), "float64", name="x")
+        f = te.placeholder((k,), "float64", name="f")
+        r = te.reduce_axis((0, k), name="r")
+        return [x, f], te.compute((w - k + 1,), lambda i: te.sum(x[i + r] * f[r], axis=r), name="y")
+
+    return reg
+
+
+def test_compiled_once_runs_on_any_size_with_output_sized_from_inputs():
+    reg = conv1d_registry()
+    spec = reg.get("tvm.conv")
+    k = build_kernel(spec)
+    assert build_kernel(spec) is k  # compiled once per process
+    for w, kw in [(10, 3), (4, 2), (7, 7)]:
+        x, f = np.random.randn(w), np.random.randn(kw)
+        out = k(to_tvm(x), to_tvm(f))
+        assert out.shape == (w - kw + 1,)
+        np.testing.assert_allclose(out.numpy(), np.correlate(x, f, mode="valid"), rtol=1e-12)
+
+
+def test_call_checks_shapes_dtypes_and_arity_naming_the_kernel():
+    k = build_kernel(conv1d_registry().get("tvm.conv"))
+    with pytest.raises(ValueError, match="tvm.conv.*negative"):
+        k(to_tvm(np.zeros(1)), to_tvm(np.zeros(3)))
+    with pytest.raises(TypeError, match="tvm.conv.*float64"):
+        k(to_tvm(np.zeros(5, dtype=np.float32)), to_tvm(np.zeros(3)))
+    with pytest.raises(TypeError, match="tvm.conv takes 2 inputs"):
+        k(to_tvm(np.zeros(5)))
+
+    reg = KernelRegistry()
+
+    @kernel("add2", example={"n": 4}, registry=reg)
+    def add2():
+        n = te.var("n")
+        a, b = te.placeholder((n,), "float64", name="a"), te.placeholder((n,), "float64", name="b")
+        return [a, b], topi.add(a, b)
+
+    with pytest.raises(ValueError, match="tvm.add2: input 'b' dim 0 is 3, but n is 4"):
+        build_kernel(reg.get("tvm.add2"))(to_tvm(np.zeros(4)), to_tvm(np.zeros(3)))
+
+
+def _bad_kernels() -> KernelRegistry:
+    reg = KernelRegistry()
+    f64 = "float64"
+
+    @kernel("unused_input", example={"n": 4}, registry=reg)
+    def unused_input():
+        n = te.var("n")
+        a, b = te.placeholder((n,), f64, name="a"), te.placeholder((n,), f64, name="b")
+        return [a, b], te.compute((n,), lambda i: a[i] * 2.0, name="out")
+
+    @kernel("missing_input", example={"n": 4}, registry=reg)
+    def missing_input():
+        n = te.var("n")
+        a, b = te.placeholder((n,), f64, name="a"), te.placeholder((n,), f64, name="b")
+        return [a], te.compute((n,), lambda i: a[i] + b[i], name="out")
+
+    @kernel("fixed_dim", example={"n": 4}, registry=reg)
+    def fixed_dim():
+        n = te.var("n")
+        a = te.placeholder((n, 3), f64, name="a")
+        return [a], te.compute((n, 3), lambda i, j: a[i, j] + 1.0, name="out")
+
+    @kernel("no_example_size", example={"n": 4}, registry=reg)
+    def no_example_size():
+        n, m = te.var("n"), te.var("m")
+        a = te.placeholder((n, m), f64, name="a")
+        return [a], topi.exp(a)
+
+    @kernel("typo_in_example", example={"n": 4, "nn": 3}, registry=reg)
+    def typo_in_example():
+        n = te.var("n")
+        a = te.placeholder((n,), f64, name="a")
+        return [a], topi.exp(a)
+
+    @kernel("build_error", example={"n": 4}, registry=reg)
+    def build_error():
+        n = te.var("n")
+        a = te.placeholder((n,), f64, name="a")
+        r = te.reduce_axis((0, n), name="r")
+        return [a], te.compute((n,), lambda i: te.sum(a[r], axis=r) * 2.0, name="out")  # nested reduction
+
+    @kernel("not_a_pair", example={"n": 4}, registry=reg)
+    def not_a_pair():
+        n = te.var("n")
+        a = te.placeholder((n,), f64, name="a")
+        return topi.exp(a)
+
+    @kernel("bad_variant", example={"n": 4}, variants=[{"axis": 0}], registry=reg)
+    def bad_variant():
+        n = te.var("n")
+        a = te.placeholder((n,), f64, name="a")
+        return [a], topi.exp(a)
+
+    @kernel("free_output_dim", example={"n": 4}, registry=reg)
+    def free_output_dim():
+        n, q = te.var("n"), te.var("q")
+        a = te.placeholder((n,), f64, name="a")
+        return [a], te.compute((q,), lambda i: a[0] * 2.0, name="out")
+
+    @kernel("expression_dim", example={"n": 4}, registry=reg)
+    def expression_dim():
+        n = te.var("n")
+        a = te.placeholder((n * 2,), f64, name="a")
+        return [a], topi.exp(a)
+
+    @kernel("good", example={"n": 4}, registry=reg)
+    def good():
+        n = te.var("n")
+        a = te.placeholder((n,), f64, name="a")
+        return [a], topi.exp(a)
+
+    return reg
+
+
+@pytest.mark.parametrize(
+    "op, message",
+    [
+        ("tvm.unused_input", r"wrong arity: input\(s\) \['b'\] are not read"),
+        ("tvm.missing_input", r"wrong arity: the compute reads placeholder\(s\) \['b'\]"),
+        ("tvm.fixed_dim", r"input 'a' dim 1 has fixed size 3.*symbolic te.var"),
+        ("tvm.no_example_size", r"no size for symbolic var\(s\) \['m'\]"),
+        ("tvm.typo_in_example", r"unknown symbolic var\(s\) \['nn'\]"),
+        ("tvm.build_error", r"the builder raised .*Reductions are only allowed at the top level"),
+        ("tvm.not_a_pair", r"must return \(inputs, output\)"),
+        ("tvm.free_output_dim", r"output 'out' dim q does not follow from the input shapes"),
+        ("tvm.expression_dim", r"input 'a' dim 0 is the expression n \* 2"),
+        ("tvm.bad_variant", r"does not take the variant arguments \{'axis': 0\}"),
+    ],
+)
+def test_invalid_kernels_raise_a_clear_error_naming_the_kernel(op, message):
+    with pytest.raises(KernelError, match=f"^kernel {op}: .*{message}"):
+        backend_of(_bad_kernels()).cases(op)
+
+
+def test_a_compile_failure_is_a_kernel_error(monkeypatch):
+    reg = _bad_kernels()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("codegen exploded")
+
+    monkeypatch.setattr(tvm, "compile", broken)
+    with pytest.raises(KernelError, match="^kernel tvm.good: build failed: RuntimeError: codegen exploded"):
+        backend_of(reg).cases("tvm.good")
+
+
+def test_sweep_records_invalid_kernels_as_failed_and_goes_on():
+    be = backend_of(_bad_kernels())
+    records = {op: explore_op(be, op) for op in ("tvm.fixed_dim", "tvm.unused_input", "tvm.good")}
+    assert records["tvm.fixed_dim"].status == "failed"
+    assert "tvm.fixed_dim" in records["tvm.fixed_dim"].reason and "fixed size 3" in records["tvm.fixed_dim"].reason
+    assert records["tvm.unused_input"].status == "failed" and "wrong arity" in records["tvm.unused_input"].reason
+    assert records["tvm.good"].status == "ok"
+
+
+def test_registration_rejects_a_name_taken_by_another_module():
+    reg = KernelRegistry()
+
+    def builder():
+        raise AssertionError("not built")
+
+    kernel("dup", example={}, registry=reg)(builder)
+    kernel("dup", example={}, registry=reg)(builder)  # same module again: a reload, replaces
+    builder.__module__ = "someone.else"
+    with pytest.raises(KernelError, match="kernel tvm.dup: already registered by module"):
+        kernel("dup", example={}, registry=reg)(builder)
