@@ -6,6 +6,10 @@ so a framework is imported only where ops run, and a worker that hangs or crashe
 (segfault, abort, out of memory) takes down only itself: the op gets a 'failed' record
 saying why and a fresh worker takes its place. Op failures are data, not errors.
 
+A backend may define ``prepare()``: one-time set-up (building a sample index, warming a
+compile cache) that each worker runs while it starts, outside the per-op time limit. The
+first worker starts alone, so a set-up that fills an on-disk cache does so once.
+
 Worker protocol over one pipe per worker (requests from the parent, replies from the
 worker):
 
@@ -158,10 +162,26 @@ def failed_record(backend: str, op: str, reason: str) -> OpRecord:
 
 # --------------------------------------------------------------------------- worker side
 
+# Thread-pool sizes that frameworks read when they load (torch, numpy's BLAS, TVM).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 
-def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool) -> None:
+
+def worker_threads(jobs: int, cpus: int | None = None) -> int:
+    """Threads per worker so that the workers together use each core once."""
+    return max(1, (cpus or os.cpu_count() or 1) // jobs)
+
+
+def _limit_threads(threads: int) -> None:
+    # Workers that each spin up a thread per core oversubscribe the machine: measured on
+    # 2 cores, 2 torch workers with default pools ran ops 6x slower than 1 worker.
+    for var in THREAD_ENV:
+        os.environ.setdefault(var, str(threads))
+
+
+def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool, threads: int) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _limit_threads(threads)
     if not show_output:
         # Framework warnings and prints from thousands of ops would bury the progress
         # bar and the summary; what matters is in the records.
@@ -174,6 +194,9 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         instance = load_backend(module, options)
         explore = resolve_callable(explorer)
         name = instance.name
+        prepare = getattr(instance, "prepare", None)
+        if callable(prepare):  # slow one-time set-up (sample index, compile caches)
+            prepare()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which aborts
         conn.send(("fatal", describe_exception(exc)))
         return
@@ -192,6 +215,9 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         start = time.perf_counter()
         try:
             record = explore(instance, op)
+            if not isinstance(record, OpRecord) or (record.op, record.backend) != (op, name):
+                got = f"{record.backend}/{record.op}" if isinstance(record, OpRecord) else type(record).__name__
+                record = failed_record(name, op, f"explorer returned {got} instead of a record of {name}/{op}")
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - op failures are data
             record = failed_record(name, op, describe_exception(exc))
         seconds = time.perf_counter() - start
@@ -208,6 +234,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
 class _Worker:
     proc: Any
     conn: Any
+    born: float = field(default_factory=time.monotonic)
     ready: bool = False
     op: str | None = None
     started: float = 0.0
@@ -255,7 +282,7 @@ class WorkerPool:
         c = self.config
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self._module, c.backend_options, c.explorer, c.worker_output),
+            args=(child, self._module, c.backend_options, c.explorer, c.worker_output, worker_threads(c.jobs)),
             # Not a daemon: ops may start processes of their own; close() reaps workers.
             daemon=False,
             name="metaspmd-sweep-worker",
@@ -356,17 +383,17 @@ class WorkerPool:
                 for w in [w for w in self._workers if w.ready and not w.busy]:
                     w.conn.send(None)
                     self._retire(w)
-            busy = [w for w in self._workers if w.busy]
-            timeout = None
-            if busy:
-                first_deadline = min(w.started for w in busy) + self.config.timeout
-                timeout = max(0.0, first_deadline - time.monotonic())
+            deadlines = [w.started + self.config.timeout for w in self._workers if w.busy]
+            deadlines += [w.born + STARTUP_TIMEOUT for w in self._workers if not w.ready]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             waitables = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
             ready = set(wait(waitables, timeout)) if waitables else set()
             for w in list(self._workers):
                 if w.conn in ready or w.proc.sentinel in ready:
                     self._service(w, on_outcome)
             now = time.monotonic()
+            if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
+                raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
             for w in [w for w in self._workers if w.busy and now - w.started >= self.config.timeout]:
                 reason = f"timeout after {self.config.timeout:g}s"
                 self._finish(w, failed_record(self.backend_name, w.op, reason), now - w.started, on_outcome)
@@ -468,6 +495,7 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         ops = select_ops(pool.list_ops(), config.patterns)
         if not ops:
             raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}")
+        _check_file_names(registry_io, config.out_root, backend, ops)
         resumed = tuple(op for op in ops if config.resume
                         and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
         todo = [op for op in ops if op not in set(resumed)]
@@ -508,6 +536,18 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         wall_s=time.perf_counter() - started,
         check=config.check,
     )
+
+
+def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> None:
+    """Fail before any work when an op name cannot be a registry file name."""
+    bad = []
+    for op in ops:
+        try:
+            registry_io.record_path(root, backend, op)
+        except ValueError:
+            bad.append(op)
+    if bad:
+        raise SweepError(f"{len(bad)} op name(s) not usable as registry file names: {', '.join(bad[:5])}")
 
 
 def _compare(registry_io, root: Path, record: OpRecord) -> str:

@@ -36,6 +36,10 @@ def _raise():
     raise ValueError("no kernel for this dtype")
 
 
+def _report_threads():
+    raise ValueError(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+
+
 def _hang():
     time.sleep(3600)
 
@@ -55,6 +59,7 @@ _OPS = {
     "fake.random": lambda: [OpCase("fake.random", lambda x: x + np.random.random(x.shape), _arrays(0, (4,)),
                                    arg_names=("self",), deterministic=False)],
     "fake.raise": _raise,
+    "fake.threads": _report_threads,  # its failure reason shows the worker's thread limit
     "fake.escape": lambda: [],  # explore_op below raises for it
     "fake.exit": lambda: sys.exit(3),
     "fake.hang": _hang,
@@ -66,6 +71,13 @@ _OPS = {
 class FakeBackend:
     name = "fake"
 
+    def __init__(self, prepare_seconds: float = 0.0):
+        self.prepare_seconds = prepare_seconds
+
+    def prepare(self) -> None:
+        """Slow one-time set-up, which must not count against any op's time limit."""
+        time.sleep(self.prepare_seconds)
+
     def tensor_ops(self) -> NumpyOps:
         return NumpyOps()
 
@@ -76,10 +88,10 @@ class FakeBackend:
         return _OPS[op]()
 
 
-def get_backend(fail: str = "") -> FakeBackend:
+def get_backend(fail: str = "", prepare_seconds: str = "0") -> FakeBackend:
     if fail:
         raise RuntimeError(f"cannot start: {fail}")
-    return FakeBackend()
+    return FakeBackend(float(prepare_seconds))
 
 
 def explore_op(backend, op):

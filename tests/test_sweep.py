@@ -1,0 +1,205 @@
+"""The sweep engine and command, on a numpy fake backend whose ops succeed, raise, hang,
+segfault, abort and exit (tests/fake_backend)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metaspmd.registry_io import load_record, record_path
+from metaspmd.sweep import (
+    SweepConfig, SweepError, clean_reason, describe_exit, format_summary, run_sweep, select_ops, split_patterns,
+    worker_threads,
+)
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+TOOL = REPO / "tools" / "sweep.py"
+BACKEND = "fake_backend"
+# Every op but fake.hang (slow) and fake.threads (its record depends on --jobs by design).
+FAST_OPS = ("fake.a*", "fake.e*", "fake.matmul", "fake.nosample", "fake.r*", "fake.s*")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def fake_backend_importable(monkeypatch):
+    # Spawned workers start with the parent's sys.path, so they find the backend too.
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def sweep(out: Path, **kw) -> "SweepReport":  # noqa: F821
+    kw.setdefault("jobs", 2)
+    kw.setdefault("timeout", 20.0)
+    return run_sweep(SweepConfig(backend=BACKEND, out_root=out, explorer="fake_backend:explore_op", **kw))
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "fake").iterdir())}
+
+
+def cli(*args: str, timeout: float = 50) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_select_ops_globs():
+    ops = ["aten.mm.default", "aten.add.Tensor", "aten.add.out", "aten.bmm.default"]
+    assert select_ops(ops, split_patterns(["aten.add.*,aten.mm*"])) == ["aten.add.Tensor", "aten.add.out", "aten.mm.default"]
+    assert select_ops(ops, split_patterns(["*mm*", "aten.add.out"])) == ["aten.add.out", "aten.bmm.default", "aten.mm.default"]
+    assert select_ops(ops, ()) == sorted(ops)
+    assert select_ops(ops, ["nothing*"]) == []
+
+
+def test_failure_reasons_carry_no_paths_or_addresses():
+    text = "bad object at 0x7f3a2b1c9d40 in /opt/somewhere/lib/kernels.py, line 3\nTraceback..."
+    assert clean_reason(text) == "bad object at 0x… in kernels.py, line 3"
+    assert describe_exit(-signal.SIGSEGV) == "crashed: SIGSEGV"
+    assert describe_exit(-signal.SIGKILL) == "crashed: SIGKILL"
+    assert describe_exit(3) == "crashed: exit code 3"
+
+
+def test_workers_share_the_cores():
+    assert [worker_threads(jobs, cpus=2) for jobs in (1, 2, 3)] == [2, 1, 1]
+    assert worker_threads(4, cpus=16) == 4
+
+
+def test_engine_imports_no_framework():
+    code = "import sys, metaspmd.sweep; print(sorted({'torch', 'jax', 'tvm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_default_out_root_is_the_repository_registry():
+    spec = importlib.util.spec_from_file_location("sweep_tool", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.REGISTRY == REPO / "registry"
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # One worker: after the timeout and each crash, a fresh worker must take the next ops.
+    report = sweep(tmp_path, jobs=1, timeout=1.5)
+    by_op = {r.op: r for r in report.results}
+    assert len(by_op) == 13 and report.backend == "fake"
+    expected = {
+        "fake.add": ("ok", ""),
+        "fake.matmul": ("ok", ""),
+        "fake.sum": ("ok", ""),
+        "fake.nosample": ("no-sample", "no sample input"),
+        "fake.skipped": ("skipped", "in-place variant"),
+        "fake.random": ("nondeterministic", "the op is marked nondeterministic"),
+        "fake.raise": ("failed", "cases: ValueError: no kernel for this dtype"),
+        "fake.escape": ("failed", "RuntimeError: explorer bug at 0x… in explorer.py"),
+        "fake.exit": ("failed", "SystemExit: 3"),
+        "fake.threads": ("failed", f"cases: ValueError: OMP_NUM_THREADS={worker_threads(1)}"),
+        "fake.hang": ("failed", "timeout after 1.5s"),
+        "fake.segv": ("failed", "crashed: SIGSEGV"),
+        "fake.abort": ("failed", "crashed: SIGABRT"),
+    }
+    for op, (status, reason) in expected.items():
+        record = load_record(record_path(tmp_path, "fake", op))
+        assert (record.status, record.reason) == (status, reason), op
+        assert (by_op[op].status, by_op[op].reason) == (status, reason), op
+    assert load_record(record_path(tmp_path, "fake", "fake.matmul")).entries[0].combine.as_dict()
+    assert 1.4 < by_op["fake.hang"].seconds < 10
+    summary = format_summary(report)
+    assert "with rules (ok)   3" in summary and "failed            7  (timeouts 1, crashes 2)" in summary
+    assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
+
+
+def test_backend_preparation_is_outside_the_op_time_limit(tmp_path):
+    report = sweep(tmp_path, jobs=2, timeout=1.0, patterns=("fake.add", "fake.sum"),
+                   backend_options=(("prepare_seconds", "1.5"),))
+    assert [(r.op, r.status) for r in report.results] == [("fake.add", "ok"), ("fake.sum", "ok")]
+
+
+def test_files_are_byte_identical_across_jobs_and_runs(tmp_path):
+    one, two, again = tmp_path / "one", tmp_path / "two", tmp_path / "again"
+    sweep(one, jobs=1, patterns=FAST_OPS)
+    sweep(two, jobs=2, patterns=FAST_OPS)
+    sweep(again, jobs=2, patterns=FAST_OPS)
+    assert len(files(one)) == 11
+    assert files(one) == files(two) == files(again)
+
+
+def test_check_reports_changes_and_writes_nothing(tmp_path):
+    assert cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS)).returncode == 0
+    before = files(tmp_path)
+
+    ok = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "registry is up to date" in ok.stdout
+
+    add = tmp_path / "fake" / "fake.add.yaml"
+    add.write_text(add.read_text().replace("gather(dim=0)", "gather(dim=1)"))
+    (tmp_path / "fake" / "fake.sum.yaml").unlink()
+    (tmp_path / "fake" / "fake.retired.yaml").write_bytes(before["fake.raise.yaml"])
+    edited = files(tmp_path)
+    bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
+    assert bad.returncode == 1
+    assert "changed  fake.add" in bad.stdout and "added    fake.sum" in bad.stdout
+    assert "removed" not in bad.stdout  # an --ops subset says nothing about other files
+    assert files(tmp_path) == edited
+
+    # Without --ops every listed op is compared, and files of unlisted ops show up.
+    full = sweep(tmp_path, check=True, timeout=1.0)
+    assert ("removed", "fake.retired.yaml") in full.changes()
+    assert ("added", "fake.hang") in full.changes()
+    assert files(tmp_path) == edited
+
+
+def test_resume_skips_ops_whose_file_loads(tmp_path):
+    sweep(tmp_path, patterns=FAST_OPS)
+    (tmp_path / "fake" / "fake.sum.yaml").unlink()
+    (tmp_path / "fake" / "fake.add.yaml").write_text("schema: 1\nop: fake.add\nstatus: [\n")  # half-written
+    report = sweep(tmp_path, patterns=FAST_OPS, resume=True)
+    assert [r.op for r in report.results] == ["fake.add", "fake.sum"]
+    assert len(report.resumed) == 9 and "fake.add" not in report.resumed
+    assert load_record(record_path(tmp_path, "fake", "fake.add")).status == "ok"
+
+
+def test_usage_errors_exit_2(tmp_path):
+    unknown = subprocess.run([sys.executable, str(TOOL), "--backend", "no_such_backend", "--out", str(tmp_path)],
+                             capture_output=True, text=True, timeout=30)
+    assert unknown.returncode == 2 and "unknown backend 'no_such_backend'" in unknown.stderr
+    nomatch = cli("--out", str(tmp_path), "--ops", "aten.*")
+    assert nomatch.returncode == 2 and "no op of backend 'fake' matches aten.*" in nomatch.stderr
+    assert not (tmp_path / "fake").exists()
+    with pytest.raises(SweepError, match="cannot load backend 'fake_backend': RuntimeError: cannot start: broken"):
+        sweep(tmp_path, backend_options=(("fail", "broken"),))
+
+
+def test_interrupt_leaves_only_complete_files(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    proc = subprocess.Popen(
+        [sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", "--out", str(tmp_path), "--timeout", "30"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    folder = tmp_path / "fake"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 12:  # all but fake.hang
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    names = sorted(p.name for p in folder.iterdir())
+    assert "fake.hang.yaml" not in names and len(names) == 12
+    for name in names:
+        load_record(folder / name)
