@@ -62,5 +62,6 @@ class RuleCache:
         if hit is not None:
             return hit, True
         entry = explore()
-        self.put(backend, op, entry)
+        if entry.status != "failed":  # a failure may be the environment's: explore again next time
+            self.put(backend, op, entry)
         return entry, False
