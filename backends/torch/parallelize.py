@@ -96,7 +96,7 @@ class _PlannedRun(torch.fx.Interpreter):
 
         def place(x):
             if isinstance(x, DTensor):
-                return x.redistribute(mesh, to_dtensor_placements(next(wanted)))
+                return redistribute(x, mesh, to_dtensor_placements(next(wanted)))
             if isinstance(x, torch.Tensor):  # a constant created outside the graph inputs
                 return distribute_tensor(x, mesh, to_dtensor_placements(next(wanted)))
             return x
@@ -109,13 +109,34 @@ class _PlannedRun(torch.fx.Interpreter):
         return _run_local(target, args, kwargs, out_placements, mesh, self.current)
 
 
+def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
+    """DTensor.redistribute, plus Replicate/Shard -> Partial, which DTensor keeps internal.
+
+    A value becomes Partial(sum) over an axis by dividing it by the axis size on every
+    device (max/min/avg: every device keeps it as is)."""
+    to_partial = [
+        axis for axis, (src, dst) in enumerate(zip(x.placements, target))
+        if isinstance(dst, Partial) and not isinstance(src, Partial)
+    ]
+    if not to_partial:
+        return x if tuple(x.placements) == tuple(target) else x.redistribute(mesh, target)
+    interim = tuple(Replicate() if axis in to_partial else p for axis, p in enumerate(target))
+    local = x.redistribute(mesh, interim).to_local()
+    for axis in to_partial:
+        if target[axis].reduce_op == "sum":
+            if not (local.is_floating_point() or local.is_complex()):
+                raise NotImplementedError(f"cannot make a {local.dtype} tensor Partial(sum) by division")
+            local = local / mesh.size(axis)
+    return DTensor.from_local(local, mesh, target, run_check=False, shape=x.shape, stride=x.stride())
+
+
 def _match_outputs(out, placements, mesh):
     it = iter(placements)
 
     def fix(x):
         if isinstance(x, DTensor):
             want = next(it)
-            return x if tuple(x.placements) == want else x.redistribute(mesh, want)
+            return redistribute(x, mesh, want)
         return x
 
     return torch.utils._pytree.tree_map(fix, out)
