@@ -1,0 +1,119 @@
+"""Planner time vs graph size on synthetic GPT graphs (forward + backward): ILP (CBC, and
+HiGHS when highspy is installed) against the beam-search baseline.
+
+    python benchmarks/planner_bench.py --layers 1 4 12 24 --mesh 2x4
+    python benchmarks/planner_bench.py --layers 12 --mesh 8 --budget 0.7
+
+Times are wall seconds of the whole planner call (problem build, reductions, beam warm
+start, ILP); 'build' is the problem build alone, 'nodes'/'reduced' the problem size before
+and after graph reductions. The beam baseline runs on the whole graph. Costs are the cost
+model's estimate of one training step, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+
+from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
+from metaspmd.planner.reduce import Reductions, reduce_problem
+from metaspmd.planner.synthetic import GPTConfig, gpt
+
+
+def parse_mesh(text: str) -> Mesh:
+    shape = tuple(int(s) for s in text.lower().split("x"))
+    return Mesh.of(shape, tuple(("dp", "tp", "pp")[: len(shape)]) if len(shape) <= 3 else None)
+
+
+class Clock:
+    """Wall and process-CPU seconds of a call (CBC and HiGHS run in-process, so CPU time
+    is what the planner itself used, whatever else shares the machine)."""
+
+    def __init__(self, wall: float = 0.0, cpu: float = 0.0):
+        self.wall, self.cpu = wall, cpu
+
+    def __add__(self, other: "Clock") -> "Clock":
+        return Clock(self.wall + other.wall, self.cpu + other.cpu)
+
+    def __str__(self) -> str:
+        return f"{self.wall:.2f}/{self.cpu:.2f}"
+
+
+def timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        out = fn()
+    except (Infeasible, PlannerError) as err:
+        out = err
+    return out, Clock(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, nargs="+", default=[1, 4, 12, 24])
+    p.add_argument("--mesh", default="2x4", help="e.g. 8 or 2x4")
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--time-limit", type=float, default=10.0)
+    p.add_argument("--beam-width", type=int, default=8)
+    p.add_argument("--budget", type=float, default=None,
+                   help="memory budget as a fraction of the unconstrained ILP plan's memory")
+    p.add_argument("--no-highs", action="store_true", help="skip HiGHS even when highspy is installed")
+    args = p.parse_args(argv)
+
+    mesh = parse_mesh(args.mesh)
+    solvers = ["cbc"] + (["highs"] if importlib.util.find_spec("highspy") and not args.no_highs else [])
+    print(f"GPT fwd+bwd on {mesh}, hidden {args.hidden}, heads {args.heads}, batch {args.batch}, seq {args.seq}, "
+          f"time limit {args.time_limit:g} s, beam width {args.beam_width}")
+    header = ["layers", "ops", "nodes", "reduced", "build s"]
+    for s in solvers:
+        header += [f"{s} s", f"{s} ms", f"{s} status"]
+    header += ["beam s", "beam ms", "beam/ilp"]
+    print("times: wall/cpu seconds, including the problem build")
+    rows = [header]
+    for layers in args.layers:
+        cfg = GPTConfig(layers=layers, batch=args.batch, seq=args.seq, hidden=args.hidden, heads=args.heads)
+        ir, strategies, grads = gpt(cfg)
+        problem, build_s = timed(lambda: build_problem(ir, strategies, mesh, ties=grads))
+        if args.budget is not None:
+            free = solve(problem, "cbc", args.time_limit)
+            problem = build_problem(ir, strategies, mesh, ties=grads, memory_budget=args.budget * free.memory)
+        reduced = reduce_problem(problem.choice, Reductions())
+        row = [str(layers), str(len(ir.op_list)), str(len(problem.choice.nodes)), str(len(reduced.problem.nodes)),
+               str(build_s)]
+        best = None
+        for s in solvers:
+            result, secs = timed(lambda: solve(problem, s, args.time_limit, beam_width=args.beam_width))
+            if isinstance(result, Exception):
+                row += [str(secs + build_s), "-", type(result).__name__]
+                continue
+            best = result.total_cost if best is None else min(best, result.total_cost)
+            row += [str(secs + build_s), f"{result.total_cost * 1e3:.3f}", result.status]
+        # the paper's Algorithm 2: the whole graph in topological order, no reductions
+        beam, secs = timed(lambda: solve(problem, "beam", beam_width=args.beam_width, reductions=Reductions.none()))
+        if isinstance(beam, Exception):
+            row += [str(secs + build_s), "-", type(beam).__name__]
+        else:
+            ratio = f"{beam.total_cost / best:.3f}" if best else "-"
+            row += [str(secs + build_s), f"{beam.total_cost * 1e3:.3f}", ratio]
+        rows.append(row)
+        print(f"{layers} layers done", file=sys.stderr, flush=True)
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    for i, r in enumerate(rows):
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Entry point: plan a MetaIR on a mesh.
+
+Build the problem, shrink it with graph reductions, get a warm start from beam search,
+solve the ILP within the time limit, and map the answer back to every node. Without mip
+installed, or with ``solver='beam'``, the beam answer is the plan.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable, Mapping, Sequence
+
+from .. import spec
+from ..ir import MetaIR
+from .beam import solve_beam
+from .choice import Infeasible, Solution
+from .cost import CostModel
+from .ilp import solve_ilp
+from .mesh import Mesh
+from .placement import Placements
+from .plan import Plan, make_plan
+from .problem import PlannerError, ShardingProblem, build_problem
+from .reduce import Reductions, reduce_problem
+
+SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
+
+
+def solve(
+    problem: ShardingProblem,
+    solver: str = "ilp",
+    time_limit: float = 10.0,
+    reductions: Reductions = Reductions(),
+    beam_width: int = 8,
+    threads: int = 1,
+) -> Plan:
+    """Plan an already built problem. ``solver``: 'ilp' (= 'cbc'), 'highs' or 'beam'."""
+    if solver not in SOLVER_CHOICES:
+        raise PlannerError(f"unknown solver {solver!r} (expected one of {SOLVER_CHOICES})")
+    reduced = reduce_problem(problem.choice, reductions)
+    small = reduced.problem
+    try:
+        warm: Solution | None = solve_beam(small, beam_width)
+    except Infeasible:
+        warm = None
+    if solver == "beam":
+        if warm is None:
+            raise Infeasible("beam search found no plan within the memory budget")
+        return make_plan(problem, reduced.expand(warm.assignment), warm)
+    try:
+        found = solve_ilp(
+            small, time_limit, warm.assignment if warm else None, "highs" if solver == "highs" else "cbc", threads
+        )
+    except ImportError as err:  # mip (or highspy) is an optional dependency
+        if warm is None:
+            raise PlannerError(f"the ILP solver is not installed ({err}) and beam search found no plan") from err
+        warnings.warn(f"ILP solver unavailable ({err}); using the beam-search plan", RuntimeWarning, stacklevel=2)
+        found = warm
+    except Infeasible:
+        if reductions.tie or reductions.follow:
+            # The heuristic reductions may be what rules every plan out; retry exactly.
+            exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
+            return solve(problem, solver, time_limit, exact, beam_width, threads)
+        raise
+    if found is None:
+        if warm is None:
+            raise PlannerError(f"no plan found within {time_limit} s")
+        found = warm
+    return make_plan(problem, reduced.expand(found.assignment), found)
+
+
+def plan(
+    ir: MetaIR,
+    strategies_by_node: Mapping[str, Iterable[spec.Strategy]],
+    mesh: Mesh,
+    memory_budget: float | None = None,
+    time_limit: float = 10.0,
+    solver: str = "ilp",
+    ties: Sequence[Sequence[str]] = (),
+    same_placement: Sequence[Sequence[str]] = (),
+    output_placements: Mapping[str, Placements] | None = None,
+    cost_model: CostModel | None = None,
+    reductions: Reductions = Reductions(),
+    beam_width: int = 8,
+    strict: bool = True,
+    threads: int = 1,
+) -> Plan:
+    """Choose a strategy for every op and a placement for every graph input of ``ir``.
+
+    ``strategies_by_node``: the 1-D rule strategies of each op node (by node name);
+    ``memory_budget``: bytes per device; ``ties``: (parameter, gradient, ...) groups, the
+    later members delivered in the first one's placement; ``same_placement``: groups whose
+    placements must be equal; ``output_placements``: required placements of graph outputs;
+    ``strict``: shards must divide evenly. See build_problem.
+    """
+    problem = build_problem(
+        ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict
+    )
+    return solve(problem, solver, time_limit, reductions, beam_width, threads)
+
+
+def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str | None = None) -> Plan:
+    """The plan of hand-picked strategy labels (a hand-written Megatron, DP or FSDP plan),
+    costed by the same model the planner uses."""
+    return make_plan(problem, problem.assignment(labels, default))
+
+
+__all__ = ["SOLVER_CHOICES", "evaluate", "plan", "solve"]

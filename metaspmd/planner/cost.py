@@ -1,0 +1,155 @@
+"""Alpha-beta cost model: collectives per mesh axis, resharding between placements,
+per-device compute (roofline) and per-device memory. All times in seconds, memory in bytes.
+
+Collectives are ring algorithms on one axis of ``k`` devices; ``nbytes`` is the size of the
+buffer that is whole along that axis (the all-gather result, the reduce-scatter input):
+
+    all-gather, reduce-scatter: (k-1) alpha + (k-1)/k nbytes beta
+    all-reduce:               2 (k-1) alpha + 2 (k-1)/k nbytes beta
+    all-to-all:                 (k-1) alpha + (k-1)/k (nbytes / k) beta
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+from .flops import dtype_bytes, flops, numel
+from .mesh import Mesh
+from .placement import Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's peak arithmetic rate (FLOP/s) and memory bandwidth (bytes/s)."""
+
+    peak_flops: float = 100e12
+    memory_bandwidth: float = 2e12
+
+
+@dataclass(frozen=True)
+class ReshardStep:
+    """One collective (or free local step) on one mesh axis."""
+
+    axis: str
+    kind: str  # all-gather, all-reduce, reduce-scatter, all-to-all, slice, zero
+    src: Placement
+    dst: Placement
+    cost: float
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.axis}"
+
+
+class CostModel:
+    def __init__(self, mesh: Mesh, device: Device = Device()):
+        self.mesh = mesh
+        self.device = device
+        self._reshard = lru_cache(maxsize=None)(self._reshard_steps)
+
+    # ------------------------------------------------------------------ collectives
+    def _axis(self, axis: int):
+        return self.mesh.axes[axis]
+
+    def all_gather(self, axis: int, nbytes: float) -> float:
+        a = self._axis(axis)
+        k = a.size
+        return 0.0 if k == 1 else (k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta
+
+    reduce_scatter = all_gather
+
+    def all_reduce(self, axis: int, nbytes: float) -> float:
+        return 2.0 * self.all_gather(axis, nbytes)
+
+    def all_to_all(self, axis: int, nbytes: float) -> float:
+        a = self._axis(axis)
+        k = a.size
+        return 0.0 if k == 1 else (k - 1) * a.alpha + (k - 1) / k * (nbytes / k) * a.beta
+
+    # ------------------------------------------------------------------ resharding
+    def _axis_step(self, axis: int, src: Placement, dst: Placement, nbytes: float) -> list[tuple[str, float]]:
+        if src == dst:
+            return []
+        if isinstance(src, Replicate):
+            return [("slice" if isinstance(dst, Shard) else "zero", 0.0)]
+        if isinstance(src, Shard):
+            if isinstance(dst, Shard):
+                return [("all-to-all", self.all_to_all(axis, nbytes))]
+            steps = [("all-gather", self.all_gather(axis, nbytes))]
+            # Shard -> Partial goes through Replicate: apply layers only need the two basic moves.
+            return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])
+        # src is Partial
+        if isinstance(dst, Shard):
+            return [("reduce-scatter", self.reduce_scatter(axis, nbytes))]
+        steps = [("all-reduce", self.all_reduce(axis, nbytes))]
+        return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])
+
+    def _reshard_steps(
+        self, shape: tuple[int, ...], itemsize: int, src: Placements, dst: Placements
+    ) -> tuple[ReshardStep, ...]:
+        """Axis by axis, in mesh order; each step moves the buffer that is whole along its
+        axis: earlier axes already hold their ``dst`` placement, later ones still ``src``."""
+        total = float(numel(shape) * itemsize)
+        steps: list[ReshardStep] = []
+        for axis in range(self.mesh.ndim):
+            if src[axis] == dst[axis]:
+                continue
+            nbytes = total / self.others_factor(axis, src, dst)
+            for kind, cost in self._axis_step(axis, src[axis], dst[axis], nbytes):
+                steps.append(ReshardStep(self.mesh.axes[axis].name, kind, src[axis], dst[axis], cost))
+        return tuple(steps)
+
+    def others_factor(self, axis: int, src: Placements, dst: Placements) -> int:
+        """How many ways the other axes split the tensor while ``axis`` is resharded."""
+        k = 1
+        for b, size in enumerate(self.mesh.shape):
+            state = dst[b] if b < axis else src[b]
+            if b != axis and isinstance(state, Shard):
+                k *= size
+        return k
+
+    def axis_cost(
+        self, shape: Sequence[int], dtype: str, axis: int, src: Placement, dst: Placement, others: int
+    ) -> float:
+        """The resharding cost on one axis when the other axes split the tensor ``others`` ways:
+        one term of ``reshard``, which is their sum over axes."""
+        nbytes = float(numel(tuple(shape)) * dtype_bytes(dtype)) / others
+        return sum(cost for _, cost in self._axis_step(axis, src, dst, nbytes))
+
+    def reshard_steps(
+        self, shape: Sequence[int], dtype: str, src: Placements, dst: Placements
+    ) -> tuple[ReshardStep, ...]:
+        return self._reshard(tuple(shape), dtype_bytes(dtype), tuple(src), tuple(dst))
+
+    def reshard(self, shape: Sequence[int], dtype: str, src: Placements, dst: Placements) -> float:
+        if src == dst:
+            return 0.0
+        return sum(s.cost for s in self.reshard_steps(shape, dtype, src, dst))
+
+    # ------------------------------------------------------------------ compute and memory
+    def local_shape(self, shape: Sequence[int], p: Placements) -> tuple[int, ...]:
+        return local_shape(p, tuple(shape), self.mesh.shape)
+
+    def memory(self, shape: Sequence[int], dtype: str, p: Placements) -> float:
+        """Bytes per device (a Partial tensor is full size on every device)."""
+        return float(numel(self.local_shape(shape, p)) * dtype_bytes(dtype))
+
+    def compute(
+        self,
+        op: str,
+        in_shapes: Sequence[tuple[int, ...]],
+        out_shapes: Sequence[tuple[int, ...]],
+        itemsize: int = 4,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> float:
+        """Roofline time of one op on per-device shapes: max(FLOPs / peak, bytes / bandwidth)."""
+        f = flops(op, in_shapes, out_shapes, kwargs)
+        nbytes = itemsize * sum(numel(s) for s in (*in_shapes, *out_shapes))
+        return max(f / self.device.peak_flops, nbytes / self.device.memory_bandwidth)
+
+    def shard_factor(self, p: Placements, dim: int) -> int:
+        return shard_factor(p, self.mesh.shape, dim)
+
+
+__all__ = ["CostModel", "Device", "ReshardStep"]

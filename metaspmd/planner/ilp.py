@@ -1,0 +1,253 @@
+"""The ILP planner (MetaDist section 3.4.1) on Python-MIP.
+
+One binary per node choice, summing to one per node. An edge's cost depends on both ends;
+it is linearised with continuous pair variables whose marginals equal the two nodes'
+one-hot vectors (exact once the node variables are integral, with a tight LP
+relaxation). The pair variables range over classes, not choices: either the distinct
+rows and columns of the whole matrix (in practice one per placement) or, when smaller,
+the per-mesh-axis factors of the resharding cost, each over a coarse view of the
+placements. Separable blocks (a row term plus a column term) become unary costs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .choice import ChoiceProblem, Factor, Infeasible, Solution
+
+TIME_SCALE = 1e6  # the objective is in microseconds, so the solver's tolerances mean something
+MEMORY_UNITS = 1e4  # the budget row is scaled so the budget reads 10,000
+SOLVERS = ("cbc", "highs")
+
+
+Link = tuple[np.ndarray, tuple[Factor, ...]]  # a cost matrix and its factors
+
+
+def _pair_costs(p: ChoiceProblem) -> tuple[list[np.ndarray], dict[tuple[int, int], Link]]:
+    """Unary costs with self edges folded in, and one cost (with factors, while every
+    part has them) per node pair u < v."""
+    unary = [n.cost.astype(float).copy() for n in p.nodes]
+    pairs: dict[tuple[int, int], Link] = {}
+    for e in p.edges:
+        if e.u == e.v:
+            unary[e.u] += np.diagonal(e.cost)
+            continue
+        if e.u < e.v:
+            key, m, fs = (e.u, e.v), e.cost, e.factors
+        else:
+            key, m, fs = (e.v, e.u), e.cost.T, tuple(f.transpose() for f in e.factors)
+        if key in pairs:
+            m0, f0 = pairs[key]
+            pairs[key] = (m0 + m, f0 + fs if f0 and fs else ())
+        else:
+            pairs[key] = (m.astype(float), fs)
+    return unary, pairs
+
+
+def _separable(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    a = m[:, 0].copy()
+    b = m[0, :] - m[0, 0]
+    if np.allclose(m, a[:, None] + b[None, :], rtol=1e-12, atol=1e-15):
+        return a, b
+    return None
+
+
+def _classes(m: np.ndarray, axis: int) -> np.ndarray:
+    """Index of each row (axis=0) or column (axis=1) among the distinct ones."""
+    _, inverse = np.unique(m, axis=axis, return_inverse=True)
+    return np.asarray(inverse).reshape(-1)
+
+
+def _blocks(m: np.ndarray, factors: Sequence[Factor]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The cheaper exact linking of one pair: (row class per u choice, column class per v
+    choice, table) blocks, from the factors or from the whole matrix's distinct rows and
+    columns. Identical factor shapes are summed first; separable blocks are left in (the
+    caller moves them to unary costs)."""
+    rows, cols = _classes(m, 0), _classes(m, 1)
+    dense = [(rows, cols, m[np.ix_(_firsts(rows), _firsts(cols))])]
+    if not factors:
+        return dense
+    merged: dict[tuple[bytes, bytes], list] = {}
+    for f in factors:
+        r = _relabel(f.rows)
+        c = _relabel(f.cols)
+        table = f.table[np.ix_(f.rows[_firsts(r)], f.cols[_firsts(c)])]
+        key = (r.tobytes(), c.tobytes())
+        if key in merged:
+            merged[key][2] = merged[key][2] + table
+        else:
+            merged[key] = [r, c, table]
+    split = [tuple(b) for b in merged.values()]
+    size = sum(t.size for _, _, t in split if _separable(t) is None)
+    return split if size < (0 if _separable(m) is not None else dense[0][2].size) else dense
+
+
+def _relabel(keys: np.ndarray) -> np.ndarray:
+    """Keys renumbered 0.. in order of first use (only keys that occur get a class)."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    return order[np.asarray(inverse).reshape(-1)]
+
+
+def _firsts(classes: np.ndarray) -> list[int]:
+    """For each class 0..k-1, the first index holding it."""
+    k = int(classes.max()) + 1
+    first = [-1] * k
+    for i, c in enumerate(classes.tolist()):
+        if first[c] < 0:
+            first[c] = i
+    return first
+
+
+def link_size(m: np.ndarray, factors: Sequence[Factor] = ()) -> int:
+    """Pair variables the ILP needs for one edge (0 when it reduces to unary costs)."""
+    if _separable(m) is not None:
+        return 0
+    return sum(t.size for _, _, t in _blocks(m, factors) if _separable(t) is None)
+
+
+class _Builder:
+    """The MIP of one ChoiceProblem: variables, objective terms and warm-start values."""
+
+    def __init__(self, mip, model, p: ChoiceProblem, warm: list[int] | None):
+        self.mip, self.model, self.p, self.warm = mip, model, p, warm
+        self.terms: list[tuple[float, object]] = []
+        self.start: list[tuple[object, float]] = []
+        self.x: list[list | None] = []
+        for n in p.nodes:
+            if n.size == 1:
+                self.x.append(None)  # choice 0, no variable
+                continue
+            vs = [model.add_var(var_type=mip.BINARY) for _ in range(n.size)]
+            model += mip.xsum(vs) == 1
+            self.x.append(vs)
+            if warm is not None:
+                self.start.extend((var, 1.0 if c == warm[len(self.x) - 1] else 0.0) for c, var in enumerate(vs))
+
+    def picked(self, i: int, choices: Sequence[int]):
+        """Sum of node i's variables over ``choices`` (a constant for a fixed node)."""
+        if self.x[i] is None:
+            return 1.0 if 0 in choices else 0.0
+        return self.mip.xsum(self.x[i][c] for c in choices)
+
+    def link(self, u: int, v: int, rows: np.ndarray, cols: np.ndarray, k: np.ndarray) -> None:
+        """Pair variables e[r][c] >= 0 whose row sums are u's class indicators and column
+        sums v's: with one-hot u and v, exactly e[class(u)][class(v)] is 1."""
+        mip, model = self.mip, self.model
+        nr, nc = k.shape
+        e = [[model.add_var(lb=0.0, ub=1.0) for _ in range(nc)] for _ in range(nr)]
+        for r in range(nr):
+            model += mip.xsum(e[r]) == self.picked(u, np.flatnonzero(rows == r).tolist())
+        for c in range(nc):
+            model += mip.xsum(e[r][c] for r in range(nr)) == self.picked(v, np.flatnonzero(cols == c).tolist())
+        self.terms.extend((k[r, c] * TIME_SCALE, e[r][c]) for r in range(nr) for c in range(nc) if k[r, c] != 0)
+        if self.warm is not None:
+            ru, cv = rows[self.warm[u]], cols[self.warm[v]]
+            self.start.extend((e[r][c], float((r, c) == (ru, cv))) for r in range(nr) for c in range(nc))
+
+    def budget(self) -> None:
+        p, mip = self.p, self.mip
+        fixed = p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(p.nodes, self.x) if vs is None)
+        scale = MEMORY_UNITS / max(p.memory_budget, 1e-30)  # type: ignore[arg-type]
+        cap = (p.memory_budget * (1 + 1e-9) - fixed) * scale  # type: ignore[operator]
+        if cap < 0:
+            raise Infeasible(f"fixed tensors alone need {fixed:.0f} bytes > budget {p.memory_budget:.0f}")
+        self.model += mip.xsum(
+            (mem * scale) * var
+            for n, vs in zip(p.nodes, self.x) if vs is not None
+            for mem, var in zip(n.memory, vs) if mem != 0
+        ) <= cap
+
+    def ties(self) -> None:
+        for t in self.p.ties:
+            keys = {k for mbr in t.members for k in mbr.keys}
+            base = t.members[0]
+            for mbr in t.members[1:]:
+                for key in keys:
+                    lhs = self.picked(base.node, [c for c, k in enumerate(base.keys) if k == key])
+                    rhs = self.picked(mbr.node, [c for c, k in enumerate(mbr.keys) if k == key])
+                    if isinstance(lhs, float) and isinstance(rhs, float):
+                        if lhs != rhs:
+                            raise Infeasible("fixed nodes break a tie")
+                        continue
+                    self.model += lhs - rhs == 0
+
+
+def solve_ilp(
+    p: ChoiceProblem,
+    time_limit: float = 10.0,
+    warm_start: Sequence[int] | None = None,
+    solver: str = "cbc",
+    threads: int = 1,
+    mip_gap: float = 1e-6,
+    verbose: bool = False,
+) -> Solution | None:
+    """The best assignment found within ``time_limit`` seconds (status 'optimal' when
+    proven), None when the solver found none in time. Raises Infeasible."""
+    import mip  # optional dependency: the planner core imports without it
+
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r} (expected one of {SOLVERS})")
+    start = time.perf_counter()
+    if all(n.size == 1 for n in p.nodes):  # nothing left to choose (reductions decided every node)
+        only = tuple(0 for _ in p.nodes)
+        if not p.feasible(only):
+            raise Infeasible("the only assignment breaks the memory budget or a tie")
+        cost = p.evaluate(only)
+        return Solution(only, cost, solver, "optimal", time.perf_counter() - start, cost)
+
+    model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC if solver == "cbc" else mip.HIGHS)
+    model.verbose = int(verbose)
+    model.threads = threads
+    model.max_mip_gap = mip_gap
+    warm = list(warm_start) if warm_start is not None and p.feasible(warm_start) else None
+    b = _Builder(mip, model, p, warm)
+
+    unary, pairs = _pair_costs(p)
+    for (u, v), (m, factors) in pairs.items():
+        sep = _separable(m)
+        blocks = [] if sep is not None else _blocks(m, factors)
+        if sep is not None:
+            unary[u] += sep[0]
+            unary[v] += sep[1]
+        for rows, cols, k in blocks:
+            sep = _separable(k)
+            if sep is None:
+                b.link(u, v, rows, cols, k)
+            else:
+                unary[u] += sep[0][rows]
+                unary[v] += sep[1][cols]
+    const = p.offset
+    for i, vs in enumerate(b.x):
+        if vs is None:
+            const += float(unary[i][0])
+        else:
+            b.terms.extend((c * TIME_SCALE, var) for c, var in zip(unary[i], vs) if c != 0)
+    model.objective = mip.minimize(mip.xsum(c * var for c, var in b.terms))
+    if p.memory_budget is not None:
+        b.budget()
+    b.ties()
+    if warm is not None:
+        model.start = b.start
+
+    status = model.optimize(max_seconds=max(time_limit - (time.perf_counter() - start), 0.1))
+    if status == mip.OptimizationStatus.INFEASIBLE:
+        raise Infeasible("no assignment meets the memory budget and ties")
+    if model.num_solutions == 0:
+        return None
+    assignment = tuple(0 if vs is None else int(np.argmax([var.x for var in vs])) for vs in b.x)
+    bound = model.objective_bound
+    return Solution(
+        assignment,
+        p.evaluate(assignment),
+        solver,
+        "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible",
+        time.perf_counter() - start,
+        None if bound is None else bound / TIME_SCALE + const,
+    )
+
+
+__all__ = ["SOLVERS", "link_size", "solve_ilp"]

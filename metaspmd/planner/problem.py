@@ -1,0 +1,332 @@
+"""Build the planning problem of a MetaIR on a mesh: nodes are graph inputs (choose a
+placement) and ops (choose a node strategy); edges are tensor flows, costed by resharding
+from the producer's output placement to the placement the consumer's strategy needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .. import spec
+from ..ir import MetaIR, MetaOp, MetaVar
+from .choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Tie, TieMember
+from .cost import CostModel
+from .flops import dtype_bytes, is_conv, is_matmul
+from .mesh import Mesh
+from .placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
+from .strategies import NodeStrategy, axis_strategies, compose, tensor_placements
+
+
+class PlannerError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Tensor ``var`` flows from output ``out_index`` of node ``producer`` into tensor
+    input ``slot`` of node ``consumer``."""
+
+    var: MetaVar
+    producer: int
+    out_index: int
+    consumer: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Tensor ``var`` (output ``out_index`` of node ``producer``) must end in a given
+    placement: the placement of the tie anchor (output ``anchor[1]`` of node ``anchor[0]``),
+    or, with no anchor, the cheapest of ``allowed`` (a graph output)."""
+
+    var: MetaVar
+    producer: int
+    out_index: int
+    anchor: tuple[int, int] | None = None
+    allowed: tuple[Placements, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class ShardingProblem:
+    """A MetaIR's planning problem; ``choice`` is its solver-facing form (same node order)."""
+
+    ir: MetaIR
+    mesh: Mesh
+    cost_model: CostModel
+    names: tuple[str, ...]  # graph input var names and op names
+    ops: tuple[MetaOp | None, ...]  # None for graph inputs
+    outputs: tuple[tuple[MetaVar, ...], ...]  # per node, its outputs (a graph input: itself)
+    strategies: tuple[tuple[NodeStrategy, ...], ...]
+    compute: tuple[np.ndarray, ...]  # per node, per strategy: seconds of local compute
+    flows: tuple[Flow, ...]
+    deliveries: tuple[Delivery, ...]
+    choice: ChoiceProblem
+
+    def index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise PlannerError(f"no node named {name!r}") from None
+
+    def choice_of(self, name: str, label: str) -> int:
+        i = self.index(name)
+        for c, s in enumerate(self.strategies[i]):
+            if s.label == label:
+                return c
+        raise PlannerError(f"node {name!r} has no strategy {label!r}: {[s.label for s in self.strategies[i]]}")
+
+    def assignment(self, labels: Mapping[str, str], default: str | None = None) -> list[int]:
+        """A full assignment from strategy labels by node name (hand-written plans).
+        Nodes left out take ``default`` (e.g. the all-Replicate label) when given."""
+        out = []
+        for i, name in enumerate(self.names):
+            label = labels.get(name, default)
+            if label is None:
+                raise PlannerError(f"no strategy given for node {name!r}")
+            out.append(self.choice_of(name, label))
+        return out
+
+
+def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], n_in: int) -> list:
+    """Rule strategies fitted to the op's outputs: rules may list every output or only the
+    tensor ones (non-tensor outputs are then Replicate)."""
+    tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
+    n_all = len(op.outputs)
+    fitted = axis_strategies(rules, n_in, n_all)
+    if len(tensor_pos) != n_all:
+        for r in axis_strategies(rules, n_in, len(tensor_pos)):
+            outs = [REPLICATE] * n_all
+            for p, pos in zip(r.outputs, tensor_pos):
+                outs[pos] = p
+            fitted.append(type(r)(r.label, r.inputs, tuple(outs)))
+    seen, unique = set(), []
+    for r in fitted:
+        if (r.inputs, r.outputs) not in seen:
+            seen.add((r.inputs, r.outputs))
+            unique.append(r)
+    return unique
+
+
+def _edge_factors(
+    cm: CostModel, var: MetaVar, src: Sequence[Placements], dst: Sequence[Placements]
+) -> tuple[Factor, ...]:
+    """Reshard cost for every (producer choice, consumer choice), one factor per mesh axis.
+
+    The cost on axis ``a`` depends only on the two placements on ``a``, on which later
+    axes shard the source and which earlier axes shard the destination (CostModel's
+    axis-by-axis order), so each factor's table is small.
+    """
+    shape = cm.mesh.shape
+    factors = []
+    for a in range(len(shape)):
+        def row_key(p: Placements) -> tuple:
+            return (p[a], tuple(isinstance(p[b], Shard) for b in range(a + 1, len(shape))))
+
+        def col_key(q: Placements) -> tuple:
+            return (q[a], tuple(isinstance(q[b], Shard) for b in range(a)))
+
+        rk = {k: i for i, k in enumerate(dict.fromkeys(row_key(p) for p in src))}
+        ck = {k: i for i, k in enumerate(dict.fromkeys(col_key(q) for q in dst))}
+        table = np.zeros((len(rk), len(ck)))
+        for (sa, later), i in rk.items():
+            for (da, earlier), j in ck.items():
+                if sa == da:
+                    continue
+                others = 1
+                for b, size in enumerate(shape):
+                    if (b > a and later[b - a - 1]) or (b < a and earlier[b]):
+                        others *= size
+                table[i, j] = cm.axis_cost(var.shape, var.dtype, a, sa, da, others)
+        rows = np.array([rk[row_key(p)] for p in src], dtype=np.int64)
+        cols = np.array([ck[col_key(q)] for q in dst], dtype=np.int64)
+        factors.append(Factor(rows, cols, table))
+    return tuple(factors)
+
+
+def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequence[spec.Strategy], strict: bool):
+    """An op's node strategies with their compute time and output memory, and whether it
+    may follow its producer (shape-preserving and not a contraction)."""
+    in_shapes = [v.shape for v in ins]
+    out_shapes = [v.shape if v.is_tensor else None for v in op.outputs]
+    rules = _node_rules(op, given, len(ins))
+    ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
+    itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
+    t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]
+    cost = np.array([
+        cm.compute(
+            op.op,
+            [cm.local_shape(sh, p) for sh, p in zip(in_shapes, s.inputs)],
+            [cm.local_shape(v.shape, s.outputs[k]) for k, v in t_outs],
+            itemsize,
+            op.kwargs,
+        )
+        for s in ss
+    ])
+    mem = np.array([sum(cm.memory(v.shape, v.dtype, s.outputs[k]) for k, v in t_outs) for s in ss])
+    shape_preserving = bool(ins) and all(v.shape in set(in_shapes) for _, v in t_outs)
+    return ss, cost, mem, shape_preserving and not (is_matmul(op.op) or is_conv(op.op))
+
+
+def _order(ir: MetaIR) -> list[tuple[str, object]]:
+    """Ops in order; each graph input right after its first consumer (a beam search then
+    sees what the input is for before placing it)."""
+    pending = {v.name: v for v in ir.input_list if v.is_tensor}
+    order: list[tuple[str, object]] = []
+    for op in ir.op_list:
+        order.append(("op", op))
+        for v in op.input_vars:
+            if v.name in pending:
+                order.append(("input", pending.pop(v.name)))
+    order.extend(("input", v) for v in pending.values())
+    return order
+
+
+def build_problem(
+    ir: MetaIR,
+    strategies_by_node: Mapping[str, Iterable[spec.Strategy]],
+    mesh: Mesh,
+    cost_model: CostModel | None = None,
+    memory_budget: float | None = None,
+    ties: Sequence[Sequence[str]] = (),
+    same_placement: Sequence[Sequence[str]] = (),
+    output_placements: Mapping[str, Placements] | None = None,
+    strict: bool = True,
+) -> ShardingProblem:
+    """``strategies_by_node``: 1-D rule strategies per op node name (missing: replicate
+    only). ``memory_budget``: bytes per device.
+
+    ``ties``: groups of var names whose first member is the anchor (a parameter); every
+    other member (its gradient) is delivered in the anchor's placement, paying for the
+    resharding (DP's gradient all-reduce, FSDP's reduce-scatter).
+    ``same_placement``: groups of vars whose producers must emit one placement (a
+    parameter and its optimizer states), a hard constraint.
+    ``output_placements``: required placements of graph outputs; other graph outputs end
+    in their cheapest non-Partial placement (a Partial value is not materialised).
+    """
+    cm = cost_model or CostModel(mesh)
+    if cm.mesh != mesh:
+        raise PlannerError("the cost model was built for another mesh")
+    names: list[str] = []
+    ops: list[MetaOp | None] = []
+    outputs: list[tuple[MetaVar, ...]] = []
+    strats: list[tuple[NodeStrategy, ...]] = []
+    nodes: list[ChoiceNode] = []
+    where: dict[str, tuple[int, int]] = {}  # var name -> (node, output index)
+    pending_flows: list[tuple[MetaVar, int, int]] = []  # (var, consumer, slot)
+    op_cache: dict = {}
+    edge_cache: dict = {}
+
+    def edge(u: int, v: int, var: MetaVar, src: Sequence[Placements], dst: Sequence[Placements], label) -> ChoiceEdge:
+        key = (var.shape, var.dtype, tuple(src), tuple(dst))
+        if key not in edge_cache:
+            factors = _edge_factors(cm, var, src, dst)
+            edge_cache[key] = (sum(f.dense() for f in factors), factors)
+        m, factors = edge_cache[key]
+        return ChoiceEdge(u, v, m, label, factors)
+
+    for kind, item in _order(ir):
+        i = len(names)
+        if kind == "input":
+            v: MetaVar = item  # type: ignore[assignment]
+            places = tensor_placements(v.shape, mesh, strict)
+            ss = tuple(NodeStrategy(placements_str(p), (), (p,)) for p in places)
+            mem = np.array([cm.memory(v.shape, v.dtype, p) for p in places])
+            names.append(v.name)
+            ops.append(None)
+            outputs.append((v,))
+            strats.append(ss)
+            where[v.name] = (i, 0)
+            nodes.append(ChoiceNode(v.name, tuple(s.label for s in ss), np.zeros(len(ss)), mem,
+                                    ("input", v.shape, v.dtype)))
+            continue
+        op: MetaOp = item  # type: ignore[assignment]
+        ins = [v for v in op.input_vars if v.is_tensor]
+        given = tuple(strategies_by_node.get(op.name, ()))
+        key = (op.op, tuple((v.shape, v.dtype) for v in ins),
+               tuple((v.shape, v.dtype, v.is_tensor) for v in op.outputs), given, repr(op.kwargs))
+        if key not in op_cache:  # repeated layers share their strategies and costs
+            op_cache[key] = _op_choices(cm, op, ins, given, strict) + (len(op_cache),)
+        ss, cost, mem, follower, signature = op_cache[key]
+        names.append(op.name)
+        ops.append(op)
+        outputs.append(tuple(op.outputs))
+        strats.append(ss)
+        nodes.append(ChoiceNode(op.name, tuple(s.label for s in ss), cost, mem, ("op", signature), follower))
+        for k, v in enumerate(op.outputs):
+            where[v.name] = (i, k)
+        for slot, v in enumerate(ins):
+            pending_flows.append((v, i, slot))
+
+    flows: list[Flow] = []
+    edges: list[ChoiceEdge] = []
+    for v, consumer, slot in pending_flows:
+        producer, k = where[v.name]
+        flows.append(Flow(v, producer, k, consumer, slot))
+        src = [s.outputs[k] for s in strats[producer]]
+        dst = [s.inputs[slot] for s in strats[consumer]]
+        edges.append(edge(producer, consumer, v, src, dst, (k, slot)))
+
+    nodes_before_delivery = list(nodes)
+    tied: set[str] = set()
+    deliveries: list[Delivery] = []
+    for group in ties:
+        anchor = _locate(where, group[0], "ties")
+        for var in group[1:]:
+            n, k = _locate(where, var, "ties")
+            tied.add(var)
+            deliveries.append(Delivery(outputs[n][k], n, k, anchor=anchor))
+            src = [st.outputs[k] for st in strats[n]]
+            dst = [st.outputs[anchor[1]] for st in strats[anchor[0]]]
+            edges.append(edge(n, anchor[0], outputs[n][k], src, dst, ("tie", k, anchor[1])))
+
+    pinned = dict(output_placements or {})
+    unknown = set(pinned) - {v.name for v in ir.output_list}
+    if unknown:
+        raise PlannerError(f"output_placements names vars that are not graph outputs: {sorted(unknown)}")
+    for v in dict.fromkeys(ir.output_list):
+        if not v.is_tensor or v.name in tied:
+            continue
+        n, k = where[v.name]
+        allowed = _output_targets(v, pinned.get(v.name), mesh, strict)
+        deliveries.append(Delivery(v, n, k, allowed=allowed))
+        src = [st.outputs[k] for st in strats[n]]
+        finish = sum(f.dense() for f in _edge_factors(cm, v, src, allowed)).min(axis=1)
+        nodes[n] = ChoiceNode(nodes[n].name, nodes[n].labels, nodes[n].cost + finish, nodes[n].memory,
+                              nodes[n].signature, nodes[n].follower)
+
+    hard = []
+    for group in same_placement:
+        members = []
+        for var in group:
+            n, k = _locate(where, var, "same_placement")
+            members.append(TieMember(n, tuple(st.outputs[k] for st in strats[n])))
+        if len(members) > 1:
+            hard.append(Tie(tuple(members)))
+
+    choice = ChoiceProblem(tuple(nodes), tuple(edges), tuple(hard), memory_budget)
+    compute = tuple(n.cost for n in nodes_before_delivery)
+    return ShardingProblem(ir, mesh, cm, tuple(names), tuple(ops), tuple(outputs), tuple(strats), compute,
+                           tuple(flows), tuple(deliveries), choice)
+
+
+def _output_targets(v: MetaVar, pinned: Placements | None, mesh: Mesh, strict: bool) -> tuple[Placements, ...]:
+    """Where a graph output may end: its pinned placement, else any non-Partial one."""
+    if pinned is None:
+        return tuple(tensor_placements(v.shape, mesh, strict))
+    p = tuple(pinned)
+    if any(isinstance(x, Partial) for x in p) or not is_valid(p, v.shape, mesh.shape, strict):
+        raise PlannerError(f"output {v.name}: [{placements_str(p)}] is not a valid non-Partial placement "
+                           f"of shape {v.shape} on {mesh}")
+    return (p,)
+
+
+def _locate(where: Mapping[str, tuple[int, int]], var: str, what: str) -> tuple[int, int]:
+    if var not in where:
+        raise PlannerError(f"{what} names {var!r}, which is not a tensor of the graph")
+    return where[var]
+
+
+__all__ = ["Delivery", "Flow", "PlannerError", "ShardingProblem", "build_problem"]

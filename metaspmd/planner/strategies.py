@@ -1,0 +1,139 @@
+"""Node strategies on a mesh, built from 1-D rule strategies (metaspmd.spec.Strategy).
+
+A rule strategy says how to split one op over one mesh axis. On an N-D mesh a node
+strategy picks one rule strategy per axis; applying them axis after axis (outer axis
+first) is what DTensor's placements tuple means, so two axes may split the same tensor
+dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divide the
+tensor (strict mode) or mix reduce ops on one tensor are dropped.
+
+Rule strategies with a halo or block are skipped: DTensor and JAX cannot run them.
+The all-Replicate strategy is always present, so every op can be placed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .. import spec
+from .mesh import Mesh
+from .placement import Partial, Placement, Placements, REPLICATE, Replicate, Shard, is_valid, placements_str
+
+REPLICATE_LABEL = "R"
+
+
+@dataclass(frozen=True)
+class AxisStrategy:
+    """One rule strategy in planner placements: per tensor input, per output."""
+
+    label: str
+    inputs: tuple[Placement, ...]
+    outputs: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class NodeStrategy:
+    """A strategy of one node on the whole mesh: per tensor input and per output, one
+    placement per mesh axis. ``label`` names the rule strategy of each axis ('S1,R')."""
+
+    label: str
+    inputs: tuple[Placements, ...]
+    outputs: tuple[Placements, ...]
+
+    def __str__(self) -> str:
+        ins = " ".join("[" + placements_str(p) + "]" for p in self.inputs)
+        outs = " ".join("[" + placements_str(p) + "]" for p in self.outputs)
+        return f"{self.label}: {ins} -> {outs}"
+
+
+def _input_placement(p: spec.InputPlacement) -> Placement | None:
+    if isinstance(p, spec.ShardIn):
+        return Shard(p.dim) if not p.halo else None
+    if isinstance(p, spec.PartialInput):
+        return Partial(p.op)
+    return REPLICATE
+
+
+def _output_placement(c: spec.OutputCombine) -> Placement | None:
+    """The runnable combine of one output; Replicate beats Shard beats Partial because
+    it is the cheapest to consume (all options are equally valid results)."""
+    best: Placement | None = None
+    rank = 99
+    for option in c.options:
+        if isinstance(option, spec.Identity):
+            p, r = REPLICATE, 0
+        elif isinstance(option, spec.Gather):
+            if option.halo or option.block > 1:
+                continue
+            p, r = Shard(option.dim), 1
+        else:
+            p, r = Partial(option.op), 2 if option.op == "sum" else 3
+        if r < rank:
+            best, rank = p, r
+    return best
+
+
+def axis_strategy(s: spec.Strategy) -> AxisStrategy | None:
+    """The rule strategy in placements, or None when DTensor/JAX could not run it."""
+    ins = tuple(_input_placement(p) for p in s.inputs)
+    outs = tuple(_output_placement(c) for c in s.outputs)
+    if any(p is None for p in ins) or any(p is None for p in outs):
+        return None
+    return AxisStrategy(s.label, ins, outs)  # type: ignore[arg-type]
+
+
+def axis_strategies(rules: Iterable[spec.Strategy], n_inputs: int, n_outputs: int) -> list[AxisStrategy]:
+    """Runnable rule strategies of the right arity, deduplicated, after all-Replicate."""
+    out = [AxisStrategy(REPLICATE_LABEL, (REPLICATE,) * n_inputs, (REPLICATE,) * n_outputs)]
+    seen = {(out[0].inputs, out[0].outputs)}
+    for s in rules:
+        a = axis_strategy(s)
+        if a is None or len(a.inputs) != n_inputs or len(a.outputs) != n_outputs:
+            continue
+        key = (a.inputs, a.outputs)
+        if key not in seen:
+            seen.add(key)
+            out.append(a)
+    return out
+
+
+def compose(
+    per_axis: Sequence[AxisStrategy],
+    mesh: Mesh,
+    in_shapes: Sequence[tuple[int, ...]],
+    out_shapes: Sequence[tuple[int, ...] | None],
+    strict: bool = True,
+) -> list[NodeStrategy]:
+    """Every valid choice of one rule strategy per mesh axis. ``out_shapes[i] is None``
+    marks a non-tensor output (always Replicate)."""
+    result: list[NodeStrategy] = []
+    seen: set = set()
+    shape = mesh.shape
+    for combo in itertools.product(per_axis, repeat=mesh.ndim):
+        ins = tuple(tuple(s.inputs[i] for s in combo) for i in range(len(in_shapes)))
+        outs = tuple(tuple(s.outputs[i] for s in combo) for i in range(len(out_shapes)))
+        if not all(is_valid(p, sh, shape, strict) for p, sh in zip(ins, in_shapes)):
+            continue
+        if not all(
+            all(isinstance(x, Replicate) for x in p) if sh is None else is_valid(p, sh, shape, strict)
+            for p, sh in zip(outs, out_shapes)
+        ):
+            continue
+        if (ins, outs) in seen:
+            continue
+        seen.add((ins, outs))
+        result.append(NodeStrategy(",".join(s.label for s in combo), ins, outs))
+    return result
+
+
+def tensor_placements(shape: tuple[int, ...], mesh: Mesh, strict: bool = True) -> list[Placements]:
+    """Every valid Replicate/Shard placement of a stored tensor (graph inputs are never Partial)."""
+    options: list[Placement] = [REPLICATE] + [Shard(d) for d in range(len(shape))]
+    return [p for p in itertools.product(options, repeat=mesh.ndim) if is_valid(p, shape, mesh.shape, strict)]
+
+
+__all__ = [
+    "AxisStrategy", "NodeStrategy", "REPLICATE_LABEL", "axis_strategies", "axis_strategy", "compose",
+    "tensor_placements",
+]

@@ -1,0 +1,115 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from metaspmd.ir import MetaVar
+from metaspmd.planner.cost import CostModel, Device
+from metaspmd.planner.flops import dtype_bytes, flops
+from metaspmd.planner.mesh import Mesh
+from metaspmd.planner.placement import Partial, Replicate, Shard
+from metaspmd.planner.problem import _edge_factors
+from metaspmd.planner.strategies import tensor_placements
+
+R, P = Replicate(), Partial("sum")
+ALPHA, BW = 1e-5, 1e9
+NBYTES = 64 * 32 * 4
+
+
+@pytest.fixture
+def cm():
+    return CostModel(Mesh.of(4, alpha=ALPHA, bandwidth=BW))
+
+
+def kinds(cm, src, dst, shape=(64, 32)):
+    return [s.kind for s in cm.reshard_steps(shape, "float32", src, dst)]
+
+
+def test_collectives_follow_the_ring_alpha_beta_formulas(cm):
+    ag = 3 * ALPHA + 3 / 4 * NBYTES / BW
+    assert cm.all_gather(0, NBYTES) == pytest.approx(ag)
+    assert cm.reduce_scatter(0, NBYTES) == pytest.approx(ag)
+    assert cm.all_reduce(0, NBYTES) == pytest.approx(2 * ag)
+    assert cm.all_to_all(0, NBYTES) == pytest.approx(3 * ALPHA + 3 / 4 * NBYTES / 4 / BW)
+
+
+@pytest.mark.parametrize("src,dst,kind,collective", [
+    (Shard(0), R, "all-gather", "all_gather"),
+    (P, R, "all-reduce", "all_reduce"),
+    (P, Shard(1), "reduce-scatter", "reduce_scatter"),
+    (Shard(0), Shard(1), "all-to-all", "all_to_all"),
+])
+def test_reshard_picks_the_collective(cm, src, dst, kind, collective):
+    assert kinds(cm, (src,), (dst,)) == [kind]
+    assert cm.reshard((64, 32), "float32", (src,), (dst,)) == pytest.approx(getattr(cm, collective)(0, NBYTES))
+
+
+def test_replicate_to_shard_or_partial_is_free(cm):
+    assert kinds(cm, (R,), (Shard(0),)) == ["slice"]
+    assert cm.reshard((64, 32), "float32", (R,), (Shard(0),)) == 0.0
+    assert cm.reshard((64, 32), "float32", (R,), (P,)) == 0.0
+    assert cm.reshard((64, 32), "float32", (Shard(0),), (Shard(0),)) == 0.0
+
+
+def test_shard_to_partial_goes_through_replicate(cm):
+    assert kinds(cm, (Shard(0),), (P,)) == ["all-gather", "zero"]
+
+
+def test_other_axes_shrink_the_bytes_moved():
+    cm = CostModel(Mesh.of((2, 4), alpha=0.0, bandwidth=BW))
+    full = cm.reshard((64, 32), "float32", (R, P), (R, R))
+    split = cm.reshard((64, 32), "float32", (Shard(0), P), (Shard(0), R))
+    assert split == pytest.approx(full / 2)
+    # axis 0 gathers first (while axis 1 is still sharded), then axis 1 gathers the rest
+    both = cm.reshard((64, 32), "float32", (Shard(0), Shard(1)), (R, R))
+    assert both == pytest.approx(cm.all_gather(0, NBYTES / 4) + cm.all_gather(1, NBYTES))
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 4), (2, 2, 2)])
+def test_edge_factors_sum_to_the_reshard_cost(shape):
+    mesh = Mesh.of(shape, alpha=[1e-6 * (i + 1) for i in range(len(shape))],
+                   bandwidth=[1e9 * (i + 1) for i in range(len(shape))])
+    cm = CostModel(mesh)
+    var = MetaVar("t", (16, 8, 32))
+    places = tensor_placements(var.shape, mesh)
+    places += [tuple(P if a == 0 else x for a, x in enumerate(p)) for p in places]
+    dense = sum(f.dense() for f in _edge_factors(cm, var, places, places))
+    want = np.array([[cm.reshard(var.shape, var.dtype, a, b) for b in places] for a in places])
+    np.testing.assert_allclose(dense, want, rtol=1e-12, atol=0)
+    assert want.max() > 0
+
+
+def test_matmul_flops_follow_the_contraction():
+    assert flops("aten.mm.default", [(8, 16), (16, 4)], [(8, 4)]) == 2 * 8 * 4 * 16
+    assert flops("aten.addmm.default", [(4,), (8, 16), (16, 4)], [(8, 4)]) == 2 * 8 * 4 * 16
+    assert flops("aten.bmm.default", [(3, 8, 16), (3, 16, 4)], [(3, 8, 4)]) == 2 * 3 * 8 * 4 * 16
+    dn = (((1,), (0,)), ((), ()))
+    assert flops("dot_general", [(8, 16), (16, 4)], [(8, 4)], {"dimension_numbers": dn}) == 2 * 8 * 4 * 16
+    # a contraction split over 4 devices leaves a quarter of the work per device
+    whole = flops("aten.mm.default", [(8, 16), (16, 4)], [(8, 4)])
+    assert flops("aten.mm.default", [(8, 4), (4, 4)], [(8, 4)]) == whole / 4
+    assert flops("aten.relu.default", [(8, 16)], [(8, 16)]) == 128
+    assert flops("aten.cummax.default", [(8, 16)], [(8, 16)]) == 128  # not a matmul despite the letters
+
+
+def test_compute_is_a_roofline():
+    cm = CostModel(Mesh.of(4), Device(peak_flops=1e12, memory_bandwidth=1e11))
+    heavy = cm.compute("aten.mm.default", [(512, 512), (512, 512)], [(512, 512)])
+    assert heavy == pytest.approx(2 * 512**3 / 1e12)
+    light = cm.compute("aten.relu.default", [(512, 512)], [(512, 512)])
+    assert light == pytest.approx(2 * 512 * 512 * 4 / 1e11)
+
+
+def test_memory_counts_local_bytes():
+    cm = CostModel(Mesh.of((2, 4)))
+    assert cm.memory((64, 32), "float32", (Shard(0), Shard(1))) == 64 * 32 * 4 / 8
+    assert cm.memory((64, 32), "bfloat16", (P, R)) == 64 * 32 * 2
+    assert dtype_bytes("torch.float16") == 2 and dtype_bytes("int64") == 8 and dtype_bytes("bool") == 1
+
+
+def test_every_placement_pair_costs_at_least_zero_and_identity_is_free():
+    cm = CostModel(Mesh.of((2, 2)))
+    places = tensor_placements((8, 8), cm.mesh) + [(P, R), (R, P), (P, P)]
+    for a, b in itertools.product(places, places):
+        c = cm.reshard((8, 8), "float32", a, b)
+        assert c >= 0 and (c == 0) == (a == b or all(x == y or isinstance(x, Replicate) for x, y in zip(a, b)))

@@ -1,0 +1,123 @@
+"""GPT-like graphs (forward and backward): reductions, ties between parameters and their
+gradients, and the solvers agreeing with each other."""
+
+import subprocess
+import sys
+
+import pytest
+
+from metaspmd.planner import Infeasible, Mesh, PlannerError, Replicate, Shard, build_problem, plan, solve
+from metaspmd.planner.reduce import Reductions, reduce_problem
+from metaspmd.planner.synthetic import GPTConfig, gpt, mlp
+
+pytest.importorskip("mip")
+
+SMALL = GPTConfig(layers=2, batch=4, seq=64, hidden=128, heads=4)
+
+
+@pytest.fixture(scope="module")
+def small_gpt():
+    return gpt(SMALL)
+
+
+def test_graph_has_the_gpt_op_mix(small_gpt):
+    ir, strategies, grads = small_gpt
+    per_layer = len(ir.op_list) / SMALL.layers
+    assert 50 <= per_layer <= 100
+    ops = {op.op for op in ir.op_list}
+    assert {"aten.mm.default", "aten.matmul.default", "aten._softmax.default",
+            "aten.native_layer_norm_backward.default"} <= ops
+    assert len(grads) == 16 * SMALL.layers
+    assert set(strategies) == {op.name for op in ir.op_list}
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2)])
+def test_reduced_ilp_matches_the_unreduced_one(small_gpt, shape):
+    ir, strategies, grads = small_gpt
+    problem = build_problem(ir, strategies, Mesh.of(shape), ties=grads)
+    exact = solve(problem, reductions=Reductions.none(), time_limit=60)
+    reduced = solve(problem, time_limit=60)
+    assert exact.status == reduced.status == "optimal"
+    assert len(reduce_problem(problem.choice).problem.nodes) < 0.7 * len(problem.choice.nodes)
+    # tying identical layers is a heuristic in general; on this graph it loses nothing
+    assert reduced.total_cost == pytest.approx(exact.total_cost, rel=1e-9)
+
+
+def test_beam_is_feasible_and_no_better_than_the_ilp(small_gpt):
+    ir, strategies, grads = small_gpt
+    problem = build_problem(ir, strategies, Mesh.of((2, 2)), ties=grads)
+    ilp = solve(problem, time_limit=60)
+    beam = solve(problem, solver="beam")
+    assert beam.total_cost >= ilp.total_cost * (1 - 1e-12)
+
+
+def test_gradients_arrive_in_their_parameters_placement(small_gpt):
+    ir, strategies, grads = small_gpt
+    result = plan(ir, strategies, Mesh.of((2, 2)), ties=grads, time_limit=60)
+    delivered = {r.var: r for r in result.reshards if r.consumer.startswith("(tie")}
+    for param, grad in grads:
+        want = result.placement(param)
+        got = delivered[grad].dst if grad in delivered else result.placement(grad)
+        assert got == want
+
+
+def test_a_memory_budget_is_met(small_gpt):
+    ir, strategies, grads = small_gpt
+    free = plan(ir, strategies, Mesh.of(4), ties=grads, time_limit=60)
+    budget = 0.6 * free.memory
+    tight = plan(ir, strategies, Mesh.of(4), ties=grads, memory_budget=budget, time_limit=60)
+    assert tight.memory <= budget * (1 + 1e-9)
+    assert tight.total_cost >= free.total_cost * (1 - 1e-12)
+    with pytest.raises(Infeasible):
+        plan(ir, strategies, Mesh.of(4), ties=grads, memory_budget=0.01 * free.memory, time_limit=60)
+
+
+def test_same_placement_is_a_hard_constraint():
+    ir, strategies = mlp(8192, 1024, 4096)
+    free = plan(ir, strategies, Mesh.of(4))
+    assert free.placement("x") != free.placement("w1")
+    tied = plan(ir, strategies, Mesh.of(4), same_placement=[("x", "w1")])
+    assert tied.placement("x") == tied.placement("w1")
+
+
+def test_bad_arguments_name_the_problem():
+    ir, strategies = mlp(64, 64, 64)
+    with pytest.raises(PlannerError, match="not a tensor of the graph"):
+        plan(ir, strategies, Mesh.of(2), ties=[("w1", "nope")])
+    with pytest.raises(PlannerError, match="not graph outputs"):
+        plan(ir, strategies, Mesh.of(2), output_placements={"x": (Replicate(),)})
+    problem = build_problem(ir, strategies, Mesh.of(2))
+    with pytest.raises(PlannerError, match="no strategy 'S9'"):
+        problem.assignment({"mm1": "S9"}, default="R")
+    with pytest.raises(PlannerError, match="unknown solver"):
+        solve(problem, solver="gurobi")
+
+
+def test_output_placement_is_honoured():
+    ir, strategies = mlp(8192, 1024, 4096)
+    result = plan(ir, strategies, Mesh.of(4), output_placements={"mm2": (Shard(1),)})
+    final = [r for r in result.reshards if r.consumer == "(output)"]
+    src = result.strategy("mm2").outputs[0]
+    assert (final[0].dst if final else src) == (Shard(1),)
+
+
+def test_the_core_imports_no_framework_and_no_solver():
+    code = "import sys, metaspmd.planner; print(sorted(m for m in ('mip', 'torch', 'jax') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(8,), (2, 4)])
+def test_twelve_layer_gpt_plans_to_optimality(shape):
+    ir, strategies, grads = gpt(GPTConfig(layers=12))
+    result = plan(ir, strategies, Mesh.of(shape), ties=grads, time_limit=120)
+    assert result.status == "optimal"
+
+
+def test_without_mip_the_beam_plan_is_used(monkeypatch):
+    ir, strategies = mlp(64, 64, 64)
+    monkeypatch.setitem(sys.modules, "mip", None)  # import mip now fails
+    with pytest.warns(RuntimeWarning, match="beam-search plan"):
+        result = plan(ir, strategies, Mesh.of(2))
+    assert result.solver == "beam8" and result.status == "heuristic"

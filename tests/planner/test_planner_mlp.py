@@ -1,0 +1,111 @@
+"""The 2-layer MLP y = relu(x @ w1) @ w2: the planner rediscovers Megatron under a memory
+budget and data parallelism with a large batch, and never loses to hand-written plans."""
+
+import itertools
+
+import pytest
+
+from metaspmd.planner import Mesh, Replicate, Shard, build_problem, evaluate, make_plan, plan
+from metaspmd.planner.reduce import Reductions
+from metaspmd.planner.synthetic import mlp
+
+pytest.importorskip("mip")
+
+R = Replicate()
+MIB = 2**20
+MESH = Mesh.of(4)
+DIM, HIDDEN = 1024, 4096  # each weight is 16 MiB in float32
+
+MEGATRON = {"x": "R", "w1": "S(1)", "mm1": "S3", "relu": "S2", "w2": "S(0)", "mm2": "S2"}
+DATA_PARALLEL = {"x": "S(0)", "w1": "R", "mm1": "S1", "relu": "S1", "w2": "R", "mm2": "S1"}
+FSDP = {"x": "S(0)", "w1": "S(0)", "mm1": "S1", "relu": "S1", "w2": "S(0)", "mm2": "S1"}
+
+
+def test_memory_budget_gives_megatron_with_one_all_reduce():
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    result = plan(ir, strategies, MESH, memory_budget=16 * MIB, output_placements={"mm2": (R,)})
+    assert result.placement("w1") == (Shard(1),)  # column parallel
+    assert result.placement("w2") == (Shard(0),)  # row parallel
+    assert result.placement("x") == (R,)
+    assert result.collectives() == ["all-reduce@d0"]
+    assert result.memory <= 16 * MIB
+    assert result.status == "optimal"
+
+
+def test_large_batch_without_budget_gives_data_parallelism():
+    ir, strategies = mlp(8192, DIM, HIDDEN)
+    result = plan(ir, strategies, MESH)
+    assert result.placement("x") == (Shard(0),)
+    assert result.placement("w1") == (R,) and result.placement("w2") == (R,)
+    assert [result.strategy(n).label for n in ("mm1", "relu", "mm2")] == ["S1", "S1", "S1"]
+    assert result.comm_cost == 0.0
+
+
+@pytest.mark.parametrize("batch,budget", [(64, 16 * MIB), (64, None), (8192, None), (8192, 100 * MIB)])
+def test_plan_never_loses_to_hand_written_plans(batch, budget):
+    ir, strategies = mlp(batch, DIM, HIDDEN)
+    problem = build_problem(ir, strategies, MESH, memory_budget=budget, output_placements={"mm2": (R,)})
+    result = plan(ir, strategies, MESH, memory_budget=budget, output_placements={"mm2": (R,)})
+    fits = 0
+    for labels in (MEGATRON, DATA_PARALLEL, FSDP):
+        hand = evaluate(problem, labels)
+        if budget is None or hand.memory <= budget:
+            fits += 1
+            assert result.total_cost <= hand.total_cost * (1 + 1e-9)
+    assert fits >= 1
+
+
+def test_fsdp_pays_weight_all_gathers_and_saves_memory():
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    problem = build_problem(ir, strategies, MESH)
+    fsdp, dp = evaluate(problem, FSDP), evaluate(problem, DATA_PARALLEL)
+    assert sorted(fsdp.collectives()) == ["all-gather@d0", "all-gather@d0"]
+    assert fsdp.memory < dp.memory - 20 * MIB
+
+
+@pytest.mark.parametrize("budget", [None, 0.1 * MIB, 0.13 * MIB])  # all-Replicate needs 0.164 MiB
+def test_ilp_equals_brute_force_over_every_plan(budget):
+    ir, strategies = mlp(16, 64, 256)
+    problem = build_problem(ir, strategies, Mesh.of(2), memory_budget=budget)
+    cp = problem.choice
+    best = min(
+        (cp.evaluate(a) for a in itertools.product(*(range(n.size) for n in cp.nodes)) if cp.feasible(a)),
+    )
+    for reductions in (Reductions.none(), Reductions()):
+        result = plan(ir, strategies, Mesh.of(2), memory_budget=budget, reductions=reductions)
+        assert result.total_cost == pytest.approx(best, rel=1e-9)
+
+
+def test_beam_finds_a_feasible_plan_no_cheaper_than_the_ilp():
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    ilp = plan(ir, strategies, MESH, memory_budget=16 * MIB)
+    beam = plan(ir, strategies, MESH, memory_budget=16 * MIB, solver="beam", reductions=Reductions.none())
+    assert beam.memory <= 16 * MIB
+    assert beam.total_cost >= ilp.total_cost * (1 - 1e-12)
+
+
+def test_two_axis_mesh_plan_beats_hand_written_hybrid():
+    mesh = Mesh.of((2, 2), ("dp", "tp"))
+    ir, strategies = mlp(4096, DIM, HIDDEN)
+    problem = build_problem(ir, strategies, mesh, memory_budget=64 * MIB)
+    result = plan(ir, strategies, mesh, memory_budget=64 * MIB)
+    hybrid = evaluate(problem, {"x": "S(0),R", "w1": "R,S(1)", "mm1": "S1,S3", "relu": "S1,S2",
+                                "w2": "R,S(0)", "mm2": "S1,S2"})
+    assert hybrid.memory <= 64 * MIB
+    assert result.memory <= 64 * MIB
+    assert result.total_cost <= hybrid.total_cost * (1 + 1e-9)
+
+
+def test_plan_table_lists_every_node_and_the_totals():
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    result = plan(ir, strategies, MESH, memory_budget=16 * MIB, output_placements={"mm2": (R,)})
+    text = result.table()
+    for name in ("x", "w1", "w2", "mm1", "relu", "mm2"):
+        assert any(line.startswith(name + " ") for line in text.splitlines())
+    assert "all-reduce@d0" in text and "budget 16.00 MiB" in text and "total" in text
+    assert result.total_cost == pytest.approx(result.compute_cost + result.comm_cost)
+    # the plan of the same assignment, rebuilt, costs the same
+    problem = build_problem(ir, strategies, MESH, memory_budget=16 * MIB, output_placements={"mm2": (R,)})
+    labels = {n.name: n.strategy.label for n in result.nodes}
+    again = make_plan(problem, problem.assignment(labels))
+    assert again.total_cost == pytest.approx(result.total_cost)

@@ -1,0 +1,89 @@
+import numpy as np
+import pytest
+
+from metaspmd.planner.beam import solve_beam
+from metaspmd.planner.choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Infeasible, Tie, TieMember
+from metaspmd.planner.ilp import solve_ilp
+
+pytest.importorskip("mip")
+
+CASES = [(seed, n, budget, ties, factors)
+         for seed in range(6) for n in (3, 4, 5)
+         for budget, ties, factors in [(False, False, False), (True, False, False), (False, True, True),
+                                       (True, True, False)]]
+
+
+@pytest.mark.parametrize("seed,n,budget,ties,factors", CASES)
+def test_ilp_matches_brute_force(make_problem, brute_force, seed, n, budget, ties, factors):
+    p = make_problem(np.random.default_rng(seed * 100 + n), n, budget, ties, factors)
+    try:
+        want, _ = brute_force(p)
+    except Infeasible:
+        with pytest.raises(Infeasible):
+            solve_ilp(p)
+        return
+    got = solve_ilp(p)
+    assert got.status == "optimal"
+    assert p.feasible(got.assignment)
+    assert got.cost == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert got.bound == pytest.approx(want, rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_beam_is_feasible_and_never_beats_the_ilp(make_problem, brute_force, seed):
+    p = make_problem(np.random.default_rng(seed), 5, budget=True)
+    want, _ = brute_force(p)
+    try:
+        beam = solve_beam(p, width=2)
+    except Infeasible:
+        return  # a narrow beam may prune every feasible completion; that is allowed
+    assert p.feasible(beam.assignment)
+    assert beam.cost >= want - 1e-12
+    assert beam.cost == pytest.approx(p.evaluate(beam.assignment))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_wide_enough_beam_is_exhaustive(make_problem, brute_force, seed):
+    p = make_problem(np.random.default_rng(seed), 4, budget=seed % 2 == 0, ties=seed % 3 == 0)
+    want, _ = brute_force(p)
+    width = int(np.prod([n.size for n in p.nodes]))
+    assert solve_beam(p, width).cost == pytest.approx(want)
+
+
+def test_warm_start_is_accepted_and_kept_when_optimal(make_problem, brute_force):
+    p = make_problem(np.random.default_rng(7), 5)
+    want, best = brute_force(p)
+    got = solve_ilp(p, warm_start=best)
+    assert got.cost == pytest.approx(want)
+
+
+def test_an_infeasible_budget_is_reported():
+    nodes = tuple(ChoiceNode(f"n{i}", ("a", "b"), np.zeros(2), np.array([5.0, 6.0])) for i in range(3))
+    p = ChoiceProblem(nodes, (), (), memory_budget=14.0)
+    with pytest.raises(Infeasible):
+        solve_ilp(p)
+    with pytest.raises(Infeasible):
+        solve_beam(p)
+
+
+def test_ties_force_matching_keys():
+    # Alone each node prefers choice 0; the tie makes them agree on a key, and key 'x' is cheaper overall.
+    a = ChoiceNode("a", ("a0", "a1"), np.array([0.0, 1.0]), np.zeros(2))
+    b = ChoiceNode("b", ("b0", "b1"), np.array([0.0, 0.5]), np.zeros(2))
+    tie = Tie((TieMember(0, ("x", "y")), TieMember(1, ("y", "x"))))
+    p = ChoiceProblem((a, b), (), (tie,))
+    got = solve_ilp(p)
+    assert got.assignment == (0, 1) and got.cost == pytest.approx(0.5)
+    assert solve_beam(p, 4).assignment == (0, 1)
+
+
+def test_highs_agrees_with_cbc(make_problem):
+    pytest.importorskip("highspy")
+    p = make_problem(np.random.default_rng(3), 5, budget=True)
+    assert solve_ilp(p, solver="highs").cost == pytest.approx(solve_ilp(p).cost)
+
+
+def test_self_edges_count_on_the_diagonal():
+    n = ChoiceNode("a", ("a0", "a1"), np.array([0.0, 0.1]), np.zeros(2))
+    p = ChoiceProblem((n,), (ChoiceEdge(0, 0, np.array([[1.0, 0.0], [0.0, 0.0]])),))
+    assert solve_ilp(p).assignment == (1,) and solve_beam(p).assignment == (1,)

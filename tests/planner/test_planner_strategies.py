@@ -1,0 +1,74 @@
+from metaspmd import spec
+from metaspmd.planner.mesh import Mesh
+from metaspmd.planner.placement import Partial, Replicate, Shard
+from metaspmd.planner.strategies import axis_strategies, axis_strategy, compose, tensor_placements
+from metaspmd.planner.synthetic import mm_rules, rules
+
+R = Replicate()
+
+
+def test_rule_strategies_map_to_placements():
+    s1, s2, s3, s4, _ = mm_rules()
+    assert axis_strategy(s1).inputs == (Shard(0), R) and axis_strategy(s1).outputs == (Shard(0),)
+    assert axis_strategy(s2).inputs == (Shard(1), Shard(0)) and axis_strategy(s2).outputs == (Partial("sum"),)
+    assert axis_strategy(s4).inputs == (Partial("sum"), R)
+
+
+def test_halo_and_block_strategies_are_not_runnable():
+    halo_in = spec.Strategy("S1", (spec.ShardIn(0, halo=1),), (spec.OutputCombine.parse("gather(dim=0)"),))
+    block_out = spec.Strategy("S2", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, block=2)"),))
+    halo_out = spec.Strategy("S3", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, halo=2)"),))
+    assert axis_strategy(halo_in) is None and axis_strategy(block_out) is None and axis_strategy(halo_out) is None
+
+
+def test_replicate_is_preferred_among_equivalent_combines():
+    s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("reduce(max) | identity"),))
+    assert axis_strategy(s).outputs == (R,)
+    s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, block=2) | reduce(sum)"),))
+    assert axis_strategy(s).outputs == (Partial("sum"),)
+
+
+def test_all_replicate_comes_first_and_duplicates_or_wrong_arity_go():
+    out = axis_strategies(mm_rules() + mm_rules()[:1] + rules("[[S1]]", "{S1: gather(dim=0)}"), 2, 1)
+    assert [a.label for a in out] == ["R", "S1", "S2", "S3", "S4", "S5"]
+    assert out[0].inputs == (R, R) and out[0].outputs == (R,)
+
+
+def test_composition_on_a_2d_mesh():
+    mesh = Mesh.of((2, 4))
+    per_axis = axis_strategies(mm_rules(), 2, 1)
+    ss = compose(per_axis, mesh, [(16, 8), (8, 12)], [(16, 12)])
+    by_label = {s.label: s for s in ss}
+    # both axes split rows: DTensor's [Shard(0), Shard(0)]
+    assert by_label["S1,S1"].inputs[0] == (Shard(0), Shard(0)) and by_label["S1,S1"].outputs[0] == (Shard(0), Shard(0))
+    # rows over one axis, columns over the other
+    assert by_label["S1,S3"].inputs == ((Shard(0), R), (R, Shard(1)))
+    assert by_label["S1,S3"].outputs[0] == (Shard(0), Shard(1))
+    # the contraction over both axes: Partial on both
+    assert by_label["S2,S2"].outputs[0] == (Partial("sum"), Partial("sum"))
+    # 12 columns do not split 8 ways, 8 contraction elements do
+    assert "S3,S3" not in by_label and "S2,S2" in by_label
+    assert ss[0].label == "R,R"
+    assert len(ss) == len({(s.inputs, s.outputs) for s in ss})
+
+
+def test_strict_mode_drops_uneven_splits():
+    mesh = Mesh.of(4)
+    per_axis = axis_strategies(mm_rules(), 2, 1)
+    strict = {s.label for s in compose(per_axis, mesh, [(6, 8), (8, 12)], [(6, 12)])}
+    loose = {s.label for s in compose(per_axis, mesh, [(6, 8), (8, 12)], [(6, 12)], strict=False)}
+    assert "S1" not in strict and "S1" in loose
+
+
+def test_mixed_partial_reductions_are_dropped():
+    mesh = Mesh.of((2, 2))
+    per_axis = axis_strategies(
+        rules("[[S1, N]]", "{S1: reduce(sum)}") + rules("[[N, S1]]", "{S1: reduce(max)}"), 1, 1)
+    labels = {s.label for s in compose(per_axis, mesh, [(4, 4)], [(4,)])}
+    assert "S1,S1" in labels and "S1,S2" not in labels
+
+
+def test_tensor_placements_are_replicate_or_shard():
+    ps = tensor_placements((4, 6), Mesh.of((2, 2)))
+    assert (R, R) in ps and (Shard(0), Shard(1)) in ps and (Shard(1), Shard(1)) not in ps  # 6 % 4
+    assert not any(isinstance(x, Partial) for p in ps for x in p)
