@@ -49,6 +49,28 @@ def _float64(tree):
     return torch.utils._pytree.tree_map(cast, tree)
 
 
+def _shrunk(tree, small=(6, 8, 10, 12, 14, 16, 18, 20, 22, 24)):
+    """The call on small random float tensors of the same signature, so live exploration
+    costs milliseconds, not seconds. Each distinct size maps to its own small size, keeping
+    size 1 and equal sizes equal (mm's contraction dims must still match). Calls with
+    integer or bool tensors (indices, masks) keep their real values: shrinking them
+    could make them invalid. Not shrunk when there are too many distinct sizes."""
+    leaves = [x for x in torch.utils._pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+    if any(not x.is_floating_point() for x in leaves):
+        return tree
+    sizes = sorted({s for x in leaves for s in x.shape if s > small[0]})
+    if len(sizes) > len(small):
+        return tree
+    new = dict(zip(sizes, small))
+
+    def shrink(x):
+        if isinstance(x, torch.Tensor):
+            return torch.randn([new.get(s, s) for s in x.shape], dtype=x.dtype)
+        return x
+
+    return torch.utils._pytree.tree_map(shrink, tree)
+
+
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:
     args, kwargs = captured.values[node.name]
     names = dtensor_rules.positional_names(node.fn)
@@ -56,12 +78,14 @@ def node_call(captured: Captured, node: MetaOp) -> NodeCall:
     found = dtensor_rules.lookup(node.fn, tuple(args), dict(kwargs))
 
     def case() -> OpCase:
-        a64, k64 = _float64((tuple(args), dict(kwargs)))
-        try:
-            node.fn(*a64, **k64)
-            a, k = a64, k64
-        except Exception:  # the op has no float64 kernel: explore in the model's dtype
-            a, k = tuple(args), dict(kwargs)
+        a, k = tuple(args), dict(kwargs)
+        for candidate in (_float64(_shrunk((a, k))), _float64((a, k))):
+            try:
+                node.fn(*candidate[0], **candidate[1])
+            except Exception:  # shapes baked into the arguments, or no float64 kernel
+                continue
+            a, k = candidate
+            break
         fixed = frozenset(
             n for n, v in zip(names, a) if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
         )

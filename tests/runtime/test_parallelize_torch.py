@@ -64,3 +64,15 @@ def test_rules_come_from_cache_second_time(fake_world, cache):
     torch.manual_seed(0)
     p = run_planned(MLP(64, 256), torch.randn(8, 64), cache)
     assert p.stats.live == 0
+
+
+def test_memory_budget_gives_megatron_mlp(fake_world, cache):
+    """Column-parallel first linear, row-parallel second (bias Partial), one collective
+    on the block's forward output."""
+    torch.manual_seed(0)
+    p = run_planned(MLP(512, 2048), torch.randn(8, 512), cache, memory_budget=20e6)
+    first, second = p.plan.strategy("addmm"), p.plan.strategy("addmm_1")
+    assert [str(x[0]) for x in first.inputs[1:]] == ["R", "S(1)"] and str(first.outputs[0][0]) == "S(1)"
+    assert [str(x[0]) for x in second.inputs] == ["P(sum)", "S(1)", "S(0)"] and str(second.outputs[0][0]) == "P(sum)"
+    forward_output = [r for r in p.plan.reshards if r.var == "addmm_1"]
+    assert len(forward_output) == 1 and forward_output[0].cost > 0
