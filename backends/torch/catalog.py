@@ -12,6 +12,8 @@ import torch
 
 NAMESPACE = "aten"
 
+TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
+
 # Ops whose output is (partly) uninitialized memory: their results cannot be compared.
 UNINITIALIZED = frozenset({
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
@@ -27,6 +29,16 @@ RANDOM = frozenset({
     "multinomial", "poisson", "dropout", "dropout_", "feature_dropout", "alpha_dropout",
     "feature_alpha_dropout", "native_dropout", "rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_",
     "_fused_dropout", "_standard_gamma", "_sample_dirichlet", "binomial", "_make_dep_token",
+})
+
+# Ops that abort the process (native asserts, segfaults) on inputs guessed from the schema;
+# found by running every overload's schema-built inputs in a child process.
+CRASH_ON_GUESSED_INPUTS = frozenset({
+    "aten._batch_norm_impl_index_backward.default", "aten._batch_norm_no_update.default",
+    "aten._batch_norm_no_update.out", "aten._convert_indices_from_coo_to_csr.default",
+    "aten._convert_indices_from_coo_to_csr.out", "aten._convert_indices_from_csr_to_coo.default",
+    "aten._convert_indices_from_csr_to_coo.out", "aten._lstm_mps.default",
+    "aten._sobol_engine_initialize_state_.default", "aten._thnn_differentiable_gru_cell_backward.default",
 })
 
 
@@ -126,15 +138,25 @@ def functional_sibling(name: str) -> str | None:
     if not outs:
         return None
     want = [_arg_key(a) for a in func._schema.arguments if not a.is_out]
+    names = {n for n, _ in want}
     for other in _overloads_by_base().get(base, ()):
         if other == name:
             continue
         g = resolve(other)
         if out_arg_names(g) or written_arg_names(g):
             continue
-        if [_arg_key(a) for a in g._schema.arguments] == want:
+        # factory functionals take tensor options that their out overloads lack
+        args = [_arg_key(a) for a in g._schema.arguments if a.name in names or a.name not in TENSOR_OPTIONS]
+        if args == want:
             return other
     return None
+
+
+def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
+    """Kernels that size one input by another without checking (backward ops, batch norm):
+    inconsistent shards crash them, so their local calls are guarded."""
+    base = func._schema.name.split("::")[1]
+    return "backward" in base or "batch_norm" in base
 
 
 def is_core(func: torch._ops.OpOverload) -> bool:
@@ -142,6 +164,6 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "NAMESPACE", "all_overloads", "functional_sibling", "is_core", "nondeterministic_reason", "op_name",
-    "out_arg_names", "positional_names", "resolve", "split_name", "written_arg_names",
+    "CRASH_ON_GUESSED_INPUTS", "NAMESPACE", "all_overloads", "functional_sibling", "is_core", "nondeterministic_reason", "op_name",
+    "out_arg_names", "positional_names", "resolve", "split_name", "trusts_matching_shapes", "written_arg_names",
 ]

@@ -71,7 +71,7 @@ class TorchOps:
             return False
         if actual.shape != expected.shape or self.dtype_kind(actual) != self.dtype_kind(expected):
             return False
-        if actual.is_sparse or expected.is_sparse or actual.is_quantized or expected.is_quantized:
+        if actual.layout != torch.strided or expected.layout != torch.strided or actual.is_quantized or expected.is_quantized:
             return False
         a, e = actual.detach(), expected.detach()
         if not (a.dtype.is_floating_point or a.dtype.is_complex):

@@ -1,0 +1,339 @@
+"""TorchBackend: the ATen catalog and its example calls, as the sweep sees them.
+
+Where an op's examples come from, in order:
+1. OpInfo calls captured for the overload itself (``samples.load_index``);
+2. for in-place (``foo_``) and ``out=`` overloads, the captured calls of the functional
+   overload they compute (``catalog.functional_sibling``), kept when they run;
+3. inputs built from the schema (``samples.find_schema_sample``).
+
+In-place and ``out=`` overloads are explored as themselves, not mapped to the functional
+op: the case's ``fn`` clones every argument the op writes before calling it (so repeated
+calls on the same inputs agree) and allocates fresh empty ``out`` tensors, which the op
+resizes. Its result is the op's return value followed by the written arguments the op does not
+return (batch norm's running statistics), or the written and out arguments when the op
+returns nothing (``_foreach_*_``, ``_foreach_*.out``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Collection, Mapping
+
+import torch
+
+from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.signature import arg_items
+
+from . import catalog, views
+from .samples import (
+    BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
+    to_float64,
+)
+from .tensor_ops import TorchOps
+
+OutSpec = Mapping[str, Any]  # out arg name -> dtype, or list of dtypes for Tensor[] outs
+
+
+def _short_error(text: str) -> str:
+    text = re.sub(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?", "<path>", text)  # no machine paths in records
+    return text.strip().splitlines()[0][:200] if text.strip() else text
+
+
+def _is_list_arg(arg) -> bool:
+    return str(arg.real_type).startswith("List[")
+
+
+def _list_out(args: list, dtype: Any) -> list[torch.Tensor]:
+    """Out tensors for a Tensor[] out argument (``dtype``: one dtype, or one per out).
+
+    ``_foreach_*`` ops do not resize their outs: when the first Tensor[] input has one
+    entry per out, the outs take its (local) shapes; otherwise they start empty and the op
+    resizes them.
+    """
+    inputs = next((a for a in args if isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a)), None)
+    dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * (len(inputs) if inputs else 1)
+    if inputs is not None and len(inputs) == len(dtypes):
+        return [torch.zeros(t.shape, dtype=d) for t, d in zip(inputs, dtypes)]
+    return [torch.empty(0, dtype=d) for d in dtypes]
+
+
+def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtype = torch.float32) -> Callable[..., Any]:
+    """``fn(*args, **kwargs)`` that runs ``func`` without touching its inputs.
+
+    Written arguments are cloned first; out arguments are allocated (dtype from
+    ``out_spec``, else ``default_dtype``) and must not be passed in.
+    """
+    schema_args = func._schema.arguments
+    written = [(i, a.name) for i, a in enumerate(schema_args) if a.name in catalog.written_arg_names(func)]
+    outs = [a for a in schema_args if a.is_out]
+    # written arguments the op does not also return (batch norm's running stats): their new
+    # values are outputs too, or a rule could silently get the side effect wrong
+    returned = set().union(*[r.alias_info.before_set for r in func._schema.returns if r.alias_info is not None])
+    hidden = {a.name for a in schema_args if a.name in dict(written).values() and not (a.alias_info.before_set & returned)}
+    spec = dict(out_spec or {})
+    if not written and not outs:
+        return func
+
+    def clone(x):
+        if isinstance(x, torch.Tensor):
+            return x.clone()
+        if isinstance(x, (list, tuple)):
+            return type(x)(clone(y) for y in x)
+        return x
+
+    def fn(*args, **kwargs):
+        args, kwargs = list(args), dict(kwargs)
+        mutated, extra = [], []
+        for i, name in written:
+            if i < len(args):
+                args[i] = clone(args[i])
+                mutated.append(args[i])
+            elif name in kwargs:
+                kwargs[name] = clone(kwargs[name])
+                mutated.append(kwargs[name])
+            else:
+                continue
+            if name in hidden and mutated[-1] is not None:
+                extra.append(mutated[-1])
+        for a in outs:
+            dtype = spec.get(a.name, default_dtype)
+            if _is_list_arg(a):
+                kwargs[a.name] = _list_out(args, dtype)
+            else:
+                kwargs[a.name] = torch.empty(0, dtype=dtype)
+        result = func(*args, **kwargs)
+        if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(result)):
+            written_out = [m for m in mutated if m is not None] + [kwargs[a.name] for a in outs]
+            return tuple(written_out) if written_out else result
+        if extra:
+            return (*(result if isinstance(result, (tuple, list)) else (result,)), *extra)
+        return result
+
+    return fn
+
+
+def _out_spec_from_kwargs(func, kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+    """Split captured out arguments from the rest: (out spec, other kwargs)."""
+    outs = set(catalog.out_arg_names(func))
+    spec = {}
+    for name in outs & set(kwargs):
+        v = kwargs[name]
+        spec[name] = [t.dtype for t in v] if isinstance(v, (list, tuple)) else v.dtype
+    return spec, {k: v for k, v in kwargs.items() if k not in outs}
+
+
+def _out_spec_from_result(func, result: Any) -> dict:
+    """Out dtypes for ``func`` from the functional op's result on the same inputs."""
+    outs = [a for a in func._schema.arguments if a.is_out]
+    tensors = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    if len(outs) == 1 and _is_list_arg(outs[0]):
+        return {outs[0].name: [t.dtype for t in tensors]}
+    if len(tensors) != len(outs):
+        return {}
+    return {a.name: t.dtype for a, t in zip(outs, tensors)}
+
+
+def _float64_spec(spec: OutSpec) -> dict:
+    def up(d):
+        return {torch.float32: torch.float64, torch.complex64: torch.complex128}.get(d, d)
+
+    return {k: [up(d) for d in v] if isinstance(v, (list, tuple)) else up(v) for k, v in spec.items()}
+
+
+def _tensor_shapes(args: Any) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+
+
+def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any],
+                           channels: bool = False) -> Callable[..., Any]:
+    """``fn`` that refuses shards which break the shape agreements of the example.
+
+    Some kernels (pooling backward, batch norm) index one input by another's sizes without
+    checking them, and crash the process when only one of them is sharded. Local inputs are
+    refused (ValueError, so the strategy simply fails) unless tensors of equal example shape
+    shrink alike and the highest-rank tensors shrink along the same dims; with
+    ``channels``, 1-D tensors (per-channel statistics) must also keep the length of the
+    highest-rank tensors' dim 1.
+    """
+    example = _tensor_shapes((args, dict(kwargs)))
+    top = max((len(s) for s in example), default=0)
+
+    def agrees(local: list[tuple[int, ...]]) -> bool:
+        if len(local) != len(example) or local == example:
+            return True
+        changes = [tuple((d, n) for d, (n, e) in enumerate(zip(ls, es)) if n != e) for ls, es in zip(local, example)]
+        by_shape: dict[tuple, set] = {}
+        for es, ch in zip(example, changes):
+            by_shape.setdefault(es, set()).add(ch)
+        top_dims = {tuple(d for d, _ in ch) for es, ch in zip(example, changes) if len(es) == top}
+        if any(len(v) > 1 for v in by_shape.values()) or len(top_dims) > 1:
+            return False
+        if channels and top >= 2:
+            widths = {ls[1] for ls in local if len(ls) == top} | {ls[0] for ls in local if len(ls) == 1}
+            return len(widths) <= 1
+        return True
+
+    def fn_checked(*a, **k):
+        if not agrees(_tensor_shapes((a, k))):
+            raise ValueError("inconsistent shards for an op that trusts matching input shapes")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
+class TorchBackend:
+    """metaspmd.case.Backend over every ATen overload."""
+
+    name = "torch"
+
+    def __init__(self, cache_dir: str | None = None, max_signatures: int = MAX_SIGNATURES, schema_samples: bool = True,
+                 opinfos: Collection[str] | None = None):
+        """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests)."""
+        self.cache_dir = cache_dir
+        self.max_signatures = max_signatures
+        self.schema_samples = schema_samples
+        self.opinfos = None if opinfos is None else frozenset(opinfos)
+        self._index: dict[str, tuple[Captured, ...]] | None = None
+        self._ops = TorchOps()
+
+    # ------------------------------------------------------------------ Backend protocol
+
+    def tensor_ops(self) -> TorchOps:
+        return self._ops
+
+    def list_ops(self) -> list[str]:
+        return list(catalog.all_overloads())
+
+    def resolve(self, op: str) -> torch._ops.OpOverload:
+        return catalog.resolve(op)
+
+    @property
+    def index(self) -> dict[str, tuple[Captured, ...]]:
+        if self._index is None:
+            if self.opinfos is not None:
+                self._index = build_index(self.max_signatures, opinfos=self.opinfos)
+            else:
+                self._index = load_index(self.cache_dir, self.max_signatures)
+        return self._index
+
+    def cases(self, op: str) -> list[OpCase]:
+        try:
+            func = catalog.resolve(op)
+        except KeyError as e:
+            raise NoSample(str(e)) from None
+        reason = catalog.nondeterministic_reason(func)
+        if reason:
+            raise Skip("nondeterministic", reason)
+        cases = [self._captured_case(func, c) for c in self.index.get(op, ())]
+        if not cases:
+            cases = self._sibling_cases(func, op)
+        if cases:
+            return cases
+        if not self.schema_samples:
+            raise NoSample("no OpInfo sample reaches it")
+        cases, error = self._schema_cases(func)
+        if not cases:
+            raise NoSample("no OpInfo sample reaches it; schema-built inputs fail: " + _short_error(error))
+        return cases
+
+    # ------------------------------------------------------------------ case building
+
+    def _case(self, func, args: tuple, kwargs: dict, runner: Callable, fresh: Callable[[int], tuple] | None) -> OpCase:
+        names = catalog.positional_names(func)
+        fn, candidates = runner, None
+        if views.is_view_like(func):
+            rule = views.derive(func, args, kwargs)
+            if rule is not None:
+                fn, candidates = rule.fn, rule.candidates
+        if catalog.trusts_matching_shapes(func):
+            fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
+        return OpCase(
+            op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
+            fresh=fresh, fixed=self._index_like(names, args, kwargs), candidates=candidates,
+        )
+
+    def _index_like(self, names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> frozenset[str]:
+        """Arguments holding integer or bool tensors: kept as they are when inputs are refilled blindly."""
+        fixed = set()
+        for name, value in arg_items(names, args, kwargs):
+            leaves = [x for x in torch.utils._pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+            if any(self._ops.dtype_kind(x) in ("i", "b") for x in leaves):
+                fixed.add(name)
+        return frozenset(fixed)
+
+    def _captured_case(self, func, call: Captured, source: Captured | None = None) -> OpCase:
+        spec, kwargs = _out_spec_from_kwargs(func, call.kwargs)
+        args = tuple(call.args)
+        if call.float64:
+            args, kwargs = to_float64((args, kwargs))
+            spec = _float64_spec(spec)
+        return self._case(func, args, kwargs, make_runner(func, spec), self._fresh_for(func, call))
+
+    def _fresh_for(self, func, call: Captured) -> Callable[[int], tuple] | None:
+        if not call.regenerable:
+            return None
+        outs = set(catalog.out_arg_names(func))
+
+        def fresh(seed: int) -> tuple[tuple, dict]:
+            got = regenerate(call, seed)
+            if got is None:
+                raise ValueError("the sample did not regenerate")
+            args, kwargs = got
+            kwargs = {k: v for k, v in kwargs.items() if k not in outs}
+            return to_float64((tuple(args), kwargs)) if call.float64 else (tuple(args), kwargs)
+
+        return fresh
+
+    def _sibling_cases(self, func, op: str) -> list[OpCase]:
+        """Cases for an in-place or out overload from its functional overload's samples."""
+        sibling = catalog.functional_sibling(op)
+        if sibling is None:
+            return []
+        sib_func = catalog.resolve(sibling)
+        cases = []
+        for call in self.index.get(sibling, ()):
+            args, kwargs = tuple(call.args), dict(call.kwargs)
+            if call.float64:
+                args, kwargs = to_float64((args, kwargs))
+            try:
+                spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
+                runner = make_runner(func, spec)
+                runner(*args, **kwargs)
+            except Exception:
+                continue  # e.g. an in-place op cannot broadcast its own input
+            cases.append(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)))
+        return cases
+
+    def _schema_cases(self, func) -> tuple[list[OpCase], str]:
+        """One case from schema-built inputs, or none and the last error."""
+        if catalog.op_name(func) in catalog.CRASH_ON_GUESSED_INPUTS:
+            return [], "guessed inputs crash the process"
+        # out overloads check their outs' dtype: try the common ones
+        dtypes = (torch.float32, torch.int64, torch.bool) if catalog.out_arg_names(func) else (torch.float32,)
+        guess, error = None, ""
+        for dtype in dtypes:
+            runner = make_runner(func, default_dtype=dtype)
+            guess, err = find_schema_sample(lambda a, k: runner(*a, **k), func)
+            error = error or err
+            if guess is not None:
+                break
+        if guess is None:
+            return [], error
+        if guess.dtype == "float32":  # float64 ground truth when the op takes it
+            f64 = SchemaGuess(guess.shape, guess.channel_vectors, guess.flat_index, "float64")
+            runner64 = make_runner(func, default_dtype=torch.float64 if dtype == torch.float32 else dtype)
+            try:
+                a64, k64 = schema_inputs(func, f64, BASE_SEED)
+                runner64(*a64, **k64)
+                guess, runner = f64, runner64
+            except Exception:
+                pass
+        args, kwargs = schema_inputs(func, guess, BASE_SEED)
+
+        def fresh(seed: int) -> tuple[tuple, dict]:
+            return schema_inputs(func, guess, seed)
+
+        return [self._case(func, args, kwargs, runner, fresh)], ""
+
+
+__all__ = ["TorchBackend", "make_runner"]

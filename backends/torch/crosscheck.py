@@ -1,0 +1,636 @@
+"""Cross-check the torch registry against DTensor's own sharding rules.
+
+    python tools/crosscheck.py --backend torch                       # every registry file
+    python tools/crosscheck.py --backend torch --ops 'aten.mm*' --json out.json
+
+For every example call of an op (``backend.cases(op)``, one per signature, as the sweep
+explores them), DTensor's accepted rules on a 1-D mesh (crosscheck_dtensor) are compared
+with the registry entry of that signature. Both sides are written in DTensor's notation:
+ShardIn(d) is S(d) and PartialInput(op) is P(op) on inputs; gather(dim=d), reduce(op) and
+identity are S(d), P(op) and R on outputs. A rule is an input placement tuple with a
+non-replicated input, and the output placements it gives.
+
+- agreement: DTensor accepts the inputs as they are and gives outputs our entry lists;
+- misses: DTensor rules our entry lacks, each with a reason: what the explorer does not
+  try, or what the numbers say (a DTensor rule that fails on its own split of our example
+  is a DTensor false positive);
+- extras: our rules DTensor does not give, each re-verified on fresh random data with a
+  4-way split (crosscheck_numerics); the exit status is 1 when one fails;
+- ops DTensor cannot run at all (no rule, no decomposition, no custom handler) that the
+  registry covers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import signal
+import sys
+import time
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.registry_io import RegistryError, load_registry
+from metaspmd.rules import OpRecord, RuleEntry
+from metaspmd.signature import signature
+from metaspmd.spec import Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
+from metaspmd.sweep import select_ops, split_patterns
+from metaspmd.tensor_ops import COMPLEX, FLOAT, TensorOps
+
+from . import catalog
+from .crosscheck_dtensor import (
+    DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
+    default_cache_folder, dtensor_support,
+)
+from .crosscheck_numerics import check_foreign_rule, reverify
+
+REGISTRY = Path(__file__).resolve().parent.parent.parent / "registry"
+RULE_STATUSES = ("ok", "derived")
+
+
+@dataclass(frozen=True)
+class Config:
+    dtensor: QueryConfig = QueryConfig()
+    seed: int = 1  # fresh data for the numerical checks
+    cache: str | None = None  # folder of DTensor answers; None: no cache
+
+
+# --------------------------------------------------------------------------- notation
+
+
+def input_key(p: InputPlacement) -> str | None:
+    """DTensor's name for an input placement; None when it has none (input halo)."""
+    if isinstance(p, ShardIn):
+        return None if p.halo else f"S({p.dim})"
+    if isinstance(p, PartialInput):
+        return f"P({p.op})"
+    return "R"
+
+
+def output_key(c: Combine) -> str | None:
+    """DTensor's name for a combine; None when it has none (halo, block, prod)."""
+    if isinstance(c, Gather):
+        return f"S({c.dim})" if c.halo == 0 and c.block == 1 else None
+    if isinstance(c, Reduce):
+        return f"P({c.op})" if c.op in DTENSOR_PARTIALS else None
+    return "R"
+
+
+def parse_input(key: str) -> InputPlacement:
+    if key == "R":
+        return Replicate()
+    m = SHARD_RE.match(key)
+    if m:
+        return ShardIn(int(m[1]))
+    m = PARTIAL_RE.match(key)
+    if m:
+        return PartialInput(m[1])
+    raise ValueError(f"no input placement of ours for {key!r}")
+
+
+def parse_output(key: str) -> Combine | None:
+    """Our combine for a DTensor output placement; None for the ones we have no combine
+    for (_StridedShard, _NormPartial, ...)."""
+    if key == "R":
+        return Identity()
+    m = SHARD_RE.match(key)
+    if m:
+        return Gather(int(m[1]))
+    m = PARTIAL_RE.match(key)
+    if m and m[1] in DTENSOR_PARTIALS:
+        return Reduce(m[1])
+    return None
+
+
+def fmt_rule(inputs: Key, outputs: Key) -> str:
+    return f"({', '.join(inputs)}) -> ({', '.join(outputs)})"
+
+
+@dataclass(frozen=True)
+class OurRule:
+    """One strategy of an entry: per output, the placements it may take (alternatives)."""
+
+    inputs: Key
+    options: tuple[tuple[str, ...], ...]  # DTensor names of each output's combines
+    placements: tuple[InputPlacement, ...]
+    combines: tuple[tuple[Combine, ...], ...]
+    expressible: bool  # every input, and some combine of every output, has a DTensor name
+
+    def gives(self, outputs: Key) -> bool:
+        return self.expressible and len(outputs) == len(self.options) and all(
+            o in opts for o, opts in zip(outputs, self.options)
+        )
+
+    def text(self) -> str:
+        if self.expressible:
+            return fmt_rule(self.inputs, tuple(" | ".join(o) for o in self.options))
+        outs = ", ".join(" | ".join(str(c) for c in cs) for cs in self.combines)
+        return f"({', '.join(str(p) for p in self.placements)}) -> ({outs})"
+
+
+def our_rules(entry: RuleEntry | None) -> list[OurRule]:
+    """The entry's strategies with at least one non-replicated input."""
+    if entry is None or entry.status not in RULE_STATUSES:
+        return []
+    rules = []
+    for s in entry.strategies():
+        if all(isinstance(p, Replicate) for p in s.inputs):
+            continue
+        ins = tuple(input_key(p) for p in s.inputs)
+        opts = tuple(tuple(k for k in map(output_key, o.options) if k) for o in s.outputs)
+        rules.append(OurRule(
+            tuple(k or str(p) for k, p in zip(ins, s.inputs)), opts, s.inputs, tuple(o.options for o in s.outputs),
+            None not in ins and all(opts),
+        ))
+    return rules
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class Miss:
+    """A rule DTensor accepts that our entry lacks, and why."""
+
+    op: str
+    signature: str
+    rule: str
+    reason: str
+    numeric: str  # holds | wrong (DTensor false positive) | split-dependent | unchecked
+    detail: str = ""
+
+
+@dataclass
+class Extra:
+    """One of our rules that DTensor does not give, re-verified numerically."""
+
+    op: str
+    signature: str
+    rule: str
+    kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, block, prod) | not-compared
+    dtensor: str  # what DTensor does with these inputs
+    verdict: str  # ok | failed | vacuous (empty output) | unchecked
+    detail: str = ""
+
+
+@dataclass
+class OpResult:
+    op: str
+    support: str  # how DTensor handles the op (crosscheck_dtensor.dtensor_support)
+    status: str = ""  # the record's status
+    examples: int = 0
+    compared: int = 0  # examples with both a DTensor answer and a registry entry
+    dtensor_rules: int = 0
+    ours: int = 0  # our rules with DTensor names
+    inexpressible: int = 0  # our rules without (halo, block, prod)
+    agree: int = 0
+    truncated: int = 0  # examples whose enumeration hit the cap
+    queries: int = 0
+    misses: list[Miss] = field(default_factory=list)
+    extras: list[Extra] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: list[OurRule],
+                   query: DTensorQuery) -> str:
+    """Why the explorer does not find a DTensor rule, from what it tries; '' when it should."""
+    if entry is None:
+        return "no registry entry for this signature"
+    if entry.status not in RULE_STATUSES:
+        return f"our entry is {entry.status}" + (f": {entry.reason}" if entry.reason else "")
+    same = [r.text() for r in mine if r.inputs == inputs]
+    odd = [k for k in outputs if parse_output(k) is None]
+    if odd:
+        return f"DTensor gives {odd[0]}, which no combine of ours expresses" + (f"; ours: {same[0]}" if same else "")
+    if same:
+        return "output differs: ours " + "; ".join(same)
+    for i, k in enumerate(inputs):
+        m = PARTIAL_RE.match(k)
+        if m and m[1] != "sum":
+            return f"the explorer does not try Partial({m[1]}) inputs"
+        if m and query.ops.dtype_kind(query.tensors[i]) not in (FLOAT, COMPLEX):
+            return "the explorer tries Partial inputs on float tensors only"
+    sizes = {query.tensors[i].shape[int(m[1])] for i, k in enumerate(inputs) if (m := SHARD_RE.match(k))}
+    if len(sizes) > 1:
+        return "the explorer shards inputs together only along dims of one size"
+    if entry.status == "derived":
+        return "the derived view rule does not list it"
+    if any(note.startswith("dropped") and note.endswith(", ".join(inputs)) for note in entry.notes):
+        return "dropped: the per-dim table holds one label per dim"
+    if any(PARTIAL_RE.match(k) for k in inputs) and any(SHARD_RE.match(k) for k in inputs):
+        shards_only = tuple("R" if PARTIAL_RE.match(k) else k for k in inputs)
+        if any(r.inputs == shards_only for r in mine):
+            return "the explorer adds Partial inputs to a shard group only when the group fails alone"
+    return ""
+
+
+def _reason(static: str, numeric: str) -> str:
+    if numeric == "wrong":
+        return "DTensor false positive: its rule is wrong on this example"
+    if static:
+        return static
+    if numeric == "split-dependent":
+        return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
+    if numeric == "holds":
+        return "holds numerically: the explorer missed it"
+    return "not found by the explorer; the numeric check could not run"
+
+
+def _check_dtensor_rule(case: OpCase, ops: TensorOps, inputs: Key, outputs: Key, config: Config) -> tuple[str, str]:
+    combines = tuple(parse_output(k) for k in outputs)
+    if any(c is None for c in combines):
+        return "unchecked", "an output placement has no combine of ours"
+    placements = tuple(parse_input(k) for k in inputs)
+    return check_foreign_rule(case, ops, placements, combines, config.dtensor.mesh_size, config.seed)
+
+
+def _cases(backend, op: str) -> tuple[list[OpCase], str]:
+    try:
+        return list(backend.cases(op)), ""
+    except Skip as s:
+        return [], f"{s.status}: {s.reason}"
+    except NoSample as e:
+        return [], f"no-sample: {e}"
+    except Exception as e:
+        return [], f"cases fail: {type(e).__name__}: {e}"
+
+
+def crosscheck_op(backend, op: str, record: OpRecord | None, config: Config = Config(),
+                  cache: AnswerCache | None = None) -> OpResult:
+    """Compare DTensor's rules and the record's, example by example."""
+    start = time.perf_counter()
+    try:
+        func = catalog.resolve(op)
+    except KeyError:
+        return OpResult(op, "unknown", notes=["not an ATen overload here"])
+    result = OpResult(op, dtensor_support(func), status=record.status if record else "missing")
+    cases, why = _cases(backend, op)
+    if why:
+        result.notes.append(why)
+    ops = backend.tensor_ops()
+    cache = cache or AnswerCache(None)
+    seen: set[str] = set()
+    for case in cases:
+        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        if sig in seen:  # the registry keeps the first example of each signature
+            continue
+        seen.add(sig)
+        result.examples += 1
+        _compare_case(result, func, case, sig, record.entry(sig) if record else None, ops, config, cache)
+    cache.flush()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine: list[OurRule], ops: TensorOps,
+                  config: Config, cache: AnswerCache) -> tuple[DTensorQuery | None, dict[Key, Key]]:
+    """DTensor's accepted rules for this call; our rules' inputs are asked directly where the
+    enumeration did not reach them (cap, keyword tensors)."""
+    if result.support not in QUERIED:
+        return None, {}
+    try:
+        query = DTensorQuery(func, case, ops, config.dtensor.mesh_size, out)
+        answer = answer_for(query, config.dtensor, cache, result.op)
+    except Exception as e:
+        result.notes.append(f"{sig}: DTensor query fails: {type(e).__name__}: {str(e)[:120]}")
+        return None, {}
+    result.queries += answer.queried
+    result.truncated += answer.truncated
+    accepted = dict(answer.accepted)
+    options = [query.options(i, config.dtensor.partials) for i in range(query.n_inputs)]
+    for rule in mine:
+        offered = all(k in opts for k, opts in zip(rule.inputs, options))
+        if rule.expressible and rule.inputs not in accepted and (answer.truncated or not offered):
+            got = query.accepts_inputs(rule.inputs, rule.options)
+            if got is not None:
+                accepted[rule.inputs] = got
+    return query, accepted
+
+
+def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEntry | None,
+                  ops: TensorOps, config: Config, cache: AnswerCache) -> None:
+    try:
+        out = case.call(tuple(case.args), dict(case.kwargs))
+    except Exception as e:
+        result.notes.append(f"{sig}: the example fails: {type(e).__name__}: {str(e)[:120]}")
+        return
+    mine = our_rules(entry)
+    expressible = [r for r in mine if r.expressible]
+    result.ours += len(expressible)
+    result.inexpressible += len(mine) - len(expressible)
+    query, accepted = _dtensor_side(result, func, case, sig, out, mine, ops, config, cache)
+    result.dtensor_rules += len(accepted)
+    result.compared += query is not None and entry is not None
+    for inputs, outputs in sorted(accepted.items()):
+        if any(r.inputs == inputs and r.gives(outputs) for r in expressible):
+            result.agree += 1
+            continue
+        numeric, detail = _check_dtensor_rule(case, ops, inputs, outputs, config)
+        static = _static_reason(inputs, outputs, entry, expressible, query)
+        result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), _reason(static, numeric), numeric, detail))
+    for rule in mine:
+        got = accepted.get(rule.inputs) if rule.expressible else None
+        if got is not None and rule.gives(got):
+            continue
+        if not rule.expressible:
+            kind, dt = "no-placement", "DTensor has no placement for it"
+        elif result.support == "none":
+            kind, dt = "no-dtensor-rule", "DTensor has no rule for the op"
+        elif query is None:
+            kind, dt = "not-compared", f"DTensor side not queried ({result.support})"
+        else:
+            kind, dt = "dtensor-lacks", "not accepted as-is" if got is None else "gives " + fmt_rule(rule.inputs, got)
+        verdict, detail = reverify(case, ops, rule.placements, rule.combines, config.seed)
+        result.extras.append(Extra(result.op, sig, rule.text(), kind, dt, verdict, detail))
+
+
+# --------------------------------------------------------------------------- running
+
+
+_WORKER: dict[str, Any] = {}  # per process: the backend and the answer cache
+
+
+def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True) -> None:
+    from . import get_backend
+
+    if quiet:  # framework warnings from thousands of odd calls bury the report
+        warnings.simplefilter("ignore")
+        torch.set_num_threads(1)
+    _WORKER["backend"] = get_backend(**backend_options)
+    _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
+
+
+def _alarm(signum, frame):
+    raise TimeoutError("per-op time limit")
+
+
+def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[OpResult, OpRecord | None]:
+    """One op in this process: explored first when it has no record and that is asked."""
+    from metaspmd.explorer import explore_op
+
+    op, record, explore, config, limit = task
+    start = time.perf_counter()
+    backend = _WORKER["backend"]
+    try:
+        if limit:
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, limit)
+        if record is None and explore:
+            record = explore_op(backend, op)
+        return crosscheck_op(backend, op, record, config, _WORKER["cache"]), record
+    except Exception as e:  # one bad op must not stop the check
+        note = f"cross-check fails: {type(e).__name__}: {str(e)[:160]}"
+        return OpResult(op, "unknown", notes=[note], seconds=time.perf_counter() - start), record
+    finally:
+        if limit:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@dataclass
+class Report:
+    config: Config
+    results: list[OpResult]
+    explored: list[str] = field(default_factory=list)  # ops explored now (no registry file)
+    seconds: float = 0.0
+
+    def total(self, name: str) -> int:
+        return sum(getattr(r, name) for r in self.results)
+
+    def misses(self) -> list[Miss]:
+        return [m for r in self.results for m in r.misses]
+
+    def extras(self) -> list[Extra]:
+        return [e for r in self.results for e in r.extras]
+
+    def failures(self) -> list[Extra]:
+        return [e for e in self.extras() if e.verdict == "failed"]
+
+    def dtensor_cannot_run(self) -> list[OpResult]:
+        """Ops with no DTensor rule at all for which we have rules."""
+        return [r for r in self.results if r.support == "none" and r.extras]
+
+    def summary(self) -> dict[str, Any]:
+        misses, extras = self.misses(), self.extras()
+        wrong = sum(m.numeric == "wrong" for m in misses)
+        dt = self.total("dtensor_rules")
+        kinds, verdicts = Counter(e.kind for e in extras), Counter(e.verdict for e in extras)
+        return {
+            "ops": len(self.results),
+            "explored_now": len(self.explored),
+            "support": dict(sorted(Counter(r.support for r in self.results).items())),
+            "examples": self.total("examples"),
+            "examples_compared": self.total("compared"),
+            "dtensor_rules": dt,
+            "agree": self.total("agree"),
+            "missed": len(misses),
+            "dtensor_false_positives": wrong,
+            "miss_rate": round(len(misses) / dt, 4) if dt else 0.0,
+            "miss_rate_without_false_positives": round((len(misses) - wrong) / dt, 4) if dt else 0.0,
+            "ours": self.total("ours"),
+            "ours_no_placement": self.total("inexpressible"),
+            "extras": len(extras),
+            "extras_by_kind": {k: kinds[k] for k in ("dtensor-lacks", "no-dtensor-rule", "no-placement", "not-compared")},
+            "extras_by_verdict": {k: verdicts[k] for k in ("ok", "failed", "vacuous", "unchecked")},
+            "dtensor_cannot_run_ops": len(self.dtensor_cannot_run()),
+            "truncated_examples": self.total("truncated"),
+            "dtensor_queries": self.total("queries"),
+            "check_seconds": round(sum(r.seconds for r in self.results), 1),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Config(), explore_missing: bool = False,
+        jobs: int = 1, backend_options: dict | None = None, timeout: float = 0.0, progress: bool = False) -> Report:
+    """Cross-check ``ops`` (records by op name; the missing ones explored when asked)."""
+    start = time.perf_counter()
+    tasks = [(op, records.get(op), explore_missing, config, timeout) for op in ops]
+    results: list[OpResult] = []
+    explored: list[str] = []
+
+    def collect(res: OpResult, rec: OpRecord | None) -> None:
+        results.append(res)
+        if res.op not in records and rec is not None:
+            explored.append(res.op)
+        if progress:
+            print(f"\r{len(results)}/{len(tasks)} {res.op[:60]:<60}", end="", file=sys.stderr, flush=True)
+
+    if jobs <= 1:
+        _init_worker(backend_options or {}, config.cache, quiet=False)
+        for task in tasks:
+            collect(*_check_one(task))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                                                    initargs=(backend_options or {}, config.cache)) as pool:
+            for res, rec in pool.map(_check_one, tasks, chunksize=4):
+                collect(res, rec)
+    if progress:
+        print(file=sys.stderr)
+    results.sort(key=lambda r: r.op)
+    return Report(config, results, sorted(explored), time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _table(rows: list[tuple], header: tuple) -> list[str]:
+    cells = [tuple(str(c) for c in row) for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.1f}%" if b else "-"
+
+
+def format_report(report: Report, limit: int = 50) -> str:
+    s, c = report.summary(), report.config.dtensor
+    dt, kinds, verdicts = s["dtensor_rules"], s["extras_by_kind"], s["extras_by_verdict"]
+    lines = [
+        f"DTensor cross-check: torch {torch.__version__}, 1-D mesh of {c.mesh_size}, "
+        f"Partial inputs offered: {', '.join(c.partials) or 'none'}",
+        f"{s['ops']} ops ({s['explored_now']} explored now), {s['examples']} examples, {s['examples_compared']} "
+        "compared; DTensor handles them by " + ", ".join(f"{k} {v}" for k, v in s["support"].items()),
+        "",
+    ]
+    lines += _table([
+        ("DTensor rules (Shard/Partial inputs, accepted as-is)", dt, ""),
+        ("  agreement: ours too", s["agree"], _pct(s["agree"], dt)),
+        ("  missed by us", s["missed"], _pct(s["missed"], dt)),
+        ("    of which DTensor is wrong on our data", s["dtensor_false_positives"], ""),
+        ("our rules in DTensor placements", s["ours"], ""),
+        ("our rules DTensor does not give, re-verified", s["extras"], ""),
+        ("  DTensor lacks the rule", kinds["dtensor-lacks"], ""),
+        ("  DTensor has no rule for the op", kinds["no-dtensor-rule"], ""),
+        ("  no DTensor placement (halo, block, prod)", kinds["no-placement"], ""),
+        ("  not compared (custom handler, query failed)", kinds["not-compared"], ""),
+        ("  re-verified ok", verdicts["ok"], ""),
+        ("  re-verification FAILED", verdicts["failed"], ""),
+        ("  vacuous (empty output)", verdicts["vacuous"], ""),
+        ("  unchecked", verdicts["unchecked"], ""),
+        ("ops DTensor cannot run that we cover", s["dtensor_cannot_run_ops"], ""),
+    ], ("rules", "count", "share"))
+    lines.append(f"\nmiss rate {_pct(s['missed'], dt)} ({_pct(s['missed'] - s['dtensor_false_positives'], dt)} "
+                 f"without DTensor's wrong rules); {s['dtensor_queries']} DTensor queries, "
+                 f"{s['truncated_examples']} examples capped; {s['check_seconds']} s checking, {s['seconds']} s in all")
+    misses = report.misses()
+    if misses:
+        lines += ["", "Misses by reason:"]
+        lines += _table(Counter(m.reason for m in misses).most_common(), ("reason", "count"))
+        lines += ["", f"Misses (first {limit} of {len(misses)}):" if len(misses) > limit else "Misses:"]
+        lines += _table([(m.op, m.signature, m.rule, m.reason) for m in misses[:limit]],
+                        ("op", "signature", "DTensor rule", "reason"))
+    extras = report.extras()
+    if extras:
+        per_op: dict[str, Counter] = {}
+        for e in extras:
+            per_op.setdefault(e.op, Counter()).update([e.verdict, e.kind])
+        rows = [(op, sum(n[v] for v in ("ok", "failed", "vacuous", "unchecked")), n["ok"], n["failed"], n["vacuous"],
+                 n["unchecked"], n["dtensor-lacks"], n["no-dtensor-rule"], n["no-placement"], n["not-compared"])
+                for op, n in per_op.items()]
+        lines += ["", "Our rules DTensor does not give, per op" + (f" (first {limit} of {len(rows)} ops):"
+                                                                   if len(rows) > limit else ":")]
+        lines += _table(rows[:limit], ("op", "rules", "ok", "failed", "vacuous", "unchecked", "lacks", "no-rule",
+                                       "no-placement", "not-compared"))
+    failures = report.failures()
+    if failures:
+        lines += ["", "FAILED re-verification:"]
+        lines += _table([(e.op, e.signature, e.rule, e.detail) for e in failures], ("op", "signature", "rule", "detail"))
+    cannot = report.dtensor_cannot_run()
+    if cannot:
+        lines += ["", "Ops DTensor cannot run at all that we cover:"]
+        lines += _table([(r.op, len(r.extras), sum(e.verdict == "ok" for e in r.extras)) for r in cannot[:limit]],
+                        ("op", "our rules", "re-verified ok"))
+    notes = [(r.op, n) for r in report.results for n in r.notes]
+    if notes:
+        lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
+    return "\n".join(lines)
+
+
+def report_json(report: Report) -> str:
+    return json.dumps({
+        "config": asdict(report.config),
+        "torch": torch.__version__,
+        "summary": report.summary(),
+        "explored_now": report.explored,
+        "ops": [asdict(r) for r in report.results],
+    }, indent=1, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="crosscheck.py --backend torch",
+                                description="Compare the torch registry with DTensor's own sharding rules.")
+    p.add_argument("--ops", action="append", default=[], metavar="GLOB",
+                   help="only ops matching these globs (comma-separated or repeated); those without a registry "
+                        "file are explored on the fly. Default: every op with a registry file")
+    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's)")
+    p.add_argument("--explore-missing", action="store_true",
+                   help="explore ops without a registry file (with no --ops: every catalog op, slow)")
+    p.add_argument("--mesh-size", type=int, default=QueryConfig.mesh_size,
+                   help="size of the 1-D mesh DTensor plans for (default 2: DTensor shards no dim smaller)")
+    p.add_argument("--partials", default="sum",
+                   help=f"Partial input placements offered to DTensor, from {','.join(DTENSOR_PARTIALS)} "
+                        "(default: sum, the one the explorer tries)")
+    p.add_argument("--max-combos", type=int, default=QueryConfig.max_combos,
+                   help="placement tuples asked per example where DTensor lists none (default %(default)s)")
+    p.add_argument("--exhaustive", action="store_true", help="ask every placement tuple, for every op")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-op time limit in seconds, 0: none")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where DTensor's answers are cached (default: the metaspmd cache folder)")
+    p.add_argument("--no-cache", action="store_true", help="ask DTensor afresh and cache nothing")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the full results here")
+    p.add_argument("--limit", type=int, default=50, help="rows per table in the printed report")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr")
+    return p.parse_args(list(argv) if argv is not None else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0: done; 1: a rule of ours failed re-verification; 2: usage or registry error."""
+    args = parse_args(argv)
+    partials = tuple(p.strip() for p in args.partials.split(",") if p.strip())
+    if any(p not in DTENSOR_PARTIALS for p in partials) or args.mesh_size < 2 or args.max_combos < 1:
+        print("crosscheck: error: --partials takes sum, avg, max, min; --mesh-size and --max-combos at least 2 and 1",
+              file=sys.stderr)
+        return 2
+    try:
+        records = load_registry(args.registry, "torch") if (args.registry / "torch").is_dir() else {}
+    except RegistryError as e:
+        print(f"crosscheck: error: {e}", file=sys.stderr)
+        return 2
+    patterns = split_patterns(args.ops)
+    if patterns:
+        ops = select_ops(set(records) | set(catalog.all_overloads()), patterns)
+    else:
+        ops = sorted(set(records) | (set(catalog.all_overloads()) if args.explore_missing else set()))
+    if not ops:
+        print("crosscheck: error: no op to check (no registry file, and no --ops match)", file=sys.stderr)
+        return 2
+    cache = None if args.no_cache else str(args.cache_dir or default_cache_folder())
+    config = Config(QueryConfig(args.mesh_size, partials, args.max_combos, args.exhaustive), cache=cache)
+    report = run(ops, records, config, bool(patterns) or args.explore_missing, args.jobs, timeout=args.timeout,
+                 progress=args.progress)
+    print(format_report(report, args.limit))
+    if args.json:
+        args.json.write_text(report_json(report) + "\n", encoding="utf-8")
+    return 1 if report.failures() else 0
+
+
+__all__ = [
+    "Config", "Extra", "Miss", "OpResult", "OurRule", "Report", "crosscheck_op", "format_report", "input_key", "main",
+    "our_rules", "output_key", "parse_input", "parse_output", "report_json", "run",
+]

@@ -1,0 +1,180 @@
+"""Numerical checks of one sharding rule, independent of the explorer that found it.
+
+A trial draws fresh inputs of the example's shapes, shards them as the rule says (a dim
+cut into pieces, or a Partial input split into parts that reduce back to it), runs the op
+on every shard and recombines the local outputs with the rule's combines. Used both ways
+by the DTensor cross-check: on our rules that DTensor lacks, and on DTensor's rules that
+our registry lacks (a DTensor rule that fails on its own split of our example is a
+DTensor false positive).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from metaspmd import pytree
+from metaspmd.case import OpCase
+from metaspmd.combine import Split, holds, partial_summands, shard_with_halo
+from metaspmd.signature import arg_items
+from metaspmd.spec import Combine, InputPlacement, PartialInput, Reduce, ShardIn
+from metaspmd.tensor_ops import TensorOps
+
+
+def _leaf_names(case: OpCase, ops: TensorOps) -> list[str]:
+    names = []
+    for name, value in arg_items(case.arg_names, case.args, case.kwargs):
+        names += [name] * len(pytree.leaves(value, ops.is_tensor))
+    return names
+
+
+def fresh_inputs(case: OpCase, ops: TensorOps, seed: int) -> tuple[tuple, dict]:
+    """New inputs of the example's shapes: the sample's own generator when it has one
+    (constrained inputs stay valid), else signed random values outside ``fixed`` args."""
+    example = pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
+    if case.fresh is not None:
+        try:
+            args, kwargs = case.fresh(seed)
+            got = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
+            if [ops.shape(x) for x in got] == [ops.shape(x) for x in example]:
+                return tuple(args), dict(kwargs)
+        except Exception:
+            pass  # fall back to refilling the example
+    new = [
+        x if name in case.fixed or ops.dtype_kind(x) == "o" else ops.random_like(x, seed * 131 + i)
+        for i, (x, name) in enumerate(zip(example, _leaf_names(case, ops)))
+    ]
+    return pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, new)
+
+
+def chunk_bounds(size: int, n: int) -> list[tuple[int, int]]:
+    """(start, length) per shard as torch.chunk (and DTensor) cut: ceil-sized pieces first."""
+    q = math.ceil(size / n)
+    return [(min(k * q, size), min(size, (k + 1) * q) - min(k * q, size)) for k in range(n)]
+
+
+def partial_parts(ops: TensorOps, x: torch.Tensor, op: str, n: int, seed: int) -> list[torch.Tensor]:
+    """n tensors that reduce by ``op`` to x: a Partial(op) version of x."""
+    if op == "sum":
+        return partial_summands(ops, x, n, seed)
+    if op == "avg":
+        return partial_summands(ops, x * n, n, seed)
+    if op in ("max", "min"):  # one random part holds x, the others lie strictly beyond it
+        g = torch.Generator().manual_seed(seed)
+        owner = torch.randint(0, n, x.shape, generator=g)
+        sign = -1 if op == "max" else 1
+        gaps = [torch.rand(x.shape, generator=g, dtype=torch.float64).mul(3).add(0.5).to(x.dtype) for _ in range(n)]
+        return [torch.where(owner == k, x, x + sign * gaps[k]) for k in range(n)]
+    raise ValueError(f"no Partial({op}) inputs")
+
+
+@dataclass(frozen=True)
+class Trial:
+    n: int  # shard count
+    seed: int
+    chunked: bool = False  # cut dims as DTensor does (torch.chunk) rather than near-equally
+
+
+def run_trial(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
+              combines: Sequence[Combine], trial: Trial) -> str | None:
+    """None when the combines rebuild every output from the shards' outputs, else what
+    went wrong. Raises when the op fails on the fresh unsharded inputs (no verdict)."""
+    args, kwargs = fresh_inputs(case, ops, trial.seed)
+    leaves = pytree.leaves((args, kwargs), ops.is_tensor)
+    want = pytree.leaves(case.call(args, kwargs), ops.is_tensor)
+    if len(want) != len(combines):
+        raise ValueError(f"{len(want)} outputs, the rule combines {len(combines)}")
+    n = trial.n
+    per_input: dict[int, list] = {}
+    for i, p in enumerate(placements):
+        if isinstance(p, ShardIn):
+            size = ops.shape(leaves[i])[p.dim]
+            bounds = chunk_bounds(size, n) if trial.chunked else Split(n).bounds(size)
+            if bounds is None:
+                raise ValueError(f"a dim of size {size} cannot be cut in {n}")
+            per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
+        elif isinstance(p, PartialInput):
+            per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i)
+    locals_ = []
+    for k in range(n):
+        local = [per_input[i][k] if i in per_input else x for i, x in enumerate(leaves)]
+        a, kw = pytree.replace((args, kwargs), ops.is_tensor, local)
+        try:
+            got = pytree.leaves(case.call(a, kw), ops.is_tensor)
+        except Exception as e:
+            return f"shard {k + 1} of {n} fails: {type(e).__name__}"
+        if len(got) != len(want):
+            return f"shard {k + 1} of {n} gives {len(got)} outputs"
+        locals_.append(got)
+    for j, c in enumerate(combines):
+        if not holds(ops, c, [loc[j] for loc in locals_], want[j]):
+            return f"output {j}: {c} does not rebuild it from {n} shards"
+    return None
+
+
+def _sharded_sizes(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement]) -> list[int]:
+    leaves = pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
+    return [ops.shape(leaves[i])[p.dim] for i, p in enumerate(placements) if isinstance(p, ShardIn)]
+
+
+def reverify(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
+             options: Sequence[Sequence[Combine]], seed: int) -> tuple[str, str]:
+    """Check a rule of ours on fresh data: ('ok' | 'failed' | 'vacuous' | 'unchecked', detail).
+
+    Every combine listed for an output must hold: two trials with new inputs, a 4-way split
+    (or the largest that fits) and another count, uneven where the sizes allow; reduce(avg)
+    only on equal shards, where the registry claims it."""
+    try:
+        example = pytree.leaves(case.call(tuple(case.args), dict(case.kwargs)), ops.is_tensor)
+    except Exception as e:
+        return "unchecked", f"the op fails on the example: {type(e).__name__}"
+    if example and all(0 in ops.shape(x) for x in example):
+        return "vacuous", "empty output: every combine rebuilds it"
+    sizes = _sharded_sizes(case, ops, placements)
+    counts = [n for n in (4, 3, 2) if all(s >= n for s in sizes)]
+    if not counts:
+        return "unchecked", "no sharded dim can be cut in 2"
+    trials = [counts[0], next((n for n in counts[1:] if any(s % n for s in sizes)), counts[-1])]
+    checked = 0
+    for t, n in enumerate(trials):
+        even = all(s % n == 0 for s in sizes)
+        for choice in itertools.product(*options):
+            if not even and Reduce("avg") in choice:
+                continue
+            try:
+                err = run_trial(case, ops, placements, choice, Trial(n, seed * 1000 + 17 * t + 1))
+            except Exception as e:
+                return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
+            checked += 1
+            if err:
+                return "failed", err
+    if not checked:
+        return "unchecked", "reduce(avg) needs equal shards"
+    return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
+
+
+def check_foreign_rule(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
+                       combines: Sequence[Combine], mesh_size: int, seed: int) -> tuple[str, str]:
+    """Check another framework's rule: ('holds' | 'wrong' | 'split-dependent' | 'unchecked', detail).
+
+    'wrong': it fails on the framework's own split of this example (``mesh_size`` pieces
+    as torch.chunk cuts); 'split-dependent': it holds there but not with another shard
+    count, which the explorer requires (it keeps rules that hold on 2, 3 and uneven shards)."""
+    sizes = _sharded_sizes(case, ops, placements)
+    others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
+    trials = [Trial(mesh_size, seed * 1000 + 7, chunked=True)] + [Trial(n, seed * 1000 + 11 + n) for n in others[:1]]
+    for t, trial in enumerate(trials):
+        try:
+            err = run_trial(case, ops, placements, combines, trial)
+        except Exception as e:
+            return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
+        if err:
+            return ("wrong" if t == 0 else "split-dependent"), err
+    return "holds", ""
+
+
+__all__ = ["Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify", "run_trial"]

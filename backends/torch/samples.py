@@ -1,0 +1,740 @@
+"""Sample inputs per ATen overload, captured from torch's OpInfo database.
+
+Every OpInfo sample (CPU; float32, int64 and bool where the OpInfo supports them; the
+in-place variant and the backward pass in float32) runs under a dispatch mode that
+records each ATen call. Calls are deduplicated per overload by canonical signature, and a
+few signatures per overload are kept. Each kept call remembers where it came from
+(``SampleRef``), so ``regenerate`` can rebuild the same call from the sample's own
+generator with another seed: indices, positive-definite matrices and probabilities stay
+valid.
+
+Capturing costs tens of seconds and importing the OpInfo database several; the index is
+built once per torch version and cached on disk, so a sweep worker only loads a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterator, Mapping
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from metaspmd.signature import signature
+
+from .catalog import NAMESPACE, op_name, positional_names
+from .tensor_ops import TorchOps
+
+FORMAT_VERSION = 5  # bump when capture or selection changes: old caches are then ignored
+BASE_SEED = 0  # the seed the cached examples were generated with
+MAX_SIGNATURES = 4  # kept per overload
+MAX_CANDIDATES = 32  # seen per overload and dtype-kind pattern, before choosing
+MAX_SAMPLES = 64  # per OpInfo and pass: bounds capture and regeneration time
+
+# (mode, dtype) passes, in order of preference: earlier passes fill the index first.
+PASSES = (
+    ("forward", torch.float32),
+    ("forward", torch.int64),
+    ("forward", torch.bool),
+    ("inplace", torch.float32),
+    ("backward", torch.float32),
+)
+
+_OPS = TorchOps()
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Where a captured call came from: enough to regenerate it."""
+
+    opinfo: str
+    variant: str
+    dtype: str  # the dtype the OpInfo made its samples in
+    mode: str  # 'forward', 'inplace' or 'backward'
+    sample: int  # index in the OpInfo's sample order
+    occurrence: int  # among the sample's calls of this overload with this signature
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compare fields explicitly
+class Captured:
+    """One recorded ATen call: the op's example inputs and their origin."""
+
+    op: str
+    signature: str
+    args: tuple
+    kwargs: Mapping[str, Any]
+    ref: SampleRef
+    regenerable: bool = False  # regenerate(ref, seed) gives the same shapes with new values
+    float64: bool = False  # the call also runs with its float32 tensors in float64
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def _cacheable(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.layout == torch.strided and not x.is_quantized and x.device.type == "cpu" and not x.is_nested
+    if isinstance(x, (list, tuple)):
+        return all(_cacheable(y) for y in x)
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and _cacheable(v) for k, v in x.items())
+    return isinstance(x, _PLAIN)
+
+
+def _snapshot(x: Any) -> Any:
+    """A detached copy that later in-place calls cannot change."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().resolve_conj().resolve_neg().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_snapshot(y) for y in x)
+    return x
+
+
+class _Recorder(TorchDispatchMode):
+    """Hands every aten call to ``on_call(func, args, kwargs)`` before running it (in-place
+    ops change their inputs); what that returns, if anything, is called once the call has
+    succeeded, so calls that raise are never kept."""
+
+    def __init__(self, on_call: Callable[[Any, tuple, dict], Callable[[], None] | None]):
+        super().__init__()
+        self.on_call = on_call
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        commit = None
+        if isinstance(func, torch._ops.OpOverload) and func.namespace == NAMESPACE:
+            commit = self.on_call(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if commit is not None:
+            commit()
+        return out
+
+
+def call_signature(func, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    return signature(_OPS, positional_names(func), args, kwargs)
+
+
+def _shapes(args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    out = []
+    tree_map(lambda x: out.append(tuple(x.shape)) if isinstance(x, torch.Tensor) else None, (list(args), dict(kwargs)))
+    return out
+
+
+def _kinds(args: tuple, kwargs: Mapping[str, Any]) -> str:
+    out = []
+    tree_map(lambda x: out.append(_OPS.dtype_kind(x)) if isinstance(x, torch.Tensor) else None, (list(args), dict(kwargs)))
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- OpInfo samples
+
+
+def _op_db():
+    from torch.testing._internal.common_methods_invocations import op_db  # slow import: only when needed
+
+    return op_db
+
+
+@functools.lru_cache(maxsize=1)
+def _opinfos() -> dict[tuple[str, str], Any]:
+    return {(info.name, info.variant_test_name): info for info in _op_db()}
+
+
+def _opinfo(name: str, variant: str):
+    try:
+        return _opinfos()[(name, variant)]
+    except KeyError:
+        raise KeyError(f"no OpInfo {name}.{variant}") from None
+
+
+def _wants(info, mode: str, dtype: torch.dtype) -> bool:
+    try:
+        if mode == "backward":
+            return info.supports_autograd and dtype in info.supported_backward_dtypes("cpu")
+        if mode == "inplace" and info.inplace_variant is None:
+            return False
+        return dtype in info.supported_dtypes("cpu")
+    except Exception:
+        return False
+
+
+def _sample_iter(info, mode: str, dtype: torch.dtype) -> Iterator:
+    # set_seed=False: the OpInfo would otherwise reseed before every sample, and fresh
+    # inputs need our own seed to reach the sample generator.
+    return iter(info.sample_inputs("cpu", dtype, requires_grad=(mode == "backward"), set_seed=False))
+
+
+def _run_sample(info, mode: str, sample, recorder: _Recorder) -> None:
+    """Run one sample; the recorder sees the ATen calls of the pass's mode only."""
+    if mode == "forward":
+        with recorder:
+            info(sample.input, *sample.args, **sample.kwargs)
+    elif mode == "inplace":
+        x = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, sample.input)
+        with recorder:
+            info.inplace_variant(x, *sample.args, **sample.kwargs)
+    else:
+        out = info(sample.input, *sample.args, **sample.kwargs)
+        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if not outs:
+            return
+        grads = [torch.randn_like(t) for t in outs]  # seeded with the sample: regenerable
+        with recorder:
+            torch.autograd.backward(outs, grads)
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int) -> Iterator[tuple[int, Any]]:
+    """(index, sample) for the first ``upto`` samples, generated under ``seed``."""
+    torch.manual_seed(seed)
+    it = _sample_iter(info, mode, dtype)
+    for k in range(upto):
+        try:
+            sample = next(it)
+        except StopIteration:
+            return
+        yield k, sample
+
+
+@dataclass
+class _Pool:
+    """Candidate calls per overload, in discovery order."""
+
+    by_op: dict[str, dict[str, Captured]] = field(default_factory=dict)
+    per_kinds: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def offer(self, func, args: tuple, kwargs: dict, ref_of: Callable[[str, str], SampleRef]) -> Callable[[], None] | None:
+        """A commit that pools this call (snapshotted now), or None when it is not wanted."""
+        if not _cacheable((args, kwargs)):
+            return None
+        name = op_name(func)
+        sig = call_signature(func, args, kwargs)
+        ref = ref_of(name, sig)  # counts occurrences even for calls already pooled
+        seen = self.by_op.setdefault(name, {})
+        key = (name, _kinds(args, kwargs))
+        if sig in seen or self.per_kinds.get(key, 0) >= MAX_CANDIDATES:
+            return None
+        call = Captured(name, sig, _snapshot(tuple(args)), _snapshot(dict(kwargs)), ref)
+
+        def commit() -> None:
+            if sig not in seen:
+                self.per_kinds[key] = self.per_kinds.get(key, 0) + 1
+                seen[sig] = call
+
+        return commit
+
+
+def _direct(c: Captured) -> bool:
+    """Did the call come from the OpInfo written for this op (not from a composite's internals)?"""
+    base = c.op.split(".")[1].strip("_")
+    return c.ref.opinfo.split(".")[-1].strip("_") in (base, base.removeprefix("native_"))
+
+
+def _float_leaves(tree: Any) -> list[torch.Tensor]:
+    return [x for x in torch.utils._pytree.tree_leaves(tree) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
+
+
+def _low_entropy(args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    """A floating input with mostly repeated values (saturated, one-hot, constant): shards of
+    it barely differ, so strategies cannot be told apart on it."""
+    def distinct(x: torch.Tensor) -> int:
+        flat = torch.view_as_real(x).flatten(-2) if x.is_complex() else x
+        return torch.unique(flat.detach().reshape(-1)).numel()
+
+    return any(x.numel() >= 4 and distinct(x) < x.numel() / 2 for x in _float_leaves((list(args), dict(kwargs))))
+
+
+def _rank_key(c: Captured, discovered: int) -> tuple:
+    """Non-empty, varied inputs with a few shardable (size > 1) dims, from the op's own
+    OpInfo, first; beyond three such dims, more is not better (exotic high-rank calls),
+    fewer size-1 dims is."""
+    shapes = _shapes(c.args, c.kwargs)
+    richness = sum(1 for shape in shapes for size in shape if size > 1)
+    ones = sum(1 for shape in shapes for size in shape if size == 1)
+    return (any(0 in s for s in shapes), richness == 0, _low_entropy(c.args, c.kwargs), not _direct(c),
+            -min(richness, 3), ones, discovered)
+
+
+def _structure(c: Captured) -> str:
+    """The tensor part of a signature: calls that differ only in non-tensor values share it."""
+    return " ".join(part for part in c.signature.split(" ") if ":" in part)
+
+
+def _choose(candidates: list[Captured], limit: int) -> list[Captured]:
+    """Up to ``limit`` signatures, richest first, then variety: a new dtype-kind pattern, then
+    a new tensor structure, then the rest in rank order."""
+    ranked = [c for _, c in sorted(enumerate(candidates), key=lambda ic: _rank_key(ic[1], ic[0]))]
+    chosen: list[Captured] = ranked[:1]
+    for facet in (lambda c: _kinds(c.args, c.kwargs), _structure, lambda c: c.signature):
+        seen = {facet(c) for c in chosen}
+        for c in ranked:
+            if len(chosen) >= limit:
+                return chosen
+            if facet(c) not in seen:
+                seen.add(facet(c))
+                chosen.append(c)
+    return chosen
+
+
+def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collection[str] | None) -> None:
+    for info in _op_db():
+        if opinfos is not None and info.name not in opinfos:
+            continue
+        if not _wants(info, mode, dtype):
+            continue
+        dname = str(dtype).removeprefix("torch.")
+        try:
+            for k, sample in _samples_of(info, mode, dtype, BASE_SEED, MAX_SAMPLES):
+                counts: dict[tuple[str, str], int] = {}
+
+                def ref_of(name: str, sig: str, k=k, counts=counts) -> SampleRef:
+                    n = counts.get((name, sig), 0)
+                    counts[(name, sig)] = n + 1
+                    return SampleRef(info.name, info.variant_test_name, dname, mode, k, n)
+
+                try:
+                    _run_sample(info, mode, sample, _Recorder(lambda f, a, kw: pool.offer(f, a, kw, ref_of)))
+                except Exception:
+                    pass  # calls recorded before the failure are still valid samples
+        except Exception:
+            continue  # the OpInfo's sample generator itself failed
+
+
+def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tuple[tuple, dict]]:
+    """The calls of ``op`` with signature ``sig`` in the regenerated sample, in order."""
+    info = _opinfo(ref.opinfo, ref.variant)
+    dtype = getattr(torch, ref.dtype)
+    found: list[tuple[tuple, dict]] = []
+
+    def on_call(func, args, kwargs):
+        if op_name(func) == op and _cacheable((args, kwargs)) and call_signature(func, args, kwargs) == sig:
+            call = (_snapshot(tuple(args)), _snapshot(dict(kwargs)))
+            return lambda: found.append(call)
+        return None
+
+    with torch.random.fork_rng(devices=[]), _quiet():
+        for k, sample in _samples_of(info, ref.mode, dtype, seed, ref.sample + 1):
+            if k == ref.sample:
+                try:
+                    _run_sample(info, ref.mode, sample, _Recorder(on_call))
+                except Exception:
+                    pass
+    return found
+
+
+def regenerate(call: Captured, seed: int) -> tuple[tuple, dict] | None:
+    """The same call rebuilt from its OpInfo sample under ``seed``; None if it cannot be."""
+    calls = _regenerated_calls(call.ref, call.op, call.signature, seed)
+    want = _shapes(call.args, call.kwargs)
+    if call.ref.occurrence < len(calls) and _shapes(*calls[call.ref.occurrence]) == want:
+        return calls[call.ref.occurrence]
+    return next((c for c in calls if _shapes(*c) == want), None)
+
+
+def _tensors_differ(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
+    xs = torch.utils._pytree.tree_leaves(a)
+    ys = torch.utils._pytree.tree_leaves(b)
+    return any(
+        isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0 and not torch.equal(x, y)
+        for x, y in zip(xs, ys)
+    )
+
+
+def to_float64(tree: Any) -> Any:
+    """float32 tensors cast to float64 (and complex64 to complex128); the rest unchanged."""
+    def cast(x):
+        if isinstance(x, torch.Tensor):
+            if x.dtype == torch.float32:
+                return x.to(torch.float64)
+            if x.dtype == torch.complex64:
+                return x.to(torch.complex128)
+        return x
+
+    return tree_map(cast, tree)
+
+
+def _runs_in_float64(func, args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    if not any(
+        isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.complex64)
+        for x in torch.utils._pytree.tree_leaves((list(args), dict(kwargs)))
+    ):
+        return False  # nothing to cast
+    a64, k64 = to_float64((list(args), dict(kwargs)))
+    try:
+        with _quiet():
+            func(*a64, **k64)
+        return True
+    except Exception:
+        return False
+
+
+def _refilled(call: Captured, func) -> Captured | None:
+    """The call with its floating inputs replaced by seeded normal values, if the op takes them."""
+    gen = torch.Generator().manual_seed(BASE_SEED)
+
+    def refill(x):
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+            return torch.randn(x.shape, generator=gen, dtype=x.dtype)
+        return x
+
+    args, kwargs = tree_map(refill, (list(call.args), dict(call.kwargs)))
+    try:
+        with _quiet():
+            func(*_snapshot(tuple(args)), **_snapshot(dict(kwargs)))
+    except Exception:
+        return None
+    return Captured(call.op, call.signature, tuple(args), kwargs, call.ref, False, False)
+
+
+def _finish(call: Captured, func) -> Captured:
+    """Check regeneration (seed 1 must give the same shapes, other values) and float64.
+
+    A call whose floating inputs are mostly repeated values (a composite's saturated
+    intermediate) gets fresh normal values instead, and no regeneration: its generator
+    would only repeat them.
+    """
+    if _low_entropy(call.args, call.kwargs):
+        refilled = _refilled(call, func)
+        if refilled is not None:
+            return Captured(call.op, call.signature, refilled.args, refilled.kwargs, call.ref, False,
+                            _runs_in_float64(func, refilled.args, refilled.kwargs))
+    fresh = regenerate(call, BASE_SEED + 1)
+    regen = fresh is not None and (_tensors_differ(fresh, (call.args, dict(call.kwargs))) or not _float_leaves(
+        (list(call.args), dict(call.kwargs))
+    ))
+    return Captured(call.op, call.signature, call.args, call.kwargs, call.ref, regen, _runs_in_float64(func, call.args, call.kwargs))
+
+
+def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None] | None = None,
+                opinfos: Collection[str] | None = None) -> dict[str, tuple[Captured, ...]]:
+    """Capture every OpInfo sample (or those of the OpInfos named in ``opinfos``) and keep
+    up to ``max_signatures`` calls per overload."""
+    from .catalog import resolve
+
+    pool = _Pool()
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]), _quiet():
+        for mode, dtype in PASSES:
+            _capture_pass(pool, mode, dtype, opinfos)
+            if log:
+                log(f"{mode} {dtype}: {sum(map(bool, pool.by_op.values()))} overloads, {time.perf_counter() - start:.1f} s")
+        index = {}
+        for name in sorted(n for n, calls in pool.by_op.items() if calls):
+            func = resolve(name)
+            index[name] = tuple(_finish(c, func) for c in _choose(list(pool.by_op[name].values()), max_signatures))
+    if log:
+        log(f"checked regeneration and float64: {time.perf_counter() - start:.1f} s")
+    return index
+
+
+# --------------------------------------------------------------------------- schema-built samples
+# For overloads no OpInfo reaches: fill every required argument from its schema type and
+# name, trying a few tensor shapes and layouts; the first call that runs is the sample.
+
+SHAPE_GUESSES = ((4, 6), (3, 4, 5), (6,), (2, 3, 4, 5), (2, 3, 4, 5, 6), ())
+# Per-channel vectors (batch norm statistics, affine parameters) have the channel dim's size.
+_CHANNEL_NAMES = frozenset({
+    "weight", "bias", "running_mean", "running_var", "save_mean", "save_var", "save_invstd", "mean",
+    "invstd", "var",
+})
+_COUNT_INTS = frozenset({"n", "k", "chunks", "sections", "split_size", "repeats", "steps", "window_length", "size", "length"})
+_UNSUPPORTED = frozenset({"Storage", "Stream", "Dimname", "List[Dimname]", "Optional[List[Dimname]]"})
+
+
+@dataclass(frozen=True)
+class SchemaGuess:
+    """How a schema-built sample fills its tensors: enough to rebuild it with another seed."""
+
+    shape: tuple[int, ...]
+    channel_vectors: bool  # per-channel tensors are 1-D
+    flat_index: bool  # index tensors are 1-D
+    dtype: str  # data tensors' dtype
+
+
+def _is_index_name(name: str) -> bool:
+    return "index" in name or "indices" in name or name in ("target", "targets", "labels", "offsets")
+
+
+class _Filler:
+    """Builds one argument value from its schema type and name, under one guess."""
+
+    def __init__(self, func, guess: SchemaGuess, seed: int):
+        self.func, self.guess = func, guess
+        self.gen = torch.Generator().manual_seed(seed)
+        self.base = func._schema.name.split("::")[1]
+        spatial = max(len(guess.shape) - 2, 1)
+        self.spatial = spatial if any(k in self.base for k in ("conv", "pool", "upsample", "im2col", "col2im", "reflection", "replication", "pad")) else 1
+
+    def data(self, shape) -> torch.Tensor:
+        dtype = getattr(torch, self.guess.dtype)
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=self.gen, dtype=dtype)
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=self.gen).to(torch.bool)
+        return torch.randint(-9, 10, shape, generator=self.gen, dtype=dtype)
+
+    def index(self) -> torch.Tensor:
+        high = min(self.guess.shape) if self.guess.shape else 1
+        shape = (3,) if self.guess.flat_index else self.guess.shape
+        return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        shape = self.guess.shape
+        if name == "offsets":
+            return torch.tensor([0, 2], dtype=torch.int64)
+        if _is_index_name(name):
+            return self.index()
+        if "mask" in name:
+            return torch.randint(0, 2, shape, generator=self.gen).to(torch.bool)
+        if self.guess.channel_vectors and name in _CHANNEL_NAMES and len(shape) >= 2:
+            t = self.data((shape[1],))
+            return t.abs() + 0.5 if "var" in name or "std" in name else t
+        return self.data(shape)
+
+    def int_list(self, name: str, n: int | None) -> list[int]:
+        shape = self.guess.shape
+        k = n or self.spatial
+        if name in ("size", "shape", "sizes", "input_size", "input_sizes", "normalized_shape"):
+            return list(shape[-1:]) if name == "normalized_shape" else list(shape)
+        if name == "stride" and self.spatial == 1 and "pool" not in self.base and "conv" not in self.base:
+            return list(torch.empty(shape).stride()) if shape else []
+        if name in ("dim", "dims"):
+            return [0]
+        if name in ("kernel_size", "output_size"):
+            return [2] * k
+        if name in ("padding", "output_padding", "pad"):
+            return [0] * (n or (2 * k if name == "pad" else k))
+        if name == "repeats":
+            return [1] * len(shape)
+        return [1] * k
+
+    def scalar_int(self, name: str) -> int:
+        if name in ("dim", "axis", "dim0", "start_dim", "dimension", "index"):
+            return 0
+        if name in ("dim1",):
+            return 1
+        if name in ("end_dim",):
+            return -1
+        if name in _COUNT_INTS:
+            return 2
+        return 1
+
+    def value(self, arg) -> Any:
+        t, name = str(arg.real_type), arg.name
+        if t in _UNSUPPORTED or "torch.classes" in t or name in ("filename", "path"):
+            raise TypeError(f"cannot build a {t} argument")
+        if t.startswith("Optional["):
+            if name != "output_size":
+                return None
+            t = t[len("Optional["):-1]  # upsample .vec overloads need output_size or scales
+        if t == "Tensor":
+            return self.tensor(name)
+        if t == "List[Tensor]":
+            return [self.tensor(name), self.tensor(name)]
+        if t == "List[Optional[Tensor]]":
+            return [torch.randint(0, min(self.guess.shape or (1,)), (3,), generator=self.gen, dtype=torch.int64)]
+        if t == "int":
+            return self.scalar_int(name)
+        if t == "List[int]":
+            return self.int_list(name, arg.N)
+        if t == "float":
+            return 1e-5 if "eps" in name else 0.5
+        if t == "number":
+            return 2
+        if t == "List[number]":
+            return [2, 2]
+        if t == "List[float]":
+            return [0.5] * (arg.N or 1)
+        if t == "bool":
+            return False
+        if t == "List[bool]":
+            return [True] * (arg.N or 3)
+        if t == "str":
+            return "sum"
+        if t == "ScalarType":
+            return torch.float32
+        if t == "Layout":
+            return torch.strided
+        if t == "Device":
+            return torch.device("cpu")
+        if t == "MemoryFormat":
+            return torch.contiguous_format
+        raise TypeError(f"cannot build a {t} argument")
+
+
+def schema_inputs(func, guess: SchemaGuess, seed: int) -> tuple[tuple, dict]:
+    """Required arguments of ``func`` filled under ``guess``: positional ones up to the first
+    default, the rest by keyword. Out arguments are left to the caller."""
+    filler = _Filler(func, guess, seed)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    for arg in func._schema.arguments:
+        if arg.is_out:
+            continue
+        if arg.has_default_value():
+            positional = False
+            continue
+        value = filler.value(arg)
+        if positional and not arg.kwarg_only:
+            args.append(value)
+        else:
+            positional = False
+            kwargs[arg.name] = value
+    return tuple(args), kwargs
+
+
+def schema_guesses() -> Iterator[SchemaGuess]:
+    for shape in SHAPE_GUESSES:
+        for channel_vectors in (False, True):
+            for flat_index in (False, True):
+                for dtype in ("float32", "int64"):
+                    yield SchemaGuess(shape, channel_vectors, flat_index, dtype)
+
+
+def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaGuess | None, str]:
+    """The first guess whose inputs ``run`` accepts, and the last error otherwise.
+
+    ``run(args, kwargs)`` calls the op (wrapped for in-place and out overloads); a guess
+    whose inputs are identical to an earlier failed one is not retried.
+    """
+    error, tried = "", set()
+    for guess in schema_guesses():
+        try:
+            args, kwargs = schema_inputs(func, guess, BASE_SEED)
+        except TypeError as e:
+            return None, str(e)
+        key = call_signature(func, args, kwargs) + repr(_shapes(args, kwargs))
+        if key in tried:
+            continue
+        tried.add(key)
+        try:
+            with _quiet():
+                run(args, kwargs)
+            return guess, ""
+        except Exception as e:  # the first guess's error is the most telling one
+            error = error or f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return None, error or "no guess"
+
+
+# --------------------------------------------------------------------------- disk cache
+# The cache is loaded with torch.load(weights_only=True): plain containers, tensors and
+# dtypes only. memory_format does not pickle, so it is stored by name.
+
+_MEMORY_FORMATS = {str(f): f for f in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d, torch.preserve_format)}
+_MF_TAG = "__memory_format__"
+
+
+def _encode(x: Any) -> Any:
+    if isinstance(x, torch.memory_format):
+        return [_MF_TAG, str(x)]
+    if isinstance(x, tuple):
+        return ("t", [_encode(y) for y in x])
+    if isinstance(x, list):
+        return ("l", [_encode(y) for y in x])
+    if isinstance(x, dict):
+        return ("d", {k: _encode(v) for k, v in x.items()})
+    return x
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, list) and len(x) == 2 and x[0] == _MF_TAG:
+        return _MEMORY_FORMATS[x[1]]
+    if isinstance(x, tuple) and len(x) == 2 and x[0] in ("t", "l", "d"):
+        tag, body = x
+        if tag == "t":
+            return tuple(_decode(y) for y in body)
+        if tag == "l":
+            return [_decode(y) for y in body]
+        return {k: _decode(v) for k, v in body.items()}
+    return x
+
+
+def _encode_index(index: Mapping[str, tuple[Captured, ...]]) -> dict:
+    return {
+        op: [
+            {
+                "signature": c.signature, "args": _encode(tuple(c.args)), "kwargs": _encode(dict(c.kwargs)),
+                "ref": [c.ref.opinfo, c.ref.variant, c.ref.dtype, c.ref.mode, c.ref.sample, c.ref.occurrence],
+                "regenerable": c.regenerable, "float64": c.float64,
+            }
+            for c in calls
+        ]
+        for op, calls in index.items()
+    }
+
+
+def _decode_index(raw: Mapping) -> dict[str, tuple[Captured, ...]]:
+    return {
+        op: tuple(
+            Captured(op, c["signature"], _decode(c["args"]), _decode(c["kwargs"]), SampleRef(*c["ref"]), c["regenerable"], c["float64"])
+            for c in calls
+        )
+        for op, calls in raw.items()
+    }
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("METASPMD_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "metaspmd"
+
+
+def cache_path(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATURES) -> Path:
+    version = torch.__version__.replace("+", "_")
+    return Path(cache_dir or default_cache_dir()) / f"torch-{version}-opinfo-v{FORMAT_VERSION}-k{max_signatures}.pt"
+
+
+def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATURES, rebuild: bool = False,
+               log: Callable[[str], None] | None = None) -> dict[str, tuple[Captured, ...]]:
+    """The cached index, building it first when missing (one builder at a time)."""
+    path = cache_path(cache_dir, max_signatures)
+    if path.exists() and not rebuild:
+        return read_index(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "w")
+    except OSError:  # no writable cache: build for this process only
+        return build_index(max_signatures, log)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent workers wait for the first builder
+        if path.exists() and not rebuild:
+            return read_index(path)
+        index = build_index(max_signatures, log)
+        write_index(path, index)
+    return index
+
+
+def write_index(path: Path, index: Mapping[str, tuple[Captured, ...]]) -> None:
+    """Atomic write: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    torch.save(_encode_index(index), tmp)
+    os.replace(tmp, path)
+
+
+def read_index(path: Path) -> dict[str, tuple[Captured, ...]]:
+    return _decode_index(torch.load(path, weights_only=True))
+
+
+__all__ = [
+    "BASE_SEED", "Captured", "MAX_SIGNATURES", "SampleRef", "SchemaGuess", "build_index", "cache_path",
+    "call_signature", "default_cache_dir", "find_schema_sample", "load_index", "read_index", "regenerate",
+    "schema_inputs", "to_float64", "write_index",
+]

@@ -1,0 +1,333 @@
+"""Sharding rules of view-like ops, derived from shape arithmetic.
+
+Shard-and-combine cannot explore ops whose non-tensor arguments spell out sizes (a
+local ``view(x, [4, 6])`` fails on a shard), so for these ops the rule is derived: which
+input dim lands on which output dim. The derived strategies become ``OpCase.candidates``
+and the explorer still verifies each one numerically.
+
+Each rule comes with the function a shard runs: the op itself when its arguments do not
+depend on sizes (permute, select, split, ...), otherwise a wrapper that rewrites the
+size arguments from the local input (view, reshape, expand, as_strided) the way a
+runtime would before calling the op on a shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from metaspmd.spec import Gather, InputPlacement, OutputCombine, ShardIn
+
+Candidate = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
+
+
+@dataclass(frozen=True)
+class ViewRule:
+    fn: Callable[..., Any]
+    candidates: tuple[Candidate, ...]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _bound(func, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Argument values by schema name, defaults filled in."""
+    out: dict[str, Any] = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _with_arg(func, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with argument ``name`` set to ``value``."""
+    names = [a.name for a in func._schema.arguments]
+    i = names.index(name)
+    if i < len(args):
+        return args[:i] + (value,) + args[i + 1:], dict(kwargs)
+    return args, {**kwargs, name: value}
+
+
+def _norm(dim: int, rank: int) -> int:
+    return dim % rank if rank else 0
+
+
+def _single(mapping: dict[int, int], shape: tuple[int, ...], n_outputs: int = 1) -> tuple[Candidate, ...]:
+    """One candidate per shardable input dim: Shard(d) -> gather(mapping[d]) on every output."""
+    return tuple(
+        ((ShardIn(d),), tuple(OutputCombine((Gather(o),)) for _ in range(n_outputs)))
+        for d, o in sorted(mapping.items())
+        if shape[d] >= 2
+    )
+
+
+def _permutation(func, x: torch.Tensor, args: tuple, kwargs: dict) -> dict[int, int]:
+    """Input dim -> output dim of a pure dim permutation, read off a meta tensor with distinct sizes."""
+    probe = torch.empty([2 + i for i in range(x.dim())], device="meta")
+    out = func(probe, *args[1:], **kwargs)
+    sizes = list(out.shape)
+    return {d: sizes.index(2 + d) for d in range(x.dim())}
+
+
+# --------------------------------------------------------------------------- reshape groups
+
+
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Split two shapes of equal numel (no zeros) into minimal runs of dims with equal products."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj, pi, pj = [], [], 1, 1
+        if i < len(src):
+            pi, i = src[i], i + 1
+            gi.append(i - 1)
+        if j < len(dst):
+            pj, j = dst[j], j + 1
+            gj.append(j - 1)
+        while pi != pj:
+            if pi < pj and i < len(src):
+                pi, i = pi * src[i], i + 1
+                gi.append(i - 1)
+            elif pj < pi and j < len(dst):
+                pj, j = pj * dst[j], j + 1
+                gj.append(j - 1)
+            else:
+                raise ValueError(f"shapes {src} and {dst} differ in numel")
+        groups.append((gi, gj))
+    return groups
+
+
+def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
+    """Input dims a reshape keeps shardable: the leading non-1 dim of a group that merges
+    into (or equals) one non-1 output dim. Sharding that dim shards the output dim in order,
+    whatever the shard sizes; a dim split into several outputs would need even shards."""
+    if 0 in src or 0 in dst:
+        return {}
+    mapping = {}
+    for gi, gj in reshape_groups(src, dst):
+        ins = [d for d in gi if src[d] != 1]
+        outs = [o for o in gj if dst[o] != 1]
+        if ins and len(outs) == 1:
+            mapping[ins[0]] = outs[0]
+    return mapping
+
+
+def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...], mapping: dict[int, int]):
+    """Calls the op with the target size recomputed from the local input's sharded dims."""
+
+    def fn(*args, **kwargs):
+        x = args[0]
+        size = list(dst)
+        for d, (local, full) in enumerate(zip(x.shape, src)):
+            if local == full:
+                continue
+            if d not in mapping:
+                raise ValueError(f"dim {d} of the input cannot be sharded through this reshape")
+            o = mapping[d]
+            size[o] = dst[o] // full * local
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), size_arg, size)
+        return func(*args, **kwargs)
+
+    return fn
+
+
+# --------------------------------------------------------------------------- per op
+
+
+def _reshape(func, x, args, kwargs):
+    dst = tuple(func(x, *args[1:], **kwargs).shape)
+    mapping = reshape_mapping(tuple(x.shape), dst)
+    return ViewRule(_reshape_fn(func, "size" if "size" in _bound(func, args, kwargs) else "shape", tuple(x.shape), dst, mapping),
+                    _single(mapping, tuple(x.shape)))
+
+
+def _flatten_like(func, x, args, kwargs):
+    # flatten/unflatten take dims, not the sizes of the other dims: a shard runs the op as is,
+    # but unflatten's explicit sizes pin the dim it splits, so that dim is left out.
+    dst = tuple(func(x, *args[1:], **kwargs).shape)
+    mapping = reshape_mapping(tuple(x.shape), dst)
+    b = _bound(func, args, kwargs)
+    if "sizes" in b:
+        mapping.pop(_norm(b["dim"], x.dim()), None)
+    return ViewRule(func, _single(mapping, tuple(x.shape)))
+
+
+def _permute_like(func, x, args, kwargs):
+    return ViewRule(func, _single(_permutation(func, x, args, kwargs), tuple(x.shape)))
+
+
+def _unsqueeze(func, x, args, kwargs):
+    dim = _norm(_bound(func, args, kwargs)["dim"], x.dim() + 1)
+    return ViewRule(func, _single({d: d + (d >= dim) for d in range(x.dim())}, tuple(x.shape)))
+
+
+def _squeeze(func, x, args, kwargs):
+    b = _bound(func, args, kwargs)
+    rank = x.dim()
+    if "dim" in b and b["dim"] is not None:
+        targets = b["dim"] if isinstance(b["dim"], (list, tuple)) else [b["dim"]]
+        targets = {_norm(d, rank) for d in targets}
+    else:
+        targets = set(range(rank))
+    removed = sorted(d for d in targets if x.shape[d] == 1)
+    mapping = {d: d - sum(r < d for r in removed) for d in range(rank) if d not in removed}
+    # A shard of size 1 must not be squeezed: shards squeeze exactly the globally removed dims.
+    base = func._schema.name.split("::")[1]
+    by_dims = getattr(getattr(torch.ops.aten, base), "dims")
+
+    def fn(*args, **kwargs):
+        return by_dims(args[0], removed)
+
+    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+
+
+def _expand(func, x, args, kwargs):
+    size = list(_bound(func, args, kwargs)["size"])
+    off = len(size) - x.dim()
+    kept = [d for d in range(x.dim()) if x.shape[d] != 1 and size[d + off] in (-1, x.shape[d])]
+    local_size = list(size)
+    for d in kept:
+        local_size[d + off] = -1  # keep the (local) input size
+
+    def fn(*args, **kwargs):
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "size", local_size)
+        return func(*args, **kwargs)
+
+    return ViewRule(fn, _single({d: d + off for d in kept}, tuple(x.shape)))
+
+
+def _index_dim(func, x, args, kwargs, drops: bool):
+    """Ops that index one dim (select, slice, narrow, split, unbind): other dims pass through."""
+    b = _bound(func, args, kwargs)
+    dim = _norm(b.get("dim", 0), x.dim())
+    out = func(x, *args[1:], **kwargs)
+    n_out = len(out) if isinstance(out, (list, tuple)) else 1
+    mapping = {d: d - (drops and d > dim) for d in range(x.dim()) if d != dim}
+    return ViewRule(func, _single(mapping, tuple(x.shape), n_out))
+
+
+def _split_dim(func, x, args, kwargs, dim: int):
+    out = func(x, *args[1:], **kwargs)
+    mapping = {d: d for d in range(x.dim()) if d != dim}
+    return ViewRule(func, _single(mapping, tuple(x.shape), len(out)))
+
+
+def _diagonal(func, x, args, kwargs):
+    b = _bound(func, args, kwargs)
+    d1, d2 = _norm(b["dim1"], x.dim()), _norm(b["dim2"], x.dim())
+    rest = [d for d in range(x.dim()) if d not in (d1, d2)]
+    return ViewRule(func, _single({d: i for i, d in enumerate(rest)}, tuple(x.shape)))
+
+
+def _same_dims(func, x, args, kwargs, keep_last: bool = True):
+    dims = range(x.dim() if keep_last else x.dim() - 1)
+    return ViewRule(func, _single({d: d for d in dims}, tuple(x.shape)))
+
+
+def _view_dtype(func, x, args, kwargs):
+    dtype = _bound(func, args, kwargs)["dtype"]
+    if torch.empty((), dtype=dtype).element_size() != x.element_size():
+        return None
+    return _same_dims(func, x, args, kwargs)
+
+
+def _as_strided(func, x, args, kwargs):
+    """as_strided that only reorders (and possibly narrows from 0) the dims of a contiguous input."""
+    b = _bound(func, args, kwargs)
+    size, stride = list(b["size"]), list(b["stride"])
+    if not x.is_contiguous() or b.get("storage_offset") not in (None, 0) or x.numel() == 0:
+        return None
+    cstride = x.stride()
+    mapping, used = {}, set()
+    for o, (s, st) in enumerate(zip(size, stride)):
+        if s == 1:
+            continue
+        match = [d for d in range(x.dim()) if x.shape[d] >= s and cstride[d] == st and x.shape[d] > 1 and d not in used]
+        if len(match) != 1:
+            return None
+        used.add(match[0])
+        if s == x.shape[match[0]]:
+            mapping[match[0]] = o
+
+    def fn(*args, **kwargs):
+        t = args[0]
+        local_size, local_stride = list(size), list(stride)
+        for d, o in mapping.items():
+            local_size[o] = t.shape[d]
+        for o in range(len(size)):
+            for d in used:
+                if stride[o] == cstride[d] and size[o] != 1:
+                    local_stride[o] = t.stride(d)
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "size", local_size)
+        args, kwargs = _with_arg(func, args, kwargs, "stride", local_stride)
+        return func(*args, **kwargs)
+
+    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+
+
+_SPLIT_DIM = {"hsplit": lambda rank: 1 if rank > 1 else 0, "vsplit": lambda rank: 0, "dsplit": lambda rank: 2}
+
+_BY_BASE: dict[str, Callable] = {
+    "view": _reshape, "_unsafe_view": _reshape, "reshape": _reshape, "_reshape_copy": _reshape,
+    "flatten": _flatten_like, "unflatten": _flatten_like,
+    "permute": _permute_like, "transpose": _permute_like, "t": _permute_like, "swapaxes": _permute_like,
+    "swapdims": _permute_like, "movedim": _permute_like, "moveaxis": _permute_like, "adjoint": _permute_like,
+    "numpy_T": _permute_like, "mT": _permute_like,
+    "unsqueeze": _unsqueeze, "squeeze": _squeeze, "expand": _expand,
+    "select": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),
+    "unbind": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),
+    "slice": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "narrow": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "split": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "split_with_sizes": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "unsafe_split": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "unsafe_split_with_sizes": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "chunk": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "unsafe_chunk": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "tensor_split": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
+    "diagonal": _diagonal,
+    "alias": _same_dims, "detach": _same_dims, "lift_fresh": _same_dims, "view_as_real": _same_dims,
+    "view_as_complex": lambda f, x, a, k: _same_dims(f, x, a, k, keep_last=False),
+    "as_strided": _as_strided,
+}
+
+
+def view_base(func) -> str:
+    """The op's name without the ``_copy`` suffix of functional view variants."""
+    base = func._schema.name.split("::")[1]
+    return base[: -len("_copy")] if base.endswith("_copy") and base != "_copy" else base
+
+
+def is_view_like(func) -> bool:
+    return view_base(func) in _BY_BASE or view_base(func) in _SPLIT_DIM
+
+
+def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
+    """The derived rule for one example call, or None when the op (or this call) has none."""
+    if not args or not isinstance(args[0], torch.Tensor):
+        return None
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if len(tensors) != 1:
+        return None
+    base = view_base(func)
+    if func._overloadname == "dtype" and base == "view":
+        handler = _view_dtype
+    elif base in _SPLIT_DIM:
+        rank = args[0].dim()
+        return _split_dim(func, args[0], args, kwargs, _SPLIT_DIM[base](rank))
+    else:
+        handler = _BY_BASE.get(base)
+    if handler is None:
+        return None
+    try:
+        return handler(func, args[0], tuple(args), dict(kwargs))
+    except Exception:
+        return None  # an unusual call: let the explorer treat it as an ordinary op
+
+
+__all__ = ["ViewRule", "derive", "is_view_like", "reshape_groups", "reshape_mapping", "view_base"]

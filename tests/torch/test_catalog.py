@@ -1,0 +1,258 @@
+"""The torch op catalog, its sample inputs and the derived rules of view ops."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # the OpInfo database needs it
+
+from metaspmd.backends.torch import TorchBackend, get_backend  # noqa: E402
+from metaspmd.backends.torch import catalog, samples, views  # noqa: E402
+from metaspmd.case import NoSample, Skip  # noqa: E402
+from metaspmd.explorer import explore_case, explore_op  # noqa: E402
+from metaspmd.signature import signature  # noqa: E402
+from metaspmd.spec import Gather, OutputCombine, ShardIn  # noqa: E402
+
+# A handful of OpInfos captured in memory: seconds, not the full index.
+OPINFOS = ("mm", "add", "sum", "gather", "index_select", "permute", "transpose", "reshape", "view", "split")
+
+
+@pytest.fixture(scope="module")
+def backend() -> TorchBackend:
+    return get_backend(opinfos=OPINFOS)
+
+
+def _gather_rules(rule) -> dict[int, int]:
+    """Derived candidates of a one-input view op as {input dim: output gather dim}."""
+    out = {}
+    for placements, combines in rule.candidates:
+        (p,) = placements
+        (c,) = {o for o in combines}
+        assert isinstance(p, ShardIn) and len(c.options) == 1 and isinstance(c.first, Gather)
+        out[p.dim] = c.first.dim
+    return out
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+def test_list_ops_covers_every_aten_overload(backend):
+    ops = backend.list_ops()
+    assert len(ops) > 3000
+    assert ops == sorted(ops) and len(set(ops)) == len(ops)
+    assert "aten.mm.default" in ops and "aten.add.Tensor" in ops and "aten.add_.Tensor" in ops
+    assert backend.resolve("aten.mm.default") is torch.ops.aten.mm.default
+    assert str(backend.resolve("aten.sum.dim_IntList")) == "aten.sum.dim_IntList"
+    with pytest.raises(KeyError):
+        catalog.resolve("aten.no_such_op.default")
+
+
+def test_functional_siblings():
+    assert catalog.functional_sibling("aten.add_.Tensor") == "aten.add.Tensor"
+    assert catalog.functional_sibling("aten.add.out") == "aten.add.Tensor"
+    assert catalog.functional_sibling("aten.sum.IntList_out") == "aten.sum.dim_IntList"
+    assert catalog.functional_sibling("aten.full.out") == "aten.full.default"
+    assert catalog.functional_sibling("aten.mm.default") is None
+
+
+def test_random_and_uninitialized_ops_are_skipped(backend):
+    for op in ("aten.bernoulli.p", "aten.randn.default", "aten.empty.memory_format", "aten.empty_like.default",
+               "aten.native_dropout.default"):
+        with pytest.raises(Skip) as info:
+            backend.cases(op)
+        assert info.value.status == "nondeterministic", op
+    assert explore_op(backend, "aten.normal.Tensor_Tensor").status == "nondeterministic"
+
+
+# --------------------------------------------------------------------------- OpInfo samples
+
+
+def test_mm_and_add_cases_have_sensible_signatures(backend):
+    ops = backend.tensor_ops()
+    mm = backend.cases("aten.mm.default")
+    assert 1 <= len(mm) <= 4
+    sigs = {signature(ops, c.arg_names, c.args, c.kwargs) for c in mm}
+    assert "self:f[*,*] mat2:f[*,*]" in sigs
+    assert len(sigs) == len(mm)  # one case per signature
+    assert mm[0].arg_names == ("self", "mat2")
+    assert all(x.dtype == torch.float64 for c in mm for x in c.args if x.dtype.is_floating_point)  # float64 truth
+    add = backend.cases("aten.add.Tensor")
+    assert any(s.startswith("self:f[") and "other:f[" in s for s in (signature(ops, c.arg_names, c.args, c.kwargs) for c in add))
+    assert {ops.dtype_kind(c.args[0]) for c in add} >= {"f", "i"}  # int64 samples add signatures
+
+
+def test_fresh_keeps_signature_and_index_validity(backend):
+    ops = backend.tensor_ops()
+    for op in ("aten.gather.default", "aten.index_select.default"):
+        case = next(c for c in backend.cases(op) if c.args[0].dtype.is_floating_point)
+        assert case.fresh is not None and "index" in case.fixed
+        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        a1, k1 = case.fresh(1)
+        a2, k2 = case.fresh(2)
+        assert signature(ops, case.arg_names, a1, k1) == sig
+        assert [tuple(x.shape) for x in a1 if isinstance(x, torch.Tensor)] == [
+            tuple(x.shape) for x in case.args if isinstance(x, torch.Tensor)
+        ]
+        assert not torch.equal(a1[0], case.args[0]) and not torch.equal(a1[0], a2[0])
+        assert a1[0].dtype == torch.float64
+        dim = a1[1]
+        index = a1[2]
+        assert int(index.min()) >= 0 and int(index.max()) < a1[0].shape[dim]
+        case.fn(*a1, **k1)  # the regenerated call is valid
+
+
+def test_cache_round_trip(tmp_path):
+    call = samples.Captured(
+        "aten.clone.default", "self:f[*,*] memory_format=torch.contiguous_format",
+        (torch.randn(3, 4),), {"memory_format": torch.contiguous_format},
+        samples.SampleRef("clone", "", "float32", "forward", 2, 0), True, True,
+    )
+    index = {"aten.clone.default": (call,)}
+    path = tmp_path / "index.pt"
+    samples.write_index(path, index)
+    back = samples.read_index(path)
+    (got,) = back["aten.clone.default"]
+    assert got.ref == call.ref and got.signature == call.signature and got.float64 and got.regenerable
+    assert torch.equal(got.args[0], call.args[0]) and got.kwargs == {"memory_format": torch.contiguous_format}
+
+
+# --------------------------------------------------------------------------- schema-built, in-place, out
+
+
+def test_core_op_without_opinfo_gets_schema_sample(backend):
+    func = torch.ops.aten.adaptive_avg_pool1d.default
+    assert catalog.is_core(func) and "aten.adaptive_avg_pool1d.default" not in backend.index
+    (case,) = backend.cases("aten.adaptive_avg_pool1d.default")
+    out = case.fn(*case.args, **case.kwargs)
+    assert isinstance(out, torch.Tensor)
+    a1, k1 = case.fresh(5)
+    assert [x.shape for x in a1 if isinstance(x, torch.Tensor)] == [x.shape for x in case.args if isinstance(x, torch.Tensor)]
+    assert not torch.equal(a1[0], case.args[0])
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok"
+
+
+def test_inplace_case_does_not_mutate_its_inputs(backend):
+    case = backend.cases("aten.add_.Tensor")[0]
+    before = [x.clone() for x in case.args if isinstance(x, torch.Tensor)]
+    out1 = case.fn(*case.args, **case.kwargs)
+    out2 = case.fn(*case.args, **case.kwargs)
+    assert torch.equal(out1, out2)
+    assert all(torch.equal(a, b) for a, b in zip(before, [x for x in case.args if isinstance(x, torch.Tensor)]))
+
+
+def test_out_overload_allocates_its_outputs(backend):
+    (case, *_) = backend.cases("aten.add.out")
+    assert "out" not in case.kwargs
+    got = case.fn(*case.args, **case.kwargs)
+    assert torch.equal(got, torch.ops.aten.add.Tensor(*case.args, **case.kwargs))
+
+
+def test_op_without_any_sample_says_why():
+    backend = get_backend(opinfos=(), schema_samples=True)
+    with pytest.raises(NoSample, match="schema-built inputs fail"):
+        backend.cases("aten._cudnn_rnn_flatten_weight.default")
+
+
+# --------------------------------------------------------------------------- views
+
+
+def _rule_for(func, *args):
+    rule = views.derive(func, args, {})
+    assert rule is not None
+    return rule
+
+
+def test_permute_and_transpose_candidates():
+    x = torch.randn(2, 3, 4)
+    rule = _rule_for(torch.ops.aten.permute.default, x, [2, 0, 1])
+    assert _gather_rules(rule) == {0: 1, 1: 2, 2: 0}
+    rule = _rule_for(torch.ops.aten.transpose.int, x, 0, -1)
+    assert _gather_rules(rule) == {0: 2, 1: 1, 2: 0}
+
+
+def test_reshape_candidates_and_local_shapes():
+    x = torch.randn(4, 6, 5)
+    rule = _rule_for(torch.ops.aten.view.default, x, [24, 5])
+    assert _gather_rules(rule) == {0: 0, 2: 1}  # dim 1 is not the leading dim of its merge group
+    local = x[:2]  # a shard of dim 0
+    assert torch.equal(rule.fn(local, [24, 5]), local.reshape(12, 5))
+    rule = _rule_for(torch.ops.aten.view.default, torch.randn(24, 5), [4, 6, 5])
+    assert _gather_rules(rule) == {1: 2}  # splitting dim 0 would need shards divisible by 6
+    assert views.reshape_mapping((2, 1, 6), (2, 6)) == {0: 0, 2: 1}
+
+
+def test_select_split_and_squeeze_candidates():
+    x = torch.randn(4, 1, 6)
+    select = _rule_for(torch.ops.aten.select.int, x, 2, 3)
+    assert _gather_rules(select) == {0: 0}
+    split = _rule_for(torch.ops.aten.split.Tensor, torch.randn(4, 6), 2, 1)
+    assert split.candidates == (((ShardIn(0),), (OutputCombine((Gather(0),)),) * 3),)
+    squeeze = _rule_for(torch.ops.aten.squeeze.default, x)
+    assert _gather_rules(squeeze) == {0: 0, 2: 1}
+    shard = x[:1]  # a shard of size 1 keeps its dim: only the global size-1 dim goes
+    assert squeeze.fn(shard).shape == (1, 6)
+
+
+def test_expand_rewrites_sizes_for_shards():
+    x = torch.randn(4, 1)
+    rule = _rule_for(torch.ops.aten.expand.default, x, [3, 4, 5])
+    assert _gather_rules(rule) == {0: 1}
+    assert rule.fn(x[:2], [3, 4, 5]).shape == (3, 2, 5)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_view_cases_carry_candidates(backend):
+    case = next(c for c in backend.cases("aten.view.default") if c.args[0].dtype.is_floating_point)
+    assert case.candidates and case.fn is not torch.ops.aten.view.default
+    (mm,) = backend.cases("aten.mm.default")[:1]
+    assert mm.candidates is None
+
+
+def test_permute_explores_to_a_derived_entry(backend):
+    record = explore_op(backend, "aten.permute.default")
+    assert record.status == "derived"
+    entry = next(e for e in record.entries if e.signature.startswith("self:f["))
+    assert entry.status == "derived" and entry.combine.by_label
+
+
+@pytest.mark.parametrize("op, sig, combine", [
+    ("aten.mm.default", "self:f[*,*] mat2:f[*,*]", "{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)"),
+    ("aten.index_select.default", None, None),
+    ("aten.sum.dim_IntList", None, None),
+    ("aten.add.Tensor", None, None),
+])
+def test_end_to_end(backend, op, sig, combine):
+    record = explore_op(backend, op)
+    assert record.status == "ok", record
+    if sig:
+        entry = record.entry(sig)
+        assert entry is not None and str(entry.combine).startswith(combine)
+        assert str(entry.shard) == "[[S1, S2], [S2, S3]]"
+
+
+def test_runner_returns_side_effects_and_keeps_inputs():
+    from metaspmd.backends.torch.backend import make_runner
+
+    func = torch.ops.aten._native_batch_norm_legit.default
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    mean, var = torch.zeros(3), torch.ones(3)
+    out = make_runner(func)(x, w, b, mean, var, True, 0.5, 1e-5)
+    assert len(out) == 5  # output, save_mean, save_invstd, then the updated running stats
+    assert torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))  # cloned, not mutated
+    assert torch.allclose(out[3], 0.5 * x.mean(dim=(0, 2)))
+
+
+def test_guard_refuses_inconsistent_shards():
+    from metaspmd.backends.torch.backend import consistent_shards_only
+
+    func = torch.ops.aten._adaptive_avg_pool2d_backward.default
+    grad, x = torch.randn(4, 2, 2), torch.randn(4, 6, 6)
+    fn = consistent_shards_only(func, (grad, x), {})
+    assert fn(grad[:2], x[:2]).shape == (2, 6, 6)  # both sharded on dim 0: fine
+    with pytest.raises(ValueError):
+        fn(grad[:2], x)  # only the gradient sharded: the kernel would read out of bounds
+    assert catalog.trusts_matching_shapes(func) and not catalog.trusts_matching_shapes(torch.ops.aten.mm.default)
