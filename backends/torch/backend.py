@@ -216,6 +216,11 @@ class TorchBackend:
                 self._index = load_index(self.cache_dir, self.max_signatures)
         return self._index
 
+    def prepare(self) -> None:
+        """Load (or build, once per torch version) the sample index before any op's time
+        limit starts; the sweep calls this in every worker."""
+        _ = self.index
+
     def cases(self, op: str) -> list[OpCase]:
         try:
             func = catalog.resolve(op)
