@@ -14,6 +14,9 @@ from metaspmd.rules import OpRecord, TensorArg
 from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
 
 DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
+# reduce(avg) holds on equal shards only; DTensor shards unevenly (torch.chunk) whenever a
+# size does not divide, so a table consulted for any shape must not offer it.
+TABLE_OUTPUT_REDUCE_OPS = ("sum", "max", "min")
 JAX_REDUCTION_OPS = ("sum",)
 _IDENT_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -73,7 +76,7 @@ def _output_placement(out: OutputCombine) -> Placement | None:
             return Placement("Shard", c.dim)
         if isinstance(c, Identity):
             return REPLICATE
-        if isinstance(c, Reduce) and c.op in DTENSOR_PARTIAL_OPS:
+        if isinstance(c, Reduce) and c.op in TABLE_OUTPUT_REDUCE_OPS:
             return Placement("Partial", op=c.op)
     return None
 

@@ -121,13 +121,26 @@ def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
     if not to_partial:
         return x if tuple(x.placements) == tuple(target) else x.redistribute(mesh, target)
     interim = tuple(Replicate() if axis in to_partial else p for axis, p in enumerate(target))
-    local = x.redistribute(mesh, interim).to_local()
+    local = _per_rank(x.redistribute(mesh, interim).to_local())
     for axis in to_partial:
         if target[axis].reduce_op == "sum":
             if not (local.is_floating_point() or local.is_complex()):
                 raise NotImplementedError(f"cannot make a {local.dtype} tensor Partial(sum) by division")
             local = local / mesh.size(axis)
     return DTensor.from_local(local, mesh, target, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def _per_rank(local: torch.Tensor) -> torch.Tensor:
+    """Under LocalTensorMode a replicated local is one plain tensor standing for every
+    rank, which collectives treat as a constant; a Partial value needs one per rank."""
+    try:
+        from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+    except ImportError:
+        return local
+    mode = enabled_local_tensor_mode()
+    if mode is None or isinstance(local, LocalTensor):
+        return local
+    return LocalTensor({r: local.clone() for r in sorted(mode.ranks)})
 
 
 def _match_outputs(out, placements, mesh):
