@@ -1,0 +1,178 @@
+"""Plan a JAX function's sharding and run it under jax.jit on a device mesh.
+
+The captured program is replayed equation by equation inside one jitted function: graph
+inputs enter with the plan's ``in_shardings``, every op output is pinned to its planned
+placement with ``with_sharding_constraint``, and an operand the plan moves before an op
+is pinned to the placement that op's strategy wants. Partial placements have no JAX
+spelling, so those values are left for the partitioner (Shardy) to place; it inserts the
+reduction where a later constraint asks for a Replicate or Shard value. The compiler
+still owns correctness: constraints only steer where values live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from metaspmd import planner
+from metaspmd.cache import RuleCache
+from metaspmd.resolve import ResolveStats, resolve
+
+from .capture import Captured, capture, read_atom
+from .rules_at_runtime import node_call, without_literals
+from .tensor_ops import JaxOps
+
+
+def planner_mesh(mesh: Mesh) -> planner.Mesh:
+    return planner.Mesh.of(tuple(mesh.devices.shape), tuple(str(n) for n in mesh.axis_names))
+
+
+def partition_spec(placements: planner.Placements, axis_names: tuple, ndim: int) -> PartitionSpec | None:
+    """The PartitionSpec of planner placements (one per mesh axis); None if any is Partial."""
+    dims: list[list] = [[] for _ in range(ndim)]
+    for name, p in zip(axis_names, placements):
+        if isinstance(p, planner.Partial):
+            return None
+        if isinstance(p, planner.Shard):
+            dims[p.dim].append(name)
+    return PartitionSpec(*(None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims))
+
+
+def _constrainable(x: Any) -> bool:
+    return isinstance(x, jax.Array) and x.ndim > 0 and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
+
+
+@dataclass
+class Parallelized:
+    """A captured function with its plan; call it like the function (minus ``params``)."""
+
+    captured: Captured
+    plan: planner.Plan
+    stats: ResolveStats
+    mesh: Mesh
+    params: Any = None
+
+    def _sharding(self, placements: planner.Placements, ndim: int) -> NamedSharding | None:
+        spec = partition_spec(placements, self.mesh.axis_names, ndim)
+        return None if spec is None else NamedSharding(self.mesh, spec)
+
+    @cached_property
+    def in_shardings(self) -> tuple[NamedSharding, ...]:
+        ir = self.captured.ir
+        return tuple(self._sharding(self.plan.placement(v.name), len(v.shape)) for v in ir.input_list)
+
+    @cached_property
+    def _final(self) -> dict[str, planner.Placements]:
+        """Where each graph output is delivered: a gradient in its parameter's placement."""
+        return {r.var: r.dst for r in self.plan.reshards if r.consumer.startswith("(")}
+
+    def _constrain(self, x: Any, placements: planner.Placements) -> Any:
+        if not _constrainable(x):
+            return x
+        sharding = self._sharding(placements, x.ndim)
+        return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+    @cached_property
+    def _tensors(self) -> frozenset[str]:
+        ir = self.captured.ir
+        return frozenset(v.name for v in (*ir.input_list, *(o for op in ir for o in op.outputs)) if v.is_tensor)
+
+    def _run(self, *flat: Any) -> list[Any]:
+        c, plan = self.captured, self.plan
+        env = dict(zip(c.graph_inputs, flat))
+        for e in c.eqns:
+            strategy = plan.strategy(e.name)
+            wanted = iter(strategy.inputs)  # one per tensor operand, in operand order
+            operands = []
+            for a in e.inputs:
+                x = read_atom(env, a)
+                if isinstance(a, str) and a in self._tensors:
+                    dst = next(wanted)
+                    if dst != plan.placement(a):  # the plan reshards this edge
+                        x = self._constrain(x, dst)
+                operands.append(x)
+            outs = e.bind(operands)
+            for name, x, p in zip(e.outputs, outs, strategy.outputs):
+                env[name] = self._constrain(x, p)
+        results = []
+        for a in c.outputs:
+            x = read_atom(env, a)
+            if isinstance(a, str) and a in self._final:
+                x = self._constrain(x, self._final[a])
+            results.append(x)
+        return results
+
+    @cached_property
+    def jitted(self) -> Callable[..., list[Any]]:
+        return jax.jit(self._run, in_shardings=self.in_shardings)
+
+    def _flat_inputs(self, inputs: tuple, params: Any) -> list[Any]:
+        args = (self.params if params is None else params, *inputs) if self.params is not None else inputs
+        leaves, tree = jax.tree.flatten(args)
+        if tree != self.captured.in_tree:
+            raise ValueError(f"inputs do not match the captured structure: {tree} vs {self.captured.in_tree}")
+        # The plan (and the program) hold for the captured shapes only.
+        for x, v in zip(leaves, self.captured.ir.input_list):
+            if v.is_tensor and tuple(jnp.shape(x)) != v.shape:
+                raise ValueError(f"{v.name}: shape {tuple(jnp.shape(x))}, but the plan is for {v.shape}")
+        flat = leaves + [v for _, v in self.captured.consts]
+        return [jax.device_put(x, s) for x, s in zip(flat, self.in_shardings)]
+
+    def __call__(self, *inputs: Any, params: Any = None) -> Any:
+        """Run the plan: the function's outputs, or ``(out, grads)`` for a forward+backward
+        capture. ``params`` replaces the stored parameters (same structure and shapes)."""
+        outs = self.jitted(*self._flat_inputs(inputs, params))
+        return jax.tree.unflatten(self.captured.out_tree, outs)
+
+    def lower(self, *inputs: Any, params: Any = None):
+        """The jitted program lowered for these inputs (``.compile().as_text()`` shows its HLO)."""
+        return self.jitted.lower(*self._flat_inputs(inputs, params))
+
+    def explain(self) -> str:
+        return f"{self.plan.table()}\n\nrules: {self.stats}"
+
+
+def parallelize(
+    fn: Callable,
+    mesh: Mesh,
+    example_inputs: tuple,
+    *,
+    params: Any = None,
+    backward: bool = True,
+    loss_fn: Callable | None = None,
+    memory_budget: float | None = None,
+    time_limit: float = 10.0,
+    solver: str = "ilp",
+    cache: RuleCache | None = None,
+    cost_model: planner.CostModel | None = None,
+    table: Any = None,
+) -> Parallelized:
+    """Capture ``fn``, find every node's rules (table, cache, live ShardCombine), plan on
+    ``mesh``, and return a callable that runs the plan under jit.
+
+    With ``params``, ``fn(params, *inputs)`` runs forward and backward: the call returns
+    ``(out, grads)`` of ``loss_fn(out)`` (default: the sum of the outputs), and each
+    gradient is planned in its parameter's placement. ``table``: a rule table in the
+    generated module's form (default: metaspmd.generated.jax_rules.RULES).
+    """
+    captured = capture(fn, tuple(example_inputs), params=params, backward=backward, loss_fn=loss_fn)
+    found, stats = resolve(captured.ir, lambda op: node_call(captured, op, table), JaxOps(), "jax",
+                           cache if cache is not None else RuleCache())
+    strategies = {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
+    ties = []
+    if params is not None and backward:
+        grads = captured.outputs[captured.n_outputs:]
+        ties = [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
+    plan = planner.plan(
+        captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit,
+        solver=solver, ties=ties, cost_model=cost_model,
+    )
+    return Parallelized(captured, plan, stats, mesh, params)
+
+
+__all__ = ["Parallelized", "parallelize", "partition_spec", "planner_mesh"]

@@ -1,0 +1,149 @@
+"""Rules for captured JAX nodes: the generated table first, an OpCase for live exploration.
+
+A node's signature is computed exactly as the JAX backend computes its sweep cases (the
+backend's operand names and plain params, literals counted as scalar tensors), so rules
+swept offline are found again here. Literal operands are constants of the program, not
+values the planner places: ``without_literals`` keeps the strategies that replicate them
+and drops their slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from metaspmd.case import OpCase
+from metaspmd.ir import MetaOp
+from metaspmd.resolve import NodeCall
+from metaspmd.signature import signature
+from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
+from metaspmd.tensor_ops import FLOAT, INT, OTHER
+
+from .capture import Captured, op_arguments
+from .indices import fresh_indices
+from .inputs import condition
+from .tensor_ops import JaxOps, kind_of
+
+_OPS = JaxOps()
+
+# Control flow: its bodies are traced at fixed shapes, so it cannot run on shards. It stays
+# one opaque node, replicated unless the table has a rule for it.
+OPAQUE = frozenset({"while", "cond", "scan", "custom_linear_solve", "eval_jaxpr", "composite", "platform_index"})
+
+
+class Opaque(Exception):
+    """Raised by an opaque node's exploration call: the explorer records it as failed."""
+
+
+def _table() -> Mapping[str, Mapping[str, Any]]:
+    from metaspmd.generated.jax_rules import RULES
+
+    return RULES
+
+
+def to_strategies(rule) -> tuple[Strategy, ...]:
+    """A generated table Rule back into the rule model the planner reads."""
+    out = []
+    for i, s in enumerate(rule.strategies):
+        ins = tuple(
+            PartialInput(p) if p else ShardIn(d) if d is not None else Replicate()
+            for d, p in zip(s.inputs, s.partial_inputs)
+        )
+        outs = tuple(
+            OutputCombine((Reduce(p) if p else Gather(d) if d is not None else Identity(),))
+            for d, p in zip(s.outputs, s.partial_outputs)
+        )
+        out.append(Strategy(f"S{i + 1}", ins, outs))
+    return tuple(out)
+
+
+def without_literals(strategies: Sequence[Strategy], literal_positions: Sequence[int]) -> tuple[Strategy, ...]:
+    """Strategies over the operands that are graph values: literal slots removed, and
+    strategies that would split or sum a literal dropped."""
+    if not literal_positions:
+        return tuple(strategies)
+    drop = set(literal_positions)
+    out = []
+    for s in strategies:
+        if any(not isinstance(p, Replicate) for i, p in enumerate(s.inputs) if i in drop):
+            continue
+        out.append(Strategy(s.label, tuple(p for i, p in enumerate(s.inputs) if i not in drop), s.outputs))
+    return tuple(out)
+
+
+def _widened(operands: Sequence[Any]) -> list[Any]:
+    """Float operands in float64 (tight ground truth), when jax has x64 enabled."""
+    if not jax.config.jax_enable_x64:
+        return list(operands)
+    return [x.astype(jnp.float64) if kind_of(x.dtype) == FLOAT and x.dtype != jnp.float64 else x for x in operands]
+
+
+def _repeats(a: np.ndarray) -> bool:
+    """Some dim holds the same slice at every index (a zero bias, a broadcast constant,
+    the gradient of a sum): shards along it would be identical."""
+    return any(a.shape[d] > 1 and bool(np.all(a == a.take([0], axis=d))) for d in range(a.ndim))
+
+
+def _varied(prim: str, operands: Sequence[Any], seed: int) -> list[Any]:
+    """The real operands, except those that repeat along a dim: the explorer rightly
+    refuses to judge a split from identical shards, so they take the values the backend
+    would draw for them (random data; structured operands such as indices stay)."""
+    repeating = [kind_of(x.dtype) != OTHER and _repeats(np.asarray(x)) for x in operands]
+    if not any(repeating):
+        return list(operands)
+    drawn = condition(prim, list(operands), list(operands), seed)
+    return [d if r else x for x, d, r in zip(operands, drawn, repeating)]
+
+
+def _fresh_operands(prim: str, params: dict, operands: Sequence[Any], seed: int) -> list[Any]:
+    """New trial operands the way the JAX backend draws them for its sweep: random data,
+    structured operands (indices) kept or redrawn in range, ties for equality tests."""
+    new = condition(prim, list(operands), list(operands), seed)
+    for k, value in fresh_indices(prim, params, new, seed).items():
+        new[k] = jnp.asarray(value)
+    return new
+
+
+def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ...], tuple, str]:
+    names, args = op_arguments(node.op.removeprefix("jax."), operands)
+    return names, args, signature(_OPS, names, args, node.kwargs)
+
+
+def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str, Any]] | None = None) -> NodeCall:
+    operands = captured.values[node.name]
+    prim = captured.eqn(node.name).prim.name
+    names, args, sig = node_signature(node, operands)
+    rules = (table if table is not None else _table()).get(node.op, {}).get(sig)
+
+    def case() -> OpCase:
+        if prim in OPAQUE:
+            def refuse(*_a, **_k):
+                raise Opaque(f"{prim} is control flow: its bodies have fixed shapes, so it stays replicated")
+
+            return OpCase(node.op, refuse, args, dict(node.kwargs), names)
+        params = captured.eqn(node.name).params
+        example = _widened(_varied(prim, operands, 0))
+        try:  # some kernels have no float64 form, or params pin float32: explore as is
+            node.fn(*op_arguments(prim, example)[1])
+            widen = _widened
+        except Exception:
+            example, widen = _varied(prim, operands, 0), list
+
+        def fresh(seed: int):
+            return op_arguments(prim, widen(_fresh_operands(prim, params, operands, seed + 1)))[1], dict(node.kwargs)
+
+        a = op_arguments(prim, example)[1]
+        # Integer operands are indices or counts the program built to be valid; keys are keys.
+        fixed = frozenset(
+            n for n, v in zip(names, a)
+            if any(kind_of(x.dtype) in (INT, OTHER) for x in (v if isinstance(v, list) else [v]))
+        )
+        return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed)
+
+    return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
+
+
+__all__ = ["OPAQUE", "Opaque", "node_call", "node_signature", "to_strategies", "without_literals"]

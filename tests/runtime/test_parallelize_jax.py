@@ -1,0 +1,297 @@
+"""parallelize() on JAX: jit over a mesh of 4 of 8 simulated CPU devices. Planned models
+match single-device outputs and gradients, and the compiled program holds the
+collectives the plan asks for.
+
+XLA fixes its CPU device count when jax first starts a backend, so this module asks for 8
+devices before that; if another module started jax first, the tests re-run in a fresh
+process instead.
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from metaspmd.backends.jax import FAST_COMPILE_FLAGS
+
+# Live exploration compiles a small executable per op and shard shape: XLA's cheaper CPU
+# pipeline halves that time (same IEEE arithmetic).
+_DEVICES = "--xla_force_host_platform_device_count=8"
+_FLAGS = " ".join((_DEVICES, *FAST_COMPILE_FLAGS))
+if _DEVICES not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+from metaspmd.backends.jax.capture import capture  # noqa: E402
+from metaspmd.backends.jax.parallelize import parallelize, partition_spec  # noqa: E402
+from metaspmd.backends.jax.rules_at_runtime import node_call, to_strategies, without_literals  # noqa: E402
+from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.generated.jax_rules import Rule, Strategy  # noqa: E402
+from metaspmd import planner, spec  # noqa: E402
+
+ENOUGH_DEVICES = jax.device_count() >= 8
+needs_devices = pytest.mark.skipif(not ENOUGH_DEVICES, reason="jax started with too few devices (fresh process)")
+DEVICE_TESTS = "matches_single_device or cache_second_time or control_flow"  # the needs_devices tests
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# How XLA may spell a planned step: a reduce-scatter can compile to an all-reduce and a slice.
+SPELLINGS = {"all-reduce": ("all-reduce",), "reduce-scatter": ("reduce-scatter", "all-reduce"),
+             "all-gather": ("all-gather",), "all-to-all": ("all-to-all", "all-gather")}
+
+
+@pytest.mark.skipif(ENOUGH_DEVICES, reason="runs in this process")
+def test_in_a_fresh_process():
+    env = dict(os.environ, XLA_FLAGS=_FLAGS)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", DEVICE_TESTS]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- models
+
+
+def mlp(p, x):
+    return jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def mlp_params(dim=64, hidden=256, seed=0):
+    k = jax.random.split(jax.random.key(seed), 4)
+    return dict(w1=0.1 * jax.random.normal(k[0], (dim, hidden), jnp.float32),
+                b1=0.1 * jax.random.normal(k[1], (hidden,), jnp.float32),
+                w2=0.1 * jax.random.normal(k[2], (hidden, dim), jnp.float32),
+                b2=jnp.zeros((dim,), jnp.float32))
+
+
+def layer_norm(x, g, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(var + 1e-5) * g + b
+
+
+def gpt_block(p, x, heads=4):
+    """Pre-norm transformer block: causal self-attention and a GELU MLP."""
+    b, t, d = x.shape
+    h = layer_norm(x, p["ln1_g"], p["ln1_b"])
+    q, k, v = jnp.split(h @ p["w_qkv"] + p["b_qkv"], 3, axis=-1)
+    q, k, v = (y.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3) for y in (q, k, v))
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d // heads)
+    scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+    att = (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+    x = x + att @ p["w_o"] + p["b_o"]
+    h = layer_norm(x, p["ln2_g"], p["ln2_b"])
+    return x + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def gpt_params(d=32, hidden=128, seed=0):
+    k = jax.random.split(jax.random.key(seed), 8)
+
+    def n(i, shape):
+        return 0.2 * jax.random.normal(k[i], shape, jnp.float32)
+
+    zeros = lambda n_: jnp.zeros((n_,), jnp.float32)  # noqa: E731
+    return dict(ln1_g=1 + n(0, (d,)), ln1_b=n(1, (d,)), w_qkv=n(2, (d, 3 * d)), b_qkv=zeros(3 * d),
+                w_o=n(3, (d, d)), b_o=zeros(d), ln2_g=1 + n(4, (d,)), ln2_b=n(5, (d,)),
+                w1=n(6, (d, hidden)), b1=zeros(hidden), w2=n(7, (hidden, d)), b2=zeros(d))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def combines(*options):
+    """One output with these combine options."""
+    return (spec.OutputCombine(options),)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[:4]), ("tp",))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return RuleCache(tmp_path_factory.mktemp("rules"))
+
+
+def run_planned(fn, params, x, mesh, cache, **kw):
+    par = parallelize(fn, mesh, (x,), params=params, cache=cache, **kw)
+    out, grads = par(x)
+    ref = fn(params, x)
+    ref_grads = jax.grad(lambda p: fn(p, x).sum())(params)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    for name in params:
+        np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    return par
+
+
+def compiled_collectives(par, x) -> set[str]:
+    text = par.lower(x).compile().as_text()
+    return {c for c in COLLECTIVES if c in text}
+
+
+def planned_kinds(plan) -> set[str]:
+    return {c.split("@")[0] for c in plan.collectives()}
+
+
+def assert_collectives_follow_the_plan(par, x):
+    found = compiled_collectives(par, x)
+    for kind in planned_kinds(par.plan):
+        assert found & set(SPELLINGS[kind]), f"plan needs {kind}, compiled program has {sorted(found)}"
+    return found
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@needs_devices
+@pytest.mark.parametrize("budget", [None, 200_000])
+def test_mlp_matches_single_device(mesh, cache, budget):
+    params, x = mlp_params(), jax.random.normal(jax.random.key(1), (8, 64), jnp.float32)
+    par = run_planned(mlp, params, x, mesh, cache, memory_budget=budget)
+    found = assert_collectives_follow_the_plan(par, x)
+    if budget is None:
+        assert not par.plan.collectives() and not found  # replicated plan: nothing to communicate
+    else:
+        assert par.plan.memory <= budget
+        assert any(n.strategy.label != "R" for n in par.plan.nodes)  # the budget forces sharding
+        # Gradients tied to sharded parameters cannot come free: the plan communicates.
+        assert par.plan.collectives() and found
+        # A planned sum (Partial, Megatron's row-parallel matmul) compiles to a reduction.
+        partial = any(isinstance(p, planner.Partial) for n in par.plan.nodes for ps in n.strategy.outputs for p in ps)
+        assert not partial or found & {"all-reduce", "reduce-scatter"}
+
+
+@needs_devices
+def test_mlp_on_a_2d_mesh_matches_single_device(cache):
+    mesh_2d = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+    params, x = mlp_params(), jax.random.normal(jax.random.key(1), (8, 64), jnp.float32)
+    par = run_planned(mlp, params, x, mesh_2d, cache, memory_budget=100_000)
+    assert par.plan.memory <= 100_000 and par.plan.collectives()
+    assert_collectives_follow_the_plan(par, x)
+
+
+@needs_devices
+def test_gpt_block_matches_single_device(mesh, cache):
+    params, x = gpt_params(), jax.random.normal(jax.random.key(1), (2, 8, 32), jnp.float32)
+    par = run_planned(gpt_block, params, x, mesh, cache, memory_budget=200_000)
+    assert par.stats.table + par.stats.cache + par.stats.live == len(par.captured.ir)
+    assert par.plan.memory <= 200_000
+    assert par.plan.collectives() and assert_collectives_follow_the_plan(par, x)
+
+
+def test_node_signatures_are_the_backend_sweep_signatures():
+    from metaspmd.backends.jax.backend import abstract_signature
+    from metaspmd.backends.jax.programs import Occurrence
+
+    # The GPT test's shapes, so its compiled ops are reused.
+    c = capture(gpt_block, (jnp.ones((2, 8, 32), jnp.float32),), params=gpt_params())
+    for op in c.ir:
+        e = c.eqn(op.name)
+        occ = Occurrence(0, (), e.prim.name, e.prim, e.params, tuple(v.aval for v in c.values[op.name]))
+        assert node_call(c, op, {}).signature == abstract_signature(occ), op.name
+
+
+@needs_devices
+def test_rules_come_from_the_cache_second_time(mesh, cache):
+    params, x = mlp_params(), jax.random.normal(jax.random.key(2), (8, 64), jnp.float32)
+    par = run_planned(mlp, params, x, mesh, cache)
+    assert par.stats.live == 0 and par.stats.table + par.stats.cache == len(par.captured.ir)
+    # A training step: new parameter values run the same plan.
+    new = mlp_params(seed=5)
+    out, grads = par(x, params=new)
+    np.testing.assert_allclose(out, mlp(new, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grads["w1"], jax.grad(lambda p: mlp(p, x).sum())(new)["w1"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="plan is for"):
+        par(jnp.ones((4, 64), jnp.float32))
+
+
+@needs_devices
+def test_control_flow_is_one_replicated_node(mesh, cache):
+    def f(x):
+        return lax.fori_loop(0, 3, lambda i, y: jnp.sin(y) * 2.0, x * 3.0).sum(axis=0)
+
+    x = jax.random.normal(jax.random.key(3), (8, 16), jnp.float32)
+    par = parallelize(f, mesh, (x,), cache=cache)
+    loops = [op for op in par.captured.ir if op.op in ("jax.scan", "jax.while")]
+    assert len(loops) == 1 and par.plan.strategy(loops[0].name).label == "R"
+    assert loops[0].name in par.stats.unexplorable
+    np.testing.assert_allclose(par(x), f(x), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_capture_inlines_calls_and_records_values():
+    @jax.checkpoint
+    def body(y):
+        return jnp.sin(y)
+
+    def f(p, x):
+        return body(jax.nn.relu(jax.jit(lambda a: a @ p["w"])(x)))  # relu is a custom_jvp
+
+    params, x = {"w": jnp.ones((4, 3), jnp.float32)}, jnp.arange(8.0, dtype=jnp.float32).reshape(2, 4)
+    c = capture(f, (x,), params=params)
+    ops = {op.op for op in c.ir}
+    assert "jax.dot_general" in ops and "jax.max" in ops and "jax.sin" in ops
+    assert not ops & {"jax.jit", "jax.custom_jvp_call", "jax.checkpoint", "jax.remat2"}
+    assert c.input_names == ("params.w", "in0") and c.param_names == ("params.w",)
+    assert c.n_outputs == 1 and len(c.outputs) == 2  # out, then d out.sum() / d w
+    dot = next(op for op in c.ir if op.op == "jax.dot_general")
+    lhs, rhs = c.values[dot.name]
+    np.testing.assert_array_equal(lhs, x)
+    np.testing.assert_array_equal(rhs, params["w"])
+
+
+def test_signature_matches_the_backend_and_table_rules_come_back():
+    params, x = mlp_params(16, 32), jnp.ones((4, 16), jnp.float32)
+    c = capture(mlp, (x,), params=params, backward=False)
+    sig = "lhs:f[*,*] rhs:f[*,*] dimension_numbers=[[[1],[0]],[[],[]]]"
+    column = Strategy((None, 1), (1,), ("", ""), ("",))
+    row = Strategy((1, 0), (None,), ("", ""), ("sum",))
+    table = {"jax.dot_general": {sig: Rule((column, row), None, (), ())}}
+    dots = [op for op in c.ir if op.op == "jax.dot_general"]
+    assert len(dots) == 2
+    for op in dots:
+        call = node_call(c, op, table)
+        assert call.signature == sig
+        s1, s2 = call.table_rules
+        assert s1.inputs == (spec.Replicate(), spec.ShardIn(1)) and s1.outputs == combines(spec.Gather(1))
+        assert s2.inputs == (spec.ShardIn(1), spec.ShardIn(0)) and s2.outputs == combines(spec.Reduce("sum"))
+
+
+def test_literal_operands_are_replicated_constants():
+    def f(x):
+        return jnp.maximum(x * 0.5, 0.0)
+
+    c = capture(f, (jnp.ones((4, 6), jnp.float32),))
+    mul = next(op for op in c.ir if op.op == "jax.mul")
+    eqn = c.eqn(mul.name)
+    assert len(mul.input_vars) == 1 and eqn.literal_positions == (1,)  # x * 0.5
+    rules = (
+        spec.Strategy("S1", (spec.ShardIn(0), spec.Replicate()), combines(spec.Gather(0))),
+        spec.Strategy("S2", (spec.PartialInput("sum"), spec.PartialInput("sum")), combines(spec.Reduce("sum"))),
+    )
+    kept = without_literals(rules, eqn.literal_positions)
+    assert [s.label for s in kept] == ["S1"] and kept[0].inputs == (spec.ShardIn(0),)
+
+
+def test_partition_spec_of_placements():
+    P = jax.sharding.PartitionSpec
+    assert partition_spec((planner.Shard(1),), ("tp",), 2) == P(None, "tp")
+    assert partition_spec((planner.Shard(0), planner.Shard(0)), ("dp", "tp"), 2) == P(("dp", "tp"), None)
+    assert partition_spec((planner.Replicate(), planner.Shard(0)), ("dp", "tp"), 1) == P("tp")
+    assert partition_spec((planner.Partial("sum"),), ("tp",), 2) is None
+
+
+def test_to_strategies_reads_generated_rules():
+    rule = Rule((Strategy((0, None), (0,), ("", ""), ("",)), Strategy((None, None), (None,), ("sum", "sum"), ("sum",))),
+                None, (), ())
+    s1, s2 = to_strategies(rule)
+    assert (s1.label, s1.inputs) == ("S1", (spec.ShardIn(0), spec.Replicate()))
+    assert s2.inputs == (spec.PartialInput("sum"), spec.PartialInput("sum"))
+    assert s2.outputs == combines(spec.Reduce("sum"))
