@@ -60,6 +60,7 @@ class _Trial:
     leaves: list[Any]
     outputs: list[Any]  # tensor leaves of the output
     others: list[Any]  # non-tensor leaves of the output (must match on every shard)
+    index: int = 0  # 0: the example; k: the k-th fresh trial (seeds its Partial summands)
 
 
 def _error_text(e: BaseException) -> str:
@@ -90,9 +91,9 @@ class _Explorer:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
         return self._flatten_out(self.case.call(args, kwargs))
 
-    def _trial(self, args: tuple, kwargs: dict) -> _Trial:
+    def _trial(self, args: tuple, kwargs: dict, index: int = 0) -> _Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
-        trial = _Trial(args, kwargs, leaves, [], [])
+        trial = _Trial(args, kwargs, leaves, [], [], index)
         trial.outputs, trial.others = self._call(leaves, trial)
         return trial
 
@@ -167,7 +168,7 @@ class _Explorer:
                     return None  # identical shards prove nothing
                 per_input[i] = shards
         for i in group.partial:
-            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed + 17 * i + n)
+            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n)
         result = []
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
@@ -199,6 +200,10 @@ class _Explorer:
             cands = candidates[j] if candidates is not None else candidate_combines(
                 self.ops, shards, glob, even, max_halo, self.config.max_block
             )
+            if group.partial:
+                # op(x1 + x2) can only be op(x1) + op(x2) (linear) or op(x) (independent of
+                # that input); anything else that passes is luck on the data.
+                cands = [c for c in cands if c in (Reduce("sum"), Identity())]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
@@ -266,7 +271,7 @@ class _Explorer:
         self.trials = [first]
         try:
             for k in range(1, len(TRIAL_SPLITS) + 1):
-                self.trials.append(self._trial(*self._fresh_inputs(k)))
+                self.trials.append(self._trial(*self._fresh_inputs(k), index=k))
         except Exception as e:
             return entry("failed", "fresh inputs: " + _error_text(e))
         for j in range(len(first.outputs)):
