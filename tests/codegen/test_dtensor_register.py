@@ -23,7 +23,7 @@ WORLD = 4
 OPS = [
     "aten._adaptive_avg_pool3d_backward.default", "aten._add_relu.Scalar", "aten._add_relu.Tensor",
     "aten._aminmax.default", "aten._aminmax.dim", "aten._cdist_backward.default",
-    "aten._compute_linear_combination.default", "aten._conj_physical.default", "aten._convolution.default",
+    "aten._conj_physical.default", "aten._convolution.default",
     "aten._convolution.deprecated", "aten._dirichlet_grad.default", "aten._embedding_bag_backward.default",
     "aten._embedding_bag_per_sample_weights_backward.default", "aten._lazy_clone.default",
     "aten._masked_softmax.default", "aten._masked_softmax_backward.default", "aten._neg_view.default",
