@@ -1,0 +1,48 @@
+"""The jax backend: every jax primitive as an op, explored through ``prim.bind`` on CPU.
+
+``get_backend()`` turns on float64 (tight ground truth for float rules) before any array
+is made. Exploring compiles one small executable per primitive, params and shard shape,
+so compile time dominates a sweep: ``fast_compile`` (on by default) asks XLA for its
+cheaper CPU pipeline (about half the compile time, same IEEE arithmetic), and
+``compile_cache=DIR`` turns on jax's persistent compilation cache so a second sweep
+reuses the executables of the first. Both only take effect before jax starts its CPU
+client, which is the case in a sweep worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+
+
+def enable_x64() -> None:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
+def _add_xla_flags(flags) -> None:
+    current = os.environ.get("XLA_FLAGS", "")
+    missing = [f for f in flags if f.split("=")[0] not in current]
+    if missing:
+        os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
+
+
+def _truthy(value) -> bool:
+    return str(value).lower() not in ("0", "false", "no", "off", "")
+
+
+def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None, fast_compile="1", **_ignored):
+    if _truthy(fast_compile):
+        _add_xla_flags(FAST_COMPILE_FLAGS)
+    import jax
+
+    enable_x64()
+    if compile_cache:
+        jax.config.update("jax_compilation_cache_dir", str(compile_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from .backend import MAX_CASES, JaxBackend
+
+    return JaxBackend(max_cases=int(max_cases) if max_cases else MAX_CASES)

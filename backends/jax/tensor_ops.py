@@ -31,6 +31,21 @@ def _is_extended(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jax.dtypes.extended)
 
 
+def kind_of(dtype) -> str:
+    """The dtype kind (metaspmd.tensor_ops) of a jax or numpy dtype."""
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
+        return OTHER
+    if dtype == np.bool_:
+        return BOOL
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return COMPLEX
+    if jnp.issubdtype(dtype, jnp.floating):
+        return FLOAT
+    if jnp.issubdtype(dtype, jnp.integer):
+        return INT
+    return OTHER
+
+
 def _np(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
@@ -49,18 +64,7 @@ class JaxOps:
         return tuple(int(s) for s in x.shape)
 
     def dtype_kind(self, x: jax.Array) -> str:
-        d = x.dtype
-        if _is_extended(x):
-            return OTHER
-        if d == np.bool_:
-            return BOOL
-        if jnp.issubdtype(d, jnp.complexfloating):
-            return COMPLEX
-        if jnp.issubdtype(d, jnp.floating):
-            return FLOAT
-        if jnp.issubdtype(d, jnp.integer):
-            return INT
-        return OTHER
+        return kind_of(x.dtype)
 
     def dtype_name(self, x: jax.Array) -> str:
         return str(x.dtype)

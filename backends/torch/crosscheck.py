@@ -18,6 +18,10 @@ non-replicated input, and the output placements it gives.
   4-way split (crosscheck_numerics); the exit status is 1 when one fails;
 - ops DTensor cannot run at all (no rule, no decomposition, no custom handler) that the
   registry covers.
+
+DTensor's answers are cached per op (crosscheck_dtensor.AnswerCache): a first full run
+spends most of its time asking decomposition-based rules; later runs only re-verify.
+Exit status: 0 done, 1 a rule of ours failed re-verification, 2 usage or registry error.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -48,12 +53,15 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, TensorOps
 from . import catalog
 from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
-    default_cache_folder, dtensor_support,
+    default_cache_folder, dtensor_support, rewrites_shape_args,
 )
-from .crosscheck_numerics import check_foreign_rule, reverify
+from .crosscheck_numerics import FreshInputs, check_foreign_rule, reverify
 
 REGISTRY = Path(__file__).resolve().parent.parent.parent / "registry"
 RULE_STATUSES = ("ok", "derived")
+EXTRA_KINDS = ("dtensor-lacks", "no-dtensor-rule", "no-placement", "not-compared")
+VERDICTS = ("ok", "failed", "data-dependent", "vacuous", "unchecked")
+NO_EXAMPLES = ("no-sample", "nondeterministic", "skipped")  # record statuses reached before any example ran
 
 
 @dataclass(frozen=True)
@@ -136,16 +144,27 @@ class OurRule:
         return f"({', '.join(str(p) for p in self.placements)}) -> ({outs})"
 
 
+def bool_key(key: str) -> str:
+    """The one name of a bool output's Partial: sum, like max, is logical or (DTensor says
+    P(sum) where the explorer, which tries only max and min on bools, finds P(max))."""
+    return "P(max)" if key == "P(sum)" else key
+
+
 def our_rules(entry: RuleEntry | None) -> list[OurRule]:
     """The entry's strategies with at least one non-replicated input."""
     if entry is None or entry.status not in RULE_STATUSES:
         return []
+    bools = [r.dtype == "bool" for r in entry.results]
     rules = []
     for s in entry.strategies():
         if all(isinstance(p, Replicate) for p in s.inputs):
             continue
         ins = tuple(input_key(p) for p in s.inputs)
-        opts = tuple(tuple(k for k in map(output_key, o.options) if k) for o in s.outputs)
+        opts = tuple(
+            tuple(dict.fromkeys(bool_key(k) if j < len(bools) and bools[j] else k
+                                for k in map(output_key, o.options) if k))
+            for j, o in enumerate(s.outputs)
+        )
         rules.append(OurRule(
             tuple(k or str(p) for k, p in zip(ins, s.inputs)), opts, s.inputs, tuple(o.options for o in s.outputs),
             None not in ins and all(opts),
@@ -177,7 +196,7 @@ class Extra:
     rule: str
     kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, block, prod) | not-compared
     dtensor: str  # what DTensor does with these inputs
-    verdict: str  # ok | failed | vacuous (empty output) | unchecked
+    verdict: str  # ok | failed | data-dependent (only on the sample's inputs) | vacuous (empty output) | unchecked
     detail: str = ""
 
 
@@ -193,6 +212,7 @@ class OpResult:
     inexpressible: int = 0  # our rules without (halo, block, prod)
     agree: int = 0
     truncated: int = 0  # examples whose enumeration hit the cap
+    dtensor_runs: int = 0  # examples DTensor can run at all
     queries: int = 0
     misses: list[Miss] = field(default_factory=list)
     extras: list[Extra] = field(default_factory=list)
@@ -219,25 +239,36 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
             return f"the explorer does not try Partial({m[1]}) inputs"
         if m and query.ops.dtype_kind(query.tensors[i]) not in (FLOAT, COMPLEX):
             return "the explorer tries Partial inputs on float tensors only"
-    sizes = {query.tensors[i].shape[int(m[1])] for i, k in enumerate(inputs) if (m := SHARD_RE.match(k))}
-    if len(sizes) > 1:
+    sharded = [(query.tensors[i], int(m[1])) for i, k in enumerate(inputs) if (m := SHARD_RE.match(k))]
+    if any(t.numel() == 0 for t, _ in sharded):
+        return "a sharded input of the example is empty: its shards cannot differ, so the explorer skips it"
+    if len({t.shape[d] for t, d in sharded}) > 1:
         return "the explorer shards inputs together only along dims of one size"
     if entry.status == "derived":
         return "the derived view rule does not list it"
-    if any(note.startswith("dropped") and note.endswith(", ".join(inputs)) for note in entry.notes):
+
+    def found(key: Key) -> bool:  # kept, or found and dropped from the table
+        dropped = "dropped (dim already labelled): " + ", ".join(key)
+        return any(r.inputs == key for r in mine) or dropped in entry.notes
+
+    if found(inputs):
         return "dropped: the per-dim table holds one label per dim"
     if any(PARTIAL_RE.match(k) for k in inputs) and any(SHARD_RE.match(k) for k in inputs):
-        shards_only = tuple("R" if PARTIAL_RE.match(k) else k for k in inputs)
-        if any(r.inputs == shards_only for r in mine):
+        if found(tuple("R" if PARTIAL_RE.match(k) else k for k in inputs)):
             return "the explorer adds Partial inputs to a shard group only when the group fails alone"
     return ""
 
 
-def _reason(static: str, numeric: str) -> str:
+REWRITES = "DTensor rewrites the op's size arguments for each shard; the explorer runs shards with the global ones"
+
+
+def _reason(static: str, numeric: str, detail: str) -> str:
     if numeric == "wrong":
         return "DTensor false positive: its rule is wrong on this example"
     if static:
         return static
+    if detail == REWRITES:
+        return REWRITES
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
     if numeric == "holds":
@@ -245,12 +276,18 @@ def _reason(static: str, numeric: str) -> str:
     return "not found by the explorer; the numeric check could not run"
 
 
-def _check_dtensor_rule(case: OpCase, ops: TensorOps, inputs: Key, outputs: Key, config: Config) -> tuple[str, str]:
+def _check_dtensor_rule(func, fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> tuple[str, str]:
+    if rewrites_shape_args(func) and fresh.case.candidates is None:  # derived view cases adapt sizes themselves
+        return "unchecked", REWRITES
     combines = tuple(parse_output(k) for k in outputs)
     if any(c is None for c in combines):
         return "unchecked", "an output placement has no combine of ours"
     placements = tuple(parse_input(k) for k in inputs)
-    return check_foreign_rule(case, ops, placements, combines, config.dtensor.mesh_size, config.seed)
+    return check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
+
+
+def _leaves(x: Any) -> list[Any]:
+    return [y for v in x for y in _leaves(v)] if isinstance(x, (list, tuple)) else [x]
 
 
 def _cases(backend, op: str) -> tuple[list[OpCase], str]:
@@ -273,6 +310,9 @@ def crosscheck_op(backend, op: str, record: OpRecord | None, config: Config = Co
     except KeyError:
         return OpResult(op, "unknown", notes=["not an ATen overload here"])
     result = OpResult(op, dtensor_support(func), status=record.status if record else "missing")
+    if record is not None and record.status in NO_EXAMPLES:  # nothing ran: building cases would only fail again
+        result.notes.append(f"{record.status}: {record.reason}")
+        return result
     cases, why = _cases(backend, op)
     if why:
         result.notes.append(why)
@@ -292,19 +332,26 @@ def crosscheck_op(backend, op: str, record: OpRecord | None, config: Config = Co
 
 
 def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine: list[OurRule], ops: TensorOps,
-                  config: Config, cache: AnswerCache) -> tuple[DTensorQuery | None, dict[Key, Key]]:
-    """DTensor's accepted rules for this call; our rules' inputs are asked directly where the
-    enumeration did not reach them (cap, keyword tensors)."""
+                  config: Config, cache: AnswerCache) -> tuple[DTensorQuery | None, dict[Key, Key], bool]:
+    """DTensor's accepted rules for this call, and whether DTensor runs it at all. Our rules'
+    inputs are asked directly where the enumeration did not reach them (cap, keyword tensors)."""
     if result.support not in QUERIED:
-        return None, {}
+        return None, {}, result.support != "none"
+    if not any(isinstance(x, torch.Tensor) for x in _leaves(out)):
+        result.notes.append(f"{sig}: no tensor output, no rule to compare")
+        return None, {}, True
     try:
         query = DTensorQuery(func, case, ops, config.dtensor.mesh_size, out)
         answer = answer_for(query, config.dtensor, cache, result.op)
     except Exception as e:
         result.notes.append(f"{sig}: DTensor query fails: {type(e).__name__}: {str(e)[:120]}")
-        return None, {}
+        return None, {}, True
     result.queries += answer.queried
     result.truncated += answer.truncated
+    if not answer.runs:
+        result.notes.append(f"{sig}: DTensor cannot run this call, not even on replicated inputs")
+        return query, {}, False
+    result.dtensor_runs += 1
     accepted = dict(answer.accepted)
     options = [query.options(i, config.dtensor.partials) for i in range(query.n_inputs)]
     for rule in mine:
@@ -313,7 +360,7 @@ def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine
             got = query.accepts_inputs(rule.inputs, rule.options)
             if got is not None:
                 accepted[rule.inputs] = got
-    return query, accepted
+    return query, accepted, True
 
 
 def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEntry | None,
@@ -327,16 +374,18 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
     expressible = [r for r in mine if r.expressible]
     result.ours += len(expressible)
     result.inexpressible += len(mine) - len(expressible)
-    query, accepted = _dtensor_side(result, func, case, sig, out, mine, ops, config, cache)
+    query, accepted, runs = _dtensor_side(result, func, case, sig, out, mine, ops, config, cache)
     result.dtensor_rules += len(accepted)
-    result.compared += query is not None and entry is not None
+    result.compared += query is not None and runs and entry is not None
+    fresh = FreshInputs(case, ops)
     for inputs, outputs in sorted(accepted.items()):
         if any(r.inputs == inputs and r.gives(outputs) for r in expressible):
             result.agree += 1
             continue
-        numeric, detail = _check_dtensor_rule(case, ops, inputs, outputs, config)
+        numeric, detail = _check_dtensor_rule(func, fresh, inputs, outputs, config)
         static = _static_reason(inputs, outputs, entry, expressible, query)
-        result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), _reason(static, numeric), numeric, detail))
+        reason = _reason(static, numeric, detail)
+        result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail))
     for rule in mine:
         got = accepted.get(rule.inputs) if rule.expressible else None
         if got is not None and rule.gives(got):
@@ -345,11 +394,13 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
             kind, dt = "no-placement", "DTensor has no placement for it"
         elif result.support == "none":
             kind, dt = "no-dtensor-rule", "DTensor has no rule for the op"
+        elif not runs:
+            kind, dt = "no-dtensor-rule", f"DTensor cannot run the call ({result.support} fails)"
         elif query is None:
             kind, dt = "not-compared", f"DTensor side not queried ({result.support})"
         else:
             kind, dt = "dtensor-lacks", "not accepted as-is" if got is None else "gives " + fmt_rule(rule.inputs, got)
-        verdict, detail = reverify(case, ops, rule.placements, rule.combines, config.seed)
+        verdict, detail = reverify(fresh, rule.placements, rule.combines, config.seed)
         result.extras.append(Extra(result.op, sig, rule.text(), kind, dt, verdict, detail))
 
 
@@ -359,11 +410,12 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
 _WORKER: dict[str, Any] = {}  # per process: the backend and the answer cache
 
 
-def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True) -> None:
+def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True, worker: bool = True) -> None:
     from . import get_backend
 
     if quiet:  # framework warnings from thousands of odd calls bury the report
         warnings.simplefilter("ignore")
+    if worker:  # workers share the cores
         torch.set_num_threads(1)
     _WORKER["backend"] = get_backend(**backend_options)
     _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
@@ -373,6 +425,15 @@ def _alarm(signum, frame):
     raise TimeoutError("per-op time limit")
 
 
+def _drop_dispatch_modes(depth: int) -> None:
+    """Pop dispatch modes an interrupted query left entered (DTensor's decomposition
+    tracing does not unwind on a timeout); every later op would go through them."""
+    from torch.utils._python_dispatch import _pop_mode
+
+    while torch._C._len_torch_dispatch_stack() > depth:
+        _pop_mode()
+
+
 def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[OpResult, OpRecord | None]:
     """One op in this process: explored first when it has no record and that is asked."""
     from metaspmd.explorer import explore_op
@@ -380,6 +441,7 @@ def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[
     op, record, explore, config, limit = task
     start = time.perf_counter()
     backend = _WORKER["backend"]
+    depth = torch._C._len_torch_dispatch_stack()
     try:
         if limit:
             signal.signal(signal.SIGALRM, _alarm)
@@ -393,6 +455,7 @@ def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[
     finally:
         if limit:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        _drop_dispatch_modes(depth)
 
 
 @dataclass
@@ -415,8 +478,11 @@ class Report:
         return [e for e in self.extras() if e.verdict == "failed"]
 
     def dtensor_cannot_run(self) -> list[OpResult]:
-        """Ops with no DTensor rule at all for which we have rules."""
-        return [r for r in self.results if r.support == "none" and r.extras]
+        """Ops DTensor cannot run at all (no rule, or a decomposition that fails on every
+        example) for which we have rules that re-verify."""
+        return [r for r in self.results
+                if (r.support == "none" or r.support in QUERIED and r.examples and not r.dtensor_runs)
+                and any(e.verdict == "ok" for e in r.extras)]
 
     def summary(self) -> dict[str, Any]:
         misses, extras = self.misses(), self.extras()
@@ -438,8 +504,8 @@ class Report:
             "ours": self.total("ours"),
             "ours_no_placement": self.total("inexpressible"),
             "extras": len(extras),
-            "extras_by_kind": {k: kinds[k] for k in ("dtensor-lacks", "no-dtensor-rule", "no-placement", "not-compared")},
-            "extras_by_verdict": {k: verdicts[k] for k in ("ok", "failed", "vacuous", "unchecked")},
+            "extras_by_kind": {k: kinds[k] for k in EXTRA_KINDS},
+            "extras_by_verdict": {k: verdicts[k] for k in VERDICTS},
             "dtensor_cannot_run_ops": len(self.dtensor_cannot_run()),
             "truncated_examples": self.total("truncated"),
             "dtensor_queries": self.total("queries"),
@@ -449,8 +515,10 @@ class Report:
 
 
 def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Config(), explore_missing: bool = False,
-        jobs: int = 1, backend_options: dict | None = None, timeout: float = 0.0, progress: bool = False) -> Report:
-    """Cross-check ``ops`` (records by op name; the missing ones explored when asked)."""
+        jobs: int = 1, backend_options: dict | None = None, timeout: float = 0.0, progress: bool = False,
+        quiet: bool = False) -> Report:
+    """Cross-check ``ops`` (records by op name; the missing ones explored when asked).
+    ``quiet``: silence Python warnings in this process too (worker processes always are)."""
     start = time.perf_counter()
     tasks = [(op, records.get(op), explore_missing, config, timeout) for op in ops]
     results: list[OpResult] = []
@@ -464,7 +532,7 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
             print(f"\r{len(results)}/{len(tasks)} {res.op[:60]:<60}", end="", file=sys.stderr, flush=True)
 
     if jobs <= 1:
-        _init_worker(backend_options or {}, config.cache, quiet=False)
+        _init_worker(backend_options or {}, config.cache, quiet, worker=False)
         for task in tasks:
             collect(*_check_one(task))
     else:
@@ -517,6 +585,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("  not compared (custom handler, query failed)", kinds["not-compared"], ""),
         ("  re-verified ok", verdicts["ok"], ""),
         ("  re-verification FAILED", verdicts["failed"], ""),
+        ("  holds on the sample's inputs only", verdicts["data-dependent"], ""),
         ("  vacuous (empty output)", verdicts["vacuous"], ""),
         ("  unchecked", verdicts["unchecked"], ""),
         ("ops DTensor cannot run that we cover", s["dtensor_cannot_run_ops"], ""),
@@ -536,22 +605,23 @@ def format_report(report: Report, limit: int = 50) -> str:
         per_op: dict[str, Counter] = {}
         for e in extras:
             per_op.setdefault(e.op, Counter()).update([e.verdict, e.kind])
-        rows = [(op, sum(n[v] for v in ("ok", "failed", "vacuous", "unchecked")), n["ok"], n["failed"], n["vacuous"],
-                 n["unchecked"], n["dtensor-lacks"], n["no-dtensor-rule"], n["no-placement"], n["not-compared"])
+        rows = [(op, sum(n[v] for v in VERDICTS), *(n[v] for v in VERDICTS), *(n[k] for k in EXTRA_KINDS))
                 for op, n in per_op.items()]
         lines += ["", "Our rules DTensor does not give, per op" + (f" (first {limit} of {len(rows)} ops):"
                                                                    if len(rows) > limit else ":")]
-        lines += _table(rows[:limit], ("op", "rules", "ok", "failed", "vacuous", "unchecked", "lacks", "no-rule",
-                                       "no-placement", "not-compared"))
-    failures = report.failures()
-    if failures:
-        lines += ["", "FAILED re-verification:"]
-        lines += _table([(e.op, e.signature, e.rule, e.detail) for e in failures], ("op", "signature", "rule", "detail"))
+        lines += _table(rows[:limit], ("op", "rules", *VERDICTS, *EXTRA_KINDS))
+    for verdict, title in (("failed", "FAILED re-verification:"),
+                           ("data-dependent", "Rules that hold only on the sample's own inputs:")):
+        bad = [e for e in extras if e.verdict == verdict]
+        if bad:
+            lines += ["", title]
+            lines += _table([(e.op, e.signature, e.rule, e.detail) for e in bad[:limit]],
+                            ("op", "signature", "rule", "detail"))
     cannot = report.dtensor_cannot_run()
     if cannot:
         lines += ["", "Ops DTensor cannot run at all that we cover:"]
-        lines += _table([(r.op, len(r.extras), sum(e.verdict == "ok" for e in r.extras)) for r in cannot[:limit]],
-                        ("op", "our rules", "re-verified ok"))
+        lines += _table([(r.op, r.support, len(r.extras), sum(e.verdict == "ok" for e in r.extras))
+                         for r in cannot[:limit]], ("op", "DTensor", "our rules", "re-verified ok"))
     notes = [(r.op, n) for r in report.results for n in r.notes]
     if notes:
         lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
@@ -587,8 +657,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(default: sum, the one the explorer tries)")
     p.add_argument("--max-combos", type=int, default=QueryConfig.max_combos,
                    help="placement tuples asked per example where DTensor lists none (default %(default)s)")
+    p.add_argument("--max-seconds", type=float, default=QueryConfig.max_seconds,
+                   help="time spent asking DTensor per example (default %(default)s)")
     p.add_argument("--exhaustive", action="store_true", help="ask every placement tuple, for every op")
-    p.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--jobs", "-j", type=int, default=None,
+                   help="worker processes (default: one per 20 ops, at most the CPU count)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-op time limit in seconds, 0: none")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where DTensor's answers are cached (default: the metaspmd cache folder)")
@@ -621,9 +694,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("crosscheck: error: no op to check (no registry file, and no --ops match)", file=sys.stderr)
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_folder())
-    config = Config(QueryConfig(args.mesh_size, partials, args.max_combos, args.exhaustive), cache=cache)
-    report = run(ops, records, config, bool(patterns) or args.explore_missing, args.jobs, timeout=args.timeout,
-                 progress=args.progress)
+    query = QueryConfig(args.mesh_size, partials, args.max_combos, args.max_seconds, args.exhaustive)
+    config = Config(query, cache=cache)
+    jobs = args.jobs or max(1, min(os.cpu_count() or 1, len(ops) // 20))  # a worker costs seconds to start
+    report = run(ops, records, config, bool(patterns) or args.explore_missing, jobs, timeout=args.timeout,
+                 progress=args.progress, quiet=True)
     print(format_report(report, args.limit))
     if args.json:
         args.json.write_text(report_json(report) + "\n", encoding="utf-8")

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import re
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ PARTIAL_RE = re.compile(r"^P\((\w+)\)$")
 DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
 # How DTensor handles an op, in its own lookup order; these are answered by propagation.
 QUERIED = ("single-dim", "op-strategy", "decomposition", "rule")
+ANSWER_FORMAT = 5  # part of every cache key: bump when the meaning of an answer changes
+LIST_MAX_SHARDED = 2  # non-replicated tensors per tuple asked of calls with tensor lists
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class QueryConfig:
     mesh_size: int = 2  # DTensor refuses to shard a dim smaller than the mesh
     partials: tuple[str, ...] = ("sum",)  # Partial input placements offered
     max_combos: int = 256  # input placement tuples queried per example
+    max_seconds: float = 30.0  # querying time per example
     exhaustive: bool = False  # query every tuple, also where a single-dim strategy lists them
 
 
@@ -67,6 +71,16 @@ def dtensor_support(func: torch._ops.OpOverload) -> str:
     if func in prop.op_to_rules:
         return "rule"
     return "none"
+
+
+def rewrites_shape_args(func: torch._ops.OpOverload) -> bool:
+    """Does DTensor rewrite the op's size arguments to local sizes before running a shard
+    (views, factories, upsample backward, squeeze)? Replaying its rules then needs that too."""
+    from torch.distributed.tensor import DTensor
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    return (func in prop.op_to_shape_and_stride_idx or func in prop.op_to_scalar_shape_adjuster
+            or func in prop.squeeze_op_to_dims_variant)
 
 
 _MESHES: dict[int, Any] = {}
@@ -168,11 +182,10 @@ class DTensorQuery:
         for j, name in enumerate(out_names):
             kwargs[name] = _Slot(len(leaves) + j)
         self.args, self.kwargs = args, kwargs
+        self.has_tensor_lists = any(isinstance(a, (list, tuple)) and any(map(_is_slot, a)) for a in args)
         self.out_slots = tuple(range(len(leaves), len(self.tensors)))
-        in_kwargs: dict[int, Any] = {}
-        _parallel(kwargs, kwargs, in_kwargs)
         # DTensor never redistributes keyword tensors: only R can be told apart as-is there
-        self.keyword_slots = frozenset(i for i in in_kwargs if i < len(leaves))
+        self.keyword_slots = frozenset(s.index for s in pytree.leaves(kwargs, _is_slot) if s.index < len(leaves))
         self.schema_info = (self.prop.op_to_schema_info.get(func)
                             or self.prop.op_to_schema_info_for_single_dim_strategy.get(func))
 
@@ -189,8 +202,9 @@ class DTensorQuery:
                 return {k: token(v) for k, v in x.items()}
             return repr(x)
 
-        text = json.dumps([torch.__version__, str(self.func), token(self.args), token(self.kwargs),
-                           config.mesh_size, list(config.partials), config.max_combos, config.exhaustive],
+        text = json.dumps([ANSWER_FORMAT, torch.__version__, str(self.func), token(self.args), token(self.kwargs),
+                           config.mesh_size, list(config.partials), config.max_combos, config.max_seconds,
+                           config.exhaustive],
                           sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()
 
@@ -238,6 +252,8 @@ class DTensorQuery:
             m = SHARD_RE.match(key)
             if m and (int(m[1]) >= t.dim() or t.shape[int(m[1])] <= 1):
                 key = "R"  # a shard of a size-1 dim leaves it whole on one rank
+            if t.dtype == torch.bool and key == "P(sum)":
+                key = "P(max)"  # on bools both are logical or; one name for both sides
             keys.append(key)
         return tuple(keys)
 
@@ -286,12 +302,13 @@ class DTensorAnswer:
     accepted: dict[Key, Key] = field(default_factory=dict)  # input placements -> output placements
     queried: int = 0
     truncated: bool = False  # the cap stopped the enumeration
+    runs: bool = True  # DTensor runs the call at all (replicated inputs, or any accepted tuple)
 
 
-def _combos(options: list[list[str]]) -> Iterator[tuple[str, ...]]:
-    """Placement tuples with at least one non-R entry, fewest non-R entries first."""
+def _combos(options: list[list[str]], max_sharded: int | None = None) -> Iterator[tuple[str, ...]]:
+    """Placement tuples with 1 to ``max_sharded`` non-R entries, fewest first."""
     n = len(options)
-    for k in range(1, n + 1):
+    for k in range(1, min(n, max_sharded or n) + 1):
         for slots in itertools.combinations(range(n), k):
             if any(len(options[i]) < 2 for i in slots):
                 continue
@@ -311,7 +328,7 @@ def single_dim_candidates(query: DTensorQuery, options: list[list[str]]) -> list
     from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
 
     info = query.prop.op_single_dim_strategy_funcs.get(query.func)
-    if info is None:
+    if info is None or query.has_tensor_lists:  # lists (foreach ops) are expanded element-wise elsewhere
         return None
     schema = query.prop._wrap_with_op_strategy(OpSchema(
         query.func, *query.schema_args(["R"] * len(query.metas)), schema_info=query.schema_info))
@@ -334,18 +351,33 @@ def single_dim_candidates(query: DTensorQuery, options: list[list[str]]) -> list
 
 
 def dtensor_answer(query: DTensorQuery, config: QueryConfig) -> DTensorAnswer:
-    """The input tuples with a non-R input that DTensor accepts as-is, and their outputs."""
-    answer = DTensorAnswer()
+    """The input tuples with a non-R input that DTensor accepts as-is, and their outputs.
+
+    A call DTensor cannot run on replicated inputs gets no further question. Asking stops
+    at ``max_combos`` tuples or ``max_seconds`` (some decompositions take a second a
+    question); the answer then says it is truncated."""
+    answer = DTensorAnswer(queried=1)
+    if query.accepts(["R"] * len(query.metas)) is None:
+        answer.runs = False
+        return answer
     options = [query.options(i, config.partials) for i in range(len(query.metas))]
     listed = None if config.exhaustive else single_dim_candidates(query, options)
-    combos = iter(listed) if listed is not None else _combos(options)
+    # Tensor lists (foreach ops) are placed element by element: their tuples multiply with
+    # the list length, and a per-dim table holds only rules that treat elements alike.
+    # Those, and ours, are asked directly (DTensorQuery.accepts_inputs).
+    max_sharded = LIST_MAX_SHARDED if query.has_tensor_lists else None
+    combos = iter(listed) if listed is not None else _combos(options, max_sharded)
+    deadline = time.monotonic() + config.max_seconds
     for combo in itertools.islice(combos, config.max_combos):
         answer.queried += 1
         outs = query.accepts(combo)
         inputs = combo[: query.n_inputs]
         if outs is not None and any(k != "R" for k in inputs):
             answer.accepted.setdefault(inputs, outs)
-    answer.truncated = next(combos, None) is not None
+        if time.monotonic() > deadline:
+            break
+    answer.truncated = next(combos, None) is not None or (
+        max_sharded is not None and max_sharded < sum(len(o) > 1 for o in options))
     return answer
 
 
@@ -375,14 +407,14 @@ class AnswerCache:
         got = self._data.get(key)
         try:
             accepted = {tuple(i): tuple(o) for i, o in got["accepted"]}
-            return DTensorAnswer(accepted, int(got["queried"]), bool(got["truncated"]))
+            return DTensorAnswer(accepted, int(got["queried"]), bool(got["truncated"]), bool(got["runs"]))
         except (KeyError, TypeError, ValueError):
             return None
 
     def put(self, op: str, key: str, answer: DTensorAnswer) -> None:
         self._load(op)
         self._data[key] = {"accepted": sorted([list(i), list(o)] for i, o in answer.accepted.items()),
-                           "queried": answer.queried, "truncated": answer.truncated}
+                           "queried": answer.queried, "truncated": answer.truncated, "runs": answer.runs}
         self._dirty = True
 
     def flush(self) -> None:
@@ -417,5 +449,5 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 __all__ = [
     "AnswerCache", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
     "QueryConfig", "SHARD_RE", "answer_for", "default_cache_folder", "dtensor_answer", "dtensor_support",
-    "single_dim_candidates",
+    "rewrites_shape_args", "single_dim_candidates",
 ]

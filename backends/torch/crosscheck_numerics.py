@@ -32,11 +32,13 @@ def _leaf_names(case: OpCase, ops: TensorOps) -> list[str]:
     return names
 
 
-def fresh_inputs(case: OpCase, ops: TensorOps, seed: int) -> tuple[tuple, dict]:
+def fresh_inputs(case: OpCase, ops: TensorOps, seed: int, blind: bool = False) -> tuple[tuple, dict]:
     """New inputs of the example's shapes: the sample's own generator when it has one
-    (constrained inputs stay valid), else signed random values outside ``fixed`` args."""
+    (constrained inputs stay valid), else signed random values outside ``fixed`` args.
+    ``blind``: random values even where the sample has a generator, which also breaks
+    whatever special structure its inputs share (aliased tensors, zero weights)."""
     example = pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
-    if case.fresh is not None:
+    if case.fresh is not None and not blind:
         try:
             args, kwargs = case.fresh(seed)
             got = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
@@ -49,6 +51,20 @@ def fresh_inputs(case: OpCase, ops: TensorOps, seed: int) -> tuple[tuple, dict]:
         for i, (x, name) in enumerate(zip(example, _leaf_names(case, ops)))
     ]
     return pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, new)
+
+
+class FreshInputs:
+    """``fresh_inputs`` of one case, remembered by seed: every rule of an example is checked
+    on the same few draws, and regenerating an OpInfo sample is the slow part of a check."""
+
+    def __init__(self, case: OpCase, ops: TensorOps):
+        self.case, self.ops = case, ops
+        self._drawn: dict[tuple[int, bool], tuple[tuple, dict]] = {}
+
+    def __call__(self, seed: int, blind: bool = False) -> tuple[tuple, dict]:
+        if (seed, blind) not in self._drawn:
+            self._drawn[seed, blind] = fresh_inputs(self.case, self.ops, seed, blind)
+        return self._drawn[seed, blind]
 
 
 def chunk_bounds(size: int, n: int) -> list[tuple[int, int]]:
@@ -77,13 +93,15 @@ class Trial:
     n: int  # shard count
     seed: int
     chunked: bool = False  # cut dims as DTensor does (torch.chunk) rather than near-equally
+    blind: bool = False  # random inputs, not the sample's generator
 
 
-def run_trial(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
-              combines: Sequence[Combine], trial: Trial) -> str | None:
+def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
+              trial: Trial) -> str | None:
     """None when the combines rebuild every output from the shards' outputs, else what
     went wrong. Raises when the op fails on the fresh unsharded inputs (no verdict)."""
-    args, kwargs = fresh_inputs(case, ops, trial.seed)
+    case, ops = inputs.case, inputs.ops
+    args, kwargs = inputs(trial.seed, trial.blind)
     leaves = pytree.leaves((args, kwargs), ops.is_tensor)
     want = pytree.leaves(case.call(args, kwargs), ops.is_tensor)
     if len(want) != len(combines):
@@ -116,18 +134,28 @@ def run_trial(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement]
     return None
 
 
+def draw_seed(seed: int, trial: int) -> int:
+    """The seed of a check's ``trial``-th draw. Every check of an example uses the same few
+    draws, so FreshInputs regenerates the sample only that many times."""
+    return seed * 1000 + trial + 1
+
+
 def _sharded_sizes(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement]) -> list[int]:
     leaves = pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
     return [ops.shape(leaves[i])[p.dim] for i, p in enumerate(placements) if isinstance(p, ShardIn)]
 
 
-def reverify(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
-             options: Sequence[Sequence[Combine]], seed: int) -> tuple[str, str]:
-    """Check a rule of ours on fresh data: ('ok' | 'failed' | 'vacuous' | 'unchecked', detail).
+def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options: Sequence[Sequence[Combine]],
+             seed: int) -> tuple[str, str]:
+    """Check a rule of ours on fresh data: ('ok' | 'failed' | 'data-dependent' | 'vacuous' |
+    'unchecked', detail).
 
-    Every combine listed for an output must hold: two trials with new inputs, a 4-way split
-    (or the largest that fits) and another count, uneven where the sizes allow; reduce(avg)
-    only on equal shards, where the registry claims it."""
+    Every combine listed for an output must hold: two trials with inputs from the sample's
+    generator, a 4-way split (or the largest that fits) and another count, uneven where
+    the sizes allow; reduce(avg) only on equal shards, where the registry claims it. Then
+    one trial on blind random inputs, where the op accepts them: a rule that fails only
+    there holds for the sample's special inputs alone ('data-dependent')."""
+    case, ops = inputs.case, inputs.ops
     try:
         example = pytree.leaves(case.call(tuple(case.args), dict(case.kwargs)), ops.is_tensor)
     except Exception as e:
@@ -146,7 +174,7 @@ def reverify(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
             if not even and Reduce("avg") in choice:
                 continue
             try:
-                err = run_trial(case, ops, placements, choice, Trial(n, seed * 1000 + 17 * t + 1))
+                err = run_trial(inputs, placements, choice, Trial(n, draw_seed(seed, t)))
             except Exception as e:
                 return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
             checked += 1
@@ -154,22 +182,32 @@ def reverify(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
                 return "failed", err
     if not checked:
         return "unchecked", "reduce(avg) needs equal shards"
+    even = all(s % trials[0] == 0 for s in sizes)
+    for choice in itertools.product(*options):
+        if not even and Reduce("avg") in choice:
+            continue
+        try:
+            err = run_trial(inputs, placements, choice, Trial(trials[0], draw_seed(seed, 2), blind=True))
+        except Exception:
+            break  # the op refuses unconstrained inputs: the sample's generator is all there is
+        if err:
+            return "data-dependent", f"holds on the sample's inputs, not on random ones: {err}"
     return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
 
 
-def check_foreign_rule(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
-                       combines: Sequence[Combine], mesh_size: int, seed: int) -> tuple[str, str]:
+def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
+                       mesh_size: int, seed: int) -> tuple[str, str]:
     """Check another framework's rule: ('holds' | 'wrong' | 'split-dependent' | 'unchecked', detail).
 
     'wrong': it fails on the framework's own split of this example (``mesh_size`` pieces
     as torch.chunk cuts); 'split-dependent': it holds there but not with another shard
     count, which the explorer requires (it keeps rules that hold on 2, 3 and uneven shards)."""
-    sizes = _sharded_sizes(case, ops, placements)
+    sizes = _sharded_sizes(inputs.case, inputs.ops, placements)
     others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
-    trials = [Trial(mesh_size, seed * 1000 + 7, chunked=True)] + [Trial(n, seed * 1000 + 11 + n) for n in others[:1]]
+    trials = [Trial(mesh_size, draw_seed(seed, 0), chunked=True)] + [Trial(n, draw_seed(seed, 1)) for n in others[:1]]
     for t, trial in enumerate(trials):
         try:
-            err = run_trial(case, ops, placements, combines, trial)
+            err = run_trial(inputs, placements, combines, trial)
         except Exception as e:
             return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
         if err:
@@ -177,4 +215,7 @@ def check_foreign_rule(case: OpCase, ops: TensorOps, placements: Sequence[InputP
     return "holds", ""
 
 
-__all__ = ["Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify", "run_trial"]
+__all__ = [
+    "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
+    "run_trial",
+]

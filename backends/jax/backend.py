@@ -1,0 +1,176 @@
+"""The jax Backend: primitives as ops, their program equations as cases.
+
+A case calls ``prim.bind(*operands, **params)`` eagerly. The explorer sees the operands as
+tensor arguments (named after the jax.lax function's parameters) and the params as
+keyword arguments in plain form (``signature_params``), so signatures and examples carry
+the params that shape a rule: dimension numbers, axes, windows, padding. The call itself
+binds the real params, rewritten for shard shapes where they embed the global shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax._src import core
+
+from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.signature import signature
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+from . import programs
+from .catalog import catalog, primitive_of
+from .params import check_shapes, flatten_operands, for_shards, group_operands, signature_params
+from .indices import fresh_indices
+from .inputs import condition
+from .programs import Occurrence
+from .tensor_ops import JaxOps, kind_of
+
+MAX_CASES = 3  # distinct signatures explored per primitive
+# Primitives whose every new shard shape costs a slow compile (series expansions, sampling
+# loops): fewer cases keep each under the sweep's per-op time limit on two cores.
+FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}
+SMALL = 4096  # total operand elements above which a call is a last resort (exploration time)
+TINY = 16  # total operand elements below which a call is a last resort (chance agreement)
+
+_KIND_ORDER = {FLOAT: 0, COMPLEX: 1, INT: 2, BOOL: 3, OTHER: 4}
+
+
+@dataclass(frozen=True)
+class PrimitiveCall:
+    """``prim.bind`` on the explorer's arguments, with params fitted to the operand shapes."""
+
+    prim: core.Primitive = field(compare=False)
+    params: dict = field(compare=False)
+    shapes: tuple[tuple[int, ...], ...]  # the example's (global) operand shapes
+
+    def __call__(self, *args: Any, **_plain_params: Any) -> Any:
+        operands = flatten_operands(args)
+        local = tuple(tuple(int(s) for s in np.shape(x)) for x in operands)
+        check_shapes(self.prim.name, local)
+        out = self.prim.bind(*operands, **for_shards(self.prim.name, self.params, self.shapes, local))
+        return list(out) if self.prim.multiple_results else out
+
+
+class _AvalOps:
+    """Just enough of TensorOps to compute a signature from abstract values."""
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, core.ShapedArray)
+
+    def shape(self, x: core.ShapedArray) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.shape)
+
+    def dtype_kind(self, x: core.ShapedArray) -> str:
+        return kind_of(x.dtype)
+
+
+def abstract_signature(occ: Occurrence) -> str:
+    names, args = group_operands(occ.primitive, list(occ.in_avals))
+    return signature(_AvalOps(), names, args, signature_params(occ.params))
+
+
+def _preference(occ: Occurrence) -> tuple:
+    """Smaller is better: calls with something to shard, float operands, not tiny (a rule
+    can pass on a handful of elements by chance), few size-1 dims, not large (exploration
+    time), wide dtypes; then program name."""
+    avals = occ.in_avals
+    shapes = [tuple(a.shape) for a in avals]
+    empty = any(0 in s for s in shapes)
+    # One PRNG key for a whole batch of draws: nothing shards without changing the stream.
+    nothing_to_shard = not any(d >= 2 for s in shapes for d in s) or any(
+        kind_of(a.dtype) == OTHER and not a.shape for a in avals)
+    kind = max((_KIND_ORDER[kind_of(a.dtype)] for a in avals), default=0)
+    ones = sum(1 for s in shapes for d in s if d == 1)
+    numel = sum(int(np.prod(s)) for s in shapes)
+    narrow = -min((np.dtype(a.dtype).itemsize for a in avals if kind_of(a.dtype) != OTHER), default=8)
+    # Ties go by program name: jax builds some harness lists by iterating over sets, so the
+    # harness order (and an occurrence's program index) changes from process to process.
+    name = programs.programs()[occ.program].name
+    return (empty, nothing_to_shard, kind, numel < TINY, numel > SMALL, ones, narrow, name, occ.path)
+
+
+def _variant(occ: Occurrence) -> tuple:
+    """What makes two signatures really different calls: params, ranks and dtype kinds
+    (not which dims happen to be size 1)."""
+    return (repr(signature_params(occ.params)), tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
+
+
+def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
+    """Every distinct signature with its preferred call: first the best call of each
+    operand shape class (ranks and kinds: batched linear algebra, broadcasting), then of
+    each param variant, then the rest; each part in order of preference."""
+    best: dict[str, Occurrence] = {}
+    for occ in occurrences:
+        try:
+            sig = abstract_signature(occ)
+        except ValueError:
+            continue
+        if sig not in best or _preference(occ) < _preference(best[sig]):
+            best[sig] = occ
+    ranked = sorted(best.items(), key=lambda kv: _preference(kv[1]))
+    shapes, variants, passes = set(), set(), ([], [], [])
+    for sig, occ in ranked:
+        v = _variant(occ)
+        passes[0 if v[1] not in shapes else 1 if v not in variants else 2].append((sig, occ))
+        shapes.add(v[1])
+        variants.add(v)
+    return passes[0] + passes[1] + passes[2]
+
+
+def build_case(op: str, occ: Occurrence) -> OpCase:
+    """The OpCase for one program equation (runs its program up to that equation)."""
+    prim = occ.primitive
+    captured = programs.capture(occ, 0)
+    operands = condition(prim, captured, programs.capture(occ, 1), 0)
+    names, args = group_operands(prim, operands)
+    kwargs = signature_params(occ.params)
+    call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
+
+    def fresh(seed: int):
+        new = condition(prim, programs.capture(occ, seed + 1), captured, seed + 1)
+        for k, value in fresh_indices(prim, occ.params, new, seed + 1).items():
+            new[k] = jax.numpy.asarray(value)
+        return group_operands(prim, new)[1], dict(kwargs)
+
+    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh)
+
+
+class JaxBackend:
+    """Backend protocol over jax primitives (CPU, float64 enabled)."""
+
+    name = "jax"
+
+    def __init__(self, max_cases: int = MAX_CASES):
+        self.max_cases = max_cases
+
+    def tensor_ops(self) -> JaxOps:
+        return JaxOps()
+
+    def list_ops(self) -> list[str]:
+        return sorted(catalog())
+
+    def cases(self, op: str) -> list[OpCase]:
+        entry = catalog().get(op)
+        if entry is None:
+            raise NoSample(f"unknown jax op {op}")
+        if entry.status == "no-sample":
+            raise NoSample(entry.reason)
+        if entry.status != "explore":
+            raise Skip(entry.status, entry.reason)
+        jax.clear_caches()  # executables of earlier ops: a sweep worker would otherwise grow by GBs
+        out, errors = [], []
+        prim = primitive_of(op)
+        limit = min(self.max_cases, FEW_CASES.get(prim, self.max_cases))
+        for _, occ in choose(programs.index()[prim]):
+            if len(out) == limit:
+                break
+            try:
+                out.append(build_case(op, occ))
+            except Exception as e:  # a program that does not run eagerly: try the next call
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if not out:
+            raise NoSample("no program call runs: " + (errors[0] if errors else "none found"))
+        return out

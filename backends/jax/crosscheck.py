@@ -1,0 +1,495 @@
+"""Cross-check our jax rules against Shardy's, example by example.
+
+For every case the backend builds, Shardy's rule is read from the lowered call (see
+``shardy.function_factors``) and each factor that touches an input is mapped to our rules:
+
+    pass-through  <->  a strategy sharding exactly those dims, gathering each output dim
+    reduction     <->  the same, with reduce(...) for outputs the factor does not reach
+    permutation   <->  the same, with any halo (Shardy would exchange neighbour data)
+    need-replication, compound (the minor part of a merged dim)  <->  no rule expected
+
+Found factors count as agreement; missing ones are listed with a reason (re-checked by
+verifying the strategy Shardy implies). Our strategies that match no shardable factor are
+extras. Every one of our strategies is re-verified on fresh inputs by a checker of its own
+(more seeds and shard counts than the explorer's, every combine option), and the plain ones
+(shard/replicate in, gather/sum/max/min/avg/identity out) also run for real under
+``jax.jit`` + ``shard_map`` on several CPU devices, with collectives doing the combine.
+
+    python tools/crosscheck.py --backend jax --ops 'jax.dot_general,jax.add'
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _ask_for_devices(n: int) -> None:
+    """Ask XLA for ``n`` CPU devices; works only before jax creates its CPU client."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={n}".strip()
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class CaseResult:
+    op: str
+    signature: str
+    source: str  # 'registry' or 'explored'
+    shardy_error: str = ""
+    found: list = field(default_factory=list)  # (factor, strategy label)
+    missed: list = field(default_factory=list)  # (factor, reason)
+    replicated: list = field(default_factory=list)  # factors Shardy keeps whole
+    extras: list = field(default_factory=list)  # (strategy, category)
+    reverify_failed: list = field(default_factory=list)  # (strategy, reason)
+    reverified: int = 0
+    jit: Counter = field(default_factory=Counter)  # ok / failed / skipped
+    jit_failed: list = field(default_factory=list)  # numbers differ: the rule is wrong
+    jit_errors: list = field(default_factory=list)  # jax could not build the sharded program
+
+
+SHARDABLE = ("pass-through", "reduction", "permutation")
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def _shard_set(strategy) -> frozenset:
+    from metaspmd.spec import ShardIn
+
+    return frozenset((i, p.dim) for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn))
+
+
+def _has_partial(strategy) -> bool:
+    from metaspmd.spec import PartialInput
+
+    return any(isinstance(p, PartialInput) for p in strategy.inputs)
+
+
+def _combine_fits(factor, strategy) -> bool:
+    from metaspmd.spec import Gather, Reduce
+
+    out_dims = dict(factor.outputs)
+    for j, outs in enumerate(strategy.outputs):
+        if j in out_dims:
+            if not any(isinstance(c, Gather) and c.dim == out_dims[j] and c.block == 1 for c in outs.options):
+                return False
+        elif factor.kind == "reduction" and not any(isinstance(c, Reduce) for c in outs.options):
+            return False
+    return True
+
+
+def match(factor, strategies) -> Any | None:
+    """Our strategy that realises a Shardy factor, or None."""
+    want = frozenset(factor.inputs)
+    for s in strategies:
+        if _shard_set(s) == want and not _has_partial(s) and _combine_fits(factor, s):
+            return s
+    return None
+
+
+def extra_category(strategy, factors) -> str:
+    if _has_partial(strategy):
+        return "partial-input (the op is linear in it; Shardy's factors have no such state)"
+    by_inputs = {frozenset(f.inputs): f for f in factors}
+    f = by_inputs.get(_shard_set(strategy))
+    if f is None:
+        return "shards dims that no single Shardy factor joins"
+    if f.kind in SHARDABLE:
+        return f"combine differs from Shardy's {f.kind} factor"
+    return f"Shardy keeps these dims replicated ({f.kind})"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _flat_fn(case, ops):
+    from metaspmd import pytree
+
+    def fn(*leaves):
+        args, kwargs = pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, list(leaves))
+        return pytree.leaves(case.call(args, kwargs), ops.is_tensor)
+
+    return fn
+
+
+def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[str]):
+    """The strategy a Shardy factor implies, with every combine it allows."""
+    from metaspmd.combine import reduce_ops_for
+    from metaspmd.spec import Gather, Identity, OutputCombine, Reduce, Replicate, ShardIn
+
+    n_in = len(_leaves(case, ops))
+    placements = [Replicate()] * n_in
+    for i, d in factor.inputs:
+        placements[i] = ShardIn(d)
+    out_dims = dict(factor.outputs)
+    outs = []
+    for j in range(n_outputs):
+        if j in out_dims:
+            outs.append(OutputCombine((Gather(out_dims[j]),) + tuple(Gather(out_dims[j], h) for h in (1, 2))))
+        else:
+            reduces = tuple(Reduce(r) for r in reduce_ops_for(out_kinds[j], True))
+            outs.append(OutputCombine((Identity(),) + reduces))
+    return tuple(placements), tuple(outs)
+
+
+def _leaves(case, ops):
+    from metaspmd import pytree
+
+    return pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
+
+
+REVERIFY_SEEDS = (101, 102, 103)
+
+
+def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
+    """Re-verify a strategy independently of the explorer: on fresh inputs for several
+    seeds, cut into 2, 3 and 4 shards and a skewed 2, the combines of each output that
+    rebuild it every time (reduce(avg) on equal shards only). A string when the op itself
+    fails on a shard. Trials whose shards happen to be equal still count: a combine that
+    fails on them is wrong all the same."""
+    from metaspmd import pytree
+    from metaspmd.combine import Split, holds, partial_summands, shard_with_halo
+    from metaspmd.spec import PartialInput, Reduce, ShardIn
+
+    fn = _flat_fn(case, ops)
+    alive = [list(o.options) for o in outputs]
+    sharded = [(i, p) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
+    for seed in REVERIFY_SEEDS:
+        args, kwargs = case.fresh(seed) if case.fresh is not None else (case.args, case.kwargs)
+        leaves = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
+        expected = fn(*leaves)
+        for split in (Split(2), Split(3), Split(4), Split(2, skew=True)):
+            size = ops.shape(leaves[sharded[0][0]])[sharded[0][1].dim] if sharded else split.n
+            bounds = split.bounds(size)
+            if bounds is None:
+                continue
+            parts = {}
+            for i, p in enumerate(placements):
+                if isinstance(p, ShardIn):
+                    parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
+                elif isinstance(p, PartialInput):
+                    parts[i] = partial_summands(ops, leaves[i], split.n, seed * 10 + split.n + i)
+            try:
+                local = [fn(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
+            except Exception as e:  # noqa: BLE001
+                return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
+            even = split.is_even(size)
+            for j, exp in enumerate(expected):
+                shards = [loc[j] for loc in local]
+                alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp)]
+    return alive
+
+
+def reverify(case, ops, strategy) -> str | None:
+    """None when every combine of ``strategy`` survives re-verification; else what broke."""
+    alive = surviving_combines(case, ops, strategy.inputs, strategy.outputs)
+    if isinstance(alive, str):
+        return alive
+    lost = [f"output {j}: {c}" for j, (o, kept) in enumerate(zip(strategy.outputs, alive)) for c in o.options
+            if c not in kept]
+    return "fails on fresh inputs: " + ", ".join(lost) if lost else None
+
+
+def implied_strategy_holds(case, ops, placements, outputs) -> bool:
+    alive = surviving_combines(case, ops, placements, outputs)
+    return not isinstance(alive, str) and all(alive)
+
+
+GAP = "explorer did not find it, but it verifies: a gap in our search"
+TABLE_GAP = "verifies, but a strategy sharding these dims together with more took their labels (one label per dim)"
+
+
+def _indexed_dims(case) -> set[int]:
+    """Operand dims that gather/scatter index into (from the case's params)."""
+    fn = case.fn
+    prim, params = getattr(getattr(fn, "prim", None), "name", ""), getattr(fn, "params", {})
+    dn = params.get("dimension_numbers")
+    if prim == "gather":
+        return set(dn.start_index_map)
+    if prim.startswith("scatter"):
+        return set(dn.scatter_dims_to_operand_dims)
+    if prim in ("dynamic_slice", "dynamic_update_slice"):
+        return set(range(len(fn.shapes[0])))
+    return set()
+
+
+def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
+    placements, outs = _implied_candidates(factor, case, ops, n_outputs, out_kinds)
+    if implied_strategy_holds(case, ops, placements, outs):
+        if any(_shard_set(s) > frozenset(factor.inputs) for s in strategies):
+            return TABLE_GAP
+        return GAP
+    via = ",".join(factor.ops) or "-"
+    if any(i == 0 and d in _indexed_dims(case) for i, d in factor.inputs):
+        return f"an indexed operand dim: Shardy's partitioner offsets and masks indices per shard ({via})"
+    if factor.kind == "permutation":
+        return f"needs neighbour exchange beyond a halo ({via})"
+    if factor.kind == "reduction":
+        return f"no elementwise reduce rebuilds it; Shardy's partitioner special-cases it ({via})"
+    return f"does not verify on shards ({via})"
+
+
+def _jit_plan(strategy, leaves, outs, n_devices: int):
+    """(n, in_specs, out_specs, reducers) for a shard_map run, or a reason it does not apply."""
+    from metaspmd.spec import Gather, Identity, PartialInput, Reduce, ShardIn
+
+    from jax.sharding import PartitionSpec as P
+
+    if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in strategy.inputs):
+        return "partial or halo input"
+    sizes = [leaves[i].shape[p.dim] for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)]
+    combines = [o.first for o in strategy.outputs]
+    for c, out in zip(combines, outs):
+        if isinstance(c, Gather):
+            if c.halo or c.block > 1:
+                return "halo or block output"
+            sizes.append(out.shape[c.dim])
+        elif isinstance(c, Reduce):
+            if c.op not in ("sum", "max", "min", "avg") or out.dtype == bool:
+                return f"reduce({c.op}) on {out.dtype} has no collective"
+        elif not isinstance(c, Identity):
+            return "unknown combine"
+    n = next((k for k in (8, 4, 2) if k <= n_devices and all(s % k == 0 for s in sizes)), None)
+    if n is None:
+        return "no device count divides the sharded dims"
+    in_specs = tuple(P(*([None] * p.dim + ["x"])) if isinstance(p, ShardIn) else P() for p in strategy.inputs)
+    out_specs = tuple(P(*([None] * c.dim + ["x"])) if isinstance(c, Gather) else P() for c in combines)
+    reducers = tuple(c.op if isinstance(c, Reduce) else None for c in combines)
+    return n, in_specs, out_specs, reducers
+
+
+def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
+    """Run the strategy for real: shard_map over a mesh, collectives for the combine."""
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh
+
+    fn = _flat_fn(case, ops)
+    leaves = _leaves(case, ops)
+    expected = fn(*leaves)
+    plan = _jit_plan(strategy, leaves, expected, n_devices)
+    if isinstance(plan, str):
+        return "skipped", plan
+    n, in_specs, out_specs, reducers = plan
+    collective = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin, "avg": lax.pmean}
+
+    def local(*xs):
+        return tuple(collective[r](y, "x") if r else y for y, r in zip(fn(*xs), reducers))
+
+    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+    try:
+        run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+        got = run(*leaves)
+    except Exception as e:  # noqa: BLE001 - jax refusing to build the program says nothing about the rule
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    bad = [j for j, (g, e) in enumerate(zip(got, expected)) if not ops.close(jax.numpy.asarray(g), e)]
+    return ("failed", f"outputs {bad} differ on {n} devices") if bad else ("ok", f"{n} devices")
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def _our_entry(case, ops, records: dict, op: str):
+    from metaspmd.explorer import explore_case
+    from metaspmd.signature import signature
+
+    sig = signature(ops, case.arg_names, case.args, case.kwargs)
+    record = records.get(op)
+    entry = record.entry(sig) if record is not None else None
+    if entry is not None:
+        return entry, "registry"
+    return explore_case(case, ops), "explored"
+
+
+def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: int) -> CaseResult:
+    from .shardy import function_factors
+
+    entry, source = _our_entry(case, ops, records, op)
+    result = CaseResult(op, entry.signature, source)
+    strategies = list(entry.strategies())
+    leaves = _leaves(case, ops)
+    outputs = _flat_fn(case, ops)(*leaves)
+    out_kinds = [ops.dtype_kind(o) for o in outputs]
+    try:
+        if any(ops.dtype_kind(x) == "o" for x in list(leaves) + list(outputs)):
+            raise ValueError("PRNG key arrays lower to uint32 arrays with extra dims")
+        factors = function_factors(_flat_fn(case, ops), leaves)
+    except Exception as e:  # noqa: BLE001 - no Shardy rule for this example
+        result.shardy_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        factors = []
+    matched = set()
+    for f in factors:
+        if f.size < 2:
+            continue
+        if f.kind not in SHARDABLE:
+            result.replicated.append(f)
+            continue
+        s = match(f, strategies)
+        if s is not None:
+            result.found.append((f, s.label))
+            matched.add(s.label)
+        else:
+            result.missed.append((f, _miss_reason(f, case, ops, len(outputs), out_kinds, strategies)))
+    if not result.shardy_error:
+        result.extras = [(s, extra_category(s, factors)) for s in strategies if s.label not in matched]
+    for s in strategies:
+        if do_reverify:
+            problem = reverify(case, ops, s)
+            if problem:
+                result.reverify_failed.append((s, problem))
+            else:
+                result.reverified += 1
+        if n_devices >= 2:
+            status, detail = jit_check(case, ops, s, n_devices)
+            result.jit[status] += 1
+            if status == "failed":
+                result.jit_failed.append((s, detail))
+            elif status == "error":
+                result.jit_errors.append((s, detail))
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_case(r: CaseResult) -> list[str]:
+    lines = [f"{r.op}  {r.signature}  [{r.source}]"]
+    if r.shardy_error:
+        lines.append(f"    shardy: no rule ({r.shardy_error})")
+    for f, label in r.found:
+        lines.append(f"    agree  {f.describe()}  = {label}")
+    for f, reason in r.missed:
+        lines.append(f"    MISS   {f.describe()}: {reason}")
+    for f in r.replicated:
+        lines.append(f"    repl   {f.describe()}")
+    for s, category in r.extras:
+        lines.append(f"    extra  {s}: {category}")
+    for s, reason in r.reverify_failed:
+        lines.append(f"    REVERIFY FAILED  {s}: {reason}")
+    for s, detail in r.jit_failed:
+        lines.append(f"    JIT FAILED  {s}: {detail}")
+    for s, detail in r.jit_errors:
+        lines.append(f"    jit error  {s}: {detail}")
+    return lines
+
+
+def summarize(results: Sequence[CaseResult], skipped_ops: int) -> list[str]:
+    shared = [r for r in results if not r.shardy_error]
+    by_kind = Counter(f.kind for r in shared for f, _ in r.found)
+    miss_kind = Counter(f.kind for r in shared for f, _ in r.missed)
+    found = sum(by_kind.values())
+    total = found + sum(miss_kind.values())
+    core_found = by_kind["pass-through"] + by_kind["reduction"]
+    core_total = core_found + miss_kind["pass-through"] + miss_kind["reduction"]
+    gaps = sum(1 for r in shared for _, reason in r.missed if reason in (GAP, TABLE_GAP))
+    reasons = Counter(reason.split(" (")[0].split(":")[0] for r in shared for _, reason in r.missed)
+    extras = Counter(cat.split(" (")[0] for r in shared for _, cat in r.extras)
+    jit = sum((r.jit for r in results), Counter())
+    reverified = sum(r.reverified for r in results)
+    failed = sum(len(r.reverify_failed) for r in results)
+
+    def pct(a, b):
+        return f"{100.0 * a / b:.1f}%" if b else "n/a"
+
+    lines = [
+        f"cases: {len(results)} on {len({r.op for r in results})} ops ({skipped_ops} ops not explored); "
+        f"with a Shardy rule: {len(shared)}",
+        f"Shardy shardable factors found: {found}/{total} ({pct(found, total)}); "
+        f"pass-through + reduction: {core_found}/{core_total} ({pct(core_found, core_total)}); "
+        f"permutation: {by_kind['permutation']}/{by_kind['permutation'] + miss_kind['permutation']}",
+        "  found by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())),
+        "  missed by kind: " + (", ".join(f"{k} {v}" for k, v in sorted(miss_kind.items())) or "none"),
+        "  missed by reason: " + ("; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) or "none"),
+        f"expressible as shard-and-combine (found, or the implied strategy verifies): found {found}/{found + gaps} "
+        f"({pct(found, found + gaps)})",
+        "Shardy keeps replicated: " + str(sum(len(r.replicated) for r in shared)),
+        "extras (ours, no Shardy factor): " + (", ".join(f"{k} {v}" for k, v in sorted(extras.items())) or "none"),
+        f"our strategies re-verified: {reverified} ok, {failed} failed",
+        f"jit on CPU devices: {jit['ok']} ok, {jit['failed']} failed (numbers differ), "
+        f"{jit['error']} not buildable by jax, {jit['skipped']} not applicable",
+    ]
+    no_rule = Counter(r.shardy_error.split(":")[0] for r in results if r.shardy_error)
+    if no_rule:
+        lines.append("no Shardy rule: " + ", ".join(f"{k} {v}" for k, v in sorted(no_rule.items())))
+    return lines
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
+    p.add_argument("--registry", type=Path, help="registry root to read our rules from (default: explore live)")
+    p.add_argument("--devices", type=int, default=8, help="CPU devices for the jit runs (0: no jit runs)")
+    p.add_argument("--no-reverify", action="store_true", help="skip re-verifying our strategies")
+    p.add_argument("--quiet", action="store_true", help="print only cases with misses or failures, and the summary")
+    return p.parse_args(argv)
+
+
+def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> dict:
+    from metaspmd.registry_io import load_record, record_path
+
+    records = {}
+    if root is None:
+        return records
+    for op in ops:
+        path = record_path(root, backend_name, op)
+        if path.exists():
+            records[op] = load_record(path)
+    return records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(list(argv) if argv is not None else None)
+    if args.devices >= 2:
+        _ask_for_devices(args.devices)
+    import jax
+
+    from metaspmd.case import NoSample, Skip
+
+    from . import get_backend
+
+    backend = get_backend()
+    ops = backend.tensor_ops()
+    patterns = [p.strip() for v in args.ops for p in v.split(",") if p.strip()]
+    names = [op for op in backend.list_ops() if not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)]
+    if not names:
+        print("crosscheck: no op matched", file=sys.stderr)
+        return 2
+    n_devices = min(args.devices, jax.device_count()) if args.devices >= 2 else 0
+    if args.devices >= 2 and n_devices < 2:
+        print(f"crosscheck: only {jax.device_count()} device(s): no jit runs (set XLA_FLAGS before jax starts)")
+    records = _load_records(args.registry, backend.name, names)
+    results, skipped = [], 0
+    for op in names:
+        try:
+            cases = backend.cases(op)
+        except (NoSample, Skip):
+            skipped += 1
+            continue
+        for case in cases:
+            r = check_case(op, case, ops, records, not args.no_reverify, n_devices)
+            results.append(r)
+            if not args.quiet or r.missed or r.reverify_failed or r.jit_failed or r.jit_errors:
+                print("\n".join(format_case(r)), flush=True)
+    print()
+    print("\n".join(summarize(results, skipped)))
+    return 1 if any(r.reverify_failed or r.jit_failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The primitive catalog and the cases built from harness and sample programs."""
+
+import pytest
+
+pytest.importorskip("jax")
+
+from metaspmd.case import NoSample, Skip  # noqa: E402
+from metaspmd.signature import signature  # noqa: E402
+
+
+def test_lists_every_primitive_sorted(backend):
+    names = backend.list_ops()
+    assert names == sorted(names) and len(names) >= 200
+    assert {"jax.dot_general", "jax.conv_general_dilated", "jax.scatter-add", "jax.psum", "jax.while"} <= set(names)
+    from metaspmd.backends.jax.catalog import catalog
+
+    explored = [e for e in catalog().values() if e.status == "explore"]
+    assert len(explored) >= 100
+
+
+def test_harness_groups_are_all_cataloged():
+    from metaspmd.backends.jax import programs
+    from metaspmd.backends.jax.catalog import catalog
+
+    groups = set(programs.harness_groups())
+    assert len(groups) == 132
+    seen = {s.split("/", 1)[1] for e in catalog().values() for s in e.sources if s.startswith("harness/")}
+    assert seen == groups  # every harness group maps to at least one cataloged primitive
+
+
+def test_collectives_and_control_flow_are_skipped_with_a_reason(backend):
+    for op in ("jax.psum", "jax.all_gather", "jax.while", "jax.cond", "jax.scan", "jax.jit"):
+        with pytest.raises(Skip) as info:
+            backend.cases(op)
+        assert info.value.status == "skipped" and info.value.reason
+    with pytest.raises(Skip) as info:
+        backend.cases("jax.rng_uniform")
+    assert info.value.status == "nondeterministic"
+    with pytest.raises(NoSample):
+        backend.cases("jax.not_a_primitive")
+
+
+def test_cases_have_distinct_signatures_and_params(backend, ops):
+    cases = backend.cases("jax.conv_general_dilated")
+    assert 1 <= len(cases) <= 3
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in cases]
+    assert len(set(sigs)) == len(sigs)
+    assert all("window_strides=" in s and "padding=" in s and "dimension_numbers=" in s for s in sigs)
+    assert cases[0].arg_names == ("lhs", "rhs")
+
+
+def test_sample_covers_a_primitive_the_harnesses_miss(backend, ops):
+    (case,) = backend.cases("jax.tile")[:1]
+    out = case.fn(*case.args, **case.kwargs)
+    assert ops.shape(out)[0] == 2 * ops.shape(case.args[0])[0]
+
+
+def test_fresh_inputs_differ_and_keep_index_ranges(backend, ops):
+    import numpy as np
+
+    case = backend.cases("jax.gather")[0]
+    args, kwargs = case.fresh(5)
+    assert kwargs == dict(case.kwargs)
+    assert [ops.shape(a) for a in args] == [ops.shape(a) for a in case.args]
+    assert not ops.close(args[0], case.args[0])
+    operand, indices = args
+    limits = [ops.shape(operand)[d] - case.fn.params["slice_sizes"][d]
+              for d in case.fn.params["dimension_numbers"].start_index_map]
+    idx = np.asarray(indices)
+    assert (idx >= 0).all() and (idx <= np.array(limits)).all()

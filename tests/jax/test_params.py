@@ -1,0 +1,51 @@
+"""Params as plain values, and params fitted to shard shapes."""
+
+import enum
+
+import pytest
+
+pytest.importorskip("jax")
+
+from metaspmd.backends.jax.params import (  # noqa: E402
+    for_shards, group_operands, plain, signature_params,
+)
+
+
+def test_plain_values_are_yaml_safe():
+    import numpy as np
+    from jax import lax
+
+    class Mode(enum.IntEnum):
+        A = 1
+
+    assert plain(Mode.A) == "Mode.A"  # an IntEnum must not pass as an int
+    assert plain(np.dtype("float32")) == "float32"
+    assert plain(lax.GatherScatterMode.FILL_OR_DROP) == "GatherScatterMode.FILL_OR_DROP"
+    assert plain(((1,), (0,))) == ((1,), (0,))
+    dn = lax.GatherDimensionNumbers((1,), (0,), (0,))
+    assert " " not in plain(dn) and plain(dn).startswith("GatherDimensionNumbers(")
+    params = signature_params({"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None})
+    assert params == {"dimension_numbers": (((1,), (0,)), ((), ()))}
+
+
+def test_operand_layout():
+    names, args = group_operands("dynamic_update_slice", ["op", "upd", "i0", "i1"])
+    assert names == ("operand", "update", "start_indices") and args == ("op", "upd", ["i0", "i1"])
+    names, args = group_operands("reduce", ["a", "b", "ia", "ib"])
+    assert args == (["a", "b"], ["ia", "ib"])
+    assert group_operands("neg", ["x"])[0] == ("x",)
+
+
+def test_shape_params_follow_the_shards():
+    p = for_shards("broadcast_in_dim", {"shape": (3, 4, 5), "broadcast_dimensions": (0, 2)}, [(3, 1)], [(2, 1)])
+    assert p["shape"] == (2, 4, 5)  # the size-1 dim stays broadcast
+    p = for_shards("reshape", {"new_sizes": (24,), "dimensions": None}, [(4, 6)], [(2, 6)])
+    assert p["new_sizes"] == (12,)
+    p = for_shards("reshape", {"new_sizes": (3, 20), "dimensions": None}, [(3, 4, 5)], [(3, 4, 2)])
+    assert p["new_sizes"] == (3, 8)
+    with pytest.raises(ValueError):  # 5 rows do not split into whole rows of 6
+        for_shards("reshape", {"new_sizes": (4, 6), "dimensions": None}, [(24,)], [(10,)])
+    p = for_shards("slice", {"start_indices": (0, 1), "limit_indices": (6, 3), "strides": None}, [(6, 4)], [(3, 4)])
+    assert p["limit_indices"] == (3, 3)  # full-range dims follow, partial ones stay
+    same = {"shape": (2, 3), "broadcast_dimensions": (1,)}
+    assert for_shards("broadcast_in_dim", same, [(3,)], [(3,)]) == same

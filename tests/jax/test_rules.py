@@ -1,0 +1,53 @@
+"""End to end: cases of real primitives explored into the expected paper-notation rules."""
+
+import pytest
+
+pytest.importorskip("jax")
+
+from metaspmd.explorer import explore_case  # noqa: E402
+from metaspmd.signature import signature  # noqa: E402
+
+
+def _case(backend, ops, op, sig):
+    for case in backend.cases(op):
+        if signature(ops, case.arg_names, case.args, case.kwargs) == sig:
+            return case
+    raise AssertionError(f"no case {sig} for {op}")
+
+
+def _strategies(entry):
+    return {s.label: (tuple(str(p) for p in s.inputs), tuple(str(o) for o in s.outputs)) for s in entry.strategies()}
+
+
+def test_dot_general_matmul_gives_the_mm_rule(backend, ops):
+    case = _case(backend, ops, "jax.dot_general", "lhs:f[*,*] rhs:f[*,*] dimension_numbers=[[[1],[0]],[[],[]]]")
+    entry = explore_case(case, ops)
+    assert entry.status == "ok"
+    assert str(entry.shard).startswith("[[S1, S2], [S2, S3]")
+    combine = entry.combine.as_dict()
+    assert [str(o) for o in combine["S1"]] == ["gather(dim=0)"]
+    assert [str(o) for o in combine["S2"]] == ["reduce(sum)"]
+    assert [str(o) for o in combine["S3"]] == ["gather(dim=1)"]
+    # Partial(sum) in either operand alone: matmul is linear in each.
+    assert ("P(sum)", "R") in [s[0] for s in _strategies(entry).values()]
+
+
+def test_add_gives_elementwise_rule(backend, ops):
+    case = _case(backend, ops, "jax.add", "x:f[*,*] y:f[*,*]")
+    entry = explore_case(case, ops)
+    assert str(entry.shard) == "[[S1, S2], [S1, S2]]"
+    assert str(entry.combine).startswith("{S1: gather(dim=0), S2: gather(dim=1)")
+
+
+def test_broadcast_in_dim_shards_through_its_shape_param(backend, ops):
+    case = backend.cases("jax.broadcast_in_dim")[0]
+    entry = explore_case(case, ops)
+    gathers = [o for s in entry.strategies() for o in s.outputs if str(o).startswith("gather")]
+    assert entry.status == "ok" and gathers  # only possible because `shape` follows the shards
+
+
+def test_reduce_max_combines_with_max(backend, ops):
+    case = _case(backend, ops, "jax.reduce_max", "x:f[*,*] axes=[0]")
+    entry = explore_case(case, ops)
+    assert ("S(0)",) in [s[0] for s in _strategies(entry).values()]
+    assert any(s[1] == ("reduce(max)",) for s in _strategies(entry).values())

@@ -1,0 +1,278 @@
+"""The DTensor cross-check: DTensor's side, our side, the numerical checks and the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # the OpInfo database needs it
+
+from metaspmd.backends.torch import crosscheck, get_backend  # noqa: E402
+from metaspmd.backends.torch.backend import make_runner  # noqa: E402
+from metaspmd.backends.torch.crosscheck_dtensor import (  # noqa: E402
+    AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, dtensor_answer, dtensor_support,
+)
+from metaspmd.backends.torch.crosscheck_numerics import (  # noqa: E402
+    FreshInputs, check_foreign_rule, chunk_bounds, partial_parts, reverify,
+)
+from metaspmd.case import OpCase  # noqa: E402
+from metaspmd.explorer import explore_case, explore_op  # noqa: E402
+from metaspmd.registry_io import write_record  # noqa: E402
+from metaspmd.spec import CombineSpec, Gather, Identity, PartialInput, Reduce, Replicate, ShardIn  # noqa: E402
+
+OPS = ("aten.mm.default", "aten.add.Tensor", "aten.sum.dim_IntList", "aten.relu.default", "aten.scatter_reduce.two")
+OPINFOS = ("mm", "add", "sum", "nn.functional.relu", "scatter_reduce")
+MM = torch.ops.aten.mm.default
+WRONG_RELU = "{S1: gather(dim=1), S2: gather(dim=1), S3: gather(dim=2)}"  # S1 shards dim 0, not 1
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return get_backend(opinfos=OPINFOS, max_signatures=2)  # two examples per op keep the module fast
+
+
+@pytest.fixture(scope="module")
+def records(backend):
+    return {op: explore_op(backend, op) for op in OPS}
+
+
+@pytest.fixture(scope="module")
+def report(backend, records):
+    results = [crosscheck.crosscheck_op(backend, op, records[op]) for op in OPS]
+    return crosscheck.Report(crosscheck.Config(), results)
+
+
+def _case(func, *args, out_spec=None, **kwargs) -> OpCase:
+    names = tuple(a.name for a in func._schema.arguments if not a.kwarg_only)
+    return OpCase(str(func), make_runner(func, out_spec), args, kwargs, names[: len(args)])
+
+
+def _answer(case: OpCase, backend, **config) -> dict:
+    out = case.call(case.args, dict(case.kwargs))
+    query = DTensorQuery(_func(case), case, backend.tensor_ops(), 2, out)
+    return dtensor_answer(query, QueryConfig(**config)).accepted
+
+
+def _func(case: OpCase):
+    family, overload = case.op.split(".")[1:]
+    return getattr(getattr(torch.ops.aten, family), overload)
+
+
+# --------------------------------------------------------------------------- notation
+
+
+def test_placement_names_match_dtensor_notation():
+    assert crosscheck.input_key(ShardIn(1)) == "S(1)" and crosscheck.input_key(ShardIn(1, halo=2)) is None
+    assert crosscheck.input_key(PartialInput("sum")) == "P(sum)" and crosscheck.input_key(Replicate()) == "R"
+    assert crosscheck.output_key(Gather(2)) == "S(2)" and crosscheck.output_key(Identity()) == "R"
+    assert crosscheck.output_key(Gather(0, halo=1)) is None and crosscheck.output_key(Gather(0, block=2)) is None
+    assert crosscheck.output_key(Reduce("max")) == "P(max)" and crosscheck.output_key(Reduce("prod")) is None
+    for key in ("R", "S(3)", "P(avg)"):
+        assert crosscheck.input_key(crosscheck.parse_input(key)) == key
+        assert crosscheck.output_key(crosscheck.parse_output(key)) == key
+    assert crosscheck.parse_output("_S(0, 5)") is None and crosscheck.parse_output("_NormP(2)") is None
+
+
+# --------------------------------------------------------------------------- DTensor side
+
+
+def test_dtensor_accepts_the_megatron_rules_of_mm(backend):
+    case = _case(MM, torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64))
+    got = _answer(case, backend)
+    assert got == {
+        ("S(0)", "R"): ("S(0)",), ("R", "S(1)"): ("S(1)",), ("S(1)", "S(0)"): ("P(sum)",),
+        ("P(sum)", "R"): ("P(sum)",), ("R", "P(sum)"): ("P(sum)",),
+    }
+    # the strategy's own list gives what asking every placement tuple gives
+    assert _answer(case, backend, exhaustive=True) == got
+    assert dtensor_support(MM) == "single-dim" and dtensor_support(torch.ops.aten.nonzero.default) == "none"
+
+
+def test_inputs_that_need_redistribution_are_not_accepted(backend):
+    case = _case(MM, torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64))
+    query = DTensorQuery(MM, case, backend.tensor_ops(), 2, case.call(case.args, {}))
+    assert query.accepts(("S(1)", "S(0)")) == ("P(sum)",)
+    assert query.accepts(("S(0)", "S(0)")) is None  # DTensor would all-gather the second input first
+    assert query.accepts(("S(0)", "P(sum)")) is None
+
+
+def test_out_overloads_need_the_out_tensor_placed_like_the_result(backend):
+    case = _case(torch.ops.aten.abs.out, torch.randn(4, 6, dtype=torch.float64), out_spec={"out": torch.float64})
+    got = _answer(case, backend)
+    assert got == {("S(0)",): ("S(0)",), ("S(1)",): ("S(1)",)}  # abs is not linear: no Partial
+
+
+def test_bool_partials_have_one_name(backend):
+    """On bools Partial(sum) is logical or, like Partial(max): DTensor says sum, the explorer max."""
+    func = torch.ops.aten.any.dim
+    case = OpCase(str(func), func, (torch.randn(6, 4, dtype=torch.float64) > 0.3, 1), {}, ("self", "dim"))
+    assert _answer(case, backend) == {("S(0)",): ("S(0)",), ("S(1)",): ("P(max)",)}
+    entry = explore_case(case, backend.tensor_ops())
+    ours = {r.inputs: r.options for r in crosscheck.our_rules(entry)}
+    assert ours == {("S(0)",): (("S(0)",),), ("S(1)",): (("P(max)",),)}
+
+
+def test_a_call_dtensor_cannot_run_is_asked_once(backend):
+    func = torch.ops.aten._chunk_cat.default  # DTensor's decomposition of it fails even on replicas
+    case = _case(func, [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)], 0, 2)
+    query = DTensorQuery(func, case, backend.tensor_ops(), 2, case.call(case.args, {}))
+    answer = dtensor_answer(query, QueryConfig())
+    assert not answer.runs and answer.queried == 1 and answer.accepted == {}
+
+
+def test_modes_left_by_an_interrupted_query_are_dropped():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    depth = torch._C._len_torch_dispatch_stack()
+    Passthrough().__enter__()  # as a timeout inside DTensor's decomposition tracing leaves it
+    assert torch._C._len_torch_dispatch_stack() == depth + 1
+    crosscheck._drop_dispatch_modes(depth)
+    assert torch._C._len_torch_dispatch_stack() == depth
+
+
+def test_answers_are_cached_per_op(tmp_path):
+    cache = AnswerCache(tmp_path)
+    answer = DTensorAnswer({("S(0)", "R"): ("S(0)",)}, queried=7, truncated=True)
+    cache.put("aten.mm.default", "k1", answer)
+    assert cache.get("aten.mm.default", "other") is None
+    cache.flush()
+    again = AnswerCache(tmp_path)
+    assert again.get("aten.mm.default", "k1") == answer
+    assert again.get("aten.add.Tensor", "k1") is None
+    (tmp_path / "aten.add.Tensor.json").write_text("{not json", encoding="utf-8")
+    assert AnswerCache(tmp_path).get("aten.add.Tensor", "k1") is None  # unreadable: a miss, not an error
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+def test_partial_parts_reduce_back_to_the_tensor(backend):
+    ops = backend.tensor_ops()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    for op, fold in (("sum", lambda p: sum(p)), ("avg", lambda p: sum(p) / len(p)),
+                     ("max", lambda p: torch.stack(p).amax(0)), ("min", lambda p: torch.stack(p).amin(0))):
+        parts = partial_parts(ops, x, op, 3, seed=5)
+        assert len(parts) == 3 and not torch.equal(parts[0], parts[1])
+        assert torch.allclose(fold(parts), x), op
+    assert chunk_bounds(5, 2) == [(0, 3), (3, 2)] and chunk_bounds(3, 4) == [(0, 1), (1, 1), (2, 1), (3, 0)]
+
+
+def test_reverify_accepts_right_rules_and_rejects_wrong_ones(backend):
+    ops = backend.tensor_ops()
+    case = _case(MM, torch.randn(8, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64))
+    assert reverify(FreshInputs(case, ops), (ShardIn(0), Replicate()), ((Gather(0),),), seed=3)[0] == "ok"
+    assert reverify(FreshInputs(case, ops), (ShardIn(1), ShardIn(0)), ((Reduce("sum"),),), seed=3)[0] == "ok"
+    verdict, detail = reverify(FreshInputs(case, ops), (ShardIn(0), Replicate()), ((Gather(1),),), seed=3)
+    assert verdict == "failed" and "gather(dim=1)" in detail
+    both = ((Reduce("sum"), Reduce("max")),)  # every listed alternative must hold
+    assert reverify(FreshInputs(case, ops), (ShardIn(1), ShardIn(0)), both, seed=3)[0] == "failed"
+    empty = _case(MM, torch.randn(0, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64))
+    partial = (PartialInput("sum"), PartialInput("sum"))
+    assert reverify(FreshInputs(empty, ops), partial, ((Identity(),),), seed=3)[0] == "vacuous"
+
+
+def test_a_rule_true_only_for_the_samples_inputs_is_caught(backend):
+    """lerp(self, end, weight) ignores ``end`` where the weight is 0. A sample whose generator
+    always draws a zero weight makes (R, P(sum), R) -> R hold on every one of its draws."""
+    ops = backend.tensor_ops()
+
+    def zero_weight(seed):
+        g = torch.Generator().manual_seed(seed)
+        self, end = (torch.randn(6, 4, dtype=torch.float64, generator=g) for _ in range(2))
+        return (self, end, torch.zeros(6, 4, dtype=torch.float64)), {}
+
+    func = torch.ops.aten.lerp.Tensor
+    case = OpCase(str(func), func, zero_weight(0)[0], {}, ("self", "end", "weight"), fresh=zero_weight)
+    ignores_end = (Replicate(), PartialInput("sum"), Replicate())
+    verdict, detail = reverify(FreshInputs(case, ops), ignores_end, ((Identity(),),), seed=1)
+    assert verdict == "data-dependent" and "random" in detail
+    assert reverify(FreshInputs(case, ops), (ShardIn(0),) * 3, ((Gather(0),),), seed=1)[0] == "ok"
+
+
+def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
+    """DTensor gives mse_loss(S(0), S(0)) -> P(avg) for any size: on 5 rows cut 3 + 2 the
+    average of the shard means is not the mean."""
+    ops = backend.tensor_ops()
+    func = torch.ops.aten.mse_loss.default
+    rule = ((ShardIn(0), ShardIn(0)), (Reduce("avg"),))
+    uneven = _case(func, torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64))
+    assert ("S(0)", "S(0)") in _answer(uneven, backend)
+    assert check_foreign_rule(FreshInputs(uneven, ops), *rule, mesh_size=2, seed=1)[0] == "wrong"
+    even = _case(func, torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64))
+    # right on its own 2-way split, wrong on 3 shards: not a rule the explorer keeps
+    assert check_foreign_rule(FreshInputs(even, ops), *rule, mesh_size=2, seed=1)[0] == "split-dependent"
+    right = ((ShardIn(0), Replicate()), (Gather(0),))
+    assert check_foreign_rule(FreshInputs(_case(MM, *even.args), ops), *right, mesh_size=2, seed=1)[0] == "holds"
+
+
+# --------------------------------------------------------------------------- whole ops
+
+
+def test_our_rules_agree_with_dtensor_on_shared_ops(report):
+    by_op = {r.op: r for r in report.results}
+    for op in OPS[:4]:
+        r = by_op[op]
+        assert r.compared == r.examples > 0, op
+        assert r.agree > 0 and r.dtensor_rules >= r.agree, op
+    mm = by_op["aten.mm.default"]
+    assert not [m for m in mm.misses if "f[" in m.signature]  # every float DTensor rule of mm is ours too
+    assert all(m.reason for m in report.misses())
+    assert not report.failures()
+
+
+def test_op_dtensor_cannot_run_is_covered_by_us_only(report):
+    (scatter,) = report.dtensor_cannot_run()
+    assert scatter.op == "aten.scatter_reduce.two" and scatter.support == "none" and scatter.dtensor_rules == 0
+    assert scatter.extras and all(e.kind == "no-dtensor-rule" and e.verdict == "ok" for e in scatter.extras)
+    assert any(e.rule == "(S(1), S(1), S(1)) -> (S(1))" for e in scatter.extras)
+
+
+def test_a_wrong_rule_in_the_registry_fails_reverification(backend, records):
+    record = records["aten.relu.default"]
+    entry = next(e for e in record.entries if e.signature == "self:f[*,*,*]")
+    bad = dataclasses.replace(entry, combine=CombineSpec.parse(WRONG_RELU))
+    result = crosscheck.crosscheck_op(backend, record.op, dataclasses.replace(record, entries=(bad,)))
+    failed = [e for e in result.extras if e.verdict == "failed"]
+    assert [e.rule for e in failed] == ["(S(0)) -> (S(1))"]
+    assert any(m.rule == "(S(0)) -> (S(0))" and m.reason.startswith("output differs") for m in result.misses)
+
+
+def test_report_prints_totals_and_json_round_trips(report):
+    text = crosscheck.format_report(report)
+    assert "agreement: ours too" in text and "Ops DTensor cannot run at all that we cover" in text
+    assert "aten.scatter_reduce.two" in text and "FAILED re-verification" not in text
+    data = json.loads(crosscheck.report_json(report))
+    s = data["summary"]
+    assert s["ops"] == len(OPS) and s["extras_by_verdict"]["failed"] == 0 and s["dtensor_cannot_run_ops"] == 1
+    assert s["agree"] + s["missed"] == s["dtensor_rules"]
+
+
+def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, monkeypatch, capsys, records):
+    real_run = crosscheck.run
+    opinfos = {"opinfos": ("mm", "nn.functional.relu"), "max_signatures": 2}
+    monkeypatch.setattr(crosscheck, "run", lambda *a, **k: real_run(*a, backend_options=opinfos, **k))
+    out, cache = tmp_path / "out.json", tmp_path / "cache"
+    argv = ["--registry", str(tmp_path / "registry"), "--ops", "aten.mm.default", "--cache-dir", str(cache),
+            "--json", str(out)]
+    assert crosscheck.main(argv) == 0
+    assert "agreement" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["explored_now"] == ["aten.mm.default"] and data["summary"]["agree"] > 0
+    cached = (cache / "aten.mm.default.json").stat().st_mtime_ns
+    assert crosscheck.main(argv) == 0
+    assert (cache / "aten.mm.default.json").stat().st_mtime_ns == cached  # all answers came from the cache
+    # a registry file with a wrong rule: exit status 1
+    relu = records["aten.relu.default"]
+    entry = next(e for e in relu.entries if e.signature == "self:f[*,*,*]")
+    bad = dataclasses.replace(entry, combine=CombineSpec.parse(WRONG_RELU))
+    write_record(tmp_path / "registry", dataclasses.replace(relu, entries=(bad,)))
+    assert crosscheck.main(["--registry", str(tmp_path / "registry"), "--no-cache"]) == 1
+    assert "FAILED re-verification" in capsys.readouterr().out
+    assert crosscheck.main(["--partials", "median"]) == 2
