@@ -139,3 +139,15 @@ def register(ops: list[str] | None = None) -> RegisterReport:
         report.installed.append(name)
     _clear_sharding_prop_cache()
     return report
+
+
+def unregister(report: RegisterReport) -> None:
+    """Remove what ``register`` installed (tests, or switching tables in one process)."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    p = DTensor._op_dispatcher.sharding_propagator
+    for name in report.installed:
+        op = _resolve(name)
+        p.op_strategy_funcs.pop(op, None)
+        p.op_to_schema_info.pop(op, None)
+    _clear_sharding_prop_cache()
