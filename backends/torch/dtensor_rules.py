@@ -16,7 +16,8 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 from metaspmd.signature import signature
-from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+
+from .tensor_ops import dtype_kind
 
 
 class SpecOps:
@@ -29,17 +30,8 @@ class SpecOps:
         return tuple(x.shape)
 
     def dtype_kind(self, x) -> str:
-        d = x.tensor_meta.dtype if isinstance(x, DTensorSpec) else x.dtype
-        if d == torch.bool:
-            return BOOL
-        if d.is_complex:
-            return COMPLEX
-        if d.is_floating_point:
-            return FLOAT
-        return INT if d in _INT_DTYPES else OTHER
+        return dtype_kind(x.tensor_meta.dtype if isinstance(x, DTensorSpec) else x.dtype)
 
-
-_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _SPEC_OPS = SpecOps()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import Partial, Shard
 
 from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp

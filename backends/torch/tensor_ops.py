@@ -18,6 +18,19 @@ _TOL = {
 _LOW_TOL = (2e-2, 1e-2)  # float16 / bfloat16
 
 
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+
+
+def dtype_kind(d: torch.dtype) -> str:
+    if d == torch.bool:
+        return BOOL
+    if d.is_complex:
+        return COMPLEX
+    if d.is_floating_point:
+        return FLOAT
+    return INT if d in _INT_DTYPES else OTHER
+
+
 class TorchOps:
     """TensorOps for torch.Tensor (CPU)."""
 
@@ -28,16 +41,7 @@ class TorchOps:
         return tuple(x.shape)
 
     def dtype_kind(self, x: torch.Tensor) -> str:
-        d = x.dtype
-        if d == torch.bool:
-            return BOOL
-        if d.is_complex:
-            return COMPLEX
-        if d.is_floating_point:
-            return FLOAT
-        if d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64):
-            return INT
-        return OTHER
+        return dtype_kind(x.dtype)
 
     def dtype_name(self, x: torch.Tensor) -> str:
         return str(x.dtype).removeprefix("torch.")
