@@ -1185,11 +1185,12 @@ RULES = {
         "operand:f[*,*,*] start_indices:i[*,*] dimension_numbers='GatherDimensionNumbers(offset_dims=(1,2),collapsed_slice_dims=(0,),start_index_map=(0,1,2),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.PROMISE_IN_BOUNDS' slice_sizes=[1,3,2] unique_indices=False": Rule(
             strategies=(
                 Strategy((1, None), (1,), ('', ''), ('',)),
+                Strategy((None, 0), (0,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
-            sharding_rule='r1 s1 r2, r3 r4 -> r5 s1 r6',
+            sharding_rule='r1 s1 r2, s2 r3 -> s2 s1 r4',
             reduction_factors=(),
-            need_replication_factors=('r1', 'r2', 'r3', 'r4', 'r5', 'r6'),
+            need_replication_factors=('r1', 'r2', 'r3', 'r4'),
         ),
         "operand:f[*,*,*] start_indices:i[1] dimension_numbers='GatherDimensionNumbers(offset_dims=(0,1),collapsed_slice_dims=(0,),start_index_map=(0,),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.CLIP' slice_sizes=[1,10,10] unique_indices=False": Rule(
             strategies=(

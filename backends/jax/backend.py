@@ -145,6 +145,7 @@ class JaxBackend:
 
     def __init__(self, max_cases: int = MAX_CASES):
         self.max_cases = max_cases
+        catalog()  # trace every program now (seconds): loading, not the first op, pays for it
 
     def tensor_ops(self) -> JaxOps:
         return JaxOps()

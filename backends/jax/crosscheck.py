@@ -29,6 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from metaspmd import pytree
+from metaspmd.case import NoSample, Skip
+from metaspmd.combine import Split, holds, partial_summands, reduce_ops_for, shard_with_halo
+from metaspmd.explorer import explore_case
+from metaspmd.registry_io import load_record, record_path
+from metaspmd.signature import signature
+from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
+
+# jax is imported inside the functions: the device count must be set before jax starts.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -66,20 +75,14 @@ SHARDABLE = ("pass-through", "reduction", "permutation")
 
 
 def _shard_set(strategy) -> frozenset:
-    from metaspmd.spec import ShardIn
-
     return frozenset((i, p.dim) for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn))
 
 
 def _has_partial(strategy) -> bool:
-    from metaspmd.spec import PartialInput
-
     return any(isinstance(p, PartialInput) for p in strategy.inputs)
 
 
 def _combine_fits(factor, strategy) -> bool:
-    from metaspmd.spec import Gather, Reduce
-
     out_dims = dict(factor.outputs)
     for j, outs in enumerate(strategy.outputs):
         if j in out_dims:
@@ -115,8 +118,6 @@ def extra_category(strategy, factors) -> str:
 
 
 def _flat_fn(case, ops):
-    from metaspmd import pytree
-
     def fn(*leaves):
         args, kwargs = pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, list(leaves))
         return pytree.leaves(case.call(args, kwargs), ops.is_tensor)
@@ -126,9 +127,6 @@ def _flat_fn(case, ops):
 
 def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[str]):
     """The strategy a Shardy factor implies, with every combine it allows."""
-    from metaspmd.combine import reduce_ops_for
-    from metaspmd.spec import Gather, Identity, OutputCombine, Reduce, Replicate, ShardIn
-
     n_in = len(_leaves(case, ops))
     placements = [Replicate()] * n_in
     for i, d in factor.inputs:
@@ -145,8 +143,6 @@ def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[s
 
 
 def _leaves(case, ops):
-    from metaspmd import pytree
-
     return pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)
 
 
@@ -159,13 +155,11 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
     rebuild it every time (reduce(avg) on equal shards only). A string when the op itself
     fails on a shard. Trials whose shards happen to be equal still count: a combine that
     fails on them is wrong all the same."""
-    from metaspmd import pytree
-    from metaspmd.combine import Split, holds, partial_summands, shard_with_halo
-    from metaspmd.spec import PartialInput, Reduce, ShardIn
 
     fn = _flat_fn(case, ops)
     alive = [list(o.options) for o in outputs]
     sharded = [(i, p) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
+    avg_checked = False
     for seed in REVERIFY_SEEDS:
         args, kwargs = case.fresh(seed) if case.fresh is not None else (case.args, case.kwargs)
         leaves = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
@@ -185,10 +179,15 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 local = [fn(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001
                 return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
+            if any(len(loc) != len(expected) for loc in local):  # unstack on its own axis: no combine
+                return [[] for _ in outputs]
             even = split.is_even(size)
+            avg_checked |= even
             for j, exp in enumerate(expected):
                 shards = [loc[j] for loc in local]
                 alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp)]
+    if not avg_checked:  # reduce(avg) means something on equal shards only: unproven here
+        alive = [[c for c in opts if c != Reduce("avg")] for opts in alive]
     return alive
 
 
@@ -243,8 +242,6 @@ def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
 
 def _jit_plan(strategy, leaves, outs, n_devices: int):
     """(n, in_specs, out_specs, reducers) for a shard_map run, or a reason it does not apply."""
-    from metaspmd.spec import Gather, Identity, PartialInput, Reduce, ShardIn
-
     from jax.sharding import PartitionSpec as P
 
     if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in strategy.inputs):
@@ -303,9 +300,6 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
 
 
 def _our_entry(case, ops, records: dict, op: str):
-    from metaspmd.explorer import explore_case
-    from metaspmd.signature import signature
-
     sig = signature(ops, case.arg_names, case.args, case.kwargs)
     record = records.get(op)
     entry = record.entry(sig) if record is not None else None
@@ -331,9 +325,10 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
         result.shardy_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         factors = []
     matched = set()
+    empty_outputs = {j for j, o in enumerate(outputs) if 0 in ops.shape(o)}
     for f in factors:
-        if f.size < 2:
-            continue
+        if f.size < 2 or any(j in empty_outputs for j, _ in f.outputs):
+            continue  # nothing to shard, or an empty output that every combine rebuilds
         if f.kind not in SHARDABLE:
             result.replicated.append(f)
             continue
@@ -441,8 +436,6 @@ def parse_args(argv):
 
 
 def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> dict:
-    from metaspmd.registry_io import load_record, record_path
-
     records = {}
     if root is None:
         return records
@@ -458,8 +451,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.devices >= 2:
         _ask_for_devices(args.devices)
     import jax
-
-    from metaspmd.case import NoSample, Skip
 
     from . import get_backend
 

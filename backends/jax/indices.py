@@ -48,7 +48,10 @@ def _gather(rng: Rng, params: dict, shapes, dtypes) -> dict[int, np.ndarray]:
     dn, sizes = params["dimension_numbers"], params["slice_sizes"]
     operand, indices = shapes[0], shapes[1]
     limits = [operand[d] - sizes[d] + 1 for d in dn.start_index_map]
-    new = random_indices(rng, tuple(indices[:-1]), limits, params.get("unique_indices", False),
+    # Repeated rows are legal, but two equal index rows make equal shards, which prove
+    # nothing: draw distinct rows while there are enough of them.
+    distinct = int(np.prod([max(1, n) for n in limits])) >= int(np.prod(indices[:-1]))
+    new = random_indices(rng, tuple(indices[:-1]), limits, params.get("unique_indices", False) or distinct,
                          params.get("indices_are_sorted", False), dtypes[1])
     return {1: new}
 

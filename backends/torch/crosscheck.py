@@ -260,6 +260,7 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
 
 
 REWRITES = "DTensor rewrites the op's size arguments for each shard; the explorer runs shards with the global ones"
+COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each shard"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
@@ -269,6 +270,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return static
     if detail == REWRITES:
         return REWRITES
+    if detail == COMPOSITE:
+        return "not found by the explorer; not replayed: " + COMPOSITE
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
     if numeric == "holds":
@@ -279,6 +282,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
 def _check_dtensor_rule(func, fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> tuple[str, str]:
     if rewrites_shape_args(func) and fresh.case.candidates is None:  # derived view cases adapt sizes themselves
         return "unchecked", REWRITES
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return "unchecked", COMPOSITE
     combines = tuple(parse_output(k) for k in outputs)
     if any(c is None for c in combines):
         return "unchecked", "an output placement has no combine of ours"

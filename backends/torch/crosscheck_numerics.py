@@ -96,8 +96,14 @@ class Trial:
     blind: bool = False  # random inputs, not the sample's generator
 
 
+@dataclass(frozen=True)
+class Failure:
+    message: str
+    crashed: bool = False  # the op raised on a shard, rather than giving a wrong result
+
+
 def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
-              trial: Trial) -> str | None:
+              trial: Trial) -> Failure | None:
     """None when the combines rebuild every output from the shards' outputs, else what
     went wrong. Raises when the op fails on the fresh unsharded inputs (no verdict)."""
     case, ops = inputs.case, inputs.ops
@@ -124,13 +130,13 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
         try:
             got = pytree.leaves(case.call(a, kw), ops.is_tensor)
         except Exception as e:
-            return f"shard {k + 1} of {n} fails: {type(e).__name__}"
+            return Failure(f"shard {k + 1} of {n} fails: {type(e).__name__}", crashed=True)
         if len(got) != len(want):
-            return f"shard {k + 1} of {n} gives {len(got)} outputs"
+            return Failure(f"shard {k + 1} of {n} gives {len(got)} outputs", crashed=True)
         locals_.append(got)
     for j, c in enumerate(combines):
         if not holds(ops, c, [loc[j] for loc in locals_], want[j]):
-            return f"output {j}: {c} does not rebuild it from {n} shards"
+            return Failure(f"output {j}: {c} does not rebuild it from {n} shards")
     return None
 
 
@@ -179,7 +185,7 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
                 return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
             checked += 1
             if err:
-                return "failed", err
+                return "failed", err.message
     if not checked:
         return "unchecked", "reduce(avg) needs equal shards"
     even = all(s % trials[0] == 0 for s in sizes)
@@ -191,7 +197,7 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
         except Exception:
             break  # the op refuses unconstrained inputs: the sample's generator is all there is
         if err:
-            return "data-dependent", f"holds on the sample's inputs, not on random ones: {err}"
+            return "data-dependent", f"holds on the sample's inputs, not on random ones: {err.message}"
     return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
 
 
@@ -199,9 +205,11 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
                        mesh_size: int, seed: int) -> tuple[str, str]:
     """Check another framework's rule: ('holds' | 'wrong' | 'split-dependent' | 'unchecked', detail).
 
-    'wrong': it fails on the framework's own split of this example (``mesh_size`` pieces
-    as torch.chunk cuts); 'split-dependent': it holds there but not with another shard
-    count, which the explorer requires (it keeps rules that hold on 2, 3 and uneven shards)."""
+    'wrong': it gives wrong numbers on the framework's own split of this example
+    (``mesh_size`` pieces as torch.chunk cuts); 'split-dependent': it holds there but not
+    with another shard count, which the explorer requires (it keeps rules that hold on 2,
+    3 and uneven shards). A shard that raises proves nothing here ('unchecked'): the
+    framework may run it with other arguments than the global call's (local sizes)."""
     sizes = _sharded_sizes(inputs.case, inputs.ops, placements)
     others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
     trials = [Trial(mesh_size, draw_seed(seed, 0), chunked=True)] + [Trial(n, draw_seed(seed, 1)) for n in others[:1]]
@@ -210,12 +218,14 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
             err = run_trial(inputs, placements, combines, trial)
         except Exception as e:
             return "unchecked", f"the op fails on fresh inputs: {type(e).__name__}"
+        if err and err.crashed:
+            return "unchecked", err.message
         if err:
-            return ("wrong" if t == 0 else "split-dependent"), err
+            return ("wrong" if t == 0 else "split-dependent"), err.message
     return "holds", ""
 
 
 __all__ = [
-    "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
+    "Failure", "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
     "run_trial",
 ]
