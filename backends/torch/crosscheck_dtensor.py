@@ -40,7 +40,7 @@ PARTIAL_RE = re.compile(r"^P\((\w+)\)$")
 DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
 # How DTensor handles an op, in its own lookup order; these are answered by propagation.
 QUERIED = ("single-dim", "op-strategy", "decomposition", "rule")
-ANSWER_FORMAT = 5  # part of every cache key: bump when the meaning of an answer changes
+ANSWER_FORMAT = 6  # part of every cache key: bump when the meaning of an answer changes
 LIST_MAX_SHARDED = 2  # non-replicated tensors per tuple asked of calls with tensor lists
 
 
@@ -184,10 +184,34 @@ class DTensorQuery:
         self.args, self.kwargs = args, kwargs
         self.has_tensor_lists = any(isinstance(a, (list, tuple)) and any(map(_is_slot, a)) for a in args)
         self.out_slots = tuple(range(len(leaves), len(self.tensors)))
+        self.written_slots = self._written_slots()
+        if len(self.written_slots) > len(self.result_flat):
+            raise ValueError("the results do not include the written arguments")
         # DTensor never redistributes keyword tensors: only R can be told apart as-is there
         self.keyword_slots = frozenset(s.index for s in pytree.leaves(kwargs, _is_slot) if s.index < len(leaves))
         self.schema_info = (self.prop.op_to_schema_info.get(func)
                             or self.prop.op_to_schema_info_for_single_dim_strategy.get(func))
+
+    def _written_slots(self) -> tuple[int, ...]:
+        """Slots of the written arguments the case's runner appends to the op's results
+        (backend.make_runner: the ones the op does not return, or all of them and the out=
+        tensors when it returns nothing). DTensor leaves them placed as they came in."""
+        schema = self.func._schema
+        returned = set().union(*[r.alias_info.before_set for r in schema.returns if r.alias_info is not None])
+        returns_tensors = any("Tensor" in str(r.type) for r in schema.returns)
+        params = [a for a in schema.arguments if not a.kwarg_only]
+        slots: list[int] = []
+        for a in schema.arguments:
+            if a.alias_info is None or not a.alias_info.is_write or a.is_out:
+                continue
+            if returns_tensors and a.alias_info.before_set & returned:
+                continue
+            i = next((k for k, p in enumerate(params) if p.name == a.name), None)
+            value = self.args[i] if i is not None and i < len(self.args) else self.kwargs.get(a.name)
+            slots += [x.index for x in pytree.leaves(value, _is_slot)]
+        if not returns_tensors:
+            slots += list(self.out_slots)
+        return tuple(slots)
 
     def cache_key(self, config: QueryConfig) -> str:
         """Everything the answer depends on, hashed: torch, the op, the call's structure,
@@ -236,16 +260,18 @@ class DTensorQuery:
 
         return tuple(fill(self.args)), {k: fill(v) for k, v in self.kwargs.items()}
 
-    def _output_keys(self, output_spec: Any) -> Key | None:
-        specs = _flat(output_spec)
-        if len(specs) == len(self.result_flat):
-            specs = [s for s, r in zip(specs, self.result_flat) if isinstance(r, torch.Tensor)]
-        elif len([s for s in specs if s is not None]) == len(self.result_tensors):
+    def _output_keys(self, output_spec: Any, combo: Sequence[str]) -> Key | None:
+        returned = self.result_flat[: len(self.result_flat) - len(self.written_slots)]
+        tensors = [x for x in returned if isinstance(x, torch.Tensor)]
+        specs = _flat(output_spec) if tensors else []
+        if len(specs) == len(returned):
+            specs = [s for s, r in zip(specs, returned) if isinstance(r, torch.Tensor)]
+        elif len([s for s in specs if s is not None]) == len(tensors):
             specs = [s for s in specs if s is not None]
         else:
             return None
         keys = []
-        for s, t in zip(specs, self.result_tensors):
+        for s, t in zip(specs, tensors):
             if s is None:
                 return None  # DTensor leaves this output undefined under these inputs
             key = str(s.placements[0])
@@ -255,7 +281,7 @@ class DTensorQuery:
             if t.dtype == torch.bool and key == "P(sum)":
                 key = "P(max)"  # on bools both are logical or; one name for both sides
             keys.append(key)
-        return tuple(keys)
+        return tuple(keys) + tuple(combo[i] for i in self.written_slots)
 
     def accepts(self, combo: Sequence[str]) -> Key | None:
         """The output placements DTensor gives ``combo`` (one key per slot) without
@@ -275,12 +301,12 @@ class DTensorQuery:
                 return None
             if any(not hasattr(v, "placements") or str(v.placements[0]) != combo[i] for i, v in found.items()):
                 return None
-        outs = self._output_keys(sharding.output_spec)
+        outs = self._output_keys(sharding.output_spec, combo)
         if outs is None:
             return None
-        if self.out_slots and (len(outs) != len(self.out_slots)
-                               or any(outs[j] != combo[s] for j, s in enumerate(self.out_slots))):
-            return None
+        if self.out_slots and not set(self.out_slots) <= set(self.written_slots) and (
+                len(outs) != len(self.out_slots) or any(outs[j] != combo[s] for j, s in enumerate(self.out_slots))):
+            return None  # the out= tensors are written as placed: the op's results must come out so
         return outs
 
     def accepts_inputs(self, inputs: Key, output_options: Sequence[Sequence[str]]) -> Key | None:
