@@ -34,7 +34,7 @@ _TERMINATORS = ("func.return", "stablehlo.return")
 _POINTWISE_CHLO = {
     "chlo." + n for n in ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan", "lgamma", "digamma",
                           "erf", "erfc", "erf_inv", "bessel_i1e", "polygamma", "zeta", "next_after", "conj", "is_inf",
-                          "is_neg_inf", "is_pos_inf", "square")
+                          "is_neg_inf", "is_pos_inf", "square", "mulhi")
 }
 # Ops whose results are their operands (values pass through unchanged).
 _IDENTITY = {"stablehlo.optimization_barrier"}
