@@ -1,0 +1,141 @@
+"""The sweep: explore the selected ops in a worker pool and keep the registry in step
+(write each record atomically, or in check mode compare it with the file)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rules import OpRecord
+from .config import SweepConfig, SweepError, select_ops
+from .workers import Outcome, WorkerPool
+
+@dataclass(frozen=True)
+class OpResult:
+    """One op in a sweep report. ``change`` is set in check mode: 'added', 'changed' or
+    'unchanged' against the registry file."""
+
+    op: str
+    status: str
+    reason: str
+    seconds: float
+    change: str = ""
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    backend: str
+    results: tuple[OpResult, ...]
+    resumed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()  # check mode: registry files of ops no longer listed
+    wall_s: float = 0.0
+    check: bool = False
+
+    def counts(self) -> Counter:
+        return Counter(r.status for r in self.results)
+
+    def changes(self) -> list[tuple[str, str]]:
+        """(kind, op or file name) for every difference a check found, sorted."""
+        found = [(r.change, r.op) for r in self.results if r.change in ("added", "changed")]
+        found += [("removed", name) for name in self.removed]
+        return sorted(found, key=lambda c: (c[1], c[0]))
+
+    @property
+    def ops_per_s(self) -> float:
+        return len(self.results) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _loads_cleanly(path: Path, op: str, backend: str) -> bool:
+    from .. import registry_io
+
+    if not path.is_file():
+        return False
+    try:
+        record = registry_io.load_record(path)
+    except Exception:  # noqa: BLE001 - any unreadable file is redone
+        return False
+    return record.op == op and record.backend == backend
+
+
+def run_sweep(config: SweepConfig) -> SweepReport:
+    """Run one sweep as configured; raises SweepError when it cannot run at all."""
+    from .. import registry_io
+
+    started = time.perf_counter()
+    results: dict[str, OpResult] = {}
+    with WorkerPool(config) as pool:
+        backend = pool.start()
+        ops = select_ops(pool.list_ops(), config.patterns)
+        if not ops:
+            raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}")
+        _check_file_names(registry_io, config.out_root, backend, ops)
+        resumed = tuple(op for op in ops if config.resume
+                        and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
+        todo = [op for op in ops if op not in set(resumed)]
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="op", file=sys.stderr, disable=not config.progress,
+                   desc=f"sweep {backend}", dynamic_ncols=True)
+        failed = 0
+
+        def on_outcome(outcome: Outcome) -> None:
+            nonlocal failed
+            record = outcome.record
+            change = ""
+            if config.check:
+                change = _compare(registry_io, config.out_root, record)
+            else:
+                registry_io.write_record(config.out_root, record)
+            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change)
+            if record.status == "failed":
+                failed += 1
+                bar.set_postfix(failed=failed, refresh=False)
+            bar.update(1)
+
+        try:
+            pool.run(todo, on_outcome)
+        finally:
+            bar.close()
+
+    removed: tuple[str, ...] = ()
+    if config.check and not config.patterns:
+        removed = _stale_files(registry_io, config.out_root, backend, ops)
+    return SweepReport(
+        backend=backend,
+        results=tuple(results[op] for op in sorted(results)),
+        resumed=resumed,
+        removed=removed,
+        wall_s=time.perf_counter() - started,
+        check=config.check,
+    )
+
+
+def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> None:
+    """Fail before any work when an op name cannot be a registry file name."""
+    bad = []
+    for op in ops:
+        try:
+            registry_io.record_path(root, backend, op)
+        except ValueError:
+            bad.append(op)
+    if bad:
+        raise SweepError(f"{len(bad)} op name(s) not usable as registry file names: {', '.join(bad[:5])}")
+
+
+def _compare(registry_io, root: Path, record: OpRecord) -> str:
+    path = registry_io.record_path(root, record.backend, record.op)
+    if not path.is_file():
+        return "added"
+    return "unchanged" if path.read_text(encoding="utf-8") == registry_io.dump_record(record) else "changed"
+
+
+def _stale_files(registry_io, root: Path, backend: str, ops: list[str]) -> tuple[str, ...]:
+    expected = {registry_io.record_path(root, backend, op).name for op in ops}
+    folder = registry_io.record_path(root, backend, ops[0]).parent
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(p.name for p in folder.glob("*.yaml") if p.name not in expected))

@@ -1,0 +1,40 @@
+"""Failure reasons as records keep them: one clean line, the same on every machine."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from ..rules import OpRecord
+
+_PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.+@~-]+){2,}")
+_ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]{6,}")
+MAX_REASON = 300
+
+
+def clean_reason(text: str) -> str:
+    """First line, without machine paths or memory addresses, so records stay
+    byte-identical across machines and runs."""
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    line = lines[0].strip() if lines else ""
+    line = _PATH_RE.sub(lambda m: re.split(r"[\\/]", m.group(0))[-1], line)
+    line = _ADDRESS_RE.sub("0x…", line)
+    return line if len(line) <= MAX_REASON else line[: MAX_REASON - 1] + "…"
+
+
+def describe_exception(exc: BaseException) -> str:
+    message = clean_reason(str(exc))
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"crashed: {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"crashed: signal {-exitcode}"
+    return f"crashed: exit code {exitcode}"
+
+
+def failed_record(backend: str, op: str, reason: str) -> OpRecord:
+    return OpRecord(op=op, backend=backend, status="failed", entries=(), reason=reason)

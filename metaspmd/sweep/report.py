@@ -1,0 +1,46 @@
+"""The sweep's summary table, its check-mode change list and its timings file."""
+
+from __future__ import annotations
+
+import json
+
+from .engine import SweepReport
+
+# Summary rows, in print order: op statuses (metaspmd.rules.OP_STATUSES).
+SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "skipped", "failed")
+
+
+
+def format_summary(report: SweepReport) -> str:
+    counts = report.counts()
+    failed = [r for r in report.results if r.status == "failed"]
+    timeouts = sum(r.reason.startswith("timeout") for r in failed)
+    crashes = sum(r.reason.startswith("crashed") for r in failed)
+    rows = [("backend", report.backend), ("ops", str(len(report.results)))]
+    if report.resumed:
+        rows.append(("resumed (skipped)", str(len(report.resumed))))
+    for status in SUMMARY_STATUSES:
+        if status == "skipped" and not counts[status]:
+            continue
+        value = str(counts[status])
+        if status == "failed" and (timeouts or crashes):
+            value += f"  (timeouts {timeouts}, crashes {crashes})"
+        rows.append((status if status != "ok" else "with rules (ok)", value))
+    rows += [("wall time", f"{report.wall_s:.1f} s"), ("ops/s", f"{report.ops_per_s:.2f}")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_changes(report: SweepReport) -> str:
+    return "\n".join(f"{kind:<8} {name}" for kind, name in report.changes())
+
+
+def timings_json(report: SweepReport, jobs: int) -> str:
+    """Per-op timings, kept out of the registry so its files stay byte-identical."""
+    data = {
+        "backend": report.backend,
+        "jobs": jobs,
+        "wall_s": round(report.wall_s, 3),
+        "ops": {r.op: {"seconds": round(r.seconds, 4), "status": r.status} for r in report.results},
+    }
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
