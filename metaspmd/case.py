@@ -24,6 +24,10 @@ class OpCase:
     stay valid; without it, the verifier refills tensors blindly with signed random values,
     except the arguments named in ``fixed``, which keep their example values.
 
+    ``special(args, kwargs, k, seed)`` returns those inputs refilled with special values
+    (zeros, NaN, the call's own scalars, ...; pattern by trial ``k``): the verifier asks
+    for them when plain fresh inputs leave an output constant (``isnan``, ``eq.Scalar``).
+
     ``candidates``: strategies to verify instead of exploring (rules derived from shape
     arithmetic for view-like ops); each is (input placements, output combines).
     """
@@ -37,6 +41,7 @@ class OpCase:
     fixed: frozenset[str] = frozenset()
     candidates: tuple[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]], ...] | None = None
     deterministic: bool = True
+    special: Callable[[tuple, dict, int, int], Args] | None = None
 
     def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:
         return self.fn(*args, **kwargs)

@@ -39,6 +39,10 @@ EXPLORE_SPLIT = Split(2)
 # Fresh-data trials. 4 shards catch rules that hold only while every shard still sees
 # most of the data (index-driven ops such as embedding_renorm pass at 2 shards by luck).
 TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True), Split(4))
+# Special-value trials asked of OpCase.special when random inputs leave an output constant:
+# every one verifies combines (splits cycling), and an output is called shape-determined
+# only after it stayed constant under every pattern (all zero and all NaN among them).
+SPECIAL_TRIALS = 6
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class _Trial:
     outputs: list[Any]  # tensor leaves of the output
     others: list[Any]  # non-tensor leaves of the output (must match on every shard)
     index: int = 0  # 0: the example; k: the k-th fresh trial (seeds its Partial summands)
+    special: bool = False  # special-value inputs (all zero, NaN, ...): equal shards allowed
 
 
 def _error_text(e: BaseException) -> str:
@@ -91,9 +96,9 @@ class _Explorer:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
         return self._flatten_out(self.case.call(args, kwargs))
 
-    def _trial(self, args: tuple, kwargs: dict, index: int = 0) -> _Trial:
+    def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False) -> _Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
-        trial = _Trial(args, kwargs, leaves, [], [], index)
+        trial = _Trial(args, kwargs, leaves, [], [], index, special)
         trial.outputs, trial.others = self._call(leaves, trial)
         return trial
 
@@ -164,8 +169,9 @@ class _Explorer:
                 return None
             for i, d, halo in group.dims:
                 shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
-                if all(ops.close(shards[0], s) for s in shards[1:]):
-                    return None  # identical shards prove nothing
+                if not trial.special and all(ops.close(shards[0], s) for s in shards[1:]):
+                    return None  # identical shards prove nothing (the special trials' all-zero
+                    # input is meant to be uniform; the other trials still need distinct shards)
                 per_input[i] = shards
         for i in group.partial:
             per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n)
@@ -217,7 +223,7 @@ class _Explorer:
         alive = [list(opts) for opts in found]
         avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
         counts, uneven = set(), False
-        for trial, split in zip(self.trials[1:], TRIAL_SPLITS):
+        for trial, split in zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)):
             if group.dims:
                 size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
                 if split.bounds(size) is None:
@@ -268,15 +274,34 @@ class _Explorer:
         results = tuple(_example_value(ops, x) for x in first.outputs)
         if not first.outputs:
             return entry("replicate-only", "no tensor output")
+        if not ranks:
+            return entry("derived", NO_TENSOR_INPUT)
         self.trials = [first]
         try:
             for k in range(1, len(TRIAL_SPLITS) + 1):
                 self.trials.append(self._trial(*self._fresh_inputs(k), index=k))
         except Exception as e:
             return entry("failed", "fresh inputs: " + _error_text(e))
-        for j in range(len(first.outputs)):
-            if 0 not in ops.shape(first.outputs[j]) and all(ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:]):
-                return entry("replicate-only", f"output {j} does not vary with the inputs: combines cannot be verified")
+        notes_extra: list[str] = []
+        constant = self._constant_outputs()
+        if constant and case.special is not None:
+            plain, special = self.trials, self._special_trials()
+            if special is not None:
+                self.trials = special
+                still = self._constant_outputs()
+                # Constant under random and every special-value pattern alike (all zero,
+                # all NaN, lone nonzero, ...): the output depends on shapes and non-tensor
+                # arguments only (full_like, fill), so every combine that rebuilds it from
+                # local outputs holds for any data.
+                if still:
+                    which = ", ".join(map(str, still))
+                    notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
+                    still = []
+                constant = still
+            if constant:
+                self.trials = plain
+        if constant:
+            return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
 
         found, counts, uneven = [], set(), False
 
@@ -323,12 +348,38 @@ class _Explorer:
         if not found:
             return entry("replicate-only", "no strategy holds")
         shard, partial, combine, notes = tables_from_strategies(ranks, found)
-        verification = Verification(len(TRIAL_SPLITS), tuple(sorted(counts)), uneven)
-        return entry(status, "", (shard, partial, combine), verification, notes)
+        verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
+        return entry(status, "", (shard, partial, combine), verification, notes + notes_extra)
+
+    def _constant_outputs(self) -> list[int]:
+        """Non-empty outputs that are the same on every trial."""
+        first = self.trials[0]
+        return [
+            j for j in range(len(first.outputs))
+            if 0 not in self.ops.shape(first.outputs[j])
+            and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
+        ]
+
+    def _special_trials(self) -> list[_Trial] | None:
+        """The example and ``SPECIAL_TRIALS`` trials with special-value inputs, or None when
+        the op rejects them (an index input that became invalid)."""
+        trials = [self.trials[0]]
+        try:
+            for k in range(1, SPECIAL_TRIALS + 1):
+                args, kwargs = self.case.special(*self._fresh_inputs(k), k, self.seed * 1000 + 500 + k)
+                trials.append(self._trial(tuple(args), dict(kwargs), index=k, special=True))
+        except Exception:
+            return None
+        return trials
 
     def _halo_fits(self, group: Group, shapes) -> bool:
         i, d, _ = group.dims[0]
         return shapes[i][d] >= 6  # room for 3 shards and their halos
+
+
+# Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
+# determinism check above guarantees every rank computes the same, replicated output.
+NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the same output (replicate)"
 
 
 def _no_strategy(ranks) -> tuple[ShardSpec, PartialSpec, CombineSpec]:

@@ -69,3 +69,12 @@ def signature(ops: TensorOps, arg_names: tuple[str, ...], args: tuple, kwargs: M
         sep = ":" if has_tensor(ops, value) else "="
         parts.append(f"{name}{sep}{value_token(ops, value)}")
     return " ".join(parts)
+
+
+def split_signature(sig: str) -> list[tuple[str, str, str]]:
+    """``'self:f[*,*] dim=-1'`` -> ``[('self', ':', 'f[*,*]'), ('dim', '=', '-1')]``."""
+    out = []
+    for token in sig.split(" ") if sig else ():
+        name, sep, value = token.partition(":") if ":" in token.split("=", 1)[0] else token.partition("=")
+        out.append((name, sep or "=", value))
+    return out

@@ -177,3 +177,48 @@ def test_reduce_kinds_on_bool_and_int():
     assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(max)"]
     e = explore(aten.sum.dim_IntList, [torch.randint(-9, 9, (6, 8)), [1]], ("self", "dim"))
     assert combines(e)[e.shard.inputs[0][1].label] == ["reduce(sum)"]
+
+
+def test_special_values_make_predicates_vary():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.isnan.default, [randn(6, 4)], ("self",), special=with_special_values)
+    assert e.status == "ok"
+    assert combines(e)[e.shard.inputs[0][0].label] == ["gather(dim=0)"]
+    e = explore(aten.eq.Scalar, [randn(6, 4), 0.5], ("self", "other"), special=with_special_values)
+    assert e.status == "ok" and combines(e)[e.shard.inputs[0][1].label] == ["gather(dim=1)"]
+
+
+def test_special_values_find_any_reduce_max():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.any.default, [randn(6, 4)], ("self",), special=with_special_values)
+    assert e.status == "ok" and combines(e)[e.shard.inputs[0][0].label] == ["reduce(max)"]
+
+
+def test_factory_op_without_tensor_input_is_replicated():
+    e = explore(aten.full.default, [[4, 3], 2.0], ("size", "fill_value"), kwargs={"dtype": F64})
+    assert e.status == "derived" and "no tensor input" in e.reason
+
+
+def test_special_values_refute_identity_for_all():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.all.default, [randn(6, 4)], ("self",), special=with_special_values)
+    assert e.status == "ok" and combines(e)[e.shard.inputs[0][0].label] == ["reduce(min)"]
+
+
+def test_any_on_nonzero_data_is_not_shape_determined():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.any.default, [randn(3, 5)], ("self",), special=with_special_values)
+    assert not any("shape-determined" in n for n in e.notes)
+    assert "identity" not in {str(o) for outs in combines(e).values() for o in outs}
+
+
+def test_full_like_is_shape_determined():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.full_like.default, [randn(6, 4), 2.5], ("self", "fill_value"), special=with_special_values)
+    assert e.status == "ok" and any("shape-determined" in n for n in e.notes)
+    assert combines(e)[e.shard.inputs[0][0].label] == ["gather(dim=0)"]

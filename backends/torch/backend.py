@@ -24,7 +24,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 
-from . import catalog, views
+from . import catalog, sample_data, views
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
     to_float64,
@@ -255,6 +255,7 @@ class TorchBackend:
         return OpCase(
             op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
             fresh=fresh, fixed=self._index_like(names, args, kwargs), candidates=candidates,
+            special=sample_data.with_special_values,
         )
 
     def _index_like(self, names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> frozenset[str]:

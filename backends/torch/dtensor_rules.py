@@ -15,7 +15,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-from metaspmd.signature import signature
+from metaspmd.signature import signature, split_signature, value_token
 
 from .tensor_ops import dtype_kind
 
@@ -49,12 +49,96 @@ def table() -> dict:
     return RULES
 
 
+_IGNORED = frozenset({"memory_format", "pin_memory"})  # change strides or allocation, never values
+
+
+@dataclass
+class _OpInfo:
+    """Per-op facts the lookup needs, computed once."""
+
+    name: str
+    names: tuple[str, ...]
+    entries: dict | None
+    defaults: dict  # arg name -> token of its default value
+    _normalized: dict | None = None
+
+    def normalized(self) -> dict:
+        """The op's table entries by normalized signature."""
+        if self._normalized is None:
+            self._normalized = {}
+            for sig, rules in (self.entries or {}).items():
+                self._normalized.setdefault(normalize(sig, self.defaults), rules)
+        return self._normalized
+
+
+_INFO: dict = {}
+
+
+def op_info(op: torch._ops.OpOverload) -> _OpInfo:
+    info = _INFO.get(op)
+    if info is None:
+        defaults = {}
+        for a in op._schema.arguments:
+            if a.has_default_value():
+                try:
+                    defaults[a.name] = value_token(_SPEC_OPS, a.default_value)
+                except Exception:  # noqa: BLE001 - an exotic default: never dropped
+                    pass
+        name = op_name(op)
+        info = _INFO[op] = _OpInfo(name, positional_names(op), table().get(name), defaults)
+    return info
+
+
+def normalize(sig: str, defaults: dict) -> str:
+    """The signature without arguments that cannot change the result: a memory format, pin
+    memory, or an argument given at its default value (captured graphs spell defaults out,
+    samples usually leave them out). Two calls with one normalized signature are the same call."""
+    kept = [n + sep + v for n, sep, v in split_signature(sig)
+            if not (n in _IGNORED or (sep == "=" and defaults.get(n) == v))]
+    return " ".join(kept)
+
+
+def call_key(x: Any) -> Any:
+    """A hashable key of a call's arguments that determines its signature: tensor and spec
+    shapes and dtypes, and every other value with its type (1, 1.0 and True differ)."""
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.dtype)
+    t = type(x)
+    if t is list or t is tuple:
+        return (t, tuple(call_key(y) for y in x))
+    if isinstance(x, DTensorSpec):
+        return (x.shape, x.tensor_meta.dtype)
+    if t is dict:
+        return (t, tuple((k, call_key(v)) for k, v in sorted(x.items())))
+    return (t, x)
+
+
+_LOOKUPS: dict = {}
+
+
 def lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
-    """The table's strategies for this call (tensors or DTensorSpecs), or None."""
-    sigs = table().get(op_name(op))
-    if sigs is None:
+    """The table's strategies for this call (tensors or DTensorSpecs), or None. Looked up by
+    signature, then by normalized signature; memoized per (op, shapes, dtypes, arguments)."""
+    try:
+        key = (op, call_key(args), call_key(kwargs) if kwargs else None)
+        return _LOOKUPS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable argument: no memo
+        return _lookup(op, args, kwargs)
+    found = _LOOKUPS[key] = _lookup(op, args, kwargs)
+    return found
+
+
+def _lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    info = op_info(op)
+    if info.entries is None:
         return None
-    return sigs.get(signature(_SPEC_OPS, positional_names(op), args, kwargs))
+    sig = signature(_SPEC_OPS, info.names, args, kwargs)
+    found = info.entries.get(sig)
+    if found is None:
+        found = info.normalized().get(normalize(sig, info.defaults))
+    return found
 
 
 def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:

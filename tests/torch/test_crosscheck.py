@@ -276,3 +276,15 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
     assert crosscheck.main(["--registry", str(tmp_path / "registry"), "--no-cache"]) == 1
     assert "FAILED re-verification" in capsys.readouterr().out
     assert crosscheck.main(["--partials", "median"]) == 2
+
+
+def test_lookup_ignores_default_arguments_and_memory_format():
+    from metaspmd.backends.torch.dtensor_rules import lookup, normalize, op_info
+
+    info = op_info(torch.ops.aten.sum.dim_IntList)
+    assert normalize("self:f[*,*] dim=[1] keepdim=False", info.defaults) == "self:f[*,*] dim=[1]"
+    assert normalize("self:f[*,*] memory_format=torch.contiguous_format", {}) == "self:f[*,*]"
+    x = torch.randn(4, 6)
+    plain = lookup(torch.ops.aten.sum.dim_IntList, (x, [0, 1]), {})
+    spelled = lookup(torch.ops.aten.sum.dim_IntList, (x, [0, 1], False), {})
+    assert plain is not None and spelled == plain

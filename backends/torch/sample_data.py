@@ -1,0 +1,118 @@
+"""Special-value inputs: data that makes predicate-like outputs vary.
+
+Random signed data leaves some outputs constant: ``isnan`` never sees a NaN, ``eq.Scalar``
+never meets its scalar, ``any`` never meets an all-zero input, ``prod`` of many normal
+values underflows and its samples hold zeros anyway. The explorer cannot tell combines
+apart on a constant output, so it asks for these inputs when the plain fresh ones leave
+an output constant. Trial ``k`` (1, 2, ...) uses one pattern, cycling:
+
+1. lone: all zero (False) but one element, so exactly one shard of an ``any``-like op
+   sees a True and ``identity`` is refuted while ``reduce(max)`` holds;
+2. special: a third replaced by NaN, ±inf, 0 and the call's own scalars and their
+   neighbours (so ``isnan`` and ``eq``/``gt`` with a scalar flip);
+3. near one: magnitudes close to one with random signs (products neither underflow nor
+   overflow; bools mostly True);
+4. hole: near one but one element zero (False): the ``all``/``prod`` counterpart of lone;
+5. zero: all zero (False): the one input where ``any`` is False;
+6. nan: all NaN (the largest value for integers, all True for bools).
+
+All six verify combines, and all six must leave an output constant before the explorer
+calls it shape-determined (``full_like``, ``fill``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+PATTERNS = ("lone", "special", "near_one", "hole", "zero", "nan")
+
+
+def call_scalars(args: Any, kwargs: Any) -> list[float]:
+    """The numeric non-tensor arguments of a call (bools excluded; infinities kept)."""
+    return [
+        float(x) for x in tree_leaves((list(args), dict(kwargs)))
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    ]
+
+
+def _special_pool(x: torch.Tensor, scalars: list[float]) -> torch.Tensor:
+    """Values to plant: the call's scalars make up half the pool (so ``ne(x, s)`` flips on
+    every trial), their neighbours, zero and, for floats, NaN and ±inf."""
+    floating = x.dtype.is_floating_point or x.dtype.is_complex
+    own = [s for s in scalars if floating or (math.isfinite(s) and s.is_integer())]
+    others = [0.0] + [v for s in own if math.isfinite(s) for v in (s + 1, s - 1)]
+    if floating:
+        others += [math.nan, math.inf, -math.inf]
+    values = own * max(1, len(others) // max(1, len(own))) + others
+    pool = torch.tensor(values, dtype=torch.float64)
+    if not floating:
+        info = torch.iinfo(x.dtype)
+        pool = pool.clamp(info.min, info.max)
+    return pool.to(x.dtype)
+
+
+def _near_one(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if x.dtype == torch.bool:
+        return torch.rand(x.shape, generator=gen) < 0.9
+    sign = torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        magnitude = torch.exp(torch.empty(x.shape, dtype=torch.float64).uniform_(-0.2, 0.2, generator=gen))
+        return (sign * magnitude).to(x.dtype)
+    twos = torch.where(torch.rand(x.shape, generator=gen) < 0.1, 2.0, 1.0).to(torch.float64)
+    out = sign * twos
+    if x.dtype == torch.uint8:
+        out = out.abs()
+    return out.to(x.dtype)
+
+
+def _one_element(x: torch.Tensor, base: torch.Tensor, value: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``base`` with one element, at a random position, taken from ``value``."""
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[int(torch.randint(0, x.numel(), (1,), generator=gen))] = True
+    return torch.where(mask.reshape(x.shape), value, base)
+
+
+def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Generator) -> torch.Tensor:
+    if x.numel() == 0 or x.layout != torch.strided:
+        return x
+    zero = torch.zeros_like(x)
+    if pattern == "zero":
+        return zero
+    if pattern == "nan":
+        if x.dtype == torch.bool:
+            return torch.ones_like(x)
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            return torch.full_like(x, math.nan)
+        return torch.full_like(x, torch.iinfo(x.dtype).max)
+    if pattern == "special":
+        pool = _special_pool(x, scalars)
+        picks = pool[torch.randint(0, len(pool), x.shape, generator=gen)]
+        return torch.where(torch.rand(x.shape, generator=gen) < 1 / 3, picks, x)
+    near = _near_one(x, gen)
+    if x.dtype == torch.bool:
+        near = torch.ones_like(x) if pattern == "hole" else near
+    if pattern == "lone":
+        return _one_element(x, zero, near, gen)
+    if pattern == "hole":
+        return _one_element(x, near, zero, gen)
+    return near
+
+
+def with_special_values(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every tensor refilled by pattern ``k`` (see the module doc)."""
+    pattern = PATTERNS[(k - 1) % len(PATTERNS)]
+    scalars = call_scalars(args, kwargs)
+    gen = torch.Generator().manual_seed(seed)
+
+    def refill(x):
+        return _inject(x, pattern, scalars, gen) if isinstance(x, torch.Tensor) else x
+
+    new_args, new_kwargs = tree_map(refill, (list(args), dict(kwargs)))
+    return tuple(new_args), new_kwargs
+
+
+__all__ = ["PATTERNS", "call_scalars", "with_special_values"]
