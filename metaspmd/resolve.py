@@ -21,14 +21,20 @@ from .tensor_ops import TensorOps
 
 @dataclass
 class ResolveStats:
+    """Where each node's rules came from: ``table + cache + live`` is the number of op
+    nodes. ``derived`` counts the cache and live entries whose rules were derived from
+    shape arithmetic (view-like ops) rather than explored; it is part of those two."""
+
     table: int = 0
     cache: int = 0
     live: int = 0
+    derived: int = 0
     live_seconds: list[float] = field(default_factory=list)
     unexplorable: dict[str, str] = field(default_factory=dict)  # node -> reason
 
     def __str__(self) -> str:
         return (f"{self.table} nodes from the table, {self.cache} from the cache, {self.live} explored live"
+                + (f" ({self.derived} of those derived)" if self.derived else "")
                 + (f", {len(self.unexplorable)} replicated (no rule)" if self.unexplorable else ""))
 
 
@@ -69,6 +75,8 @@ def resolve(
             stats.cache += 1
         else:
             stats.live += 1
+        if entry.status == "derived":
+            stats.derived += 1
         out[node.name] = tuple(entry.strategies())
         if not out[node.name]:
             stats.unexplorable[node.name] = entry.reason or entry.status

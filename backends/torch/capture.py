@@ -45,7 +45,12 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
     def joint(params: list[torch.Tensor], *inputs):
         out = torch.func.functional_call(module, dict(zip(names, params)), inputs)
         loss = loss_fn(out) if loss_fn is not None else out.sum()
-        grads = torch.autograd.grad(loss, params)
+        # The seed gradient d(loss)/d(loss) is the constant 1. autograd's default seed,
+        # ones_like(loss), traces as a node that reads the loss, so a plan that shards the
+        # batch would have to all-reduce the (Partial) loss just to learn its shape; a
+        # factory op depends on nothing. Same values, one data dependency less.
+        seed = torch.ones(loss.shape, dtype=loss.dtype, device=loss.device)
+        grads = torch.autograd.grad(loss, params, grad_outputs=seed)
         return out, list(grads)
 
     return joint
@@ -69,6 +74,11 @@ def capture(
             def fn(params, *inputs):
                 return torch.func.functional_call(fn_or_module, dict(zip(names, params)), inputs)
         gm = make_fx(fn)(params, *example_inputs)
+        if backward:
+            # The loss itself is no output (only its gradients are): drop it and anything
+            # else nothing reads. The traced ATen graph is functional, so this is exact.
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
         flat_inputs = params + list(example_inputs)
         n_outputs = 1 if backward else -1
     else:

@@ -45,7 +45,7 @@ def solve(
     if solver == "beam":
         if warm is None:
             raise Infeasible("beam search found no plan within the memory budget")
-        return make_plan(problem, reduced.expand(warm.assignment), warm)
+        return make_plan(problem, lighter_inputs(problem, reduced.expand(warm.assignment)), warm)
     try:
         found = solve_ilp(
             small, time_limit, warm.assignment if warm else None, "highs" if solver == "highs" else "cbc", threads
@@ -65,7 +65,48 @@ def solve(
         if warm is None:
             raise PlannerError(f"no plan found within {time_limit} s")
         found = warm
-    return make_plan(problem, reduced.expand(found.assignment), found)
+    return make_plan(problem, lighter_inputs(problem, reduced.expand(found.assignment)), found)
+
+
+def lighter_inputs(problem: ShardingProblem, assignment: Sequence[int]) -> list[int]:
+    """Among plans of equal cost, the one whose graph inputs take the least memory.
+
+    The objective is time only, so where placing a graph input one way or another costs
+    the same (data parallelism reads a Replicate batch through a free local slice exactly
+    as cheaply as a batch given sharded), the solver's pick is arbitrary. Move each input,
+    one at a time, to the smallest placement that costs nothing more and keeps the ties;
+    memory only goes down, so a budget stays met.
+    """
+    cp = problem.choice
+    a = list(assignment)
+    touching: dict[int, list] = {}
+    for e in cp.edges:
+        touching.setdefault(e.u, []).append(e)
+        touching.setdefault(e.v, []).append(e)
+    tied = {m.node for t in cp.ties for m in t.members}
+
+    def local(i: int, c: int) -> float:  # node i's unary cost and edges with choice c
+        b = a[:]
+        b[i] = c
+        return float(cp.nodes[i].cost[c]) + sum(float(e.cost[b[e.u], b[e.v]]) for e in touching.get(i, ()))
+
+    for i, op in enumerate(problem.ops):
+        if op is not None:
+            continue
+        memory = cp.nodes[i].memory
+        now = local(i, a[i])
+        for c in sorted(range(len(memory)), key=lambda c: float(memory[c])):
+            if float(memory[c]) >= float(memory[a[i]]):
+                break
+            if local(i, c) > now + 1e-12 * max(abs(now), 1e-9):
+                continue
+            b = a[:]
+            b[i] = c
+            if i in tied and not cp.ties_hold(b):
+                continue
+            a[i] = c
+            break
+    return a
 
 
 def plan(
@@ -104,4 +145,4 @@ def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str |
     return make_plan(problem, problem.assignment(labels, default))
 
 
-__all__ = ["SOLVER_CHOICES", "evaluate", "plan", "solve"]
+__all__ = ["SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

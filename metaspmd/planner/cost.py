@@ -4,9 +4,15 @@ per-device compute (roofline) and per-device memory. All times in seconds, memor
 Collectives are ring algorithms on one axis of ``k`` devices; ``nbytes`` is the size of the
 buffer that is whole along that axis (the all-gather result, the reduce-scatter input):
 
-    all-gather, reduce-scatter: (k-1) alpha + (k-1)/k nbytes beta
-    all-reduce:               2 (k-1) alpha + 2 (k-1)/k nbytes beta
-    all-to-all:                 (k-1) alpha + (k-1)/k (nbytes / k) beta
+    all-gather, reduce-scatter: L + (k-1) alpha + (k-1)/k nbytes beta
+    all-reduce:               L + 2 (k-1) alpha + 2 (k-1)/k nbytes beta
+    all-to-all:                 L + (k-1) alpha + (k-1)/k (nbytes / k) beta
+
+``L`` (``Device.collective_launch``) is the fixed cost of issuing one collective (kernel
+launch, synchronisation), paid once per call whatever the ring does. Without it an
+all-reduce costs exactly an all-gather plus a reduce-scatter, so data parallelism (one
+gradient all-reduce per parameter) and ZeRO/FSDP-style sharding (a weight all-gather plus
+a gradient reduce-scatter) tie, and the solver picks between them arbitrarily.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class Device:
 
     peak_flops: float = 100e12
     memory_bandwidth: float = 2e12
+    collective_launch: float = 1e-6  # seconds per collective call, on top of the alpha-beta terms
 
 
 @dataclass(frozen=True)
@@ -55,17 +62,19 @@ class CostModel:
     def all_gather(self, axis: int, nbytes: float) -> float:
         a = self._axis(axis)
         k = a.size
-        return 0.0 if k == 1 else (k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta
+        return 0.0 if k == 1 else self.device.collective_launch + (k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta
 
     reduce_scatter = all_gather
 
     def all_reduce(self, axis: int, nbytes: float) -> float:
-        return 2.0 * self.all_gather(axis, nbytes)
+        a = self._axis(axis)
+        k = a.size
+        return 0.0 if k == 1 else self.device.collective_launch + 2.0 * ((k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta)
 
     def all_to_all(self, axis: int, nbytes: float) -> float:
         a = self._axis(axis)
         k = a.size
-        return 0.0 if k == 1 else (k - 1) * a.alpha + (k - 1) / k * (nbytes / k) * a.beta
+        return 0.0 if k == 1 else self.device.collective_launch + (k - 1) * a.alpha + (k - 1) / k * (nbytes / k) * a.beta
 
     # ------------------------------------------------------------------ resharding
     def _axis_step(self, axis: int, src: Placement, dst: Placement, nbytes: float) -> list[tuple[str, float]]:

@@ -146,6 +146,14 @@ def _edge_factors(
     return tuple(factors)
 
 
+def is_alias(op: MetaOp) -> bool:
+    """Whether the op's output aliases its input: a view (torch marks these in the op's
+    schema, ``OpOverload.is_view``: t, transpose, view, expand, detach, ...). Run locally
+    on a shard, a view is a metadata change, so it costs no compute under any strategy;
+    charging it the memory traffic of a copy would favour plans that shard its input."""
+    return getattr(op.fn, "is_view", False) is True
+
+
 def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequence[spec.Strategy], strict: bool):
     """An op's node strategies with their compute time and output memory, and whether it
     may follow its producer (shape-preserving and not a contraction)."""
@@ -155,16 +163,19 @@ def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequen
     ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
     itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
     t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]
-    cost = np.array([
-        cm.compute(
-            op.op,
-            [cm.local_shape(sh, p) for sh, p in zip(in_shapes, s.inputs)],
-            [cm.local_shape(v.shape, s.outputs[k]) for k, v in t_outs],
-            itemsize,
-            op.kwargs,
-        )
-        for s in ss
-    ])
+    if is_alias(op):  # a view of its (local) input: no arithmetic, no bytes moved
+        cost = np.zeros(len(ss))
+    else:
+        cost = np.array([
+            cm.compute(
+                op.op,
+                [cm.local_shape(sh, p) for sh, p in zip(in_shapes, s.inputs)],
+                [cm.local_shape(v.shape, s.outputs[k]) for k, v in t_outs],
+                itemsize,
+                op.kwargs,
+            )
+            for s in ss
+        ])
     mem = np.array([sum(cm.memory(v.shape, v.dtype, s.outputs[k]) for k, v in t_outs) for s in ss])
     shape_preserving = bool(ins) and all(v.shape in set(in_shapes) for _, v in t_outs)
     return ss, cost, mem, shape_preserving and not (is_matmul(op.op) or is_conv(op.op))

@@ -26,11 +26,19 @@ def kinds(cm, src, dst, shape=(64, 32)):
 
 
 def test_collectives_follow_the_ring_alpha_beta_formulas(cm):
+    launch = cm.device.collective_launch
     ag = 3 * ALPHA + 3 / 4 * NBYTES / BW
-    assert cm.all_gather(0, NBYTES) == pytest.approx(ag)
-    assert cm.reduce_scatter(0, NBYTES) == pytest.approx(ag)
-    assert cm.all_reduce(0, NBYTES) == pytest.approx(2 * ag)
-    assert cm.all_to_all(0, NBYTES) == pytest.approx(3 * ALPHA + 3 / 4 * NBYTES / 4 / BW)
+    assert cm.all_gather(0, NBYTES) == pytest.approx(launch + ag)
+    assert cm.reduce_scatter(0, NBYTES) == pytest.approx(launch + ag)
+    assert cm.all_reduce(0, NBYTES) == pytest.approx(launch + 2 * ag)
+    assert cm.all_to_all(0, NBYTES) == pytest.approx(launch + 3 * ALPHA + 3 / 4 * NBYTES / 4 / BW)
+
+
+def test_one_all_reduce_is_cheaper_than_all_gather_plus_reduce_scatter(cm):
+    """The per-call launch cost breaks the DP (all-reduce) vs FSDP (all-gather + reduce-scatter) tie."""
+    assert cm.device.collective_launch > 0
+    assert cm.all_reduce(0, NBYTES) < cm.all_gather(0, NBYTES) + cm.reduce_scatter(0, NBYTES)
+    assert CostModel(Mesh.of(1)).all_reduce(0, NBYTES) == 0.0
 
 
 @pytest.mark.parametrize("src,dst,kind,collective", [
@@ -56,7 +64,7 @@ def test_shard_to_partial_goes_through_replicate(cm):
 
 
 def test_other_axes_shrink_the_bytes_moved():
-    cm = CostModel(Mesh.of((2, 4), alpha=0.0, bandwidth=BW))
+    cm = CostModel(Mesh.of((2, 4), alpha=0.0, bandwidth=BW), Device(collective_launch=0.0))
     full = cm.reshard((64, 32), "float32", (R, P), (R, R))
     split = cm.reshard((64, 32), "float32", (Shard(0), P), (Shard(0), R))
     assert split == pytest.approx(full / 2)
@@ -113,3 +121,26 @@ def test_every_placement_pair_costs_at_least_zero_and_identity_is_free():
     for a, b in itertools.product(places, places):
         c = cm.reshard((8, 8), "float32", a, b)
         assert c >= 0 and (c == 0) == (a == b or all(x == y or isinstance(x, Replicate) for x, y in zip(a, b)))
+
+
+class _ViewFn:
+    """Stands for an op callable whose schema marks it a view (torch's OpOverload.is_view)."""
+
+    is_view = True
+
+
+def test_view_ops_cost_no_compute_under_any_strategy():
+    from metaspmd.ir import MetaIR, MetaOp
+    from metaspmd.planner.problem import build_problem
+    from metaspmd.planner.synthetic import transpose_rules
+
+    x, y = MetaVar("x", (512, 256)), MetaVar("y", (256, 512))
+
+    def compute(fn):
+        ir = MetaIR((x,), (MetaOp("t", "aten.t.default", (x,), {}, (y,), fn),), (y,))
+        problem = build_problem(ir, {"t": transpose_rules(2)}, Mesh.of(4))
+        return problem.compute[problem.index("t")]
+
+    assert np.all(compute(_ViewFn()) == 0.0)  # a view of the local shard moves no data
+    copy = compute(None)  # an op not known to alias pays its memory traffic
+    assert copy.min() > 0 and copy.max() > copy.min()

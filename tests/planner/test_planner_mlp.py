@@ -109,3 +109,26 @@ def test_plan_table_lists_every_node_and_the_totals():
     labels = {n.name: n.strategy.label for n in result.nodes}
     again = make_plan(problem, problem.assignment(labels))
     assert again.total_cost == pytest.approx(result.total_cost)
+
+
+def test_equal_cost_input_placement_takes_the_least_memory():
+    """Replicate-then-slice and a sharded input cost the same time; the plan keeps the
+    input that takes less memory (a sharded batch), for the ILP and the beam alike."""
+    from metaspmd.ir import MetaIR, MetaOp, MetaVar
+    from metaspmd.planner.api import lighter_inputs
+    from metaspmd.planner.synthetic import elementwise_rules
+
+    x, y = MetaVar("x", (4096, 64)), MetaVar("y", (4096, 64))
+    ir = MetaIR((x,), (MetaOp("relu", "aten.relu.default", (x,), {}, (y,)),), (y,))
+    strategies = {"relu": elementwise_rules(2)}
+    for solver in ("ilp", "beam"):
+        result = plan(ir, strategies, MESH, solver=solver)
+        assert isinstance(result.placement("x")[0], Shard) and result.comm_cost == 0.0
+    # whatever the solver's pick among the ties, a Replicate input next to a sharded op moves
+    problem = build_problem(ir, strategies, MESH)
+    tied = problem.assignment({"x": "R", "relu": "S1"})
+    better = lighter_inputs(problem, tied)
+    i = problem.index("x")
+    assert problem.strategies[i][tied[i]].label == "R" and problem.strategies[i][better[i]].label == "S(0)"
+    assert problem.choice.evaluate(better) == problem.choice.evaluate(tied)
+    assert problem.choice.memory(better) < problem.choice.memory(tied)

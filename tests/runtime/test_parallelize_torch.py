@@ -11,6 +11,8 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed._local_tensor import LocalTensorMode  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
+from metaspmd import planner  # noqa: E402
+
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 
@@ -49,6 +51,7 @@ def run_planned(model, x, cache, **kw):
 def test_mlp_matches_single_device(fake_world, cache, budget):
     torch.manual_seed(0)
     p = run_planned(MLP(64, 256), torch.randn(8, 64), cache, memory_budget=budget)
+    print(f"MLP(64, 256), budget {budget}: {p.stats}")
     if budget is not None:
         assert p.plan.memory <= budget
         assert any(n.strategy.label != "R" for n in p.plan.nodes)  # the budget forces sharding
@@ -57,7 +60,9 @@ def test_mlp_matches_single_device(fake_world, cache, budget):
 def test_gpt_block_matches_single_device(fake_world, cache):
     torch.manual_seed(0)
     p = run_planned(GPTBlock(32, 4, 128), torch.randn(2, 8, 32), cache, memory_budget=None)
+    print(f"GPTBlock(32, 4, 128): {p.stats}")
     assert p.stats.table + p.stats.cache + p.stats.live == len(p.captured.ir)
+    assert p.stats.derived <= p.stats.cache + p.stats.live
 
 
 def test_rules_come_from_cache_second_time(fake_world, cache):
@@ -76,3 +81,28 @@ def test_memory_budget_gives_megatron_mlp(fake_world, cache):
     assert [str(x[0]) for x in second.inputs] == ["P(sum)", "S(1)", "S(0)"] and str(second.outputs[0][0]) == "P(sum)"
     forward_output = [r for r in p.plan.reshards if r.var == "addmm_1"]
     assert len(forward_output) == 1 and forward_output[0].cost > 0
+
+
+def test_large_batch_without_budget_gives_data_parallel_mlp(fake_world, cache):
+    """Batch-sharded input, replicated weights, every weight gradient all-reduced (no weight
+    all-gather or reduce-scatter: neither FSDP nor Megatron), and the same numbers as one device."""
+    torch.manual_seed(0)
+    model = MLP(64, 256)
+    p = run_planned(model, torch.randn(65536, 64), cache, memory_budget=None)
+    ir, plan = p.captured.ir, p.plan
+    n_params = len(p.captured.param_names)
+    params, x = ir.input_list[:n_params], ir.input_list[n_params]
+    grads = ir.output_list[p.captured.n_outputs:]
+    print(f"MLP(64, 256), batch 65536: {p.stats}")
+    print(plan.table())
+    assert plan.placement(x.name) == (planner.Shard(0),)
+    assert all(plan.placement(w.name) == (planner.Replicate(),) for w in params)
+    assert all(plan.placement(g.name) == (planner.Replicate(),) for g in grads)
+    for name in ("addmm", "addmm_1"):  # both linears run on batch shards against whole weights
+        s = plan.strategy(name)
+        assert s.inputs[1] == (planner.Shard(0),) and s.inputs[2] == (planner.Replicate(),)
+        assert s.outputs[0] == (planner.Shard(0),)
+    kinds = plan.collectives()
+    assert kinds and set(kinds) == {"all-reduce@axis0"} and len(kinds) <= n_params
+    assert plan.strategy("addmm_1").outputs[0] == (planner.Shard(0),)  # the output stays batch-sharded
+    assert not any(op.op == "aten.ones_like.default" for op in ir.op_list)  # the seed gradient reads no loss
