@@ -366,11 +366,24 @@ class _Explorer:
         trials = [self.trials[0]]
         try:
             for k in range(1, SPECIAL_TRIALS + 1):
-                args, kwargs = self.case.special(*self._fresh_inputs(k), k, self.seed * 1000 + 500 + k)
+                fresh = self._fresh_inputs(k)
+                args, kwargs = self.case.special(*fresh, k, self.seed * 1000 + 500 + k)
+                args, kwargs = self._keep_fixed(fresh, (tuple(args), dict(kwargs)))
                 trials.append(self._trial(tuple(args), dict(kwargs), index=k, special=True))
         except Exception:
             return None
         return trials
+
+    def _keep_fixed(self, fresh: tuple[tuple, dict], special: tuple[tuple, dict]) -> tuple[tuple, dict]:
+        """``special`` with the ``fixed`` arguments (indices, offsets) put back from ``fresh``:
+        special values would take them out of range."""
+        if not self.case.fixed:
+            return special
+        kept = pytree.leaves(fresh, self.ops.is_tensor)
+        leaves = [k if name in self.case.fixed else s
+                  for k, s, name in zip(kept, pytree.leaves(special, self.ops.is_tensor), self.leaf_names)]
+        args, kwargs = pytree.replace((special[0], special[1]), self.ops.is_tensor, leaves)
+        return tuple(args), dict(kwargs)
 
     def _halo_fits(self, group: Group, shapes) -> bool:
         i, d, _ = group.dims[0]

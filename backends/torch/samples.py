@@ -18,12 +18,14 @@ import contextlib
 import fcntl
 import functools
 import os
+import random
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Mapping
 
+import numpy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
@@ -33,7 +35,7 @@ from metaspmd.signature import signature
 from .catalog import NAMESPACE, op_name, positional_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 5  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 6  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 MAX_SIGNATURES = 4  # kept per overload
 MAX_CANDIDATES = 32  # seen per overload and dtype-kind pattern, before choosing
@@ -200,8 +202,12 @@ def _quiet():
 
 
 def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int) -> Iterator[tuple[int, Any]]:
-    """(index, sample) for the first ``upto`` samples, generated under ``seed``."""
+    """(index, sample) for the first ``upto`` samples, generated under ``seed``. Python's
+    and numpy's generators are seeded too: some OpInfos draw scalars from them (huber_loss's
+    delta, clamp's bounds), and an unseeded draw would change the registry run to run."""
     torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed)
     it = _sample_iter(info, mode, dtype)
     for k in range(upto):
         try:
