@@ -284,22 +284,18 @@ class _Explorer:
             return entry("failed", "fresh inputs: " + _error_text(e))
         notes_extra: list[str] = []
         constant = self._constant_outputs()
-        if constant and case.special is not None:
-            plain, special = self.trials, self._special_trials()
-            if special is not None:
-                self.trials = special
-                still = self._constant_outputs()
-                # Constant under random and every special-value pattern alike (all zero,
-                # all NaN, lone nonzero, ...): the output depends on shapes and non-tensor
-                # arguments only (full_like, fill), so every combine that rebuilds it from
-                # local outputs holds for any data.
-                if still:
-                    which = ", ".join(map(str, still))
-                    notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
-                    still = []
-                constant = still
-            if constant:
-                self.trials = plain
+        special = self._special_trials() if constant and case.special is not None else None
+        if special is not None:
+            self.trials = special
+            # Constant under random and every special-value pattern alike (all zero, all
+            # NaN, lone nonzero, ...): the output depends on shapes and non-tensor arguments
+            # only (full_like, fill), so every combine that rebuilds it from local outputs
+            # holds for any data.
+            still = self._constant_outputs()
+            if still:
+                which = ", ".join(map(str, still))
+                notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
+            constant = []
         if constant:
             return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
 

@@ -56,7 +56,6 @@ _IGNORED = frozenset({"memory_format", "pin_memory"})  # change strides or alloc
 class _OpInfo:
     """Per-op facts the lookup needs, computed once."""
 
-    name: str
     names: tuple[str, ...]
     entries: dict | None
     defaults: dict  # arg name -> token of its default value
@@ -84,8 +83,7 @@ def op_info(op: torch._ops.OpOverload) -> _OpInfo:
                     defaults[a.name] = value_token(_SPEC_OPS, a.default_value)
                 except Exception:  # noqa: BLE001 - an exotic default: never dropped
                     pass
-        name = op_name(op)
-        info = _INFO[op] = _OpInfo(name, positional_names(op), table().get(name), defaults)
+        info = _INFO[op] = _OpInfo(positional_names(op), table().get(op_name(op)), defaults)
     return info
 
 

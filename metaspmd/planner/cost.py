@@ -59,17 +59,19 @@ class CostModel:
     def _axis(self, axis: int):
         return self.mesh.axes[axis]
 
-    def all_gather(self, axis: int, nbytes: float) -> float:
+    def _ring(self, axis: int, nbytes: float) -> float:
+        """One ring pass over the axis (all-gather or reduce-scatter), launch excluded."""
         a = self._axis(axis)
         k = a.size
-        return 0.0 if k == 1 else self.device.collective_launch + (k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta
+        return (k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta
+
+    def all_gather(self, axis: int, nbytes: float) -> float:
+        return 0.0 if self._axis(axis).size == 1 else self.device.collective_launch + self._ring(axis, nbytes)
 
     reduce_scatter = all_gather
 
     def all_reduce(self, axis: int, nbytes: float) -> float:
-        a = self._axis(axis)
-        k = a.size
-        return 0.0 if k == 1 else self.device.collective_launch + 2.0 * ((k - 1) * a.alpha + (k - 1) / k * nbytes * a.beta)
+        return 0.0 if self._axis(axis).size == 1 else self.device.collective_launch + 2.0 * self._ring(axis, nbytes)
 
     def all_to_all(self, axis: int, nbytes: float) -> float:
         a = self._axis(axis)
