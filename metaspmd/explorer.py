@@ -78,6 +78,10 @@ class _Explorer:
     def __init__(self, case: OpCase, ops: TensorOps, config: ExploreConfig, seed: int):
         self.case, self.ops, self.config, self.seed = case, ops, config, seed
         self.leaf_names = self._leaf_names()
+        # Integer and bool arguments stay fixed (indices, offsets) so that blind refills keep
+        # them in range, unless they are all the op has (bitwise_and_ on bools): then they
+        # are the data, and fixing them all would leave nothing to vary.
+        self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
 
     # ------------------------------------------------------------------ running
 
@@ -114,7 +118,7 @@ class _Explorer:
             except Exception:
                 pass  # fall back to refilling the example
         new = [
-            x if name in self.case.fixed or self.ops.dtype_kind(x) == "o" else self.ops.random_like(x, seed * 131 + i)
+            x if name in self.fixed or self.ops.dtype_kind(x) == "o" else self.ops.random_like(x, seed * 131 + i)
             for i, (x, name) in enumerate(zip(example, self.leaf_names))
         ]
         args, kwargs = pytree.replace((self.case.args, dict(self.case.kwargs)), self.ops.is_tensor, new)
@@ -336,11 +340,13 @@ class _Explorer:
                         g = Group(((i, d, h),))
                         if accept(g, self._valid_combines(g, first, EXPLORE_SPLIT)):
                             break
-            if self.config.partial:
-                for p in self._partial_sets(set()):
-                    g = Group((), p)
-                    accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
             status = "ok"
+        if self.config.partial:
+            # Partial inputs with nothing sharded: linear ops (views included, whose derived
+            # candidates only move shards) pass Partial through.
+            for p in self._partial_sets(set()):
+                g = Group((), p)
+                accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
         if not found:
             return entry("replicate-only", "no strategy holds")
         shard, partial, combine, notes = tables_from_strategies(ranks, found)
@@ -373,10 +379,10 @@ class _Explorer:
     def _keep_fixed(self, fresh: tuple[tuple, dict], special: tuple[tuple, dict]) -> tuple[tuple, dict]:
         """``special`` with the ``fixed`` arguments (indices, offsets) put back from ``fresh``:
         special values would take them out of range."""
-        if not self.case.fixed:
+        if not self.fixed:
             return special
         kept = pytree.leaves(fresh, self.ops.is_tensor)
-        leaves = [k if name in self.case.fixed else s
+        leaves = [k if name in self.fixed else s
                   for k, s, name in zip(kept, pytree.leaves(special, self.ops.is_tensor), self.leaf_names)]
         args, kwargs = pytree.replace((special[0], special[1]), self.ops.is_tensor, leaves)
         return tuple(args), dict(kwargs)

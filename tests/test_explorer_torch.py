@@ -136,8 +136,11 @@ def test_wrong_derived_candidate_is_rejected():
     right = ((ShardIn(0),), (OutputCombine((Gather(1),)),))
     e = explore(aten.t.default, [x], ("self",), candidates=(wrong, right))
     assert e.status == "derived"
-    assert combines(e) == {"S1": ["gather(dim=1)"]}
+    assert combines(e) == {"S1": ["gather(dim=1)"], "S2": ["reduce(sum)"]}  # S2: Partial passes through
     e = explore(aten.t.default, [x], ("self",), candidates=(wrong,))
+    assert e.status == "derived" and combines(e) == {"S1": ["reduce(sum)"]}
+    e = explore_case(OpCase("test", aten.t.default, (x,), {}, ("self",), candidates=(wrong,)), OPS,
+                     config=ExploreConfig(partial=False))
     assert e.status == "replicate-only"
 
 
@@ -222,3 +225,21 @@ def test_full_like_is_shape_determined():
     e = explore(aten.full_like.default, [randn(6, 4), 2.5], ("self", "fill_value"), special=with_special_values)
     assert e.status == "ok" and any("shape-determined" in n for n in e.notes)
     assert combines(e)[e.shard.inputs[0][0].label] == ["gather(dim=0)"]
+
+
+def test_integer_only_inputs_are_refilled_although_index_like():
+    """bitwise_and on bools: every input is 'index-like' (bool), so keeping them all fixed
+    would leave the output constant; they are the data and get refilled."""
+    a, b = torch.rand(10, 6) < 0.5, torch.rand(10, 6) < 0.5
+    e = explore(torch.ops.aten.bitwise_and.Tensor, [a, b], ("self", "other"), fixed=frozenset({"self", "other"}))
+    assert e.status == "ok"
+    assert {"gather(dim=0)", "gather(dim=1)"} <= {o for outs in combines(e).values() for o in outs}
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.complex64])
+def test_special_values_fill_every_dtype(dtype):
+    from metaspmd.backends.torch.sample_data import PATTERNS, with_special_values
+    x = torch.zeros(4, 5, dtype=dtype)
+    for k in range(1, len(PATTERNS) + 1):
+        (y,), _ = with_special_values((x,), {}, k, seed=k)
+        assert y.dtype == dtype and y.shape == x.shape

@@ -33,6 +33,8 @@ from .tensor_ops import TorchOps
 
 OutSpec = Mapping[str, Any]  # out arg name -> dtype, or list of dtypes for Tensor[] outs
 
+_OPS = TorchOps()
+
 
 def _short_error(text: str) -> str:
     text = re.sub(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?", "<path>", text)  # no machine paths in records
@@ -181,6 +183,45 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     return fn_checked
 
 
+# The operands of ops on integer or bool data (bitwise_and, aminmax, unique): refilled like
+# float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
+DATA_ARGS = frozenset({"self", "other", "input"})
+
+
+def _index_like(names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> frozenset[str]:
+    """Integer or bool tensor arguments other than the data operands: kept as they are when
+    inputs are refilled blindly."""
+    fixed = set()
+    for name, value in arg_items(names, args, kwargs):
+        if name in DATA_ARGS:
+            continue
+        leaves = [x for x in torch.utils._pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+        if any(_OPS.dtype_kind(x) in ("i", "b") for x in leaves):
+            fixed.add(name)
+    return frozenset(fixed)
+
+
+def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
+               fresh: Callable[[int], tuple] | None = None) -> OpCase:
+    """The case the explorer works on for one call of an ATen overload: view-like ops get
+    their shape-derived candidates, kernels that trust matching shapes refuse inconsistent
+    shards, and outputs constant on random data get special-value trials. The sweep and the
+    runtime's live exploration both build cases here, so they find the same rules."""
+    names = catalog.positional_names(func)
+    fn, candidates = runner, None
+    if views.is_view_like(func):
+        rule = views.derive(func, args, kwargs)
+        if rule is not None:
+            fn, candidates = rule.fn, rule.candidates
+    if catalog.trusts_matching_shapes(func):
+        fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
+    return OpCase(
+        op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
+        fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
+        special=sample_data.with_special_values,
+    )
+
+
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
@@ -244,28 +285,7 @@ class TorchBackend:
     # ------------------------------------------------------------------ case building
 
     def _case(self, func, args: tuple, kwargs: dict, runner: Callable, fresh: Callable[[int], tuple] | None) -> OpCase:
-        names = catalog.positional_names(func)
-        fn, candidates = runner, None
-        if views.is_view_like(func):
-            rule = views.derive(func, args, kwargs)
-            if rule is not None:
-                fn, candidates = rule.fn, rule.candidates
-        if catalog.trusts_matching_shapes(func):
-            fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
-        return OpCase(
-            op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
-            fresh=fresh, fixed=self._index_like(names, args, kwargs), candidates=candidates,
-            special=sample_data.with_special_values,
-        )
-
-    def _index_like(self, names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> frozenset[str]:
-        """Arguments holding integer or bool tensors: kept as they are when inputs are refilled blindly."""
-        fixed = set()
-        for name, value in arg_items(names, args, kwargs):
-            leaves = [x for x in torch.utils._pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
-            if any(self._ops.dtype_kind(x) in ("i", "b") for x in leaves):
-                fixed.add(name)
-        return frozenset(fixed)
+        return torch_case(func, args, kwargs, runner, fresh)
 
     def _captured_case(self, func, call: Captured, source: Captured | None = None) -> OpCase:
         spec, kwargs = _out_spec_from_kwargs(func, call.kwargs)

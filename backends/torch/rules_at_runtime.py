@@ -13,6 +13,7 @@ from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce,
 from metaspmd.spec import Replicate as ReplicateIn
 
 from . import dtensor_rules
+from .backend import torch_case
 from .capture import Captured
 from .tensor_ops import TorchOps
 
@@ -86,9 +87,6 @@ def node_call(captured: Captured, node: MetaOp) -> NodeCall:
                 continue
             a, k = candidate
             break
-        fixed = frozenset(
-            n for n, v in zip(names, a) if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
-        )
-        return OpCase(node.op, node.fn, tuple(a), k, names, fixed=fixed)
+        return torch_case(node.fn, a, k, node.fn)
 
     return NodeCall(sig, to_strategies(found) if found is not None else None, case)

@@ -49,7 +49,7 @@ def _special_pool(x: torch.Tensor, scalars: list[float]) -> torch.Tensor:
         others += [math.nan, math.inf, -math.inf]
     values = own * max(1, len(others) // max(1, len(own))) + others
     pool = torch.tensor(values, dtype=torch.float64)
-    if not floating:
+    if not floating and x.dtype != torch.bool:
         info = torch.iinfo(x.dtype)
         pool = pool.clamp(info.min, info.max)
     return pool.to(x.dtype)

@@ -1,0 +1,35 @@
+"""Live exploration of captured nodes finds the same rules the sweep does: derived view
+rules (with Partial passed through) and special-value trials."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from metaspmd.backends.torch.capture import capture  # noqa: E402
+from metaspmd.backends.torch.rules_at_runtime import node_call  # noqa: E402
+from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
+from metaspmd.explorer import explore_case  # noqa: E402
+
+
+def live_rules(fn, *inputs) -> dict[str, tuple[str, set[str]]]:
+    c = capture(fn, inputs)
+    out = {}
+    for node in c.ir.op_list:
+        entry = explore_case(node_call(c, node).case(), TorchOps())
+        out[node.op] = (entry.status, {str(s).split(": ", 1)[1] for s in entry.strategies()})
+    return out
+
+
+def test_view_with_sizes_in_arguments_is_derived_and_passes_partial():
+    rules = live_rules(lambda x: x.view(64) * 2, torch.randn(1, 64))
+    status, strategies = rules["aten.view.default"]
+    assert status == "derived"
+    assert strategies == {"(S(1)) -> (gather(dim=0))", "(P(sum)) -> (reduce(sum))"}
+
+
+def test_predicate_gets_rules_from_special_values():
+    rules = live_rules(lambda x: (x * 2).isnan(), torch.randn(8, 4))
+    status, strategies = rules["aten.isnan.default"]
+    assert status == "ok"
+    assert {"(S(0)) -> (gather(dim=0))", "(S(1)) -> (gather(dim=1))"} <= strategies
+    assert not any("P(" in s for s in strategies)
