@@ -201,14 +201,28 @@ def _index_like(names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) 
     return frozenset(fixed)
 
 
+def _zeros_for_unspecified(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its tensor outputs zeroed: for ops whose values are unspecified (``empty``),
+    a sharding is right when every local output has the right shape and dtype, and zeros
+    compare exactly that."""
+    def zeroed(*args, **kwargs):
+        return torch.utils._pytree.tree_map(
+            lambda x: torch.zeros_like(x) if isinstance(x, torch.Tensor) else x, fn(*args, **kwargs))
+
+    return zeroed
+
+
 def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
                fresh: Callable[[int], tuple] | None = None) -> OpCase:
     """The case the explorer works on for one call of an ATen overload: view-like ops get
     their shape-derived candidates, kernels that trust matching shapes refuse inconsistent
-    shards, and outputs constant on random data get special-value trials. The sweep and the
+    shards, outputs constant on random data get special-value trials, and ops whose values
+    are unspecified are compared on shapes and dtypes. The sweep and the
     runtime's live exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
     fn, candidates = runner, None
+    if catalog.unspecified_values(func):
+        fn = _zeros_for_unspecified(runner)
     if views.is_view_like(func):
         rule = views.derive(func, args, kwargs)
         if rule is not None:

@@ -14,12 +14,17 @@ NAMESPACE = "aten"
 
 TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
 
-# Ops whose output is (partly) uninitialized memory: their results cannot be compared.
-UNINITIALIZED = frozenset({
+# Ops whose output values are wholly unspecified (fresh uninitialized memory): their rules
+# are verified on shapes and dtypes, the only thing the op defines.
+UNSPECIFIED_VALUES = frozenset({
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+})
+# Ops whose output is partly uninitialized memory (resize keeps old data, quantized empties
+# carry scales): their results cannot be compared at all.
+UNINITIALIZED = frozenset({
     "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "resize", "resize_", "resize_as",
-    "resize_as_", "_resize_output", "_resize_output_", "set", "set_", "_efficientzerotensor",
-    "empty_quantized", "_nested_tensor_from_mask_left_aligned",
+    "resize_as_", "_resize_output", "_resize_output_", "set", "set_", "empty_quantized",
+    "_nested_tensor_from_mask_left_aligned",
 })
 # Random ops the nondeterministic_seeded tag misses (they take a Generator or draw from it).
 RANDOM = frozenset({
@@ -92,6 +97,11 @@ def written_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
         a.name for a in func._schema.arguments
         if a.alias_info is not None and a.alias_info.is_write and not a.is_out
     )
+
+
+def unspecified_values(func: torch._ops.OpOverload) -> bool:
+    """True when the op defines only its output's shape and dtype (``empty_like``)."""
+    return func._schema.name.split("::")[1] in UNSPECIFIED_VALUES
 
 
 def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:

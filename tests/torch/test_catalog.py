@@ -56,13 +56,27 @@ def test_functional_siblings():
     assert catalog.functional_sibling("aten.mm.default") is None
 
 
-def test_random_and_uninitialized_ops_are_skipped(backend):
-    for op in ("aten.bernoulli.p", "aten.randn.default", "aten.empty.memory_format", "aten.empty_like.default",
+def test_random_and_partly_uninitialized_ops_are_skipped(backend):
+    for op in ("aten.bernoulli.p", "aten.randn.default", "aten.resize_.default", "aten.set_.source_Tensor",
                "aten.native_dropout.default"):
         with pytest.raises(Skip) as info:
             backend.cases(op)
         assert info.value.status == "nondeterministic", op
     assert explore_op(backend, "aten.normal.Tensor_Tensor").status == "nondeterministic"
+
+
+def test_ops_with_unspecified_values_get_rules_on_shapes(backend):
+    """empty_like defines only shape and dtype: a shard's local empty_like has the shard's
+    shape, so Shard(d) gathers on d; a full-size local output (identity) is refused."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    x = torch.randn(6, 4)
+    e = explore_case(torch_case(torch.ops.aten.empty_like.default, (x,), {}, torch.ops.aten.empty_like.default),
+                     backend.tensor_ops())
+    assert e.status == "ok"
+    combines = {label: [str(o) for o in outs] for label, outs in e.combine.by_label}
+    assert sorted(c for c in combines.values() if "gather" in c[0]) == [["gather(dim=0)"], ["gather(dim=1)"]]
+    assert any("shape-determined" in n for n in e.notes)
 
 
 # --------------------------------------------------------------------------- OpInfo samples
