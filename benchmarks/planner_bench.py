@@ -1,8 +1,15 @@
-"""Planner time vs graph size on synthetic GPT graphs (forward + backward): ILP (CBC, and
-HiGHS when highspy is installed) against the beam-search baseline.
+"""Planner time vs graph size on GPT graphs (forward + backward): ILP (CBC, and HiGHS when
+highspy is installed) against the beam-search baseline.
 
     python benchmarks/planner_bench.py --layers 1 4 12 24 --mesh 2x4
     python benchmarks/planner_bench.py --layers 12 --mesh 8 --budget 0.7
+    python benchmarks/planner_bench.py --captured --layers 1 4 12 24 --hidden 256 --seq 128
+
+By default the graphs are synthetic (metaspmd.planner.synthetic: one node per matmul,
+norm, softmax, ...). With ``--captured`` they are the ATen graphs torch captures from
+examples.models.GPT (make_fx, forward + backward: views, transposes and casts included),
+with rules from the generated table, then live exploration cached across sizes; the
+'rules s' column is that resolution.
 
 Times are wall seconds of the whole planner call (problem build, reductions, beam warm
 start, ILP); 'build' is the problem build alone, 'nodes'/'reduced' the problem size before
@@ -16,6 +23,8 @@ import argparse
 import importlib.util
 import sys
 import time
+
+from pathlib import Path
 
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
@@ -50,6 +59,26 @@ def timed(fn):
     return out, Clock(time.perf_counter() - wall, time.process_time() - cpu)
 
 
+def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cache) -> tuple:
+    """The torch GPT's captured forward + backward graph, its rules, its (parameter,
+    gradient) ties, and the seconds rule resolution took."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from examples.models import GPT
+    from metaspmd.backends.torch.capture import capture
+    from metaspmd.backends.torch.rules_at_runtime import node_call
+    from metaspmd.backends.torch.tensor_ops import TorchOps
+    from metaspmd.resolve import resolve
+
+    torch.manual_seed(0)
+    captured = capture(GPT(layers, hidden, heads), (torch.randn(batch, seq, hidden),))
+    (strategies, stats), secs = timed(
+        lambda: resolve(captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache))
+    print(f"{layers} layers: rules {stats}", file=sys.stderr, flush=True)
+    return captured.ir, strategies, captured.parameter_gradient_ties(), secs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, nargs="+", default=[1, 4, 12, 24])
@@ -63,28 +92,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help="memory budget as a fraction of the unconstrained ILP plan's memory")
     p.add_argument("--no-highs", action="store_true", help="skip HiGHS even when highspy is installed")
+    p.add_argument("--captured", action="store_true",
+                   help="plan the ATen graphs captured from the torch GPT instead of synthetic ones")
     args = p.parse_args(argv)
+    cache = None
+    if args.captured:
+        import tempfile
+
+        from metaspmd.cache import RuleCache
+        cache = RuleCache(tempfile.mkdtemp())  # cold for the first size, shared by the rest
 
     mesh = parse_mesh(args.mesh)
     solvers = ["cbc"] + (["highs"] if importlib.util.find_spec("highspy") and not args.no_highs else [])
-    print(f"GPT fwd+bwd on {mesh}, hidden {args.hidden}, heads {args.heads}, batch {args.batch}, seq {args.seq}, "
+    print(f"{'captured' if args.captured else 'synthetic'} GPT fwd+bwd on {mesh}, hidden {args.hidden}, heads {args.heads}, batch {args.batch}, seq {args.seq}, "
           f"time limit {args.time_limit:g} s, beam width {args.beam_width}")
-    header = ["layers", "ops", "nodes", "reduced", "build s"]
+    header = ["layers", "ops"] + (["rules s"] if args.captured else []) + ["nodes", "reduced", "build s"]
     for s in solvers:
         header += [f"{s} s", f"{s} ms", f"{s} status"]
     header += ["beam s", "beam ms", "beam/ilp"]
     print("times: wall/cpu seconds, including the problem build")
     rows = [header]
     for layers in args.layers:
-        cfg = GPTConfig(layers=layers, batch=args.batch, seq=args.seq, hidden=args.hidden, heads=args.heads)
-        ir, strategies, grads = gpt(cfg)
+        if args.captured:
+            ir, strategies, grads, rules_s = captured_gpt(layers, args.hidden, args.heads, args.batch, args.seq, cache)
+        else:
+            cfg = GPTConfig(layers=layers, batch=args.batch, seq=args.seq, hidden=args.hidden, heads=args.heads)
+            ir, strategies, grads = gpt(cfg)
         problem, build_s = timed(lambda: build_problem(ir, strategies, mesh, ties=grads))
         if args.budget is not None:
             free = solve(problem, "cbc", args.time_limit)
             problem = build_problem(ir, strategies, mesh, ties=grads, memory_budget=args.budget * free.memory)
         reduced = reduce_problem(problem.choice, Reductions())
-        row = [str(layers), str(len(ir.op_list)), str(len(problem.choice.nodes)), str(len(reduced.problem.nodes)),
-               str(build_s)]
+        row = [str(layers), str(len(ir.op_list))] + ([str(rules_s)] if args.captured else []) + [
+            str(len(problem.choice.nodes)), str(len(reduced.problem.nodes)), str(build_s)]
         best = None
         for s in solvers:
             result, secs = timed(lambda: solve(problem, s, args.time_limit, beam_width=args.beam_width))

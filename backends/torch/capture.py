@@ -36,6 +36,12 @@ class Captured:
     values: dict  # node name -> (args, kwargs) with the real example values
     n_outputs: int  # leading graph outputs that are the function's own outputs (then gradients)
 
+    def parameter_gradient_ties(self) -> list[tuple[str, str]]:
+        """(parameter input, its gradient output) node names: a gradient is delivered in its
+        parameter's placement. Empty when the graph has no backward."""
+        grads = self.ir.output_list[self.n_outputs:]
+        return [(self.ir.input_list[i].name, grads[i].name) for i in range(min(len(self.param_names), len(grads)))]
+
 
 def _dtype(x: torch.Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")

@@ -194,14 +194,9 @@ def parallelize(
         strategies, stats = resolve(
             captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache()
         )
-    ir = captured.ir
-    n_params = len(captured.param_names)
-    ties = []
-    if isinstance(fn_or_module, torch.nn.Module) and backward:
-        grads = ir.output_list[captured.n_outputs:]
-        ties = [(ir.input_list[i].name, grads[i].name) for i in range(min(n_params, len(grads)))]
+    ties = captured.parameter_gradient_ties() if isinstance(fn_or_module, torch.nn.Module) and backward else []
     plan = planner.plan(
-        ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit, solver=solver,
+        captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit, solver=solver,
         ties=ties, cost_model=cost_model,
     )
     params = tuple(p.detach() for p in fn_or_module.parameters()) if isinstance(fn_or_module, torch.nn.Module) else ()
