@@ -78,6 +78,6 @@ def resolve(
         if entry.status == "derived":
             stats.derived += 1
         out[node.name] = tuple(entry.strategies())
-        if not out[node.name]:
+        if not out[node.name] and entry.status != "derived":  # derived with no strategy: a factory, replicated by rule
             stats.unexplorable[node.name] = entry.reason or entry.status
     return out, stats
