@@ -50,9 +50,12 @@ def shard_with_halo(ops: TensorOps, x: Any, dim: int, bounds: list[tuple[int, in
     return out
 
 
-def partial_summands(ops: TensorOps, x: Any, n: int, seed: int) -> list[Any]:
-    """n signed random tensors that add up to x (a Partial(sum) version of x)."""
+def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1.0) -> list[Any]:
+    """n signed random tensors that add up to x (a Partial(sum) version of x); the random
+    ones have standard deviation ``spread``."""
     parts = [ops.random_like(x, seed * 7919 + i) for i in range(n - 1)]
+    if spread != 1.0:
+        parts = [ops.scale(p, spread) for p in parts]
     last = x
     for p in parts:
         last = ops.sub(last, p)

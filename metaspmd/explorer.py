@@ -43,6 +43,15 @@ TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True), Split(4))
 # every one verifies combines (splits cycling), and an output is called shape-determined
 # only after it stayed constant under every pattern (all zero and all NaN among them).
 SPECIAL_TRIALS = 6
+# Trials on blind random inputs added when an output is constant or empty on the data of
+# the sample's own generator.
+BLIND_TRIALS = 2
+# What a trial whose shards are all equal tells about a group: nothing.
+UNINFORMATIVE = "uninformative"
+# Standard deviations of the random summands of a Partial(sum) input, by trial. Summands
+# far larger than the data cross thresholds the data never reaches (threshold_backward's
+# 5.3, bucketize's 2), where a predicate of a sum stops being the sum of the predicates.
+PARTIAL_SPREADS = (1.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -106,10 +115,10 @@ class _Explorer:
         trial.outputs, trial.others = self._call(leaves, trial)
         return trial
 
-    def _fresh_inputs(self, k: int) -> tuple[tuple, dict]:
+    def _fresh_inputs(self, k: int, blind: bool = False) -> tuple[tuple, dict]:
         seed = self.seed * 1000 + k
         example = pytree.leaves((self.case.args, self.case.kwargs), self.ops.is_tensor)
-        if self.case.fresh is not None:
+        if self.case.fresh is not None and not blind:
             try:
                 args, kwargs = self.case.fresh(seed)
                 leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
@@ -174,11 +183,13 @@ class _Explorer:
             for i, d, halo in group.dims:
                 shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
                 if not trial.special and all(ops.close(shards[0], s) for s in shards[1:]):
-                    return None  # identical shards prove nothing (the special trials' all-zero
-                    # input is meant to be uniform; the other trials still need distinct shards)
+                    return UNINFORMATIVE  # identical shards prove nothing (the special trials'
+                    # all-zero input is meant to be uniform; the other trials need distinct shards)
                 per_input[i] = shards
         for i in group.partial:
-            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n)
+            spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
+            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n,
+                                            spread)
         result = []
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
@@ -199,8 +210,10 @@ class _Explorer:
 
     def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None) -> list[list] | None:
         locs = self._locals(group, trial, split)
-        if locs is None:
-            return None
+        if locs is None or locs is UNINFORMATIVE:
+            return locs
+        if not trial.special and trial.outputs and all(self.ops.all_nonfinite(o) for o in trial.outputs):
+            return UNINFORMATIVE  # all NaN/inf (a loss on out-of-domain blind data): every reduce holds
         even = self._is_even(group, split)
         # output halos: twice the input halo (convolution), or 1 with none (padding ops)
         max_halo = max(1, 2 * max((h for _, _, h in group.dims), default=0))
@@ -226,15 +239,18 @@ class _Explorer:
         """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
         alive = [list(opts) for opts in found]
         avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
-        counts, uneven = set(), False
+        counts, uneven, informative = set(), False, 0
         for trial, split in zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)):
             if group.dims:
                 size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
                 if split.bounds(size) is None:
                     split = Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
             ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:  # a degenerate sample (all ones): the other trials decide
+                continue
             if ok is None:
                 return None
+            informative += 1
             even = self._is_even(group, split)
             if even:
                 avg_checks += 1
@@ -242,6 +258,8 @@ class _Explorer:
                      for opts, kept in zip(alive, ok)]
             counts.add(split.n)
             uneven |= not even
+        if informative < min(2, len(self.trials) - 1):  # at least two trials with distinct shards
+            return None
         result = []
         for opts in alive:
             if avg_checks < 2:
@@ -288,9 +306,17 @@ class _Explorer:
             return entry("failed", "fresh inputs: " + _error_text(e))
         notes_extra: list[str] = []
         constant = self._constant_outputs()
+        if constant or self._empty_outputs():
+            # The sample's data leaves an output constant or empty (nonzero of all zeros):
+            # every combine would hold on it, so blind data joins in where the op takes it.
+            self.trials = self.trials + self._blind_trials()
+            constant = self._constant_outputs()
         special = self._special_trials() if constant and case.special is not None else None
         if special is not None:
-            self.trials = special
+            # Verified on the random trials and the special-value ones alike: an output
+            # that is constant on random data (aminmax's min of many integers) still refutes
+            # combines there once its shards differ.
+            self.trials = self.trials + special[1:]
             # Constant under random and every special-value pattern alike (all zero, all
             # NaN, lone nonzero, ...): the output depends on shapes and non-tensor arguments
             # only (full_like, fill), so every combine that rebuilds it from local outputs
@@ -307,7 +333,7 @@ class _Explorer:
 
         def accept(group: Group, combines) -> bool:
             nonlocal uneven
-            if combines is None:
+            if combines is None or combines is UNINFORMATIVE:
                 return False
             verified = self._verify(group, combines)
             if verified is None:
@@ -361,6 +387,25 @@ class _Explorer:
             if 0 not in self.ops.shape(first.outputs[j])
             and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
         ]
+
+    def _empty_outputs(self) -> bool:
+        """Some output has no elements on every trial."""
+        return any(all(0 in self.ops.shape(t.outputs[j]) for t in self.trials) for j in range(len(self.trials[0].outputs)))
+
+    def _blind_trials(self) -> list[_Trial]:
+        """Trials on blind random inputs for a case with a sample generator, where the op
+        takes them: an output constant on the generator's data (the minimum of integers
+        drawn from [-9, 9]) makes that data suspect, and every shard's minimum can equal the
+        global one by luck. An op that rejects unconstrained inputs keeps its sample's."""
+        trials: list[_Trial] = []
+        if self.case.fresh is None:
+            return trials
+        for k in range(len(TRIAL_SPLITS) + 1, len(TRIAL_SPLITS) + 1 + BLIND_TRIALS):
+            try:
+                trials.append(self._trial(*self._fresh_inputs(k, blind=True), index=k))
+            except Exception:
+                break
+        return trials
 
     def _special_trials(self) -> list[_Trial] | None:
         """The example and ``SPECIAL_TRIALS`` trials with special-value inputs, or None when

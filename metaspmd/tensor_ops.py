@@ -52,6 +52,9 @@ class TensorOps(Protocol):
         magnitudes involved (NaN matches NaN at the same position).
         """
 
+    def all_nonfinite(self, x: Any) -> bool:
+        """x has elements and every one is NaN or infinite (never for integer and bool tensors)."""
+
     def zeros_like(self, x: Any) -> Any: ...
 
     def random_like(self, x: Any, seed: int) -> Any:

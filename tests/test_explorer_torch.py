@@ -243,3 +243,34 @@ def test_special_values_fill_every_dtype(dtype):
     for k in range(1, len(PATTERNS) + 1):
         (y,), _ = with_special_values((x,), {}, k, seed=k)
         assert y.dtype == dtype and y.shape == x.shape
+
+
+def test_partial_summands_cross_thresholds_the_data_never_reaches():
+    """threshold_backward(grad, self, 2): self ~ N(0, 1) rarely exceeds 2, and neither do
+    summands of unit spread; wide summands do, and refute Partial(sum) on self."""
+    grad, x = randn(8, 6), randn(8, 6)
+    e = explore(lambda g, s: torch.ops.aten.threshold_backward(g, s, 2.0), [grad, x], ("grad_output", "self"))
+    assert e.status == "ok"
+    assert not e.partial.inputs[1], e.partial
+
+
+def test_blind_trials_refute_rules_that_hold_on_a_narrow_sample_range():
+    """min of integers drawn from [-9, 9]: every shard of 25+ elements likely holds -9, so
+    identity passes on the sample's own inputs; blind trials in [-100, 100) refute it."""
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(-9, 10, (5, 5, 5), generator=g),), {}
+
+    (x,), _ = fresh(0)
+    e = explore(torch.ops.aten.min.default, [x], ("self",), fresh=fresh)
+    assert e.status == "ok"
+    assert all(c == ["reduce(min)"] for c in combines(e).values()), combines(e)
+
+
+def test_all_nan_outputs_prove_nothing():
+    """mean(log(x)) on signed data is NaN (or -inf) on every trial, special values included:
+    every reduce 'rebuilds' a NaN, so no rule may come of it."""
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(lambda t: torch.log(t).mean(), [randn(8, 6)], ("self",), special=with_special_values)
+    assert e.status == "replicate-only", (e.status, combines(e))

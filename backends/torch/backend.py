@@ -183,9 +183,12 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     return fn_checked
 
 
-# The operands of ops on integer or bool data (bitwise_and, aminmax, unique): refilled like
+# The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
 # float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
-DATA_ARGS = frozenset({"self", "other", "input"})
+DATA_ARGS = frozenset({
+    "self", "other", "input", "mat1", "mat2", "vec", "vec1", "vec2", "batch1", "batch2", "tensor1", "tensor2",
+    "exponent", "end",
+})
 
 
 def _index_like(names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> frozenset[str]:
