@@ -33,7 +33,7 @@ from .spec import (
     N, CombineSpec, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec, Reduce, ShardIn,
     ShardSpec, tables_from_strategies,
 )
-from .tensor_ops import COMPLEX, FLOAT, TensorOps
+from .tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 EXPLORE_SPLIT = Split(2)
 # Fresh-data trials. 4 shards catch rules that hold only while every shard still sees
@@ -306,9 +306,10 @@ class _Explorer:
             return entry("failed", "fresh inputs: " + _error_text(e))
         notes_extra: list[str] = []
         constant = self._constant_outputs()
-        if constant or self._empty_outputs():
-            # The sample's data leaves an output constant or empty (nonzero of all zeros):
-            # every combine would hold on it, so blind data joins in where the op takes it.
+        if constant or self._empty_outputs() or self._integer_data():
+            # The sample's data leaves an output constant or empty (nonzero of all zeros), or
+            # is integers from a narrow range, whose ties let argmin's local indices pass for
+            # the global one: blind data joins in where the op takes it.
             self.trials = self.trials + self._blind_trials()
             constant = self._constant_outputs()
         special = self._special_trials() if constant and case.special is not None else None
@@ -387,6 +388,11 @@ class _Explorer:
             if 0 not in self.ops.shape(first.outputs[j])
             and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
         ]
+
+    def _integer_data(self) -> bool:
+        """Some integer input is data (not an index kept fixed)."""
+        return any(self.ops.dtype_kind(x) == INT and name not in self.fixed
+                   for x, name in zip(self.trials[0].leaves, self.leaf_names))
 
     def _empty_outputs(self) -> bool:
         """Some output has no elements on every trial."""

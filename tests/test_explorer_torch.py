@@ -274,3 +274,16 @@ def test_all_nan_outputs_prove_nothing():
 
     e = explore(lambda t: torch.log(t).mean(), [randn(8, 6)], ("self",), special=with_special_values)
     assert e.status == "replicate-only", (e.status, combines(e))
+
+
+def test_integer_data_from_a_narrow_range_is_checked_on_blind_data_too():
+    """argmin of a few integers from [-9, 9] (12, as in its OpInfo sample): on a lucky split
+    the largest local index equals the global one; blind trials join in for integer data,
+    and a flattened index has no combine at all."""
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(-9, 10, (3, 2, 1, 2), generator=g),), {}
+
+    (x,), _ = fresh(0)
+    e = explore(torch.ops.aten.argmin.default, [x], ("self",), fresh=fresh)
+    assert e.status == "replicate-only", combines(e)
