@@ -220,8 +220,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     """The case the explorer works on for one call of an ATen overload: view-like ops get
     their shape-derived candidates, kernels that trust matching shapes refuse inconsistent
     shards, outputs constant on random data get special-value trials, and ops whose values
-    are unspecified are compared on shapes and dtypes. The sweep and the
-    runtime's live exploration both build cases here, so they find the same rules."""
+    are unspecified are compared on shapes and dtypes. The sweep and the runtime's live
+    exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
     fn, candidates = runner, None
     if catalog.unspecified_values(func):
