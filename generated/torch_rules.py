@@ -3762,15 +3762,23 @@ RULES = {
     },
     'aten._upsample_bilinear2d_aa_backward.default': {
         'grad_output:f[*,*,*,*] output_size=[17,18] input_size=[6,3,10,20] align_corners=False scales_h=1.7 scales_w=0.9': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[3,3] input_size=[6,3,10,20] align_corners=False': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,5] input_size=[6,3,10,20] align_corners=False': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[8,20] input_size=[6,3,10,20] align_corners=True scales_h=0.8 scales_w=1.0': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -3862,15 +3870,23 @@ RULES = {
     },
     'aten._upsample_nearest_exact1d_backward.default': {
         'grad_output:f[*,*,*] output_size=[2] input_size=[2,3,4] scales=0.6': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[3] input_size=[2,3,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[5] input_size=[2,3,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[6] input_size=[2,3,4] scales=1.7': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -3941,15 +3957,23 @@ RULES = {
     },
     'aten._upsample_nearest_exact2d_backward.default': {
         'grad_output:f[*,*,*,*] output_size=[3,3] input_size=[2,3,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[3,4] input_size=[2,3,4,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,5] input_size=[2,3,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,6] input_size=[2,3,4,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -4020,15 +4044,23 @@ RULES = {
     },
     'aten._upsample_nearest_exact3d_backward.default': {
         'grad_output:f[*,*,*,*,*] output_size=[3,2,4] input_size=[2,3,4,3,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[3,3,3] input_size=[2,3,4,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,5,5] input_size=[2,3,4,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,6,7] input_size=[2,2,5,2,3]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -18982,12 +19014,17 @@ RULES = {
     },
     'aten.select_backward.default': {
         'grad_output:f[*,*] input_sizes=[5,5,5] dim=-1 index=2': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*] input_sizes=[5,5,5] dim=1 index=2': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(2),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*] input_sizes=[5,5] dim=-1 index=2': (
+            ((Shard(0),), (Shard(0),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[] input_sizes=[5] dim=0 index=2': (
@@ -19433,9 +19470,12 @@ RULES = {
     },
     'aten.slice_backward.default': {
         'grad_output:c[*,*,*] input_sizes=[5,6,7] dim=1 start=0 end=3 step=1': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(2),), (Shard(2),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*] input_sizes=[5,5] dim=0 start=1 end=5 step=1': (
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,1] input_sizes=[5,1] dim=0 start=1 end=5 step=1': (
@@ -23237,15 +23277,23 @@ RULES = {
     },
     'aten.upsample_bicubic2d_backward.default': {
         'grad_output:f[*,*,*,*] output_size=[3,3] input_size=[2,3,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[3,4] input_size=[2,3,4,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,5] input_size=[2,3,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,6] input_size=[2,3,4,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23323,15 +23371,23 @@ RULES = {
     },
     'aten.upsample_bilinear2d_backward.default': {
         'grad_output:f[*,*,*,*] output_size=[3,3] input_size=[2,3,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[3,4] input_size=[2,3,4,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,5] input_size=[2,3,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,6] input_size=[2,3,4,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23402,15 +23458,23 @@ RULES = {
     },
     'aten.upsample_linear1d_backward.default': {
         'grad_output:f[*,*,*] output_size=[2] input_size=[2,3,4] align_corners=True scales=0.6': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[3] input_size=[2,3,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[5] input_size=[2,3,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[6] input_size=[2,3,4] align_corners=True scales=1.7': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23481,15 +23545,23 @@ RULES = {
     },
     'aten.upsample_nearest1d_backward.default': {
         'grad_output:f[*,*,*] output_size=[2] input_size=[2,3,4] scales=0.6': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[3] input_size=[2,3,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[5] input_size=[2,3,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*] output_size=[6] input_size=[2,3,4] scales=1.7': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23567,15 +23639,23 @@ RULES = {
     },
     'aten.upsample_nearest2d_backward.default': {
         'grad_output:f[*,*,*,*] output_size=[3,3] input_size=[2,3,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[3,4] input_size=[2,3,4,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,5] input_size=[2,3,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*] output_size=[5,6] input_size=[2,3,4,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23646,15 +23726,23 @@ RULES = {
     },
     'aten.upsample_nearest3d_backward.default': {
         'grad_output:f[*,*,*,*,*] output_size=[3,2,4] input_size=[2,3,4,3,5]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[3,3,3] input_size=[2,3,4,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,5,5] input_size=[2,3,4,4,4]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,6,7] input_size=[2,2,5,2,3]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -23725,15 +23813,23 @@ RULES = {
     },
     'aten.upsample_trilinear3d_backward.default': {
         'grad_output:f[*,*,*,*,*] output_size=[3,2,4] input_size=[2,3,4,3,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[3,3,3] input_size=[2,3,4,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,4,6] input_size=[2,3,4,3,5] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'grad_output:f[*,*,*,*,*] output_size=[5,5,5] input_size=[2,3,4,4,4] align_corners=True': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },

@@ -5,6 +5,9 @@ local ``view(x, [4, 6])`` fails on a shard), so for these ops the rule is derive
 input dim lands on which output dim. The derived strategies become ``OpCase.candidates``
 and the explorer still verifies each one numerically.
 
+The backward ops of upsampling, ``select`` and ``slice`` are treated the same way: they
+take the forward input's sizes as an argument, which a shard rewrites.
+
 Each rule comes with the function a shard runs: the op itself when its arguments do not
 depend on sizes (permute, select, split, ...), otherwise a wrapper that rewrites the
 size arguments from the local input (view, reshape, expand, as_strided) the way a
@@ -270,6 +273,45 @@ def _as_strided(func, x, args, kwargs):
     return ViewRule(fn, _single(mapping, tuple(x.shape)))
 
 
+def _sizes_follow_grad(func, x, args, kwargs, size_arg: str, mapping: dict[int, int]) -> ViewRule:
+    """Backward ops that take the forward input's sizes (``input_size``): grad_output dim d
+    is input dim ``mapping[d]``, so a shard of d rewrites that size from the local
+    grad_output, as DTensor does before running the op on a shard."""
+    full = list(_bound(func, args, kwargs)[size_arg])
+
+    def fn(*args, **kwargs):
+        size = list(full)
+        for d, o in mapping.items():
+            size[o] = args[0].shape[d]
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), size_arg, size)
+        return func(*args, **kwargs)
+
+    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+
+
+def _upsample_backward(func, x, args, kwargs):
+    return _sizes_follow_grad(func, x, args, kwargs, "input_size", {0: 0, 1: 1})  # batch and channels
+
+
+def _select_backward(func, x, args, kwargs):
+    b = _bound(func, args, kwargs)
+    dim = _norm(b["dim"], len(b["input_sizes"]))
+    return _sizes_follow_grad(func, x, args, kwargs, "input_sizes", {d: d + (d >= dim) for d in range(x.dim())})
+
+
+def _slice_backward(func, x, args, kwargs):
+    b = _bound(func, args, kwargs)
+    dim = _norm(b["dim"], x.dim())
+    return _sizes_follow_grad(func, x, args, kwargs, "input_sizes", {d: d for d in range(x.dim()) if d != dim})
+
+
+_UPSAMPLE_BACKWARD = (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
+    "_upsample_lanczos2d_aa",
+)
+
 _SPLIT_DIM = {"hsplit": lambda rank: 1 if rank > 1 else 0, "vsplit": lambda rank: 0, "dsplit": lambda rank: 2}
 
 _BY_BASE: dict[str, Callable] = {
@@ -294,6 +336,8 @@ _BY_BASE: dict[str, Callable] = {
     "alias": _same_dims, "detach": _same_dims, "lift_fresh": _same_dims, "view_as_real": _same_dims,
     "view_as_complex": lambda f, x, a, k: _same_dims(f, x, a, k, keep_last=False),
     "as_strided": _as_strided,
+    "select_backward": _select_backward, "slice_backward": _slice_backward,
+    **{name + "_backward": _upsample_backward for name in _UPSAMPLE_BACKWARD},
 }
 
 
