@@ -75,6 +75,7 @@ class _Trial:
     others: list[Any]  # non-tensor leaves of the output (must match on every shard)
     index: int = 0  # 0: the example; k: the k-th fresh trial (seeds its Partial summands)
     special: bool = False  # special-value inputs (all zero, NaN, ...): equal shards allowed
+    nonfinite: bool = False  # every output all NaN/inf (out-of-domain data): proves nothing
 
 
 def _error_text(e: BaseException) -> str:
@@ -113,6 +114,7 @@ class _Explorer:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
         trial = _Trial(args, kwargs, leaves, [], [], index, special)
         trial.outputs, trial.others = self._call(leaves, trial)
+        trial.nonfinite = bool(trial.outputs) and all(self.ops.all_nonfinite(o) for o in trial.outputs)
         return trial
 
     def _fresh_inputs(self, k: int, blind: bool = False) -> tuple[tuple, dict]:
@@ -212,7 +214,7 @@ class _Explorer:
         locs = self._locals(group, trial, split)
         if locs is None or locs is UNINFORMATIVE:
             return locs
-        if not trial.special and trial.outputs and all(self.ops.all_nonfinite(o) for o in trial.outputs):
+        if trial.nonfinite and not trial.special:
             return UNINFORMATIVE  # all NaN/inf (a loss on out-of-domain blind data): every reduce holds
         even = self._is_even(group, split)
         # output halos: twice the input halo (convolution), or 1 with none (padding ops)
@@ -317,7 +319,7 @@ class _Explorer:
             # Verified on the random trials and the special-value ones alike: an output
             # that is constant on random data (aminmax's min of many integers) still refutes
             # combines there once its shards differ.
-            self.trials = self.trials + special[1:]
+            self.trials = self.trials + special
             # Constant under random and every special-value pattern alike (all zero, all
             # NaN, lone nonzero, ...): the output depends on shapes and non-tensor arguments
             # only (full_like, fill), so every combine that rebuilds it from local outputs
@@ -414,9 +416,9 @@ class _Explorer:
         return trials
 
     def _special_trials(self) -> list[_Trial] | None:
-        """The example and ``SPECIAL_TRIALS`` trials with special-value inputs, or None when
-        the op rejects them (an index input that became invalid)."""
-        trials = [self.trials[0]]
+        """``SPECIAL_TRIALS`` trials with special-value inputs, or None when the op rejects
+        them (an index input that became invalid)."""
+        trials = []
         try:
             for k in range(1, SPECIAL_TRIALS + 1):
                 fresh = self._fresh_inputs(k)

@@ -252,7 +252,7 @@ class TorchBackend:
         self.schema_samples = schema_samples
         self.opinfos = None if opinfos is None else frozenset(opinfos)
         self._index: dict[str, tuple[Captured, ...]] | None = None
-        self._ops = TorchOps()
+        self._ops = _OPS
 
     # ------------------------------------------------------------------ Backend protocol
 

@@ -270,3 +270,14 @@ def test_guard_refuses_inconsistent_shards():
     with pytest.raises(ValueError):
         fn(grad[:2], x)  # only the gradient sharded: the kernel would read out of bounds
     assert catalog.trusts_matching_shapes(func) and not catalog.trusts_matching_shapes(torch.ops.aten.mm.default)
+
+
+def test_integer_sample_data_is_checked_on_blind_data_too():
+    """argmin's OpInfo sample draws 12 integers from a narrow range: on its lucky splits the
+    largest local index equals the global one, so P(max) held on the sample's data alone.
+    Blind trials join in for integer data and refute it: a flattened index has no combine."""
+    argmin = get_backend(opinfos=("argmin",))
+    cases = [c for c in argmin.cases("aten.argmin.default") if c.args[0].dtype == torch.int64]
+    assert cases
+    for case in cases:
+        assert explore_case(case, argmin.tensor_ops()).status == "replicate-only"
