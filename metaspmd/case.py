@@ -30,6 +30,10 @@ class OpCase:
 
     ``candidates``: strategies to verify instead of exploring (rules derived from shape
     arithmetic for view-like ops); each is (input placements, output combines).
+
+    ``random``: the op draws every output element once at random (``fn`` runs it where its
+    values can be compared, e.g. in a deterministic limit): only gathers rebuild its outputs
+    in distribution, and Partial inputs are not tried. ``notes`` go into the entry as they are.
     """
 
     op: str
@@ -42,6 +46,8 @@ class OpCase:
     candidates: tuple[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]], ...] | None = None
     deterministic: bool = True
     special: Callable[[tuple, dict, int, int], Args] | None = None
+    random: bool = False
+    notes: tuple[str, ...] = ()
 
     def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:
         return self.fn(*args, **kwargs)

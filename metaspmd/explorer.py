@@ -30,7 +30,7 @@ from .combine import Split, candidate_combines, holds, partial_summands, shard_w
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
 from .spec import (
-    N, CombineSpec, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec, Reduce, ShardIn,
+    N, CombineSpec, Gather, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec, Reduce, ShardIn,
     ShardSpec, tables_from_strategies,
 )
 from .tensor_ops import COMPLEX, FLOAT, INT, TensorOps
@@ -48,6 +48,10 @@ SPECIAL_TRIALS = 6
 BLIND_TRIALS = 2
 # What a trial whose shards are all equal tells about a group: nothing.
 UNINFORMATIVE = "uninformative"
+# What exploring on unequal shards returns when only reduce(avg), untried there, could
+# rebuild an output; and the most equal shards tried instead (a dim of prime size p > 8 has none).
+AVG_UNTRIED = "avg untried"
+MAX_EVEN_SHARDS = 8
 # Standard deviations of the random summands of a Partial(sum) input, by trial. Summands
 # far larger than the data cross thresholds the data never reaches (threshold_backward's
 # 5.3, bucketize's 2), where a predicate of a sum stops being the sum of the predicates.
@@ -229,13 +233,32 @@ class _Explorer:
                 # op(x1 + x2) can only be op(x1) + op(x2) (linear) or op(x) (independent of
                 # that input); anything else that passes is luck on the data.
                 cands = [c for c in cands if c in (Reduce("sum"), Identity())]
+            if self.case.random:  # each element drawn once, on one rank
+                cands = [c for c in cands if isinstance(c, Gather)]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
             if not valid:
-                return None
+                # on unequal shards avg was never a candidate: the caller may cut evenly
+                return AVG_UNTRIED if not even and candidates is None and Identity() in cands else None
             out.append(valid)
         return out
+
+    def _even_split(self, group: Group) -> Split | None:
+        """Equal shards for the group's dim (its smallest divisor), within MAX_EVEN_SHARDS."""
+        i, d, _ = group.dims[0]
+        size = self.ops.shape(self.trials[0].leaves[i])[d]
+        n = next((k for k in range(2, min(size, MAX_EVEN_SHARDS) + 1) if size % k == 0), None)
+        return Split(n) if n else None
+
+    def _explore(self, group: Group) -> list[list] | None:
+        """The combines that rebuild every output on the example: cut in two, or evenly when
+        only a reduce(avg) could (the mean of an odd number of rows)."""
+        found = self._valid_combines(group, self.trials[0], EXPLORE_SPLIT)
+        if found is AVG_UNTRIED:
+            split = self._even_split(group)
+            found = self._valid_combines(group, self.trials[0], split) if split else None
+        return None if found is AVG_UNTRIED else found
 
     def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
         """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
@@ -262,6 +285,8 @@ class _Explorer:
             uneven |= not even
         if informative < min(2, len(self.trials) - 1):  # at least two trials with distinct shards
             return None
+        if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
+            alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         result = []
         for opts in alive:
             if avg_checks < 2:
@@ -272,6 +297,25 @@ class _Explorer:
                 return None
             result.append(OutputCombine.of(opts))
         return tuple(result), counts, uneven
+
+    def _check_avg_evenly(self, group: Group, alive: list[list], avg_checks: int, counts: set[int]):
+        """reduce(avg) holds on equal shards only, and no trial split is even on a dim of odd
+        size (mse_loss's mean over 5 rows): check the survivors again on the trials' data cut
+        into equal shards, as many as the dim's smallest divisor. Where that cannot run, avg
+        stays unchecked and is dropped; the other combines keep their verdict."""
+        split = self._even_split(group)
+        for trial in self.trials[1:]:
+            if split is None or avg_checks >= 2:
+                break
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:
+                continue
+            if ok is None:
+                break
+            alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+            avg_checks += 1
+            counts.add(split.n)
+        return alive, avg_checks
 
     # ------------------------------------------------------------------ entry
 
@@ -286,7 +330,8 @@ class _Explorer:
         def entry(status: str, reason: str = "", tables=None, verified=None, notes=()) -> RuleEntry:
             if tables is None:
                 tables = _no_strategy(ranks)
-            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason, tuple(notes), results)
+            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason,
+                             tuple(case.notes) + tuple(notes), results)
 
         try:
             first = self._trial(tuple(case.args), dict(case.kwargs))
@@ -355,11 +400,11 @@ class _Explorer:
         else:
             shapes = [ops.shape(x) for x in first.leaves]
             for group in self._groups(shapes):
-                if accept(group, self._valid_combines(group, first, EXPLORE_SPLIT)):
+                if accept(group, self._explore(group)):
                     continue
                 sharded = {i for i, _, _ in group.dims}
-                if self.config.partial and any(
-                    accept(Group(group.dims, p), self._valid_combines(Group(group.dims, p), first, EXPLORE_SPLIT))
+                if self.config.partial and not case.random and any(
+                    accept(Group(group.dims, p), self._explore(Group(group.dims, p)))
                     for p in self._partial_sets(sharded)
                 ):
                     continue
@@ -367,10 +412,10 @@ class _Explorer:
                     i, d, _ = group.dims[0]
                     for h in range(1, self.config.max_input_halo + 1):
                         g = Group(((i, d, h),))
-                        if accept(g, self._valid_combines(g, first, EXPLORE_SPLIT)):
+                        if accept(g, self._explore(g)):
                             break
             status = "ok"
-        if self.config.partial:
+        if self.config.partial and not case.random:
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
             # candidates only move shards) pass Partial through.
             for p in self._partial_sets(set()):

@@ -277,3 +277,12 @@ def test_all_nan_outputs_prove_nothing():
 
     e = explore(lambda t: torch.log(t).mean(), [randn(8, 6)], ("self",), special=with_special_values)
     assert e.status == "replicate-only", (e.status, combines(e))
+
+
+def test_mean_over_an_odd_dim_is_checked_on_equal_shards():
+    """mean of 5 rows is the avg of per-shard means only for equal shards, which no cut in
+    2, 3 or 4 gives: exploring and verifying cut the rows into 5. var is no avg of shards."""
+    e = explore(aten.mse_loss.default, [randn(5, 3), randn(5, 3)], ("self", "target"))
+    assert e.status == "ok" and 5 in e.verified.shard_counts
+    assert {c for outs in combines(e).values() for c in outs} == {"reduce(avg)"}
+    assert explore(aten.var.correction, [randn(5, 3)], ("self",)).status == "replicate-only"

@@ -24,7 +24,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 
-from . import catalog, sample_data, views
+from . import catalog, random_ops, sample_data, views
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
     to_float64,
@@ -223,9 +223,13 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     are unspecified are compared on shapes and dtypes. The sweep and the runtime's live
     exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
-    fn, candidates = runner, None
-    if catalog.unspecified_values(func):
+    fn, candidates, notes = runner, None, ()
+    random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
+    if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):
         fn = _zeros_for_unspecified(runner)
+    if random:
+        fn, note = random_ops.checked_form(func, fn, args, kwargs)
+        notes = (note,)
     if views.is_view_like(func) and not catalog.out_arg_names(func):  # out= overloads run through runner
         rule = views.derive(func, args, kwargs)
         if rule is not None:
@@ -235,7 +239,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
-        special=sample_data.with_special_values,
+        special=sample_data.with_special_values, random=random, notes=notes,
     )
 
 
@@ -285,9 +289,16 @@ class TorchBackend:
         except KeyError as e:
             raise NoSample(str(e)) from None
         reason = catalog.nondeterministic_reason(func)
-        if reason:
+        if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)
-        cases = [self._captured_case(func, c) for c in self.index.get(op, ())]
+        cases = []
+        for c in self.index.get(op, ()):
+            try:
+                cases.append(self._captured_case(func, c))
+            except ValueError as e:  # a random op's call with no checkable form
+                reason = f"{reason}; {e}"
+        if reason and not cases and self.index.get(op):
+            raise Skip("nondeterministic", reason)
         if not cases:
             cases = self._sibling_cases(func, op)
         if cases:
@@ -342,9 +353,9 @@ class TorchBackend:
                 spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
                 runner = make_runner(func, spec)
                 runner(*args, **kwargs)
+                cases.append(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)))
             except Exception:
                 continue  # e.g. an in-place op cannot broadcast its own input
-            cases.append(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)))
         return cases
 
     def _schema_cases(self, func) -> tuple[list[OpCase], str]:

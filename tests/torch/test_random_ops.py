@@ -1,0 +1,114 @@
+"""Random ops: fills, deterministic limits and factories get rules that hold in distribution."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # the OpInfo database needs it
+
+from metaspmd.backends.torch import catalog, get_backend, random_ops  # noqa: E402
+from metaspmd.backends.torch.backend import torch_case  # noqa: E402
+from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
+from metaspmd.case import Skip  # noqa: E402
+from metaspmd.explorer import explore_case, explore_op  # noqa: E402
+from metaspmd.spec import Gather, ShardIn  # noqa: E402
+
+aten = torch.ops.aten
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return get_backend(opinfos=("bernoulli", "uniform", "multinomial", "randn", "normal"))
+
+
+def _combines(entry) -> list:
+    return [c for outs in entry.combine.as_dict().values() for o in outs for c in o.options]
+
+
+def test_named_random_overloads_exist():
+    names = set(catalog.all_overloads())
+    assert random_ops.FILL_OVERLOADS <= names
+    assert set(random_ops.LIMITS) <= names
+
+
+def test_a_fill_gathers_shards_and_adds_no_draws_together():
+    """uniform_'s values depend on no input value: zeroed, any combine of the right shape
+    would pass, but a sum or max of draws is not a draw, and identity needs equal streams."""
+    x = torch.randn(6, 4, dtype=F64)
+    e = explore_case(torch_case(aten.uniform_.default, (x, 0.0, 1.0), {}, aten.uniform_.default), TorchOps())
+    assert e.status == "ok"
+    assert e.partial.is_empty()
+    assert {str(c) for c in _combines(e)} == {"gather(dim=0)", "gather(dim=1)"}
+    assert random_ops.FILL_NOTE in e.notes
+
+
+def test_without_the_random_flag_the_fill_would_get_unsound_combines():
+    """The guard is what keeps reduce(sum) out: the same zeroed op, not marked random."""
+    x = torch.randn(6, 4, dtype=F64)
+    case = torch_case(aten.uniform_.default, (x, 0.0, 1.0), {}, aten.uniform_.default)
+    e = explore_case(replace(case, random=False), TorchOps())
+    assert not e.partial.is_empty() or any(not isinstance(c, Gather) for c in _combines(e))
+
+
+def test_bernoulli_is_checked_in_its_limit_and_keeps_its_signature(backend):
+    record = explore_op(backend, "aten.bernoulli.default")
+    assert record.status == "ok"
+    for entry in record.entries:
+        if entry.status == "ok":
+            assert all(isinstance(c, Gather) for c in _combines(entry))
+            assert any("p rounded to 0 or 1" in n for n in entry.notes)
+
+
+def test_multinomial_shards_rows_not_categories(backend):
+    """One-hot rows with replacement: a row shard samples its own rows, a category shard
+    returns local indices. Calls without replacement have no deterministic limit."""
+    cases = backend.cases("aten.multinomial.default")
+    assert cases and all(c.kwargs.get("replacement", c.args[2] if len(c.args) > 2 else False) for c in cases)
+    for case in cases:
+        e = explore_case(case, backend.tensor_ops())
+        if e.status == "ok":
+            starts = {lab.label for lab in e.shard.inputs[0][:1] if lab.label}
+            assert all(not lab.label for lab in e.shard.inputs[0][1:])  # the category dim: no label
+            assert starts
+
+
+def test_a_limit_that_is_not_deterministic_fails_closed():
+    """bernoulli run outside its limit, p in (0, 1): two identical calls differ."""
+    p = torch.full((6, 4), 0.5, dtype=F64)
+    raw = torch_case(aten.bernoulli.default, (p,), {}, aten.bernoulli.default)
+    e = explore_case(replace(raw, fn=aten.bernoulli.default), TorchOps())
+    assert e.status == "failed" and "nondeterministic" in e.reason
+
+
+def test_dropout_in_its_limit_shards_output_and_mask_alike():
+    x = torch.randn(6, 4, dtype=F64)
+    e = explore_case(torch_case(aten.native_dropout.default, (x, 0.3, True), {}, aten.native_dropout.default), TorchOps())
+    assert e.status == "ok"
+    assert {tuple(str(o) for o in outs) for outs in e.combine.as_dict().values()} == {
+        ("gather(dim=0)", "gather(dim=0)"), ("gather(dim=1)", "gather(dim=1)")}
+
+
+def test_a_random_factory_is_replicated_under_a_shared_seed(backend):
+    record = explore_op(backend, "aten.randn.default")
+    assert record.status == "derived"
+    assert all(random_ops.FACTORY_NOTE in e.notes for e in record.entries)
+
+
+def test_random_ops_with_no_checkable_form_stay_nondeterministic(backend):
+    with pytest.raises(Skip) as info:
+        backend.cases("aten.feature_dropout.default")  # whole channels dropped: not element by element
+    assert info.value.status == "nondeterministic"
+    assert not random_ops.checkable(aten.randint_like.Tensor)  # its bound is a tensor value
+    assert not random_ops.checkable(aten.resize_.default)  # uninitialized memory, not random
+
+
+def test_the_sharded_dim_of_a_fill_is_any_dim():
+    """randn_like of a 3-D tensor: every dim gathers."""
+    x = torch.randn(4, 6, 8, dtype=F64)
+    e = explore_case(torch_case(aten.randn_like.default, (x,), {}, aten.randn_like.default), TorchOps())
+    placed = {p.dim for s in e.strategies() for p in s.inputs if isinstance(p, ShardIn)}
+    assert placed == {0, 1, 2}
