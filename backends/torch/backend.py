@@ -183,6 +183,25 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     return fn_checked
 
 
+def indexed_dims_kept(fn: Callable[..., Any], names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any],
+                      dims: Mapping[str, tuple[int, ...]]) -> Callable[..., Any]:
+    """``fn`` that refuses local inputs cutting a dim that index values address
+    (``catalog.INDEXED_DIMS``): the kernel would write past the local tensor."""
+    def sizes(a, k) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(v.shape) for name, v in arg_items(names, a, k) if isinstance(v, torch.Tensor)}
+
+    example = sizes(args, kwargs)
+
+    def fn_checked(*a, **k):
+        local = sizes(a, k)
+        for name, ds in dims.items():
+            if name in example and any(local[name][d] != example[name][d] for d in ds if -len(example[name]) <= d < len(example[name])):
+                raise ValueError(f"{name}: a dim its index inputs address is cut")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
 # float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
 DATA_ARGS = frozenset({
@@ -236,6 +255,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
             fn, candidates = rule.fn, rule.candidates
     if catalog.trusts_matching_shapes(func):
         fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
+    if catalog.indexed_dims(func):
+        fn = indexed_dims_kept(fn, names, args, kwargs, catalog.indexed_dims(func))
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,

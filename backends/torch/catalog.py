@@ -169,6 +169,21 @@ def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     return "backward" in base or "batch_norm" in base
 
 
+# Dims that index tensors address by value: sharding them leaves the indices pointing past
+# the local tensor, and these kernels write there unchecked (heap corruption, not an error).
+# Local calls that cut them are refused. Names are schema argument names; dims may be negative.
+INDEXED_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "adaptive_max_pool2d_backward": {"self": (-2, -1)},  # indices: flat positions in the H x W plane
+    "adaptive_max_pool3d_backward": {"self": (-3, -2, -1)},
+    "nll_loss2d_backward": {"self": (1,), "weight": (0,)},  # target: class numbers
+}
+
+
+def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
+    """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
+    return INDEXED_DIMS.get(func._schema.name.split("::")[1], {})
+
+
 def is_core(func: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in func.tags
 

@@ -281,3 +281,17 @@ def test_integer_sample_data_is_checked_on_blind_data_too():
     assert cases
     for case in cases:
         assert explore_case(case, argmin.tensor_ops()).status == "replicate-only"
+
+
+def test_dims_that_index_values_address_are_never_cut():
+    """adaptive_max_pool2d_backward's indices are flat positions in self's H x W plane: a
+    local call on a cut plane would write past it, so it is refused before the kernel runs."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten.adaptive_max_pool2d_backward.default
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    out, idx = torch.ops.aten.adaptive_max_pool2d.default(x, [3, 3])
+    case = torch_case(func, (torch.randn_like(out), x, idx), {}, func)
+    with pytest.raises(ValueError, match="self"):
+        case.fn(torch.randn_like(out)[:, :, :2], x[:, :, :3], idx[:, :, :2])
+    assert case.fn(torch.randn_like(out)[:1], x[:1], idx[:1]).shape == (1, 3, 6, 6)  # the batch dim is free
