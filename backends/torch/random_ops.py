@@ -7,9 +7,10 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
   input's values, only on shapes, dtypes and scalar parameters. Like ``empty_like``, they
   are compared on shapes and dtypes (outputs zeroed).
 - **ops with a deterministic limit** (``bernoulli(p)`` and ``native_dropout`` with p in
-  {0, 1}, ``normal(mean, std=0)``, ``rrelu_with_noise`` with lower = upper, ``multinomial`` of one-hot rows with
-  replacement): run in that limit, they are ordinary deterministic ops, and the explorer
-  finds how their values depend on the inputs' values, element by element.
+  {0, 1}, ``normal(mean, std=0)``, ``rrelu_with_noise`` with lower = upper,
+  ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary
+  deterministic ops, and the explorer finds how their values depend on the inputs' values,
+  element by element.
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
   a fixed seed, as ranks sharing a generator seed do.
 
