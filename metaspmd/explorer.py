@@ -239,8 +239,10 @@ class _Explorer:
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
             if not valid:
-                # on unequal shards avg was never a candidate: the caller may cut evenly
-                return AVG_UNTRIED if not even and candidates is None and Identity() in cands else None
+                # on unequal shards avg was never a candidate (it is one where identity is, Partial
+                # inputs aside): the caller may cut evenly
+                untried = not even and candidates is None and not group.partial and Identity() in cands
+                return AVG_UNTRIED if untried else None
             out.append(valid)
         return out
 

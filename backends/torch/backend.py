@@ -312,14 +312,14 @@ class TorchBackend:
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)
-        cases = []
+        cases, no_limit = [], []
         for c in self.index.get(op, ()):
             try:
                 cases.append(self._captured_case(func, c))
-            except ValueError as e:  # a random op's call with no checkable form
-                reason = f"{reason}; {e}"
-        if reason and not cases and self.index.get(op):
-            raise Skip("nondeterministic", reason)
+            except random_ops.NoLimit as e:
+                no_limit.append(str(e))
+        if no_limit and not cases:
+            raise Skip("nondeterministic", f"{reason}; {no_limit[0]}")
         if not cases:
             cases = self._sibling_cases(func, op)
         if cases:

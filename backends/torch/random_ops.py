@@ -30,6 +30,10 @@ from . import catalog
 
 Call = Callable[..., Any]
 
+
+class NoLimit(ValueError):
+    """This call of a random op has no deterministic limit (multinomial without replacement)."""
+
 # Overloads whose values depend on no input's values. randint_like.Tensor* are left out:
 # their bound is a tensor whose value sets the range.
 FILLS = frozenset({
@@ -93,7 +97,7 @@ def _rrelu_limit(func, args, kwargs):
 def _multinomial_limit(func, args, kwargs):
     named = _named(func, args, kwargs)
     if not named.get("replacement", False) and named["num_samples"] != 1:
-        raise ValueError("multinomial without replacement has no deterministic limit: the sample order is random")
+        raise NoLimit("multinomial without replacement has no deterministic limit: the sample order is random")
     probs = named["self"]
     hot = torch.nn.functional.one_hot(probs.argmax(-1), probs.shape[-1]).to(probs.dtype) if probs.numel() else probs
     return _replace(func, args, kwargs, self=hot)
@@ -124,7 +128,7 @@ LIMITS: dict[str, tuple[str, Callable]] = {
 
 def is_fill(func) -> bool:
     name = catalog.op_name(func)
-    return name in FILL_OVERLOADS or (name.split(".")[1] in FILLS and catalog.nondeterministic_reason(func) is not None)
+    return name in FILL_OVERLOADS or name.split(".")[1] in FILLS
 
 
 def is_factory(func) -> bool:
@@ -159,7 +163,7 @@ def _seeded(fn: Call) -> Call:
 
 def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
     """What the explorer runs for the random op ``func`` (its runner ``fn``; a fill's is
-    already zeroed, like ``empty_like``'s), and the note its rules carry. ValueError when this
+    already zeroed, like ``empty_like``'s), and the note its rules carry. NoLimit when this
     call has no checkable form (multinomial without replacement)."""
     name = catalog.op_name(func)
     if is_fill(func):
@@ -170,7 +174,7 @@ def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
         return _in_limit(func, fn, limit), LIMIT_NOTE.format(what)
     if is_factory(func):
         return _seeded(fn), FACTORY_NOTE
-    raise ValueError(f"{name}: a random op with no deterministic limit")
+    raise NoLimit(f"{name}: a random op with no deterministic limit")
 
 
-__all__ = ["FILL_NOTE", "FACTORY_NOTE", "LIMITS", "checkable", "checked_form", "is_factory", "is_fill"]
+__all__ = ["FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NoLimit", "checkable", "checked_form", "is_factory", "is_fill"]
