@@ -102,7 +102,7 @@ def placement_rules(record: OpRecord) -> dict[str, tuple[PlacementRule, ...]]:
     for e in record.entries:
         if e.status not in ("ok", "derived"):
             continue
-        rules = tuple(dict.fromkeys(r for r in map(placement_rule, e.strategies()) if r is not None))
+        rules = tuple(dict.fromkeys(r for r in map(placement_rule, e.all_strategies()) if r is not None))
         if rules:
             out[e.signature] = rules
     return out
@@ -137,7 +137,7 @@ class ShardyRule:
 
 def jax_strategies(entry) -> tuple[JaxStrategy, ...]:
     out = []
-    for s in entry.strategies():
+    for s in entry.all_strategies():
         rule = placement_rule(s)
         if rule is None:
             continue

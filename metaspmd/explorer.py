@@ -19,6 +19,7 @@ apart, so the entry gets no strategy; shards of an input must really differ.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from .combine import Split, candidate_combines, holds, partial_summands, shard_w
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
 from .spec import (
-    N, CombineSpec, Gather, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec, Reduce, ShardIn,
-    ShardSpec, tables_from_strategies,
+    N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
+    Reduce, Replicate, ShardIn, ShardSpec, tables_from_strategies,
 )
 from .tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
@@ -96,6 +97,7 @@ class _Explorer:
         # them in range, unless they are all the op has (bitwise_and_ on bools): then they
         # are the data, and fixing them all would leave nothing to vary.
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
+        self.parts: list[set[int]] | None = None  # inputs of the independent parts the search keeps within
 
     # ------------------------------------------------------------------ running
 
@@ -163,10 +165,34 @@ class _Explorer:
         unique.sort(key=lambda g: (-len(g.dims), g.dims))
         return unique
 
-    def _partial_sets(self, exclude: set[int]) -> list[tuple[int, ...]]:
+    def _part_groups(self, shapes: list[tuple[int, ...]]) -> list[Group]:
+        """Groups within one independent part at a time (all inputs when there are none):
+        groups across parts are joints of these."""
+        groups = []
+        for part in self.parts or [range(len(shapes))]:
+            inputs = sorted(part)
+            for g in self._groups([shapes[i] for i in inputs]):
+                groups.append(Group(tuple((inputs[k], d, h) for k, d, h in g.dims)))
+        return groups
+
+    def _partial_sets(self, exclude: set[int], near: set[int] = frozenset()) -> list[tuple[int, ...]]:
+        """Sets of float inputs to make Partial, outside ``exclude``; with independent parts,
+        within the part of the ``near`` inputs (or each part in turn)."""
+        if self.parts:
+            parts = [p for p in self.parts if near & p] if near else self.parts
+            return [ps for p in parts for ps in self._partial_sets_in(exclude | (set(range(len(self.trials[0].leaves))) - p))]
+        return self._partial_sets_in(exclude)
+
+    def _partial_sets_in(self, exclude: set[int]) -> list[tuple[int, ...]]:
+        # Integer inputs are summable data too where every output is an integer: integer
+        # arithmetic is exact (modulo wrap-around, which sums respect), so a sum of local
+        # outputs equals the global one exactly or not at all. Integer outputs only: an int
+        # reinterpreted as a float (bitcast) is linear on small non-negative values.
+        first = self.trials[0]
+        kinds = (FLOAT, COMPLEX) + ((INT,) if all(self.ops.dtype_kind(o) == INT for o in first.outputs) else ())
         floats = [
-            i for i, x in enumerate(self.trials[0].leaves)
-            if i not in exclude and self.ops.dtype_kind(x) in (FLOAT, COMPLEX)
+            i for i, x in enumerate(first.leaves)
+            if i not in exclude and self.ops.dtype_kind(x) in kinds and self.leaf_names[i] not in self.fixed
         ]
         if not floats:
             return []
@@ -182,11 +208,10 @@ class _Explorer:
         n = split.n
         per_input: dict[int, list[Any]] = {}
         if group.dims:
-            size = ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
-            bounds = split.bounds(size)
-            if bounds is None:
-                return None
             for i, d, halo in group.dims:
+                bounds = split.bounds(ops.shape(trial.leaves[i])[d])  # joint groups mix dim sizes
+                if bounds is None:
+                    return None
                 shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
                 if not trial.special and all(ops.close(shards[0], s) for s in shards[1:]):
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
@@ -209,10 +234,7 @@ class _Explorer:
         return result
 
     def _is_even(self, group: Group, split: Split) -> bool:
-        if not group.dims:
-            return True
-        i, d, _ = group.dims[0]
-        return split.is_even(self.ops.shape(self.trials[0].leaves[i])[d])
+        return all(split.is_even(self.ops.shape(self.trials[0].leaves[i])[d]) for i, d, _ in group.dims)
 
     def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None) -> list[list] | None:
         locs = self._locals(group, trial, split)
@@ -226,13 +248,10 @@ class _Explorer:
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
-            cands = candidates[j] if candidates is not None else candidate_combines(
-                self.ops, shards, glob, even, max_halo, self.config.max_block
-            )
-            if group.partial:
-                # op(x1 + x2) can only be op(x1) + op(x2) (linear) or op(x) (independent of
-                # that input); anything else that passes is luck on the data.
-                cands = [c for c in cands if c in (Reduce("sum"), Identity())]
+            if candidates is not None:  # verifying: what exploring kept (joints of parts included)
+                cands = candidates[j]
+            else:
+                cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, self.config.max_block))
             if self.case.random:  # each element drawn once, on one rank
                 cands = [c for c in cands if isinstance(c, Gather)]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
@@ -329,11 +348,11 @@ class _Explorer:
 
         results: tuple[TensorArg, ...] = ()
 
-        def entry(status: str, reason: str = "", tables=None, verified=None, notes=()) -> RuleEntry:
+        def entry(status: str, reason: str = "", tables=None, verified=None, notes=(), independent=None) -> RuleEntry:
             if tables is None:
                 tables = _no_strategy(ranks)
             return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason,
-                             tuple(case.notes) + tuple(notes), results)
+                             tuple(case.notes) + tuple(notes), results, independent)
 
         try:
             first = self._trial(tuple(case.args), dict(case.kwargs))
@@ -379,6 +398,26 @@ class _Explorer:
         if constant:
             return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
 
+        parts = self._independent_parts() if case.candidates is None else None
+        found, counts, uneven, status = whole = self._search(ranks, None)
+        independent = None
+        if parts is not None:
+            split = self._search(ranks, parts[0])
+            spec = self._independent_spec(ranks, split[0], whole[0], parts)
+            if spec:  # else coupled after all, or nothing to gain: the search across parts stands
+                found, counts, uneven, status = split
+                independent = spec
+        if not found:
+            return entry("replicate-only", "no strategy holds")
+        shard, partial, combine, notes = tables_from_strategies(ranks, found)
+        verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
+        return entry(status, "", (shard, partial, combine), verification, notes + notes_extra, independent)
+
+    def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
+        """Explore and verify every group, within each of ``parts`` (inputs of independent
+        parts) if given: (found strategies, shard counts, uneven, status)."""
+        self.parts = parts
+        case, ops, first = self.case, self.ops, self.trials[0]
         found, counts, uneven = [], set(), False
 
         def accept(group: Group, combines) -> bool:
@@ -397,17 +436,17 @@ class _Explorer:
         if case.candidates is not None:
             for placements, outs in case.candidates:
                 group = _group_of(placements)
-                accept(group, self._valid_combines(group, first, EXPLORE_SPLIT, [list(o.options) for o in outs]))
+                accept(group, self._valid_combines(group, first, EXPLORE_SPLIT, [_fit_partial(group, o.options) for o in outs]))
             status = "derived"
         else:
             shapes = [ops.shape(x) for x in first.leaves]
-            for group in self._groups(shapes):
+            for group in self._part_groups(shapes):
                 if accept(group, self._explore(group)):
                     continue
                 sharded = {i for i, _, _ in group.dims}
                 if self.config.partial and not case.random and any(
                     accept(Group(group.dims, p), self._explore(Group(group.dims, p)))
-                    for p in self._partial_sets(sharded)
+                    for p in self._partial_sets(sharded, sharded)
                 ):
                     continue
                 if self.config.halo and len(group.dims) == 1 and self._halo_fits(group, shapes):
@@ -423,11 +462,95 @@ class _Explorer:
             for p in self._partial_sets(set()):
                 g = Group((), p)
                 accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
-        if not found:
-            return entry("replicate-only", "no strategy holds")
-        shard, partial, combine, notes = tables_from_strategies(ranks, found)
-        verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
-        return entry(status, "", (shard, partial, combine), verification, notes + notes_extra)
+        return found, counts, uneven, status
+
+    # ------------------------------------------------------------------ independent parts
+
+    def _independent_parts(self) -> tuple[list[set[int]], list[set[int]]] | None:
+        """Inputs and outputs split into parts whose outputs change with their own inputs
+        only (one per element of a ``_foreach`` list), found by replacing one input at a time
+        with fresh data from two trials: (inputs, outputs) per part; None when the op does not
+        split that way or an input's effect cannot be seen (fixed index inputs, an input that
+        changes nothing)."""
+        first = self.trials[0]
+        n_in, n_out = len(first.leaves), len(first.outputs)
+        if n_in < 2 or n_out < 2 or self.fixed or self.case.random or len(self.trials) < 3:
+            return None
+        root = list(range(n_in + n_out))
+
+        def find(x: int) -> int:
+            while root[x] != x:
+                x = root[x]
+            return x
+
+        seen_outputs = set()
+        for i in range(n_in):
+            changed = set()
+            for trial in self.trials[1:3]:
+                leaves = list(first.leaves)
+                leaves[i] = trial.leaves[i]
+                try:
+                    outs, others = self._call(leaves, first)
+                except Exception:
+                    return None
+                if len(outs) != n_out or others != first.others:
+                    return None
+                changed |= {j for j in range(n_out) if not self.ops.close(outs[j], first.outputs[j])}
+            if not changed:
+                return None
+            seen_outputs |= changed
+            for j in changed:
+                root[find(i)] = find(n_in + j)
+        if len(seen_outputs) != n_out:
+            return None
+        by_root: dict[int, tuple[set[int], set[int]]] = {}
+        for x in range(n_in + n_out):
+            ins, outs = by_root.setdefault(find(x), (set(), set()))
+            (ins if x < n_in else outs).add(x if x < n_in else x - n_in)
+        parts = sorted(by_root.values(), key=lambda p: min(p[0]))
+        if len(parts) < 2:
+            return None
+        return [p[0] for p in parts], [p[1] for p in parts]
+
+    def _independent_spec(self, ranks: tuple[int, ...], found: list, whole: list,
+                          parts: tuple[list[set[int]], list[set[int]]]) -> IndependentSpec | None | bool:
+        """The labels of each part, once every label keeps the outputs of the other parts
+        whole (identity), every joint strategy verifies on the trials, and every strategy the
+        search across parts found (``whole``) is among the singles and joints; False when one
+        of these fails (the parts are coupled, e.g. through shapes: ``broadcast_tensors``);
+        None when fewer than two parts have labels."""
+        shard, partial, combine, _ = tables_from_strategies(ranks, found)
+        entry = RuleEntry("", "ok", shard, partial, combine, Example(()))
+        part_of = {}
+        for s in entry.strategies():
+            touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
+            k = next((k for k, p in enumerate(parts[0]) if touched <= p), None)
+            if k is None:
+                return False
+            others = set(range(len(s.outputs))) - parts[1][k]
+            if any(Identity() not in s.outputs[j].options for j in others):
+                return False
+            part_of[s.label] = k
+        labels = [[lab for lab in part_of if part_of[lab] == k] for k in range(len(parts[0]))]
+        labels = [part for part in labels if part]
+        if len(labels) < 2:
+            return None
+        independent = IndependentSpec(tuple(tuple(part) for part in labels))
+        entry = dataclasses.replace(entry, independent=independent)
+        for s in entry.joint_strategies():
+            verified = self._verify(_group_of(s.inputs), [list(o.options) for o in s.outputs])
+            if verified is None:
+                return False
+            # reduce(avg) is checked on its own label's equal shards; a joint mixes dim sizes
+            lost = {c for o, kept in zip(s.outputs, verified[0]) for c in o.options if c not in kept.options}
+            if lost - {Reduce("avg")}:
+                return False
+        offered = {s.inputs: s.outputs for s in entry.all_strategies()}
+        for placements, outs in whole:
+            mine = offered.get(placements)
+            if mine is None or any(o.first not in m.options for o, m in zip(outs, mine)):
+                return False
+        return independent
 
     def _constant_outputs(self) -> list[int]:
         """Non-empty outputs that are the same on every trial."""
@@ -499,6 +622,15 @@ NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the sa
 
 def _no_strategy(ranks) -> tuple[ShardSpec, PartialSpec, CombineSpec]:
     return ShardSpec(tuple((N,) * r for r in ranks)), PartialSpec(tuple(() for _ in ranks)), CombineSpec(())
+
+
+def _fit_partial(group: Group, combines) -> list:
+    """The combines worth trying for an output of ``group``: op(x1 + x2) can only be
+    op(x1) + op(x2) (linear) or op(x) (independent of that input); anything else that
+    passes with a Partial input is luck on the data."""
+    if group.partial:
+        return [c for c in combines if c in (Reduce("sum"), Identity())]
+    return list(combines)
 
 
 def _group_of(placements: Sequence[InputPlacement]) -> Group:

@@ -19,7 +19,10 @@ import yaml
 from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
-from .spec import CombineSpec, DimLabel, OutputCombine, PartialIn, PartialSpec, ShardSpec, SpecError, label_number
+from .spec import (
+    CombineSpec, DimLabel, IndependentSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec, SpecError, check_label,
+    label_number,
+)
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OP_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -75,6 +78,8 @@ def _entry_data(e: RuleEntry) -> dict:
     for label, outs in e.combine.by_label:
         combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
     data["combine"] = combine
+    if e.independent is not None:
+        data["independent"] = _flow_nested(e.independent.parts)
     data["example"] = {name: _example_value(v) for name, v in e.example.args}
     if e.results:
         data["results"] = [_example_value(r) for r in e.results]
@@ -208,7 +213,8 @@ class _Reader:
 
     def entry(self, node: yaml.Node) -> RuleEntry:
         f = self.mapping(
-            node, ("signature", "status", "shard", "combine", "example"), ("reason", "partial", "results", "verified", "notes"), "entry"
+            node, ("signature", "status", "shard", "combine", "example"),
+            ("reason", "partial", "independent", "results", "verified", "notes"), "entry",
         )
         signature = self.string(f["signature"], "signature")
         status = self.string(f["status"], "entry status")
@@ -232,6 +238,7 @@ class _Reader:
             self.fail(f["shard"], f"label {label} has no combine")
         for label in sorted(set(combine.as_dict()) - used, key=label_number):
             self.fail(f["combine"], f"unknown label {label}: no input is sharded or partial under it")
+        independent = self.independent(f["independent"], used) if "independent" in f else None
         example = self.example(f["example"])
         n_tensors = sum(_count_tensors(v) for _, v in example.args)
         if n_tensors != len(shard.inputs):
@@ -251,7 +258,20 @@ class _Reader:
         n_out = {len(outs) for _, outs in combine.by_label}
         if results and n_out and n_out != {len(results)}:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
-        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results)
+        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results, independent)
+
+    def independent(self, node: yaml.Node, used: set[str]) -> IndependentSpec:
+        rows = self.sequence(node, "independent")
+        try:
+            spec = IndependentSpec(tuple(tuple(check_label(self.string(x, "independent label"))
+                                               for x in self.sequence(row, "independent part")) for row in rows))
+        except SpecError as e:
+            self.fail(node, f"independent: {e}")
+        for label in sorted(spec.labels() - used, key=label_number):
+            self.fail(node, f"independent: label {label} is unknown")
+        for label in sorted(used - spec.labels(), key=label_number):
+            self.fail(node, f"independent: label {label} is in no part")
+        return spec
 
     def combine(self, node: yaml.Node) -> CombineSpec:
         if not isinstance(node, yaml.MappingNode):

@@ -77,7 +77,7 @@ def resolve(
             stats.live += 1
         if entry.status == "derived":
             stats.derived += 1
-        out[node.name] = tuple(entry.strategies())
+        out[node.name] = tuple(entry.all_strategies())
         if not out[node.name] and entry.status != "derived":  # derived with no strategy: a factory, replicated by rule
             stats.unexplorable[node.name] = entry.reason or entry.status
     return out, stats

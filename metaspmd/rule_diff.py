@@ -70,7 +70,7 @@ def _rules(record: OpRecord) -> dict[str, dict[tuple, tuple[str, tuple[OutputCom
     out = {}
     for e in record.entries:
         ranks = tuple(len(row) for row in e.shard.inputs)
-        out[e.signature] = {s.inputs: (rule_text(s, ranks), s.outputs) for s in e.strategies()}
+        out[e.signature] = {s.inputs: (rule_text(s, ranks), s.outputs) for s in e.all_strategies()}
     return out
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
-from .spec import CombineSpec, PartialSpec, ShardSpec, Strategy, strategies
+from .spec import CombineSpec, IndependentSpec, PartialSpec, ShardSpec, Strategy, joint_strategies, strategies
 
 SCHEMA_VERSION = 1
+# Joint strategies of independent parts offered per entry: (labels per part + 1) ** parts
+# grows fast for long lists; the single labels always remain.
+JOINT_LIMIT = 64
 
 # Entry statuses. 'ok': explored and verified strategies; 'derived': derived from shape
 # arithmetic and verified; 'replicate-only': explored, no strategy holds; 'failed': the
@@ -56,9 +59,19 @@ class RuleEntry:
     reason: str = ""
     notes: tuple[str, ...] = ()
     results: tuple[TensorArg, ...] = ()  # the example's tensor outputs, in flattening order
+    independent: IndependentSpec | None = None  # parts whose labels may share a mesh axis
 
     def strategies(self) -> Iterator[Strategy]:
+        """One strategy per label."""
         return strategies(self.shard, self.partial, self.combine)
+
+    def joint_strategies(self, limit: int = JOINT_LIMIT) -> list[Strategy]:
+        """Labels of independent parts sharing one mesh axis (``S1+S3``)."""
+        return joint_strategies(list(self.strategies()), self.independent, limit)
+
+    def all_strategies(self, limit: int = JOINT_LIMIT) -> list[Strategy]:
+        """What a planner or rule table may choose from on one mesh axis."""
+        return list(self.strategies()) + self.joint_strategies(limit)
 
     @property
     def n_inputs(self) -> int:
@@ -100,6 +113,6 @@ def make_record(op: str, backend: str, entries) -> OpRecord:
 
 
 __all__ = [
-    "ENTRY_STATUSES", "Example", "OP_STATUSES", "OpRecord", "RuleEntry", "SCHEMA_VERSION",
+    "ENTRY_STATUSES", "Example", "JOINT_LIMIT", "OP_STATUSES", "OpRecord", "RuleEntry", "SCHEMA_VERSION",
     "TensorArg", "Verification", "make_record", "summarize_status",
 ]

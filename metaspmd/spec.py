@@ -11,9 +11,10 @@ registry stores, what reviewers read and what codegen validates against.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Union
+from typing import Iterator, Mapping, Sequence, Union
 
 REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
 PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
@@ -382,6 +383,78 @@ def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec) -> 
 
 
 @dataclass(frozen=True)
+class IndependentSpec:
+    """Labels of the independent parts of an op: ``[[S1, S2], [S3, S4]]``.
+
+    The outputs of a part depend on the inputs of that part only (``_foreach_add`` on a list
+    of two tensors is two independent adds), so one label from each of several parts may
+    share a mesh axis: their joint strategy (``joint``) holds whenever each of them does.
+    """
+
+    parts: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        labels = [check_label(lab) for part in self.parts for lab in part]
+        if len(labels) != len(set(labels)):
+            raise SpecError(f"a label is in two independent parts: {self}")
+        if len(self.parts) < 2 or not all(self.parts):
+            raise SpecError(f"independent parts need two or more non-empty parts: {self}")
+
+    def __str__(self) -> str:
+        return "[" + ", ".join("[" + ", ".join(part) + "]" for part in self.parts) + "]"
+
+    @classmethod
+    def parse(cls, text: str) -> "IndependentSpec":
+        return cls(tuple(tuple(check_label(x) for x in part) for part in _parse_nested(text, "independent parts")))
+
+    def labels(self) -> set[str]:
+        return {lab for part in self.parts for lab in part}
+
+
+JOINT_SEPARATOR = "+"
+
+
+def joint(parts: Sequence[Strategy]) -> Strategy | None:
+    """One strategy of several independent labels on one mesh axis, or None when two of
+    them place the same input or need the same output (they are not independent)."""
+    placements: list[InputPlacement] = []
+    for ps in zip(*(s.inputs for s in parts)):
+        placed = [p for p in ps if not isinstance(p, Replicate)]
+        if len(placed) > 1:
+            return None
+        placements.append(placed[0] if placed else Replicate())
+    outputs: list[OutputCombine] = []
+    for options in zip(*(s.outputs for s in parts)):
+        # Under a label of another part an output stays whole (identity); the one label of
+        # its own part says how it combines.
+        owners = [o for o in options if Identity() not in o.options]
+        if len(owners) > 1:
+            return None
+        outputs.append(owners[0] if owners else OutputCombine((Identity(),)))
+    return Strategy(JOINT_SEPARATOR.join(s.label for s in parts), tuple(placements), tuple(outputs))
+
+
+def joint_strategies(singles: Sequence[Strategy], independent: IndependentSpec | None, limit: int) -> list[Strategy]:
+    """Joint strategies: one label (or none) from each independent part, two or more in all,
+    in a fixed order, at most ``limit`` of them."""
+    if independent is None:
+        return []
+    by_label = {s.label: s for s in singles}
+    choices = [[None] + [by_label[lab] for lab in part if lab in by_label] for part in independent.parts]
+    out: list[Strategy] = []
+    for combo in itertools.product(*choices):
+        chosen = [s for s in combo if s is not None]
+        if len(chosen) < 2:
+            continue
+        s = joint(chosen)
+        if s is not None:
+            out.append(s)
+            if len(out) >= limit:
+                break
+    return out
+
+
+@dataclass(frozen=True)
 class Group:
     """What the explorer tries as one strategy: sharded (input, dim, halo) and partial inputs."""
 
@@ -438,7 +511,8 @@ def tables_from_strategies(
 
 
 __all__ = [
-    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "InputPlacement", "N",
+    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "InputPlacement", "N",
     "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce", "Replicate",
-    "ShardIn", "ShardSpec", "SpecError", "Strategy", "parse_combine", "strategies", "tables_from_strategies",
+    "ShardIn", "ShardSpec", "SpecError", "Strategy", "joint", "joint_strategies", "parse_combine", "strategies",
+    "tables_from_strategies",
 ]

@@ -286,3 +286,15 @@ def test_mean_over_an_odd_dim_is_checked_on_equal_shards():
     assert e.status == "ok" and 5 in e.verified.shard_counts
     assert {c for outs in combines(e).values() for c in outs} == {"reduce(avg)"}
     assert explore(aten.var.correction, [randn(5, 3)], ("self",)).status == "replicate-only"
+
+
+def test_integer_partial_inputs_where_every_output_is_an_integer():
+    def ints(*shape):
+        return torch.randint(-50, 50, shape)
+
+    e = explore(aten.mm.default, [ints(4, 6), ints(6, 5)], ("self", "mat2"))
+    assert str(e.partial) == "[[S4(sum)], [S5(sum)]]"  # integer matmul is exactly linear
+    for fn, args in ((aten.bitwise_and.Tensor, [ints(4, 6), ints(4, 6)]), (aten.remainder.Scalar, [ints(4, 6), 3])):
+        assert explore(fn, args, ("self", "other")).partial.is_empty()  # exact sums refute them
+    # true division of ints gives floats: no integer Partial is tried there
+    assert explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other")).partial.is_empty()

@@ -313,7 +313,7 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
 
     entry, source = _our_entry(case, ops, records, op)
     result = CaseResult(op, entry.signature, source)
-    strategies = list(entry.strategies())
+    strategies = entry.all_strategies()
     leaves = _leaves(case, ops)
     outputs = _flat_fn(case, ops)(*leaves)
     out_kinds = [ops.dtype_kind(o) for o in outputs]

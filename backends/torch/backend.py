@@ -382,7 +382,7 @@ class TorchBackend:
     def _schema_cases(self, func) -> tuple[list[OpCase], str]:
         """One case from schema-built inputs, or none and the last error."""
         if catalog.op_name(func) in catalog.CRASH_ON_GUESSED_INPUTS:
-            return [], "guessed inputs crash the process"
+            return [], "guessed inputs crash the process or read out of bounds"
         # out overloads check their outs' dtype: try the common ones
         dtypes = (torch.float32, torch.int64, torch.bool) if catalog.out_arg_names(func) else (torch.float32,)
         guess, error = None, ""

@@ -31,6 +31,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -46,9 +47,9 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
-from metaspmd.spec import Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
+from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import select_ops, split_patterns
-from metaspmd.tensor_ops import COMPLEX, FLOAT, TensorOps
+from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
 from .crosscheck_dtensor import (
@@ -83,12 +84,17 @@ def input_key(p: InputPlacement) -> str | None:
     return "R"
 
 
+# Reduce ops DTensor's Partial names differently (c10d's names).
+DTENSOR_REDUCE_NAMES = {"prod": "product"}
+OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
+
+
 def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, block, prod)."""
+    """DTensor's name for a combine; None when it has none (halo, block)."""
     if isinstance(c, Gather):
         return f"S({c.dim})" if c.halo == 0 and c.block == 1 else None
     if isinstance(c, Reduce):
-        return f"P({c.op})" if c.op in DTENSOR_PARTIALS else None
+        return f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
     return "R"
 
 
@@ -99,8 +105,8 @@ def parse_input(key: str) -> InputPlacement:
     if m:
         return ShardIn(int(m[1]))
     m = PARTIAL_RE.match(key)
-    if m:
-        return PartialInput(m[1])
+    if m and OUR_REDUCE_NAMES.get(m[1], m[1]) in REDUCE_OPS:
+        return PartialInput(OUR_REDUCE_NAMES.get(m[1], m[1]))
     raise ValueError(f"no input placement of ours for {key!r}")
 
 
@@ -113,8 +119,8 @@ def parse_output(key: str) -> Combine | None:
     if m:
         return Gather(int(m[1]))
     m = PARTIAL_RE.match(key)
-    if m and m[1] in DTENSOR_PARTIALS:
-        return Reduce(m[1])
+    if m and OUR_REDUCE_NAMES.get(m[1], m[1]) in REDUCE_OPS:
+        return Reduce(OUR_REDUCE_NAMES.get(m[1], m[1]))
     return None
 
 
@@ -156,7 +162,7 @@ def our_rules(entry: RuleEntry | None) -> list[OurRule]:
         return []
     bools = [r.dtype == "bool" for r in entry.results]
     rules = []
-    for s in entry.strategies():
+    for s in entry.all_strategies():
         if all(isinstance(p, Replicate) for p in s.inputs):
             continue
         ins = tuple(input_key(p) for p in s.inputs)
@@ -237,8 +243,11 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
         m = PARTIAL_RE.match(k)
         if m and m[1] != "sum":
             return f"the explorer does not try Partial({m[1]}) inputs"
-        if m and query.ops.dtype_kind(query.tensors[i]) not in (FLOAT, COMPLEX):
-            return "the explorer tries Partial inputs on float tensors only"
+        kind = query.ops.dtype_kind(query.tensors[i]) if m else None
+        if m and kind not in (FLOAT, COMPLEX, INT):
+            return "the explorer tries Partial inputs on float and integer tensors only"
+        if m and kind == INT and not all(r.dtype.startswith(("int", "uint")) for r in entry.results):
+            return "the explorer tries integer Partial inputs only where every output is an integer"
     sharded = [(query.tensors[i], int(m[1])) for i, k in enumerate(inputs) if (m := SHARD_RE.match(k))]
     if any(t.numel() == 0 for t, _ in sharded):
         return "a sharded input of the example is empty: its shards cannot differ, so the explorer skips it"
@@ -259,11 +268,18 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
     return ""
 
 
+# Support paths where DTensor runs the op's own kernel on the local shards, with the call's
+# other arguments unchanged (ops whose size arguments it rewrites are told apart first).
+KERNEL_ON_SHARDS = ("single-dim", "op-strategy")
+KERNEL_FAILS = "DTensor would run the kernel on these local shards, and it fails there"
+SHARD_FAILS_RE = re.compile(r"^shard \d+ of \d+ fails")
 REWRITES = "DTensor rewrites the op's size arguments for each shard; the explorer runs shards with the global ones"
 COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each shard"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
+    if numeric == "wrong" and detail.startswith(KERNEL_FAILS):
+        return "DTensor false positive: the local call it would make fails on a shard"
     if numeric == "wrong":
         return "DTensor false positive: its rule is wrong on this example"
     if static:
@@ -388,6 +404,8 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
             result.agree += 1
             continue
         numeric, detail = _check_dtensor_rule(func, fresh, inputs, outputs, config)
+        if numeric == "unchecked" and SHARD_FAILS_RE.match(detail) and result.support in KERNEL_ON_SHARDS:
+            numeric, detail = "wrong", f"{KERNEL_FAILS}: {detail}"
         static = _static_reason(inputs, outputs, entry, expressible, query)
         reason = _reason(static, numeric, detail)
         result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail))

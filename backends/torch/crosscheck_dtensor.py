@@ -38,9 +38,10 @@ Key = tuple[str, ...]  # one placement string per tensor input (or per tensor ou
 SHARD_RE = re.compile(r"^S\((\d+)\)$")
 PARTIAL_RE = re.compile(r"^P\((\w+)\)$")
 DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
+BOOL_PARTIALS = {"P(sum)": "P(max)", "P(product)": "P(min)"}
 # How DTensor handles an op, in its own lookup order; these are answered by propagation.
 QUERIED = ("single-dim", "op-strategy", "decomposition", "rule")
-ANSWER_FORMAT = 6  # part of every cache key: bump when the meaning of an answer changes
+ANSWER_FORMAT = 7  # part of every cache key: bump when the meaning of an answer changes
 LIST_MAX_SHARDED = 2  # non-replicated tensors per tuple asked of calls with tensor lists
 
 
@@ -278,8 +279,8 @@ class DTensorQuery:
             m = SHARD_RE.match(key)
             if m and (int(m[1]) >= t.dim() or t.shape[int(m[1])] <= 1):
                 key = "R"  # a shard of a size-1 dim leaves it whole on one rank
-            if t.dtype == torch.bool and key == "P(sum)":
-                key = "P(max)"  # on bools both are logical or; one name for both sides
+            if t.dtype == torch.bool:  # one name for both sides: sum and max are logical or,
+                key = BOOL_PARTIALS.get(key, key)  # product and min logical and
             keys.append(key)
         return tuple(keys) + tuple(combo[i] for i in self.written_slots)
 

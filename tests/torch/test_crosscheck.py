@@ -69,8 +69,9 @@ def test_placement_names_match_dtensor_notation():
     assert crosscheck.input_key(PartialInput("sum")) == "P(sum)" and crosscheck.input_key(Replicate()) == "R"
     assert crosscheck.output_key(Gather(2)) == "S(2)" and crosscheck.output_key(Identity()) == "R"
     assert crosscheck.output_key(Gather(0, halo=1)) is None and crosscheck.output_key(Gather(0, block=2)) is None
-    assert crosscheck.output_key(Reduce("max")) == "P(max)" and crosscheck.output_key(Reduce("prod")) is None
-    for key in ("R", "S(3)", "P(avg)"):
+    assert crosscheck.output_key(Reduce("max")) == "P(max)"
+    assert crosscheck.output_key(Reduce("prod")) == "P(product)"  # c10d's name, which DTensor's Partial uses
+    for key in ("R", "S(3)", "P(avg)", "P(product)"):
         assert crosscheck.input_key(crosscheck.parse_input(key)) == key
         assert crosscheck.output_key(crosscheck.parse_output(key)) == key
     assert crosscheck.parse_output("_S(0, 5)") is None and crosscheck.parse_output("_NormP(2)") is None
@@ -113,6 +114,22 @@ def test_bool_partials_have_one_name(backend):
     entry = explore_case(case, backend.tensor_ops())
     ours = {r.inputs: r.options for r in crosscheck.our_rules(entry)}
     assert ours == {("S(0)",): (("S(0)",),), ("S(1)",): (("P(max)",),)}
+
+
+def test_product_partials_match_reduce_prod_and_on_bools_min(backend):
+    """DTensor's Partial('product') is our reduce(prod); on bools (all) it is logical and,
+    the explorer's reduce(min)."""
+    func = torch.ops.aten.all.dim
+    case = OpCase(str(func), func, (torch.randn(6, 4, dtype=torch.float64) > -0.3, 1), {}, ("self", "dim"))
+    assert _answer(case, backend)[("S(1)",)] == ("P(min)",)
+    entry = explore_case(case, backend.tensor_ops())
+    ours = {r.inputs: r.options for r in crosscheck.our_rules(entry)}
+    assert ours[("S(1)",)] == (("P(min)",),)
+    func = torch.ops.aten.prod.dim_int
+    case = OpCase(str(func), func, (torch.randn(6, 4, dtype=torch.float64), 1), {}, ("self", "dim"))
+    assert _answer(case, backend)[("S(1)",)] == ("P(product)",)
+    entry = explore_case(case, backend.tensor_ops())
+    assert {r.inputs: r.options for r in crosscheck.our_rules(entry)}[("S(1)",)] == (("P(product)",),)
 
 
 def test_a_call_dtensor_cannot_run_is_asked_once(backend):
