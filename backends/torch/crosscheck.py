@@ -54,7 +54,7 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 from . import catalog
 from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
-    default_cache_folder, dtensor_support, rewrites_shape_args,
+    bool_names, default_cache_folder, dtensor_support, rewrites_shape_args,
 )
 from .crosscheck_numerics import FreshInputs, check_foreign_rule, reverify
 
@@ -373,14 +373,15 @@ def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine
         result.notes.append(f"{sig}: DTensor cannot run this call, not even on replicated inputs")
         return query, {}, False
     result.dtensor_runs += 1
-    accepted = dict(answer.accepted)
+    tensors = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
+    accepted = {k: bool_names(v, tensors) for k, v in answer.accepted.items()}
     options = [query.options(i, config.dtensor.partials) for i in range(query.n_inputs)]
     for rule in mine:
         offered = all(k in opts for k, opts in zip(rule.inputs, options))
         if rule.expressible and rule.inputs not in accepted and (answer.truncated or not offered):
             got = query.accepts_inputs(rule.inputs, rule.options)
             if got is not None:
-                accepted[rule.inputs] = got
+                accepted[rule.inputs] = bool_names(got, tensors)
     return query, accepted, True
 
 

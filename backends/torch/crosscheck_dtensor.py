@@ -38,10 +38,18 @@ Key = tuple[str, ...]  # one placement string per tensor input (or per tensor ou
 SHARD_RE = re.compile(r"^S\((\d+)\)$")
 PARTIAL_RE = re.compile(r"^P\((\w+)\)$")
 DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
+# One name per Partial of a bool output on both sides: sum and max are logical or, product
+# and min logical and (the explorer tries max and min on bools).
 BOOL_PARTIALS = {"P(sum)": "P(max)", "P(product)": "P(min)"}
+
+
+def bool_names(keys: Key, outputs: Sequence[Any]) -> Key:
+    """``keys`` (output placements first) with the Partials of bool outputs renamed."""
+    return tuple(BOOL_PARTIALS.get(k, k) if j < len(outputs) and outputs[j].dtype == torch.bool else k
+                 for j, k in enumerate(keys))
 # How DTensor handles an op, in its own lookup order; these are answered by propagation.
 QUERIED = ("single-dim", "op-strategy", "decomposition", "rule")
-ANSWER_FORMAT = 7  # part of every cache key: bump when the meaning of an answer changes
+ANSWER_FORMAT = 6  # part of every cache key: bump when the meaning of an answer changes
 LIST_MAX_SHARDED = 2  # non-replicated tensors per tuple asked of calls with tensor lists
 
 
@@ -279,8 +287,6 @@ class DTensorQuery:
             m = SHARD_RE.match(key)
             if m and (int(m[1]) >= t.dim() or t.shape[int(m[1])] <= 1):
                 key = "R"  # a shard of a size-1 dim leaves it whole on one rank
-            if t.dtype == torch.bool:  # one name for both sides: sum and max are logical or,
-                key = BOOL_PARTIALS.get(key, key)  # product and min logical and
             keys.append(key)
         return tuple(keys) + tuple(combo[i] for i in self.written_slots)
 
@@ -474,7 +480,7 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 
 
 __all__ = [
-    "AnswerCache", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
+    "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
     "QueryConfig", "SHARD_RE", "answer_for", "default_cache_folder", "dtensor_answer", "dtensor_support",
     "rewrites_shape_args", "single_dim_candidates",
 ]
