@@ -34,7 +34,7 @@ from .spec import (
     N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
     Reduce, Replicate, ShardIn, ShardSpec, tables_from_strategies,
 )
-from .tensor_ops import COMPLEX, FLOAT, INT, TensorOps
+from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
 EXPLORE_SPLIT = Split(2)
 # Fresh-data trials. 4 shards catch rules that hold only while every shard still sees
@@ -274,12 +274,19 @@ class _Explorer:
 
     def _explore(self, group: Group) -> list[list] | None:
         """The combines that rebuild every output on the example: cut in two, or evenly when
-        only a reduce(avg) could (the mean of an odd number of rows)."""
-        found = self._valid_combines(group, self.trials[0], EXPLORE_SPLIT)
-        if found is AVG_UNTRIED:
-            split = self._even_split(group)
-            found = self._valid_combines(group, self.trials[0], split) if split else None
-        return None if found is AVG_UNTRIED else found
+        only a reduce(avg) could (the mean of an odd number of rows). Where the example's
+        shards are all equal (a bool sample of all False), the first trial whose shards
+        differ proposes instead; the verification still needs two such trials."""
+        for trial in self.trials:
+            if trial.special:
+                continue
+            found = self._valid_combines(group, trial, EXPLORE_SPLIT)
+            if found is AVG_UNTRIED:
+                split = self._even_split(group)
+                found = self._valid_combines(group, trial, split) if split else None
+            if found is not UNINFORMATIVE:
+                return None if found is AVG_UNTRIED else found
+        return UNINFORMATIVE
 
     def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
         """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
@@ -469,7 +476,7 @@ class _Explorer:
     def _independent_parts(self) -> tuple[list[set[int]], list[set[int]]] | None:
         """Inputs and outputs split into parts whose outputs change with their own inputs
         only (one per element of a ``_foreach`` list), found by replacing one input at a time
-        with fresh data from two trials: (inputs, outputs) per part; None when the op does not
+        with its data from each other trial: (inputs, outputs) per part; None when the op does not
         split that way or an input's effect cannot be seen (fixed index inputs, an input that
         changes nothing)."""
         first = self.trials[0]
@@ -486,7 +493,7 @@ class _Explorer:
         seen_outputs = set()
         for i in range(n_in):
             changed = set()
-            for trial in self.trials[1:3]:
+            for trial in self.trials[1:]:  # special values too: clamp_min(x, 2) of small x is constant
                 leaves = list(first.leaves)
                 leaves[i] = trial.leaves[i]
                 try:
@@ -562,8 +569,8 @@ class _Explorer:
         ]
 
     def _integer_data(self) -> bool:
-        """Some integer input is data (not an index kept fixed)."""
-        return any(self.ops.dtype_kind(x) == INT and name not in self.fixed
+        """Some integer or bool input is data (not an index kept fixed)."""
+        return any(self.ops.dtype_kind(x) in (INT, BOOL) and name not in self.fixed
                    for x, name in zip(self.trials[0].leaves, self.leaf_names))
 
     def _empty_outputs(self) -> bool:

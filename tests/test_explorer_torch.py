@@ -298,3 +298,10 @@ def test_integer_partial_inputs_where_every_output_is_an_integer():
         assert explore(fn, args, ("self", "other")).partial.is_empty()  # exact sums refute them
     # true division of ints gives floats: no integer Partial is tried there
     assert explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other")).partial.is_empty()
+
+
+def test_a_degenerate_example_lets_a_later_trial_propose():
+    # all False: every shard of the example is equal, so the example proves nothing and
+    # proposes nothing; a blind bool trial whose shards differ proposes, the others verify
+    e = explore(aten.asin.default, [torch.zeros(8, 6, dtype=torch.bool)], ("self",))
+    assert e.status == "ok" and combines(e) == {"S1": ["gather(dim=0)"], "S2": ["gather(dim=1)"]}
