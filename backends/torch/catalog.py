@@ -179,6 +179,8 @@ INDEXED_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "adaptive_max_pool2d_backward": {"self": (-2, -1)},  # indices: flat positions in the H x W plane
     "adaptive_max_pool3d_backward": {"self": (-3, -2, -1)},
     "nll_loss2d_backward": {"self": (1,), "weight": (0,)},  # target: class numbers
+    # pivots: row numbers; a cut batch of LD and pivots broadcast against B's whole one segfaults
+    "linalg_ldl_solve": {"LD": (-3, -2, -1), "pivots": (-2, -1), "B": (-2,)},
 }
 
 
