@@ -75,18 +75,18 @@ class Config:
 # --------------------------------------------------------------------------- notation
 
 
+# Reduce ops DTensor's Partial names differently (c10d's names).
+DTENSOR_REDUCE_NAMES = {"prod": "product"}
+OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
+
+
 def input_key(p: InputPlacement) -> str | None:
     """DTensor's name for an input placement; None when it has none (input halo)."""
     if isinstance(p, ShardIn):
         return None if p.halo else f"S({p.dim})"
     if isinstance(p, PartialInput):
-        return f"P({p.op})"
+        return f"P({DTENSOR_REDUCE_NAMES.get(p.op, p.op)})"
     return "R"
-
-
-# Reduce ops DTensor's Partial names differently (c10d's names).
-DTENSOR_REDUCE_NAMES = {"prod": "product"}
-OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
 
 
 def output_key(c: Combine) -> str | None:

@@ -54,3 +54,20 @@ def test_crosscheck_cli_on_a_subset(tmp_path):
     assert int(found) == int(total) > 0  # matmul: every factor agrees
     assert "re-verified:" in out and ", 0 failed" in out
     assert "jit on CPU devices:" in out and "0 ok," not in out.split("jit on CPU devices:")[1].split("\n")[0]
+
+
+def test_reverify_cuts_each_input_by_its_own_size():
+    """A joint of independent parts shards dims of different sizes (optimization_barrier's
+    x on a dim of 4, y on one of 6): each is cut by its own size, as the explorer does."""
+    from metaspmd.backends.jax import get_backend
+    from metaspmd.backends.jax.crosscheck import reverify
+    from metaspmd.registry_io import load_record
+
+    backend = get_backend()
+    case = next(iter(backend.cases("jax.optimization_barrier")))
+    entry = load_record(ROOT / "registry" / "jax" / "jax.optimization_barrier.yaml").entries[0]
+    joints = entry.joint_strategies()
+    mixed = [s for s in joints if s.label == "S1+S3"]
+    assert mixed and str(mixed[0]).startswith("S1+S3: (S(0), S(0))")
+    for s in joints:
+        assert reverify(case, backend.tensor_ops(), s) is None, s
