@@ -72,7 +72,7 @@ def _input_placement(p) -> Placement | None:
 def _output_placement(out: OutputCombine) -> Placement | None:
     """The first alternative a framework can express (options are cheapest first)."""
     for c in out.options:
-        if isinstance(c, Gather) and c.halo == 0 and c.block == 1:
+        if isinstance(c, Gather) and c.plain:
             return Placement("Shard", c.dim)
         if isinstance(c, Identity):
             return REPLICATE

@@ -89,9 +89,13 @@ def candidate_combines(
         if any(s[:d] + s[d + 1 :] != gshape[:d] + gshape[d + 1 :] for s in lshapes):
             continue
         total = sum(s[d] for s in lshapes)
-        for halo in range(max_halo + 1):
-            if total - 2 * halo * (n - 1) == gshape[d] and all(s[d] > 2 * halo for s in lshapes):
-                out.append(Gather(d, halo))
+        for lo in range(max_halo + 1):  # dropped from the start of every shard but the first ...
+            for hi in range(max_halo + 1):  # ... and from the end of every shard but the last
+                # every shard keeps some of its own output (else a replicated output "gathers")
+                if total - (lo + hi) * (n - 1) == gshape[d] and all(
+                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) for i, s in enumerate(lshapes)
+                ):
+                    out.append(Gather(d, lo, 1, hi))
         if total == gshape[d] and max_block > 1:
             for block in range(2, max_block + 1):
                 if all(s[d] % block == 0 and s[d] > 0 for s in lshapes):
@@ -117,7 +121,9 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
     for i, x in enumerate(locals_):
         size = ops.shape(x)[d]
         lo = combine.halo if i > 0 else 0
-        hi = size - (combine.halo if i < n - 1 else 0)
+        hi = size - (combine.halo_end if i < n - 1 else 0)
+        if hi <= lo:  # a shard that keeps none of its own output: not this combine
+            raise ValueError(f"shard {i} keeps no element along dim {d}")
         pieces.append(ops.narrow(x, d, lo, hi - lo) if (lo, hi) != (0, size) else x)
     if combine.block == 1:
         return ops.concat(pieces, d)

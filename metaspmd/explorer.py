@@ -243,8 +243,9 @@ class _Explorer:
         if trial.nonfinite and not trial.special:
             return UNINFORMATIVE  # all NaN/inf (a loss on out-of-domain blind data): every reduce holds
         even = self._is_even(group, split)
-        # output halos: twice the input halo (convolution), or 1 with none (padding ops)
-        max_halo = max(1, 2 * max((h for _, _, h in group.dims), default=0))
+        # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
+        # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
+        max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
@@ -619,7 +620,7 @@ class _Explorer:
 
     def _halo_fits(self, group: Group, shapes) -> bool:
         i, d, _ = group.dims[0]
-        return shapes[i][d] >= 6  # room for 3 shards and their halos
+        return shapes[i][d] >= 3  # room for 3 shards, each with its own data besides the halos
 
 
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the

@@ -23,7 +23,10 @@ _LABEL = r"S[1-9][0-9]*"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z]+)\)$")
-_GATHER_RE = re.compile(r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=([1-9][0-9]*))?(?:, block=([2-9]|[1-9][0-9]+))?\)$")
+_GATHER_RE = re.compile(
+    r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
+    r"(?:, block=([2-9]|[1-9][0-9]+))?\)$"
+)
 _REDUCE_RE = re.compile(r"^reduce\(([a-z]+)\)$")
 
 
@@ -49,7 +52,11 @@ class Gather:
     """Concatenate the local outputs along ``dim``.
 
     ``halo``: each local output carries ``halo`` extra elements at every internal shard
-    boundary (convolution with padding); they are dropped before concatenating.
+    boundary (convolution with padding); they are dropped before concatenating. Where the
+    two sides differ (``halo=(1, 0)``: a window of 2 reads one element past its shard;
+    ``pad`` adds its low and high padding on every shard), ``halo`` is dropped from the
+    start of every shard but the first and ``halo_end`` from the end of every shard but
+    the last; ``halo_end`` defaults to ``halo``.
     ``block``: each local output is ``block`` equal blocks (concat of ``block`` inputs);
     the global output is block 0 of every shard, then block 1 of every shard, and so on.
     """
@@ -57,14 +64,25 @@ class Gather:
     dim: int
     halo: int = 0
     block: int = 1
+    halo_end: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dim < 0 or self.halo < 0 or self.block < 1:
-            raise SpecError(f"bad gather(dim={self.dim}, halo={self.halo}, block={self.block})")
+        if self.halo_end is None:
+            object.__setattr__(self, "halo_end", self.halo)
+        if self.dim < 0 or self.halo < 0 or self.halo_end < 0 or self.block < 1:
+            raise SpecError(f"bad gather(dim={self.dim}, halo=({self.halo}, {self.halo_end}), block={self.block})")
+
+    @property
+    def plain(self) -> bool:
+        """A plain concatenation: what Shard(dim) means to DTensor and jax."""
+        return self.halo == 0 and self.halo_end == 0 and self.block == 1
 
     def __str__(self) -> str:
-        extra = (f", halo={self.halo}" if self.halo else "") + (f", block={self.block}" if self.block > 1 else "")
-        return f"gather(dim={self.dim}{extra})"
+        if self.halo == self.halo_end:
+            halo = f", halo={self.halo}" if self.halo else ""
+        else:
+            halo = f", halo=({self.halo}, {self.halo_end})"
+        return f"gather(dim={self.dim}{halo}" + (f", block={self.block}" if self.block > 1 else "") + ")"
 
 
 @dataclass(frozen=True)
@@ -100,20 +118,24 @@ def parse_combine(text: str) -> Combine:
         return Identity()
     m = _GATHER_RE.match(s)
     if m:
-        return Gather(int(m[1]), int(m[2] or 0), int(m[3] or 1))
+        if m[3] is not None:
+            if m[3] == m[4]:  # one spelling per combine: equal sides are written halo=H
+                raise SpecError(f"bad combine {text!r} (write halo={m[3]} for equal sides)")
+            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]))
+        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1))
     m = _REDUCE_RE.match(s)
     if m:
         return Reduce(m[1])
-    raise SpecError(f"bad combine {text!r} (expected gather(dim=D[, halo=H][, block=B]), reduce(OP) or identity)")
+    raise SpecError(f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B]), reduce(OP) or identity)")
 
 
 def combine_order(c: Combine) -> tuple:
     """A total order on combines, for deterministic output."""
     if isinstance(c, Gather):
-        return (0, c.dim, c.halo, c.block, 0)
+        return (0, c.dim, c.halo, c.halo_end, c.block, 0)
     if isinstance(c, Identity):  # Replicate output: cheaper for a planner than Partial
-        return (1, 0, 0, 0, 0)
-    return (2, 0, 0, 0, REDUCE_OPS.index(c.op))
+        return (1, 0, 0, 0, 0, 0)
+    return (2, 0, 0, 0, 0, REDUCE_OPS.index(c.op))
 
 
 @dataclass(frozen=True)

@@ -305,3 +305,14 @@ def test_a_degenerate_example_lets_a_later_trial_propose():
     # proposes nothing; a blind bool trial whose shards differ proposes, the others verify
     e = explore(aten.asin.default, [torch.zeros(8, 6, dtype=torch.bool)], ("self",))
     assert e.status == "ok" and combines(e) == {"S1": ["gather(dim=0)"], "S2": ["gather(dim=1)"]}
+
+
+def test_one_sided_halos_padding_and_windows():
+    # every shard is padded on both sides: the (1, 2) padding is dropped inside, kept outside
+    e = explore(aten.constant_pad_nd.default, [randn(4, 9), [1, 2]], ("self", "pad"))
+    assert combines(e)["S2"] == ["gather(dim=1, halo=(1, 2))"]
+    # a window of 2 reads one element past its shard: with an input halo of 1, neighbours
+    # compute one output twice, which one side drops
+    e = explore(aten.max_pool1d.default, [randn(2, 3, 9), [2], [1]], ("self", "kernel_size", "stride"))
+    assert str(e.shard) == "[[S1, S2, S3(halo=1)]]"
+    assert combines(e)["S3"] == ["gather(dim=2, halo=(0, 1)) | gather(dim=2, halo=(1, 0))"]

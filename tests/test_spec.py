@@ -10,6 +10,7 @@ from metaspmd.spec import (
 
 @pytest.mark.parametrize("text", [
     "gather(dim=0)", "gather(dim=3, halo=2)", "gather(dim=1, block=3)", "gather(dim=2, halo=1, block=2)",
+    "gather(dim=1, halo=(1, 0))", "gather(dim=0, halo=(0, 2), block=2)",
     "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "identity",
 ])
 def test_combine_round_trip(text):
@@ -18,7 +19,8 @@ def test_combine_round_trip(text):
     assert parse_combine(str(c)) == c
 
 
-@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "Identity", "gather(dim=0, block=1)", ""])
+@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "Identity", "gather(dim=0, block=1)", "",
+                                  "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))"])
 def test_bad_combine_rejected(text):
     with pytest.raises(SpecError):
         parse_combine(text)

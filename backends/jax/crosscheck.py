@@ -135,7 +135,8 @@ def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[s
     outs = []
     for j in range(n_outputs):
         if j in out_dims:
-            outs.append(OutputCombine((Gather(out_dims[j]),) + tuple(Gather(out_dims[j], h) for h in (1, 2))))
+            d = out_dims[j]
+            outs.append(OutputCombine((Gather(d),) + tuple(Gather(d, lo, 1, hi) for lo in (0, 1, 2) for hi in (0, 1, 2) if lo or hi)))
         else:
             reduces = tuple(Reduce(r) for r in reduce_ops_for(out_kinds[j], True))
             outs.append(OutputCombine((Identity(),) + reduces))
@@ -251,7 +252,7 @@ def _jit_plan(strategy, leaves, outs, n_devices: int):
     combines = [o.first for o in strategy.outputs]
     for c, out in zip(combines, outs):
         if isinstance(c, Gather):
-            if c.halo or c.block > 1:
+            if not c.plain:
                 return "halo or block output"
             sizes.append(out.shape[c.dim])
         elif isinstance(c, Reduce):

@@ -92,7 +92,7 @@ def input_key(p: InputPlacement) -> str | None:
 def output_key(c: Combine) -> str | None:
     """DTensor's name for a combine; None when it has none (halo, block)."""
     if isinstance(c, Gather):
-        return f"S({c.dim})" if c.halo == 0 and c.block == 1 else None
+        return f"S({c.dim})" if c.plain else None
     if isinstance(c, Reduce):
         return f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
     return "R"

@@ -64,7 +64,7 @@ def _output_placement(c: spec.OutputCombine) -> Placement | None:
         if isinstance(option, spec.Identity):
             p, r = REPLICATE, 0
         elif isinstance(option, spec.Gather):
-            if option.halo or option.block > 1:
+            if not option.plain:
                 continue
             p, r = Shard(option.dim), 1
         else:
