@@ -212,6 +212,9 @@ class _Explorer:
                 bounds = split.bounds(ops.shape(trial.leaves[i])[d])  # joint groups mix dim sizes
                 if bounds is None:
                     return None
+                if halo and any(start - halo <= 0 and start + length + halo >= ops.shape(trial.leaves[i])[d]
+                                for start, length in bounds):
+                    return UNINFORMATIVE  # a shard whose halo reaches both ends sees the whole dim
                 shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
                 if not trial.special and all(ops.close(shards[0], s) for s in shards[1:]):
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
@@ -620,7 +623,7 @@ class _Explorer:
 
     def _halo_fits(self, group: Group, shapes) -> bool:
         i, d, _ = group.dims[0]
-        return shapes[i][d] >= 3  # room for 3 shards, each with its own data besides the halos
+        return shapes[i][d] >= 4  # room for shards whose halos do not reach both ends
 
 
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the

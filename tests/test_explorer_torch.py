@@ -316,3 +316,11 @@ def test_one_sided_halos_padding_and_windows():
     e = explore(aten.max_pool1d.default, [randn(2, 3, 9), [2], [1]], ("self", "kernel_size", "stride"))
     assert str(e.shard) == "[[S1, S2, S3(halo=1)]]"
     assert combines(e)["S3"] == ["gather(dim=2, halo=(0, 1)) | gather(dim=2, halo=(1, 0))"]
+
+
+def test_a_halo_that_reaches_both_ends_proves_nothing():
+    # with a halo of 2 on a dim of 5, the first of two shards sees the whole tensor: argmax
+    # of the flattened input passed as reduce(max) of the local ones until this was refused
+    x = randn(5, 5)
+    assert explore(aten.argmax.default, [x], ("self",)).status == "replicate-only"
+    assert explore(aten.median.default, [randn(4, 5)], ("self",)).status == "replicate-only"
