@@ -323,6 +323,11 @@ class _Explorer:
         for opts in alive:
             if avg_checks < 2:
                 opts = [c for c in opts if c != Reduce("avg")]
+            if max(counts, default=0) < 3:
+                # halo gathers checked on two shards only (a dim of 2): an input broadcast
+                # against a cut one computes every row on each shard, and a halo of 1 picks the
+                # right one from each side; a third shard would have nothing of its own left
+                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end))]
             if Identity() in opts:  # max/min of identical shards are implied by identity
                 opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
             if not opts:
@@ -623,7 +628,7 @@ class _Explorer:
 
     def _halo_fits(self, group: Group, shapes) -> bool:
         i, d, _ = group.dims[0]
-        return shapes[i][d] >= 4  # room for shards whose halos do not reach both ends
+        return shapes[i][d] >= 6  # room for 3 shards whose halos do not reach both ends
 
 
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the

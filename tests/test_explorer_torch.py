@@ -324,3 +324,12 @@ def test_a_halo_that_reaches_both_ends_proves_nothing():
     x = randn(5, 5)
     assert explore(aten.argmax.default, [x], ("self",)).status == "replicate-only"
     assert explore(aten.median.default, [randn(4, 5)], ("self",)).status == "replicate-only"
+
+
+def test_halo_gathers_need_three_shards():
+    # lerp's weight cut along a dim of 2 and broadcast against the whole inputs: each shard
+    # computes both columns, and halo=1 keeps the right one of each; no rule on 2 shards alone
+    e = explore(aten.lerp.Tensor, [randn(1, 2), randn(1, 2), randn(1, 2)], ("self", "end", "weight"))
+    assert all(not (isinstance(c, Gather) and (c.halo or c.halo_end))
+               for s in e.strategies() for o in s.outputs for c in o.options)
+    assert not any(note.endswith(": R, R, S(1)") for note in e.notes)  # not even found and dropped
