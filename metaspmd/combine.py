@@ -91,6 +91,10 @@ def candidate_combines(
         total = sum(s[d] for s in lshapes)
         for lo in range(max_halo + 1):  # dropped from the start of every shard but the first ...
             for hi in range(max_halo + 1):  # ... and from the end of every shard but the last
+                if abs(lo - hi) > 1:
+                    # sides one apart cover pad's (1, 2) and a window of 2; wider skews passed
+                    # only where the rows they shift are zero (triu far above the diagonal)
+                    continue
                 # every shard keeps some of its own output (else a replicated output "gathers")
                 if total - (lo + hi) * (n - 1) == gshape[d] and all(
                     s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) for i, s in enumerate(lshapes)
