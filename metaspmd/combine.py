@@ -95,9 +95,10 @@ def candidate_combines(
                     # sides one apart cover pad's (1, 2) and a window of 2; wider skews passed
                     # only where the rows they shift are zero (triu far above the diagonal)
                     continue
-                # every shard keeps some of its own output (else a replicated output "gathers")
+                # with a halo, every shard keeps some of its own output (else a replicated
+                # output "gathers"); a plain gather may take nothing from a shard (a mask's)
                 if total - (lo + hi) * (n - 1) == gshape[d] and all(
-                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) for i, s in enumerate(lshapes)
+                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) or not (lo or hi) for i, s in enumerate(lshapes)
                 ):
                     out.append(Gather(d, lo, 1, hi))
         if total == gshape[d] and max_block > 1:
@@ -126,7 +127,9 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
         size = ops.shape(x)[d]
         lo = combine.halo if i > 0 else 0
         hi = size - (combine.halo_end if i < n - 1 else 0)
-        if hi <= lo:  # a shard that keeps none of its own output: not this combine
+        if (combine.halo or combine.halo_end) and hi <= lo:
+            # a shard that keeps none of its own output: not this combine (a replicated
+            # output would "gather" from the first and last shards' halves)
             raise ValueError(f"shard {i} keeps no element along dim {d}")
         pieces.append(ops.narrow(x, d, lo, hi - lo) if (lo, hi) != (0, size) else x)
     if combine.block == 1:

@@ -333,3 +333,10 @@ def test_halo_gathers_need_three_shards():
     assert all(not (isinstance(c, Gather) and (c.halo or c.halo_end))
                for s in e.strategies() for o in s.outputs for c in o.options)
     assert not any(note.endswith(": R, R, S(1)") for note in e.notes)  # not even found and dropped
+
+
+def test_a_shard_with_an_empty_output_still_gathers():
+    # a boolean mask cut with the rows it selects: a shard may select nothing
+    mask = torch.tensor([True, True, False, False, False, False])
+    e = explore(aten.index.Tensor, [randn(6, 4), [mask]], ("self", "indices"))
+    assert str(e.shard) == "[[S1, S2], [S1]]" and combines(e)["S1"] == ["gather(dim=0)"]
