@@ -96,9 +96,11 @@ def candidate_combines(
                     # only where the rows they shift are zero (triu far above the diagonal)
                     continue
                 # with a halo, every shard keeps some of its own output (else a replicated
-                # output "gathers"); a plain gather may take nothing from a shard (a mask's)
+                # output "gathers"); a plain gather may take nothing from some shards (a mask
+                # cut with its rows), though not from all (an empty output proves nothing)
                 if total - (lo + hi) * (n - 1) == gshape[d] and all(
-                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) or not (lo or hi) for i, s in enumerate(lshapes)
+                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) or (not (lo or hi) and total > 0)
+                    for i, s in enumerate(lshapes)
                 ):
                     out.append(Gather(d, lo, 1, hi))
         if total == gshape[d] and max_block > 1:
