@@ -578,7 +578,7 @@ RULES = {
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('sum',)),
             ),
-            sharding_rule='s1 s2 r1 r2, s4 s2 r3 r4 -> s1 s4 r5 r6',
+            sharding_rule='s1 s2 r1 r2, s5 s2 r3 r4 -> s1 s5 r5 r6',
             reduction_factors=('s2',),
             need_replication_factors=('r1', 'r2', 'r3', 'r4', 'r5', 'r6'),
         ),
