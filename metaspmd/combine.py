@@ -91,17 +91,12 @@ def candidate_combines(
         total = sum(s[d] for s in lshapes)
         for lo in range(max_halo + 1):  # dropped from the start of every shard but the first ...
             for hi in range(max_halo + 1):  # ... and from the end of every shard but the last
-                if abs(lo - hi) > 1:
-                    # sides one apart cover pad's (1, 2) and a window of 2; wider skews passed
-                    # only where the rows they shift are zero (triu far above the diagonal)
-                    continue
-                # with a halo, every shard keeps some of its own output (else a replicated
-                # output "gathers"); a plain gather may take nothing from some shards (a mask
-                # cut with its rows), though not from all (an empty output proves nothing)
-                if total - (lo + hi) * (n - 1) == gshape[d] and all(
-                    s[d] > (lo if i > 0 else 0) + (hi if i < n - 1 else 0) or (not (lo or hi) and total > 0)
-                    for i, s in enumerate(lshapes)
-                ):
+                # sides one apart cover pad's (1, 2) and a window of 2; wider skews passed only
+                # where the rows they shift are zero (triu far above the diagonal). A shard may
+                # give a plain gather nothing (a mask cut with its rows), though not all of them
+                # (an empty output proves nothing); apply_combine refuses a halo that leaves a
+                # shard nothing of its own.
+                if abs(lo - hi) <= 1 and total > 0 and total - (lo + hi) * (n - 1) == gshape[d]:
                     out.append(Gather(d, lo, 1, hi))
         if total == gshape[d] and max_block > 1:
             for block in range(2, max_block + 1):

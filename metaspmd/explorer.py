@@ -97,7 +97,6 @@ class _Explorer:
         # them in range, unless they are all the op has (bitwise_and_ on bools): then they
         # are the data, and fixing them all would leave nothing to vary.
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
-        self.parts: list[set[int]] | None = None  # inputs of the independent parts the search keeps within
 
     # ------------------------------------------------------------------ running
 
@@ -165,22 +164,23 @@ class _Explorer:
         unique.sort(key=lambda g: (-len(g.dims), g.dims))
         return unique
 
-    def _part_groups(self, shapes: list[tuple[int, ...]]) -> list[Group]:
+    def _part_groups(self, shapes: list[tuple[int, ...]], parts: list[set[int]] | None) -> list[Group]:
         """Groups within one independent part at a time (all inputs when there are none):
         groups across parts are joints of these."""
         groups = []
-        for part in self.parts or [range(len(shapes))]:
+        for part in parts or [range(len(shapes))]:
             inputs = sorted(part)
             for g in self._groups([shapes[i] for i in inputs]):
                 groups.append(Group(tuple((inputs[k], d, h) for k, d, h in g.dims)))
         return groups
 
-    def _partial_sets(self, exclude: set[int], near: set[int] = frozenset()) -> list[tuple[int, ...]]:
-        """Sets of float inputs to make Partial, outside ``exclude``; with independent parts,
+    def _partial_sets(self, exclude: set[int], parts: list[set[int]] | None,
+                      near: set[int] = frozenset()) -> list[tuple[int, ...]]:
+        """Sets of inputs to make Partial, outside ``exclude``; with independent parts,
         within the part of the ``near`` inputs (or each part in turn)."""
-        if self.parts:
-            parts = [p for p in self.parts if near & p] if near else self.parts
-            return [ps for p in parts for ps in self._partial_sets_in(exclude | (set(range(len(self.trials[0].leaves))) - p))]
+        if parts:
+            everything = set(range(len(self.trials[0].leaves)))
+            return [ps for p in parts if not near or near & p for ps in self._partial_sets_in(exclude | (everything - p))]
         return self._partial_sets_in(exclude)
 
     def _partial_sets_in(self, exclude: set[int]) -> list[tuple[int, ...]]:
@@ -190,15 +190,15 @@ class _Explorer:
         # reinterpreted as a float (bitcast) is linear on small non-negative values.
         first = self.trials[0]
         kinds = (FLOAT, COMPLEX) + ((INT,) if all(self.ops.dtype_kind(o) == INT for o in first.outputs) else ())
-        floats = [
+        summable = [
             i for i, x in enumerate(first.leaves)
             if i not in exclude and self.ops.dtype_kind(x) in kinds and self.leaf_names[i] not in self.fixed
         ]
-        if not floats:
+        if not summable:
             return []
-        if len(floats) <= self.config.max_partial_inputs:
-            return [c for r in range(1, len(floats) + 1) for c in itertools.combinations(floats, r)]
-        return [(i,) for i in floats] + [tuple(floats)]
+        if len(summable) <= self.config.max_partial_inputs:
+            return [c for r in range(1, len(summable) + 1) for c in itertools.combinations(summable, r)]
+        return [(i,) for i in summable] + [tuple(summable)]
 
     # ------------------------------------------------------------------ one group
 
@@ -419,7 +419,7 @@ class _Explorer:
         if parts is not None:
             split = self._search(ranks, parts[0])
             spec = self._independent_spec(ranks, split[0], whole[0], parts)
-            if spec:  # else coupled after all, or nothing to gain: the search across parts stands
+            if spec is not None:  # else coupled after all, or nothing to gain: the search across parts stands
                 found, counts, uneven, status = split
                 independent = spec
         if not found:
@@ -431,7 +431,6 @@ class _Explorer:
     def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
         """Explore and verify every group, within each of ``parts`` (inputs of independent
         parts) if given: (found strategies, shard counts, uneven, status)."""
-        self.parts = parts
         case, ops, first = self.case, self.ops, self.trials[0]
         found, counts, uneven = [], set(), False
 
@@ -455,13 +454,13 @@ class _Explorer:
             status = "derived"
         else:
             shapes = [ops.shape(x) for x in first.leaves]
-            for group in self._part_groups(shapes):
+            for group in self._part_groups(shapes, parts):
                 if accept(group, self._explore(group)):
                     continue
                 sharded = {i for i, _, _ in group.dims}
                 if self.config.partial and not case.random and any(
                     accept(Group(group.dims, p), self._explore(Group(group.dims, p)))
-                    for p in self._partial_sets(sharded, sharded)
+                    for p in self._partial_sets(sharded, parts, sharded)
                 ):
                     continue
                 if self.config.halo and len(group.dims) == 1 and self._halo_fits(group, shapes):
@@ -474,7 +473,7 @@ class _Explorer:
         if self.config.partial and not case.random:
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
             # candidates only move shards) pass Partial through.
-            for p in self._partial_sets(set()):
+            for p in self._partial_sets(set(), parts):
                 g = Group((), p)
                 accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
         return found, counts, uneven, status
@@ -528,12 +527,12 @@ class _Explorer:
         return [p[0] for p in parts], [p[1] for p in parts]
 
     def _independent_spec(self, ranks: tuple[int, ...], found: list, whole: list,
-                          parts: tuple[list[set[int]], list[set[int]]]) -> IndependentSpec | None | bool:
+                          parts: tuple[list[set[int]], list[set[int]]]) -> IndependentSpec | None:
         """The labels of each part, once every label keeps the outputs of the other parts
         whole (identity), every joint strategy verifies on the trials, and every strategy the
-        search across parts found (``whole``) is among the singles and joints; False when one
-        of these fails (the parts are coupled, e.g. through shapes: ``broadcast_tensors``);
-        None when fewer than two parts have labels."""
+        search across parts found (``whole``) is among the singles and joints; None when one
+        of these fails (the parts are coupled, e.g. through shapes: ``broadcast_tensors``) or
+        fewer than two parts have labels."""
         shard, partial, combine, _ = tables_from_strategies(ranks, found)
         entry = RuleEntry("", "ok", shard, partial, combine, Example(()))
         part_of = {}
@@ -541,10 +540,10 @@ class _Explorer:
             touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
             k = next((k for k, p in enumerate(parts[0]) if touched <= p), None)
             if k is None:
-                return False
+                return None
             others = set(range(len(s.outputs))) - parts[1][k]
             if any(Identity() not in s.outputs[j].options for j in others):
-                return False
+                return None
             part_of[s.label] = k
         labels = [[lab for lab in part_of if part_of[lab] == k] for k in range(len(parts[0]))]
         labels = [part for part in labels if part]
@@ -555,16 +554,16 @@ class _Explorer:
         for s in entry.joint_strategies():
             verified = self._verify(_group_of(s.inputs), [list(o.options) for o in s.outputs])
             if verified is None:
-                return False
+                return None
             # reduce(avg) is checked on its own label's equal shards; a joint mixes dim sizes
             lost = {c for o, kept in zip(s.outputs, verified[0]) for c in o.options if c not in kept.options}
             if lost - {Reduce("avg")}:
-                return False
+                return None
         offered = {s.inputs: s.outputs for s in entry.all_strategies()}
         for placements, outs in whole:
             mine = offered.get(placements)
             if mine is None or any(o.first not in m.options for o, m in zip(outs, mine)):
-                return False
+                return None
         return independent
 
     def _constant_outputs(self) -> list[int]:
