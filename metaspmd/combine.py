@@ -65,7 +65,7 @@ def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 
 def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
     """The reduce ops worth trying for an output of dtype kind ``kind``."""
     if kind == FLOAT:
-        return ("sum", "max", "min", "prod") + (("avg",) if even else ())
+        return ("sum", "max", "min", "prod") + (("avg",) if even else ()) + ("norm2",)
     if kind == COMPLEX:
         return ("sum", "prod") + (("avg",) if even else ())
     if kind == INT:
@@ -112,6 +112,11 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
     """The global output that ``combine`` builds from the local outputs."""
     if isinstance(combine, Identity):
         return locals_[0]
+    if isinstance(combine, Reduce) and combine.op == "norm2":
+        acc = ops.multiply(locals_[0], locals_[0])
+        for x in locals_[1:]:
+            acc = ops.add(acc, ops.multiply(x, x))
+        return ops.sqrt(acc)
     if isinstance(combine, Reduce):
         fold = {"sum": ops.add, "avg": ops.add, "max": ops.maximum, "min": ops.minimum, "prod": ops.multiply}[combine.op]
         acc = locals_[0]

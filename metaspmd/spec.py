@@ -16,18 +16,19 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence, Union
 
-REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
+# norm2: the 2-norm of the local outputs, sqrt(sum of squares) (DTensor's _NormPartial(2)).
+REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2")
 PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
 
 _LABEL = r"S[1-9][0-9]*"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
-_PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z]+)\)$")
+_PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
     r"(?:, block=([2-9]|[1-9][0-9]+))?\)$"
 )
-_REDUCE_RE = re.compile(r"^reduce\(([a-z]+)\)$")
+_REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
 
 
 class SpecError(ValueError):

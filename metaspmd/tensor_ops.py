@@ -45,6 +45,9 @@ class TensorOps(Protocol):
     def scale(self, x: Any, factor: float) -> Any:
         """x * factor, keeping x's dtype (used for reduce(avg))."""
 
+    def sqrt(self, x: Any) -> Any:
+        """Elementwise square root of a floating tensor (used for reduce(norm2))."""
+
     def close(self, actual: Any, expected: Any) -> bool:
         """Same shape and dtype kind, and equal values.
 

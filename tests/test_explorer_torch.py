@@ -340,3 +340,30 @@ def test_a_shard_with_an_empty_output_still_gathers():
     mask = torch.tensor([True, True, False, False, False, False])
     e = explore(aten.index.Tensor, [randn(6, 4), [mask]], ("self", "indices"))
     assert str(e.shard) == "[[S1, S2], [S1]]" and combines(e)["S1"] == ["gather(dim=0)"]
+
+
+def test_norms_reduce_by_norm2():
+    """The 2-norm over a cut dim is the 2-norm of the shards' norms (DTensor's
+    _NormPartial(2)); a sum of squares is not, nor is the 1-norm (a plain sum)."""
+    e = explore(aten.linalg_vector_norm.default, [randn(6, 4)], ("self",))
+    assert all(c == ["reduce(norm2)"] for c in combines(e).values()), combines(e)
+    e = explore(aten.cdist.default, [randn(4, 6), randn(5, 6)], ("x1", "x2"))
+    assert str(e.shard) == "[[S1, S2], [S3, S2]]" and combines(e)["S2"] == ["reduce(norm2)"]
+    e = explore(lambda t: (t * t).sum(), [randn(6, 4)], ("self",))
+    assert all(c == ["reduce(sum)"] for c in combines(e).values()), combines(e)
+    e = explore(aten.linalg_vector_norm.default, [randn(6, 4), 1], ("self", "ord"))
+    assert all(c == ["reduce(sum)"] for c in combines(e).values()), combines(e)
+
+
+def test_a_generator_that_ignores_its_seed_gets_blind_trials():
+    """OpInfo's bool sample for mul_ is one 2x2 pair whatever the seed: its trials repeat
+    the example, whose row shards are equal, and the two blind trials happen to be no
+    better. Trials that repeat the example are drawn blind instead."""
+    from metaspmd.backends.torch import get_backend
+    from metaspmd.signature import signature
+
+    backend = get_backend()
+    case = next(c for c in backend.cases("aten.mul_.Tensor")
+                if signature(OPS, c.arg_names, c.args, c.kwargs) == "self:b[*,*] other:b[*,*]")
+    e = explore_case(case, OPS)
+    assert e.status == "ok", (e.status, e.reason)

@@ -11,7 +11,7 @@ from metaspmd.spec import (
 @pytest.mark.parametrize("text", [
     "gather(dim=0)", "gather(dim=3, halo=2)", "gather(dim=1, block=3)", "gather(dim=2, halo=1, block=2)",
     "gather(dim=1, halo=(1, 0))", "gather(dim=0, halo=(0, 2), block=2)",
-    "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "identity",
+    "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "reduce(norm2)", "identity",
 ])
 def test_combine_round_trip(text):
     c = parse_combine(text)
@@ -19,7 +19,7 @@ def test_combine_round_trip(text):
     assert parse_combine(str(c)) == c
 
 
-@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "Identity", "gather(dim=0, block=1)", "",
+@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "reduce(norm)", "reduce(2norm)", "Identity", "gather(dim=0, block=1)", "",
                                   "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))"])
 def test_bad_combine_rejected(text):
     with pytest.raises(SpecError):

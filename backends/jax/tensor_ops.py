@@ -103,6 +103,9 @@ class JaxOps:
     def scale(self, x, factor: float):
         return _back(_np(x) * factor, x)
 
+    def sqrt(self, x):
+        return _back(np.sqrt(_np(x)), x)
+
     def close(self, actual: Any, expected: Any) -> bool:
         if not (self.is_tensor(actual) and self.is_tensor(expected)):
             return False

@@ -13,7 +13,8 @@ non-replicated input, and the output placements it gives.
 - agreement: DTensor accepts the inputs as they are and gives outputs our entry lists;
 - misses: DTensor rules our entry lacks, each with a reason: what the explorer does not
   try, or what the numbers say (a DTensor rule that fails on its own split of our example
-  is a DTensor false positive);
+  is a DTensor false positive). Where our replay cannot stand in for DTensor (composite
+  ops, size-rewriting ops, out= views), the rule runs on real DTensor (crosscheck_real);
 - extras: our rules DTensor does not give, each re-verified on fresh random data with a
   4-way split (crosscheck_numerics); the exit status is 1 when one fails;
 - ops DTensor cannot run at all (no rule, no decomposition, no custom handler) that the
@@ -53,10 +54,12 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
 from .crosscheck_dtensor import (
-    DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
-    bool_names, default_cache_folder, dtensor_support, rewrites_shape_args,
+    DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
+    canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
 )
 from .crosscheck_numerics import FreshInputs, check_foreign_rule, reverify
+from .crosscheck_real import REAL, REAL_CANNOT_RUN, REAL_RAISES
+from .crosscheck_real import replay as real_dtensor_replay
 
 REGISTRY = Path(__file__).resolve().parent.parent.parent / "registry"
 RULE_STATUSES = ("ok", "derived")
@@ -70,6 +73,7 @@ class Config:
     dtensor: QueryConfig = QueryConfig()
     seed: int = 1  # fresh data for the numerical checks
     cache: str | None = None  # folder of DTensor answers; None: no cache
+    real_dtensor: bool = True  # replay the misses our own replay cannot check on real DTensor
 
 
 # --------------------------------------------------------------------------- notation
@@ -94,7 +98,7 @@ def output_key(c: Combine) -> str | None:
     if isinstance(c, Gather):
         return f"S({c.dim})" if c.plain else None
     if isinstance(c, Reduce):
-        return f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
+        return NORM2 if c.op == "norm2" else f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
     return "R"
 
 
@@ -118,6 +122,8 @@ def parse_output(key: str) -> Combine | None:
     m = SHARD_RE.match(key)
     if m:
         return Gather(int(m[1]))
+    if key == NORM2:
+        return Reduce("norm2")
     m = PARTIAL_RE.match(key)
     if m and OUR_REDUCE_NAMES.get(m[1], m[1]) in REDUCE_OPS:
         return Reduce(OUR_REDUCE_NAMES.get(m[1], m[1]))
@@ -280,6 +286,12 @@ COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each
 def _reason(static: str, numeric: str, detail: str) -> str:
     if numeric == "wrong" and detail.startswith(KERNEL_FAILS):
         return "DTensor false positive: the local call it would make fails on a shard"
+    if numeric == "wrong" and detail.startswith(REAL_CANNOT_RUN):
+        return "DTensor false positive: its query accepts the call, real DTensor cannot run the op"
+    if numeric == "wrong" and detail.startswith(REAL_RAISES):
+        return "DTensor false positive: real DTensor raises on these placements"
+    if numeric == "wrong" and detail.startswith(REAL):
+        return "DTensor false positive: real DTensor gives a wrong result"
     if numeric == "wrong":
         return "DTensor false positive: its rule is wrong on this example"
     if static:
@@ -290,6 +302,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return "not found by the explorer; not replayed: " + COMPOSITE
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
+    if numeric == "holds" and detail.startswith(REAL):
+        return "holds on real DTensor: the explorer missed it"
     if numeric == "holds":
         return "holds numerically: the explorer missed it"
     return "not found by the explorer; the numeric check could not run"
@@ -374,14 +388,14 @@ def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine
         return query, {}, False
     result.dtensor_runs += 1
     tensors = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
-    accepted = {k: bool_names(v, tensors) for k, v in answer.accepted.items()}
+    accepted = {k: canonical_names(v, tensors) for k, v in answer.accepted.items()}
     options = [query.options(i, config.dtensor.partials) for i in range(query.n_inputs)]
     for rule in mine:
         offered = all(k in opts for k, opts in zip(rule.inputs, options))
         if rule.expressible and rule.inputs not in accepted and (answer.truncated or not offered):
             got = query.accepts_inputs(rule.inputs, rule.options)
             if got is not None:
-                accepted[rule.inputs] = bool_names(got, tensors)
+                accepted[rule.inputs] = canonical_names(got, tensors)
     return query, accepted, True
 
 
@@ -407,6 +421,8 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
         numeric, detail = _check_dtensor_rule(func, fresh, inputs, outputs, config)
         if numeric == "unchecked" and SHARD_FAILS_RE.match(detail) and result.support in KERNEL_ON_SHARDS:
             numeric, detail = "wrong", f"{KERNEL_FAILS}: {detail}"
+        if numeric == "unchecked" and config.real_dtensor:  # our replay cannot stand in for DTensor here
+            numeric, detail = real_dtensor_replay(func, fresh, inputs, outputs, config.dtensor.mesh_size)
         static = _static_reason(inputs, outputs, entry, expressible, query)
         reason = _reason(static, numeric, detail)
         result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail))
@@ -690,6 +706,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where DTensor's answers are cached (default: the metaspmd cache folder)")
     p.add_argument("--no-cache", action="store_true", help="ask DTensor afresh and cache nothing")
+    p.add_argument("--no-real-dtensor", action="store_true",
+                   help="do not replay on real DTensor (fake process group) the missed DTensor rules our own "
+                        "replay cannot check: composite ops, size-rewriting ops, out= views")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the full results here")
     p.add_argument("--limit", type=int, default=50, help="rows per table in the printed report")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
@@ -719,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_folder())
     query = QueryConfig(args.mesh_size, partials, args.max_combos, args.max_seconds, args.exhaustive)
-    config = Config(query, cache=cache)
+    config = Config(query, cache=cache, real_dtensor=not args.no_real_dtensor)
     jobs = args.jobs or max(1, min(os.cpu_count() or 1, len(ops) // 20))  # a worker costs seconds to start
     report = run(ops, records, config, bool(patterns) or args.explore_missing, jobs, timeout=args.timeout,
                  progress=args.progress, quiet=True)

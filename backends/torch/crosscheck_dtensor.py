@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import time
@@ -43,9 +44,27 @@ DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
 BOOL_PARTIALS = {"P(sum)": "P(max)", "P(product)": "P(min)"}
 
 
-def bool_names(keys: Key, outputs: Sequence[Any]) -> Key:
-    """``keys`` (output placements first) with the Partials of bool outputs renamed."""
-    return tuple(BOOL_PARTIALS.get(k, k) if j < len(outputs) and outputs[j].dtype == torch.bool else k
+# DTensor's _NormPartial(p) of a norm's output: p = 2 is our reduce(norm2). The local norms
+# are non-negative, so p = 1 and p = 0 (a count) reduce by sum, p = inf by max, -inf by min.
+NORM_RE = re.compile(r"^_NormP\((.+)\)$")
+NORM2 = "_NormP(2)"
+NORM_PARTIALS = {2.0: NORM2, 1.0: "P(sum)", 0.0: "P(sum)", math.inf: "P(max)", -math.inf: "P(min)"}
+
+
+def _norm_name(key: str) -> str:
+    m = NORM_RE.match(key)
+    if not m:
+        return key
+    try:
+        return NORM_PARTIALS.get(float(m[1]), key)
+    except ValueError:
+        return key
+
+
+def canonical_names(keys: Key, outputs: Sequence[Any]) -> Key:
+    """``keys`` (output placements first) with one name per reduce: the Partials of bool
+    outputs renamed, and _NormPartial written as the Partial it equals."""
+    return tuple(BOOL_PARTIALS.get(k, k) if j < len(outputs) and outputs[j].dtype == torch.bool else _norm_name(k)
                  for j, k in enumerate(keys))
 # How DTensor handles an op, in its own lookup order; these are answered by propagation.
 QUERIED = ("single-dim", "op-strategy", "decomposition", "rule")
@@ -480,7 +499,7 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 
 
 __all__ = [
-    "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
-    "QueryConfig", "SHARD_RE", "answer_for", "default_cache_folder", "dtensor_answer", "dtensor_support",
+    "AnswerCache", "BOOL_PARTIALS", "NORM2", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
+    "QueryConfig", "SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer", "dtensor_support",
     "rewrites_shape_args", "single_dim_candidates",
 ]

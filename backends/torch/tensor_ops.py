@@ -64,6 +64,9 @@ class TorchOps:
     def maximum(self, a, b):
         return torch.maximum(a, b)
 
+    def sqrt(self, x):
+        return torch.sqrt(x)
+
     def minimum(self, a, b):
         return torch.minimum(a, b)
 

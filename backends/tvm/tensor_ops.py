@@ -77,6 +77,10 @@ class TvmOps:
         a = x.numpy()
         return to_tvm((a * factor).astype(a.dtype))
 
+    def sqrt(self, x):
+        a = x.numpy()
+        return to_tvm(np.sqrt(a).astype(a.dtype))
+
     def close(self, actual: Any, expected: Any) -> bool:
         if not (self.is_tensor(actual) and self.is_tensor(expected)):
             return False

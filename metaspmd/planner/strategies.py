@@ -6,7 +6,8 @@ first) is what DTensor's placements tuple means, so two axes may split the same 
 dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divide the
 tensor (strict mode) or mix reduce ops on one tensor are dropped.
 
-Rule strategies with a halo or block are skipped: DTensor and JAX cannot run them.
+Rule strategies with a halo or block, or a reduce no Partial placement names (norm2), are
+skipped: DTensor and JAX cannot run them.
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -21,6 +22,8 @@ from .mesh import Mesh
 from .placement import Partial, Placement, Placements, REPLICATE, Replicate, Shard, is_valid, placements_str
 
 REPLICATE_LABEL = "R"
+# Reduces the runtimes' Partial placements take (DTensor's _NormPartial is private).
+RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,10 @@ def _output_placement(c: spec.OutputCombine) -> Placement | None:
             if not option.plain:
                 continue
             p, r = Shard(option.dim), 1
-        else:
+        elif option.op in RUNNABLE_REDUCE_OPS:
             p, r = Partial(option.op), 2 if option.op == "sum" else 3
+        else:
+            continue
         if r < rank:
             best, rank = p, r
     return best

@@ -47,6 +47,9 @@ class NumpyOps:
     def scale(self, x, factor: float):
         return (x * factor).astype(x.dtype)
 
+    def sqrt(self, x):
+        return np.sqrt(x).astype(x.dtype)
+
     def close(self, actual: Any, expected: Any) -> bool:
         if not (self.is_tensor(actual) and self.is_tensor(expected)):
             return False

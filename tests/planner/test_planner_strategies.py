@@ -19,6 +19,9 @@ def test_halo_and_block_strategies_are_not_runnable():
     block_out = spec.Strategy("S2", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, block=2)"),))
     halo_out = spec.Strategy("S3", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, halo=2)"),))
     assert axis_strategy(halo_in) is None and axis_strategy(block_out) is None and axis_strategy(halo_out) is None
+    # no public Partial placement reduces by the 2-norm
+    norm = spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse("reduce(norm2)"),))
+    assert axis_strategy(norm) is None
 
 
 def test_replicate_is_preferred_among_equivalent_combines():

@@ -13,11 +13,12 @@ pytest.importorskip("expecttest")  # the OpInfo database needs it
 from metaspmd.backends.torch import crosscheck, get_backend  # noqa: E402
 from metaspmd.backends.torch.backend import make_runner  # noqa: E402
 from metaspmd.backends.torch.crosscheck_dtensor import (  # noqa: E402
-    AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, bool_names, dtensor_answer, dtensor_support,
+    AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, canonical_names, dtensor_answer, dtensor_support,
 )
 from metaspmd.backends.torch.crosscheck_numerics import (  # noqa: E402
     FreshInputs, check_foreign_rule, chunk_bounds, partial_parts, reverify,
 )
+from metaspmd.backends.torch.crosscheck_real import REAL_CANNOT_RUN, REAL_RAISES, replay  # noqa: E402
 from metaspmd.case import OpCase  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.registry_io import write_record  # noqa: E402
@@ -74,7 +75,8 @@ def test_placement_names_match_dtensor_notation():
     for key in ("R", "S(3)", "P(avg)", "P(product)"):
         assert crosscheck.input_key(crosscheck.parse_input(key)) == key
         assert crosscheck.output_key(crosscheck.parse_output(key)) == key
-    assert crosscheck.parse_output("_S(0, 5)") is None and crosscheck.parse_output("_NormP(2)") is None
+    assert crosscheck.parse_output("_S(0, 5)") is None and crosscheck.parse_output("_NormP(3)") is None
+    assert crosscheck.output_key(Reduce("norm2")) == "_NormP(2)" and crosscheck.parse_output("_NormP(2)") == Reduce("norm2")
 
 
 # --------------------------------------------------------------------------- DTensor side
@@ -108,7 +110,7 @@ def test_out_overloads_need_the_out_tensor_placed_like_the_result(backend):
 
 def _bool_named(case: OpCase, backend) -> dict:
     out = case.call(case.args, dict(case.kwargs))
-    return {k: bool_names(v, [out]) for k, v in _answer(case, backend).items()}
+    return {k: canonical_names(v, [out]) for k, v in _answer(case, backend).items()}
 
 
 def test_bool_partials_have_one_name(backend):
@@ -217,6 +219,35 @@ def test_a_rule_true_only_for_the_samples_inputs_is_caught(backend):
     verdict, detail = reverify(FreshInputs(case, ops), ignores_end, ((Identity(),),), seed=1)
     assert verdict == "data-dependent" and "random" in detail
     assert reverify(FreshInputs(case, ops), (ShardIn(0),) * 3, ((Gather(0),),), seed=1)[0] == "ok"
+
+
+def test_norm_partials_are_our_reduces(backend):
+    """DTensor's _NormPartial(2) is our reduce(norm2). A norm's local values are
+    non-negative, so _NormPartial(1) and (inf) are plain sum and max Partials."""
+    keys = ("_NormP(2.0)", "_NormP(1.0)", "_NormP(inf)", "_NormP(-inf)", "_NormP(3)")
+    assert canonical_names(keys, []) == ("_NormP(2)", "P(sum)", "P(max)", "P(min)", "_NormP(3)")
+    func = torch.ops.aten.linalg_vector_norm.default
+    case = OpCase(str(func), func, (torch.randn(6, 4, dtype=torch.float64),), {}, ("self",))
+    assert _bool_named(case, backend)[("S(0)",)] == ("_NormP(2)",)
+    entry = explore_case(case, backend.tensor_ops())
+    assert {r.inputs: r.options for r in crosscheck.our_rules(entry)}[("S(0)",)] == (("_NormP(2)",),)
+
+
+def test_real_dtensor_replays_what_our_replay_cannot(backend):
+    """Composite ops and out= views are asked of DTensor itself (fake process group +
+    LocalTensorMode): view_as runs its decomposition, which reads other's global shape;
+    slice_scatter.out, which DTensor's query accepts, raises: it has no strategy for the op
+    (or, once a query has traced its decomposition, the local kernel gets mismatched shapes)."""
+    ops = backend.tensor_ops()
+    func = torch.ops.aten.view_as.default
+    case = _case(func, torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64))
+    assert replay(func, FreshInputs(case, ops), ("R", "S(0)"), ("R",), 2)[0] == "holds"
+    assert replay(func, FreshInputs(case, ops), ("S(0)", "R"), ("S(1)",), 2)[0] == "unchecked"  # DTensor gives S(0)
+    func = torch.ops.aten.slice_scatter.out
+    case = _case(func, torch.randn(4, 6, dtype=torch.float64), torch.randn(2, 6, dtype=torch.float64), 0, 0, 2,
+                 out_spec={"out": torch.float64})
+    verdict, detail = replay(func, FreshInputs(case, ops), ("R", "S(0)"), ("S(0)",), 2)
+    assert verdict == "wrong" and detail.startswith((REAL_CANNOT_RUN, REAL_RAISES)), detail
 
 
 def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
