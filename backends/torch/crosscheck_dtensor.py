@@ -499,7 +499,7 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 
 
 __all__ = [
-    "AnswerCache", "BOOL_PARTIALS", "NORM2", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "PARTIAL_RE", "QUERIED",
-    "QueryConfig", "SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer", "dtensor_support",
-    "rewrites_shape_args", "single_dim_candidates",
+    "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "NORM2", "PARTIAL_RE",
+    "QUERIED", "QueryConfig", "SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer",
+    "dtensor_support", "rewrites_shape_args", "single_dim_candidates",
 ]
