@@ -33,7 +33,11 @@ class OpCase:
 
     ``random``: the op draws every output element once at random (``fn`` runs it where its
     values can be compared, e.g. in a deterministic limit): only gathers rebuild its outputs
-    in distribution, and Partial inputs are not tried. ``notes`` go into the entry as they are.
+    in distribution, and Partial inputs are not tried. ``value_free``: a random op whose
+    values depend on no input's values (a fill, ``randn_like``): a Partial input is then no
+    different from a replicated one, and leaves the output replicated (ranks draw a
+    replicated output alike; in-place fills are not value-free, since self keeps its
+    placement). ``notes`` go into the entry as they are.
     """
 
     op: str
@@ -47,6 +51,7 @@ class OpCase:
     deterministic: bool = True
     special: Callable[[tuple, dict, int, int], Args] | None = None
     random: bool = False
+    value_free: bool = False
     notes: tuple[str, ...] = ()
 
     def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:

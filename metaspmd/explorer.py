@@ -80,7 +80,7 @@ class _Trial:
     others: list[Any]  # non-tensor leaves of the output (must match on every shard)
     index: int = 0  # 0: the example; k: the k-th fresh trial (seeds its Partial summands)
     special: bool = False  # special-value inputs (all zero, NaN, ...): equal shards allowed
-    nonfinite: bool = False  # every output all NaN/inf (out-of-domain data): proves nothing
+    nonfinite: bool = False  # every output one NaN/inf value throughout (out-of-domain data): proves nothing
 
 
 def _error_text(e: BaseException) -> str:
@@ -119,7 +119,7 @@ class _Explorer:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
         trial = _Trial(args, kwargs, leaves, [], [], index, special)
         trial.outputs, trial.others = self._call(leaves, trial)
-        trial.nonfinite = bool(trial.outputs) and all(self.ops.all_nonfinite(o) for o in trial.outputs)
+        trial.nonfinite = bool(trial.outputs) and all(self.ops.one_nonfinite_value(o) for o in trial.outputs)
         return trial
 
     def _fresh_trial(self, k: int) -> _Trial:
@@ -267,7 +267,8 @@ class _Explorer:
             else:
                 cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, self.config.max_block))
             if self.case.random:  # each element drawn once, on one rank
-                cands = [c for c in cands if isinstance(c, Gather)]
+                replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
+                cands = [c for c in cands if isinstance(c, Gather) or (replicated and c == Identity())]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
@@ -485,9 +486,9 @@ class _Explorer:
                         if accept(g, self._explore(g)):
                             break
             status = "ok"
-        if self.config.partial and not case.random:
+        if self.config.partial and (not case.random or case.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
-            # candidates only move shards) pass Partial through.
+            # candidates only move shards) pass Partial through; fills ignore them.
             for p in self._partial_sets(set(), parts):
                 g = Group((), p)
                 accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))

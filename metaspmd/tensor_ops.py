@@ -55,8 +55,9 @@ class TensorOps(Protocol):
         magnitudes involved (NaN matches NaN at the same position).
         """
 
-    def all_nonfinite(self, x: Any) -> bool:
-        """x has elements and every one is NaN or infinite (never for integer and bool tensors)."""
+    def one_nonfinite_value(self, x: Any) -> bool:
+        """x has elements and every one is NaN, or every one is the same infinity (never for
+        integer and bool tensors). A mix of NaN, +inf and -inf still has a pattern to compare."""
 
     def zeros_like(self, x: Any) -> Any: ...
 

@@ -367,3 +367,26 @@ def test_a_generator_that_ignores_its_seed_gets_blind_trials():
                 if signature(OPS, c.arg_names, c.args, c.kwargs) == "self:b[*,*] other:b[*,*]")
     e = explore_case(case, OPS)
     assert e.status == "ok", (e.status, e.reason)
+
+
+def test_non_finite_outputs_of_mixed_kinds_still_compare():
+    """logit of bools is -inf or +inf everywhere: no finite value, but a pattern that a
+    wrong gather breaks. Only outputs of one non-finite value throughout prove nothing."""
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0)) > 0
+    e = explore(aten.logit.default, [x], ("self",))
+    assert e.status == "ok" and combines(e) == {"S1": ["gather(dim=0)"], "S2": ["gather(dim=1)"]}, combines(e)
+    assert OPS.one_nonfinite_value(torch.full((3,), float("nan")))
+    assert not OPS.one_nonfinite_value(torch.tensor([float("inf"), float("-inf")]))
+
+
+def test_fills_pass_a_partial_input_as_replicated():
+    """randn_like reads only its input's shape: a Partial input is as good as a replicated
+    one, and the output is replicated (ranks draw it alike). An in-place fill keeps self's
+    placement, so uniform_ of a Partial self gets no rule."""
+    from metaspmd.backends.torch import get_backend
+
+    backend = get_backend()
+    e = explore_case(backend.cases("aten.randn_like.default")[0], OPS)
+    assert any(str(c) == "identity" for label, outs in e.combine.by_label if label in {p.label for p in e.partial.inputs[0]}
+               for c in outs), (e.partial, e.combine)
+    assert explore_case(backend.cases("aten.uniform_.default")[0], OPS).partial.is_empty()

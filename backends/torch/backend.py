@@ -249,6 +249,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     if random:
         fn, note = random_ops.checked_form(func, fn, args, kwargs)
         notes = (note,)
+    # An in-place fill keeps self's placement, so a Partial self cannot come out replicated.
+    value_free = random and random_ops.is_fill(func) and not catalog.written_arg_names(func)
     if views.is_view_like(func) and not catalog.out_arg_names(func):  # out= overloads run through runner
         rule = views.derive(func, args, kwargs)
         if rule is not None:
@@ -260,7 +262,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
-        special=sample_data.with_special_values, random=random, notes=notes,
+        special=sample_data.with_special_values, random=random, value_free=value_free, notes=notes,
     )
 
 
