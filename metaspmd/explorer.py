@@ -500,11 +500,14 @@ class _Explorer:
         """Inputs and outputs split into parts whose outputs change with their own inputs
         only (one per element of a ``_foreach`` list), found by replacing one input at a time
         with its data from each other trial: (inputs, outputs) per part; None when the op does not
-        split that way or an input's effect cannot be seen (fixed index inputs, an input that
-        changes nothing)."""
+        split that way or an input's effect cannot be seen (fixed index inputs).
+
+        Inputs whose values change no output (``type_as``'s other) form a part of their own,
+        with no outputs: its labels must leave every output whole, which only running the
+        op on their shards can show (``view_as`` reads other's shape, and fails there)."""
         first = self.trials[0]
         n_in, n_out = len(first.leaves), len(first.outputs)
-        if n_in < 2 or n_out < 2 or self.fixed or self.case.random or len(self.trials) < 3:
+        if n_in < 2 or n_out < 1 or self.fixed or self.case.random or len(self.trials) < 3:
             return None
         root = list(range(n_in + n_out))
 
@@ -513,7 +516,7 @@ class _Explorer:
                 x = root[x]
             return x
 
-        seen_outputs = set()
+        seen_outputs, free = set(), set()
         for i in range(n_in):
             changed = set()
             for trial in self.trials[1:]:  # special values too: clamp_min(x, 2) of small x is constant
@@ -527,7 +530,8 @@ class _Explorer:
                     return None
                 changed |= {j for j in range(n_out) if not self.ops.close(outs[j], first.outputs[j])}
             if not changed:
-                return None
+                free.add(i)
+                continue
             seen_outputs |= changed
             for j in changed:
                 root[find(i)] = find(n_in + j)
@@ -535,8 +539,12 @@ class _Explorer:
             return None
         by_root: dict[int, tuple[set[int], set[int]]] = {}
         for x in range(n_in + n_out):
+            if x in free:
+                continue
             ins, outs = by_root.setdefault(find(x), (set(), set()))
             (ins if x < n_in else outs).add(x if x < n_in else x - n_in)
+        if free:
+            by_root[-1] = (free, set())
         parts = sorted(by_root.values(), key=lambda p: min(p[0]))
         if len(parts) < 2:
             return None

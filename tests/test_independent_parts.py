@@ -123,6 +123,24 @@ def test_dependence_through_values_merges_parts():
     assert e.independent is None
 
 
+def test_an_input_read_for_its_dtype_only_is_a_part_without_outputs():
+    """type_as reads other's dtype, never its values or shape: other is a part of its own,
+    whose labels leave the output whole, so (R, S(0)) -> R and the joint (S(0), S(1)) ->
+    S(0) hold along with (S(0), S(0)) -> S(0)."""
+    e = explore(aten.type_as.default, [randn(4, 6), randn(4, 6)], ("self", "other"))
+    assert e.independent is not None and len(e.independent.parts) == 2
+    rules = {s.inputs: [o.first for o in s.outputs] for s in e.all_strategies()}
+    assert rules[(Replicate(), ShardIn(0))] == [Identity()]
+    assert rules[(ShardIn(0), ShardIn(1))] == [Gather(0)] and rules[(ShardIn(0), ShardIn(0))] == [Gather(0)]
+
+
+def test_an_input_read_for_its_shape_is_no_free_part():
+    # view_as needs other's global shape; a shard of other makes the local view fail
+    e = explore(aten.view_as.default, [randn(4, 6), randn(4, 6)], ("self", "other"))
+    assert e.independent is None
+    assert all(not (isinstance(s.inputs[0], Replicate) and isinstance(s.inputs[1], ShardIn)) for s in e.all_strategies())
+
+
 # --------------------------------------------------------------------------- registry
 
 
