@@ -530,6 +530,8 @@ class _Explorer:
                     return None
                 changed |= {j for j in range(n_out) if not self.ops.close(outs[j], first.outputs[j])}
             if not changed:
+                if all(self.ops.close(t.leaves[i], first.leaves[i]) for t in self.trials[1:]):
+                    return None  # the same data on every trial (a fixed sample): its effect is unseen
                 free.add(i)
                 continue
             seen_outputs |= changed

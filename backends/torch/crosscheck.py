@@ -302,6 +302,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return "not found by the explorer; not replayed: " + COMPOSITE
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
+    if numeric == "holds" and detail.startswith(REAL) and detail.endswith(f"({COMPOSITE})"):
+        return "holds on real DTensor, which runs the op's decomposition; the explorer, running the op itself, missed it"
     if numeric == "holds" and detail.startswith(REAL):
         return "holds on real DTensor: the explorer missed it"
     if numeric == "holds":
@@ -422,7 +424,9 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
         if numeric == "unchecked" and SHARD_FAILS_RE.match(detail) and result.support in KERNEL_ON_SHARDS:
             numeric, detail = "wrong", f"{KERNEL_FAILS}: {detail}"
         if numeric == "unchecked" and config.real_dtensor:  # our replay cannot stand in for DTensor here
+            why = detail
             numeric, detail = real_dtensor_replay(func, fresh, inputs, outputs, config.dtensor.mesh_size)
+            detail += f" ({why})" if why == COMPOSITE else ""
         static = _static_reason(inputs, outputs, entry, expressible, query)
         reason = _reason(static, numeric, detail)
         result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail))
