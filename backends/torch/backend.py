@@ -205,8 +205,8 @@ def indexed_dims_kept(fn: Callable[..., Any], names: tuple[str, ...], args: tupl
 # The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
 # float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
 DATA_ARGS = frozenset({
-    "self", "other", "input", "mat1", "mat2", "vec", "vec1", "vec2", "batch1", "batch2", "tensor1", "tensor2",
-    "exponent", "end",
+    "self", "other", "input", "mat", "mat1", "mat2", "vec", "vec1", "vec2", "batch1", "batch2", "tensor", "tensor1",
+    "tensor2", "exponent", "end", "src", "source", "value", "values",
 })
 
 
