@@ -390,3 +390,17 @@ def test_fills_pass_a_partial_input_as_replicated():
     assert any(str(c) == "identity" for label, outs in e.combine.by_label if label in {p.label for p in e.partial.inputs[0]}
                for c in outs), (e.partial, e.combine)
     assert explore_case(backend.cases("aten.uniform_.default")[0], OPS).partial.is_empty()
+
+
+def test_integer_operands_named_other_than_self_are_data():
+    """addmv's mat is an operand, not an index: on integers it is refilled and tried
+    Partial like self, so self and mat Partial together give a Partial output."""
+    from metaspmd.backends.torch import get_backend
+    from metaspmd.signature import signature
+
+    case = next(c for c in get_backend().cases("aten.addmv.default")
+                if signature(OPS, c.arg_names, c.args, c.kwargs).startswith("self:i[*] mat:i"))
+    assert "mat" not in case.fixed
+    e = explore_case(case, OPS)
+    rules = {s.inputs: [str(c) for c in s.outputs[0].options] for s in e.all_strategies()}
+    assert rules[(PartialInput("sum"), PartialInput("sum"), Replicate())] == ["reduce(sum)"], rules
