@@ -97,6 +97,7 @@ class _Explorer:
         # them in range, unless they are all the op has (bitwise_and_ on bools): then they
         # are the data, and fixing them all would leave nothing to vary.
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
+        self._refuters: list[_Trial] | None = None  # special-value trials, drawn when first needed
 
     # ------------------------------------------------------------------ running
 
@@ -332,6 +333,8 @@ class _Explorer:
             return None
         if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
+        if group.partial and any(Identity() in opts for opts in alive):
+            alive = self._whole_on_special_values(group, alive)
         result = []
         for opts in alive:
             if avg_checks < 2:
@@ -349,6 +352,20 @@ class _Explorer:
                 return None
             result.append(OutputCombine.of(opts))
         return tuple(result), counts, uneven
+
+    def _whole_on_special_values(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the identity combines a special-value trial refutes. A Partial input
+        that leaves an output whole on random data can still matter on values random data
+        never hits: heaviside's values are read only where self is 0."""
+        if self._refuters is None:
+            self._refuters = (self._special_trials() or []) if self.case.special is not None else []
+        for trial, split in zip(self._refuters, itertools.cycle(TRIAL_SPLITS)):
+            locs = self._locals(group, trial, split)
+            if locs is None or locs is UNINFORMATIVE:
+                continue  # the op rejects these inputs split this way: no verdict
+            alive = [[c for c in opts if c != Identity() or holds(self.ops, c, [loc[j] for loc in locs], trial.outputs[j])]
+                     for j, opts in enumerate(alive)]
+        return alive
 
     def _check_avg_evenly(self, group: Group, alive: list[list], avg_checks: int, counts: set[int]):
         """reduce(avg) holds on equal shards only, and no trial split is even on a dim of odd

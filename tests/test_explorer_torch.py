@@ -404,3 +404,15 @@ def test_integer_operands_named_other_than_self_are_data():
     e = explore_case(case, OPS)
     rules = {s.inputs: [str(c) for c in s.outputs[0].options] for s in e.all_strategies()}
     assert rules[(PartialInput("sum"), PartialInput("sum"), Replicate())] == ["reduce(sum)"], rules
+
+
+def test_an_input_random_data_never_reads_is_checked_on_special_values():
+    """heaviside(self, values) reads values only where self is 0, which random floats never
+    are: Partial values leave the output whole on every random trial. Special values
+    (zeros among them) refute that."""
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    e = explore(aten.heaviside.default, [randn(6, 4), randn(6, 4)], ("self", "values"), special=with_special_values)
+    rules = {s.inputs: [str(c) for c in s.outputs[0].options] for s in e.all_strategies()}
+    assert (Replicate(), PartialInput("sum")) not in rules, rules
+    assert rules[(ShardIn(0), ShardIn(0))] == ["gather(dim=0)"]
