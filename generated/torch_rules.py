@@ -417,14 +417,13 @@ RULES = {
     'aten._amp_foreach_non_finite_check_and_unscale.default': {
         'self:[f[],f[]] found_inf:f[] inv_scale:f[]': (
             ((Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
-            ((Partial('sum'), Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Replicate())),
-            ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
-            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
-            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
-            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
             ((Partial('sum'), Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
+            ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Partial('sum'))),
+            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
         ),
     },
     'aten._amp_foreach_non_finite_check_and_unscale.out': {
@@ -443,14 +442,13 @@ RULES = {
     'aten._amp_foreach_non_finite_check_and_unscale_.default': {
         'self:[f[],f[]] found_inf:f[] inv_scale:f[]': (
             ((Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
-            ((Partial('sum'), Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Replicate())),
-            ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
-            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
-            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
-            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
             ((Partial('sum'), Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
+            ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Partial('sum'))),
+            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
         ),
     },
     'aten._autocast_to_full_precision.default': {
@@ -13195,7 +13193,6 @@ RULES = {
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'grad_out:f[*] self:f[*] lambd=0.5': (
             ((Shard(0), Shard(0)), (Shard(0),)),
@@ -13217,7 +13214,6 @@ RULES = {
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'grad_out:f[*] self:f[*] lambd=0.5': (
             ((Shard(0), Shard(0)), (Shard(0),)),
@@ -13423,13 +13419,11 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] values:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:i[*,*,*] values:i[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -13447,13 +13441,11 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] values:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:i[*,*,*] values:i[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -13466,25 +13458,18 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] values:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*] values:f[]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Replicate()), (Shard(1),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
-            ((Shard(0), Partial('sum')), (Shard(0),)),
-            ((Shard(1), Partial('sum')), (Shard(1),)),
         ),
         'self:f[*] values:f[]': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
-            ((Shard(0), Partial('sum')), (Shard(0),)),
         ),
     },
     'aten.histc.default': {
@@ -14970,8 +14955,6 @@ RULES = {
         'self:f[*] end:f[*] weight:f[*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
-            ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[1,*] end:f[1,*] weight:f[1,*]': (
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
@@ -18743,7 +18726,6 @@ RULES = {
             ((Shard(2), Shard(2)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18751,7 +18733,6 @@ RULES = {
             ((Shard(2), Shard(1)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,1,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18759,7 +18740,6 @@ RULES = {
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,1,*] other:f[1,*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18767,7 +18747,6 @@ RULES = {
             ((Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
     },
     'aten.nextafter.out': {
@@ -18777,7 +18756,6 @@ RULES = {
             ((Shard(2), Shard(2)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18785,7 +18763,6 @@ RULES = {
             ((Shard(2), Shard(1)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,1,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18793,7 +18770,6 @@ RULES = {
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,1,*] other:f[1,*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18801,7 +18777,6 @@ RULES = {
             ((Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
     },
     'aten.nextafter_.default': {
@@ -18811,7 +18786,6 @@ RULES = {
             ((Shard(2), Shard(2)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -18819,7 +18793,6 @@ RULES = {
             ((Shard(2), Shard(1)), (Shard(2),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*,*] other:f[]': (
             ((Shard(0), Replicate()), (Shard(0),)),
@@ -19066,7 +19039,6 @@ RULES = {
         'self:f[*] target:i[] weight:f[*] reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Replicate())),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum')), (Replicate(), Partial('sum'))),
         ),
         'self:f[*] target:i[] weight=None reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate()), (Partial('sum'), Replicate())),
@@ -19082,7 +19054,6 @@ RULES = {
         'self:f[*] target:i[] weight:f[*] reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Replicate())),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum')), (Replicate(), Partial('sum'))),
         ),
         'self:f[*] target:i[] weight=None reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate()), (Partial('sum'), Replicate())),
@@ -22479,7 +22450,6 @@ RULES = {
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'grad_output:f[*] self:f[*] lambd=0.5': (
             ((Shard(0), Shard(0)), (Shard(0),)),
@@ -22501,7 +22471,6 @@ RULES = {
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'grad_output:f[*] self:f[*] lambd=0.5': (
             ((Shard(0), Shard(0)), (Shard(0),)),

@@ -262,7 +262,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
-        special=sample_data.with_special_values, random=random, value_free=value_free, notes=notes,
+        special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
+        random=random, value_free=value_free, notes=notes,
     )
 
 

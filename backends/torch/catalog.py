@@ -49,6 +49,12 @@ CRASH_ON_GUESSED_INPUTS = frozenset({
     "aten._sobol_engine_initialize_state_.default", "aten._thnn_differentiable_gru_cell_backward.default",
 })
 
+# Ops that crash the process (SIGSEGV) on special-value inputs: a NaN grid sends
+# grid_sampler_2d_backward out of bounds. They get no special-value trials.
+CRASH_ON_SPECIAL_VALUES = frozenset({
+    "aten.grid_sampler_2d_backward.default", "aten.grid_sampler_2d_backward.out",
+})
+
 
 @functools.lru_cache(maxsize=1)
 def all_overloads() -> tuple[str, ...]:
@@ -194,6 +200,7 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "CRASH_ON_GUESSED_INPUTS", "NAMESPACE", "all_overloads", "functional_sibling", "is_core", "nondeterministic_reason", "op_name",
-    "out_arg_names", "positional_names", "resolve", "split_name", "trusts_matching_shapes", "written_arg_names",
+    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
+    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
+    "trusts_matching_shapes", "written_arg_names",
 ]

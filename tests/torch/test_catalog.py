@@ -295,3 +295,15 @@ def test_dims_that_index_values_address_are_never_cut():
     with pytest.raises(ValueError, match="self"):
         case.fn(torch.randn_like(out)[:, :, :2], x[:, :, :3], idx[:, :, :2])
     assert case.fn(torch.randn_like(out)[:1], x[:1], idx[:1]).shape == (1, 3, 6, 6)  # the batch dim is free
+
+
+def test_ops_that_crash_on_special_values_get_none():
+    """A NaN grid crashes grid_sampler_2d_backward (SIGSEGV): its cases carry no special
+    values, which the explorer would otherwise try on Partial inputs left whole."""
+    from metaspmd.backends.torch.backend import torch_case, make_runner
+
+    func = catalog.resolve("aten.grid_sampler_2d_backward.default")
+    assert "aten.grid_sampler_2d_backward.default" in catalog.CRASH_ON_SPECIAL_VALUES
+    assert torch_case(func, (), {}, make_runner(func)).special is None
+    mm = catalog.resolve("aten.mm.default")
+    assert torch_case(mm, (), {}, make_runner(mm)).special is not None
