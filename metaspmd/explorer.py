@@ -517,7 +517,8 @@ class _Explorer:
         """Inputs and outputs split into parts whose outputs change with their own inputs
         only (one per element of a ``_foreach`` list), found by replacing one input at a time
         with its data from each other trial: (inputs, outputs) per part; None when the op does not
-        split that way or an input's effect cannot be seen (fixed index inputs).
+        split that way or an input's effect cannot be seen (fixed index inputs, an input whose
+        data is the same on every trial).
 
         Inputs whose values change no output (``type_as``'s other) form a part of their own,
         with no outputs: its labels must leave every output whole, which only running the
