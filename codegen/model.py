@@ -15,8 +15,9 @@ from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce,
 
 DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
 # reduce(avg) holds on equal shards only; DTensor shards unevenly (torch.chunk) whenever a
-# size does not divide, so a table consulted for any shape must not offer it.
-TABLE_OUTPUT_REDUCE_OPS = ("sum", "max", "min")
+# size does not divide, so a table consulted for any shape must not offer it. norm2 is
+# DTensor's _NormPartial(2), which reduces by the 2-norm when redistributed.
+TABLE_OUTPUT_REDUCE_OPS = ("sum", "max", "min", "norm2")
 JAX_REDUCTION_OPS = ("sum",)
 _IDENT_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -44,7 +45,7 @@ class Placement:
             raise CodegenError(f"bad placement kind {self.kind!r}")
         if not isinstance(self.dim, int) or self.dim < 0:
             raise CodegenError(f"bad placement dim {self.dim!r}")
-        if self.kind == "Partial" and self.op not in DTENSOR_PARTIAL_OPS:
+        if self.kind == "Partial" and self.op not in DTENSOR_PARTIAL_OPS + ("norm2",):
             raise CodegenError(f"bad partial op {self.op!r}")
 
     def code(self) -> str:
@@ -52,7 +53,7 @@ class Placement:
         if self.kind == "Shard":
             return f"Shard({self.dim})"
         if self.kind == "Partial":
-            return f"Partial({self.op!r})"
+            return "_NormPartial(2)" if self.op == "norm2" else f"Partial({self.op!r})"
         return "Replicate()"
 
 

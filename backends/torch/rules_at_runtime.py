@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import Partial, Shard
+from torch.distributed.tensor._ops._math_ops import _NormPartial
 
 from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
@@ -31,6 +32,10 @@ def _input(p) -> object:
 def _output(p) -> OutputCombine:
     if isinstance(p, Shard):
         return OutputCombine((Gather(p.dim),))
+    if isinstance(p, _NormPartial):  # a Partial whose reduce_op reads 'sum'
+        if p.norm_type != 2:
+            raise ValueError(f"no combine for {p}")
+        return OutputCombine((Reduce("norm2"),))
     if isinstance(p, Partial):
         return OutputCombine((Reduce(p.reduce_op),))
     return OutputCombine((Identity(),))

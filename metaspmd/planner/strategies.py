@@ -22,7 +22,8 @@ from .mesh import Mesh
 from .placement import Partial, Placement, Placements, REPLICATE, Replicate, Shard, is_valid, placements_str
 
 REPLICATE_LABEL = "R"
-# Reduces the runtimes' Partial placements take (DTensor's _NormPartial is private).
+# Reduces the runtimes' Partial placements take. norm2 (DTensor's _NormPartial(2)) is left
+# out: the planner's Partial placement names a c10d reduce op, and JAX has no such state.
 RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
 
 

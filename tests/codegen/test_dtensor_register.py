@@ -145,3 +145,20 @@ def test_op_runs_sharded_and_matches(results, name):
     assert name in report.installed
     assert not isinstance(got, Exception), f"{type(got).__name__}: {got}"
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_a_norm2_rule_reduces_by_the_2_norm(results):
+    """_pdist_forward over a cut feature dim gives DTensor's _NormPartial(2): each rank's
+    distances over its columns, combined by the 2-norm when DTensor replicates them."""
+    from torch.distributed.tensor._ops._math_ops import _NormPartial
+
+    op = torch.ops.aten._pdist_forward.default
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    rules = dtensor_rules.lookup(op, (x, 2.0), {})
+    assert ((Shard(1),), (_NormPartial(2),)) in rules, rules
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        got = op(distribute_tensor(x, mesh, [Shard(1)]), 2.0)
+        assert isinstance(got.placements[0], _NormPartial)
+        full = _full_on_every_rank(got)
+    torch.testing.assert_close(full, op(x, 2.0), rtol=1e-5, atol=1e-6)

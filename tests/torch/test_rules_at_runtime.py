@@ -33,3 +33,18 @@ def test_predicate_gets_rules_from_special_values():
     assert status == "ok"
     assert {"(S(0)) -> (gather(dim=0))", "(S(1)) -> (gather(dim=1))"} <= strategies
     assert not any("P(" in s for s in strategies)
+
+
+def test_table_norm_partials_read_back_as_reduce_norm2():
+    """_NormPartial is a Partial whose reduce_op reads 'sum': the planner must see norm2
+    (and skip it), not a Partial(sum) it would all-reduce."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._ops._math_ops import _NormPartial
+
+    from metaspmd.backends.torch.rules_at_runtime import to_strategies
+    from metaspmd.planner.strategies import axis_strategy
+    from metaspmd.spec import Reduce
+
+    (s,) = to_strategies([((Shard(1),), (_NormPartial(2),))])
+    assert s.outputs[0].options == (Reduce("norm2"),)
+    assert axis_strategy(s) is None
