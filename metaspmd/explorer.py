@@ -255,7 +255,7 @@ class _Explorer:
         if locs is None or locs is UNINFORMATIVE:
             return locs
         if trial.nonfinite and not trial.special:
-            return UNINFORMATIVE  # all NaN/inf (a loss on out-of-domain blind data): every reduce holds
+            return UNINFORMATIVE  # one NaN/inf value throughout (out-of-domain blind data): every reduce holds
         even = self._is_even(group, split)
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))

@@ -122,7 +122,8 @@ def _mesh(size: int):
     return _MESHES[size]
 
 
-def _placement(key: str):
+def placement(key: str):
+    """The DTensor placement a key names ('R', 'S(1)', 'P(sum)')."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     if key == "R":
@@ -277,7 +278,7 @@ class DTensorQuery:
     def spec(self, slot: int, key: str):
         from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-        return DTensorSpec(_mesh(self.mesh_size), (_placement(key),), tensor_meta=self.metas[slot])
+        return DTensorSpec(_mesh(self.mesh_size), (placement(key),), tensor_meta=self.metas[slot])
 
     def schema_args(self, combo: Sequence[str]) -> tuple[tuple, dict]:
         """The call's arguments with each tensor replaced by its DTensorSpec under ``combo``."""
@@ -501,5 +502,5 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 __all__ = [
     "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "NORM2", "PARTIAL_RE",
     "QUERIED", "QueryConfig", "SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer",
-    "dtensor_support", "rewrites_shape_args", "single_dim_candidates",
+    "dtensor_support", "placement", "rewrites_shape_args", "single_dim_candidates",
 ]

@@ -18,7 +18,7 @@ import torch
 
 from metaspmd import pytree
 
-from .crosscheck_dtensor import PARTIAL_RE, SHARD_RE
+from .crosscheck_dtensor import canonical_names, placement
 from .crosscheck_numerics import FreshInputs, partial_parts
 
 # Replays per rule: fresh draws of the example's inputs.
@@ -42,30 +42,18 @@ def _ensure_process_group(world: int) -> bool:
     return dist.get_world_size() >= world
 
 
-def _placement(key: str):
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
-    if key == "R":
-        return Replicate()
-    if m := SHARD_RE.match(key):
-        return Shard(int(m[1]))
-    if m := PARTIAL_RE.match(key):
-        return Partial(m[1])
-    raise ValueError(f"no DTensor placement for {key!r}")
-
-
 def _place(ops, x: torch.Tensor, key: str, mesh, world: int, seed: int):
     """``x`` as a DTensor under ``key``; a Partial one holds random parts per rank."""
     from torch.distributed._local_tensor import LocalTensor
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    placement = _placement(key)
-    if not placement.is_partial():
-        return distribute_tensor(x, mesh, [placement])
-    op = {"product": "prod"}.get(placement.reduce_op, placement.reduce_op)
+    p = placement(key)
+    if not p.is_partial():
+        return distribute_tensor(x, mesh, [p])
+    op = {"product": "prod"}.get(p.reduce_op, p.reduce_op)
     parts = partial_parts(ops, x, op, world, seed)
     local = LocalTensor({r: p.contiguous() for r, p in enumerate(parts)})
-    return DTensor.from_local(local, mesh, [placement], run_check=False, shape=x.shape, stride=x.stride())
+    return DTensor.from_local(local, mesh, [p], run_check=False, shape=x.shape, stride=x.stride())
 
 
 def _full(x: Any) -> Any:
@@ -101,7 +89,7 @@ def _call(func, case, args, kwargs, ops, want, keys: Sequence[str], out_keys: Se
                 raise ValueError("out arguments do not match the outputs one to one")
             for a, w, k in zip(outs, want, out_keys):
                 out = _place(ops, torch.empty_like(w), "R", mesh, world, 0)
-                dkwargs[a.name] = out.redistribute(mesh, [_placement(k)]) if k != "R" else out
+                dkwargs[a.name] = out.redistribute(mesh, [placement(k)]) if k != "R" else out
             got = func(*dargs, **dkwargs)
         else:
             got = case.call(tuple(dargs), dict(dkwargs))  # the runner clones what the op writes
@@ -109,15 +97,10 @@ def _call(func, case, args, kwargs, ops, want, keys: Sequence[str], out_keys: Se
 
 
 def _key(x: Any) -> str | None:
-    """A DTensor output's placement in the cross-check's notation; None for a plain tensor."""
+    """A DTensor output's placement as DTensor prints it; None for a plain tensor."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(x, DTensor):
-        return None
-    (p,) = x.placements
-    if p.is_shard():
-        return f"S({p.dim})"
-    return f"P({p.reduce_op})" if p.is_partial() else "R"
+    return str(x.placements[0]) if isinstance(x, DTensor) else None
 
 
 def replay(func, fresh: FreshInputs, inputs: Sequence[str], outputs: Sequence[str], world: int) -> tuple[str, str]:
@@ -138,7 +121,7 @@ def replay(func, fresh: FreshInputs, inputs: Sequence[str], outputs: Sequence[st
         if len(want) != len(got):
             return "wrong", f"{REAL}: {len(got)} outputs, the op gives {len(want)}"
         placed = [k for _, k in got]
-        if placed != list(outputs):
+        if None in placed or canonical_names(tuple(placed), want) != tuple(outputs):
             shown = ", ".join(k or "a plain tensor" for k in placed)
             return "unchecked", f"{REAL} places the outputs {shown}, not as its query said"
         for j, (w, (g, _)) in enumerate(zip(want, got)):
