@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .spec import Combine, Gather, Identity, Reduce
+from .spec import Combine, Gather, Identity, Reduce, Scan
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
 
@@ -75,6 +75,19 @@ def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
     return ()
 
 
+def scan_ops_for(kind: str) -> tuple[str, ...]:
+    """The scan ops worth trying for an output of dtype kind ``kind``."""
+    if kind == FLOAT:
+        return ("sum", "prod", "max", "min", "logsumexp")
+    if kind == INT:
+        return ("sum", "prod", "max", "min")
+    if kind == COMPLEX:
+        return ("sum", "prod")
+    if kind == BOOL:
+        return ("max", "min")
+    return ()
+
+
 def candidate_combines(
     ops: TensorOps, locals_: Sequence[Any], global_: Any, even: bool, max_halo: int = 0, max_block: int = 4
 ) -> list[Combine]:
@@ -98,6 +111,9 @@ def candidate_combines(
                 # shard nothing of its own.
                 if abs(lo - hi) <= 1 and total > 0 and total - (lo + hi) * (n - 1) == gshape[d]:
                     out.append(Gather(d, lo, 1, hi))
+        if total == gshape[d]:  # the explorer keeps these only where no plain gather holds
+            out.append(Gather(d, reverse=True))
+            out += [Scan(d, op, reverse) for reverse in (False, True) for op in scan_ops_for(ops.dtype_kind(global_))]
         if total == gshape[d] and max_block > 1:
             for block in range(2, max_block + 1):
                 if all(s[d] % block == 0 and s[d] > 0 for s in lshapes):
@@ -108,8 +124,28 @@ def candidate_combines(
     return out
 
 
+def _scan(ops: TensorOps, combine: Scan, locals_: Sequence[Any]) -> Any:
+    """Fold every shard's local scan with the carry of the shards before it (after it, for a
+    reverse scan): the edge slice of their already combined output."""
+    fold = {"sum": ops.add, "prod": ops.multiply, "max": ops.maximum, "min": ops.minimum,
+            "logsumexp": ops.logaddexp}[combine.op]
+    d = combine.dim
+    order = range(len(locals_) - 1, -1, -1) if combine.reverse else range(len(locals_))
+    pieces: list[Any] = [None] * len(locals_)
+    carry = None
+    for i in order:
+        x = locals_[i] if carry is None else fold(locals_[i], carry)  # carry broadcasts along d
+        pieces[i] = x
+        size = ops.shape(x)[d]
+        if size:
+            carry = ops.narrow(x, d, 0 if combine.reverse else size - 1, 1)
+    return ops.concat(pieces, d)
+
+
 def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> Any:
     """The global output that ``combine`` builds from the local outputs."""
+    if isinstance(combine, Scan):
+        return _scan(ops, combine, locals_)
     if isinstance(combine, Identity):
         return locals_[0]
     if isinstance(combine, Reduce) and combine.op == "norm2":
@@ -123,6 +159,8 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
         for x in locals_[1:]:
             acc = fold(acc, x)
         return ops.scale(acc, 1.0 / len(locals_)) if combine.op == "avg" else acc
+    if combine.reverse:
+        return ops.concat(list(locals_)[::-1], combine.dim)
     d, n = combine.dim, len(locals_)
     pieces = []
     for i, x in enumerate(locals_):

@@ -32,7 +32,7 @@ from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_r
 from .signature import arg_items, signature
 from .spec import (
     N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
-    Reduce, Replicate, ShardIn, ShardSpec, tables_from_strategies,
+    Reduce, Replicate, Scan, ShardIn, ShardSpec, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -269,7 +269,7 @@ class _Explorer:
                 cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, self.config.max_block))
             if self.case.random:  # each element drawn once, on one rank
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
-                cands = [c for c in cands if isinstance(c, Gather) or (replicated and c == Identity())]
+                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse) or (replicated and c == Identity())]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
@@ -342,8 +342,13 @@ class _Explorer:
             if max(counts, default=0) < 3:
                 # halo gathers checked on two shards only (a dim of 2): an input broadcast
                 # against a cut one computes every row on each shard, and a halo of 1 picks the
-                # right one from each side; a third shard would have nothing of its own left
-                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end))]
+                # right one from each side; a third shard would have nothing of its own left.
+                # Shard order (reversed gathers, scans) needs a middle shard as well.
+                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end)) and not _ordered(c)]
+            # a reversed gather or a scan that holds beside the plain gather of its dim is an
+            # artifact of data that does not vary along it (zeros, a broadcast row)
+            plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
+            opts = [c for c in opts if not (_ordered(c) and c.dim in plain_dims)]
             if Identity() in opts:  # max/min of identical shards are implied by identity
                 opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
             if Reduce("sum") in opts:  # the 2-norm equals the sum only where no two shards
@@ -685,6 +690,11 @@ class _Explorer:
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
 # determinism check above guarantees every rank computes the same, replicated output.
 NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the same output (replicate)"
+
+
+def _ordered(c) -> bool:
+    """A combine that depends on the order of the shards beyond a plain gather."""
+    return isinstance(c, Scan) or (isinstance(c, Gather) and c.reverse)
 
 
 def _no_strategy(ranks) -> tuple[ShardSpec, PartialSpec, CombineSpec]:

@@ -18,6 +18,9 @@ from typing import Iterator, Mapping, Sequence, Union
 
 # norm2: the 2-norm of the local outputs, sqrt(sum of squares) (DTensor's _NormPartial(2)).
 REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2")
+# the associative ops a prefix scan carries across shards (cumsum, cumprod, cummax, cummin,
+# logcumsumexp)
+SCAN_OPS = ("sum", "prod", "max", "min", "logsumexp")
 PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
 
 _LABEL = r"S[1-9][0-9]*"
@@ -26,9 +29,10 @@ _DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
-    r"(?:, block=([2-9]|[1-9][0-9]+))?\)$"
+    r"(?:, block=([2-9]|[1-9][0-9]+))?(, reverse=true)?\)$"
 )
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
+_SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
 
 
 class SpecError(ValueError):
@@ -60,30 +64,36 @@ class Gather:
     the last; ``halo_end`` defaults to ``halo``.
     ``block``: each local output is ``block`` equal blocks (concat of ``block`` inputs);
     the global output is block 0 of every shard, then block 1 of every shard, and so on.
+    ``reverse``: the last shard's output comes first (``rev``/``flip`` of a cut dim): Shard(dim)
+    after one collective permute, which Shardy calls a permutation factor.
     """
 
     dim: int
     halo: int = 0
     block: int = 1
     halo_end: int | None = None
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         if self.halo_end is None:
             object.__setattr__(self, "halo_end", self.halo)
         if self.dim < 0 or self.halo < 0 or self.halo_end < 0 or self.block < 1:
             raise SpecError(f"bad gather(dim={self.dim}, halo=({self.halo}, {self.halo_end}), block={self.block})")
+        if self.reverse and (self.halo or self.halo_end or self.block > 1):
+            raise SpecError(f"a reversed gather(dim={self.dim}) takes no halo or block")
 
     @property
     def plain(self) -> bool:
         """A plain concatenation: what Shard(dim) means to DTensor and jax."""
-        return self.halo == 0 and self.halo_end == 0 and self.block == 1
+        return self.halo == 0 and self.halo_end == 0 and self.block == 1 and not self.reverse
 
     def __str__(self) -> str:
         if self.halo == self.halo_end:
             halo = f", halo={self.halo}" if self.halo else ""
         else:
             halo = f", halo=({self.halo}, {self.halo_end})"
-        return f"gather(dim={self.dim}{halo}" + (f", block={self.block}" if self.block > 1 else "") + ")"
+        block = f", block={self.block}" if self.block > 1 else ""
+        return f"gather(dim={self.dim}{halo}{block}" + (", reverse=true)" if self.reverse else ")")
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,28 @@ class Identity:
         return "identity"
 
 
-Combine = Union[Gather, Reduce, Identity]
+@dataclass(frozen=True)
+class Scan:
+    """A prefix scan along ``dim`` (``cumsum``, ``cummax``, ``logcumsumexp`` of a cut dim):
+    each shard's local scan is folded by ``op`` with the carry of the shards before it (the
+    last slice of their combined output), then gathered. ``reverse`` scans from the end: the
+    carry comes from the shards after it (their first slice). No framework placement says
+    this; at run time it is one exchange of a slice per shard, not a gather of the dim.
+    """
+
+    dim: int
+    op: str
+    reverse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dim < 0 or self.op not in SCAN_OPS:
+            raise SpecError(f"bad scan(dim={self.dim}, op={self.op}) (op one of {', '.join(SCAN_OPS)})")
+
+    def __str__(self) -> str:
+        return f"scan(dim={self.dim}, op={self.op}" + (", reverse=true)" if self.reverse else ")")
+
+
+Combine = Union[Gather, Reduce, Identity, Scan]
 
 
 def parse_combine(text: str) -> Combine:
@@ -122,21 +153,29 @@ def parse_combine(text: str) -> Combine:
         if m[3] is not None:
             if m[3] == m[4]:  # one spelling per combine: equal sides are written halo=H
                 raise SpecError(f"bad combine {text!r} (write halo={m[3]} for equal sides)")
-            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]))
-        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1))
+            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]), reverse=bool(m[6]))
+        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1), reverse=bool(m[6]))
     m = _REDUCE_RE.match(s)
     if m:
         return Reduce(m[1])
-    raise SpecError(f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B]), reduce(OP) or identity)")
+    m = _SCAN_RE.match(s)
+    if m:
+        return Scan(int(m[1]), m[2], bool(m[3]))
+    raise SpecError(
+        f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, reverse=true]), "
+        "reduce(OP), scan(dim=D, op=OP[, reverse=true]) or identity)"
+    )
 
 
 def combine_order(c: Combine) -> tuple:
     """A total order on combines, for deterministic output."""
     if isinstance(c, Gather):
-        return (0, c.dim, c.halo, c.halo_end, c.block, 0)
+        return (0, c.dim, c.halo, c.halo_end, c.block, c.reverse, 0)
     if isinstance(c, Identity):  # Replicate output: cheaper for a planner than Partial
-        return (1, 0, 0, 0, 0, 0)
-    return (2, 0, 0, 0, 0, REDUCE_OPS.index(c.op))
+        return (1, 0, 0, 0, 0, 0, 0)
+    if isinstance(c, Scan):  # no placement: last
+        return (3, c.dim, 0, 0, 0, c.reverse, SCAN_OPS.index(c.op))
+    return (2, 0, 0, 0, 0, 0, REDUCE_OPS.index(c.op))
 
 
 @dataclass(frozen=True)
@@ -535,7 +574,7 @@ def tables_from_strategies(
 
 __all__ = [
     "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "InputPlacement", "N",
-    "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce", "Replicate",
+    "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce", "Replicate", "SCAN_OPS", "Scan",
     "ShardIn", "ShardSpec", "SpecError", "Strategy", "joint", "joint_strategies", "parse_combine", "strategies",
     "tables_from_strategies",
 ]

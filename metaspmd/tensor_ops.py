@@ -48,6 +48,9 @@ class TensorOps(Protocol):
     def sqrt(self, x: Any) -> Any:
         """Elementwise square root of a floating tensor (used for reduce(norm2))."""
 
+    def logaddexp(self, a: Any, b: Any) -> Any:
+        """log(exp(a) + exp(b)) of floating tensors, without overflow (used for scan(logsumexp))."""
+
     def close(self, actual: Any, expected: Any) -> bool:
         """Same shape and dtype kind, and equal values.
 

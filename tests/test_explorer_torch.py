@@ -355,6 +355,34 @@ def test_norms_reduce_by_norm2():
     assert all(c == ["reduce(sum)"] for c in combines(e).values()), combines(e)
 
 
+@pytest.mark.parametrize("fn,combine", [
+    (aten.cumsum.default, "scan(dim=1, op=sum)"),
+    (aten.cumprod.default, "scan(dim=1, op=prod)"),
+    (aten.logcumsumexp.default, "scan(dim=1, op=logsumexp)"),
+    (lambda x, dim: aten.cumsum.default(x.flip(dim), dim).flip(dim), "scan(dim=1, op=sum, reverse=true)"),
+    (lambda x, dim: aten.cummax.default(x, dim)[0], "scan(dim=1, op=max)"),
+    (lambda x, dim: aten.flip.default(x, [dim]), "gather(dim=1, reverse=true)"),
+])
+def test_a_cut_scan_dim_carries_across_shards(fn, combine):
+    """cumsum over a cut dim is each shard's cumsum plus the totals of the shards before
+    it; flip's shards come back in reverse order."""
+    e = explore(fn, [randn(4, 7), 1], ("self", "dim"))
+    assert str(e.shard) == "[[S1, S2]]"
+    assert combines(e)["S1"] == ["gather(dim=0)"] and combines(e)["S2"] == [combine], combines(e)
+
+
+def test_order_combines_only_where_no_plain_gather_holds():
+    """A scan or reversed gather beside the plain gather of its dim says only that the data
+    does not vary along it (zeros_like: every combine of its shape holds)."""
+    e = explore(aten.cumsum.default, [torch.randint(0, 2, (6, 5)).bool(), 0], ("self", "dim"))
+    assert combines(e)["S1"] == ["scan(dim=0, op=sum)"]
+    e = explore(lambda x: x.abs().cumsum(0) * 0, [randn(6, 5)], ("self",))
+    assert all("scan" not in c and "reverse" not in c for cs in combines(e).values() for c in cs), combines(e)
+    # cummax's indices output has no combine: no rule cuts the scanned dim
+    e = explore(aten.cummax.default, [randn(6, 5), 0], ("self", "dim"))
+    assert [str(d) for d in e.shard.inputs[0]] == ["N", "S1"]
+
+
 def test_a_generator_that_ignores_its_seed_gets_blind_trials():
     """OpInfo's bool sample for mul_ is one 2x2 pair whatever the seed: its trials repeat
     the example, whose row shards are equal, and the two blind trials happen to be no

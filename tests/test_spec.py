@@ -3,7 +3,7 @@
 import pytest
 
 from metaspmd.spec import (
-    CombineSpec, DimLabel, Gather, Identity, OutputCombine, PartialIn, PartialSpec, Reduce, Replicate, ShardIn,
+    CombineSpec, DimLabel, Gather, Identity, OutputCombine, PartialIn, PartialSpec, Reduce, Replicate, Scan, ShardIn,
     ShardSpec, SpecError, parse_combine, strategies,
 )
 
@@ -12,6 +12,7 @@ from metaspmd.spec import (
     "gather(dim=0)", "gather(dim=3, halo=2)", "gather(dim=1, block=3)", "gather(dim=2, halo=1, block=2)",
     "gather(dim=1, halo=(1, 0))", "gather(dim=0, halo=(0, 2), block=2)",
     "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "reduce(norm2)", "identity",
+    "gather(dim=1, reverse=true)", "scan(dim=0, op=sum)", "scan(dim=2, op=logsumexp, reverse=true)",
 ])
 def test_combine_round_trip(text):
     c = parse_combine(text)
@@ -20,7 +21,9 @@ def test_combine_round_trip(text):
 
 
 @pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "reduce(norm)", "reduce(2norm)", "Identity", "gather(dim=0, block=1)", "",
-                                  "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))"])
+                                  "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))",
+                                  "gather(dim=0, halo=1, reverse=true)", "gather(dim=0, reverse=false)", "gather(dim=0, reverse)",
+                                  "scan(dim=0)", "scan(dim=0, op=avg)", "scan(op=sum, dim=0)", "scan(dim=0, op=sum, reverse=false)"])
 def test_bad_combine_rejected(text):
     with pytest.raises(SpecError):
         parse_combine(text)
@@ -35,6 +38,9 @@ def test_tables_round_trip():
     partial = PartialSpec.parse("[[S2(sum)], []]")
     assert PartialSpec.parse(str(partial)) == partial
     assert str(OutputCombine.of([Reduce("sum"), Gather(0), Identity()])) == "gather(dim=0) | identity | reduce(sum)"
+    ordered = OutputCombine.of([Scan(0, "max"), Gather(0, reverse=True), Reduce("sum"), Gather(0)])
+    assert str(ordered) == "gather(dim=0) | gather(dim=0, reverse=true) | reduce(sum) | scan(dim=0, op=max)"
+    assert not Gather(0, reverse=True).plain
     assert PartialIn.parse("S4(sum)") == PartialIn("S4", "sum")
 
 

@@ -31,11 +31,11 @@ from typing import Any, Sequence
 
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
-from metaspmd.combine import Split, holds, partial_summands, reduce_ops_for, shard_with_halo
+from metaspmd.combine import Split, holds, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
+from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
 
 # jax is imported inside the functions: the device count must be set before jax starts.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -82,11 +82,20 @@ def _has_partial(strategy) -> bool:
     return any(isinstance(p, PartialInput) for p in strategy.inputs)
 
 
+def _rebuilds_dim(c, dim: int, permutation: bool) -> bool:
+    """Does combine ``c`` rebuild output dim ``dim`` the way a Shardy factor shards it? Any
+    gather with its halo; for a permutation factor (data moves between shards) also a
+    reversed gather (rev: one collective permute) or a scan (cumsum: one carry per shard)."""
+    if isinstance(c, Gather) and c.dim == dim and c.block == 1:
+        return permutation or not c.reverse
+    return permutation and isinstance(c, Scan) and c.dim == dim
+
+
 def _combine_fits(factor, strategy) -> bool:
     out_dims = dict(factor.outputs)
     for j, outs in enumerate(strategy.outputs):
         if j in out_dims:
-            if not any(isinstance(c, Gather) and c.dim == out_dims[j] and c.block == 1 for c in outs.options):
+            if not any(_rebuilds_dim(c, out_dims[j], factor.kind == "permutation") for c in outs.options):
                 return False
         elif factor.kind == "reduction" and not any(isinstance(c, Reduce) for c in outs.options):
             return False
@@ -136,7 +145,11 @@ def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[s
     for j in range(n_outputs):
         if j in out_dims:
             d = out_dims[j]
-            outs.append(OutputCombine((Gather(d),) + tuple(Gather(d, lo, 1, hi) for lo in (0, 1, 2) for hi in (0, 1, 2) if lo or hi)))
+            options = (Gather(d),) + tuple(Gather(d, lo, 1, hi) for lo in (0, 1, 2) for hi in (0, 1, 2) if lo or hi)
+            if factor.kind == "permutation":
+                options += (Gather(d, reverse=True),) + tuple(
+                    Scan(d, op, rev) for rev in (False, True) for op in scan_ops_for(out_kinds[j]))
+            outs.append(OutputCombine(options))
         else:
             reduces = tuple(Reduce(r) for r in reduce_ops_for(out_kinds[j], True))
             outs.append(OutputCombine((Identity(),) + reduces))
@@ -253,11 +266,13 @@ def _jit_plan(strategy, leaves, outs, n_devices: int):
     for c, out in zip(combines, outs):
         if isinstance(c, Gather):
             if not c.plain:
-                return "halo or block output"
+                return "halo, block or reversed output"
             sizes.append(out.shape[c.dim])
         elif isinstance(c, Reduce):
             if c.op not in ("sum", "max", "min", "avg") or out.dtype == bool:
                 return f"reduce({c.op}) on {out.dtype} has no collective"
+        elif isinstance(c, Scan):
+            return "scan output"
         elif not isinstance(c, Identity):
             return "unknown combine"
     n = next((k for k in (8, 4, 2) if k <= n_devices and all(s % k == 0 for s in sizes)), None)

@@ -103,6 +103,9 @@ class JaxOps:
     def scale(self, x, factor: float):
         return _back(_np(x) * factor, x)
 
+    def logaddexp(self, a, b):
+        return self._binary(a, b, np.logaddexp)
+
     def sqrt(self, x):
         return _back(np.sqrt(_np(x)), x)
 

@@ -94,12 +94,14 @@ def input_key(p: InputPlacement) -> str | None:
 
 
 def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, block)."""
+    """DTensor's name for a combine; None when it has none (halo, block, reverse, scan)."""
     if isinstance(c, Gather):
         return f"S({c.dim})" if c.plain else None
     if isinstance(c, Reduce):
         return NORM2 if c.op == "norm2" else f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
-    return "R"
+    if isinstance(c, Identity):
+        return "R"
+    return None
 
 
 def parse_input(key: str) -> InputPlacement:

@@ -64,6 +64,9 @@ class TorchOps:
     def maximum(self, a, b):
         return torch.maximum(a, b)
 
+    def logaddexp(self, a, b):
+        return torch.logaddexp(a, b)
+
     def sqrt(self, x):
         return torch.sqrt(x)
 

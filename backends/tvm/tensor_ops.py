@@ -77,6 +77,9 @@ class TvmOps:
         a = x.numpy()
         return to_tvm((a * factor).astype(a.dtype))
 
+    def logaddexp(self, a, b):
+        return to_tvm(np.logaddexp(a.numpy(), b.numpy()))
+
     def sqrt(self, x):
         a = x.numpy()
         return to_tvm(np.sqrt(a).astype(a.dtype))

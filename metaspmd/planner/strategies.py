@@ -71,7 +71,7 @@ def _output_placement(c: spec.OutputCombine) -> Placement | None:
             if not option.plain:
                 continue
             p, r = Shard(option.dim), 1
-        elif option.op in RUNNABLE_REDUCE_OPS:
+        elif isinstance(option, spec.Reduce) and option.op in RUNNABLE_REDUCE_OPS:
             p, r = Partial(option.op), 2 if option.op == "sum" else 3
         else:
             continue

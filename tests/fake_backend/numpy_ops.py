@@ -47,6 +47,9 @@ class NumpyOps:
     def scale(self, x, factor: float):
         return (x * factor).astype(x.dtype)
 
+    def logaddexp(self, a, b):
+        return np.logaddexp(a, b)
+
     def sqrt(self, x):
         return np.sqrt(x).astype(x.dtype)
 

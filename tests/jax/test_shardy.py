@@ -71,3 +71,25 @@ def test_reverify_cuts_each_input_by_its_own_size():
     assert mixed and str(mixed[0]).startswith("S1+S3: (S(0), S(0))")
     for s in joints:
         assert reverify(case, backend.tensor_ops(), s) is None, s
+
+
+def test_scans_and_reversed_gathers_realise_permutation_factors_only():
+    """cumsum's and rev's cut dims are Shardy permutation factors (data moves between
+    shards): a scan or a reversed gather realises one; a pass-through factor needs a plain
+    gather."""
+    from metaspmd.backends.jax.crosscheck import match
+    from metaspmd.backends.jax.shardy import Factor
+    from metaspmd.spec import OutputCombine, ShardIn, Strategy
+
+    def strategy(text):
+        return Strategy("S1", (ShardIn(0),), (OutputCombine.parse(text),))
+
+    for text in ("scan(dim=0, op=sum)", "gather(dim=0, reverse=true)", "gather(dim=0)"):
+        permutation = Factor("permutation", 6, ((0, 0),), ((0, 0),), ("reduce_window",))
+        assert match(permutation, [strategy(text)]) is not None, text
+    passing = Factor("pass-through", 6, ((0, 0),), ((0, 0),), ("add",))
+    assert match(passing, [strategy("scan(dim=0, op=sum)")]) is None
+    assert match(passing, [strategy("gather(dim=0, reverse=true)")]) is None
+    assert match(passing, [strategy("gather(dim=0)")]) is not None
+    # the wrong dim matches nothing
+    assert match(Factor("permutation", 6, ((0, 0),), ((0, 1),), ("rev",)), [strategy("scan(dim=0, op=sum)")]) is None

@@ -22,6 +22,9 @@ def test_halo_and_block_strategies_are_not_runnable():
     # no public Partial placement reduces by the 2-norm
     norm = spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse("reduce(norm2)"),))
     assert axis_strategy(norm) is None
+    # nor by shard order: a scan(sum) is no Partial(sum), a reversed gather no Shard(0)
+    for text in ("scan(dim=0, op=sum)", "gather(dim=0, reverse=true)"):
+        assert axis_strategy(spec.Strategy("S5", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),))) is None
 
 
 def test_replicate_is_preferred_among_equivalent_combines():
