@@ -111,7 +111,7 @@ def candidate_combines(
                 # shard nothing of its own.
                 if abs(lo - hi) <= 1 and total > 0 and total - (lo + hi) * (n - 1) == gshape[d]:
                     out.append(Gather(d, lo, 1, hi))
-        if total == gshape[d]:  # the explorer keeps these only where no plain gather holds
+        if total == gshape[d] and total > 0:  # kept only where no plain gather holds
             out.append(Gather(d, reverse=True))
             out += [Scan(d, op, reverse) for reverse in (False, True) for op in scan_ops_for(ops.dtype_kind(global_))]
         if total == gshape[d] and max_block > 1:

@@ -11,9 +11,10 @@ For every case the backend builds, Shardy's rule is read from the lowered call (
 Found factors count as agreement; missing ones are listed with a reason (re-checked by
 verifying the strategy Shardy implies). Our strategies that match no shardable factor are
 extras. Every one of our strategies is re-verified on fresh inputs by a checker of its own
-(more seeds and shard counts than the explorer's, every combine option), and the plain ones
-(shard/replicate in, gather/sum/max/min/avg/identity out) also run for real under
-``jax.jit`` + ``shard_map`` on several CPU devices, with collectives doing the combine.
+(more seeds and shard counts than the explorer's, every combine option), and those with no
+Partial or halo input also run for real under ``jax.jit`` + ``shard_map`` on several CPU
+devices, with collectives doing the combine (``collectives``: psum and friends, a
+collective permute for a reversed gather, a carry of edge slices for a scan).
 
     python tools/crosscheck.py --backend jax --ops 'jax.dot_general,jax.add'
 """
@@ -256,40 +257,39 @@ def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
 
 
 def _jit_plan(strategy, leaves, outs, n_devices: int):
-    """(n, in_specs, out_specs, reducers) for a shard_map run, or a reason it does not apply."""
+    """(n, in_specs, out_specs, combines) for a shard_map run, or a reason it does not apply."""
     from jax.sharding import PartitionSpec as P
+
+    from .collectives import AXIS, output_dim, unsupported
 
     if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in strategy.inputs):
         return "partial or halo input"
     sizes = [leaves[i].shape[p.dim] for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)]
     combines = [o.first for o in strategy.outputs]
     for c, out in zip(combines, outs):
-        if isinstance(c, Gather):
-            if not c.plain:
-                return "halo, block or reversed output"
-            sizes.append(out.shape[c.dim])
-        elif isinstance(c, Reduce):
-            if c.op not in ("sum", "max", "min", "avg") or out.dtype == bool:
-                return f"reduce({c.op}) on {out.dtype} has no collective"
-        elif isinstance(c, Scan):
-            return "scan output"
-        elif not isinstance(c, Identity):
-            return "unknown combine"
+        why = unsupported(c, out.dtype)
+        if why:
+            return why
+        if output_dim(c) is not None:
+            sizes.append(out.shape[output_dim(c)])
     n = next((k for k in (8, 4, 2) if k <= n_devices and all(s % k == 0 for s in sizes)), None)
     if n is None:
         return "no device count divides the sharded dims"
-    in_specs = tuple(P(*([None] * p.dim + ["x"])) if isinstance(p, ShardIn) else P() for p in strategy.inputs)
-    out_specs = tuple(P(*([None] * c.dim + ["x"])) if isinstance(c, Gather) else P() for c in combines)
-    reducers = tuple(c.op if isinstance(c, Reduce) else None for c in combines)
-    return n, in_specs, out_specs, reducers
+
+    def spec(dim):
+        return P() if dim is None else P(*([None] * dim + [AXIS]))
+
+    in_specs = tuple(spec(p.dim if isinstance(p, ShardIn) else None) for p in strategy.inputs)
+    return n, in_specs, tuple(spec(output_dim(c)) for c in combines), combines
 
 
 def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
     """Run the strategy for real: shard_map over a mesh, collectives for the combine."""
     import jax
     import numpy as np
-    from jax import lax
     from jax.sharding import Mesh
+
+    from .collectives import AXIS, finisher
 
     fn = _flat_fn(case, ops)
     leaves = _leaves(case, ops)
@@ -297,13 +297,13 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
     plan = _jit_plan(strategy, leaves, expected, n_devices)
     if isinstance(plan, str):
         return "skipped", plan
-    n, in_specs, out_specs, reducers = plan
-    collective = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin, "avg": lax.pmean}
+    n, in_specs, out_specs, combines = plan
+    finish = [finisher(c, n) for c in combines]
 
     def local(*xs):
-        return tuple(collective[r](y, "x") if r else y for y, r in zip(fn(*xs), reducers))
+        return tuple(f(y) for f, y in zip(finish, fn(*xs)))
 
-    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+    mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
     try:
         run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
         got = run(*leaves)

@@ -254,7 +254,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     if views.is_view_like(func) and not catalog.out_arg_names(func):  # out= overloads run through runner
         rule = views.derive(func, args, kwargs)
         if rule is not None:
-            fn, candidates = rule.fn, rule.candidates
+            fn, candidates, notes = rule.fn, rule.candidates, notes + rule.notes
     if catalog.trusts_matching_shapes(func):
         fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
     if catalog.indexed_dims(func):

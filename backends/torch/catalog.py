@@ -171,11 +171,15 @@ def functional_sibling(name: str) -> str | None:
     return None
 
 
+# Backward ops that read an input for its layout only, never indexing by it.
+LAYOUT_ONLY_BACKWARD = frozenset({"to_dense_backward", "to_mkldnn_backward"})
+
+
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     """Kernels that size one input by another without checking (backward ops, batch norm):
     inconsistent shards crash them, so their local calls are guarded."""
     base = func._schema.name.split("::")[1]
-    return "backward" in base or "batch_norm" in base
+    return ("backward" in base and base not in LAYOUT_ONLY_BACKWARD) or "batch_norm" in base
 
 
 # Dims that index tensors address by value: sharding them leaves the indices pointing past

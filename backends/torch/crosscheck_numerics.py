@@ -10,6 +10,7 @@ DTensor false positive).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -94,6 +95,9 @@ class Trial:
     seed: int
     chunked: bool = False  # cut dims as DTensor does (torch.chunk) rather than near-equally
     blind: bool = False  # random inputs, not the sample's generator
+    # Partial(sum) inputs whose parts cancel: the global value is zero, the parts are not
+    # (any(x1 + x2) is not any(x1) or any(x2) where x1 = -x2; random parts never cancel)
+    cancelling: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     case, ops = inputs.case, inputs.ops
     args, kwargs = inputs(trial.seed, trial.blind)
     leaves = pytree.leaves((args, kwargs), ops.is_tensor)
+    if trial.cancelling:
+        leaves = [ops.zeros_like(x) if isinstance(p, PartialInput) and p.op == "sum" else x
+                  for x, p in zip(leaves, placements)]
+        args, kwargs = pytree.replace((args, kwargs), ops.is_tensor, leaves)
     want = pytree.leaves(case.call(args, kwargs), ops.is_tensor)
     if len(want) != len(combines):
         raise ValueError(f"{len(want)} outputs, the rule combines {len(combines)}")
@@ -198,6 +206,11 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
             break  # the op refuses unconstrained inputs: the sample's generator is all there is
         if err:
             return "data-dependent", f"holds on the sample's inputs, not on random ones: {err.message}"
+    for choice in itertools.product(*options):
+        if Reduce("avg") not in choice:
+            err = _cancelling_failure(inputs, placements, choice, Trial(2, draw_seed(seed, 0)))
+            if err:
+                return "failed", err.message
     return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
 
 
@@ -222,7 +235,26 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
             return "unchecked", err.message
         if err:
             return ("wrong" if t == 0 else "split-dependent"), err.message
+    err = _cancelling_failure(inputs, placements, combines, Trial(2, draw_seed(seed, 0), chunked=True))
+    if err:
+        return "wrong", err.message
     return "holds", ""
+
+
+def _cancelling_failure(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
+                        trial: Trial) -> Failure | None:
+    """The rule's failure on ``trial`` with its Partial(sum) inputs zero and their parts not;
+    None when it holds there, has no such input, or the op refuses zeros. Two parts, x and
+    -x, cancel exactly, so a linear op's local results do too, with no rounding to excuse."""
+    if not any(isinstance(p, PartialInput) and p.op == "sum" for p in placements):
+        return None
+    try:
+        err = run_trial(inputs, placements, combines, dataclasses.replace(trial, cancelling=True))
+    except Exception:
+        return None  # the op refuses the zeroed inputs: no verdict
+    if err and not err.crashed:
+        return Failure(f"{err.message} when the Partial parts cancel to zero")
+    return None
 
 
 __all__ = [

@@ -6,7 +6,10 @@ input dim lands on which output dim. The derived strategies become ``OpCase.cand
 and the explorer still verifies each one numerically.
 
 The backward ops of upsampling, ``select`` and ``slice`` are treated the same way: they
-take the forward input's sizes as an argument, which a shard rewrites.
+take the forward input's sizes as an argument, which a shard rewrites. ``view_as``,
+``reshape_as`` and ``expand_as`` read ``other`` for its global shape only (DTensor runs
+them as ``view(self, other.shape)``): a shard runs the base op with that size, rewritten
+from self's local shape, and other may be placed any way.
 
 Each rule comes with the function a shard runs: the op itself when its arguments do not
 depend on sizes (permute, select, split, ...), otherwise a wrapper that rewrites the
@@ -21,15 +24,20 @@ from typing import Any, Callable
 
 import torch
 
-from metaspmd.spec import Gather, InputPlacement, OutputCombine, ShardIn
+from metaspmd.spec import Gather, InputPlacement, OutputCombine, Reduce, ShardIn
 
 Candidate = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
 
 
 @dataclass(frozen=True)
 class ViewRule:
+    """The function a shard runs, and the derived strategies to verify; ``candidates`` is
+    None where the explorer searches as usual (``view_as``: other's shape is fixed, and
+    which placements of self and other work is found, not derived)."""
+
     fn: Callable[..., Any]
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[Candidate, ...] | None
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -204,6 +212,25 @@ def _expand(func, x, args, kwargs):
     return ViewRule(fn, _single({d: d + off for d in kept}, tuple(x.shape)))
 
 
+def _sum_to_size(func, x, args, kwargs):
+    """Sums the broadcast dims away: a kept dim gathers (its size rewritten to the shard's),
+    a summed one reduces by sum."""
+    size = list(_bound(func, args, kwargs)["size"])
+    off = x.dim() - len(size)
+    kept = {d: d - off for d in range(off, x.dim()) if x.shape[d] != 1 and size[d - off] == x.shape[d]}
+
+    def fn(*args, **kwargs):
+        local = list(size)
+        for d, o in kept.items():
+            local[o] = args[0].shape[d]
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "size", local)
+        return func(*args, **kwargs)
+
+    summed = tuple(((ShardIn(d),), (OutputCombine((Reduce("sum"),)),))
+                   for d in range(x.dim()) if d not in kept and x.shape[d] >= 2)
+    return ViewRule(fn, _single(kept, tuple(x.shape)) + summed)
+
+
 def _index_dim(func, x, args, kwargs, drops: bool):
     """Ops that index one dim (select, slice, narrow, split, unbind): other dims pass through."""
     b = _bound(func, args, kwargs)
@@ -320,7 +347,8 @@ _BY_BASE: dict[str, Callable] = {
     "permute": _permute_like, "transpose": _permute_like, "t": _permute_like, "swapaxes": _permute_like,
     "swapdims": _permute_like, "movedim": _permute_like, "moveaxis": _permute_like, "adjoint": _permute_like,
     "numpy_T": _permute_like, "mT": _permute_like,
-    "unsqueeze": _unsqueeze, "squeeze": _squeeze, "expand": _expand,
+    "unsqueeze": _unsqueeze, "squeeze": _squeeze, "expand": _expand, "broadcast_to": _expand,
+    "sum_to_size": _sum_to_size,
     "select": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),
     "unbind": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),
     "slice": lambda f, x, a, k: _index_dim(f, x, a, k, drops=False),
@@ -341,6 +369,24 @@ _BY_BASE: dict[str, Callable] = {
 }
 
 
+# op -> the view it runs with other's shape as the size
+_SHAPE_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand"}
+SHAPE_OF_OTHER_NOTE = "other is read for its global shape only: a shard runs {base}(self, other's shape) with the size rewritten from self's local shape"
+
+
+def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
+    b = _bound(func, args, kwargs)
+    base_name = _SHAPE_OF_OTHER[view_base(func)]
+    base = getattr(torch.ops.aten, base_name).default
+    size = list(b["other"].shape)
+    inner = _BY_BASE[base_name](base, b["self"], (b["self"], size), {})
+
+    def fn(self, other):  # other's shard is never read: its global shape is the size
+        return inner.fn(self, size)
+
+    return ViewRule(fn, None, (SHAPE_OF_OTHER_NOTE.format(base=base_name),))
+
+
 def view_base(func) -> str:
     """The op's name without the ``_copy`` suffix of functional view variants."""
     base = func._schema.name.split("::")[1]
@@ -348,13 +394,18 @@ def view_base(func) -> str:
 
 
 def is_view_like(func) -> bool:
-    return view_base(func) in _BY_BASE or view_base(func) in _SPLIT_DIM
+    return view_base(func) in _BY_BASE or view_base(func) in _SPLIT_DIM or view_base(func) in _SHAPE_OF_OTHER
 
 
 def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
     """The derived rule for one example call, or None when the op (or this call) has none."""
     if not args or not isinstance(args[0], torch.Tensor):
         return None
+    if view_base(func) in _SHAPE_OF_OTHER:
+        try:
+            return _shape_of_other(func, tuple(args), dict(kwargs))
+        except Exception:
+            return None
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     if len(tensors) != 1:
         return None

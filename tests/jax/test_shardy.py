@@ -93,3 +93,21 @@ def test_scans_and_reversed_gathers_realise_permutation_factors_only():
     assert match(passing, [strategy("gather(dim=0)")]) is not None
     # the wrong dim matches nothing
     assert match(Factor("permutation", 6, ((0, 0),), ((0, 1),), ("rev",)), [strategy("scan(dim=0, op=sum)")]) is None
+
+
+def test_scans_and_reversed_gathers_run_as_collectives_on_cpu_devices(tmp_path):
+    """cumsum over a cut axis runs as local scans plus a carry of edge slices, rev as one
+    collective permute: their strategies agree with Shardy's permutation factors and give
+    the unsharded result under jit + shard_map."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "crosscheck.py"), "--backend", "jax", "--ops", "jax.cumsum,jax.cumlogsumexp,jax.rev",
+         "--registry", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert "agree  permutation[" in out and "MISS" not in out, out[-3000:]
+    jit = out.split("jit on CPU devices:")[1].split("\n")[0]
+    assert " 0 failed" in jit and int(jit.split(" ok")[0]) >= 6, jit

@@ -9,13 +9,13 @@ pytest.importorskip("expecttest")  # the OpInfo database needs it
 
 from metaspmd.backends.torch import TorchBackend, get_backend  # noqa: E402
 from metaspmd.backends.torch import catalog, samples, views  # noqa: E402
-from metaspmd.case import NoSample, Skip  # noqa: E402
+from metaspmd.case import NoSample, OpCase, Skip  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.signature import signature  # noqa: E402
-from metaspmd.spec import Gather, OutputCombine, ShardIn  # noqa: E402
+from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn  # noqa: E402
 
 # A handful of OpInfos captured in memory: seconds, not the full index.
-OPINFOS = ("mm", "add", "sum", "gather", "index_select", "permute", "transpose", "reshape", "view", "split")
+OPINFOS = ("mm", "add", "sum", "gather", "index_select", "permute", "transpose", "reshape", "view", "split", "view_as")
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +214,41 @@ def test_expand_rewrites_sizes_for_shards():
     rule = _rule_for(torch.ops.aten.expand.default, x, [3, 4, 5])
     assert _gather_rules(rule) == {0: 1}
     assert rule.fn(x[:2], [3, 4, 5]).shape == (3, 2, 5)
+
+
+def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
+    got = {p[0].dim: str(c[0]) for p, c in rule.candidates}
+    assert got == {1: "gather(dim=0)", 0: "reduce(sum)", 2: "reduce(sum)"}
+    assert torch.allclose(rule.fn(x[:, :2], [4, 1]), x[:, :2].sum((0, 2)).reshape(2, 1))
+    e = explore_case(OpCase("aten.sum_to_size.default", rule.fn, (x, [4, 1]), {}, ("self", "size"),
+                            candidates=rule.candidates), get_backend(opinfos=()).tensor_ops())
+    assert e.status == "derived" and len(list(e.strategies())) == 3 + 1  # and a Partial self
+
+
+def test_view_as_reads_other_for_its_global_shape_only():
+    """view_as is view(self, other.shape) (DTensor runs it so): a shard of self is viewed to
+    the size rewritten from its local shape, and other's shard is never read."""
+    x, other = torch.randn(4, 6, 5), torch.randn(24, 5)
+    rule = _rule_for(torch.ops.aten.view_as.default, x, other)
+    assert rule.candidates is None and "global shape only" in rule.notes[0]  # explored, not derived
+    local = x[:2]
+    for other_shard in (other, other[:7], other[:, :2]):
+        assert torch.equal(rule.fn(local, other_shard), local.reshape(12, 5))
+    expand_as = _rule_for(torch.ops.aten.expand_as.default, torch.randn(4, 1), torch.randn(3, 4, 5))
+    assert expand_as.fn(torch.randn(2, 1), torch.randn(1, 1, 1)).shape == (3, 2, 5)
+
+
+def test_view_as_explores_other_as_a_part_of_its_own(backend):
+    """Other's placement is free: (R, S(k)) -> R and every joint with self's strategies."""
+    case = next(c for c in backend.cases("aten.view_as.default") if c.args[0].dtype.is_floating_point)
+    e = explore_case(case, backend.tensor_ops())
+    assert e.independent is not None
+    rules = {s.inputs: [str(o.first) for o in s.outputs] for s in e.all_strategies()}
+    assert rules[(ShardIn(0), Replicate())] == ["gather(dim=0)"]
+    assert rules[(Replicate(), ShardIn(1))] == ["identity"]
+    assert rules[(ShardIn(0), ShardIn(1))] == ["gather(dim=0)"]
 
 
 # --------------------------------------------------------------------------- end to end

@@ -16,7 +16,7 @@ from metaspmd.backends.torch.crosscheck_dtensor import (  # noqa: E402
     AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, canonical_names, dtensor_answer, dtensor_support,
 )
 from metaspmd.backends.torch.crosscheck_numerics import (  # noqa: E402
-    FreshInputs, check_foreign_rule, chunk_bounds, partial_parts, reverify,
+    FreshInputs, Trial, check_foreign_rule, chunk_bounds, partial_parts, reverify, run_trial,
 )
 from metaspmd.backends.torch.crosscheck_real import REAL_CANNOT_RUN, REAL_RAISES, replay  # noqa: E402
 from metaspmd.case import OpCase  # noqa: E402
@@ -264,6 +264,21 @@ def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
     assert check_foreign_rule(FreshInputs(even, ops), *rule, mesh_size=2, seed=1)[0] == "split-dependent"
     right = ((ShardIn(0), Replicate()), (Gather(0),))
     assert check_foreign_rule(FreshInputs(_case(MM, *even.args), ops), *right, mesh_size=2, seed=1)[0] == "holds"
+
+
+def test_a_partial_rule_that_fails_where_the_parts_cancel_is_wrong(backend):
+    """DTensor gives any(P(sum)) -> P(max): true on random parts, false where x1 = -x2 (the
+    sum is zero, so any() is False, while each part's any() is True). Linear rules hold
+    there exactly."""
+    ops = backend.tensor_ops()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    any_ = _case(torch.ops.aten.any.default, x)
+    assert run_trial(FreshInputs(any_, ops), (PartialInput(),), (Reduce("max"),), Trial(2, 5)) is None  # random parts
+    verdict, detail = check_foreign_rule(FreshInputs(any_, ops), (PartialInput(),), (Reduce("max"),), mesh_size=2, seed=1)
+    assert verdict == "wrong" and "cancel" in detail
+    mm = _case(MM, x, torch.randn(6, 5, dtype=torch.float64))
+    assert check_foreign_rule(FreshInputs(mm, ops), (PartialInput(), Replicate()), (Reduce("sum"),), mesh_size=2, seed=1)[0] == "holds"
+    assert reverify(FreshInputs(mm, ops), (PartialInput(), Replicate()), ((Reduce("sum"),),), seed=1)[0] == "ok"
 
 
 # --------------------------------------------------------------------------- whole ops
