@@ -1742,7 +1742,6 @@ RULES = {
             strategies=(
                 Strategy((0, 0), (0,), ('', ''), ('',)),
                 Strategy((1, 1), (1,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
             ),
@@ -1754,7 +1753,6 @@ RULES = {
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
                 Strategy((1, 1), (1,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
             ),
@@ -1766,7 +1764,6 @@ RULES = {
             strategies=(
                 Strategy((1, 1), (1,), ('', ''), ('',)),
                 Strategy((None, 0), (0,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
             ),

@@ -18850,28 +18850,24 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,1,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,1,*] other:f[1,*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
             ((Replicate(), Shard(1)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
     },
@@ -18880,28 +18876,24 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,1,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,1,*] other:f[1,*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
             ((Replicate(), Shard(1)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
     },
@@ -18910,31 +18902,24 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*,*] other:f[*,*]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(0)), (Shard(1),)),
             ((Shard(2), Shard(1)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*] other:f[]': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Replicate()), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
-            ((Shard(0), Partial('sum')), (Shard(0),)),
-            ((Shard(1), Partial('sum')), (Shard(1),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
+            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
         'self:f[*] other:f[]': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
-            ((Shard(0), Partial('sum')), (Shard(0),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
+            ((Replicate(), Partial('sum')), (Replicate(),)),
         ),
     },
     'aten.nll_loss2d_backward.default': {
@@ -19164,7 +19149,6 @@ RULES = {
         ),
         'self:f[*] target:i[] weight:f[*] reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Replicate())),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'))),
         ),
         'self:f[*] target:i[] weight=None reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate()), (Partial('sum'), Replicate())),
@@ -19179,7 +19163,6 @@ RULES = {
         ),
         'self:f[*] target:i[] weight:f[*] reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Replicate())),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'))),
         ),
         'self:f[*] target:i[] weight=None reduction=1 ignore_index=-100': (
             ((Partial('sum'), Replicate()), (Partial('sum'), Replicate())),
@@ -24289,7 +24272,6 @@ RULES = {
         'self:f[*,*] other:f[*,*]': (
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.special_xlogy.other_scalar': {
@@ -24310,7 +24292,6 @@ RULES = {
         'self:f[*,*] other:f[*,*]': (
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.special_xlogy.self_scalar': {
@@ -26113,13 +26094,11 @@ RULES = {
     'aten.unique_consecutive.default': {
         'self:f[*,*]': (
             ((Shard(0),), (Shard(0), Replicate(), Replicate())),
-            ((Partial('sum'),), (Partial('sum'), Replicate(), Replicate())),
         ),
     },
     'aten.unique_consecutive.out': {
         'self:f[*,*]': (
             ((Shard(0),), (Shard(0), Replicate(), Replicate())),
-            ((Partial('sum'),), (Partial('sum'), Replicate(), Replicate())),
         ),
     },
     'aten.unsafe_chunk.default': {

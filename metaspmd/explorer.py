@@ -335,6 +335,8 @@ class _Explorer:
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.partial and any(Identity() in opts for opts in alive):
             alive = self._whole_on_special_values(group, alive)
+        if group.partial:
+            alive = self._where_parts_cancel(group, alive)
         result = []
         for opts in alive:
             if avg_checks < 2:
@@ -369,6 +371,26 @@ class _Explorer:
             if locs is None or locs is UNINFORMATIVE:
                 continue  # the op rejects these inputs split this way: no verdict
             alive = [[c for c in opts if c != Identity() or holds(self.ops, c, [loc[j] for loc in locs], trial.outputs[j])]
+                     for j, opts in enumerate(alive)]
+        return alive
+
+    def _where_parts_cancel(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the combines that fail where the Partial inputs are zero and their
+        two parts, r and -r, are not: random parts never cancel, and op(r) + op(-r) == op(0)
+        is where linearity shows (unique_consecutive of distinct values is the identity until
+        two of them meet; xlogy(0, y) is 0 whatever log(y) is; nextafter moves each part by
+        its own ulp). Two parts cancel exactly, so a linear op's local outputs do too."""
+        for base in [t for t in self.trials[1:] if not t.special][: len(PARTIAL_SPREADS)]:  # each spread once
+            leaves = [self.ops.zeros_like(x) if i in group.partial else x for i, x in enumerate(base.leaves)]
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
+            try:
+                zero = self._trial(tuple(args), dict(kwargs), index=base.index)
+            except Exception:
+                continue  # the op refuses zeros: no verdict
+            locs = self._locals(group, zero, Split(2))
+            if locs is None or locs is UNINFORMATIVE:
+                continue
+            alive = [[c for c in opts if holds(self.ops, c, [loc[j] for loc in locs], zero.outputs[j])]
                      for j, opts in enumerate(alive)]
         return alive
 

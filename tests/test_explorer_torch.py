@@ -355,6 +355,18 @@ def test_norms_reduce_by_norm2():
     assert all(c == ["reduce(sum)"] for c in combines(e).values()), combines(e)
 
 
+def test_a_partial_input_must_hold_where_its_parts_cancel():
+    """Random parts never cancel: unique_consecutive of distinct values passes as linear,
+    and xlogy(x, y) as linear in x, until x is zero (a single 0; xlogy(0, y) = 0 even where
+    log(y) is NaN). Parts r and -r of a zero input show it; linear ops still pass."""
+    e = explore(aten.unique_consecutive.default, [randn(4, 6)], ("self",))
+    assert e.partial.inputs == ((),), e.partial
+    e = explore(aten.special_xlogy.default, [randn(4, 6), randn(4, 6)], ("self", "other"))
+    assert not any(isinstance(p, PartialInput) for s in e.strategies() for p in s.inputs)
+    e = explore(aten.mm.default, [randn(6, 4), randn(4, 5)], ("self", "mat2"))
+    assert str(e.partial) == "[[S4(sum)], [S5(sum)]]"
+
+
 @pytest.mark.parametrize("fn,combine", [
     (aten.cumsum.default, "scan(dim=1, op=sum)"),
     (aten.cumprod.default, "scan(dim=1, op=prod)"),

@@ -20,8 +20,13 @@ REGISTRY = Path(__file__).resolve().parent.parent / "registry"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False,
+                                epilog="--backend NAME --help lists the backend's own options.")
     p.add_argument("--backend", required=True, help="torch or jax (module metaspmd.backends.<name>.crosscheck)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not any(a == "--backend" or a.startswith("--backend=") for a in argv) and {"-h", "--help"} & set(argv):
+        p.print_help()
+        return 0
     args, rest = p.parse_known_args(argv)
     try:
         module = importlib.import_module(f"metaspmd.backends.{args.backend}.crosscheck")
