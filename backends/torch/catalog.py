@@ -171,15 +171,18 @@ def functional_sibling(name: str) -> str | None:
     return None
 
 
-# Backward ops that read an input for its layout only, never indexing by it.
-LAYOUT_ONLY_BACKWARD = frozenset({"to_dense_backward", "to_mkldnn_backward"})
+# Backward ops whose kernels never size one input by another: to_dense_backward and
+# to_mkldnn_backward read input for its layout only; rrelu_with_noise_backward is
+# noise * grad_output in training (self unread) and an elementwise op, which checks that
+# shapes broadcast, otherwise.
+SHAPE_SAFE_BACKWARD = frozenset({"to_dense_backward", "to_mkldnn_backward", "rrelu_with_noise_backward"})
 
 
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     """Kernels that size one input by another without checking (backward ops, batch norm):
     inconsistent shards crash them, so their local calls are guarded."""
     base = func._schema.name.split("::")[1]
-    return ("backward" in base and base not in LAYOUT_ONLY_BACKWARD) or "batch_norm" in base
+    return ("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
 
 
 # Dims that index tensors address by value: sharding them leaves the indices pointing past

@@ -216,6 +216,18 @@ def test_expand_rewrites_sizes_for_shards():
     assert rule.fn(x[:2], [3, 4, 5]).shape == (3, 2, 5)
 
 
+def test_backward_kernels_are_guarded_unless_known_shape_safe():
+    aten = torch.ops.aten
+    assert catalog.trusts_matching_shapes(aten.native_batch_norm_backward.default)
+    assert catalog.trusts_matching_shapes(aten.max_pool2d_with_indices_backward.default)
+    for func in (aten.to_dense_backward.default, aten.rrelu_with_noise_backward.default):
+        assert not catalog.trusts_matching_shapes(func)
+    # in training rrelu's backward is noise * grad: self, of any shape, is never read
+    g, noise = torch.randn(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    got = aten.rrelu_with_noise_backward.default(g, torch.randn(2, dtype=torch.float64), noise, 0.1, 0.3, True, False)
+    assert torch.equal(got, noise * g)
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
