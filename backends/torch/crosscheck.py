@@ -54,8 +54,8 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
 from .crosscheck_dtensor import (
-    DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig, answer_for,
-    canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
+    DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, STRIDED_SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
+    answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
 )
 from .crosscheck_numerics import FreshInputs, check_foreign_rule, reverify
 from .crosscheck_real import REAL, REAL_CANNOT_RUN, REAL_RAISES
@@ -94,9 +94,12 @@ def input_key(p: InputPlacement) -> str | None:
 
 
 def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, block, reverse, scan)."""
+    """DTensor's name for a combine; None when it has none (halo, reverse, scan). A block
+    gather is DTensor's _StridedShard: block b of every shard, then block b + 1."""
     if isinstance(c, Gather):
-        return f"S({c.dim})" if c.plain else None
+        if c.plain:
+            return f"S({c.dim})"
+        return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse) else None
     if isinstance(c, Reduce):
         return NORM2 if c.op == "norm2" else f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
     if isinstance(c, Identity):
@@ -124,6 +127,9 @@ def parse_output(key: str) -> Combine | None:
     m = SHARD_RE.match(key)
     if m:
         return Gather(int(m[1]))
+    m = STRIDED_SHARD_RE.match(key)
+    if m:
+        return Gather(int(m[1]), block=int(m[2]))
     if key == NORM2:
         return Reduce("norm2")
     m = PARTIAL_RE.match(key)

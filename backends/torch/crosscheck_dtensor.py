@@ -37,6 +37,7 @@ from . import catalog
 Key = tuple[str, ...]  # one placement string per tensor input (or per tensor output)
 
 SHARD_RE = re.compile(r"^S\((\d+)\)$")
+STRIDED_SHARD_RE = re.compile(r"^_S\((\d+), (\d+)\)$")  # _StridedShard(dim, split_factor)
 PARTIAL_RE = re.compile(r"^P\((\w+)\)$")
 DTENSOR_PARTIALS = ("sum", "avg", "max", "min")
 # One name per Partial of a bool output on both sides: sum and max are logical or, product
@@ -501,6 +502,6 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 
 __all__ = [
     "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "NORM2", "PARTIAL_RE",
-    "QUERIED", "QueryConfig", "SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer",
+    "QUERIED", "QueryConfig", "SHARD_RE", "STRIDED_SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer",
     "dtensor_support", "placement", "rewrites_shape_args", "single_dim_candidates",
 ]

@@ -128,6 +128,33 @@ def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int
     return mapping
 
 
+def reshape_block_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, tuple[int, int]]:
+    """Input dims merged into one output dim behind others: {dim: (output dim, block)}.
+    Cutting such a dim leaves every shard one block per index of the dims in front of it
+    (block = their product), and the output is those blocks interleaved: gather(dim=o,
+    block=B), DTensor's _StridedShard(o, B) (flatten of [4, 6] cut along its 6)."""
+    if 0 in src or 0 in dst:
+        return {}
+    out = {}
+    for gi, gj in reshape_groups(src, dst):
+        outs = [o for o in gj if dst[o] != 1]
+        if len(outs) != 1:
+            continue
+        block = 1
+        for d in gi:
+            if src[d] != 1 and block > 1:
+                out[d] = (outs[0], block)
+            block *= src[d]
+    return out
+
+
+def _with_blocks(mapping: dict[int, int], blocks: dict[int, tuple[int, int]], shape: tuple[int, ...]) -> tuple[Candidate, ...]:
+    """The plain gathers of ``mapping`` and the block gathers of ``blocks``."""
+    return _single(mapping, shape) + tuple(
+        ((ShardIn(d),), (OutputCombine((Gather(o, block=block),)),)) for d, (o, block) in sorted(blocks.items()) if shape[d] >= 2
+    )
+
+
 def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...], mapping: dict[int, int]):
     """Calls the op with the target size recomputed from the local input's sharded dims."""
 
@@ -151,21 +178,23 @@ def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...],
 
 
 def _reshape(func, x, args, kwargs):
-    dst = tuple(func(x, *args[1:], **kwargs).shape)
-    mapping = reshape_mapping(tuple(x.shape), dst)
-    return ViewRule(_reshape_fn(func, "size" if "size" in _bound(func, args, kwargs) else "shape", tuple(x.shape), dst, mapping),
-                    _single(mapping, tuple(x.shape)))
+    src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
+    mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
+    sizes = {**mapping, **{d: o for d, (o, _) in blocks.items()}}  # both rewrite the output size alike
+    size_arg = "size" if "size" in _bound(func, args, kwargs) else "shape"
+    return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src))
 
 
 def _flatten_like(func, x, args, kwargs):
     # flatten/unflatten take dims, not the sizes of the other dims: a shard runs the op as is,
     # but unflatten's explicit sizes pin the dim it splits, so that dim is left out.
-    dst = tuple(func(x, *args[1:], **kwargs).shape)
-    mapping = reshape_mapping(tuple(x.shape), dst)
+    src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
+    mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
     b = _bound(func, args, kwargs)
     if "sizes" in b:
         mapping.pop(_norm(b["dim"], x.dim()), None)
-    return ViewRule(func, _single(mapping, tuple(x.shape)))
+        blocks.pop(_norm(b["dim"], x.dim()), None)
+    return ViewRule(func, _with_blocks(mapping, blocks, src))
 
 
 def _permute_like(func, x, args, kwargs):
@@ -425,4 +454,4 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
         return None  # an unusual call: let the explorer treat it as an ordinary op
 
 
-__all__ = ["ViewRule", "derive", "is_view_like", "reshape_groups", "reshape_mapping", "view_base"]
+__all__ = ["ViewRule", "derive", "is_view_like", "reshape_block_mapping", "reshape_groups", "reshape_mapping", "view_base"]

@@ -23,14 +23,18 @@ def backend() -> TorchBackend:
     return get_backend(opinfos=OPINFOS)
 
 
-def _gather_rules(rule) -> dict[int, int]:
-    """Derived candidates of a one-input view op as {input dim: output gather dim}."""
+def _gather_rules(rule, block: bool = False) -> dict[int, int]:
+    """Derived candidates of a one-input view op as {input dim: output gather dim}; the
+    plain gathers, or with ``block`` the block gathers as {input dim: (dim, block)}."""
     out = {}
     for placements, combines in rule.candidates:
         (p,) = placements
         (c,) = {o for o in combines}
         assert isinstance(p, ShardIn) and len(c.options) == 1 and isinstance(c.first, Gather)
-        out[p.dim] = c.first.dim
+        if c.first.block > 1 and block:
+            out[p.dim] = (c.first.dim, c.first.block)
+        elif c.first.block == 1 and not block:
+            out[p.dim] = c.first.dim
     return out
 
 
@@ -195,6 +199,20 @@ def test_reshape_candidates_and_local_shapes():
     rule = _rule_for(torch.ops.aten.view.default, torch.randn(24, 5), [4, 6, 5])
     assert _gather_rules(rule) == {1: 2}  # splitting dim 0 would need shards divisible by 6
     assert views.reshape_mapping((2, 1, 6), (2, 6)) == {0: 0, 2: 1}
+
+
+def test_a_dim_merged_behind_others_gathers_in_blocks():
+    """flatten of [4, 6] cut along its 6: each shard holds a piece of every row, and the
+    output interleaves them, row by row (DTensor's _StridedShard(0, 4))."""
+    x = torch.randn(4, 6, 5)
+    rule = _rule_for(torch.ops.aten.view.default, x, [24, 5])
+    assert _gather_rules(rule, block=True) == {1: (0, 4)}
+    local = x[:, :2].contiguous()
+    assert torch.equal(rule.fn(local, [24, 5]), local.reshape(8, 5))
+    assert views.reshape_block_mapping((2, 5, 5), (50,)) == {1: (0, 2), 2: (0, 10)}
+    assert views.reshape_block_mapping((24, 5), (4, 6, 5)) == {}  # a split, not a merge
+    flat = _rule_for(torch.ops.aten.flatten.using_ints, torch.randn(4, 6))
+    assert _gather_rules(flat, block=True) == {1: (0, 4)}
 
 
 def test_select_split_and_squeeze_candidates():
