@@ -251,10 +251,15 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         notes = (note,)
     # An in-place fill keeps self's placement, so a Partial self cannot come out replicated.
     value_free = random and random_ops.is_fill(func) and not catalog.written_arg_names(func)
-    if views.is_view_like(func) and not catalog.out_arg_names(func):  # out= overloads run through runner
-        rule = views.derive(func, args, kwargs)
-        if rule is not None:
+    if views.is_view_like(func):
+        # an out= overload writes what its functional sibling returns (the out tensor is
+        # resized to fit): a shard runs the sibling's derived form, sizes rewritten
+        sibling = catalog.functional_sibling(catalog.op_name(func)) if catalog.out_arg_names(func) else None
+        rule = views.derive(catalog.resolve(sibling) if sibling else func, args, kwargs)
+        if rule is not None and (sibling or not catalog.out_arg_names(func)):
             fn, candidates, notes = rule.fn, rule.candidates, notes + rule.notes
+            if sibling:
+                notes += (f"derived as {sibling}, whose result the out= tensor takes",)
     if catalog.trusts_matching_shapes(func):
         fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
     if catalog.indexed_dims(func):

@@ -246,6 +246,21 @@ def test_backward_kernels_are_guarded_unless_known_shape_safe():
     assert torch.equal(got, noise * g)
 
 
+def test_out_overloads_of_views_derive_from_their_functional_sibling():
+    """squeeze_copy.out run as is squeezes a shard's own size-1 dims; it writes what
+    squeeze_copy returns, so a shard runs that op's derived form (global size-1 dims only)."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    func = torch.ops.aten.squeeze_copy.out
+    x = torch.randn(5, 1, 5, 1, dtype=torch.float64)
+    case = torch_case(func, (x,), {}, make_runner(func))
+    assert _gather_rules(views.ViewRule(case.fn, case.candidates)) == {0: 0, 2: 1}
+    assert case.fn(x[:1]).shape == (1, 5)
+    assert any("derived as aten.squeeze_copy.default" in n for n in case.notes)
+    entry = explore_case(case, get_backend(opinfos=()).tensor_ops())
+    assert entry.status == "derived" and str(entry.shard) == "[[S1, N, S2, N]]"
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
