@@ -11469,6 +11469,8 @@ RULES = {
     'aten.expand.default': {
         'self:b[*,*,1,*,1] size=[3,2,1,2,2]': (
             ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
+            ((Shard(3),), (Shard(3),)),
         ),
         'self:c[*,*,*] size=[2,5,5]': (
             ((Shard(0),), (Shard(0),)),
@@ -25146,6 +25148,7 @@ RULES = {
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'self:i[*]': (
+            ((Shard(0),), (Shard(0),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'self:i[1,*]': (
@@ -25176,6 +25179,7 @@ RULES = {
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'self:i[*]': (
+            ((Shard(0),), (Shard(0),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },
@@ -25189,6 +25193,7 @@ RULES = {
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'self:i[*]': (
+            ((Shard(0),), (Shard(0),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },

@@ -304,6 +304,16 @@ class _Explorer:
                 return None if found is AVG_UNTRIED else found
         return UNINFORMATIVE
 
+    def _first_verdict(self, group: Group, candidates: list[list]) -> list[list] | None:
+        """The derived ``candidates`` that hold on the first trial whose shards differ (a
+        sample of [-9, -9] cut in two tells nothing); ``_verify`` then needs two more."""
+        for trial in self.trials:
+            if not trial.special:
+                found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
+                if found is not UNINFORMATIVE:
+                    return found
+        return UNINFORMATIVE
+
     def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
         """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
         alive = [list(opts) for opts in found]
@@ -510,7 +520,7 @@ class _Explorer:
         if case.candidates is not None:
             for placements, outs in case.candidates:
                 group = _group_of(placements)
-                accept(group, self._valid_combines(group, first, EXPLORE_SPLIT, [_fit_partial(group, o.options) for o in outs]))
+                accept(group, self._first_verdict(group, [_fit_partial(group, o.options) for o in outs]))
             status = "derived"
         else:
             shapes = [ops.shape(x) for x in first.leaves]

@@ -261,6 +261,15 @@ def test_out_overloads_of_views_derive_from_their_functional_sibling():
     assert entry.status == "derived" and str(entry.shard) == "[[S1, N, S2, N]]"
 
 
+def test_a_derived_rule_is_proposed_on_the_first_trial_whose_shards_differ():
+    """t of the sample [-9, -9]: its halves are equal and prove nothing; the fresh trials decide."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten.t.default
+    entry = explore_case(torch_case(func, (torch.tensor([-9, -9]),), {}, func), get_backend(opinfos=()).tensor_ops())
+    assert entry.status == "derived" and str(entry.shard) == "[[S1]]", entry
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
