@@ -26052,6 +26052,7 @@ RULES = {
     },
     'aten.unflatten.int': {
         'self:f[*] dim=0 sizes=[6]': (
+            ((Shard(0),), (Shard(0),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
     },

@@ -187,14 +187,26 @@ def _reshape(func, x, args, kwargs):
 
 def _flatten_like(func, x, args, kwargs):
     # flatten/unflatten take dims, not the sizes of the other dims: a shard runs the op as is,
-    # but unflatten's explicit sizes pin the dim it splits, so that dim is left out.
+    # but unflatten's explicit sizes pin the dim it splits. Where one of them is not 1
+    # (unflatten(0, [1, 6])), a shard gives that one as -1; otherwise the dim is left out.
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
     mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
     b = _bound(func, args, kwargs)
-    if "sizes" in b:
-        mapping.pop(_norm(b["dim"], x.dim()), None)
-        blocks.pop(_norm(b["dim"], x.dim()), None)
-    return ViewRule(func, _with_blocks(mapping, blocks, src))
+    if "sizes" not in b:
+        return ViewRule(func, _with_blocks(mapping, blocks, src))
+    dim, sizes = _norm(b["dim"], x.dim()), list(b["sizes"])
+    blocks.pop(dim, None)
+    free = [k for k, size in enumerate(sizes) if size != 1]
+    if len(free) != 1:
+        mapping.pop(dim, None)
+        return ViewRule(func, _with_blocks(mapping, blocks, src))
+    local_sizes = sizes[: free[0]] + [-1] + sizes[free[0] + 1:]
+
+    def fn(*args, **kwargs):
+        args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "sizes", local_sizes)
+        return func(*args, **kwargs)
+
+    return ViewRule(fn, _with_blocks(mapping, blocks, src))
 
 
 def _permute_like(func, x, args, kwargs):

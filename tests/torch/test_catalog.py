@@ -270,6 +270,13 @@ def test_a_derived_rule_is_proposed_on_the_first_trial_whose_shards_differ():
     assert entry.status == "derived" and str(entry.shard) == "[[S1]]", entry
 
 
+def test_unflatten_into_one_real_size_takes_it_as_minus_one_on_a_shard():
+    rule = _rule_for(torch.ops.aten.unflatten.int, torch.randn(6, 4), 0, [1, 6])
+    assert _gather_rules(rule) == {0: 1, 1: 2}
+    assert rule.fn(torch.randn(2, 4), 0, [1, 6]).shape == (1, 2, 4)
+    assert _gather_rules(_rule_for(torch.ops.aten.unflatten.int, torch.randn(6, 4), 0, [2, 3])) == {1: 2}
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
