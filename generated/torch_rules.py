@@ -6536,6 +6536,7 @@ RULES = {
         ),
         'self:f[*,*] mat1:f[*,0] mat2:f[0,*] alpha=0.6 beta=0.2': (
             ((Shard(0), Shard(0), Replicate()), (Shard(0),)),
+            ((Shard(1), Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum'), Partial('sum')), (Partial('sum'),)),

@@ -342,6 +342,17 @@ def test_a_shard_with_an_empty_output_still_gathers():
     assert str(e.shard) == "[[S1, S2], [S1]]" and combines(e)["S1"] == ["gather(dim=0)"]
 
 
+def test_an_empty_input_cut_beside_a_full_one_still_counts():
+    """addmm with mat1 [4, 0] @ mat2 [0, 6]: the product is zero, and cutting self with the
+    empty mat2 along dim 1 gathers; mat2's shards are empty, self's differ. An output made of
+    empty inputs alone would prove nothing."""
+    e = explore(aten.addmm.default, [randn(4, 6), randn(4, 0), randn(0, 6)], ("self", "mat1", "mat2"))
+    rules = {s.inputs: [str(o.first) for o in s.outputs] for s in e.strategies()}
+    assert rules[(ShardIn(1), Replicate(), ShardIn(1))] == ["gather(dim=1)"]
+    e = explore(aten.neg.default, [randn(0, 6)], ("self",))
+    assert not any(isinstance(p, ShardIn) for s in e.strategies() for p in s.inputs)
+
+
 def test_norms_reduce_by_norm2():
     """The 2-norm over a cut dim is the 2-norm of the shards' norms (DTensor's
     _NormPartial(2)); a sum of squares is not, nor is the 1-norm (a plain sum)."""
