@@ -147,7 +147,7 @@ def _tensor_shapes(args: Any) -> list[tuple[int, ...]]:
 
 
 def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any],
-                           channels: bool = False) -> Callable[..., Any]:
+                           channels: bool = False, unread: Collection[int | str] = ()) -> Callable[..., Any]:
     """``fn`` that refuses shards which break the shape agreements of the example.
 
     Some kernels (pooling backward, batch norm) index one input by another's sizes without
@@ -155,9 +155,15 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     refused (ValueError, so the strategy simply fails) unless tensors of equal example shape
     shrink alike and the highest-rank tensors shrink along the same dims; with
     ``channels``, 1-D tensors (per-channel statistics) must also keep the length of the
-    highest-rank tensors' dim 1.
+    highest-rank tensors' dim 1. Arguments in ``unread`` (positions or keyword names) are
+    left out: the kernel never reads them, so their shapes cannot mislead it.
     """
-    example = _tensor_shapes((args, dict(kwargs)))
+
+    def shapes(a: tuple, k: Mapping[str, Any]) -> list[tuple[int, ...]]:
+        read = (tuple(x for i, x in enumerate(a) if i not in unread), {n: x for n, x in k.items() if n not in unread})
+        return _tensor_shapes(read)
+
+    example = shapes(tuple(args), kwargs)
     top = max((len(s) for s in example), default=0)
 
     def agrees(local: list[tuple[int, ...]]) -> bool:
@@ -176,7 +182,7 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
         return True
 
     def fn_checked(*a, **k):
-        if not agrees(_tensor_shapes((a, k))):
+        if not agrees(shapes(a, k)):
             raise ValueError("inconsistent shards for an op that trusts matching input shapes")
         return fn(*a, **k)
 
@@ -261,7 +267,9 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
             if sibling:
                 notes += (f"derived as {sibling}, whose result the out= tensor takes",)
     if catalog.trusts_matching_shapes(func):
-        fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func))
+        unread = catalog.unread_arg_names(func, args, kwargs)
+        unread_at = [i for i, n in enumerate(names[: len(args)]) if n in unread] + sorted(unread)
+        fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func), unread=unread_at)
     if catalog.indexed_dims(func):
         fn = indexed_dims_kept(fn, names, args, kwargs, catalog.indexed_dims(func))
     return OpCase(

@@ -185,6 +185,18 @@ def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     return ("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
 
 
+def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
+    """Tensor arguments this call never reads, whatever their shape: batch norm's backward
+    kernels read the running statistics in eval mode only (in training, running stats of any
+    length, NaN or None give the same gradients), so the shape guard leaves them out."""
+    base = func._schema.name.split("::")[1]
+    if "batch_norm" not in base or "backward" not in base:
+        return frozenset()
+    bound = dict(zip(positional_names(func), args)) | dict(kwargs)
+    training = bound.get("update", bound.get("train"))
+    return frozenset({"running_mean", "running_var"}) if training is True else frozenset()
+
+
 # Dims that index tensors address by value: sharding them leaves the indices pointing past
 # the local tensor, and these kernels write there unchecked (heap corruption, not an error).
 # Local calls that cut them are refused. Names are schema argument names; dims may be negative.

@@ -277,6 +277,26 @@ def test_unflatten_into_one_real_size_takes_it_as_minus_one_on_a_shard():
     assert _gather_rules(_rule_for(torch.ops.aten.unflatten.int, torch.randn(6, 4), 0, [2, 3])) == {1: 2}
 
 
+def test_batch_norm_backward_in_training_reads_no_running_stats():
+    """In training the running statistics are unread (None gives the same gradients), so the
+    shape guard lets them be cut; in eval mode the kernel reads them unchecked, and it does not."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    func = torch.ops.aten.native_batch_norm_backward.default
+    f64 = dict(dtype=torch.float64)
+    g, x, w, rm, rv, sm, si = (torch.randn(4, 6, 5, **f64), torch.randn(4, 6, 5, **f64), *[torch.rand(6, **f64) + 0.5 for _ in range(5)])
+    for train, unread in ((True, {"running_mean", "running_var"}), (False, set())):
+        args = (g, x, w, rm, rv, sm, si, train, 1e-5, [True, True, True])
+        assert catalog.unread_arg_names(func, args, {}) == unread
+        fn = torch_case(func, args, {}, make_runner(func)).fn
+        cut = args[:3] + (rm[:3],) + args[4:]
+        if train:
+            assert all(torch.equal(a, b) for a, b in zip(fn(*cut), func(*args)))
+        else:
+            with pytest.raises(ValueError, match="inconsistent shards"):
+                fn(*cut)
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
