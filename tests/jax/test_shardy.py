@@ -37,16 +37,21 @@ def test_function_factors_of_matmul_and_cumsum():
     assert [f.kind for f in cs] == ["permutation", "pass-through"]
 
 
-def test_crosscheck_cli_on_a_subset(tmp_path):
+def _crosscheck(ops: str, registry) -> str:
+    """The jax cross-check's output on ``ops``, run as a fresh process (it asks XLA for
+    several CPU devices, which only works before jax starts)."""
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "crosscheck.py"), "--backend", "jax", "--ops", "jax.dot_general",
-         "--registry", str(tmp_path)],
+        [sys.executable, str(ROOT / "tools" / "crosscheck.py"), "--backend", "jax", "--ops", ops, "--registry", str(registry)],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_crosscheck_cli_on_a_subset(tmp_path):
+    out = _crosscheck("jax.dot_general", tmp_path)
     assert "agree  reduction[" in out  # matmul's contracted dim
     assert "Shardy shardable factors found:" in out
     summary = out[out.index("Shardy shardable factors found:"):]
@@ -99,15 +104,7 @@ def test_scans_and_reversed_gathers_run_as_collectives_on_cpu_devices(tmp_path):
     """cumsum over a cut axis runs as local scans plus a carry of edge slices, rev as one
     collective permute: their strategies agree with Shardy's permutation factors and give
     the unsharded result under jit + shard_map."""
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "crosscheck.py"), "--backend", "jax", "--ops", "jax.cumsum,jax.cumlogsumexp,jax.rev",
-         "--registry", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out = proc.stdout
+    out = _crosscheck("jax.cumsum,jax.cumlogsumexp,jax.rev", tmp_path)
     assert "agree  permutation[" in out and "MISS" not in out, out[-3000:]
     jit = out.split("jit on CPU devices:")[1].split("\n")[0]
     assert " 0 failed" in jit and int(jit.split(" ok")[0]) >= 6, jit
