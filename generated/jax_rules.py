@@ -719,7 +719,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (1,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> r2 s1',
+            sharding_rule='r1 s2 -> r2 s2',
             reduction_factors=(),
             need_replication_factors=('r1', 'r2'),
         ),
@@ -745,7 +745,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (1,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> r2 s1',
+            sharding_rule='r1 s2 -> r2 s2',
             reduction_factors=(),
             need_replication_factors=('r1', 'r2'),
         ),

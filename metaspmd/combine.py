@@ -81,8 +81,8 @@ def scan_ops_for(kind: str) -> tuple[str, ...]:
         return ("sum", "prod", "max", "min", "logsumexp")
     if kind == INT:
         return ("sum", "prod", "max", "min")
-    if kind == COMPLEX:
-        return ("sum", "prod")
+    if kind == COMPLEX:  # max and min in the lexicographic order numpy and jax give complex numbers
+        return ("sum", "prod", "max", "min")
     if kind == BOOL:
         return ("max", "min")
     return ()
