@@ -6060,8 +6060,8 @@ RULES = {
         ),
         'grad_output:f[*,*,*,*] self:f[*,*,*,*] indices:i[*,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'grad_output:f[*,1,1,1] self:f[*,*,*,*] indices:i[*,1,1,1]': (
             ((Shard(0), Shard(0), Shard(0)), (Shard(0),)),
@@ -6071,8 +6071,8 @@ RULES = {
         ),
         'grad_output:f[1,*,*,*,*] self:f[1,*,*,*,*] indices:i[1,*,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.adaptive_max_pool3d_backward.grad_input': {
@@ -6085,8 +6085,8 @@ RULES = {
         ),
         'grad_output:f[*,*,*,*] self:f[*,*,*,*] indices:i[*,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'grad_output:f[*,1,1,1] self:f[*,*,*,*] indices:i[*,1,1,1]': (
             ((Shard(0), Shard(0), Shard(0)), (Shard(0),)),
@@ -6096,8 +6096,8 @@ RULES = {
         ),
         'grad_output:f[1,*,*,*,*] self:f[1,*,*,*,*] indices:i[1,*,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.add.Scalar': {
@@ -7922,7 +7922,14 @@ RULES = {
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
             ((Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum'), Partial('sum'), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
+            ((Partial('sum'), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Partial('sum'), Replicate(), Replicate(), Partial('sum'), Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Partial('sum'), Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
+            ((Replicate(), Replicate(), Partial('sum'), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Partial('sum'), Partial('sum'), Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Partial('sum'), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
         ),
     },
     'aten.batch_norm_update_stats.default': {
@@ -12312,8 +12319,8 @@ RULES = {
         ),
         'grad_output:f[1,1,*,*] self:f[1,1,*,*] kernel_size=[2,2] output_size=[2,2] indices:i[1,1,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.fractional_max_pool2d_backward.grad_input': {
@@ -12339,8 +12346,8 @@ RULES = {
         ),
         'grad_output:f[1,1,*,*] self:f[1,1,*,*] kernel_size=[2,2] output_size=[2,2] indices:i[1,1,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.fractional_max_pool3d.default': {
@@ -12402,8 +12409,8 @@ RULES = {
         ),
         'grad_output:f[1,1,*,*,*] self:f[1,1,*,*,*] kernel_size=[2,3,4] output_size=[2,2,2] indices:i[1,1,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.fractional_max_pool3d_backward.grad_input': {
@@ -12427,8 +12434,8 @@ RULES = {
         ),
         'grad_output:f[1,1,*,*,*] self:f[1,1,*,*,*] kernel_size=[2,3,4] output_size=[2,2,2] indices:i[1,1,*,*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.frexp.Tensor': {
@@ -14143,8 +14150,8 @@ RULES = {
         ),
         'self:f[] dim=0 index:i[1] source:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=-1 index:i[*] source:i[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
@@ -14165,8 +14172,8 @@ RULES = {
         ),
         'self:f[] dim=0 index:i[1] source:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=-1 index:i[*] source:i[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
@@ -14184,13 +14191,13 @@ RULES = {
         ),
         'self:f[1] dim=0 index:i[1] source:f[1]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[] dim=0 index:i[1] source:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.index_fill.int_Scalar': {
@@ -14282,13 +14289,13 @@ RULES = {
         ),
         'self:f[1] dim=0 index:i[1] value:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[] dim=0 index:i[1] value:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.index_put.default': {
@@ -16882,8 +16889,8 @@ RULES = {
     'aten.masked_select_backward.default': {
         'grad:f[*,*] input:f[*,*] mask:b[*,*]': (
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.matmul.default': {
@@ -21700,8 +21707,8 @@ RULES = {
         ),
         'self:f[] dim=0 index:i[] src:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.scatter_.value': {
@@ -21794,8 +21801,8 @@ RULES = {
         ),
         "self:f[] dim=0 index:i[] src:f[] reduce='sum' include_self=False": (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         "self:i[*,*] dim=0 index:i[*,*] src:i[*,*] reduce='sum' include_self=False": (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
@@ -21812,8 +21819,8 @@ RULES = {
         ),
         "self:f[] dim=0 index:i[] src:f[] reduce='sum' include_self=False": (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         "self:i[*,*] dim=0 index:i[*,*] src:i[*,*] reduce='sum' include_self=False": (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
@@ -21835,8 +21842,8 @@ RULES = {
         ),
         "self:f[] dim=0 index:i[] src:f[] reduce='sum' include_self=False": (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.searchsorted.Scalar': {

@@ -558,15 +558,15 @@ class _Explorer:
         """Inputs and outputs split into parts whose outputs change with their own inputs
         only (one per element of a ``_foreach`` list), found by replacing one input at a time
         with its data from each other trial: (inputs, outputs) per part; None when the op does not
-        split that way or an input's effect cannot be seen (fixed index inputs, an input whose
-        data is the same on every trial).
+        split that way or an input's effect cannot be seen (an input whose data is the same on
+        every trial). Fixed index inputs, which keep their values, join every output.
 
         Inputs whose values change no output (``type_as``'s other) form a part of their own,
         with no outputs: its labels must leave every output whole, which only running the
         op on their shards can show (``view_as`` reads other's shape, and fails there)."""
         first = self.trials[0]
         n_in, n_out = len(first.leaves), len(first.outputs)
-        if n_in < 2 or n_out < 1 or self.fixed or self.case.random or len(self.trials) < 3:
+        if n_in < 2 or n_out < 1 or self.case.random or len(self.trials) < 3:
             return None
         root = list(range(n_in + n_out))
 
@@ -577,6 +577,10 @@ class _Explorer:
 
         seen_outputs, free = set(), set()
         for i in range(n_in):
+            if self.leaf_names[i] in self.fixed:  # indices keep their values: their effect is
+                for j in range(n_out):  # unseen, so they join every output (a free input beside
+                    root[find(i)] = find(n_in + j)  # them still shows: nll_loss's total_weight)
+                continue
             changed = set()
             for trial in self.trials[1:]:  # special values too: clamp_min(x, 2) of small x is constant
                 leaves = list(first.leaves)

@@ -134,6 +134,21 @@ def test_an_input_read_for_its_dtype_only_is_a_part_without_outputs():
     assert rules[(ShardIn(0), ShardIn(1))] == [Gather(0)] and rules[(ShardIn(0), ShardIn(0))] == [Gather(0)]
 
 
+def test_an_unread_input_beside_fixed_indices_is_a_free_part():
+    """Index inputs keep their example values, so their effect is unseen: they join every
+    output. An input no output reads still forms a part of its own beside them."""
+    def fn(x, index, unused):
+        return x.index_select(0, index) * 2
+
+    case = OpCase("test", fn, (randn(6, 4), torch.tensor([4, 0, 2]), randn(6, 4)), {}, ("self", "index", "unused"),
+                  fixed=frozenset({"index"}))
+    e = explore_case(case, OPS)
+    assert e.independent is not None and len(e.independent.parts) == 2
+    rules = {s.inputs: [str(o.first) for o in s.outputs] for s in e.all_strategies()}
+    assert rules[(Replicate(), Replicate(), ShardIn(0))] == ["identity"]
+    assert rules[(ShardIn(1), Replicate(), ShardIn(0))] == ["gather(dim=1)"]
+
+
 def test_an_input_read_for_its_shape_is_no_free_part():
     # view_as needs other's global shape; a shard of other makes the local view fail
     e = explore(aten.view_as.default, [randn(4, 6), randn(4, 6)], ("self", "other"))
