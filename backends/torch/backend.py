@@ -260,16 +260,20 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     if views.is_view_like(func):
         # an out= overload writes what its functional sibling returns (the out tensor is
         # resized to fit): a shard runs the sibling's derived form, sizes rewritten
-        sibling = catalog.functional_sibling(catalog.op_name(func)) if catalog.out_arg_names(func) else None
-        rule = views.derive(catalog.resolve(sibling) if sibling else func, args, kwargs)
-        if rule is not None and (sibling or not catalog.out_arg_names(func)):
+        view: Any = func
+        if catalog.out_arg_names(func):
+            sibling = catalog.functional_sibling(catalog.op_name(func))
+            view = catalog.resolve(sibling) if sibling else None
+        rule = views.derive(view, args, kwargs) if view is not None else None
+        if rule is not None:
             fn, candidates, notes = rule.fn, rule.candidates, notes + rule.notes
-            if sibling:
-                notes += (f"derived as {sibling}, whose result the out= tensor takes",)
+            if view is not func:
+                notes += (f"derived as {catalog.op_name(view)}, whose result the out= tensor takes",)
     if catalog.trusts_matching_shapes(func):
         unread = catalog.unread_arg_names(func, args, kwargs)
         unread_at = [i for i, n in enumerate(names[: len(args)]) if n in unread] + sorted(unread)
-        fn = consistent_shards_only(fn, args, kwargs, channels="batch_norm" in catalog.op_name(func), unread=unread_at)
+        channels = "batch_norm" in catalog.op_name(func)
+        fn = consistent_shards_only(fn, args, kwargs, channels=channels, unread=unread_at)
     if catalog.indexed_dims(func):
         fn = indexed_dims_kept(fn, names, args, kwargs, catalog.indexed_dims(func))
     return OpCase(

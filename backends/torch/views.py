@@ -151,7 +151,8 @@ def reshape_block_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[in
 def _with_blocks(mapping: dict[int, int], blocks: dict[int, tuple[int, int]], shape: tuple[int, ...]) -> tuple[Candidate, ...]:
     """The plain gathers of ``mapping`` and the block gathers of ``blocks``."""
     return _single(mapping, shape) + tuple(
-        ((ShardIn(d),), (OutputCombine((Gather(o, block=block),)),)) for d, (o, block) in sorted(blocks.items()) if shape[d] >= 2
+        ((ShardIn(d),), (OutputCombine((Gather(o, block=block),)),))
+        for d, (o, block) in sorted(blocks.items()) if shape[d] >= 2
     )
 
 
