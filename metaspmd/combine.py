@@ -124,11 +124,16 @@ def candidate_combines(
     return out
 
 
+def _fold(ops: TensorOps, op: str):
+    """The elementwise binary function that reduces or scans by ``op``."""
+    return {"sum": ops.add, "avg": ops.add, "prod": ops.multiply, "max": ops.maximum, "min": ops.minimum,
+            "logsumexp": ops.logaddexp}[op]
+
+
 def _scan(ops: TensorOps, combine: Scan, locals_: Sequence[Any]) -> Any:
     """Fold every shard's local scan with the carry of the shards before it (after it, for a
     reverse scan): the edge slice of their already combined output."""
-    fold = {"sum": ops.add, "prod": ops.multiply, "max": ops.maximum, "min": ops.minimum,
-            "logsumexp": ops.logaddexp}[combine.op]
+    fold = _fold(ops, combine.op)
     d = combine.dim
     order = range(len(locals_) - 1, -1, -1) if combine.reverse else range(len(locals_))
     pieces: list[Any] = [None] * len(locals_)
@@ -154,7 +159,7 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
             acc = ops.add(acc, ops.multiply(x, x))
         return ops.sqrt(acc)
     if isinstance(combine, Reduce):
-        fold = {"sum": ops.add, "avg": ops.add, "max": ops.maximum, "min": ops.minimum, "prod": ops.multiply}[combine.op]
+        fold = _fold(ops, combine.op)
         acc = locals_[0]
         for x in locals_[1:]:
             acc = fold(acc, x)

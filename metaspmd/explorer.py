@@ -292,30 +292,21 @@ class _Explorer:
         n = next((k for k in range(2, min(size, MAX_EVEN_SHARDS) + 1) if size % k == 0), None)
         return Split(n) if n else None
 
-    def _explore(self, group: Group) -> list[list] | None:
-        """The combines that rebuild every output on the example: cut in two, or evenly when
-        only a reduce(avg) could (the mean of an odd number of rows). Where the example's
-        shards are all equal (a bool sample of all False), the first trial whose shards
-        differ proposes instead; the verification still needs two such trials."""
+    def _explore(self, group: Group, candidates: list[list] | None = None) -> list[list] | None:
+        """The combines (of ``candidates``, if given: a derived rule's) that rebuild every
+        output on the example: cut in two, or evenly when only a reduce(avg) could (the mean
+        of an odd number of rows). Where the example's shards are all equal (a bool sample
+        of all False, t of [-9, -9]), the first trial whose shards differ proposes instead;
+        the verification still needs two such trials."""
         for trial in self.trials:
             if trial.special:
                 continue
-            found = self._valid_combines(group, trial, EXPLORE_SPLIT)
+            found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
             if found is AVG_UNTRIED:
                 split = self._even_split(group)
                 found = self._valid_combines(group, trial, split) if split else None
             if found is not UNINFORMATIVE:
                 return None if found is AVG_UNTRIED else found
-        return UNINFORMATIVE
-
-    def _first_verdict(self, group: Group, candidates: list[list]) -> list[list] | None:
-        """The derived ``candidates`` that hold on the first trial whose shards differ (a
-        sample of [-9, -9] cut in two tells nothing); ``_verify`` then needs two more."""
-        for trial in self.trials:
-            if not trial.special:
-                found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
-                if found is not UNINFORMATIVE:
-                    return found
         return UNINFORMATIVE
 
     def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
@@ -524,7 +515,7 @@ class _Explorer:
         if case.candidates is not None:
             for placements, outs in case.candidates:
                 group = _group_of(placements)
-                accept(group, self._first_verdict(group, [_fit_partial(group, o.options) for o in outs]))
+                accept(group, self._explore(group, [_fit_partial(group, o.options) for o in outs]))
             status = "derived"
         else:
             shapes = [ops.shape(x) for x in first.leaves]

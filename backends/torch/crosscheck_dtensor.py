@@ -502,6 +502,6 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 
 __all__ = [
     "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "NORM2", "PARTIAL_RE",
-    "QUERIED", "QueryConfig", "SHARD_RE", "STRIDED_SHARD_RE", "answer_for", "canonical_names", "default_cache_folder", "dtensor_answer",
-    "dtensor_support", "placement", "rewrites_shape_args", "single_dim_candidates",
+    "QUERIED", "QueryConfig", "SHARD_RE", "STRIDED_SHARD_RE", "answer_for", "canonical_names", "default_cache_folder",
+    "dtensor_answer", "dtensor_support", "placement", "rewrites_shape_args", "single_dim_candidates",
 ]

@@ -413,7 +413,8 @@ _BY_BASE: dict[str, Callable] = {
 
 # op -> the view it runs with other's shape as the size
 _SHAPE_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand"}
-SHAPE_OF_OTHER_NOTE = "other is read for its global shape only: a shard runs {base}(self, other's shape) with the size rewritten from self's local shape"
+SHAPE_OF_OTHER_NOTE = ("other is read for its global shape only: a shard runs {base}(self, other's shape) with the "
+                       "size rewritten from self's local shape")
 
 
 def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
