@@ -37,7 +37,9 @@ class OpCase:
     values depend on no input's values (a fill, ``randn_like``): a Partial input is then no
     different from a replicated one, and leaves the output replicated (ranks draw a
     replicated output alike; in-place fills are not value-free, since self keeps its
-    placement). ``notes`` go into the entry as they are.
+    placement). ``widen``: the op takes any length along a dim, filled with fresh random
+    data (no sorted inputs, no lengths tied to a param), so the halo search may lengthen a
+    dim too short for three shards. ``notes`` go into the entry as they are.
     """
 
     op: str
@@ -52,6 +54,7 @@ class OpCase:
     special: Callable[[tuple, dict, int, int], Args] | None = None
     random: bool = False
     value_free: bool = False
+    widen: bool = False
     notes: tuple[str, ...] = ()
 
     def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:

@@ -32,7 +32,7 @@ from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_r
 from .signature import arg_items, signature
 from .spec import (
     N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
-    Reduce, Replicate, Scan, ShardIn, ShardSpec, tables_from_strategies,
+    Reduce, Replicate, Scan, ShardIn, ShardSpec, strategies, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -336,6 +336,8 @@ class _Explorer:
             uneven |= not even
         if informative < min(2, len(self.trials) - 1):  # at least two trials with distinct shards
             return None
+        if any(h for _, _, h in group.dims) and max(counts, default=0) < 3:
+            return None  # an input halo on two shards: a broadcast dim passes as one (see below)
         if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.partial and any(Identity() in opts for opts in alive):
@@ -453,6 +455,7 @@ class _Explorer:
         except Exception as e:
             return entry("failed", "fresh inputs: " + _error_text(e))
         notes_extra: list[str] = []
+        self.widened: dict[tuple, list[str]] = {}  # placements verified on lengthened dims: notes
         constant = self._constant_outputs()
         if constant or self._empty_outputs() or self._integer_data():
             # The sample's data leaves an output constant or empty (nonzero of all zeros), or
@@ -491,6 +494,8 @@ class _Explorer:
             return entry("replicate-only", "no strategy holds")
         shard, partial, combine, notes = tables_from_strategies(ranks, found)
         verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
+        kept = {s.inputs for s in strategies(shard, partial, combine)}
+        notes_extra += list(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
         return entry(status, "", (shard, partial, combine), verification, notes + notes_extra, independent)
 
     def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
@@ -528,11 +533,20 @@ class _Explorer:
                     for p in self._partial_sets(sharded, parts, sharded)
                 ):
                     continue
-                if self.config.halo and len(group.dims) == 1 and self._halo_fits(group, shapes):
-                    i, d, _ = group.dims[0]
+                if self.config.halo:
                     for h in range(1, self.config.max_input_halo + 1):
-                        g = Group(((i, d, h),))
-                        if accept(g, self._explore(g)):
+                        g = Group(tuple((i, d, h) for i, d, _ in group.dims))
+                        trials = self._halo_trials(g)
+                        if trials is None:
+                            continue
+                        saved, self.trials = self.trials, trials
+                        try:
+                            accepted = accept(g, self._explore(g))
+                        finally:
+                            self.trials = saved
+                        if accepted:
+                            if trials is not saved:
+                                self.widened[g.placements(len(ranks))] = self._widened_notes(g)
                             break
             status = "ok"
         if self.config.partial and (not case.random or case.value_free):
@@ -713,14 +727,56 @@ class _Explorer:
                 return True
         return False
 
-    def _halo_fits(self, group: Group, shapes) -> bool:
-        i, d, _ = group.dims[0]
-        return shapes[i][d] >= 6  # room for 3 shards whose halos do not reach both ends
+    def _widened_notes(self, group: Group) -> list[str]:
+        first, halo = self.trials[0], group.dims[0][2]
+        return [f"halo={halo} on {self.leaf_names[i]} dim {d}: verified with that dim lengthened from "
+                f"{self.ops.shape(first.leaves[i])[d]} to {_halo_room(halo)} by random data"
+                for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
+
+    def _halo_trials(self, group: Group) -> list[_Trial] | None:
+        """The trials to try an input-halo group on: the sample's own where its dim has room
+        for three shards whose halos do not reach both ends (a middle shard that sees the
+        whole input proves nothing), else, where the op takes it (``OpCase.widen``), the same
+        trials with that dim lengthened by fresh random data; None where neither works."""
+        ops, first = self.ops, self.trials[0]
+        halo = group.dims[0][2]
+        wide = _halo_room(halo)
+        if all(ops.shape(first.leaves[i])[d] >= wide for i, d, _ in group.dims):
+            return self.trials
+        inside = {i for i, _, _ in group.dims}
+        if not self.case.widen or any(
+            (i in inside and self.leaf_names[i] in self.fixed) or (i not in inside and ops.dtype_kind(x) == INT)
+            for i, x in enumerate(first.leaves)
+        ):
+            return None  # no widening, or integer inputs beside the group: indices into the dim
+        if any(0 in ops.shape(o) for o in first.outputs):
+            return None  # an empty output holds under any combine: widening would show nothing
+        widened = []
+        for trial in self.trials:
+            if trial.special:
+                continue
+            leaves = list(trial.leaves)
+            for i, d, _ in group.dims:
+                x, size = leaves[i], ops.shape(leaves[i])[d]
+                if size < wide:
+                    room = ops.narrow(ops.concat([x] * -(-wide // size), d), d, 0, wide - size)
+                    leaves[i] = ops.concat([x, ops.random_like(room, self.seed * 7919 + 31 * trial.index + i)], d)
+            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
+            try:
+                widened.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
+            except Exception:
+                return None  # the op ties the length to something else (a param, another input)
+        return widened
 
 
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
 # determinism check above guarantees every rank computes the same, replicated output.
 NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the same output (replicate)"
+
+
+def _halo_room(halo: int) -> int:
+    """The shortest dim whose three equal shards each keep one element no halo reaches."""
+    return 3 * (halo + 1)
 
 
 def _ordered(c) -> bool:

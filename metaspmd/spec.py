@@ -213,7 +213,10 @@ class OutputCombine:
 
 @dataclass(frozen=True)
 class DimLabel:
-    """One input dim: not sharded (``N``) or sharded by strategy ``S<j>``, with an input halo."""
+    """One input dim: not sharded (``N``) or sharded by strategy ``S<j>``, with an input halo.
+
+    A halo rule is claimed for shards longer than the halo, the only ones it is verified on
+    (a shard of one element with a halo of one may keep no output of its own)."""
 
     label: str | None = None
     halo: int = 0

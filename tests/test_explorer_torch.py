@@ -335,6 +335,32 @@ def test_halo_gathers_need_three_shards():
     assert not any(note.endswith(": R, R, S(1)") for note in e.notes)  # not even found and dropped
 
 
+def _pool(x):
+    return aten.max_pool1d.default(x, [2], [1])
+
+
+def test_a_dim_too_short_for_three_shards_is_widened_where_the_op_allows():
+    # a window of 2 along a dim of 4: three shards of 4 leave the first one nothing no halo
+    # reaches, so the halo is tried on that dim lengthened to 6 by random data, and said so
+    x = randn(2, 3, 4)
+    assert not any(d.halo for d in explore(_pool, [x], ("self",)).shard.inputs[0])
+    e = explore(_pool, [x], ("self",), widen=True)
+    assert str(e.shard) == "[[S1, S2, S3(halo=1)]]"
+    assert combines(e)["S3"][0].startswith("gather(dim=2, halo=(0, 1))")
+    assert e.verified.shard_counts == (2, 3, 4)
+    assert e.notes == ("halo=1 on self dim 2: verified with that dim lengthened from 4 to 6 by random data",)
+    # an integer input beside the group may index the dim: no widening then
+    e = explore(lambda x, k: _pool(x) * k, [x, torch.tensor([2])], ("self", "k"), widen=True)
+    assert not any(d.halo for d in e.shard.inputs[0]) and not e.notes
+
+
+def test_inputs_cut_together_share_a_halo():
+    # both factors of a product feed one window: each needs the same halo
+    e = explore(lambda x, y: _pool(x * y), [randn(2, 3, 9), randn(2, 3, 9)], ("self", "other"))
+    assert str(e.shard) == "[[S1, S2, S3(halo=1)], [S1, S2, S3(halo=1)]]"
+    assert combines(e)["S3"] == ["gather(dim=2, halo=(0, 1)) | gather(dim=2, halo=(1, 0))"]
+
+
 def test_a_shard_with_an_empty_output_still_gathers():
     # a boolean mask cut with the rows it selects: a shard may select nothing
     mask = torch.tensor([True, True, False, False, False, False])

@@ -135,7 +135,9 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
             new[k] = jax.numpy.asarray(value)
         return group_operands(prim, new)[1], dict(kwargs)
 
-    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh)
+    # widen: a primitive's operands take any length (params are refitted to the shapes it
+    # gets), and the explorer widens no dim that integer operands could index
+    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh, widen=True)
 
 
 class JaxBackend:

@@ -185,6 +185,8 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
             bounds = {i: split.bounds(size) for i, size in sizes.items()}
             if any(b is None for b in bounds.values()):
                 continue
+            if any(length <= p.halo for i, p in sharded if p.halo for _, length in bounds[i]):
+                continue  # a halo rule's domain: every shard holds more than its halo (as explored)
             parts = {}
             for i, p in enumerate(placements):
                 if isinstance(p, ShardIn):
