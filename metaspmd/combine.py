@@ -50,6 +50,19 @@ def shard_with_halo(ops: TensorOps, x: Any, dim: int, bounds: list[tuple[int, in
     return out
 
 
+def offset_positions(ops: TensorOps, x: Any, starts: Sequence[int], component: int | None) -> list[Any]:
+    """Per shard, integer positions ``x`` less that shard's start: every element, or element
+    ``component`` of the last dim (an index vector)."""
+    if component is None:
+        return [ops.add_scalar(x, -start) for start in starts]
+    d = len(ops.shape(x)) - 1
+    size = ops.shape(x)[d]
+    before = [ops.narrow(x, d, 0, component)] if component else []
+    after = [ops.narrow(x, d, component + 1, size - component - 1)] if component + 1 < size else []
+    moved = ops.narrow(x, d, component, 1)
+    return [ops.concat(before + [ops.add_scalar(moved, -start)] + after, d) for start in starts]
+
+
 def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1.0) -> list[Any]:
     """n signed random tensors that add up to x (a Partial(sum) version of x); the random
     ones have standard deviation ``spread``."""

@@ -27,12 +27,12 @@ from typing import Any, Sequence
 
 from . import pytree
 from .case import Backend, NoSample, OpCase, Skip
-from .combine import Split, candidate_combines, holds, partial_summands, shard_with_halo
+from .combine import Split, candidate_combines, holds, offset_positions, partial_summands, shard_with_halo
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
 from .spec import (
     N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
-    Reduce, Replicate, Scan, ShardIn, ShardSpec, strategies, tables_from_strategies,
+    Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -57,6 +57,9 @@ MAX_EVEN_SHARDS = 8
 # far larger than the data cross thresholds the data never reaches (threshold_backward's
 # 5.3, bucketize's 2), where a predicate of a sum stops being the sum of the predicates.
 PARTIAL_SPREADS = (1.0, 8.0)
+# The longest last dim of an integer input taken for an index vector (one position per
+# operand dim it indexes), whose elements are offset one at a time.
+MAX_INDEX_VECTOR = 4
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ExploreConfig:
     max_block: int = 4
     halo: bool = True
     partial: bool = True
+    offset: bool = True  # integer inputs offset by each shard's start (gather/scatter indices)
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
 
 
@@ -235,6 +239,11 @@ class _Explorer:
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
                     # all-zero input is meant to be uniform; the other trials need distinct shards)
                 per_input[i] = shards
+        if group.offset:
+            i, d, _ = group.dims[0]
+            starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[i])[d])]
+            for i, component in group.offset:
+                per_input[i] = offset_positions(ops, trial.leaves[i], starts, component)
         for i in group.partial:
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
             per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n,
@@ -433,8 +442,8 @@ class _Explorer:
         def entry(status: str, reason: str = "", tables=None, verified=None, notes=(), independent=None) -> RuleEntry:
             if tables is None:
                 tables = _no_strategy(ranks)
-            return RuleEntry(sig, status, tables[0], tables[1], tables[2], example, verified, reason,
-                             tuple(case.notes) + tuple(notes), results, independent)
+            return RuleEntry(sig, status, tables.shard, tables.partial, tables.combine, example, verified, reason,
+                             tuple(case.notes) + tuple(notes), results, independent, tables.offset)
 
         try:
             first = self._trial(tuple(case.args), dict(case.kwargs))
@@ -492,11 +501,11 @@ class _Explorer:
                 independent = spec
         if not found:
             return entry("replicate-only", "no strategy holds")
-        shard, partial, combine, notes = tables_from_strategies(ranks, found)
+        tables = tables_from_strategies(ranks, found)
         verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
-        kept = {s.inputs for s in strategies(shard, partial, combine)}
+        kept = {s.inputs for s in strategies(tables.shard, tables.partial, tables.combine, tables.offset)}
         notes_extra += list(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
-        return entry(status, "", (shard, partial, combine), verification, notes + notes_extra, independent)
+        return entry(status, "", tables, verification, tables.notes + tuple(notes_extra), independent)
 
     def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
         """Explore and verify every group, within each of ``parts`` (inputs of independent
@@ -531,6 +540,10 @@ class _Explorer:
                 if self.config.partial and not case.random and any(
                     accept(Group(group.dims, p), self._explore(Group(group.dims, p)))
                     for p in self._partial_sets(sharded, parts, sharded)
+                ):
+                    continue
+                if self.config.offset and case.bounds_checked and not case.random and any(
+                    accept(g, self._explore(g)) for g in self._offset_groups(group)
                 ):
                     continue
                 if self.config.halo:
@@ -627,8 +640,8 @@ class _Explorer:
         search across parts found (``whole``) is among the singles and joints; None when one
         of these fails (the parts are coupled, e.g. through shapes: ``broadcast_tensors``) or
         fewer than two parts have labels."""
-        shard, partial, combine, _ = tables_from_strategies(ranks, found)
-        entry = RuleEntry("", "ok", shard, partial, combine, Example(()))
+        tables = tables_from_strategies(ranks, found)
+        entry = RuleEntry("", "ok", tables.shard, tables.partial, tables.combine, Example(()), offset=tables.offset)
         part_of = {}
         for s in entry.strategies():
             touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
@@ -733,6 +746,23 @@ class _Explorer:
                 f"{self.ops.shape(first.leaves[i])[d]} to {_halo_room(halo)} by random data"
                 for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
 
+    def _offset_groups(self, group: Group) -> list[Group]:
+        """``group`` with one integer input beside it offset by each shard's start (gather
+        and scatter positions along the cut dim): all its elements, or one element of its
+        last dim where that is short enough to be an index vector."""
+        ops, first = self.ops, self.trials[0]
+        if len({ops.shape(first.leaves[i])[d] for i, d, _ in group.dims}) != 1:
+            return []  # the shards of one start per rank: dims of one size
+        inside = {i for i, _, _ in group.dims}
+        out = []
+        for i, x in enumerate(first.leaves):
+            if i in inside or ops.dtype_kind(x) != INT or 0 in ops.shape(x):
+                continue
+            shape = ops.shape(x)
+            vector = shape[-1] if shape and 2 <= shape[-1] <= MAX_INDEX_VECTOR else 0
+            out += [Group(group.dims, offset=((i, c),)) for c in (None, *range(vector))]
+        return out
+
     def _halo_trials(self, group: Group) -> list[_Trial] | None:
         """The trials to try an input-halo group on: the sample's own where its dim has room
         for three shards whose halos do not reach both ends (a middle shard that sees the
@@ -784,8 +814,8 @@ def _ordered(c) -> bool:
     return isinstance(c, Scan) or (isinstance(c, Gather) and c.reverse)
 
 
-def _no_strategy(ranks) -> tuple[ShardSpec, PartialSpec, CombineSpec]:
-    return ShardSpec(tuple((N,) * r for r in ranks)), PartialSpec(tuple(() for _ in ranks)), CombineSpec(())
+def _no_strategy(ranks) -> Tables:
+    return Tables(ShardSpec(tuple((N,) * r for r in ranks)), PartialSpec(tuple(() for _ in ranks)), CombineSpec(()))
 
 
 def _fit_partial(group: Group, combines) -> list:
@@ -824,8 +854,9 @@ def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreCon
     except Exception as e:  # a bug in a sample or a wrapper must not stop a sweep
         sig = signature(ops, case.arg_names, case.args, case.kwargs)
         ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
-        shard, partial, combine = _no_strategy(ranks)
-        return RuleEntry(sig, "failed", shard, partial, combine, _example(ops, case), None, "explorer: " + _error_text(e))
+        none = _no_strategy(ranks)
+        return RuleEntry(sig, "failed", none.shard, none.partial, none.combine, _example(ops, case), None,
+                         "explorer: " + _error_text(e))
 
 
 def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig()) -> OpRecord:

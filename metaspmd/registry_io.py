@@ -20,8 +20,8 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    CombineSpec, DimLabel, IndependentSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec, SpecError, check_label,
-    label_number,
+    CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec,
+    SpecError, check_label, label_number,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -74,6 +74,8 @@ def _entry_data(e: RuleEntry) -> dict:
     data["shard"] = _flow_nested(e.shard.inputs)
     if not e.partial.is_empty():
         data["partial"] = _flow_nested(e.partial.inputs)
+    if e.offset is not None:
+        data["offset"] = _flow_nested(e.offset.inputs)
     combine = _FlowMap()
     for label, outs in e.combine.by_label:
         combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
@@ -214,7 +216,7 @@ class _Reader:
     def entry(self, node: yaml.Node) -> RuleEntry:
         f = self.mapping(
             node, ("signature", "status", "shard", "combine", "example"),
-            ("reason", "partial", "independent", "results", "verified", "notes"), "entry",
+            ("reason", "partial", "offset", "independent", "results", "verified", "notes"), "entry",
         )
         signature = self.string(f["signature"], "signature")
         status = self.string(f["status"], "entry status")
@@ -232,6 +234,16 @@ class _Reader:
             partial = PartialSpec(tuple(
                 tuple(self.parsed(p, PartialIn.parse, "partial input") for p in self.sequence(row, "partial row")) for row in rows
             ))
+        offset = None
+        if "offset" in f:
+            rows = self.sequence(f["offset"], "offset")
+            if len(rows) != len(shard.inputs):
+                self.fail(f["offset"], f"offset lists {len(rows)} inputs, shard lists {len(shard.inputs)}")
+            offset = OffsetSpec(tuple(
+                tuple(self.parsed(o, OffsetIn.parse, "offset input") for o in self.sequence(row, "offset row")) for row in rows
+            ))
+            for label in sorted(offset.labels() - shard.labels(), key=label_number):
+                self.fail(f["offset"], f"offset label {label} cuts no dim: there is no shard start to subtract")
         combine = self.combine(f["combine"])
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
@@ -258,7 +270,8 @@ class _Reader:
         n_out = {len(outs) for _, outs in combine.by_label}
         if results and n_out and n_out != {len(results)}:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
-        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results, independent)
+        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results, independent,
+                         offset)
 
     def independent(self, node: yaml.Node, used: set[str]) -> IndependentSpec:
         rows = self.sequence(node, "independent")

@@ -14,7 +14,8 @@ from pathlib import Path
 from .registry_io import load_registry, loads_record
 from .rules import OpRecord
 from .spec import (
-    CombineSpec, DimLabel, N, OutputCombine, PartialIn, PartialInput, PartialSpec, ShardIn, ShardSpec, Strategy,
+    CombineSpec, DimLabel, IndexOffset, N, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialInput, PartialSpec,
+    ShardIn, ShardSpec, Strategy,
 )
 
 Registry = dict[tuple[str, str], OpRecord]  # (backend, op) -> record
@@ -55,14 +56,19 @@ def rule_text(s: Strategy, ranks: tuple[int, ...]) -> str:
     """One strategy in paper notation, labelled S1."""
     dims = [[N] * r for r in ranks]
     partial: list[list[PartialIn]] = [[] for _ in ranks]
+    offset: list[list[OffsetIn]] = [[] for _ in ranks]
     for i, p in enumerate(s.inputs):
         if isinstance(p, ShardIn):
             dims[i][p.dim] = DimLabel("S1", p.halo)
         elif isinstance(p, PartialInput):
             partial[i].append(PartialIn("S1", p.op))
+        elif isinstance(p, IndexOffset):
+            offset[i].append(OffsetIn("S1", p.component))
     text = f"shard {ShardSpec(tuple(map(tuple, dims)))}"
     if any(partial):
         text += f" partial {PartialSpec(tuple(map(tuple, partial)))}"
+    if any(offset):
+        text += f" offset {OffsetSpec(tuple(map(tuple, offset)))}"
     return text + f" combine {CombineSpec.of({'S1': s.outputs})}"
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
-from .spec import CombineSpec, IndependentSpec, PartialSpec, ShardSpec, Strategy, joint_strategies, strategies
+from .spec import (
+    CombineSpec, IndependentSpec, OffsetSpec, PartialSpec, ShardSpec, Strategy, joint_strategies, strategies,
+)
 
 SCHEMA_VERSION = 1
 # Joint strategies of independent parts offered per entry: (labels per part + 1) ** parts
@@ -60,10 +62,11 @@ class RuleEntry:
     notes: tuple[str, ...] = ()
     results: tuple[TensorArg, ...] = ()  # the example's tensor outputs, in flattening order
     independent: IndependentSpec | None = None  # parts whose labels may share a mesh axis
+    offset: OffsetSpec | None = None  # index inputs offset per shard (gather/scatter positions)
 
     def strategies(self) -> Iterator[Strategy]:
         """One strategy per label."""
-        return strategies(self.shard, self.partial, self.combine)
+        return strategies(self.shard, self.partial, self.combine, self.offset)
 
     def joint_strategies(self, limit: int = JOINT_LIMIT) -> list[Strategy]:
         """Labels of independent parts sharing one mesh axis (``S1+S3``)."""

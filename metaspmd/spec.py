@@ -345,6 +345,57 @@ class PartialSpec:
         return not any(self.inputs)
 
 
+_OFFSET_RE = re.compile(rf"^({_LABEL})(?:\((0|[1-9][0-9]*)\))?$")
+
+
+@dataclass(frozen=True)
+class OffsetIn:
+    """An integer input of positions along the dim that strategy ``label`` cuts (gather and
+    scatter indices): each shard subtracts its start from every element (``S1``) or from
+    element ``component`` of the last dim, the index vector (``S1(0)``). Positions outside
+    a shard then fall out of its range, and the op must drop them (scatter) or fill them
+    with zeros (gather, whose outputs then sum): Shardy's and DTensor's ``_MaskPartial``
+    index rewriting, verified like any rule."""
+
+    label: str
+    component: int | None = None
+
+    def __post_init__(self) -> None:
+        check_label(self.label)
+        if self.component is not None and self.component < 0:
+            raise SpecError(f"bad offset component {self.component}")
+
+    def __str__(self) -> str:
+        return self.label if self.component is None else f"{self.label}({self.component})"
+
+    @classmethod
+    def parse(cls, text: str) -> "OffsetIn":
+        m = _OFFSET_RE.match(text) if isinstance(text, str) else None
+        if not m:
+            raise SpecError(f"bad offset input {text!r} (expected S<j> or S<j>(component))")
+        return cls(m[1], None if m[2] is None else int(m[2]))
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Per tensor input: the strategies under which its positions are offset per shard."""
+
+    inputs: tuple[tuple[OffsetIn, ...], ...]
+
+    def __str__(self) -> str:
+        return "[" + ", ".join("[" + ", ".join(str(o) for o in os) + "]" for os in self.inputs) + "]"
+
+    @classmethod
+    def parse(cls, text: str) -> "OffsetSpec":
+        return cls(tuple(tuple(OffsetIn.parse(o) for o in os) for os in _parse_nested(text, "offset spec")))
+
+    def labels(self) -> set[str]:
+        return {o.label for os in self.inputs for o in os}
+
+    def is_empty(self) -> bool:
+        return not any(self.inputs)
+
+
 @dataclass(frozen=True)
 class CombineSpec:
     """Per strategy label: one OutputCombine per output."""
@@ -419,7 +470,17 @@ class PartialInput:
         return f"P({self.op})"
 
 
-InputPlacement = Union[Replicate, ShardIn, PartialInput]
+@dataclass(frozen=True)
+class IndexOffset:
+    """Whole on every shard, less the shard's start (see OffsetIn)."""
+
+    component: int | None = None
+
+    def __str__(self) -> str:
+        return "O" if self.component is None else f"O({self.component})"
+
+
+InputPlacement = Union[Replicate, ShardIn, PartialInput, IndexOffset]
 
 
 @dataclass(frozen=True)
@@ -436,14 +497,16 @@ class Strategy:
         return f"{self.label}: ({ins}) -> ({outs})"
 
 
-def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec) -> Iterator[Strategy]:
+def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec,
+               offset: OffsetSpec | None = None) -> Iterator[Strategy]:
     """Expand the per-dim tables into one Strategy per label."""
     for label, outs in combine.by_label:
         placements: list[InputPlacement] = []
         for i, dims in enumerate(shard.inputs):
             sharded = [ShardIn(d, lab.halo) for d, lab in enumerate(dims) if lab.label == label]
             partials = [PartialInput(p.op) for p in (partial.inputs[i] if partial.inputs else ()) if p.label == label]
-            placements.append(sharded[0] if sharded else partials[0] if partials else Replicate())
+            offsets = [IndexOffset(o.component) for o in (offset.inputs[i] if offset else ()) if o.label == label]
+            placements.append(sharded[0] if sharded else partials[0] if partials else offsets[0] if offsets else Replicate())
         yield Strategy(label, tuple(placements), outs)
 
 
@@ -525,6 +588,7 @@ class Group:
 
     dims: tuple[tuple[int, int, int], ...] = ()  # (input index, dim, input halo)
     partial: tuple[int, ...] = ()  # input indices split into random summands (Partial(sum))
+    offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
 
     def placements(self, n_inputs: int) -> tuple[InputPlacement, ...]:
         out: list[InputPlacement] = [Replicate()] * n_inputs
@@ -532,19 +596,33 @@ class Group:
             out[i] = ShardIn(d, h)
         for i in self.partial:
             out[i] = PartialInput("sum")
+        for i, component in self.offset:
+            out[i] = IndexOffset(component)
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """One entry's strategies in paper notation, and what could not be written there."""
+
+    shard: ShardSpec
+    partial: PartialSpec
+    combine: CombineSpec
+    offset: OffsetSpec | None = None  # None when no strategy offsets an input
+    notes: tuple[str, ...] = ()
 
 
 def tables_from_strategies(
     ranks: tuple[int, ...], found: list[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]]
-) -> tuple[ShardSpec, PartialSpec, CombineSpec, list[str]]:
+) -> Tables:
     """Pack found strategies into paper-notation tables, labels S1, S2, ... in order.
 
     A strategy whose sharded dim already carries another label cannot be written in the
-    per-dim table; it is dropped and named in the returned notes.
+    per-dim table; it is dropped and named in the notes.
     """
     dims: list[list[DimLabel]] = [[N] * r for r in ranks]
     partial: list[list[PartialIn]] = [[] for _ in ranks]
+    offset: list[list[OffsetIn]] = [[] for _ in ranks]
     combine: dict[str, tuple[OutputCombine, ...]] = {}
     notes: list[str] = []
 
@@ -553,7 +631,9 @@ def tables_from_strategies(
         placements = item[0]
         first = [(i, p.dim) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
         partial_at = [i for i, p in enumerate(placements) if isinstance(p, PartialInput)]
-        return (0, first[0], partial_at) if first else (1, (0, 0), partial_at)
+        offset_at = [(i, -1 if p.component is None else p.component)
+                     for i, p in enumerate(placements) if isinstance(p, IndexOffset)]
+        return (0, first[0], partial_at, offset_at) if first else (1, (0, 0), partial_at, offset_at)
 
     for placements, outs in sorted(found, key=reading_order):
         clash = any(isinstance(p, ShardIn) and dims[i][p.dim].label for i, p in enumerate(placements))
@@ -566,18 +646,21 @@ def tables_from_strategies(
                 dims[i][p.dim] = DimLabel(label, p.halo)
             elif isinstance(p, PartialInput):
                 partial[i].append(PartialIn(label, p.op))
+            elif isinstance(p, IndexOffset):
+                offset[i].append(OffsetIn(label, p.component))
         combine[label] = outs
-    return (
+    return Tables(
         ShardSpec(tuple(tuple(d) for d in dims)),
         PartialSpec(tuple(tuple(p) for p in partial)),
         CombineSpec.of(combine),
-        notes,
+        OffsetSpec(tuple(tuple(o) for o in offset)) if any(offset) else None,
+        tuple(notes),
     )
 
 
 __all__ = [
-    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "InputPlacement", "N",
-    "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce", "Replicate", "SCAN_OPS", "Scan",
-    "ShardIn", "ShardSpec", "SpecError", "Strategy", "joint", "joint_strategies", "parse_combine", "strategies",
-    "tables_from_strategies",
+    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
+    "N", "OffsetIn", "OffsetSpec", "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce",
+    "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "joint", "joint_strategies",
+    "parse_combine", "strategies", "tables_from_strategies",
 ]

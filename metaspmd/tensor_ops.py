@@ -45,6 +45,10 @@ class TensorOps(Protocol):
     def scale(self, x: Any, factor: float) -> Any:
         """x * factor, keeping x's dtype (used for reduce(avg))."""
 
+    def add_scalar(self, x: Any, amount: int) -> Any:
+        """x + amount of an integer tensor, keeping its dtype (positions moved into a
+        shard's own range, for an index offset)."""
+
     def sqrt(self, x: Any) -> Any:
         """Elementwise square root of a floating tensor (used for reduce(norm2))."""
 

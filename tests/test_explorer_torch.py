@@ -361,6 +361,32 @@ def test_inputs_cut_together_share_a_halo():
     assert combines(e)["S3"] == ["gather(dim=2, halo=(0, 1)) | gather(dim=2, halo=(1, 0))"]
 
 
+def _lookup(weight, indices):
+    # an embedding that gives zero rows for positions outside the table (jax's FILL_OR_DROP)
+    valid = (indices >= 0) & (indices < weight.shape[0])
+    return weight[indices.clamp(0, weight.shape[0] - 1)] * valid.unsqueeze(-1)
+
+
+def _lookup_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(9, 4, dtype=F64, generator=g), torch.randint(0, 9, (5,), generator=g)), {}
+
+
+def test_positions_offset_by_the_shard_start_give_a_vocab_parallel_lookup():
+    # the table cut along its rows: each shard looks up positions less its first row, the
+    # others fall outside and give zeros, so the outputs sum (DTensor's _MaskPartial)
+    args, _ = _lookup_inputs(0)
+    e = explore(_lookup, args, ("weight", "indices"), fresh=lambda seed: _lookup_inputs(seed + 1), bounds_checked=True)
+    assert str(e.shard) == "[[S1, S2], [S3]]" and str(e.offset) == "[[], [S1]]"
+    assert combines(e)["S1"] == ["reduce(sum)"]
+    # only where the op says positions out of range are safe (torch kernels may read past)
+    assert explore(_lookup, args, ("weight", "indices"), fresh=lambda seed: _lookup_inputs(seed + 1)).offset is None
+    # aten.embedding rejects positions outside the table: no rule for its rows
+    e = explore(aten.embedding.default, args, ("weight", "indices"), fresh=lambda seed: _lookup_inputs(seed + 1),
+                bounds_checked=True)
+    assert e.offset is None and str(e.shard) == "[[N, S1], [S2]]"
+
+
 def test_a_shard_with_an_empty_output_still_gathers():
     # a boolean mask cut with the rows it selects: a shard may select nothing
     mask = torch.tensor([True, True, False, False, False, False])

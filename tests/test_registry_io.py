@@ -4,7 +4,7 @@ import pytest
 
 from metaspmd.registry_io import RegistryError, dump_record, load_record, loads_record, write_record
 from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
-from metaspmd.spec import CombineSpec, PartialSpec, ShardSpec
+from metaspmd.spec import CombineSpec, OffsetSpec, PartialSpec, ShardSpec
 
 MM = """\
 schema: 1
@@ -44,6 +44,17 @@ def test_round_trip_is_lossless_and_deterministic(tmp_path):
     assert path == tmp_path / "torch" / "aten.mm.default.yaml"
     assert load_record(path) == record
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_index_offsets_round_trip_and_expand():
+    e = entry(shard=ShardSpec.parse("[[S1, N], [N]]"), partial=PartialSpec.parse("[[], []]"),
+              combine=CombineSpec.parse("{S1: reduce(sum)}"), offset=OffsetSpec.parse("[[], [S1(0)]]"),
+              example=Example((("weight", TensorArg((6, 4), "float64")), ("indices", TensorArg((3,), "int64")))))
+    text = dump_record(make_record("aten.embedding.default", "torch", [e]))
+    assert "  offset: [[], [S1(0)]]\n" in text and loads_record(text).entries[0] == e
+    assert [str(s) for s in e.strategies()] == ["S1: (S(0), O(0)) -> (reduce(sum))"]
+    with pytest.raises(RegistryError, match=r"x.yaml:10: offset label S2 cuts no dim"):
+        loads_record(text.replace("[[], [S1(0)]]", "[[], [S2]]"), "x.yaml")
 
 
 def test_loads_hand_written_file():

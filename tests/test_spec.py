@@ -3,8 +3,8 @@
 import pytest
 
 from metaspmd.spec import (
-    CombineSpec, DimLabel, Gather, Identity, OutputCombine, PartialIn, PartialSpec, Reduce, Replicate, Scan, ShardIn,
-    ShardSpec, SpecError, parse_combine, strategies,
+    CombineSpec, DimLabel, Gather, Identity, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec, Reduce, Replicate,
+    Scan, ShardIn, ShardSpec, SpecError, parse_combine, strategies,
 )
 
 
@@ -37,6 +37,11 @@ def test_tables_round_trip():
     assert CombineSpec.parse(str(combine)) == combine
     partial = PartialSpec.parse("[[S2(sum)], []]")
     assert PartialSpec.parse(str(partial)) == partial
+    offset = OffsetSpec.parse("[[], [S1, S2(1)]]")
+    assert offset.inputs[1] == (OffsetIn("S1"), OffsetIn("S2", 1)) and OffsetSpec.parse(str(offset)) == offset
+    for bad in ("[[S1(x)]]", "[[S1(-1)]]", "[[O1]]"):
+        with pytest.raises(SpecError):
+            OffsetSpec.parse(bad)
     assert str(OutputCombine.of([Reduce("sum"), Gather(0), Identity()])) == "gather(dim=0) | identity | reduce(sum)"
     ordered = OutputCombine.of([Scan(0, "max"), Gather(0, reverse=True), Reduce("sum"), Gather(0)])
     assert str(ordered) == "gather(dim=0) | gather(dim=0, reverse=true) | reduce(sum) | scan(dim=0, op=max)"

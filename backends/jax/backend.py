@@ -136,8 +136,10 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
         return group_operands(prim, new)[1], dict(kwargs)
 
     # widen: a primitive's operands take any length (params are refitted to the shapes it
-    # gets), and the explorer widens no dim that integer operands could index
-    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh, widen=True)
+    # gets), and the explorer widens no dim that integer operands could index;
+    # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
+    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh, widen=True,
+                  bounds_checked=True)
 
 
 class JaxBackend:

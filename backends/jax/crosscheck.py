@@ -32,11 +32,13 @@ from typing import Any, Sequence
 
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
-from metaspmd.combine import Split, holds, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo
+from metaspmd.combine import (
+    Split, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo,
+)
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
+from metaspmd.spec import Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
 
 # jax is imported inside the functions: the device count must be set before jax starts.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -193,6 +195,9 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                     parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds[i], p.halo)
                 elif isinstance(p, PartialInput):
                     parts[i] = partial_summands(ops, leaves[i], split.n, seed * 10 + split.n + i)
+                elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
+                    starts = [start for start, _ in bounds[sharded[0][0]]]
+                    parts[i] = offset_positions(ops, leaves[i], starts, p.component)
             try:
                 local = [fn(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001
@@ -250,7 +255,8 @@ def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
         return GAP
     via = ",".join(factor.ops) or "-"
     if any(i == 0 and d in _indexed_dims(case) for i, d in factor.inputs):
-        return f"an indexed operand dim: Shardy's partitioner offsets and masks indices per shard ({via})"
+        return (f"an indexed operand dim whose positions the op clamps into range (CLIP, PROMISE_IN_BOUNDS, "
+                f"dynamic slices): an index offset alone is wrong there; Shardy's partitioner masks the result too ({via})")
     if factor.kind == "permutation":
         return f"needs neighbour exchange beyond a halo ({via})"
     if factor.kind == "reduction":
@@ -301,8 +307,16 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
         return "skipped", plan
     n, in_specs, out_specs, combines = plan
     finish = [finisher(c, n) for c in combines]
+    offsets = [(i, p.component) for i, p in enumerate(strategy.inputs) if isinstance(p, IndexOffset)]
+    cut = next(((i, p.dim) for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)), None)
 
     def local(*xs):
+        if offsets:  # each device moves the positions by its shard's start
+            xs = list(xs)
+            start = jax.lax.axis_index(AXIS) * (leaves[cut[0]].shape[cut[1]] // n)
+            for i, component in offsets:
+                moved = start.astype(xs[i].dtype)
+                xs[i] = xs[i] - moved if component is None else xs[i].at[..., component].add(-moved)
         return tuple(f(y) for f, y in zip(finish, fn(*xs)))
 
     mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))

@@ -106,6 +106,10 @@ class JaxOps:
     def logaddexp(self, a, b):
         return self._binary(a, b, np.logaddexp)
 
+    def add_scalar(self, x, amount):
+        a = _np(x)  # in int64, wrapping back: unsigned positions below zero are out of range too
+        return _back((a.astype(np.int64) + amount).astype(a.dtype), x)
+
     def sqrt(self, x):
         return _back(np.sqrt(_np(x)), x)
 

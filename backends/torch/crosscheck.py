@@ -85,12 +85,12 @@ OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
 
 
 def input_key(p: InputPlacement) -> str | None:
-    """DTensor's name for an input placement; None when it has none (input halo)."""
+    """DTensor's name for an input placement; None when it has none (input halo, index offset)."""
     if isinstance(p, ShardIn):
         return None if p.halo else f"S({p.dim})"
     if isinstance(p, PartialInput):
         return f"P({DTENSOR_REDUCE_NAMES.get(p.op, p.op)})"
-    return "R"
+    return "R" if isinstance(p, Replicate) else None
 
 
 def output_key(c: Combine) -> str | None:

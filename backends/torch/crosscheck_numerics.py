@@ -20,9 +20,9 @@ import torch
 
 from metaspmd import pytree
 from metaspmd.case import OpCase
-from metaspmd.combine import Split, holds, partial_summands, shard_with_halo
+from metaspmd.combine import Split, holds, offset_positions, partial_summands, shard_with_halo
 from metaspmd.signature import arg_items
-from metaspmd.spec import Combine, InputPlacement, PartialInput, Reduce, ShardIn
+from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn
 from metaspmd.tensor_ops import TensorOps
 
 
@@ -122,6 +122,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
         raise ValueError(f"{len(want)} outputs, the rule combines {len(combines)}")
     n = trial.n
     per_input: dict[int, list] = {}
+    starts: list[int] = []
     for i, p in enumerate(placements):
         if isinstance(p, ShardIn):
             size = ops.shape(leaves[i])[p.dim]
@@ -129,8 +130,12 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
             if bounds is None:
                 raise ValueError(f"a dim of size {size} cannot be cut in {n}")
             per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
+            starts = starts or [start for start, _ in bounds]
         elif isinstance(p, PartialInput):
             per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i)
+    for i, p in enumerate(placements):
+        if isinstance(p, IndexOffset):
+            per_input[i] = offset_positions(ops, leaves[i], starts, p.component)
     locals_ = []
     for k in range(n):
         local = [per_input[i][k] if i in per_input else x for i, x in enumerate(leaves)]

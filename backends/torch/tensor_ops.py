@@ -67,6 +67,9 @@ class TorchOps:
     def logaddexp(self, a, b):
         return torch.logaddexp(a, b)
 
+    def add_scalar(self, x, amount):
+        return x + amount
+
     def sqrt(self, x):
         return torch.sqrt(x)
 

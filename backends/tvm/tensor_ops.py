@@ -80,6 +80,10 @@ class TvmOps:
     def logaddexp(self, a, b):
         return to_tvm(np.logaddexp(a.numpy(), b.numpy()))
 
+    def add_scalar(self, x, amount):
+        a = x.numpy()
+        return to_tvm((a.astype(np.int64) + amount).astype(a.dtype))
+
     def sqrt(self, x):
         a = x.numpy()
         return to_tvm(np.sqrt(a).astype(a.dtype))

@@ -6,8 +6,8 @@ first) is what DTensor's placements tuple means, so two axes may split the same 
 dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divide the
 tensor (strict mode) or mix reduce ops on one tensor are dropped.
 
-Rule strategies with a halo or block, or a reduce no Partial placement names (norm2), are
-skipped: DTensor and JAX cannot run them.
+Rule strategies with a halo or block, an index offset, or a reduce no Partial placement
+names (norm2), are skipped: DTensor and JAX cannot run them.
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -56,6 +56,8 @@ def _input_placement(p: spec.InputPlacement) -> Placement | None:
         return Shard(p.dim) if not p.halo else None
     if isinstance(p, spec.PartialInput):
         return Partial(p.op)
+    if isinstance(p, spec.IndexOffset):
+        return None  # Replicate to the framework, which would not move the positions
     return REPLICATE
 
 

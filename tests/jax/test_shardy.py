@@ -108,3 +108,17 @@ def test_scans_and_reversed_gathers_run_as_collectives_on_cpu_devices(tmp_path):
     assert "agree  permutation[" in out and "MISS" not in out, out[-3000:]
     jit = out.split("jit on CPU devices:")[1].split("\n")[0]
     assert " 0 failed" in jit and int(jit.split(" ok")[0]) >= 6, jit
+
+
+def test_index_offsets_and_widened_halos_realise_shardy_factors(tmp_path):
+    """scatter along an indexed operand dim: each shard offsets the positions by its start
+    and the op drops the rest, so the operand gathers (run for real under jit + shard_map);
+    reduce_window along dims too short for three shards: halos proven on lengthened dims."""
+    out = _crosscheck("jax.scatter-add,jax.reduce_window_max", tmp_path)
+    summary = out[out.index("Shardy shardable factors found:"):]
+    assert "MISS   pass-through" not in out and "MISS   permutation" not in out, out[-3000:]
+    scatter = out[out.index("jax.scatter-add"):]
+    assert "agree  pass-through[" in scatter and "agree  permutation[" in out[:out.index("jax.scatter-add")]
+    assert "re-verified:" in summary and ", 0 failed" in summary
+    jit = summary.split("jit on CPU devices:")[1].split("\n")[0]
+    assert " 0 failed" in jit, jit
