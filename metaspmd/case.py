@@ -42,7 +42,9 @@ class OpCase:
     dim too short for three shards. ``bounds_checked``: positions out of range are dropped,
     filled or refused by the op, never read out of bounds (XLA's gather and scatter; unlike
     kernels that trust their indices and crash or read past a buffer), so the explorer may
-    offset integer inputs by a shard's start. ``notes`` go into the entry as they are.
+    offset integer inputs by a shard's start. ``reserve``: explored only where no earlier
+    case of the op found a strategy (a backend's spare samples, after those it explores
+    first). ``notes`` go into the entry as they are.
     """
 
     op: str
@@ -59,6 +61,7 @@ class OpCase:
     value_free: bool = False
     widen: bool = False
     bounds_checked: bool = False
+    reserve: bool = False
     notes: tuple[str, ...] = ()
 
     def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -363,6 +364,8 @@ class _Explorer:
                 # right one from each side; a third shard would have nothing of its own left.
                 # Shard order (reversed gathers, scans) needs a middle shard as well.
                 opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end)) and not _ordered(c)]
+                if self._pair(group):  # every order statistic of a pair is its min or max:
+                    opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]  # median of 2
             # a reversed gather or a scan that holds beside the plain gather of its dim is an
             # artifact of data that does not vary along it (zeros, a broadcast row)
             plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
@@ -731,6 +734,11 @@ class _Explorer:
         args, kwargs = pytree.replace((special[0], special[1]), self.ops.is_tensor, leaves)
         return tuple(args), dict(kwargs)
 
+    def _pair(self, group: Group) -> bool:
+        """Is every cut input two elements, one per shard?"""
+        shapes = [self.ops.shape(self.trials[0].leaves[i]) for i, _, _ in group.dims]
+        return bool(shapes) and all(math.prod(shape) == 2 for shape in shapes)
+
     def _halo_sees_all(self, group: Group, trial: _Trial, split: Split) -> bool:
         """Does a shard's halo reach both ends of its dim? That shard holds the whole input
         (argmax of the flattened input then passes as reduce(max) of the local ones)."""
@@ -809,6 +817,12 @@ def _halo_room(halo: int) -> int:
     return 3 * (halo + 1)
 
 
+def _cuts_a_dim(entry: RuleEntry) -> bool:
+    """Has the entry a strategy that shards an input dim, and outputs with elements?"""
+    return (entry.status in ("ok", "derived") and bool(entry.shard.labels())
+            and not any(0 in r.shape for r in entry.results))
+
+
 def _ordered(c) -> bool:
     """A combine that depends on the order of the shards beyond a plain gather."""
     return isinstance(c, Scan) or (isinstance(c, Gather) and c.reverse)
@@ -876,7 +890,11 @@ def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig(
     for case in cases:
         if not case.deterministic:
             return OpRecord(op, backend.name, "nondeterministic", (), "the op is marked nondeterministic")
+        if case.reserve and any(e.status in ("ok", "derived") for e in entries.values()):
+            continue
         e = explore_case(case, ops, config=config)
+        if case.reserve and entries and not _cuts_a_dim(e):
+            continue  # a spare sample is kept for a rule that cuts a dim, not for nothing or an empty output
         entries.setdefault(e.signature, e)
     record = make_record(op, backend.name, entries.values())
     if all(e.reason.startswith("nondeterministic") for e in record.entries):

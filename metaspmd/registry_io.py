@@ -228,20 +228,10 @@ class _Reader:
         ))
         partial = PartialSpec(tuple(() for _ in shard.inputs))
         if "partial" in f:
-            rows = self.sequence(f["partial"], "partial")
-            if len(rows) != len(shard.inputs):
-                self.fail(f["partial"], f"partial lists {len(rows)} inputs, shard lists {len(shard.inputs)}")
-            partial = PartialSpec(tuple(
-                tuple(self.parsed(p, PartialIn.parse, "partial input") for p in self.sequence(row, "partial row")) for row in rows
-            ))
+            partial = PartialSpec(self.per_input(f["partial"], "partial", PartialIn.parse, len(shard.inputs)))
         offset = None
         if "offset" in f:
-            rows = self.sequence(f["offset"], "offset")
-            if len(rows) != len(shard.inputs):
-                self.fail(f["offset"], f"offset lists {len(rows)} inputs, shard lists {len(shard.inputs)}")
-            offset = OffsetSpec(tuple(
-                tuple(self.parsed(o, OffsetIn.parse, "offset input") for o in self.sequence(row, "offset row")) for row in rows
-            ))
+            offset = OffsetSpec(self.per_input(f["offset"], "offset", OffsetIn.parse, len(shard.inputs)))
             for label in sorted(offset.labels() - shard.labels(), key=label_number):
                 self.fail(f["offset"], f"offset label {label} cuts no dim: there is no shard start to subtract")
         combine = self.combine(f["combine"])
@@ -272,6 +262,13 @@ class _Reader:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
         return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results, independent,
                          offset)
+
+    def per_input(self, node: yaml.Node, what: str, parse, n_inputs: int) -> tuple[tuple, ...]:
+        """A table of labelled items per tensor input (``partial``, ``offset``)."""
+        rows = self.sequence(node, what)
+        if len(rows) != n_inputs:
+            self.fail(node, f"{what} lists {len(rows)} inputs, shard lists {n_inputs}")
+        return tuple(tuple(self.parsed(x, parse, f"{what} input") for x in self.sequence(row, f"{what} row")) for row in rows)
 
     def independent(self, node: yaml.Node, used: set[str]) -> IndependentSpec:
         rows = self.sequence(node, "independent")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence, Union
+from typing import ClassVar, Iterator, Mapping, Sequence, Union
 
 # norm2: the 2-norm of the local outputs, sqrt(sum of squares) (DTensor's _NormPartial(2)).
 REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2")
@@ -325,24 +325,33 @@ class PartialIn:
         return cls(m[1], m[2])
 
 
-@dataclass(frozen=True)
-class PartialSpec:
-    """Per tensor input: the strategies under which that input is Partial."""
+class _PerInput:
+    """A table of labelled items per tensor input (``[[S2(sum)], []]``); ``ITEM`` parses one."""
 
-    inputs: tuple[tuple[PartialIn, ...], ...]
+    inputs: tuple
+    ITEM: ClassVar[type]
 
     def __str__(self) -> str:
-        return "[" + ", ".join("[" + ", ".join(str(p) for p in ps) + "]" for ps in self.inputs) + "]"
+        return "[" + ", ".join("[" + ", ".join(str(x) for x in xs) + "]" for xs in self.inputs) + "]"
 
     @classmethod
-    def parse(cls, text: str) -> "PartialSpec":
-        return cls(tuple(tuple(PartialIn.parse(p) for p in ps) for ps in _parse_nested(text, "partial spec")))
+    def parse(cls, text: str):
+        name = cls.__name__.replace("Spec", "").lower()
+        return cls(tuple(tuple(cls.ITEM.parse(x) for x in xs) for xs in _parse_nested(text, f"{name} spec")))
 
     def labels(self) -> set[str]:
-        return {p.label for ps in self.inputs for p in ps}
+        return {x.label for xs in self.inputs for x in xs}
 
     def is_empty(self) -> bool:
         return not any(self.inputs)
+
+
+@dataclass(frozen=True)
+class PartialSpec(_PerInput):
+    """Per tensor input: the strategies under which that input is Partial."""
+
+    inputs: tuple[tuple[PartialIn, ...], ...]
+    ITEM: ClassVar[type] = PartialIn
 
 
 _OFFSET_RE = re.compile(rf"^({_LABEL})(?:\((0|[1-9][0-9]*)\))?$")
@@ -377,23 +386,11 @@ class OffsetIn:
 
 
 @dataclass(frozen=True)
-class OffsetSpec:
+class OffsetSpec(_PerInput):
     """Per tensor input: the strategies under which its positions are offset per shard."""
 
     inputs: tuple[tuple[OffsetIn, ...], ...]
-
-    def __str__(self) -> str:
-        return "[" + ", ".join("[" + ", ".join(str(o) for o in os) + "]" for os in self.inputs) + "]"
-
-    @classmethod
-    def parse(cls, text: str) -> "OffsetSpec":
-        return cls(tuple(tuple(OffsetIn.parse(o) for o in os) for os in _parse_nested(text, "offset spec")))
-
-    def labels(self) -> set[str]:
-        return {o.label for os in self.inputs for o in os}
-
-    def is_empty(self) -> bool:
-        return not any(self.inputs)
+    ITEM: ClassVar[type] = OffsetIn
 
 
 @dataclass(frozen=True)

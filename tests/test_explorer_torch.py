@@ -326,6 +326,13 @@ def test_a_halo_that_reaches_both_ends_proves_nothing():
     assert explore(aten.median.default, [randn(4, 5)], ("self",)).status == "replicate-only"
 
 
+def test_two_one_element_shards_prove_no_max_or_min():
+    # the median (the lower middle) of a pair is its min: on two elements, cut in two, it
+    # passed as reduce(min); min itself is then unproven too, until a longer dim shows it
+    assert explore(aten.median.default, [randn(2)], ("self",)).status == "replicate-only"
+    assert combines(explore(aten.min.default, [randn(2, 3)], ("self",))) == {"S1": ["reduce(min)"], "S2": ["reduce(min)"]}
+
+
 def test_halo_gathers_need_three_shards():
     # lerp's weight cut along a dim of 2 and broadcast against the whole inputs: each shard
     # computes both columns, and halo=1 keeps the right one of each; no rule on 2 shards alone

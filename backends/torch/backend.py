@@ -16,6 +16,7 @@ returns nothing (``_foreach_*_``, ``_foreach_*.out``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, Collection, Mapping
 
@@ -284,6 +285,12 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     )
 
 
+def _with_primary(cases: list[OpCase]) -> list[OpCase]:
+    """Spare samples stand beside the first ones, never in for them: where none of those
+    runs, the next source of samples (the functional sibling's, schema-built) decides."""
+    return cases if any(not c.reserve for c in cases) else []
+
+
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
@@ -333,11 +340,12 @@ class TorchBackend:
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)
         cases, no_limit = [], []
-        for c in self.index.get(op, ()):
+        for c, reserve in self._calls(op):
             try:
-                cases.append(self._captured_case(func, c))
+                cases.append(self._reserved(self._captured_case(func, c), reserve))
             except random_ops.NoLimit as e:
                 no_limit.append(str(e))
+        cases = _with_primary(cases)
         if no_limit and not cases:
             raise Skip("nondeterministic", f"{reason}; {no_limit[0]}")
         if not cases:
@@ -379,6 +387,14 @@ class TorchBackend:
 
         return fresh
 
+    def _calls(self, op: str) -> list[tuple[Captured, bool]]:
+        """The index's calls of ``op``, each with whether it is a spare (beyond max_signatures)."""
+        return [(c, k >= self.max_signatures) for k, c in enumerate(self.index.get(op, ()))]
+
+    @staticmethod
+    def _reserved(case: OpCase, reserve: bool) -> OpCase:
+        return dataclasses.replace(case, reserve=True) if reserve else case
+
     def _sibling_cases(self, func, op: str) -> list[OpCase]:
         """Cases for an in-place or out overload from its functional overload's samples."""
         sibling = catalog.functional_sibling(op)
@@ -386,7 +402,7 @@ class TorchBackend:
             return []
         sib_func = catalog.resolve(sibling)
         cases = []
-        for call in self.index.get(sibling, ()):
+        for call, reserve in self._calls(sibling):
             args, kwargs = tuple(call.args), dict(call.kwargs)
             if call.float64:
                 args, kwargs = to_float64((args, kwargs))
@@ -394,10 +410,10 @@ class TorchBackend:
                 spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
                 runner = make_runner(func, spec)
                 runner(*args, **kwargs)
-                cases.append(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)))
+                cases.append(self._reserved(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)), reserve))
             except Exception:
                 continue  # e.g. an in-place op cannot broadcast its own input
-        return cases
+        return _with_primary(cases)
 
     def _schema_cases(self, func) -> tuple[list[OpCase], str]:
         """One case from schema-built inputs, or none and the last error."""

@@ -35,9 +35,12 @@ from metaspmd.signature import signature
 from .catalog import NAMESPACE, op_name, positional_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 6  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 7  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
-MAX_SIGNATURES = 4  # kept per overload
+MAX_SIGNATURES = 4  # explored per overload
+# Kept beyond those, explored only where none of them gives a strategy: OpInfo's var samples
+# that come first all reduce every dim; one that keeps a dim has rules.
+RESERVE_SIGNATURES = 4
 MAX_CANDIDATES = 32  # seen per overload and dtype-kind pattern, before choosing
 MAX_SAMPLES = 64  # per OpInfo and pass: bounds capture and regeneration time
 
@@ -429,7 +432,7 @@ def _finish(call: Captured, func) -> Captured:
 def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None] | None = None,
                 opinfos: Collection[str] | None = None) -> dict[str, tuple[Captured, ...]]:
     """Capture every OpInfo sample (or those of the OpInfos named in ``opinfos``) and keep
-    up to ``max_signatures`` calls per overload."""
+    up to ``max_signatures`` calls per overload, and ``RESERVE_SIGNATURES`` more after them."""
     from .catalog import resolve
 
     pool = _Pool()
@@ -442,7 +445,8 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
         index = {}
         for name in sorted(n for n, calls in pool.by_op.items() if calls):
             func = resolve(name)
-            index[name] = tuple(_finish(c, func) for c in _choose(list(pool.by_op[name].values()), max_signatures))
+            chosen = _choose(list(pool.by_op[name].values()), max_signatures + RESERVE_SIGNATURES)
+            index[name] = tuple(_finish(c, func) for c in chosen)
     if log:
         log(f"checked regeneration and float64: {time.perf_counter() - start:.1f} s")
     return index
@@ -740,7 +744,7 @@ def read_index(path: Path) -> dict[str, tuple[Captured, ...]]:
 
 
 __all__ = [
-    "BASE_SEED", "Captured", "MAX_SIGNATURES", "SampleRef", "SchemaGuess", "build_index", "cache_path",
+    "BASE_SEED", "Captured", "MAX_SIGNATURES", "RESERVE_SIGNATURES", "SampleRef", "SchemaGuess", "build_index", "cache_path",
     "call_signature", "default_cache_dir", "find_schema_sample", "load_index", "read_index", "regenerate",
     "schema_inputs", "to_float64", "write_index",
 ]

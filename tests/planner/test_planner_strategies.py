@@ -25,6 +25,9 @@ def test_halo_and_block_strategies_are_not_runnable():
     # nor by shard order: a scan(sum) is no Partial(sum), a reversed gather no Shard(0)
     for text in ("scan(dim=0, op=sum)", "gather(dim=0, reverse=true)"):
         assert axis_strategy(spec.Strategy("S5", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),))) is None
+    # nor offset positions: a framework would hand each shard the indices unchanged
+    lookup = spec.Strategy("S6", (spec.ShardIn(0), spec.IndexOffset()), (spec.OutputCombine.parse("reduce(sum)"),))
+    assert axis_strategy(lookup) is None
 
 
 def test_replicate_is_preferred_among_equivalent_combines():

@@ -88,8 +88,9 @@ def test_ops_with_unspecified_values_get_rules_on_shapes(backend):
 
 def test_mm_and_add_cases_have_sensible_signatures(backend):
     ops = backend.tensor_ops()
-    mm = backend.cases("aten.mm.default")
-    assert 1 <= len(mm) <= 4
+    cases = backend.cases("aten.mm.default")
+    mm = [c for c in cases if not c.reserve]
+    assert 1 <= len(mm) <= 4 and cases[:len(mm)] == mm  # spare samples after the first four
     sigs = {signature(ops, c.arg_names, c.args, c.kwargs) for c in mm}
     assert "self:f[*,*] mat2:f[*,*]" in sigs
     assert len(sigs) == len(mm)  # one case per signature
@@ -393,7 +394,7 @@ def test_integer_sample_data_is_checked_on_blind_data_too():
     largest local index equals the global one, so P(max) held on the sample's data alone.
     Blind trials join in for integer data and refute it: a flattened index has no combine."""
     argmin = get_backend(opinfos=("argmin",))
-    cases = [c for c in argmin.cases("aten.argmin.default") if c.args[0].dtype == torch.int64]
+    cases = [c for c in argmin.cases("aten.argmin.default") if c.args[0].dtype == torch.int64 and not c.reserve]
     assert cases
     for case in cases:
         assert explore_case(case, argmin.tensor_ops()).status == "replicate-only"
