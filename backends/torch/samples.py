@@ -549,9 +549,11 @@ class _Filler:
         if t in _UNSUPPORTED or "torch.classes" in t or name in ("filename", "path"):
             raise TypeError(f"cannot build a {t} argument")
         if t.startswith("Optional["):
-            if name != "output_size":
+            if name not in ("output_size", "dim"):
                 return None
-            t = t[len("Optional["):-1]  # upsample .vec overloads need output_size or scales
+            # upsample .vec overloads need output_size or scales; a reduction over dim 0
+            # (var.dim) leaves the other dims to cut, where None would reduce them all
+            t = t[len("Optional["):-1]
         if t == "Tensor":
             return self.tensor(name)
         if t == "List[Tensor]":

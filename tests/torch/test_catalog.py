@@ -152,6 +152,15 @@ def test_core_op_without_opinfo_gets_schema_sample(backend):
     assert entry.status == "ok"
 
 
+def test_a_schema_built_reduction_keeps_dims_to_cut():
+    # var.dim's dim is a required Optional: None would reduce every dim, leaving no rule
+    backend = get_backend(opinfos=(), schema_samples=True)
+    (case,) = backend.cases("aten.var.dim")
+    assert case.args[1] == [0]
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard) == "[[N, S1]]"
+
+
 def test_inplace_case_does_not_mutate_its_inputs(backend):
     case = backend.cases("aten.add_.Tensor")[0]
     before = [x.clone() for x in case.args if isinstance(x, torch.Tensor)]
