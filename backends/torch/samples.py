@@ -35,7 +35,7 @@ from metaspmd.signature import signature
 from .catalog import NAMESPACE, op_name, positional_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 7  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 8  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 MAX_SIGNATURES = 4  # explored per overload
 # Kept beyond those, explored only where none of them gives a strategy: OpInfo's var samples
@@ -284,6 +284,27 @@ def _structure(c: Captured) -> str:
     return " ".join(part for part in c.signature.split(" ") if ":" in part)
 
 
+def _arguments(c: Captured) -> str:
+    """The non-tensor part of a signature (argmax's dim=1 beside its flattening dim=None)."""
+    return " ".join(part for part in c.signature.split(" ") if ":" not in part)
+
+
+def _spares(candidates: list[Captured], chosen: list[Captured], limit: int) -> list[Captured]:
+    """Up to ``limit`` more signatures, for where ``chosen`` gives no strategy: new non-tensor
+    arguments first (every argmax call the first pick holds flattens), then the rest, each
+    part richest first."""
+    ranked = [c for _, c in sorted(enumerate(candidates), key=lambda ic: _rank_key(ic[1], ic[0]))]
+    taken = {c.signature for c in chosen}
+    seen = {_arguments(c) for c in chosen}
+    spares: list[Captured] = []
+    for c in ranked:
+        if c.signature not in taken and _arguments(c) not in seen:
+            seen.add(_arguments(c))
+            spares.append(c)
+    spares += [c for c in ranked if c.signature not in taken and c not in spares]
+    return spares[:limit]
+
+
 def _choose(candidates: list[Captured], limit: int) -> list[Captured]:
     """Up to ``limit`` signatures, richest first, then variety: a new dtype-kind pattern, then
     a new tensor structure, then the rest in rank order."""
@@ -445,7 +466,9 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
         index = {}
         for name in sorted(n for n, calls in pool.by_op.items() if calls):
             func = resolve(name)
-            chosen = _choose(list(pool.by_op[name].values()), max_signatures + RESERVE_SIGNATURES)
+            candidates = list(pool.by_op[name].values())
+            chosen = _choose(candidates, max_signatures)
+            chosen += _spares(candidates, chosen, RESERVE_SIGNATURES)
             index[name] = tuple(_finish(c, func) for c in chosen)
     if log:
         log(f"checked regeneration and float64: {time.perf_counter() - start:.1f} s")
