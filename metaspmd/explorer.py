@@ -19,6 +19,7 @@ apart, so the entry gets no strategy; shards of an input must really differ.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -550,20 +551,7 @@ class _Explorer:
                 ):
                     continue
                 if self.config.halo:
-                    for h in range(1, self.config.max_input_halo + 1):
-                        g = Group(tuple((i, d, h) for i, d, _ in group.dims))
-                        trials = self._halo_trials(g)
-                        if trials is None:
-                            continue
-                        saved, self.trials = self.trials, trials
-                        try:
-                            accepted = accept(g, self._explore(g))
-                        finally:
-                            self.trials = saved
-                        if accepted:
-                            if trials is not saved:
-                                self.widened[g.placements(len(ranks))] = self._widened_notes(g)
-                            break
+                    self._search_halos(group, accept, len(ranks))
             status = "ok"
         if self.config.partial and (not case.random or case.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
@@ -747,6 +735,29 @@ class _Explorer:
             if halo and any(start - halo <= 0 and start + length + halo >= size for start, length in split.bounds(size) or ()):
                 return True
         return False
+
+    def _search_halos(self, group: Group, accept, n_inputs: int) -> None:
+        """``group`` with an input halo of 1, 2, ... on every cut dim, until one is accepted;
+        tried on lengthened dims where the sample's are too short (noted in the entry)."""
+        for h in range(1, self.config.max_input_halo + 1):
+            g = Group(tuple((i, d, h) for i, d, _ in group.dims))
+            trials = self._halo_trials(g)
+            if trials is None:
+                continue
+            with self._on_trials(trials):
+                accepted = accept(g, self._explore(g))
+            if accepted:
+                if trials is not self.trials:
+                    self.widened[g.placements(n_inputs)] = self._widened_notes(g)
+                return
+
+    @contextlib.contextmanager
+    def _on_trials(self, trials: list[_Trial]):
+        saved, self.trials = self.trials, trials
+        try:
+            yield
+        finally:
+            self.trials = saved
 
     def _widened_notes(self, group: Group) -> list[str]:
         first, halo = self.trials[0], group.dims[0][2]
