@@ -8007,9 +8007,16 @@ RULES = {
         ),
     },
     'aten.bernoulli_.float': {
-        'self:f[*,*,1,1]': (
+        'self:f[*,*,*,*]': (
             ((Shard(0),), (Shard(0),)),
             ((Shard(1),), (Shard(1),)),
+            ((Shard(2),), (Shard(2),)),
+            ((Shard(3),), (Shard(3),)),
+        ),
+        'self:f[*,*,*]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(1),), (Shard(1),)),
+            ((Shard(2),), (Shard(2),)),
         ),
         'self:f[*,*,1]': (
             ((Shard(0),), (Shard(0),)),
@@ -8018,9 +8025,6 @@ RULES = {
         'self:f[*,*]': (
             ((Shard(0),), (Shard(0),)),
             ((Shard(1),), (Shard(1),)),
-        ),
-        'self:f[*]': (
-            ((Shard(0),), (Shard(0),)),
         ),
     },
     'aten.binary_cross_entropy.default': {

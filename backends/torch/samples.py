@@ -35,7 +35,7 @@ from metaspmd.signature import signature
 from .catalog import NAMESPACE, op_name, positional_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 8  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 10  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 MAX_SIGNATURES = 4  # explored per overload
 # Kept beyond those, explored only where none of them gives a strategy: OpInfo's var samples
@@ -102,6 +102,27 @@ def _snapshot(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_snapshot(y) for y in x)
     return x
+
+
+def _set(x: Any, gen: torch.Generator) -> Any:
+    """``x`` with float tensors that are NaN throughout, what torch.empty gives under
+    _filled_memory, refilled from ``gen``: an output buffer the op overwrites (copy_'s self,
+    rrelu_with_noise's noise) must still differ from shard to shard to tell dims apart."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.numel() and bool(torch.isnan(x).all()):
+            return torch.randn(x.shape, generator=gen, dtype=x.dtype)
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_set(y, gen) for y in x)
+    if isinstance(x, dict):
+        return {k: _set(v, gen) for k, v in x.items()}
+    return x
+
+
+def _captured_values(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, dict]:
+    """A call's inputs, snapshotted, with unset buffers filled under ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return _set(_snapshot(tuple(args)), gen), _set({k: _snapshot(v) for k, v in kwargs.items()}, gen)
 
 
 class _Recorder(TorchDispatchMode):
@@ -198,6 +219,22 @@ def _run_sample(info, mode: str, sample, recorder: _Recorder) -> None:
 
 
 @contextlib.contextmanager
+def _filled_memory():
+    """Uninitialised memory filled (NaN, the largest integer) rather than left as it was:
+    copy_, fill_ and bernoulli_ get their self from torch.empty, and garbage there made the
+    samples' ranking (_low_entropy) differ from one build of the index to the next."""
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn only: no op refuses to run
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+@contextlib.contextmanager
 def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -238,7 +275,7 @@ class _Pool:
         key = (name, _kinds(args, kwargs))
         if sig in seen or self.per_kinds.get(key, 0) >= MAX_CANDIDATES:
             return None
-        call = Captured(name, sig, _snapshot(tuple(args)), _snapshot(dict(kwargs)), ref)
+        call = Captured(name, sig, *_captured_values(args, kwargs, BASE_SEED), ref)
 
         def commit() -> None:
             if sig not in seen:
@@ -353,11 +390,11 @@ def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tup
 
     def on_call(func, args, kwargs):
         if op_name(func) == op and _cacheable((args, kwargs)) and call_signature(func, args, kwargs) == sig:
-            call = (_snapshot(tuple(args)), _snapshot(dict(kwargs)))
+            call = _captured_values(args, kwargs, seed)
             return lambda: found.append(call)
         return None
 
-    with torch.random.fork_rng(devices=[]), _quiet():
+    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory():
         for k, sample in _samples_of(info, ref.mode, dtype, seed, ref.sample + 1):
             if k == ref.sample:
                 try:
@@ -458,7 +495,7 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
 
     pool = _Pool()
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]), _quiet():
+    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory():
         for mode, dtype in PASSES:
             _capture_pass(pool, mode, dtype, opinfos)
             if log:

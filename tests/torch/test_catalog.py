@@ -433,3 +433,20 @@ def test_ops_that_crash_on_special_values_get_none():
     assert torch_case(func, (), {}, make_runner(func)).special is None
     mm = catalog.resolve("aten.mm.default")
     assert torch_case(mm, (), {}, make_runner(mm)).special is not None
+
+
+def test_unset_buffers_are_filled_alike_on_every_build():
+    """torch.empty's garbage in copy_'s self changed which samples ranked first from one
+    index build to the next: the build fills it (NaN), then with seeded random values."""
+    from metaspmd.backends.torch.samples import _captured_values, _filled_memory
+
+    before = torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()
+    with _filled_memory():
+        buffer = torch.empty(3, 4, dtype=torch.float64)
+    assert torch.isnan(buffer).all()
+    assert (torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()) == before
+    src = torch.arange(12.0).reshape(3, 4)
+    (a, s), _ = _captured_values((buffer, src), {}, seed=0)
+    (b, _), _ = _captured_values((buffer, src), {}, seed=0)
+    assert torch.equal(a, b) and not torch.isnan(a).any() and len(set(a.flatten().tolist())) == 12
+    assert torch.equal(s, src) and s is not src  # data stays as it is, snapshotted
