@@ -2149,7 +2149,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (0,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> s1',
+            sharding_rule='r1 s2 -> s2',
             reduction_factors=(),
             need_replication_factors=('r1',),
         ),
@@ -2175,7 +2175,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (0,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> s1',
+            sharding_rule='r1 s2 -> s2',
             reduction_factors=(),
             need_replication_factors=('r1',),
         ),

@@ -79,8 +79,8 @@ def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
     """The reduce ops worth trying for an output of dtype kind ``kind``."""
     if kind == FLOAT:
         return ("sum", "max", "min", "prod") + (("avg",) if even else ()) + ("norm2",)
-    if kind == COMPLEX:
-        return ("sum", "prod") + (("avg",) if even else ())
+    if kind == COMPLEX:  # max and min where the library orders complex numbers (jax: lexicographically)
+        return ("sum", "max", "min", "prod") + (("avg",) if even else ())
     if kind == INT:
         return ("sum", "max", "min", "prod")
     if kind == BOOL:

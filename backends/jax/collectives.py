@@ -37,8 +37,9 @@ def unsupported(c: Combine, dtype: Any) -> str | None:
     """Why ``c`` has no collective plan here on outputs of ``dtype``, or None."""
     if isinstance(c, Gather) and (c.halo or c.halo_end or c.block > 1):
         return "halo or block output"
-    if isinstance(c, Reduce) and (c.op not in _COLLECTIVES or dtype == bool):
-        return f"reduce({c.op}) on {dtype} has no collective"
+    if isinstance(c, Reduce) and (c.op not in _COLLECTIVES or dtype == bool
+                                  or (c.op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating))):
+        return f"reduce({c.op}) on {dtype} has no collective"  # XLA's CPU all-reduce orders no complex
     if isinstance(c, Scan) and c.op == "logsumexp" and not jnp.issubdtype(dtype, jnp.floating):
         return f"scan(logsumexp) on {dtype}"
     return None

@@ -51,3 +51,9 @@ def test_reduce_max_combines_with_max(backend, ops):
     entry = explore_case(case, ops)
     assert ("S(0)",) in [s[0] for s in _strategies(entry).values()]
     assert any(s[1] == ("reduce(max)",) for s in _strategies(entry).values())
+
+
+def test_complex_max_combines_in_lexicographic_order(backend, ops):
+    # jax orders complex numbers by real part, then imaginary: the max of local maxima
+    case = _case(backend, ops, "jax.reduce_max", "x:c[*,*] axes=[0]")
+    assert (("S(0)",), ("reduce(max)",)) in _strategies(explore_case(case, ops)).values()
