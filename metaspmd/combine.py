@@ -92,9 +92,7 @@ def scan_ops_for(kind: str) -> tuple[str, ...]:
     """The scan ops worth trying for an output of dtype kind ``kind``."""
     if kind == FLOAT:
         return ("sum", "prod", "max", "min", "logsumexp")
-    if kind == INT:
-        return ("sum", "prod", "max", "min")
-    if kind == COMPLEX:  # max and min in the lexicographic order numpy and jax give complex numbers
+    if kind in (INT, COMPLEX):  # complex max and min in numpy's and jax's lexicographic order
         return ("sum", "prod", "max", "min")
     if kind == BOOL:
         return ("max", "min")

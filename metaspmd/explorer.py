@@ -241,9 +241,9 @@ class _Explorer:
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
                     # all-zero input is meant to be uniform; the other trials need distinct shards)
                 per_input[i] = shards
-        if group.offset:
-            i, d, _ = group.dims[0]
-            starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[i])[d])]
+        if group.offset:  # the cut dims share one size, so one start per shard
+            cut, d, _ = group.dims[0]
+            starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
             for i, component in group.offset:
                 per_input[i] = offset_positions(ops, trial.leaves[i], starts, component)
         for i in group.partial:
@@ -770,8 +770,6 @@ class _Explorer:
         and scatter positions along the cut dim): all its elements, or one element of its
         last dim where that is short enough to be an index vector."""
         ops, first = self.ops, self.trials[0]
-        if len({ops.shape(first.leaves[i])[d] for i, d, _ in group.dims}) != 1:
-            return []  # the shards of one start per rank: dims of one size
         inside = {i for i, _, _ in group.dims}
         out = []
         for i, x in enumerate(first.leaves):
