@@ -1879,9 +1879,8 @@ RULES = {
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
-                Strategy((None, None), (None,), ('', 'sum'), ('',)),
-                Strategy((0, None), (0,), ('', 'sum'), ('',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('', 'sum'), ('',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2108,8 +2107,9 @@ RULES = {
     'jax.reduce': {
         "operands:[c[*,*]] init_values:[c[]] dimensions=[0] jaxpr='{add}'": Rule(
             strategies=(
+                Strategy((0, None), (None,), ('', ''), ('sum',)),
                 Strategy((1, None), (0,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2117,8 +2117,9 @@ RULES = {
         ),
         "operands:[f[*,*]] init_values:[f[]] dimensions=[0] jaxpr='{add}'": Rule(
             strategies=(
+                Strategy((0, None), (None,), ('', ''), ('sum',)),
                 Strategy((1, None), (0,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2126,8 +2127,9 @@ RULES = {
         ),
         "operands:[i[*,*]] init_values:[i[]] dimensions=[0] jaxpr='{add}'": Rule(
             strategies=(
+                Strategy((0, None), (None,), ('', ''), ('sum',)),
                 Strategy((1, None), (0,), ('', ''), ('',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2287,7 +2289,7 @@ RULES = {
     'jax.reduce_window': {
         "operands:[c[*,*]] init_values:[c[]] base_dilation=[1,1] consts=[] jaxpr='{add}' padding=[[0,0],[0,0]] window_dilation=[1,1] window_dimensions=[2,2] window_strides=[1,1]": Rule(
             strategies=(
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2295,7 +2297,7 @@ RULES = {
         ),
         "operands:[f[*,*]] init_values:[f[]] base_dilation=[1,1] consts=[] jaxpr='{add}' padding=[[0,0],[0,0]] window_dilation=[1,1] window_dimensions=[2,2] window_strides=[1,1]": Rule(
             strategies=(
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2303,7 +2305,7 @@ RULES = {
         ),
         "operands:[i[*,*]] init_values:[i[]] base_dilation=[1,1] consts=[] jaxpr='{add}' padding=[[0,0],[0,0]] window_dilation=[1,1] window_dimensions=[2,2] window_strides=[1,1]": Rule(
             strategies=(
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
+                Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -2341,7 +2343,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (0,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> s1',
+            sharding_rule='r1 s2 -> s2',
             reduction_factors=(),
             need_replication_factors=('r1',),
         ),

@@ -39,7 +39,8 @@ class OpCase:
     replicated output alike; in-place fills are not value-free, since self keeps its
     placement). ``widen``: the op takes any length along a dim, filled with fresh random
     data (no sorted inputs, no lengths tied to a param), so the halo search may lengthen a
-    dim too short for three shards. ``bounds_checked``: positions out of range are dropped,
+    dim too short for three shards, though not beside an integer input (it may index that
+    dim) unless ``values`` names it (a fill or init value). ``bounds_checked``: positions out of range are dropped,
     filled or refused by the op, never read out of bounds (XLA's gather and scatter; unlike
     kernels that trust their indices and crash or read past a buffer), so the explorer may
     offset integer inputs by a shard's start. ``reserve``: explored only where no earlier
@@ -60,6 +61,7 @@ class OpCase:
     random: bool = False
     value_free: bool = False
     widen: bool = False
+    values: frozenset[str] = frozenset()
     bounds_checked: bool = False
     reserve: bool = False
     notes: tuple[str, ...] = ()

@@ -82,9 +82,9 @@ def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
     if kind == COMPLEX:  # max and min where the library orders complex numbers (jax: lexicographically)
         return ("sum", "max", "min", "prod") + (("avg",) if even else ())
     if kind == INT:
-        return ("sum", "max", "min", "prod")
+        return ("sum", "max", "min", "prod", "xor")
     if kind == BOOL:
-        return ("max", "min")
+        return ("max", "min", "xor")
     return ()
 
 
@@ -138,7 +138,7 @@ def candidate_combines(
 def _fold(ops: TensorOps, op: str):
     """The elementwise binary function that reduces or scans by ``op``."""
     return {"sum": ops.add, "avg": ops.add, "prod": ops.multiply, "max": ops.maximum, "min": ops.minimum,
-            "logsumexp": ops.logaddexp}[op]
+            "logsumexp": ops.logaddexp, "xor": ops.bitwise_xor}[op]
 
 
 def _scan(ops: TensorOps, combine: Scan, locals_: Sequence[Any]) -> Any:

@@ -375,6 +375,8 @@ class _Explorer:
                 opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
             if Reduce("sum") in opts:  # the 2-norm equals the sum only where no two shards
                 opts = [c for c in opts if c != Reduce("norm2")]  # overlap: the data never told them apart
+            if {Reduce("sum"), Reduce("max"), Identity()} & set(opts):  # xor too (where no two shards
+                opts = [c for c in opts if c != Reduce("xor")]  # overlap, or zeros): the common one stays
             if not opts:
                 return None
             result.append(OutputCombine.of(opts))
@@ -792,7 +794,8 @@ class _Explorer:
             return self.trials
         inside = {i for i, _, _ in group.dims}
         if not self.case.widen or any(
-            (i in inside and self.leaf_names[i] in self.fixed) or (i not in inside and ops.dtype_kind(x) == INT)
+            (i in inside and self.leaf_names[i] in self.fixed)
+            or (i not in inside and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values)
             for i, x in enumerate(first.leaves)
         ):
             return None  # no widening, or integer inputs beside the group: indices into the dim

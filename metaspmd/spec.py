@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Iterator, Mapping, Sequence, Union
 
-# norm2: the 2-norm of the local outputs, sqrt(sum of squares) (DTensor's _NormPartial(2)).
-REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2")
+# norm2: the 2-norm of the local outputs, sqrt(sum of squares) (DTensor's _NormPartial(2));
+# xor: bitwise exclusive or of integer or bool outputs (jax's reduce_xor).
+REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2", "xor")
 # the associative ops a prefix scan carries across shards (cumsum, cumprod, cummax, cummin,
 # logcumsumexp)
 SCAN_OPS = ("sum", "prod", "max", "min", "logsumexp")

@@ -55,6 +55,9 @@ class TensorOps(Protocol):
     def logaddexp(self, a: Any, b: Any) -> Any:
         """log(exp(a) + exp(b)) of floating tensors, without overflow (used for scan(logsumexp))."""
 
+    def bitwise_xor(self, a: Any, b: Any) -> Any:
+        """Elementwise exclusive or of integer or bool tensors (used for reduce(xor))."""
+
     def close(self, actual: Any, expected: Any) -> bool:
         """Same shape and dtype kind, and equal values.
 

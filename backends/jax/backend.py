@@ -24,7 +24,7 @@ from . import programs
 from .catalog import catalog, primitive_of
 from .params import check_shapes, flatten_operands, for_shards, group_operands, signature_params
 from .indices import fresh_indices
-from .inputs import condition
+from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
 from .programs import Occurrence
 from .tensor_ops import JaxOps, kind_of
 
@@ -124,13 +124,13 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     """The OpCase for one program equation (runs its program up to that equation)."""
     prim = occ.primitive
     captured = programs.capture(occ, 0)
-    operands = condition(prim, captured, programs.capture(occ, 1), 0)
+    operands = with_identity_inits(prim, occ.params, condition(prim, captured, programs.capture(occ, 1), 0))
     names, args = group_operands(prim, operands)
     kwargs = signature_params(occ.params)
     call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
 
     def fresh(seed: int):
-        new = condition(prim, programs.capture(occ, seed + 1), captured, seed + 1)
+        new = with_identity_inits(prim, occ.params, condition(prim, programs.capture(occ, seed + 1), captured, seed + 1))
         for k, value in fresh_indices(prim, occ.params, new, seed + 1).items():
             new[k] = jax.numpy.asarray(value)
         return group_operands(prim, new)[1], dict(kwargs)
@@ -138,8 +138,14 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     # widen: a primitive's operands take any length (params are refitted to the shapes it
     # gets), and the explorer widens no dim that integer operands could index;
     # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
-    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh, widen=True,
-                  bounds_checked=True)
+    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
+                  fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
+                  bounds_checked=True, notes=_identity_notes(prim))
+
+
+def _identity_notes(prim: str) -> tuple[str, ...]:
+    return tuple(f"{name}: the identity of the computation (jax.lax.reduce leaves other values undefined)"
+                 for name in sorted(IDENTITY_OPERANDS.get(prim, ())))
 
 
 class JaxBackend:

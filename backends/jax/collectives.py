@@ -6,6 +6,7 @@ one output from the local ones, without gathering anything it need not.
     scan(dim, op)               each device all-gathers the edge slices and folds those of
                                 the devices before it into its own output (a carry)
     reduce(sum|max|min|avg)     psum / pmax / pmin / pmean
+    reduce(xor)                 all-gather, then fold (XLA has no xor all-reduce)
     identity                    nothing
 
 The cross-check runs every strategy whose combines are listed here for real on several
@@ -25,7 +26,16 @@ from jax.scipy.special import logsumexp
 from metaspmd.spec import Combine, Gather, Identity, Reduce, Scan
 
 AXIS = "x"
-_COLLECTIVES = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin, "avg": lax.pmean}
+def _pxor(y, axis_name):
+    """Bitwise xor across the axis: XLA has no xor all-reduce, so all-gather and fold."""
+    gathered = lax.all_gather(y, axis_name)
+    out = gathered[0]
+    for k in range(1, gathered.shape[0]):
+        out = jnp.bitwise_xor(out, gathered[k])
+    return out
+
+
+_COLLECTIVES = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin, "avg": lax.pmean, "xor": _pxor}
 
 
 def output_dim(c: Combine) -> int | None:
@@ -37,7 +47,7 @@ def unsupported(c: Combine, dtype: Any) -> str | None:
     """Why ``c`` has no collective plan here on outputs of ``dtype``, or None."""
     if isinstance(c, Gather) and (c.halo or c.halo_end or c.block > 1):
         return "halo or block output"
-    if isinstance(c, Reduce) and (c.op not in _COLLECTIVES or dtype == bool
+    if isinstance(c, Reduce) and (c.op not in _COLLECTIVES or (dtype == bool and c.op != "xor")
                                   or (c.op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating))):
         return f"reduce({c.op}) on {dtype} has no collective"  # XLA's CPU all-reduce orders no complex
     if isinstance(c, Scan) and c.op == "logsumexp" and not jnp.issubdtype(dtype, jnp.floating):

@@ -61,6 +61,7 @@ class CaseResult:
     source: str  # 'registry' or 'explored'
     shardy_error: str = ""
     found: list = field(default_factory=list)  # (factor, strategy label)
+    made_partial: set = field(default_factory=set)  # labels found with a replicated input made Partial
     missed: list = field(default_factory=list)  # (factor, reason)
     replicated: list = field(default_factory=list)  # factors Shardy keeps whole
     extras: list = field(default_factory=list)  # (strategy, category)
@@ -72,6 +73,7 @@ class CaseResult:
 
 
 SHARDABLE = ("pass-through", "reduction", "permutation")
+MADE_PARTIAL = "with an input Shardy keeps replicated made Partial, a local step"
 
 
 # --------------------------------------------------------------------------- matching
@@ -106,12 +108,26 @@ def _combine_fits(factor, strategy) -> bool:
 
 
 def match(factor, strategies) -> Any | None:
-    """Our strategy that realises a Shardy factor, or None."""
+    """Our strategy that realises a Shardy factor, or None. A reduction factor leaves its
+    outputs pending a sum, so a strategy that also takes some other input as Partial(sum)
+    realises it too: Shardy keeps that input replicated, and a replicated value becomes
+    Partial locally (kept on one device, zeros on the others). That is how a scatter-add
+    whose updates are cut counts its operand once, and how Shardy's partitioner does it."""
     want = frozenset(factor.inputs)
-    for s in strategies:
-        if _shard_set(s) == want and not _has_partial(s) and _combine_fits(factor, s):
-            return s
+    fitting = [s for s in strategies if _shard_set(s) == want and _combine_fits(factor, s)]
+    plain = [s for s in fitting if not _has_partial(s)]
+    if plain:
+        return plain[0]
+    if factor.kind == "reduction":
+        return next((s for s in fitting if _partial_beside(factor, s)), None)
     return None
+
+
+def _partial_beside(factor, strategy) -> bool:
+    """Are the strategy's Partial inputs outside the factor, and every output a sum?"""
+    touched = {i for i, _ in factor.inputs}
+    return (all(i not in touched for i, p in enumerate(strategy.inputs) if isinstance(p, PartialInput))
+            and all(Reduce("sum") in o.options for o in strategy.outputs))
 
 
 def extra_category(strategy, factors) -> str:
@@ -368,6 +384,8 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
         s = match(f, strategies)
         if s is not None:
             result.found.append((f, s.label))
+            if _has_partial(s):
+                result.made_partial.add(s.label)
             matched.add(s.label)
         else:
             result.missed.append((f, _miss_reason(f, case, ops, len(outputs), out_kinds, strategies)))
@@ -398,7 +416,7 @@ def format_case(r: CaseResult) -> list[str]:
     if r.shardy_error:
         lines.append(f"    shardy: no rule ({r.shardy_error})")
     for f, label in r.found:
-        lines.append(f"    agree  {f.describe()}  = {label}")
+        lines.append(f"    agree  {f.describe()}  = {label}" + (f"  ({MADE_PARTIAL})" if label in r.made_partial else ""))
     for f, reason in r.missed:
         lines.append(f"    MISS   {f.describe()}: {reason}")
     for f in r.replicated:
@@ -439,6 +457,7 @@ def summarize(results: Sequence[CaseResult], skipped_ops: int) -> list[str]:
         f"pass-through + reduction: {core_found}/{core_total} ({pct(core_found, core_total)}); "
         f"permutation: {by_kind['permutation']}/{by_kind['permutation'] + miss_kind['permutation']}",
         "  found by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())),
+        f"  found with an input made Partial: {sum(label in r.made_partial for r in shared for _, label in r.found)}",
         "  missed by kind: " + (", ".join(f"{k} {v}" for k, v in sorted(miss_kind.items())) or "none"),
         "  missed by reason: " + ("; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) or "none"),
         f"expressible as shard-and-combine (found, or the implied strategy verifies): found {found}/{found + gaps} "

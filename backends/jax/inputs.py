@@ -27,6 +27,14 @@ _STRUCTURED = {
     **{name: {"scatter_indices"} for name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min",
                                               "scatter-max")},
 }
+# A reduction's init values must be the identity of its computation (jax.lax.reduce: "if
+# violated the result is undefined"; XLA returns a lone element and drops the init). They
+# are set to that identity where the computation is one known primitive, else keep the
+# program's value, and are never cut, refilled or made Partial.
+IDENTITY_OPERANDS = {"reduce": frozenset({"init_values"}), "reduce_window": frozenset({"init_values"})}
+# Integer operands that are values put into the output, not positions into an operand: the
+# halo search may lengthen a dim beside them.
+VALUE_OPERANDS = {"pad": frozenset({"padding_value"}), **IDENTITY_OPERANDS}
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -91,7 +99,7 @@ def condition(prim: str, operands: list, reference: list, seed: int) -> list:
     ops = JaxOps()
     names = [name for name, value in zip(*group_operands(prim, operands))
              for _ in (value if isinstance(value, list) else [value])]
-    keep = _STRUCTURED.get(prim, set())
+    keep = _STRUCTURED.get(prim, set()) | IDENTITY_OPERANDS.get(prim, set())
     out = []
     for i, (x, ref, name) in enumerate(zip(operands, reference, names)):
         kind = ops.dtype_kind(x)
@@ -105,3 +113,40 @@ def condition(prim: str, operands: list, reference: list, seed: int) -> list:
             flat = a.size > 1 and _same(a, np.full_like(a, a.flat[0]))
             out.append(ops.random_like(x, seed * 31 + i) if flat or _same(a, np.asarray(ref)) else x)
     return _SPECIAL_DATA.get(prim, lambda xs, seed: xs)(out, seed)
+
+
+def _identity(name: str, dtype: np.dtype) -> object | None:
+    """The identity of the binary primitive ``name`` on ``dtype``, or None."""
+    if name == "add" or (name in ("or", "xor") and dtype.kind in "biu"):
+        return False if dtype.kind == "b" else 0
+    if name == "mul":
+        return 1
+    if name == "and" and dtype.kind in "biu":
+        return True if dtype.kind == "b" else -1 if dtype.kind == "i" else np.iinfo(dtype).max
+    if name in ("max", "min"):
+        low = name == "max"
+        if dtype.kind == "f":
+            return -np.inf if low else np.inf
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            return info.min if low else info.max
+        if dtype.kind == "b":
+            return not low
+    return None
+
+
+def with_identity_inits(prim: str, params: dict, operands: list) -> list:
+    """``operands`` with a reduction's init values set to the identity of its computation,
+    where that is a single known primitive (add, mul, max, min, and, or, xor)."""
+    if prim not in IDENTITY_OPERANDS:
+        return operands
+    eqns = params["jaxpr"].eqns
+    if len(eqns) != 1:
+        return operands  # a variadic computation (arg-reductions): the program's value stands
+    names = [name for name, value in zip(*group_operands(prim, operands))
+             for _ in (value if isinstance(value, list) else [value])]
+    out = []
+    for x, name in zip(operands, names):
+        value = _identity(eqns[0].primitive.name, np.dtype(x.dtype)) if name == "init_values" else None
+        out.append(jax.numpy.full(x.shape, value, x.dtype) if value is not None else x)
+    return out

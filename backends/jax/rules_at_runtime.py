@@ -24,7 +24,7 @@ from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
 from .capture import Captured, op_arguments
 from .indices import fresh_indices
-from .inputs import condition
+from .inputs import IDENTITY_OPERANDS, condition
 from .tensor_ops import JaxOps, kind_of
 
 _OPS = JaxOps()
@@ -136,11 +136,12 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
             return op_arguments(prim, widen(_fresh_operands(prim, params, operands, seed + 1)))[1], dict(node.kwargs)
 
         a = op_arguments(prim, example)[1]
-        # Integer operands are indices or counts the program built to be valid; keys are keys.
+        # Integer operands are indices or counts the program built to be valid; keys are keys;
+        # a reduction's init values are the identity of its computation.
         fixed = frozenset(
             n for n, v in zip(names, a)
             if any(kind_of(x.dtype) in (INT, OTHER) for x in (v if isinstance(v, list) else [v]))
-        )
+        ) | IDENTITY_OPERANDS.get(prim, frozenset())
         return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed)
 
     return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)

@@ -106,6 +106,9 @@ class JaxOps:
     def logaddexp(self, a, b):
         return self._binary(a, b, np.logaddexp)
 
+    def bitwise_xor(self, a, b):
+        return self._binary(a, b, np.bitwise_xor)
+
     def add_scalar(self, x, amount):
         a = _np(x)  # in int64, wrapping back: unsigned positions below zero are out of range too
         return _back((a.astype(np.int64) + amount).astype(a.dtype), x)

@@ -67,6 +67,9 @@ class TorchOps:
     def logaddexp(self, a, b):
         return torch.logaddexp(a, b)
 
+    def bitwise_xor(self, a, b):
+        return torch.bitwise_xor(a, b)
+
     def add_scalar(self, x, amount):
         return x + amount
 

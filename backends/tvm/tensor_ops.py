@@ -80,6 +80,9 @@ class TvmOps:
     def logaddexp(self, a, b):
         return to_tvm(np.logaddexp(a.numpy(), b.numpy()))
 
+    def bitwise_xor(self, a, b):
+        return to_tvm(np.bitwise_xor(a.numpy(), b.numpy()))
+
     def add_scalar(self, x, amount):
         a = x.numpy()
         return to_tvm((a.astype(np.int64) + amount).astype(a.dtype))

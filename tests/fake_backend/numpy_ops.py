@@ -50,6 +50,9 @@ class NumpyOps:
     def logaddexp(self, a, b):
         return np.logaddexp(a, b)
 
+    def bitwise_xor(self, a, b):
+        return np.bitwise_xor(a, b)
+
     def add_scalar(self, x, amount):
         return (x.astype(np.int64) + amount).astype(x.dtype)
 
