@@ -189,7 +189,7 @@ RULES = {
             strategies=(
                 Strategy((1,), (0,), ('',), ('',)),
             ),
-            sharding_rule='r1 s1 -> s1',
+            sharding_rule='r1 s2 -> s2',
             reduction_factors=(),
             need_replication_factors=('r1',),
         ),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from .spec import Combine, Gather, Identity, Reduce, Scan
+import numpy as np
+
+from .spec import ARG_REDUCE_OPS, ArgReduce, Combine, Gather, Identity, Reduce, Scan
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
 
@@ -38,6 +40,16 @@ class Split:
     def is_even(self, size: int) -> bool:
         b = self.bounds(size)
         return b is not None and len({length for _, length in b}) == 1
+
+
+@dataclass(frozen=True)
+class CutInput:
+    """One input's shards along its cut ``dim`` and their starts: what a combine that reads
+    input values (argreduce) needs beside the local outputs."""
+
+    shards: Sequence[Any]
+    dim: int
+    starts: Sequence[int]
 
 
 def shard_with_halo(ops: TensorOps, x: Any, dim: int, bounds: list[tuple[int, int]], halo: int) -> list[Any]:
@@ -100,9 +112,11 @@ def scan_ops_for(kind: str) -> tuple[str, ...]:
 
 
 def candidate_combines(
-    ops: TensorOps, locals_: Sequence[Any], global_: Any, even: bool, max_halo: int = 0, max_block: int = 4
+    ops: TensorOps, locals_: Sequence[Any], global_: Any, even: bool, max_halo: int = 0, max_block: int = 4,
+    cut: Mapping[int, CutInput] | None = None,
 ) -> list[Combine]:
-    """Every combine whose shapes fit, cheapest first; numerics decide later."""
+    """Every combine whose shapes fit, cheapest first; numerics decide later. ``cut``: the
+    cut inputs by position, whose values an integer output may hold the arg-max or arg-min of."""
     gshape = ops.shape(global_)
     lshapes = [ops.shape(x) for x in locals_]
     if any(len(s) != len(gshape) for s in lshapes):
@@ -132,6 +146,9 @@ def candidate_combines(
     if all(s == gshape for s in lshapes):
         out.append(Identity())
         out += [Reduce(op) for op in reduce_ops_for(ops.dtype_kind(global_), even)]
+        if ops.dtype_kind(global_) == INT:
+            out += [ArgReduce(op, i) for i, c in sorted((cut or {}).items())
+                    if ops.dtype_kind(c.shards[0]) in (FLOAT, INT, BOOL) for op in ARG_REDUCE_OPS]
     return out
 
 
@@ -158,8 +175,41 @@ def _scan(ops: TensorOps, combine: Scan, locals_: Sequence[Any]) -> Any:
     return ops.concat(pieces, d)
 
 
-def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> Any:
-    """The global output that ``combine`` builds from the local outputs."""
+def _arg_reduce(ops: TensorOps, combine: ArgReduce, locals_: Sequence[Any], cut: Mapping[int, CutInput] | None) -> Any:
+    """Global positions from each shard's local ones: the winner's, plus its shard's start."""
+    src = (cut or {}).get(combine.input)
+    if src is None:
+        raise ValueError(f"{combine} needs the shards of input {combine.input}")
+    best_value = best_position = None
+    for local, shard, start in zip(locals_, src.shards, src.starts):
+        position = np.asarray(ops.to_numpy(local)).astype(np.int64)
+        values = np.asarray(ops.to_numpy(shard))
+        if values.dtype.kind not in "biuf" or position.ndim not in (values.ndim, values.ndim - 1):
+            raise ValueError("no ordered values to index")
+        if position.size and (position.min() < 0 or position.max() >= values.shape[src.dim]):
+            raise ValueError("a local position outside its shard")
+        index = position if position.ndim == values.ndim else np.expand_dims(position, src.dim)
+        value = np.take_along_axis(values, index, axis=src.dim)
+        if value.shape != index.shape:
+            raise ValueError("positions and values do not line up")
+        value = value.reshape(position.shape)
+        if best_value is None:
+            best_value, best_position = value, position + start
+            continue
+        wins = value > best_value if combine.op == "max" else value < best_value
+        if values.dtype.kind == "f":  # NaN beats every number, and the first NaN stays
+            wins = (wins | np.isnan(value)) & ~np.isnan(best_value)
+        best_value = np.where(wins, value, best_value)
+        best_position = np.where(wins, position + start, best_position)
+    return ops.from_numpy(best_position, locals_[0])
+
+
+def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any],
+                  cut: Mapping[int, CutInput] | None = None) -> Any:
+    """The global output that ``combine`` builds from the local outputs (and, for an
+    argreduce, from the values of the cut input it names)."""
+    if isinstance(combine, ArgReduce):
+        return _arg_reduce(ops, combine, locals_, cut)
     if isinstance(combine, Scan):
         return _scan(ops, combine, locals_)
     if isinstance(combine, Identity):
@@ -198,11 +248,12 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any]) -> A
     return ops.concat(blocks, d)
 
 
-def holds(ops: TensorOps, combine: Combine, locals_: Sequence[Any], global_: Any) -> bool:
+def holds(ops: TensorOps, combine: Combine, locals_: Sequence[Any], global_: Any,
+          cut: Mapping[int, CutInput] | None = None) -> bool:
     """Does ``combine`` rebuild ``global_`` from ``locals_`` exactly (within tolerance)?"""
     try:
         if isinstance(combine, Identity):
             return all(ops.close(x, global_) for x in locals_)
-        return ops.close(apply_combine(ops, combine, locals_), global_)
+        return ops.close(apply_combine(ops, combine, locals_, cut), global_)
     except Exception:  # shapes that do not line up, dtype mismatches: not a valid combine
         return False

@@ -27,13 +27,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import pytree
 from .case import Backend, NoSample, OpCase, Skip
-from .combine import Split, candidate_combines, holds, offset_positions, partial_summands, shard_with_halo
+from .combine import (
+    CutInput, Split, candidate_combines, holds, offset_positions, partial_summands, shard_with_halo,
+)
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
 from .spec import (
-    N, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
+    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
     Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
@@ -275,17 +279,19 @@ class _Explorer:
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
         max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
+        cut = self._cut_inputs(group, trial, split) if any(self.ops.dtype_kind(o) == INT for o in trial.outputs) else None
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
             if candidates is not None:  # verifying: what exploring kept (joints of parts included)
                 cands = candidates[j]
             else:
-                cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, self.config.max_block))
+                cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo,
+                                                               self.config.max_block, cut))
             if self.case.random:  # each element drawn once, on one rank
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
                 cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse) or (replicated and c == Identity())]
-            valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob)]
+            valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob, cut)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
             if not valid:
@@ -294,6 +300,15 @@ class _Explorer:
                 untried = not even and candidates is None and not group.partial and Identity() in cands
                 return AVG_UNTRIED if untried else None
             out.append(valid)
+        return out
+
+    def _cut_inputs(self, group: Group, trial: _Trial, split: Split) -> dict[int, CutInput]:
+        """The group's inputs cut without a halo, whose values an argreduce reads."""
+        out = {}
+        for i, d, halo in group.dims:
+            bounds = split.bounds(self.ops.shape(trial.leaves[i])[d])
+            if not halo and bounds:
+                out[i] = CutInput(shard_with_halo(self.ops, trial.leaves[i], d, bounds, 0), d, [s for s, _ in bounds])
         return out
 
     def _even_split(self, group: Group) -> Split | None:
@@ -351,6 +366,8 @@ class _Explorer:
             return None  # an input halo on two shards: a broadcast dim passes as one (see below)
         if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
+        if group.dims and any(_by_order(c) for opts in alive for c in opts):
+            alive = self._refute_on_ties(group, alive)
         if group.partial and any(Identity() in opts for opts in alive):
             alive = self._whole_on_special_values(group, alive)
         if group.partial:
@@ -367,12 +384,16 @@ class _Explorer:
                 opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end)) and not _ordered(c)]
                 if self._pair(group):  # every order statistic of a pair is its min or max:
                     opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]  # median of 2
+                if self._two_long(group):  # ... and so is its position along a dim of 2: the
+                    opts = [c for c in opts if not isinstance(c, ArgReduce)]  # lower median's is argmin's
             # a reversed gather or a scan that holds beside the plain gather of its dim is an
             # artifact of data that does not vary along it (zeros, a broadcast row)
             plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
             opts = [c for c in opts if not (_ordered(c) and c.dim in plain_dims)]
             if Identity() in opts:  # max/min of identical shards are implied by identity
                 opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
+            if any(isinstance(c, (Identity, Reduce)) for c in opts):  # positions that need no values:
+                opts = [c for c in opts if not isinstance(c, ArgReduce)]  # a plain collective says it
             if Reduce("sum") in opts:  # the 2-norm equals the sum only where no two shards
                 opts = [c for c in opts if c != Reduce("norm2")]  # overlap: the data never told them apart
             if {Reduce("sum"), Reduce("max"), Identity()} & set(opts):  # xor too (where no two shards
@@ -381,6 +402,31 @@ class _Explorer:
                 return None
             result.append(OutputCombine.of(opts))
         return tuple(result), counts, uneven
+
+    def _refute_on_ties(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the combines that pick by order (max, min, argmax, argmin) and fail
+        where values repeat: random floats never do, so the mode of a row is its min and its
+        position argmin's. Two fresh trials again, their float inputs rounded to integers; a
+        trial the op refuses gives no verdict, one no combine of some output survives drops
+        every order pick (the others keep the verdict of the trials before)."""
+        ops = self.ops
+        bases = [t for t in self.trials[1:] if not t.special][:2]
+        for base, split in zip(bases, (Split(3), Split(2, skew=True))):
+            leaves = [ops.from_numpy(np.round(ops.to_numpy(x)), x)
+                      if ops.dtype_kind(x) == FLOAT and self.leaf_names[i] not in self.fixed else x
+                      for i, x in enumerate(base.leaves)]
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
+            try:
+                tied = self._trial(tuple(args), dict(kwargs), index=base.index)
+            except Exception:
+                continue
+            size = ops.shape(tied.leaves[group.dims[0][0]])[group.dims[0][1]]
+            ok = self._valid_combines(group, tied, split if split.bounds(size) else Split(2), alive)
+            if ok is UNINFORMATIVE:
+                continue
+            kept = ok if ok is not None else [[] for _ in alive]
+            alive = [[c for c in opts if not _by_order(c) or c in k] for opts, k in zip(alive, kept)]
+        return alive
 
     def _whole_on_special_values(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the identity combines a special-value trial refutes. A Partial input
@@ -729,6 +775,11 @@ class _Explorer:
         shapes = [self.ops.shape(self.trials[0].leaves[i]) for i, _, _ in group.dims]
         return bool(shapes) and all(math.prod(shape) == 2 for shape in shapes)
 
+    def _two_long(self, group: Group) -> bool:
+        """Is every cut dim two elements long, one per shard?"""
+        sizes = [self.ops.shape(self.trials[0].leaves[i])[d] for i, d, _ in group.dims]
+        return bool(sizes) and all(size == 2 for size in sizes)
+
     def _halo_sees_all(self, group: Group, trial: _Trial, split: Split) -> bool:
         """Does a shard's halo reach both ends of its dim? That shard holds the whole input
         (argmax of the flattened input then passes as reduce(max) of the local ones)."""
@@ -833,6 +884,11 @@ def _cuts_a_dim(entry: RuleEntry) -> bool:
     """Has the entry a strategy that shards an input dim, and outputs with elements?"""
     return (entry.status in ("ok", "derived") and bool(entry.shard.labels())
             and not any(0 in r.shape for r in entry.results))
+
+
+def _by_order(c) -> bool:
+    """Does combine ``c`` pick values or positions by order (max, min, argmax, argmin)?"""
+    return c in (Reduce("max"), Reduce("min")) or isinstance(c, ArgReduce)
 
 
 def _ordered(c) -> bool:

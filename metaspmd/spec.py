@@ -34,6 +34,8 @@ _GATHER_RE = re.compile(
 )
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
 _SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
+_ARG_REDUCE_RE = re.compile(r"^argreduce\(([a-z]+), input=(0|[1-9][0-9]*)\)$")
+ARG_REDUCE_OPS = ("max", "min")
 
 
 class SpecError(ValueError):
@@ -140,7 +142,28 @@ class Scan:
         return f"scan(dim={self.dim}, op={self.op}" + (", reverse=true)" if self.reverse else ")")
 
 
-Combine = Union[Gather, Reduce, Identity, Scan]
+@dataclass(frozen=True)
+class ArgReduce:
+    """The position of the max (or min) of tensor input ``input`` along its cut dim
+    (argmax, the indices of max.dim): each shard's local position plus the shard's start,
+    taken from the shard whose value there wins; the lowest shard on ties and NaN above
+    every number, as argmax takes the first. The local outputs alone cannot decide it: at
+    run time the ranks all-reduce (value, position) pairs, which is how Shardy partitions
+    jax's argmax. No DTensor Partial says this.
+    """
+
+    op: str
+    input: int
+
+    def __post_init__(self) -> None:
+        if self.op not in ARG_REDUCE_OPS or self.input < 0:
+            raise SpecError(f"bad argreduce({self.op}, input={self.input}) (op one of {', '.join(ARG_REDUCE_OPS)})")
+
+    def __str__(self) -> str:
+        return f"argreduce({self.op}, input={self.input})"
+
+
+Combine = Union[Gather, Reduce, Identity, Scan, ArgReduce]
 
 
 def parse_combine(text: str) -> Combine:
@@ -162,9 +185,12 @@ def parse_combine(text: str) -> Combine:
     m = _SCAN_RE.match(s)
     if m:
         return Scan(int(m[1]), m[2], bool(m[3]))
+    m = _ARG_REDUCE_RE.match(s)
+    if m:
+        return ArgReduce(m[1], int(m[2]))
     raise SpecError(
         f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, reverse=true]), "
-        "reduce(OP), scan(dim=D, op=OP[, reverse=true]) or identity)"
+        "reduce(OP), scan(dim=D, op=OP[, reverse=true]), argreduce(OP, input=I) or identity)"
     )
 
 
@@ -176,6 +202,8 @@ def combine_order(c: Combine) -> tuple:
         return (1, 0, 0, 0, 0, 0, 0)
     if isinstance(c, Scan):  # no placement: last
         return (3, c.dim, 0, 0, 0, c.reverse, SCAN_OPS.index(c.op))
+    if isinstance(c, ArgReduce):
+        return (4, c.input, 0, 0, 0, 0, ARG_REDUCE_OPS.index(c.op))
     return (2, 0, 0, 0, 0, 0, REDUCE_OPS.index(c.op))
 
 

@@ -55,6 +55,13 @@ class TensorOps(Protocol):
     def logaddexp(self, a: Any, b: Any) -> Any:
         """log(exp(a) + exp(b)) of floating tensors, without overflow (used for scan(logsumexp))."""
 
+    def to_numpy(self, x: Any) -> Any:
+        """x's values as a numpy array (bfloat16 and half as float32), for combines that
+        compare values (argreduce)."""
+
+    def from_numpy(self, a: Any, like: Any) -> Any:
+        """The numpy array ``a`` as a tensor of ``like``'s dtype."""
+
     def bitwise_xor(self, a: Any, b: Any) -> Any:
         """Elementwise exclusive or of integer or bool tensors (used for reduce(xor))."""
 

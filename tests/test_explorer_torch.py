@@ -8,7 +8,7 @@ from metaspmd.case import OpCase
 from metaspmd.combine import Split, apply_combine, shard_with_halo
 from metaspmd.explorer import explore_case
 from metaspmd.explorer import ExploreConfig
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Replicate, ShardIn
+from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Replicate, ShardIn
 
 torch_ops = pytest.importorskip("metaspmd.backends.torch.tensor_ops")
 OPS = torch_ops.TorchOps()
@@ -526,3 +526,37 @@ def test_an_input_random_data_never_reads_is_checked_on_special_values():
     rules = {s.inputs: [str(c) for c in s.outputs[0].options] for s in e.all_strategies()}
     assert (Replicate(), PartialInput("sum")) not in rules, rules
     assert rules[(ShardIn(0), ShardIn(0))] == ["gather(dim=0)"]
+
+
+def test_positions_of_a_cut_reduced_dim_take_the_winning_shard():
+    # max.dim's values reduce by max; its indices by argreduce: the local position plus the
+    # shard's start, from the shard whose value wins (the first on ties: integers repeat)
+    for x in (randn(5, 6), torch.randint(-2, 3, (5, 6))):
+        c = combines(explore(aten.max.dim, [x, 1], ("self", "dim")))
+        assert ["reduce(max)", "argreduce(max, input=0)"] in c.values(), c
+    c = combines(explore(aten.argmin.default, [randn(4, 6), 1], ("self", "dim")))
+    assert ["argreduce(min, input=0)"] in c.values(), c
+
+
+def test_order_picks_fail_where_values_repeat():
+    # the mode of distinct floats is their min, at argmin's position: rounded data repeats
+    # values and shows the mode is neither
+    e = explore(aten.mode.default, [randn(4, 6)], ("self",))
+    assert all(d == "N" for d in str(e.shard).strip("[]").split(", ")[-1:]), e.shard
+    # on a dim of two, the lower median's position is argmin's: two shards prove nothing
+    e = explore(aten.median.dim, [randn(4, 2), 1], ("self", "dim"))
+    assert not any(isinstance(c, ArgReduce) for s in e.strategies() for o in s.outputs for c in o.options)
+
+
+def test_xor_folds_where_no_sum_or_max_does():
+    def xor_rows(x):
+        out = x[0]
+        for row in x[1:]:
+            out = out ^ row
+        return out
+
+    c = combines(explore(xor_rows, [torch.randint(0, 64, (6, 3))], ("self",)))
+    assert c == {"S1": ["reduce(xor)"], "S2": ["gather(dim=0)"]}
+    # zeros: identity says it, xor is not listed beside it
+    c = combines(explore(lambda x: torch.zeros_like(x), [torch.randint(0, 64, (6, 3))], ("self",)))
+    assert all("reduce(xor)" not in " ".join(v) for v in c.values()), c

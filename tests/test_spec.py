@@ -13,6 +13,7 @@ from metaspmd.spec import (
     "gather(dim=1, halo=(1, 0))", "gather(dim=0, halo=(0, 2), block=2)",
     "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "reduce(norm2)", "identity",
     "gather(dim=1, reverse=true)", "scan(dim=0, op=sum)", "scan(dim=2, op=logsumexp, reverse=true)",
+    "reduce(xor)", "argreduce(max, input=0)", "argreduce(min, input=3)",
 ])
 def test_combine_round_trip(text):
     c = parse_combine(text)
@@ -20,7 +21,8 @@ def test_combine_round_trip(text):
     assert parse_combine(str(c)) == c
 
 
-@pytest.mark.parametrize("text", ["gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "reduce(norm)", "reduce(2norm)", "Identity", "gather(dim=0, block=1)", "",
+@pytest.mark.parametrize("text", ["argreduce(sum, input=0)", "argreduce(max)", "argreduce(max, input=-1)",
+                                  "gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "reduce(norm)", "reduce(2norm)", "Identity", "gather(dim=0, block=1)", "",
                                   "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))",
                                   "gather(dim=0, halo=1, reverse=true)", "gather(dim=0, reverse=false)", "gather(dim=0, reverse)",
                                   "scan(dim=0)", "scan(dim=0, op=avg)", "scan(op=sum, dim=0)", "scan(dim=0, op=sum, reverse=false)"])

@@ -7,6 +7,8 @@ one output from the local ones, without gathering anything it need not.
                                 the devices before it into its own output (a carry)
     reduce(sum|max|min|avg)     psum / pmax / pmin / pmean
     reduce(xor)                 all-gather, then fold (XLA has no xor all-reduce)
+    argreduce(op, input)        all-gather each device's (value, global position) pair and
+                                take the first winner (the input's local values are read)
     identity                    nothing
 
 The cross-check runs every strategy whose combines are listed here for real on several
@@ -23,7 +25,7 @@ import numpy as np
 from jax import lax
 from jax.scipy.special import logsumexp
 
-from metaspmd.spec import Combine, Gather, Identity, Reduce, Scan
+from metaspmd.spec import ArgReduce, Combine, Gather, Identity, Reduce, Scan
 
 AXIS = "x"
 def _pxor(y, axis_name):
@@ -83,6 +85,19 @@ def _scan_carry(y, c: Scan, n: int):
     before = k > me if c.reverse else k < me
     carry = _REDUCE[c.op](jnp.where(before, edges, _identity_element(c.op, y.dtype)), axis=0)
     return _FOLD[c.op](y, carry)
+
+
+def arg_reduce(c: ArgReduce, positions, values, dim: int):
+    """The global position of the max (min) along ``values``' cut ``dim``: every device
+    shares the value at its local position and that position plus its shard's start; the
+    first device holding the winner gives it (jnp.argmax takes the first, NaN first of all)."""
+    index = positions if positions.ndim == values.ndim else jnp.expand_dims(positions, dim)
+    value = jnp.take_along_axis(values, index, axis=dim).reshape(positions.shape)
+    start = (lax.axis_index(AXIS) * values.shape[dim]).astype(positions.dtype)
+    all_values = lax.all_gather(value, AXIS)
+    all_positions = lax.all_gather(positions + start, AXIS)
+    winner = (jnp.argmax if c.op == "max" else jnp.argmin)(all_values, axis=0)
+    return jnp.take_along_axis(all_positions, winner[None], axis=0)[0]
 
 
 def finisher(c: Combine, n: int) -> Callable[[Any], Any]:

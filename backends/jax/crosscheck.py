@@ -33,12 +33,12 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.combine import (
-    Split, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo,
+    CutInput, Split, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo,
 )
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
-from metaspmd.spec import Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
+from metaspmd.spec import ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
 
 # jax is imported inside the functions: the device count must be set before jax starts.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -102,7 +102,7 @@ def _combine_fits(factor, strategy) -> bool:
         if j in out_dims:
             if not any(_rebuilds_dim(c, out_dims[j], factor.kind == "permutation") for c in outs.options):
                 return False
-        elif factor.kind == "reduction" and not any(isinstance(c, Reduce) for c in outs.options):
+        elif factor.kind == "reduction" and not any(isinstance(c, (Reduce, ArgReduce)) for c in outs.options):
             return False
     return True
 
@@ -222,9 +222,10 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 return [[] for _ in outputs]
             even = all(split.is_even(size) for size in sizes.values())
             avg_checked |= even
+            cut = {i: CutInput(parts[i], p.dim, [start for start, _ in bounds[i]]) for i, p in sharded if not p.halo}
             for j, exp in enumerate(expected):
                 shards = [loc[j] for loc in local]
-                alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp)]
+                alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp, cut)]
     if not avg_checked:  # reduce(avg) means something on equal shards only: unproven here
         alive = [[c for c in opts if c != Reduce("avg")] for opts in alive]
     return alive
@@ -313,7 +314,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
     import numpy as np
     from jax.sharding import Mesh
 
-    from .collectives import AXIS, finisher
+    from .collectives import AXIS, arg_reduce, finisher
 
     fn = _flat_fn(case, ops)
     leaves = _leaves(case, ops)
@@ -322,7 +323,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
     if isinstance(plan, str):
         return "skipped", plan
     n, in_specs, out_specs, combines = plan
-    finish = [finisher(c, n) for c in combines]
+    finish = [None if isinstance(c, ArgReduce) else finisher(c, n) for c in combines]
     offsets = [(i, p.component) for i, p in enumerate(strategy.inputs) if isinstance(p, IndexOffset)]
     cut = next(((i, p.dim) for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)), None)
 
@@ -333,7 +334,8 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
             for i, component in offsets:
                 moved = start.astype(xs[i].dtype)
                 xs[i] = xs[i] - moved if component is None else xs[i].at[..., component].add(-moved)
-        return tuple(f(y) for f, y in zip(finish, fn(*xs)))
+        return tuple(arg_reduce(c, y, xs[c.input], strategy.inputs[c.input].dim) if f is None else f(y)
+                     for c, f, y in zip(combines, finish, fn(*xs)))
 
     mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
     try:

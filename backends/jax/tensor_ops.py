@@ -106,6 +106,13 @@ class JaxOps:
     def logaddexp(self, a, b):
         return self._binary(a, b, np.logaddexp)
 
+    def to_numpy(self, x):
+        a = _np(x)
+        return a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.name in ("bfloat16", "float16") else a
+
+    def from_numpy(self, a, like):
+        return _back(a, like)
+
     def bitwise_xor(self, a, b):
         return self._binary(a, b, np.bitwise_xor)
 

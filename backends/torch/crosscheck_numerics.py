@@ -20,7 +20,7 @@ import torch
 
 from metaspmd import pytree
 from metaspmd.case import OpCase
-from metaspmd.combine import Split, holds, offset_positions, partial_summands, shard_with_halo
+from metaspmd.combine import CutInput, Split, holds, offset_positions, partial_summands, shard_with_halo
 from metaspmd.signature import arg_items
 from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn
 from metaspmd.tensor_ops import TensorOps
@@ -123,6 +123,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     n = trial.n
     per_input: dict[int, list] = {}
     starts: list[int] = []
+    cut: dict[int, CutInput] = {}
     for i, p in enumerate(placements):
         if isinstance(p, ShardIn):
             size = ops.shape(leaves[i])[p.dim]
@@ -131,6 +132,8 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
                 raise ValueError(f"a dim of size {size} cannot be cut in {n}")
             per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
             starts = starts or [start for start, _ in bounds]
+            if not p.halo:
+                cut[i] = CutInput(per_input[i], p.dim, [start for start, _ in bounds])
         elif isinstance(p, PartialInput):
             per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i)
     for i, p in enumerate(placements):
@@ -148,7 +151,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
             return Failure(f"shard {k + 1} of {n} gives {len(got)} outputs", crashed=True)
         locals_.append(got)
     for j, c in enumerate(combines):
-        if not holds(ops, c, [loc[j] for loc in locals_], want[j]):
+        if not holds(ops, c, [loc[j] for loc in locals_], want[j], cut):
             return Failure(f"output {j}: {c} does not rebuild it from {n} shards")
     return None
 

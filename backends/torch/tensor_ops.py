@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
@@ -66,6 +67,13 @@ class TorchOps:
 
     def logaddexp(self, a, b):
         return torch.logaddexp(a, b)
+
+    def to_numpy(self, x):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).numpy()
+
+    def from_numpy(self, a, like):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(like.dtype)
 
     def bitwise_xor(self, a, b):
         return torch.bitwise_xor(a, b)

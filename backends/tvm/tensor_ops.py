@@ -80,6 +80,12 @@ class TvmOps:
     def logaddexp(self, a, b):
         return to_tvm(np.logaddexp(a.numpy(), b.numpy()))
 
+    def to_numpy(self, x):
+        return x.numpy()
+
+    def from_numpy(self, a, like):
+        return to_tvm(np.asarray(a, dtype=like.numpy().dtype))
+
     def bitwise_xor(self, a, b):
         return to_tvm(np.bitwise_xor(a.numpy(), b.numpy()))
 

@@ -50,6 +50,12 @@ class NumpyOps:
     def logaddexp(self, a, b):
         return np.logaddexp(a, b)
 
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def from_numpy(self, a, like):
+        return np.asarray(a, dtype=like.dtype)
+
     def bitwise_xor(self, a, b):
         return np.bitwise_xor(a, b)
 

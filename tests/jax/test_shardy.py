@@ -122,3 +122,59 @@ def test_index_offsets_and_widened_halos_realise_shardy_factors(tmp_path):
     assert "re-verified:" in summary and ", 0 failed" in summary
     jit = summary.split("jit on CPU devices:")[1].split("\n")[0]
     assert " 0 failed" in jit, jit
+
+
+def test_arg_reductions_xor_and_identity_inits_realise_reduction_factors(tmp_path):
+    """argmax over a cut axis: each device's (value, position) pair, all-gathered, names the
+    winner (run for real under jit + shard_map); reduce_xor folds by xor; reduce with its
+    init set to the computation's identity sums the cut reduced dim; scatter-add with cut
+    updates counts its operand once by taking it as Partial, a local step from replicated."""
+    out = _crosscheck("jax.argmax,jax.argmin,jax.reduce_xor,jax.reduce,jax.scatter-add", tmp_path)
+    assert "MISS   reduction" not in out, out[-3000:]
+    assert "argmax" in out and "agree  reduction[" in out[out.index("jax.argmax"):out.index("jax.argmin")]
+    assert "(with an input Shardy keeps replicated made Partial, a local step)" in out
+    summary = out[out.index("Shardy shardable factors found:"):]
+    assert ", 0 failed" in summary.split("re-verified:")[1].split("\n")[0]
+    assert " 0 failed" in summary.split("jit on CPU devices:")[1].split("\n")[0]
+
+
+def test_a_partial_input_beside_a_factor_counts_for_reductions_only():
+    from metaspmd.backends.jax.crosscheck import match
+    from metaspmd.backends.jax.shardy import Factor
+    from metaspmd.spec import OutputCombine, PartialInput, Replicate, ShardIn, Strategy
+
+    beside = Strategy("S1", (PartialInput(), ShardIn(0)), (OutputCombine.parse("reduce(sum)"),))
+    assert match(Factor("reduction", 4, ((1, 0),), (), ("scatter",)), [beside]) is beside
+    # Partial in the factor's own input, or a factor that keeps its outputs sharded: no
+    assert match(Factor("reduction", 4, ((0, 0),), (), ("scatter",)), [beside]) is None
+    gathered = Strategy("S1", (PartialInput(), ShardIn(0)), (OutputCombine.parse("gather(dim=0)"),))
+    assert match(Factor("pass-through", 4, ((1, 0),), ((0, 0),), ("add",)), [gathered]) is None
+    plain = Strategy("S2", (Replicate(), ShardIn(0)), (OutputCombine.parse("reduce(sum)"),))
+    assert match(Factor("reduction", 4, ((1, 0),), (), ("scatter",)), [beside, plain]) is plain  # plain first
+
+
+_ARG_REDUCE_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from metaspmd.backends.jax.collectives import AXIS, arg_reduce
+from metaspmd.spec import ArgReduce
+
+x = jnp.asarray(np.random.default_rng(0).integers(-2, 3, (8, 5)).astype(np.float32))  # ties across devices
+x = x.at[5, 1].set(jnp.nan)  # NaN wins, as argmax has it
+mesh = Mesh(np.array(jax.devices()[:4]), (AXIS,))
+for op, fn in (("max", jnp.argmax), ("min", jnp.argmin)):
+    local = lambda xs: arg_reduce(ArgReduce(op, 0), fn(xs, axis=0), xs, 0)
+    run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS),), out_specs=P(), check_vma=False))
+    got, want = np.asarray(run(x)), np.asarray(fn(x, axis=0))
+    assert np.array_equal(got, want), (op, got, want)
+print("ok")
+"""
+
+
+def test_arg_reduce_collective_matches_argmax_on_cpu_devices():
+    """argreduce's collective on 4 CPU devices (a fresh process: jax takes the device count
+    only before it starts), on data with ties and a NaN across devices."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _ARG_REDUCE_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

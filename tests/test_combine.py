@@ -1,0 +1,30 @@
+"""Combines that read more than the local outputs: argreduce takes the input's values."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from metaspmd.combine import CutInput, apply_combine, holds
+from metaspmd.spec import ArgReduce
+
+sys.path.insert(0, str(Path(__file__).parent))  # the fake backend's numpy TensorOps
+from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+
+
+def test_argreduce_takes_the_first_winner_and_nan_first():
+    """apply_combine of argreduce: local positions plus their shard's start, from the lowest
+    shard whose value wins (argmax's first occurrence on ties), NaN above every number."""
+    ops = NumpyOps()
+    x = np.array([[1.0, 5.0, 2.0, 5.0, 0.0, 5.0], [3.0, 1.0, np.nan, 2.0, np.nan, 0.0]]).T  # [6, 2], dim 0 cut
+    bounds = [(0, 2), (2, 2), (4, 2)]
+    shards = [x[s:s + n] for s, n in bounds]
+    cut = {0: CutInput(shards, 0, [s for s, _ in bounds])}
+    for op, fn in (("max", np.argmax), ("min", np.argmin)):
+        locals_ = [fn(s, axis=0) for s in shards]
+        assert np.array_equal(apply_combine(ops, ArgReduce(op, 0), locals_, cut), fn(x, axis=0)), op
+    # keepdim positions, and a position out of its shard's range fails rather than wraps
+    locals_ = [np.argmax(s, axis=0, keepdims=True) for s in shards]
+    assert holds(ops, ArgReduce("max", 0), locals_, np.argmax(x, axis=0, keepdims=True), cut)
+    assert not holds(ops, ArgReduce("max", 0), [loc + 5 for loc in locals_], np.argmax(x, axis=0, keepdims=True), cut)
+    assert not holds(ops, ArgReduce("max", 0), locals_, np.argmax(x, axis=0, keepdims=True))  # no values given
