@@ -20,7 +20,7 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec,
+    ArgReduce, CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec,
     SpecError, check_label, label_number,
 )
 
@@ -235,6 +235,11 @@ class _Reader:
             for label in sorted(offset.labels() - shard.labels(), key=label_number):
                 self.fail(f["offset"], f"offset label {label} cuts no dim: there is no shard start to subtract")
         combine = self.combine(f["combine"])
+        for label, outs in combine.by_label:
+            for c in (c for o in outs for c in o.options if isinstance(c, ArgReduce)):
+                row = shard.inputs[c.input] if c.input < len(shard.inputs) else ()
+                if not any(d.label == label and not d.halo for d in row):
+                    self.fail(f["combine"], f"{label}: {c} reads input {c.input}, which {label} does not cut (without a halo)")
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
             self.fail(f["shard"], f"label {label} has no combine")

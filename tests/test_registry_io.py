@@ -57,6 +57,15 @@ def test_index_offsets_round_trip_and_expand():
         loads_record(text.replace("[[], [S1(0)]]", "[[], [S2]]"), "x.yaml")
 
 
+def test_argreduce_must_read_an_input_its_label_cuts():
+    text = MM.replace("S2: reduce(sum)", "S2: 'argreduce(max, input=1)'")
+    assert "argreduce(max, input=1)" in str(loads_record(text, "mm.yaml").entries[0].combine)
+    for old, new in (("S1: gather(dim=0)", "S1: 'argreduce(min, input=1)'"),  # S1 cuts self only
+                     ("S2: reduce(sum)", "S2: 'argreduce(max, input=2)'")):  # there is no input 2
+        with pytest.raises(RegistryError, match=r"mm.yaml:9: S[12]: argreduce\((min|max), input=[12]\) reads input"):
+            loads_record(MM.replace(old, new), "mm.yaml")
+
+
 def test_loads_hand_written_file():
     r = loads_record(MM, "mm.yaml")
     assert str(r.entries[0].shard) == "[[S1, S2], [S2, S3]]"
