@@ -209,6 +209,19 @@ def indexed_dims_kept(fn: Callable[..., Any], names: tuple[str, ...], args: tupl
     return fn_checked
 
 
+def batches_alike(fn: Callable[..., Any], names: tuple[str, ...], core: Mapping[str, int]) -> Callable[..., Any]:
+    """``fn`` that refuses local inputs whose batch dims (all but each argument's ``core``
+    trailing ones, ``catalog.BATCH_TIED``) disagree: the kernel would write past a buffer."""
+    def fn_checked(*a, **k):
+        batches = {tuple(v.shape[: v.dim() - core[name]]) for name, v in arg_items(names, a, k)
+                   if name in core and isinstance(v, torch.Tensor)}
+        if len(batches) > 1:
+            raise ValueError("inputs cut along a batch dim unlike the others")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
 # float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
 DATA_ARGS = frozenset({
@@ -277,6 +290,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = consistent_shards_only(fn, args, kwargs, channels=channels, unread=unread_at)
     if catalog.indexed_dims(func):
         fn = indexed_dims_kept(fn, names, args, kwargs, catalog.indexed_dims(func))
+    if catalog.batch_tied(func):
+        fn = batches_alike(fn, names, catalog.batch_tied(func))
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,

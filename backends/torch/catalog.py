@@ -206,7 +206,25 @@ INDEXED_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "nll_loss2d_backward": {"self": (1,), "weight": (0,)},  # target: class numbers
     # pivots: row numbers; a cut batch of LD and pivots broadcast against B's whole one segfaults
     "linalg_ldl_solve": {"LD": (-3, -2, -1), "pivots": (-2, -1), "B": (-2,)},
+    # pivots: row numbers, one per column of the square part; writes past P otherwise
+    "lu_unpack": {"LU_data": (-2, -1), "LU_pivots": (-1,)},
 }
+
+
+# Batched ops whose kernels size every input's batch by one of them: a batch cut in one
+# input and not another writes past a buffer (lu_unpack frees a corrupted heap). Per argument,
+# its count of trailing non-batch dims; the leading (batch) dims must agree.
+BATCH_TIED: dict[str, dict[str, int]] = {
+    "lu_unpack": {"LU_data": 2, "LU_pivots": 1},
+    # the results are written into values and indices, sized by self: every dim agrees
+    "_cummax_helper": {"self": 0, "values": 0, "indices": 0},
+    "_cummin_helper": {"self": 0, "values": 0, "indices": 0},
+}
+
+
+def batch_tied(func: torch._ops.OpOverload) -> dict[str, int]:
+    """Per argument name, its trailing non-batch dims (see BATCH_TIED)."""
+    return BATCH_TIED.get(func._schema.name.split("::")[1], {})
 
 
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
@@ -221,5 +239,5 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
-    "trusts_matching_shapes", "written_arg_names",
+    "trusts_matching_shapes", "written_arg_names", "batch_tied",
 ]

@@ -398,6 +398,19 @@ def test_guard_refuses_inconsistent_shards():
     assert catalog.trusts_matching_shapes(func) and not catalog.trusts_matching_shapes(torch.ops.aten.mm.default)
 
 
+def test_guard_refuses_a_batch_cut_in_one_input_only():
+    """lu_unpack sizes its work by LU_data's batch and writes past a buffer when the pivots'
+    batch is whole: such local calls are refused, a batch cut in both runs."""
+    from metaspmd.backends.torch.backend import batches_alike
+
+    func = torch.ops.aten.lu_unpack.default
+    lu, pivots = torch.linalg.lu_factor(torch.randn(4, 3, 3))
+    fn = batches_alike(func, catalog.positional_names(func), catalog.batch_tied(func))
+    assert fn(lu[:2], pivots[:2])[0].shape == (2, 3, 3)
+    with pytest.raises(ValueError):
+        fn(lu[:2], pivots)  # unguarded: free(): invalid next size, the process aborts
+
+
 def test_integer_sample_data_is_checked_on_blind_data_too():
     """argmin's OpInfo sample draws 12 integers from a narrow range: on its lucky splits the
     largest local index equals the global one, so P(max) held on the sample's data alone.
