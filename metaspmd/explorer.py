@@ -7,10 +7,12 @@ For one example call of an op:
    (convolution); Partial(sum) inputs, alone (linear ops) or added to a group that failed
    (addmm's bias while the contraction dim is sharded).
 2. Explore each group on the example with 2 shards: run the op on every shard, and keep
-   every combine (gather with halo/block, reduce, identity) that rebuilds each output.
+   every combine (gather with halo/block, reduce, identity, scan, argreduce) that rebuilds
+   each output.
 3. Verify the survivors on fresh inputs: 2, 3 and 4 shards and a skewed uneven split,
    each with new data from the sample's own generator. Only combines that hold on every trial
-   stay; reduce(avg) is checked on equal shards only.
+   stay; reduce(avg) is checked on equal shards only, and order picks (max, min, argmax,
+   argmin) on data with repeated values too.
 
 Soundness guards: an op whose global output differs between two identical calls is
 nondeterministic; an output that does not change across fresh inputs cannot tell combines
@@ -37,8 +39,8 @@ from .combine import (
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
 from .spec import (
-    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput, PartialSpec,
-    Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
+    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput,
+    PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -279,7 +281,8 @@ class _Explorer:
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
         max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
-        cut = self._cut_inputs(group, trial, split) if any(self.ops.dtype_kind(o) == INT for o in trial.outputs) else None
+        positions = any(self.ops.dtype_kind(o) == INT for o in trial.outputs)  # argreduce reads the cut inputs
+        cut = self._cut_inputs(group, trial, split) if positions else None
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]

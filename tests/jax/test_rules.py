@@ -57,3 +57,22 @@ def test_complex_max_combines_in_lexicographic_order(backend, ops):
     # jax orders complex numbers by real part, then imaginary: the max of local maxima
     case = _case(backend, ops, "jax.reduce_max", "x:c[*,*] axes=[0]")
     assert (("S(0)",), ("reduce(max)",)) in _strategies(explore_case(case, ops)).values()
+
+
+def test_reduce_init_is_the_identity_so_a_cut_reduced_dim_sums(backend, ops):
+    # the harness passes init 3 to an add-reduce; jax.lax.reduce leaves that undefined (XLA
+    # drops the init of a one-row shard), so the case takes the identity, 0, and keeps it
+    case = _case(backend, ops, "jax.reduce", "operands:[f[*,*]] init_values:[f[]] dimensions=[0] jaxpr='{add}'")
+    assert float(case.args[1][0]) == 0.0 and "init_values" in case.fixed
+    entry = explore_case(case, ops)
+    assert (("S(0)", "R"), ("reduce(sum)",)) in _strategies(entry).values()
+    assert any(note.startswith("init_values: the identity") for note in entry.notes)
+
+
+def test_a_fill_value_beside_a_short_dim_allows_widening(backend, ops):
+    # pad's integer padding_value is a value, not a position: the halo search lengthens the
+    # dim of 3 (cropped by one at each end) to prove its halo on three shards
+    case = _case(backend, ops, "jax.pad", "operand:i[*,*] padding_value:i[] padding_config=[[0,0,0],[-1,-1,0]]")
+    entry = explore_case(case, ops)
+    assert any(p.startswith("S(1, halo=") for s in _strategies(entry).values() for p in s[0]), _strategies(entry)
+    assert any("lengthened from 3 to 6" in note for note in entry.notes)
