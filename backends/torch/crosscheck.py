@@ -94,13 +94,16 @@ def input_key(p: InputPlacement) -> str | None:
 
 
 def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, reverse, scan). A block
-    gather is DTensor's _StridedShard: block b of every shard, then block b + 1."""
+    """DTensor's name for a combine; None when it has none (halo, reverse, scan, xor,
+    argreduce). A block gather is DTensor's _StridedShard: block b of every shard, then
+    block b + 1."""
     if isinstance(c, Gather):
         if c.plain:
             return f"S({c.dim})"
         return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse) else None
     if isinstance(c, Reduce):
+        if c.op == "xor":
+            return None  # no Partial placement folds by xor
         return NORM2 if c.op == "norm2" else f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
     if isinstance(c, Identity):
         return "R"
@@ -214,7 +217,7 @@ class Extra:
     op: str
     signature: str
     rule: str
-    kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, block, prod) | not-compared
+    kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, reverse, scan, xor, argreduce) | not-compared
     dtensor: str  # what DTensor does with these inputs
     verdict: str  # ok | failed | data-dependent (only on the sample's inputs) | vacuous (empty output) | unchecked
     detail: str = ""
@@ -229,7 +232,7 @@ class OpResult:
     compared: int = 0  # examples with both a DTensor answer and a registry entry
     dtensor_rules: int = 0
     ours: int = 0  # our rules with DTensor names
-    inexpressible: int = 0  # our rules without (halo, block, prod)
+    inexpressible: int = 0  # our rules without a DTensor placement (halo, reverse, scan, xor, argreduce)
     agree: int = 0
     truncated: int = 0  # examples whose enumeration hit the cap
     dtensor_runs: int = 0  # examples DTensor can run at all
@@ -635,7 +638,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("our rules DTensor does not give, re-verified", s["extras"], ""),
         ("  DTensor lacks the rule", kinds["dtensor-lacks"], ""),
         ("  DTensor has no rule for the op", kinds["no-dtensor-rule"], ""),
-        ("  no DTensor placement (halo, block, prod)", kinds["no-placement"], ""),
+        ("  no DTensor placement (halo, reverse, scan, xor, argreduce)", kinds["no-placement"], ""),
         ("  not compared (custom handler, query failed)", kinds["not-compared"], ""),
         ("  re-verified ok", verdicts["ok"], ""),
         ("  re-verification FAILED", verdicts["failed"], ""),

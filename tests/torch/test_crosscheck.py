@@ -22,7 +22,7 @@ from metaspmd.backends.torch.crosscheck_real import REAL_CANNOT_RUN, REAL_RAISES
 from metaspmd.case import OpCase  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.registry_io import write_record  # noqa: E402
-from metaspmd.spec import CombineSpec, Gather, Identity, PartialInput, Reduce, Replicate, Scan, ShardIn  # noqa: E402
+from metaspmd.spec import ArgReduce, CombineSpec, Gather, Identity, PartialInput, Reduce, Replicate, Scan, ShardIn  # noqa: E402
 
 OPS = ("aten.mm.default", "aten.add.Tensor", "aten.sum.dim_IntList", "aten.relu.default", "aten.scatter_reduce.two")
 OPINFOS = ("mm", "add", "sum", "nn.functional.relu", "scatter_reduce")
@@ -71,6 +71,7 @@ def test_placement_names_match_dtensor_notation():
     assert crosscheck.output_key(Gather(2)) == "S(2)" and crosscheck.output_key(Identity()) == "R"
     assert crosscheck.output_key(Gather(0, halo=1)) is None and crosscheck.output_key(Gather(0, reverse=True)) is None
     assert crosscheck.output_key(Scan(0, "sum")) is None
+    assert crosscheck.output_key(Reduce("xor")) is None and crosscheck.output_key(ArgReduce("max", 0)) is None
     # a block gather is DTensor's _StridedShard(dim, split_factor)
     assert crosscheck.output_key(Gather(0, block=2)) == "_S(0, 2)" and crosscheck.parse_output("_S(0, 5)") == Gather(0, block=5)
     assert crosscheck.output_key(Reduce("max")) == "P(max)"
