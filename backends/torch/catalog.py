@@ -18,6 +18,7 @@ TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_f
 # are verified on shapes and dtypes, the only thing the op defines.
 UNSPECIFIED_VALUES = frozenset({
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "_make_dep_token",  # an empty 0-d tensor: a token whose value nothing reads
 })
 # Ops whose output is partly uninitialized memory (resize keeps old data, quantized empties
 # carry scales): their results cannot be compared at all.
@@ -33,7 +34,7 @@ RANDOM = frozenset({
     "exponential_", "geometric", "geometric_", "log_normal", "log_normal_", "random", "random_",
     "multinomial", "poisson", "dropout", "dropout_", "feature_dropout", "alpha_dropout",
     "feature_alpha_dropout", "native_dropout", "rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_",
-    "_fused_dropout", "_standard_gamma", "_sample_dirichlet", "binomial", "_make_dep_token",
+    "_fused_dropout", "_standard_gamma", "_sample_dirichlet", "binomial",
 })
 
 # Ops that abort the process (native asserts, segfaults) on inputs guessed from the schema,
