@@ -40,12 +40,12 @@ class OpCase:
     placement). ``widen``: the op takes any length along a dim, filled with fresh random
     data (no sorted inputs, no lengths tied to a param), so the halo search may lengthen a
     dim too short for three shards, though not beside an integer input (it may index that
-    dim) unless ``values`` names it (a fill or init value). ``bounds_checked``: positions out of range are dropped,
-    filled or refused by the op, never read out of bounds (XLA's gather and scatter; unlike
-    kernels that trust their indices and crash or read past a buffer), so the explorer may
-    offset integer inputs by a shard's start. ``reserve``: explored only where no earlier
-    case of the op found a strategy (a backend's spare samples, after those it explores
-    first). ``notes`` go into the entry as they are.
+    dim) unless ``values`` names it (a fill or init value). ``bounds_checked``: positions
+    out of range are dropped, filled or refused by the op, never read out of bounds (XLA's
+    gather and scatter; unlike kernels that trust their indices and crash or read past a
+    buffer), so the explorer may offset integer inputs by a shard's start. ``reserve``:
+    explored only where no earlier case of the op found a strategy (a backend's spare
+    samples, after those it explores first). ``notes`` go into the entry as they are.
     """
 
     op: str

@@ -20,8 +20,8 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    ArgReduce, CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec, ShardSpec,
-    SpecError, check_label, label_number,
+    ArgReduce, CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec,
+    ShardSpec, SpecError, check_label, label_number,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -239,7 +239,8 @@ class _Reader:
             for c in (c for o in outs for c in o.options if isinstance(c, ArgReduce)):
                 row = shard.inputs[c.input] if c.input < len(shard.inputs) else ()
                 if not any(d.label == label and not d.halo for d in row):
-                    self.fail(f["combine"], f"{label}: {c} reads input {c.input}, which {label} does not cut (without a halo)")
+                    self.fail(f["combine"],
+                              f"{label}: {c} reads input {c.input}, which {label} does not cut (without a halo)")
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
             self.fail(f["shard"], f"label {label} has no combine")

@@ -28,6 +28,8 @@ from jax.scipy.special import logsumexp
 from metaspmd.spec import ArgReduce, Combine, Gather, Identity, Reduce, Scan
 
 AXIS = "x"
+
+
 def _pxor(y, axis_name):
     """Bitwise xor across the axis: XLA has no xor all-reduce, so all-gather and fold."""
     gathered = lax.all_gather(y, axis_name)

@@ -38,7 +38,9 @@ from metaspmd.combine import (
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
-from metaspmd.spec import ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn
+from metaspmd.spec import (
+    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn,
+)
 
 # jax is imported inside the functions: the device count must be set before jax starts.
 DEVICE_FLAG = "--xla_force_host_platform_device_count"

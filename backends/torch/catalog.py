@@ -215,8 +215,6 @@ INDEXED_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "nll_loss2d_backward": {"self": (1,), "weight": (0,)},  # target: class numbers
     # pivots: row numbers; a cut batch of LD and pivots broadcast against B's whole one segfaults
     "linalg_ldl_solve": {"LD": (-3, -2, -1), "pivots": (-2, -1), "B": (-2,)},
-    # pivots: row numbers, one per column of the square part; writes past P otherwise
-    "lu_unpack": {"LU_data": (-2, -1), "LU_pivots": (-1,)},
 }
 
 

@@ -217,7 +217,7 @@ class Extra:
     op: str
     signature: str
     rule: str
-    kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, reverse, scan, xor, argreduce) | not-compared
+    kind: str  # dtensor-lacks | no-dtensor-rule (for the op) | no-placement (halo, scan, argreduce, ...) | not-compared
     dtensor: str  # what DTensor does with these inputs
     verdict: str  # ok | failed | data-dependent (only on the sample's inputs) | vacuous (empty output) | unchecked
     detail: str = ""
