@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from metaspmd.rules import OpRecord, TensorArg
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
+from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
 
 DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
 # reduce(avg) holds on equal shards only; DTensor shards unevenly (torch.chunk) whenever a
@@ -117,7 +117,8 @@ class JaxStrategy:
     """One strategy on one mesh axis: per input and output, the sharded dim (or None).
 
     ``partial``: per output, the pending reduction ('sum') when the output is Partial,
-    else ''. An output that is Partial has no sharded dim.
+    else ''; 'argmax:I' or 'argmin:I' for positions along input I's cut dim, which the
+    partition finishes by sharing (value, position) pairs. Such an output has no sharded dim.
     """
 
     inputs: tuple[int | None, ...]
@@ -136,11 +137,36 @@ class ShardyRule:
     permutation_factors: tuple[str, ...] = ()
 
 
+def _arg_reduction(out: OutputCombine) -> str:
+    """'argmax:I' or 'argmin:I' where the output's only combine is an argreduce, else ''."""
+    c = out.options[0]
+    return f"arg{c.op}:{c.input}" if len(out.options) == 1 and isinstance(c, ArgReduce) else ""
+
+
+def _arg_strategy(s: Strategy) -> JaxStrategy | None:
+    """A strategy whose positional outputs are argreduces and the others plain placements."""
+    args = [_arg_reduction(o) for o in s.outputs]
+    if not any(args) or any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in s.inputs):
+        return None
+    outs = [None if a else _output_placement(o) for a, o in zip(args, s.outputs)]
+    if any(p is None for a, p in zip(args, outs) if not a) or any(p.kind == "Partial" for p in outs if p):
+        return None
+    return JaxStrategy(
+        tuple(p.dim if isinstance(p, ShardIn) else None for p in s.inputs),
+        tuple(p.dim if p is not None and p.kind == "Shard" else None for p in outs),
+        tuple("" for _ in s.inputs),
+        tuple(args),
+    )
+
+
 def jax_strategies(entry) -> tuple[JaxStrategy, ...]:
     out = []
     for s in entry.all_strategies():
         rule = placement_rule(s)
         if rule is None:
+            arg = _arg_strategy(s)
+            if arg is not None:
+                out.append(arg)
             continue
         if any(p.kind == "Partial" and p.op not in JAX_REDUCTION_OPS for p in rule.inputs + rule.outputs):
             continue
@@ -158,7 +184,7 @@ def shardy_rule(entry) -> ShardyRule | None:
 
     A label becomes a factor when it shards one dim per operand (no halo), no Partial
     inputs, and every output either gathers it on a dim of the same size (pass-through)
-    or reduces it by sum (reduction factor). Every other dim gets its own factor, listed
+    or reduces it by sum or argreduce (reduction factor). Every other dim gets its own factor, listed
     as need-replication, so propagation never shards what no verified rule covers.
     """
     in_shapes = [t.shape for _, v in entry.example.args for t in _tensor_args(v)]
@@ -181,7 +207,7 @@ def shardy_rule(entry) -> ShardyRule | None:
             first = _output_placement(o)
             if first is not None and first.kind == "Shard" and out_shapes[j][first.dim] == size and out_f[j][first.dim] is None:
                 gathers.append((j, first.dim))
-            elif first is not None and first.kind == "Partial" and first.op == "sum":
+            elif (first is not None and first.kind == "Partial" and first.op == "sum") or _arg_reduction(o):
                 reduces += 1
         if len(gathers) + reduces != len(outs) or (gathers and reduces):
             continue

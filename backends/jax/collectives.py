@@ -89,15 +89,15 @@ def _scan_carry(y, c: Scan, n: int):
     return _FOLD[c.op](y, carry)
 
 
-def arg_reduce(c: ArgReduce, positions, values, dim: int):
+def arg_reduce(c: ArgReduce, positions, values, dim: int, axis: str = AXIS):
     """The global position of the max (min) along ``values``' cut ``dim``: every device
     shares the value at its local position and that position plus its shard's start; the
     first device holding the winner gives it (jnp.argmax takes the first, NaN first of all)."""
     index = positions if positions.ndim == values.ndim else jnp.expand_dims(positions, dim)
     value = jnp.take_along_axis(values, index, axis=dim).reshape(positions.shape)
-    start = (lax.axis_index(AXIS) * values.shape[dim]).astype(positions.dtype)
-    all_values = lax.all_gather(value, AXIS)
-    all_positions = lax.all_gather(positions + start, AXIS)
+    start = (lax.axis_index(axis) * values.shape[dim]).astype(positions.dtype)
+    all_values = lax.all_gather(value, axis)
+    all_positions = lax.all_gather(positions + start, axis)
     winner = (jnp.argmax if c.op == "max" else jnp.argmin)(all_values, axis=0)
     return jnp.take_along_axis(all_positions, winner[None], axis=0)[0]
 

@@ -4,7 +4,8 @@
 jax.experimental.custom_partitioning: Shardy propagates with the rule's factor string
 (``sharding_rule`` with its reduction and need-replication factors), and the partition
 callback runs ``fn`` on the local shards exactly as one of the rule's verified strategies
-says, finishing a Partial(sum) output with a ``psum``. Operand shardings that match no
+says, finishing a Partial(sum) output with a ``psum`` and an argreduce output (argmax over
+a cut dim) with an all-gather of (value, position) pairs. Operand shardings that match no
 verified strategy are replicated first, so the result is always right.
 """
 
@@ -15,6 +16,10 @@ from typing import Callable
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
+
+from metaspmd.spec import ArgReduce
+
+from .collectives import arg_reduce
 
 
 def _sharded_dims(spec: PartitionSpec, rank: int) -> dict[str, int]:
@@ -61,11 +66,16 @@ def partitioned(fn: Callable, rule) -> Callable:
         )
         out_dim = strategy.outputs[0]
         out_sharding = NamedSharding(mesh, PartitionSpec(*(axis if d == out_dim else None for d in range(rank_out))))
-        reduce = strategy.partial_outputs[0] == "sum"
+        pending = strategy.partial_outputs[0]
 
         def lower(*args):
             out = fn(*args)
-            return jax.lax.psum(out, axis) if reduce else out
+            if pending == "sum":
+                return jax.lax.psum(out, axis)
+            if pending.startswith("arg"):  # 'argmax:I': positions along input I's cut dim
+                op, i = pending[3:].split(":")
+                return arg_reduce(ArgReduce(op, int(i)), out, args[int(i)], strategy.inputs[int(i)], axis)
+            return out
 
         return mesh, lower, out_sharding, arg_shardings
 

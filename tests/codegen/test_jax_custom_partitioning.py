@@ -38,6 +38,18 @@ SCRIPT = textwrap.dedent('''
     colsum = partitioned(lambda x: jnp.sum(x, axis=0), reduce_rule)
     x = jax.device_put(a, NamedSharding(mesh, P("x", None)))
     np.testing.assert_allclose(np.asarray(jax.jit(colsum)(x)), a.sum(0), rtol=1e-4, atol=1e-4)
+    # argmax over the sharded dim: each device shares its (value, position) pair; ties and
+    # a NaN across devices give the first position, as jnp.argmax does unsharded
+    arg_rule = RULES["jax.argmax"]["x:f[*,*] axes=[0] index_dtype='int64'"]
+    assert arg_rule.reduction_factors == ("s1",), arg_rule
+    argmax = partitioned(lambda x: jnp.argmax(x, axis=0), arg_rule)
+    t = np.round(a)
+    t[9, 3] = np.nan
+    xt = jax.device_put(t, NamedSharding(mesh, P("x", None)))
+    f = jax.jit(argmax)
+    np.testing.assert_array_equal(np.asarray(f(xt)), np.argmax(t, axis=0))
+    gathers = [l for l in f.lower(xt).compile().as_text().splitlines() if "all-gather(" in l]
+    assert gathers and all("[8,32]" in l for l in gathers), gathers  # one pair per device, never x itself
     print("ok")
 ''')
 
