@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -371,6 +370,10 @@ class _Explorer:
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.dims and any(_by_order(c) for opts in alive for c in opts):
             alive = self._refute_on_ties(group, alive)
+        two_long = max(counts, default=0) < 3 and self._two_long(group)
+        if two_long and any(_by_order(c) for opts in alive for c in opts):
+            proven = self._order_picks_on_three_shards(group, alive)
+            alive = [[c for c in opts if not _by_order(c) or c in p] for opts, p in zip(alive, proven)]
         if group.partial and any(Identity() in opts for opts in alive):
             alive = self._whole_on_special_values(group, alive)
         if group.partial:
@@ -385,10 +388,6 @@ class _Explorer:
                 # right one from each side; a third shard would have nothing of its own left.
                 # Shard order (reversed gathers, scans) needs a middle shard as well.
                 opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end)) and not _ordered(c)]
-                if self._pair(group):  # every order statistic of a pair is its min or max:
-                    opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]  # median of 2
-                if self._two_long(group):  # ... and so is its position along a dim of 2: the
-                    opts = [c for c in opts if not isinstance(c, ArgReduce)]  # lower median's is argmin's
             # a reversed gather or a scan that holds beside the plain gather of its dim is an
             # artifact of data that does not vary along it (zeros, a broadcast row)
             plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
@@ -405,6 +404,34 @@ class _Explorer:
                 return None
             result.append(OutputCombine.of(opts))
         return tuple(result), counts, uneven
+
+    def _order_picks_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
+        """Per output, the order picks (max, min, argmax, argmin) of ``alive`` that also hold
+        with the cut dims lengthened to three elements by random data and cut in three. On a
+        dim of two every order statistic is the min or the max (the lower median of a pair
+        is its min, at argmin's position), so two shards prove neither; the lengthened call
+        has the same signature, and its evidence is added to, never put in for, the
+        sample's. None hold where the op refuses the lengthened inputs."""
+        none = [set() for _ in alive]
+        trials = self._halo_trials(group, extra_evidence=True)
+        if trials is None or trials is self.trials:
+            return none
+        proven, informative = [set(opts) for opts in alive], 0
+        for trial in trials[1:]:
+            ok = self._valid_combines(group, trial, Split(3), alive)
+            if ok is UNINFORMATIVE:
+                continue
+            if ok is None:
+                return none
+            proven = [p & set(k) for p, k in zip(proven, ok)]
+            informative += 1
+        if informative < 2:
+            return none
+        if any(_by_order(c) for p in proven for c in p):
+            self.widened[group.placements(len(self.trials[0].leaves))] = [
+                f"max and min along {self.leaf_names[i]} dim {d}: verified on three shards too, with that dim "
+                f"lengthened from 2 to {_halo_room(0)} by random data" for i, d, _ in group.dims]
+        return proven
 
     def _refute_on_ties(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the combines that pick by order (max, min, argmax, argmin) and fail
@@ -773,11 +800,6 @@ class _Explorer:
         args, kwargs = pytree.replace((special[0], special[1]), self.ops.is_tensor, leaves)
         return tuple(args), dict(kwargs)
 
-    def _pair(self, group: Group) -> bool:
-        """Is every cut input two elements, one per shard?"""
-        shapes = [self.ops.shape(self.trials[0].leaves[i]) for i, _, _ in group.dims]
-        return bool(shapes) and all(math.prod(shape) == 2 for shape in shapes)
-
     def _two_long(self, group: Group) -> bool:
         """Is every cut dim two elements long, one per shard?"""
         sizes = [self.ops.shape(self.trials[0].leaves[i])[d] for i, d, _ in group.dims]
@@ -836,18 +858,20 @@ class _Explorer:
             out += [Group(group.dims, offset=((i, c),)) for c in (None, *range(vector))]
         return out
 
-    def _halo_trials(self, group: Group) -> list[_Trial] | None:
+    def _halo_trials(self, group: Group, extra_evidence: bool = False) -> list[_Trial] | None:
         """The trials to try an input-halo group on: the sample's own where its dim has room
         for three shards whose halos do not reach both ends (a middle shard that sees the
         whole input proves nothing), else, where the op takes it (``OpCase.widen``), the same
-        trials with that dim lengthened by fresh random data; None where neither works."""
+        trials with that dim lengthened by fresh random data; None where neither works.
+        ``extra_evidence``: the lengthened trials only add to the sample's own (order picks
+        on a dim of two), so any op that runs on them may have them."""
         ops, first = self.ops, self.trials[0]
         halo = group.dims[0][2]
         wide = _halo_room(halo)
         if all(ops.shape(first.leaves[i])[d] >= wide for i, d, _ in group.dims):
             return self.trials
         inside = {i for i, _, _ in group.dims}
-        if not self.case.widen or any(
+        if not (self.case.widen or extra_evidence) or any(
             (i in inside and self.leaf_names[i] in self.fixed)
             or (i not in inside and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values)
             for i, x in enumerate(first.leaves)

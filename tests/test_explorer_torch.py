@@ -8,7 +8,7 @@ from metaspmd.case import OpCase
 from metaspmd.combine import Split, apply_combine, shard_with_halo
 from metaspmd.explorer import explore_case
 from metaspmd.explorer import ExploreConfig
-from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Replicate, ShardIn
+from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
 
 torch_ops = pytest.importorskip("metaspmd.backends.torch.tensor_ops")
 OPS = torch_ops.TorchOps()
@@ -560,3 +560,18 @@ def test_xor_folds_where_no_sum_or_max_does():
     # zeros: identity says it, xor is not listed beside it
     c = combines(explore(lambda x: torch.zeros_like(x), [torch.randint(0, 64, (6, 3))], ("self",)))
     assert all("reduce(xor)" not in " ".join(v) for v in c.values()), c
+
+
+def _lower_median(x):
+    return torch.sort(x, dim=1).values[:, (x.shape[1] - 1) // 2]
+
+
+def test_order_picks_on_a_dim_of_two_need_a_longer_one():
+    # along a dim of two, the lower median is the min: two shards cannot tell them apart, so
+    # the dim is lengthened to three by random data, where the median is neither
+    e = explore(_lower_median, [randn(4, 2)], ("self",))
+    assert all(c not in (Reduce("min"), Reduce("max")) for s in e.strategies() for o in s.outputs for c in o.options)
+    # amax keeps reduce(max) there, and says how it was proven
+    e = explore(aten.amax.default, [randn(4, 2), [1]], ("self", "dim"))
+    assert ["reduce(max)"] in combines(e).values()
+    assert "max and min along self dim 1: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
