@@ -170,7 +170,7 @@ def parallelize(
         ties = [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
     plan = planner.plan(
         captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit,
-        solver=solver, ties=ties, cost_model=cost_model,
+        solver=solver, ties=ties, cost_model=cost_model, arg_reduce=True,
     )
     return Parallelized(captured, plan, stats, mesh, params)
 

@@ -91,6 +91,10 @@ class CostModel:
             # Shard -> Partial goes through Replicate: apply layers only need the two basic moves.
             return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])
         # src is Partial
+        if src.op.startswith("arg"):  # positions pending an arg-reduction: (value, position)
+            k = self._axis(axis).size  # pairs all-gathered from every device, then kept or sliced
+            steps = [("all-gather", self.all_gather(axis, 2 * k * nbytes))]
+            return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])
         if isinstance(dst, Shard):
             return [("reduce-scatter", self.reduce_scatter(axis, nbytes))]
         steps = [("all-reduce", self.all_reduce(axis, nbytes))]

@@ -7,7 +7,10 @@ dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divid
 tensor (strict mode) or mix reduce ops on one tensor are dropped.
 
 Rule strategies with a halo or block, an index offset, or a reduce no Partial placement
-names (norm2), are skipped: DTensor and JAX cannot run them.
+names (norm2), are skipped: DTensor and JAX cannot run them. Positions along a cut reduced
+dim (argreduce) come out ``Partial("argmax")`` / ``Partial("argmin")``, pending an
+arg-reduction, only where the runtime finishes one (``arg_reduce``: JAX, whose compiler
+all-gathers (value, position) pairs; DTensor has no such Partial).
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -25,6 +28,7 @@ REPLICATE_LABEL = "R"
 # Reduces the runtimes' Partial placements take. norm2 (DTensor's _NormPartial(2)) is left
 # out: the planner's Partial placement names a c10d reduce op, and JAX has no such state.
 RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
+ARG_REDUCE_OPS = ("argmax", "argmin")  # Partial ops of argreduce outputs (``arg_reduce``)
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ def _input_placement(p: spec.InputPlacement) -> Placement | None:
     return REPLICATE
 
 
-def _output_placement(c: spec.OutputCombine) -> Placement | None:
+def _output_placement(c: spec.OutputCombine, arg_reduce: bool = False) -> Placement | None:
     """The runnable combine of one output; Replicate beats Shard beats Partial because
     it is the cheapest to consume (all options are equally valid results)."""
     best: Placement | None = None
@@ -75,6 +79,8 @@ def _output_placement(c: spec.OutputCombine) -> Placement | None:
             p, r = Shard(option.dim), 1
         elif isinstance(option, spec.Reduce) and option.op in RUNNABLE_REDUCE_OPS:
             p, r = Partial(option.op), 2 if option.op == "sum" else 3
+        elif isinstance(option, spec.ArgReduce) and arg_reduce:
+            p, r = Partial("arg" + option.op), 4
         else:
             continue
         if r < rank:
@@ -82,21 +88,22 @@ def _output_placement(c: spec.OutputCombine) -> Placement | None:
     return best
 
 
-def axis_strategy(s: spec.Strategy) -> AxisStrategy | None:
-    """The rule strategy in placements, or None when DTensor/JAX could not run it."""
+def axis_strategy(s: spec.Strategy, arg_reduce: bool = False) -> AxisStrategy | None:
+    """The rule strategy in placements, or None when the runtime could not run it."""
     ins = tuple(_input_placement(p) for p in s.inputs)
-    outs = tuple(_output_placement(c) for c in s.outputs)
+    outs = tuple(_output_placement(c, arg_reduce) for c in s.outputs)
     if any(p is None for p in ins) or any(p is None for p in outs):
         return None
     return AxisStrategy(s.label, ins, outs)  # type: ignore[arg-type]
 
 
-def axis_strategies(rules: Iterable[spec.Strategy], n_inputs: int, n_outputs: int) -> list[AxisStrategy]:
+def axis_strategies(rules: Iterable[spec.Strategy], n_inputs: int, n_outputs: int,
+                    arg_reduce: bool = False) -> list[AxisStrategy]:
     """Runnable rule strategies of the right arity, deduplicated, after all-Replicate."""
     out = [AxisStrategy(REPLICATE_LABEL, (REPLICATE,) * n_inputs, (REPLICATE,) * n_outputs)]
     seen = {(out[0].inputs, out[0].outputs)}
     for s in rules:
-        a = axis_strategy(s)
+        a = axis_strategy(s, arg_reduce)
         if a is None or len(a.inputs) != n_inputs or len(a.outputs) != n_outputs:
             continue
         key = (a.inputs, a.outputs)

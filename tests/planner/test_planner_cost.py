@@ -144,3 +144,11 @@ def test_view_ops_cost_no_compute_under_any_strategy():
     assert np.all(compute(_ViewFn()) == 0.0)  # a view of the local shard moves no data
     copy = compute(None)  # an op not known to alias pays its memory traffic
     assert copy.min() > 0 and copy.max() > copy.min()
+
+
+def test_a_pending_arg_reduction_gathers_one_value_and_position_per_device(cm):
+    # argmax over a cut dim: every device contributes its (value, position) pair; the cost
+    # is an all-gather of twice the output from each of the 4 devices, not an all-reduce
+    arg = Partial("argmax")
+    assert kinds(cm, (arg,), (R,)) == ["all-gather"]
+    assert cm.reshard((64, 32), "float32", (arg,), (R,)) == pytest.approx(cm.all_gather(0, 2 * 4 * NBYTES))

@@ -81,3 +81,9 @@ def test_tensor_placements_are_replicate_or_shard():
     ps = tensor_placements((4, 6), Mesh.of((2, 2)))
     assert (R, R) in ps and (Shard(0), Shard(1)) in ps and (Shard(1), Shard(1)) not in ps  # 6 % 4
     assert not any(isinstance(x, Partial) for p in ps for x in p)
+
+
+def test_argreduce_outputs_are_pending_arg_reductions_where_the_runtime_finishes_them():
+    s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("argreduce(max, input=0)"),))
+    assert axis_strategy(s) is None  # DTensor has no such Partial
+    assert axis_strategy(s, arg_reduce=True).outputs == (Partial("argmax"),)  # JAX: XLA gathers the pairs
