@@ -47,6 +47,12 @@ def _choose(rule, specs: list[PartitionSpec], ranks: list[int]):
     return None
 
 
+def _divides(chosen, shapes: list[tuple[int, ...]], mesh_shape) -> bool:
+    """Does the mesh axis split every dim the chosen strategy shards evenly?"""
+    axis, strategy = chosen
+    return all(dim is None or shape[dim] % mesh_shape[axis] == 0 for dim, shape in zip(strategy.inputs, shapes))
+
+
 def partitioned(fn: Callable, rule) -> Callable:
     """``fn`` with a custom partitioning from a ``metaspmd.generated.jax_rules.Rule``."""
     wrapped = custom_partitioning(fn)
@@ -56,6 +62,8 @@ def partitioned(fn: Callable, rule) -> Callable:
         ranks = [len(a.shape) for a in arg_shapes]
         rank_out = len(result_shape.shape)
         chosen = _choose(rule, specs, ranks)
+        if chosen is not None and not _divides(chosen, [a.shape for a in arg_shapes], mesh.shape):
+            chosen = None  # uneven shards are padded: padding would join a sum or win an argmax
         if chosen is None:
             arg_shardings = tuple(NamedSharding(mesh, PartitionSpec()) for _ in arg_shapes)
             return mesh, fn, NamedSharding(mesh, PartitionSpec()), arg_shardings

@@ -62,3 +62,14 @@ def test_custom_partitioning_with_generated_rule():
     assert lines[-1] == "ok"
     # Contraction dim sharded on both operands: the verified rule's psum shows up as an all-reduce.
     assert lines[1].endswith("True"), lines
+
+
+def test_uneven_shards_are_replicated_first():
+    """XLA pads an uneven shard: padding would join a psum or win an argmax, so the
+    partition takes a strategy only where the axis splits its dims evenly."""
+    from metaspmd.backends.jax.partitioner import _divides
+    from metaspmd.generated.jax_rules import Strategy
+
+    chosen = ("x", Strategy((0,), (None,), ("",), ("argmax:0",)))
+    assert _divides(chosen, [(16, 6)], {"x": 4})
+    assert not _divides(chosen, [(10, 6)], {"x": 4})
