@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from .flops import dtype_bytes, flops, numel
 from .mesh import Mesh
-from .placement import Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
+from .placement import ARG_PARTIAL_OPS, Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class CostModel:
             # Shard -> Partial goes through Replicate: apply layers only need the two basic moves.
             return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])
         # src is Partial
-        if src.op.startswith("arg"):  # positions pending an arg-reduction: (value, position)
+        if src.op in ARG_PARTIAL_OPS:  # positions pending an arg-reduction: (value, position)
             k = self._axis(axis).size  # pairs all-gathered from every device, then kept or sliced
             steps = [("all-gather", self.all_gather(axis, 2 * k * nbytes))]
             return steps + ([("zero", 0.0)] if isinstance(dst, Partial) else [])

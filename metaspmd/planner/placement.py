@@ -37,6 +37,10 @@ class Partial:
         return f"P({self.op})"
 
 
+# Partial ops of positions pending an arg-reduction (argreduce outputs, JAX only): every
+# device holds its local winner's position; the value decides which one is kept.
+ARG_PARTIAL_OPS = ("argmax", "argmin")
+
 Placement = Union[Replicate, Shard, Partial]
 # One placement per mesh axis, like DTensor's placements tuple.
 Placements = tuple[Placement, ...]

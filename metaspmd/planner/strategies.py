@@ -28,7 +28,6 @@ REPLICATE_LABEL = "R"
 # Reduces the runtimes' Partial placements take. norm2 (DTensor's _NormPartial(2)) is left
 # out: the planner's Partial placement names a c10d reduce op, and JAX has no such state.
 RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
-ARG_REDUCE_OPS = ("argmax", "argmin")  # Partial ops of argreduce outputs (``arg_reduce``)
 
 
 @dataclass(frozen=True)
