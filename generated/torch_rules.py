@@ -15147,7 +15147,7 @@ RULES = {
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'self:f[*] end:f[*] weight:f[*]': (
-            ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
+            ((Shard(0), Shard(0), Shard(0)), (Shard(0),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'self:f[1,*] end:f[1,*] weight:f[1,*]': (
@@ -15759,8 +15759,9 @@ RULES = {
         'self:f[1,1] B:f[*,1] left=False unitriangular=True upper=True': (
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Partial('sum'), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Shard(0)), (Shard(0),)),
+            ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.linalg_solve_triangular.out': {
@@ -15779,8 +15780,9 @@ RULES = {
         'self:f[1,1] B:f[*,1] left=False unitriangular=True upper=True': (
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Partial('sum'), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Shard(0)), (Shard(0),)),
+            ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.linalg_tensorsolve.default': {
@@ -17109,6 +17111,7 @@ RULES = {
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
         ),
         'grad_output:f[1,*,1,1] self:f[1,*,*,*] kernel_size=[3,3] stride=[2,2] padding=[0,0] dilation=[1,2] ceil_mode=False indices:i[1,*,1,1]': (
+            ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
@@ -17134,6 +17137,7 @@ RULES = {
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
         ),
         'grad_output:f[1,*,1,1] self:f[1,*,*,*] kernel_size=[3,3] stride=[2,2] padding=[0,0] dilation=[1,2] ceil_mode=False indices:i[1,*,1,1]': (
+            ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
@@ -21663,10 +21667,9 @@ RULES = {
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
-            ((Replicate(), Shard(0), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
@@ -21682,10 +21685,9 @@ RULES = {
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
-            ((Replicate(), Shard(0), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
@@ -21795,7 +21797,6 @@ RULES = {
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
@@ -21815,7 +21816,6 @@ RULES = {
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (
             ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),

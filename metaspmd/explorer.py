@@ -548,10 +548,12 @@ class _Explorer:
         notes_extra: list[str] = []
         self.widened: dict[tuple, list[str]] = {}  # placements verified on lengthened dims: notes
         constant = self._constant_outputs()
-        if constant or self._empty_outputs() or self._integer_data():
+        if constant or self._empty_outputs() or self._integer_data() or self._constant_inputs():
             # The sample's data leaves an output constant or empty (nonzero of all zeros), or
             # is integers from a narrow range, whose ties let argmin's local indices pass for
-            # the global one: blind data joins in where the op takes it.
+            # the global one, or repeats an input on every trial (scatter_add's zero self,
+            # under which a replicated self passes for a Partial one): blind data joins in
+            # where the op takes it.
             self.trials = self.trials + self._blind_trials()
             constant = self._constant_outputs()
         special = self._special_trials() if constant and case.special is not None else None
@@ -750,6 +752,15 @@ class _Explorer:
             if 0 not in self.ops.shape(first.outputs[j])
             and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
         ]
+
+    def _constant_inputs(self) -> bool:
+        """Some float input with elements, not fixed, is the same on every trial."""
+        first = self.trials[0]
+        return any(
+            self.ops.dtype_kind(x) in (FLOAT, COMPLEX) and 0 not in self.ops.shape(x) and name not in self.fixed
+            and all(self.ops.close(t.leaves[i], x) for t in self.trials[1:])
+            for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
+        )
 
     def _integer_data(self) -> bool:
         """Some integer or bool input is data (not an index kept fixed)."""

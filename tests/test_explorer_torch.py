@@ -575,3 +575,18 @@ def test_order_picks_on_a_dim_of_two_need_a_longer_one():
     e = explore(aten.amax.default, [randn(4, 2), [1]], ("self", "dim"))
     assert ["reduce(max)"] in combines(e).values()
     assert "max and min along self dim 1: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
+
+
+def test_an_input_the_same_on_every_trial_brings_blind_trials():
+    # a generator that always hands scatter_add a zero self lets a replicated self pass for a
+    # Partial one (2 * 0 + src == src); blind data varies it and refutes that
+    zero_self = OpCase("test", aten.scatter_add.default, (torch.zeros(4, dtype=F64), 0, torch.tensor([1, 1, 3, 3]), randn(4)),
+                       {}, ("self", "dim", "index", "src"), fresh=lambda seed: (
+                           (torch.zeros(4, dtype=F64), 0, torch.tensor([1, 1, 3, 3]),
+                            torch.randn(4, dtype=F64, generator=torch.Generator().manual_seed(seed))), {}),
+                       fixed=frozenset({"index"}))
+    e = explore_case(zero_self, OPS)
+    partial_src_alone = [s for s in e.strategies()
+                         if isinstance(s.inputs[0], Replicate) and isinstance(s.inputs[2], PartialInput)]
+    assert not partial_src_alone, [str(s) for s in e.strategies()]
+    assert e.verified.trials > 4  # the blind trials joined
