@@ -146,8 +146,8 @@ def _arg_reduction(out: OutputCombine) -> str:
 def _arg_strategy(s: Strategy) -> JaxStrategy | None:
     """A strategy whose positional outputs are argreduces and the others plain placements."""
     args = [_arg_reduction(o) for o in s.outputs]
-    if not any(args) or any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in s.inputs):
-        return None
+    if not any(args) or not all(isinstance(p, Replicate) or (isinstance(p, ShardIn) and not p.halo) for p in s.inputs):
+        return None  # Partial inputs, index offsets and input halos have no JAX spelling here
     outs = [None if a else _output_placement(o) for a, o in zip(args, s.outputs)]
     if any(p is None for a, p in zip(args, outs) if not a) or any(p.kind == "Partial" for p in outs if p):
         return None

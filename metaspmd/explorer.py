@@ -280,8 +280,12 @@ class _Explorer:
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
         max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
-        positions = any(self.ops.dtype_kind(o) == INT for o in trial.outputs)  # argreduce reads the cut inputs
-        cut = self._cut_inputs(group, trial, split) if positions else None
+        # argreduce reads the cut inputs' values: exploring integer outputs, or verifying one
+        if candidates is None:
+            reads = any(self.ops.dtype_kind(o) == INT for o in trial.outputs)
+        else:
+            reads = any(isinstance(c, ArgReduce) for opts in candidates for c in opts)
+        cut = self._cut_inputs(group, trial, split) if reads else None
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
@@ -370,8 +374,7 @@ class _Explorer:
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.dims and any(_by_order(c) for opts in alive for c in opts):
             alive = self._refute_on_ties(group, alive)
-        two_long = max(counts, default=0) < 3 and self._two_long(group)
-        if two_long and any(_by_order(c) for opts in alive for c in opts):
+        if self._two_long(group) and any(_by_order(c) for opts in alive for c in opts):  # only 2 shards fit
             proven = self._order_picks_on_three_shards(group, alive)
             alive = [[c for c in opts if not _by_order(c) or c in p] for opts, p in zip(alive, proven)]
         if group.partial and any(Identity() in opts for opts in alive):
@@ -413,7 +416,7 @@ class _Explorer:
         has the same signature, and its evidence is added to, never put in for, the
         sample's. None hold where the op refuses the lengthened inputs."""
         none = [set() for _ in alive]
-        trials = self._halo_trials(group, extra_evidence=True)
+        trials = self._lengthened_trials(group, extra_evidence=True)
         if trials is None or trials is self.trials:
             return none
         proven, informative = [set(opts) for opts in alive], 0
@@ -830,7 +833,7 @@ class _Explorer:
         tried on lengthened dims where the sample's are too short (noted in the entry)."""
         for h in range(1, self.config.max_input_halo + 1):
             g = Group(tuple((i, d, h) for i, d, _ in group.dims))
-            trials = self._halo_trials(g)
+            trials = self._lengthened_trials(g)
             if trials is None:
                 continue
             with self._on_trials(trials):
@@ -869,13 +872,13 @@ class _Explorer:
             out += [Group(group.dims, offset=((i, c),)) for c in (None, *range(vector))]
         return out
 
-    def _halo_trials(self, group: Group, extra_evidence: bool = False) -> list[_Trial] | None:
-        """The trials to try an input-halo group on: the sample's own where its dim has room
-        for three shards whose halos do not reach both ends (a middle shard that sees the
-        whole input proves nothing), else, where the op takes it (``OpCase.widen``), the same
-        trials with that dim lengthened by fresh random data; None where neither works.
-        ``extra_evidence``: the lengthened trials only add to the sample's own (order picks
-        on a dim of two), so any op that runs on them may have them."""
+    def _lengthened_trials(self, group: Group, extra_evidence: bool = False) -> list[_Trial] | None:
+        """The trials to try a group on where its cut dims need room for three shards whose
+        halos do not reach both ends (a middle shard that sees the whole input proves
+        nothing): the sample's own where they have it, else, where the op takes it
+        (``OpCase.widen``), the same trials with those dims lengthened by fresh random data;
+        None where neither works. ``extra_evidence``: the lengthened trials only add to the
+        sample's own (order picks on a dim of two), so any op that runs on them may have them."""
         ops, first = self.ops, self.trials[0]
         halo = group.dims[0][2]
         wide = _halo_room(halo)
