@@ -136,6 +136,12 @@ def candidate_combines(
                 # shard nothing of its own.
                 if abs(lo - hi) <= 1 and total > 0 and total - (lo + hi) * (n - 1) == gshape[d]:
                     out.append(Gather(d, lo, 1, hi))
+        # sums of neighbours' overlapping ends; every shard keeps some of its own (an overlap
+        # of a whole shard is a reduce(sum) of the shards); kept only where no halo gather
+        # holds. Not for bools: their sum is an or, which a right value on either side passes
+        overlap, rest = divmod(total - gshape[d], n - 1) if n > 1 else (0, 1)
+        if not rest and 0 < overlap < min(s[d] for s in lshapes) and ops.dtype_kind(global_) != BOOL:
+            out.append(Gather(d, overlap=overlap))
         if total == gshape[d] and total > 0:  # kept only where no plain gather holds
             out.append(Gather(d, reverse=True))
             out += [Scan(d, op, reverse) for reverse in (False, True) for op in scan_ops_for(ops.dtype_kind(global_))]
@@ -204,6 +210,20 @@ def _arg_reduce(ops: TensorOps, combine: ArgReduce, locals_: Sequence[Any], cut:
     return ops.from_numpy(best_position, locals_[0])
 
 
+def _overlap_add(ops: TensorOps, combine: Gather, locals_: Sequence[Any]) -> Any:
+    """Concatenate with each shard's first ``overlap`` elements added onto the last ones
+    of the output so far."""
+    d, k = combine.dim, combine.overlap
+    acc = locals_[0]
+    for x in locals_[1:]:
+        size, got = ops.shape(x)[d], ops.shape(acc)[d]
+        if size < k or got < k:
+            raise ValueError(f"a shard shorter than the overlap of {k} along dim {d}")
+        pieces = [ops.narrow(acc, d, 0, got - k), ops.add(ops.narrow(acc, d, got - k, k), ops.narrow(x, d, 0, k))]
+        acc = ops.concat(pieces + ([ops.narrow(x, d, k, size - k)] if size > k else []), d)
+    return acc
+
+
 def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any],
                   cut: Mapping[int, CutInput] | None = None) -> Any:
     """The global output that ``combine`` builds from the local outputs (and, for an
@@ -227,6 +247,8 @@ def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any],
         return ops.scale(acc, 1.0 / len(locals_)) if combine.op == "avg" else acc
     if combine.reverse:
         return ops.concat(list(locals_)[::-1], combine.dim)
+    if combine.overlap:
+        return _overlap_add(ops, combine, locals_)
     d, n = combine.dim, len(locals_)
     pieces = []
     for i, x in enumerate(locals_):

@@ -296,7 +296,8 @@ class _Explorer:
                                                                self.config.max_block, cut))
             if self.case.random:  # each element drawn once, on one rank
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
-                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse) or (replicated and c == Identity())]
+                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap)
+                         or (replicated and c == Identity())]
             valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob, cut)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
@@ -390,11 +391,15 @@ class _Explorer:
                 # against a cut one computes every row on each shard, and a halo of 1 picks the
                 # right one from each side; a third shard would have nothing of its own left.
                 # Shard order (reversed gathers, scans) needs a middle shard as well.
-                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end)) and not _ordered(c)]
+                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end or c.overlap))
+                        and not _ordered(c)]
             # a reversed gather or a scan that holds beside the plain gather of its dim is an
             # artifact of data that does not vary along it (zeros, a broadcast row)
             plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
             opts = [c for c in opts if not (_ordered(c) and c.dim in plain_dims)]
+            # overlapping zeros (a zero padding) add up as well as they drop: the halo stays
+            dropped = {c.dim for c in opts if isinstance(c, Gather) and not c.overlap}
+            opts = [c for c in opts if not (isinstance(c, Gather) and c.overlap and c.dim in dropped)]
             if Identity() in opts:  # max/min of identical shards are implied by identity
                 opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
             if any(isinstance(c, (Identity, Reduce)) for c in opts):  # positions that need no values:

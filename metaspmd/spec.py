@@ -30,7 +30,7 @@ _DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
-    r"(?:, block=([2-9]|[1-9][0-9]+))?(, reverse=true)?\)$"
+    r"(?:, block=([2-9]|[1-9][0-9]+))?(?:, overlap=([1-9][0-9]*))?(, reverse=true)?\)$"
 )
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
 _SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
@@ -69,6 +69,10 @@ class Gather:
     the global output is block 0 of every shard, then block 1 of every shard, and so on.
     ``reverse``: the last shard's output comes first (``rev``/``flip`` of a cut dim): Shard(dim)
     after one collective permute, which Shardy calls a permutation factor.
+    ``overlap``: each shard's output starts ``overlap`` elements before the previous one
+    ends, and the overlapping elements are summed (a transposed convolution or a pooling
+    backward whose windows cross a shard boundary): Shard(dim) after each rank adds the
+    tail it sends to the next rank, one neighbour exchange.
     """
 
     dim: int
@@ -76,19 +80,24 @@ class Gather:
     block: int = 1
     halo_end: int | None = None
     reverse: bool = False
+    overlap: int = 0
 
     def __post_init__(self) -> None:
         if self.halo_end is None:
             object.__setattr__(self, "halo_end", self.halo)
-        if self.dim < 0 or self.halo < 0 or self.halo_end < 0 or self.block < 1:
-            raise SpecError(f"bad gather(dim={self.dim}, halo=({self.halo}, {self.halo_end}), block={self.block})")
+        if self.dim < 0 or self.halo < 0 or self.halo_end < 0 or self.block < 1 or self.overlap < 0:
+            raise SpecError(f"bad gather(dim={self.dim}, halo=({self.halo}, {self.halo_end}), block={self.block}, "
+                            f"overlap={self.overlap})")
         if self.reverse and (self.halo or self.halo_end or self.block > 1):
             raise SpecError(f"a reversed gather(dim={self.dim}) takes no halo or block")
+        if self.overlap and (self.halo or self.halo_end or self.block > 1 or self.reverse):
+            raise SpecError(f"an overlapping gather(dim={self.dim}) takes no halo, block or reverse")
 
     @property
     def plain(self) -> bool:
         """A plain concatenation: what Shard(dim) means to DTensor and jax."""
-        return self.halo == 0 and self.halo_end == 0 and self.block == 1 and not self.reverse
+        return (self.halo == 0 and self.halo_end == 0 and self.block == 1 and not self.reverse
+                and not self.overlap)
 
     def __str__(self) -> str:
         if self.halo == self.halo_end:
@@ -96,7 +105,8 @@ class Gather:
         else:
             halo = f", halo=({self.halo}, {self.halo_end})"
         block = f", block={self.block}" if self.block > 1 else ""
-        return f"gather(dim={self.dim}{halo}{block}" + (", reverse=true)" if self.reverse else ")")
+        overlap = f", overlap={self.overlap}" if self.overlap else ""
+        return f"gather(dim={self.dim}{halo}{block}{overlap}" + (", reverse=true)" if self.reverse else ")")
 
 
 @dataclass(frozen=True)
@@ -177,8 +187,8 @@ def parse_combine(text: str) -> Combine:
         if m[3] is not None:
             if m[3] == m[4]:  # one spelling per combine: equal sides are written halo=H
                 raise SpecError(f"bad combine {text!r} (write halo={m[3]} for equal sides)")
-            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]), reverse=bool(m[6]))
-        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1), reverse=bool(m[6]))
+            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]), reverse=bool(m[7]), overlap=int(m[6] or 0))
+        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1), reverse=bool(m[7]), overlap=int(m[6] or 0))
     m = _REDUCE_RE.match(s)
     if m:
         return Reduce(m[1])
@@ -189,7 +199,7 @@ def parse_combine(text: str) -> Combine:
     if m:
         return ArgReduce(m[1], int(m[2]))
     raise SpecError(
-        f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, reverse=true]), "
+        f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, overlap=K][, reverse=true]), "
         "reduce(OP), scan(dim=D, op=OP[, reverse=true]), argreduce(OP, input=I) or identity)"
     )
 
@@ -197,7 +207,7 @@ def parse_combine(text: str) -> Combine:
 def combine_order(c: Combine) -> tuple:
     """A total order on combines, for deterministic output."""
     if isinstance(c, Gather):
-        return (0, c.dim, c.halo, c.halo_end, c.block, c.reverse, 0)
+        return (0, c.dim, c.halo, c.halo_end, c.block, c.reverse, c.overlap)
     if isinstance(c, Identity):  # Replicate output: cheaper for a planner than Partial
         return (1, 0, 0, 0, 0, 0, 0)
     if isinstance(c, Scan):  # no placement: last

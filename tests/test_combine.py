@@ -28,3 +28,17 @@ def test_argreduce_takes_the_first_winner_and_nan_first():
     assert holds(ops, ArgReduce("max", 0), locals_, np.argmax(x, axis=0, keepdims=True), cut)
     assert not holds(ops, ArgReduce("max", 0), [loc + 5 for loc in locals_], np.argmax(x, axis=0, keepdims=True), cut)
     assert not holds(ops, ArgReduce("max", 0), locals_, np.argmax(x, axis=0, keepdims=True))  # no values given
+
+
+def test_overlap_add_sums_the_shared_ends():
+    """gather(overlap=k): each shard's output starts k elements before the previous one
+    ends; the shared elements are summed, the rest concatenated."""
+    from metaspmd.spec import Gather
+
+    ops = NumpyOps()
+    full = np.convolve(np.arange(1.0, 9.0), [1.0, -2.0, 3.0])  # a transposed conv: 8 + 3 - 1 outputs
+    x = np.arange(1.0, 9.0)
+    locals_ = [np.convolve(x[s:s + n], [1.0, -2.0, 3.0]) for s, n in ((0, 3), (3, 4), (7, 1))]
+    assert np.allclose(apply_combine(ops, Gather(0, overlap=2), locals_), full)
+    assert not holds(ops, Gather(0, halo=(1)), locals_, full)  # dropping the overlap loses the sums
+    assert not holds(ops, Gather(0, overlap=3), locals_, full)

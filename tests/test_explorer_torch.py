@@ -318,6 +318,21 @@ def test_one_sided_halos_padding_and_windows():
     assert combines(e)["S3"] == ["gather(dim=2, halo=(0, 1)) | gather(dim=2, halo=(1, 0))"]
 
 
+def test_transposed_conv_overlaps_its_neighbours():
+    # each input element spreads over a kernel's width of outputs: a shard's outputs run
+    # kernel - 1 past the next shard's start, and the shared ones add up
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+    x, w = randn(2, 3, 10), randn(3, 2, 3)
+    e = explore(aten.convolution.default, [x, w, None, [1], [0], [1], True, [0], 1], names)
+    label = e.shard.inputs[0][2].label
+    assert combines(e)[label] == ["gather(dim=2, overlap=2)"]
+    # a bias would be added twice where they overlap: the length is cut with an input halo
+    # then, and the outputs it computes twice are dropped
+    e = explore(aten.convolution.default, [x, w, randn(2), [1], [0], [1], True, [0], 1], names)
+    label = e.shard.inputs[0][2]
+    assert label.halo == 1 and combines(e)[label.label] == ["gather(dim=2, halo=2)"]
+
+
 def test_a_halo_that_reaches_both_ends_proves_nothing():
     # with a halo of 2 on a dim of 6, some of four shards see the whole tensor: argmax of the
     # flattened input passed as reduce(max) of the local ones until such trials stopped counting

@@ -13,7 +13,7 @@ from metaspmd.spec import (
     "gather(dim=1, halo=(1, 0))", "gather(dim=0, halo=(0, 2), block=2)",
     "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "reduce(norm2)", "identity",
     "gather(dim=1, reverse=true)", "scan(dim=0, op=sum)", "scan(dim=2, op=logsumexp, reverse=true)",
-    "reduce(xor)", "argreduce(max, input=0)", "argreduce(min, input=3)",
+    "reduce(xor)", "argreduce(max, input=0)", "argreduce(min, input=3)", "gather(dim=2, overlap=4)",
 ])
 def test_combine_round_trip(text):
     c = parse_combine(text)
@@ -25,6 +25,8 @@ def test_combine_round_trip(text):
                                   "gather(0)", "gather(dim=-1)", "reduce(mean)", "reduce()", "reduce(norm)", "reduce(2norm)", "Identity", "gather(dim=0, block=1)", "",
                                   "gather(dim=0, halo=(1, 1))", "gather(dim=0, halo=(0, 0))", "gather(dim=0, halo=(1,0))",
                                   "gather(dim=0, halo=1, reverse=true)", "gather(dim=0, reverse=false)", "gather(dim=0, reverse)",
+                                  "gather(dim=0, overlap=0)", "gather(dim=0, halo=1, overlap=1)",
+                                  "gather(dim=0, overlap=1, reverse=true)", "gather(dim=0, block=2, overlap=1)",
                                   "scan(dim=0)", "scan(dim=0, op=avg)", "scan(op=sum, dim=0)", "scan(dim=0, op=sum, reverse=false)"])
 def test_bad_combine_rejected(text):
     with pytest.raises(SpecError):
@@ -47,7 +49,7 @@ def test_tables_round_trip():
     assert str(OutputCombine.of([Reduce("sum"), Gather(0), Identity()])) == "gather(dim=0) | identity | reduce(sum)"
     ordered = OutputCombine.of([Scan(0, "max"), Gather(0, reverse=True), Reduce("sum"), Gather(0)])
     assert str(ordered) == "gather(dim=0) | gather(dim=0, reverse=true) | reduce(sum) | scan(dim=0, op=max)"
-    assert not Gather(0, reverse=True).plain
+    assert not Gather(0, reverse=True).plain and not Gather(0, overlap=1).plain
     assert PartialIn.parse("S4(sum)") == PartialIn("S4", "sum")
 
 

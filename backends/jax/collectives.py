@@ -12,7 +12,7 @@ one output from the local ones, without gathering anything it need not.
     identity                    nothing
 
 The cross-check runs every strategy whose combines are listed here for real on several
-CPU devices; halo and block gathers, norm2 and prod reduces have no plan here. Import
+CPU devices; halo, block and overlap gathers, norm2 and prod reduces have no plan here. Import
 this module only after the device count is set (it imports jax).
 """
 
@@ -49,8 +49,8 @@ def output_dim(c: Combine) -> int | None:
 
 def unsupported(c: Combine, dtype: Any) -> str | None:
     """Why ``c`` has no collective plan here on outputs of ``dtype``, or None."""
-    if isinstance(c, Gather) and (c.halo or c.halo_end or c.block > 1):
-        return "halo or block output"
+    if isinstance(c, Gather) and (c.halo or c.halo_end or c.block > 1 or c.overlap):
+        return "halo, block or overlap output"
     if isinstance(c, Reduce) and (c.op not in _COLLECTIVES or (dtype == bool and c.op != "xor")
                                   or (c.op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating))):
         return f"reduce({c.op}) on {dtype} has no collective"  # XLA's CPU all-reduce orders no complex

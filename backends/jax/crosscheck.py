@@ -94,7 +94,7 @@ def _rebuilds_dim(c, dim: int, permutation: bool) -> bool:
     gather with its halo; for a permutation factor (data moves between shards) also a
     reversed gather (rev: one collective permute) or a scan (cumsum: one carry per shard)."""
     if isinstance(c, Gather) and c.dim == dim and c.block == 1:
-        return permutation or not c.reverse
+        return permutation or not (c.reverse or c.overlap)
     return permutation and isinstance(c, Scan) and c.dim == dim
 
 
@@ -168,7 +168,7 @@ def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[s
             d = out_dims[j]
             options = (Gather(d),) + tuple(Gather(d, lo, 1, hi) for lo in (0, 1, 2) for hi in (0, 1, 2) if lo or hi)
             if factor.kind == "permutation":
-                options += (Gather(d, reverse=True),) + tuple(
+                options += (Gather(d, reverse=True),) + tuple(Gather(d, overlap=k) for k in range(1, 5)) + tuple(
                     Scan(d, op, rev) for rev in (False, True) for op in scan_ops_for(out_kinds[j]))
             outs.append(OutputCombine(options))
         else:

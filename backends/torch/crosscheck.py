@@ -94,13 +94,13 @@ def input_key(p: InputPlacement) -> str | None:
 
 
 def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, reverse, scan, xor,
+    """DTensor's name for a combine; None when it has none (halo, overlap, reverse, scan, xor,
     argreduce). A block gather is DTensor's _StridedShard: block b of every shard, then
     block b + 1."""
     if isinstance(c, Gather):
         if c.plain:
             return f"S({c.dim})"
-        return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse) else None
+        return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse or c.overlap) else None
     if isinstance(c, Reduce):
         if c.op == "xor":
             return None  # no Partial placement folds by xor
