@@ -1,6 +1,6 @@
 """Registry records translated into the terms each framework speaks.
 
-Only strategies a framework can run survive: no halo, no block, and only the reduce ops
+Only strategies a framework can run survive: no halo, no block, no proportional cut, and only the reduce ops
 its Partial placement knows. Everything here is derived from validated model objects,
 never from raw YAML text.
 """
@@ -64,7 +64,7 @@ def _input_placement(p) -> Placement | None:
     if isinstance(p, Replicate):
         return REPLICATE
     if isinstance(p, ShardIn):
-        return Placement("Shard", p.dim) if p.halo == 0 else None
+        return Placement("Shard", p.dim) if p.plain else None
     if isinstance(p, PartialInput):
         return Placement("Partial", op=p.op) if p.op in DTENSOR_PARTIAL_OPS else None
     return None
@@ -146,8 +146,8 @@ def _arg_reduction(out: OutputCombine) -> str:
 def _arg_strategy(s: Strategy) -> JaxStrategy | None:
     """A strategy whose positional outputs are argreduces and the others plain placements."""
     args = [_arg_reduction(o) for o in s.outputs]
-    if not any(args) or not all(isinstance(p, Replicate) or (isinstance(p, ShardIn) and not p.halo) for p in s.inputs):
-        return None  # Partial inputs, index offsets and input halos have no JAX spelling here
+    if not any(args) or not all(isinstance(p, Replicate) or (isinstance(p, ShardIn) and p.plain) for p in s.inputs):
+        return None  # Partial inputs, index offsets, input halos, proportional cuts: no JAX spelling here
     outs = [None if a else _output_placement(o) for a, o in zip(args, s.outputs)]
     if any(p is None for a, p in zip(args, outs) if not a) or any(p.kind == "Partial" for p in outs if p):
         return None
@@ -198,8 +198,8 @@ def shardy_rule(entry) -> ShardyRule | None:
     for label, outs in entry.combine.by_label:
         if label in partial_labels:
             continue
-        dims = [(i, d, lab.halo) for i, row in enumerate(entry.shard.inputs) for d, lab in enumerate(row) if lab.label == label]
-        if not dims or any(h for _, _, h in dims):
+        dims = [(i, d, lab.plain) for i, row in enumerate(entry.shard.inputs) for d, lab in enumerate(row) if lab.label == label]
+        if not dims or not all(plain for _, _, plain in dims):
             continue
         size = in_shapes[dims[0][0]][dims[0][1]]
         gathers, reduces = [], 0

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .spec import ARG_REDUCE_OPS, ArgReduce, Combine, Gather, Identity, Reduce, Scan
+from .spec import ARG_REDUCE_OPS, ArgReduce, Combine, Gather, Identity, Reduce, Scan, ShardIn
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
 
@@ -59,6 +59,29 @@ def shard_with_halo(ops: TensorOps, x: Any, dim: int, bounds: list[tuple[int, in
     for start, length in bounds:
         lo, hi = max(0, start - halo), min(size, start + length + halo)
         out.append(ops.narrow(x, dim, lo, hi - lo))
+    return out
+
+
+def proportional_bounds(bounds: list[tuple[int, int]], scale: int, extend: int, size: int) -> list[tuple[int, int]] | None:
+    """A follower dim's shards (DimLabel's scale and extend) from its strategy's plain cut;
+    None where the dim's ``size`` is not the plain dim's in that proportion."""
+    start, length = bounds[-1]
+    if scale * (start + length) + extend != size:
+        return None
+    return [(scale * s, scale * n + extend) for s, n in bounds]
+
+
+def follower_shards(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Any],
+                    reference: list[tuple[int, int]]) -> dict[int, list[Any]] | None:
+    """The shards of the inputs cut in proportion (``ShardIn.follows``), given the bounds
+    of their strategy's plain cut; None where a length is out of proportion."""
+    out = {}
+    for i, p in enumerate(placements):
+        if isinstance(p, ShardIn) and p.follows:
+            bounds = proportional_bounds(reference, p.scale, p.extend, ops.shape(leaves[i])[p.dim])
+            if bounds is None:
+                return None
+            out[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, 0)
     return out
 
 

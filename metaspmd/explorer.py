@@ -5,7 +5,8 @@ For one example call of an op:
 1. Enumerate groups: one dim per input (or none), all of the same size, so the inputs can
    be cut at the same boundaries (mm: {A.1, B.0}); input halos for single-input groups
    (convolution); Partial(sum) inputs, alone (linear ops) or added to a group that failed
-   (addmm's bias while the contraction dim is sharded).
+   (addmm's bias while the contraction dim is sharded); a dim of another input cut in
+   proportion to a group that failed (a window op's operand beside its per-window input).
 2. Explore each group on the example with 2 shards: run the op on every shard, and keep
    every combine (gather with halo/block, reduce, identity, scan, argreduce) that rebuilds
    each output.
@@ -33,7 +34,8 @@ import numpy as np
 from . import pytree
 from .case import Backend, NoSample, OpCase, Skip
 from .combine import (
-    CutInput, Split, candidate_combines, holds, offset_positions, partial_summands, shard_with_halo,
+    CutInput, Split, candidate_combines, follower_shards, holds, offset_positions, partial_summands, proportional_bounds,
+    shard_with_halo,
 )
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, signature
@@ -67,6 +69,10 @@ PARTIAL_SPREADS = (1.0, 8.0)
 # The longest last dim of an integer input taken for an index vector (one position per
 # operand dim it indexes), whose elements are offset one at a time.
 MAX_INDEX_VECTOR = 4
+# Proportional cuts tried for a dim beside a failed group: window strides up to MAX_SCALE,
+# windows reaching up to MAX_EXTEND past their stride.
+MAX_SCALE = 4
+MAX_EXTEND = 3
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class ExploreConfig:
     halo: bool = True
     partial: bool = True
     offset: bool = True  # integer inputs offset by each shard's start (gather/scatter indices)
+    follow: bool = True  # a dim of another input cut in proportion to a failed group
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
 
 
@@ -246,6 +253,15 @@ class _Explorer:
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
                     # all-zero input is meant to be uniform; the other trials need distinct shards)
                 per_input[i] = shards
+        if group.follow:
+            i0, d0, _ = group.dims[0]
+            followers = follower_shards(ops, trial.leaves, group.placements(len(trial.leaves)),
+                                        split.bounds(ops.shape(trial.leaves[i0])[d0]))
+            if followers is None:
+                return None
+            if not trial.special and any(all(ops.close(s[0], t) for t in s[1:]) for s in followers.values()):
+                return UNINFORMATIVE
+            per_input.update(followers)
         if group.offset:  # the cut dims share one size, so one start per shard
             cut, d, _ = group.dims[0]
             starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
@@ -347,7 +363,11 @@ class _Explorer:
         alive = [list(opts) for opts in found]
         avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
         counts, uneven, informative = set(), False, 0
-        for trial, split in zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)):
+        # a proportional cut is new ground, and its windows at shard boundaries are few: every
+        # trial on every split (a bool window op held on one split in five)
+        pairs = (itertools.product(self.trials[1:], TRIAL_SPLITS) if group.follow
+                 else zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)))
+        for trial, split in pairs:
             if group.dims:
                 size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
                 if split.bounds(size) is None:
@@ -371,6 +391,8 @@ class _Explorer:
             return None
         if any(h for _, _, h in group.dims) and max(counts, default=0) < 3:
             return None  # an input halo on two shards: a broadcast dim passes as one (see below)
+        if any(extend for *_, extend in group.follow) and max(counts, default=0) < 3:
+            return None  # an extended cut overlaps its neighbour: as a halo, three shards
         if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.dims and any(_by_order(c) for opts in alive for c in opts):
@@ -638,8 +660,12 @@ class _Explorer:
                     accept(g, self._explore(g)) for g in self._offset_groups(group)
                 ):
                     continue
-                if self.config.halo:
-                    self._search_halos(group, accept, len(ranks))
+                if self.config.halo and self._search_halos(group, accept, len(ranks)):
+                    continue
+                # not beside index inputs: their positions address the dims a follower cuts
+                # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
+                if self.config.follow and not case.random and not self.fixed and not any(h for _, _, h in group.dims):
+                    any(accept(g, self._explore(g)) for g in self._follow_groups(group, parts))
             status = "ok"
         if self.config.partial and (not case.random or case.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
@@ -719,6 +745,8 @@ class _Explorer:
         search across parts found (``whole``) is among the singles and joints; None when one
         of these fails (the parts are coupled, e.g. through shapes: ``broadcast_tensors``) or
         fewer than two parts have labels."""
+        if any(isinstance(p, ShardIn) and p.follows for placements, _ in found for p in placements):
+            return None  # a joint cuts each label by its own length: no plain dim to follow
         tables = tables_from_strategies(ranks, found)
         entry = RuleEntry("", "ok", tables.shard, tables.partial, tables.combine, Example(()), offset=tables.offset)
         part_of = {}
@@ -825,15 +853,23 @@ class _Explorer:
         return bool(sizes) and all(size == 2 for size in sizes)
 
     def _halo_sees_all(self, group: Group, trial: _Trial, split: Split) -> bool:
-        """Does a shard's halo reach both ends of its dim? That shard holds the whole input
-        (argmax of the flattened input then passes as reduce(max) of the local ones)."""
+        """Does a shard's halo (or extended cut) reach both ends of its dim? That shard holds
+        the whole input (argmax of the flattened input then passes as reduce(max) of the
+        local ones)."""
         for i, d, halo in group.dims:
             size = self.ops.shape(trial.leaves[i])[d]
             if halo and any(start - halo <= 0 and start + length + halo >= size for start, length in split.bounds(size) or ()):
                 return True
+        if group.follow:
+            i0, d0, _ = group.dims[0]
+            reference = split.bounds(self.ops.shape(trial.leaves[i0])[d0]) or []
+            for i, d, scale, extend in group.follow:
+                size = self.ops.shape(trial.leaves[i])[d]
+                if extend and any(length >= size for _, length in proportional_bounds(reference, scale, extend, size) or []):
+                    return True
         return False
 
-    def _search_halos(self, group: Group, accept, n_inputs: int) -> None:
+    def _search_halos(self, group: Group, accept, n_inputs: int) -> bool:
         """``group`` with an input halo of 1, 2, ... on every cut dim, until one is accepted;
         tried on lengthened dims where the sample's are too short (noted in the entry)."""
         for h in range(1, self.config.max_input_halo + 1):
@@ -846,7 +882,29 @@ class _Explorer:
             if accepted:
                 if trials is not self.trials:
                     self.widened[g.placements(n_inputs)] = self._widened_notes(g)
-                return
+                return True
+        return False
+
+    def _follow_groups(self, group: Group, parts: list[set[int]] | None) -> list[Group]:
+        """``group`` with the same dim of another input of its rank (and independent part)
+        cut in proportion, where that dim's length is the group's times a stride up to
+        MAX_SCALE, plus up to MAX_EXTEND: a window op's operand beside its per-window input
+        (the same dim, as windows run along it). Index inputs keep their positions, so they
+        never follow."""
+        ops, first = self.ops, self.trials[0]
+        i0, d0, _ = group.dims[0]
+        rank, m = len(ops.shape(first.leaves[i0])), ops.shape(first.leaves[i0])[d0]
+        inside = {i for i, _, _ in group.dims}
+        part = next((p for p in parts or () if i0 in p), None)
+        out = []
+        for i, x in enumerate(first.leaves):
+            if (i in inside or (part is not None and i not in part) or self.leaf_names[i] in self.fixed
+                    or len(ops.shape(x)) != rank):
+                continue
+            size = ops.shape(x)[d0]
+            out += [Group(group.dims, follow=((i, d0, scale, size - scale * m),)) for scale in range(1, MAX_SCALE + 1)
+                    if 0 <= size - scale * m <= MAX_EXTEND and (scale, size - scale * m) != (1, 0)]
+        return out
 
     @contextlib.contextmanager
     def _on_trials(self, trials: list[_Trial]):
@@ -956,9 +1014,10 @@ def _fit_partial(group: Group, combines) -> list:
 
 
 def _group_of(placements: Sequence[InputPlacement]) -> Group:
-    dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn))
+    dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn) and not p.follows)
+    follow = tuple((i, p.dim, p.scale, p.extend) for i, p in enumerate(placements) if isinstance(p, ShardIn) and p.follows)
     partial = tuple(i for i, p in enumerate(placements) if isinstance(p, PartialInput))
-    return Group(dims, partial)
+    return Group(dims, partial, follow=follow)
 
 
 def _example_value(ops: TensorOps, x: Any) -> Any:

@@ -238,9 +238,10 @@ class _Reader:
         for label, outs in combine.by_label:
             for c in (c for o in outs for c in o.options if isinstance(c, ArgReduce)):
                 row = shard.inputs[c.input] if c.input < len(shard.inputs) else ()
-                if not any(d.label == label and not d.halo for d in row):
+                if not any(d.label == label and d.plain for d in row):
                     self.fail(f["combine"],
-                              f"{label}: {c} reads input {c.input}, which {label} does not cut (without a halo)")
+                              f"{label}: {c} reads input {c.input}, which {label} does not cut plainly "
+                              "(without a halo or proportion)")
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
             self.fail(f["shard"], f"label {label} has no combine")

@@ -59,7 +59,7 @@ def rule_text(s: Strategy, ranks: tuple[int, ...]) -> str:
     offset: list[list[OffsetIn]] = [[] for _ in ranks]
     for i, p in enumerate(s.inputs):
         if isinstance(p, ShardIn):
-            dims[i][p.dim] = DimLabel("S1", p.halo)
+            dims[i][p.dim] = DimLabel("S1", p.halo, p.scale, p.extend)
         elif isinstance(p, PartialInput):
             partial[i].append(PartialIn("S1", p.op))
         elif isinstance(p, IndexOffset):

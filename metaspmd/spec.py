@@ -26,7 +26,11 @@ PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
 
 _LABEL = r"S[1-9][0-9]*"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
-_DIM_RE = re.compile(rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\))?)$")
+_SCALE = r"[2-9]|[1-9][0-9]+"
+_DIM_RE = re.compile(
+    rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\)|\(scale=({_SCALE})\)|\(extend=([1-9][0-9]*)\)"
+    rf"|\(scale=({_SCALE}), extend=([1-9][0-9]*)\))?)$"
+)
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
@@ -255,33 +259,59 @@ class DimLabel:
     """One input dim: not sharded (``N``) or sharded by strategy ``S<j>``, with an input halo.
 
     A halo rule is claimed for shards longer than the halo, the only ones it is verified on
-    (a shard of one element with a halo of one may keep no output of its own)."""
+    (a shard of one element with a halo of one may keep no output of its own).
+
+    ``scale`` and ``extend``: the dim is cut where the label's plain dims are, in proportion
+    (``S1(scale=2, extend=1)``: a shard [a, a + n) of those becomes [2a, 2a + 2n + 1) here).
+    A window op's operand follows its per-window input so (``select_and_scatter``'s source
+    and operand; a pooling backward's gradient and input): ``scale`` is the window stride,
+    ``extend`` how far the last window of a shard reaches past its stride."""
 
     label: str | None = None
     halo: int = 0
+    scale: int = 1
+    extend: int = 0
 
     def __post_init__(self) -> None:
         if self.label is None:
-            if self.halo:
-                raise SpecError("an unsharded dim cannot carry a halo")
+            if self.halo or self.scale != 1 or self.extend:
+                raise SpecError("an unsharded dim cannot carry a halo, scale or extend")
         else:
             check_label(self.label)
-            if self.halo < 0:
-                raise SpecError(f"bad halo {self.halo}")
+            if self.halo < 0 or self.scale < 1 or self.extend < 0:
+                raise SpecError(f"bad halo {self.halo}, scale {self.scale} or extend {self.extend}")
+            if self.halo and self.follows:
+                raise SpecError(f"{self.label}: a halo with a scale or extend")
+
+    @property
+    def follows(self) -> bool:
+        """Cut in proportion to the label's plain dims, not by its own length."""
+        return self.scale != 1 or self.extend != 0
+
+    @property
+    def plain(self) -> bool:
+        return not self.halo and not self.follows
 
     def __str__(self) -> str:
         if self.label is None:
             return "N"
-        return f"{self.label}(halo={self.halo})" if self.halo else self.label
+        if self.halo:
+            return f"{self.label}(halo={self.halo})"
+        if self.follows:
+            scale = [f"scale={self.scale}"] if self.scale != 1 else []
+            extend = [f"extend={self.extend}"] if self.extend else []
+            return f"{self.label}({', '.join(scale + extend)})"
+        return self.label
 
     @classmethod
     def parse(cls, text: str) -> "DimLabel":
         m = _DIM_RE.match(text) if isinstance(text, str) else None
         if not m:
-            raise SpecError(f"bad dim label {text!r} (expected N, S<j> or S<j>(halo=H))")
+            raise SpecError(f"bad dim label {text!r} (expected N, S<j>, S<j>(halo=H), S<j>(scale=K), "
+                            "S<j>(extend=E) or S<j>(scale=K, extend=E))")
         if m[1]:
             return cls()
-        return cls(m[2], int(m[3] or 0))
+        return cls(m[2], int(m[3] or 0), int(m[4] or m[6] or 1), int(m[5] or m[7] or 0))
 
 
 N = DimLabel()
@@ -329,6 +359,10 @@ class ShardSpec:
             labels = [d.label for d in dims if d.label]
             if len(labels) != len(set(labels)):
                 raise SpecError(f"input {i} uses one label on two dims: {self}")
+        every = [d for dims in self.inputs for d in dims]
+        for label in {d.label for d in every if d.follows}:
+            if not any(d.label == label and d.plain for d in every):
+                raise SpecError(f"{label} cuts dims in proportion but none plainly, which they would follow: {self}")
 
     def __str__(self) -> str:
         return "[" + ", ".join("[" + ", ".join(str(d) for d in dims) + "]" for dims in self.inputs) + "]"
@@ -491,11 +525,29 @@ class Replicate:
 
 @dataclass(frozen=True)
 class ShardIn:
+    """Cut along ``dim``: by its own length, with a halo, or in proportion to the strategy's
+    plain cut (``scale``, ``extend``; see DimLabel)."""
+
     dim: int
     halo: int = 0
+    scale: int = 1
+    extend: int = 0
+
+    @property
+    def follows(self) -> bool:
+        return self.scale != 1 or self.extend != 0
+
+    @property
+    def plain(self) -> bool:
+        """Shard(dim) as DTensor and jax mean it."""
+        return not self.halo and not self.follows
 
     def __str__(self) -> str:
-        return f"S({self.dim})" if not self.halo else f"S({self.dim}, halo={self.halo})"
+        if self.halo:
+            return f"S({self.dim}, halo={self.halo})"
+        if self.follows:
+            return f"S({self.dim}, scale={self.scale}, extend={self.extend})"
+        return f"S({self.dim})"
 
 
 @dataclass(frozen=True)
@@ -539,7 +591,7 @@ def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec,
     for label, outs in combine.by_label:
         placements: list[InputPlacement] = []
         for i, dims in enumerate(shard.inputs):
-            sharded = [ShardIn(d, lab.halo) for d, lab in enumerate(dims) if lab.label == label]
+            sharded = [ShardIn(d, lab.halo, lab.scale, lab.extend) for d, lab in enumerate(dims) if lab.label == label]
             partials = [PartialInput(p.op) for p in (partial.inputs[i] if partial.inputs else ()) if p.label == label]
             offsets = [IndexOffset(o.component) for o in (offset.inputs[i] if offset else ()) if o.label == label]
             placements.append(sharded[0] if sharded else partials[0] if partials else offsets[0] if offsets else Replicate())
@@ -625,11 +677,15 @@ class Group:
     dims: tuple[tuple[int, int, int], ...] = ()  # (input index, dim, input halo)
     partial: tuple[int, ...] = ()  # input indices split into random summands (Partial(sum))
     offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
+    # (input index, dim, scale, extend): cut where dims[0] is, in proportion (see DimLabel)
+    follow: tuple[tuple[int, int, int, int], ...] = ()
 
     def placements(self, n_inputs: int) -> tuple[InputPlacement, ...]:
         out: list[InputPlacement] = [Replicate()] * n_inputs
         for i, d, h in self.dims:
             out[i] = ShardIn(d, h)
+        for i, d, scale, extend in self.follow:
+            out[i] = ShardIn(d, 0, scale, extend)
         for i in self.partial:
             out[i] = PartialInput("sum")
         for i, component in self.offset:
@@ -679,7 +735,7 @@ def tables_from_strategies(
         label = f"S{len(combine) + 1}"
         for i, p in enumerate(placements):
             if isinstance(p, ShardIn):
-                dims[i][p.dim] = DimLabel(label, p.halo)
+                dims[i][p.dim] = DimLabel(label, p.halo, p.scale, p.extend)
             elif isinstance(p, PartialInput):
                 partial[i].append(PartialIn(label, p.op))
             elif isinstance(p, IndexOffset):

@@ -42,3 +42,12 @@ def test_overlap_add_sums_the_shared_ends():
     assert np.allclose(apply_combine(ops, Gather(0, overlap=2), locals_), full)
     assert not holds(ops, Gather(0, halo=(1)), locals_, full)  # dropping the overlap loses the sums
     assert not holds(ops, Gather(0, overlap=3), locals_, full)
+
+
+def test_proportional_bounds_follow_the_plain_cut():
+    from metaspmd.combine import proportional_bounds
+
+    plain = [(0, 2), (2, 1), (3, 1)]  # a dim of 4 in three
+    assert proportional_bounds(plain, 2, 0, 8) == [(0, 4), (4, 2), (6, 2)]  # stride 2
+    assert proportional_bounds(plain, 1, 1, 5) == [(0, 3), (2, 2), (3, 2)]  # windows of 2, stride 1
+    assert proportional_bounds(plain, 2, 0, 9) is None  # a length out of proportion

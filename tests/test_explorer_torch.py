@@ -333,6 +333,25 @@ def test_transposed_conv_overlaps_its_neighbours():
     assert label.halo == 1 and combines(e)[label.label] == ["gather(dim=2, halo=2)"]
 
 
+def test_pooling_backward_cuts_its_input_in_proportion():
+    # windows of 2 at stride 2: self's rows are cut at twice grad_output's boundaries (the
+    # kernel trusts the two shapes to agree: the backend's guard refuses shards that do not)
+    from metaspmd.backends.torch.backend import consistent_shards_only
+
+    def pool_backward(*args):
+        return explore(consistent_shards_only(aten.avg_pool2d_backward.default, args, {}), args, names)
+
+    names = ("grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+    e = pool_backward(randn(2, 3, 4, 5), randn(2, 3, 8, 10), [2, 2], [2, 2], [0, 0], False, True, None)
+    rows = e.shard.inputs[1][2]
+    assert (rows.scale, rows.extend) == (2, 0) and e.shard.inputs[0][2].label == rows.label
+    assert combines(e)[rows.label] == ["gather(dim=2)"]
+    # stride 1: neighbouring windows share a row, whose gradient both shards add to
+    e = pool_backward(randn(2, 3, 6, 5), randn(2, 3, 7, 5), [2, 1], [1, 1], [0, 0], False, True, None)
+    rows = e.shard.inputs[1][2]
+    assert (rows.scale, rows.extend) == (1, 1) and combines(e)[rows.label] == ["gather(dim=2, overlap=1)"]
+
+
 def test_a_halo_that_reaches_both_ends_proves_nothing():
     # with a halo of 2 on a dim of 6, some of four shards see the whole tensor: argmax of the
     # flattened input passed as reduce(max) of the local ones until such trials stopped counting

@@ -68,3 +68,24 @@ def test_strategies_expand_labels():
     assert s["S2"].inputs[0] == ShardIn(1) and s["S2"].inputs[1] == ShardIn(0)
     assert str(s["S2"].inputs[2]) == "P(sum)"
     assert s["S3"].outputs[0].first == Gather(1)
+
+
+@pytest.mark.parametrize("text", ["S1(scale=2)", "S1(extend=1)", "S3(scale=2, extend=1)"])
+def test_proportional_dim_labels_round_trip(text):
+    label = DimLabel.parse(text)
+    assert str(label) == text and label.follows and not label.plain
+
+
+@pytest.mark.parametrize("text", ["S1()", "S1(scale=1)", "S1(extend=0)", "S1(extend=1, scale=2)", "S1(scale=2,extend=1)",
+                                  "S1(halo=1, scale=2)", "N(scale=2)"])
+def test_bad_proportional_labels_rejected(text):
+    with pytest.raises(SpecError):
+        DimLabel.parse(text)
+
+
+def test_a_proportional_cut_needs_a_plain_one_to_follow():
+    with pytest.raises(SpecError, match="none plainly"):
+        ShardSpec.parse("[[S1(scale=2)], [S2]]")
+    spec = ShardSpec.parse("[[S1(scale=2, extend=1), N], [S1, S2]]")
+    placements = [s.inputs for s in strategies(spec, PartialSpec(((), ())), CombineSpec.parse("{S1: gather(dim=0), S2: gather(dim=1)}"))]
+    assert placements[0] == (ShardIn(0, 0, 2, 1), ShardIn(0))

@@ -33,7 +33,8 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.combine import (
-    CutInput, Split, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for, shard_with_halo,
+    CutInput, Split, follower_shards, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for,
+    shard_with_halo,
 )
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
@@ -64,6 +65,7 @@ class CaseResult:
     shardy_error: str = ""
     found: list = field(default_factory=list)  # (factor, strategy label)
     made_partial: set = field(default_factory=set)  # labels found with a replicated input made Partial
+    proportional: set = field(default_factory=set)  # labels found with a replicated input cut in proportion
     missed: list = field(default_factory=list)  # (factor, reason)
     replicated: list = field(default_factory=list)  # factors Shardy keeps whole
     extras: list = field(default_factory=list)  # (strategy, category)
@@ -76,6 +78,7 @@ class CaseResult:
 
 SHARDABLE = ("pass-through", "reduction", "permutation")
 MADE_PARTIAL = "with an input Shardy keeps replicated made Partial, a local step"
+PROPORTIONAL = "with an input Shardy keeps replicated cut where the factor's dims are, a local step"
 
 
 # --------------------------------------------------------------------------- matching
@@ -109,12 +112,15 @@ def _combine_fits(factor, strategy) -> bool:
     return True
 
 
-def match(factor, strategies) -> Any | None:
+def match(factor, strategies, kept_whole: frozenset = frozenset()) -> Any | None:
     """Our strategy that realises a Shardy factor, or None. A reduction factor leaves its
     outputs pending a sum, so a strategy that also takes some other input as Partial(sum)
     realises it too: Shardy keeps that input replicated, and a replicated value becomes
     Partial locally (kept on one device, zeros on the others). That is how a scatter-add
-    whose updates are cut counts its operand once, and how Shardy's partitioner does it."""
+    whose updates are cut counts its operand once, and how Shardy's partitioner does it.
+    Likewise a permutation factor whose dims our strategy cuts in proportion to a dim that
+    Shardy keeps whole (``kept_whole``, need-replication): each device slices its part of
+    that replicated input locally (select_and_scatter's source, beside its operand)."""
     want = frozenset(factor.inputs)
     fitting = [s for s in strategies if _shard_set(s) == want and _combine_fits(factor, s)]
     plain = [s for s in fitting if not _has_partial(s)]
@@ -122,7 +128,18 @@ def match(factor, strategies) -> Any | None:
         return plain[0]
     if factor.kind == "reduction":
         return next((s for s in fitting if _partial_beside(factor, s)), None)
+    if factor.kind == "permutation":
+        return next((s for s in strategies if _proportional_beside(factor, s, kept_whole)), None)
     return None
+
+
+def _proportional_beside(factor, strategy, kept_whole: frozenset) -> bool:
+    """Does the strategy cut the factor's dims in proportion to dims Shardy keeps whole?"""
+    cut = {(i, p.dim): p for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)}
+    want = frozenset(factor.inputs)
+    return (bool(want) and want < frozenset(cut) and all(cut[x].follows for x in want)
+            and frozenset(cut) - want <= kept_whole and not _has_partial(strategy)
+            and _combine_fits(factor, strategy))
 
 
 def _partial_beside(factor, strategy) -> bool:
@@ -200,16 +217,20 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
         leaves = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
         expected = fn(*leaves)
         for split in (Split(2), Split(3), Split(4), Split(2, skew=True)):
-            # each sharded input cut by its own size: a joint of independent parts mixes sizes
-            sizes = {i: ops.shape(leaves[i])[p.dim] for i, p in sharded}
+            # each sharded input cut by its own size (a joint of independent parts mixes
+            # sizes), except those that follow the first plain one in proportion
+            sizes = {i: ops.shape(leaves[i])[p.dim] for i, p in sharded if not p.follows}
             bounds = {i: split.bounds(size) for i, size in sizes.items()}
             if any(b is None for b in bounds.values()):
                 continue
             if any(length <= p.halo for i, p in sharded if p.halo for _, length in bounds[i]):
                 continue  # a halo rule's domain: every shard holds more than its halo (as explored)
-            parts = {}
+            reference = next((bounds[i] for i, p in sharded if p.plain), None)
+            parts = follower_shards(ops, leaves, placements, reference) if reference else {}
+            if parts is None:
+                return "a proportional cut does not fit its plain cut's length"
             for i, p in enumerate(placements):
-                if isinstance(p, ShardIn):
+                if isinstance(p, ShardIn) and not p.follows:
                     parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds[i], p.halo)
                 elif isinstance(p, PartialInput):
                     parts[i] = partial_summands(ops, leaves[i], split.n, seed * 10 + split.n + i)
@@ -224,7 +245,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 return [[] for _ in outputs]
             even = all(split.is_even(size) for size in sizes.values())
             avg_checked |= even
-            cut = {i: CutInput(parts[i], p.dim, [start for start, _ in bounds[i]]) for i, p in sharded if not p.halo}
+            cut = {i: CutInput(parts[i], p.dim, [start for start, _ in bounds[i]]) for i, p in sharded if p.plain}
             for j, exp in enumerate(expected):
                 shards = [loc[j] for loc in local]
                 alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp, cut)]
@@ -289,8 +310,8 @@ def _jit_plan(strategy, leaves, outs, n_devices: int):
 
     from .collectives import AXIS, output_dim, unsupported
 
-    if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and p.halo) for p in strategy.inputs):
-        return "partial or halo input"
+    if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and not p.plain) for p in strategy.inputs):
+        return "partial, halo or proportional input"
     sizes = [leaves[i].shape[p.dim] for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)]
     combines = [o.first for o in strategy.outputs]
     for c, out in zip(combines, outs):
@@ -379,17 +400,20 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
         factors = []
     matched = set()
     empty_outputs = {j for j, o in enumerate(outputs) if 0 in ops.shape(o)}
+    kept_whole = frozenset(x for f in factors if f.kind == "need-replication" for x in f.inputs)
     for f in factors:
         if f.size < 2 or any(j in empty_outputs for j, _ in f.outputs):
             continue  # nothing to shard, or an empty output that every combine rebuilds
         if f.kind not in SHARDABLE:
             result.replicated.append(f)
             continue
-        s = match(f, strategies)
+        s = match(f, strategies, kept_whole)
         if s is not None:
             result.found.append((f, s.label))
             if _has_partial(s):
                 result.made_partial.add(s.label)
+            if any(isinstance(p, ShardIn) and p.follows for p in s.inputs):
+                result.proportional.add(s.label)
             matched.add(s.label)
         else:
             result.missed.append((f, _miss_reason(f, case, ops, len(outputs), out_kinds, strategies)))
@@ -420,7 +444,8 @@ def format_case(r: CaseResult) -> list[str]:
     if r.shardy_error:
         lines.append(f"    shardy: no rule ({r.shardy_error})")
     for f, label in r.found:
-        lines.append(f"    agree  {f.describe()}  = {label}" + (f"  ({MADE_PARTIAL})" if label in r.made_partial else ""))
+        how = MADE_PARTIAL if label in r.made_partial else PROPORTIONAL if label in r.proportional else ""
+        lines.append(f"    agree  {f.describe()}  = {label}" + (f"  ({how})" if how else ""))
     for f, reason in r.missed:
         lines.append(f"    MISS   {f.describe()}: {reason}")
     for f in r.replicated:
@@ -462,6 +487,7 @@ def summarize(results: Sequence[CaseResult], skipped_ops: int) -> list[str]:
         f"permutation: {by_kind['permutation']}/{by_kind['permutation'] + miss_kind['permutation']}",
         "  found by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())),
         f"  found with an input made Partial: {sum(label in r.made_partial for r in shared for _, label in r.found)}",
+        f"  found with an input cut in proportion: {sum(label in r.proportional for r in shared for _, label in r.found)}",
         "  missed by kind: " + (", ".join(f"{k} {v}" for k, v in sorted(miss_kind.items())) or "none"),
         "  missed by reason: " + ("; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) or "none"),
         f"expressible as shard-and-combine (found, or the implied strategy verifies): found {found}/{found + gaps} "

@@ -222,6 +222,20 @@ def batches_alike(fn: Callable[..., Any], names: tuple[str, ...], core: Mapping[
     return fn_checked
 
 
+def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (a reflection pad's backward) that refuses a local ``self`` no longer than its
+    padding: the forward refuses one, the backward kernel reads past its buffer."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        padding, shape = list(items["padding"]), items["self"].shape
+        if any(p >= size for p, size in zip(padding[::2], reversed(shape))) or any(
+                p >= size for p, size in zip(padding[1::2], reversed(shape))):
+            raise ValueError("a reflection padding as long as its input")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
 # float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
 DATA_ARGS = frozenset({
@@ -292,6 +306,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = indexed_dims_kept(fn, names, args, kwargs, catalog.indexed_dims(func))
     if catalog.batch_tied(func):
         fn = batches_alike(fn, names, catalog.batch_tied(func))
+    if catalog.reflects(func):
+        fn = padding_within(fn, names)
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,

@@ -234,6 +234,13 @@ def batch_tied(func: torch._ops.OpOverload) -> dict[str, int]:
     return BATCH_TIED.get(func._schema.name.split("::")[1], {})
 
 
+def reflects(func: torch._ops.OpOverload) -> bool:
+    """A reflection pad's backward, whose kernel trusts its padding to be shorter than self
+    (a proportional cut of grad_output and self gives shards that are not)."""
+    base = func._schema.name.split("::")[1]
+    return base.startswith("reflection_pad") and base.endswith("_backward")
+
+
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
     """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
     return INDEXED_DIMS.get(func._schema.name.split("::")[1], {})
@@ -246,5 +253,5 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
-    "trusts_matching_shapes", "written_arg_names", "batch_tied",
+    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects",
 ]

@@ -85,9 +85,10 @@ OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
 
 
 def input_key(p: InputPlacement) -> str | None:
-    """DTensor's name for an input placement; None when it has none (input halo, index offset)."""
+    """DTensor's name for an input placement; None when it has none (input halo, proportional
+    cut, index offset)."""
     if isinstance(p, ShardIn):
-        return None if p.halo else f"S({p.dim})"
+        return f"S({p.dim})" if p.plain else None
     if isinstance(p, PartialInput):
         return f"P({DTENSOR_REDUCE_NAMES.get(p.op, p.op)})"
     return "R" if isinstance(p, Replicate) else None

@@ -20,7 +20,9 @@ import torch
 
 from metaspmd import pytree
 from metaspmd.case import OpCase
-from metaspmd.combine import CutInput, Split, holds, offset_positions, partial_summands, shard_with_halo
+from metaspmd.combine import (
+    CutInput, Split, follower_shards, holds, offset_positions, partial_summands, shard_with_halo,
+)
 from metaspmd.signature import arg_items
 from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn
 from metaspmd.tensor_ops import TensorOps
@@ -123,9 +125,10 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     n = trial.n
     per_input: dict[int, list] = {}
     starts: list[int] = []
+    reference: list[tuple[int, int]] = []  # the first plain cut, which proportional cuts follow
     cut: dict[int, CutInput] = {}
     for i, p in enumerate(placements):
-        if isinstance(p, ShardIn):
+        if isinstance(p, ShardIn) and not p.follows:
             size = ops.shape(leaves[i])[p.dim]
             bounds = chunk_bounds(size, n) if trial.chunked else Split(n).bounds(size)
             if bounds is None:
@@ -133,9 +136,14 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
             per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
             starts = starts or [start for start, _ in bounds]
             if not p.halo:
+                reference = reference or bounds
                 cut[i] = CutInput(per_input[i], p.dim, [start for start, _ in bounds])
         elif isinstance(p, PartialInput):
             per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i)
+    followers = follower_shards(ops, leaves, placements, reference) if reference else {}
+    if followers is None:
+        raise ValueError("a proportional cut does not fit its plain cut's length")
+    per_input.update(followers)
     for i, p in enumerate(placements):
         if isinstance(p, IndexOffset):
             per_input[i] = offset_positions(ops, leaves[i], starts, p.component)

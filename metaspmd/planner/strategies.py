@@ -6,7 +6,7 @@ first) is what DTensor's placements tuple means, so two axes may split the same 
 dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divide the
 tensor (strict mode) or mix reduce ops on one tensor are dropped.
 
-Rule strategies with a halo or block, an index offset, or a reduce no Partial placement
+Rule strategies with a halo, block or proportional cut, an index offset, or a reduce no Partial placement
 names (norm2), are skipped: DTensor and JAX cannot run them. Positions along a cut reduced
 dim (argreduce) come out ``Partial("argmax")`` / ``Partial("argmin")``, pending an
 arg-reduction, only where the runtime finishes one (``arg_reduce``: JAX, whose compiler
@@ -56,7 +56,7 @@ class NodeStrategy:
 
 def _input_placement(p: spec.InputPlacement) -> Placement | None:
     if isinstance(p, spec.ShardIn):
-        return Shard(p.dim) if not p.halo else None
+        return Shard(p.dim) if p.plain else None
     if isinstance(p, spec.PartialInput):
         return Partial(p.op)
     if isinstance(p, spec.IndexOffset):

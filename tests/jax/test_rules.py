@@ -76,3 +76,30 @@ def test_a_fill_value_beside_a_short_dim_allows_widening(backend, ops):
     entry = explore_case(case, ops)
     assert any(p.startswith("S(1, halo=") for s in _strategies(entry).values() for p in s[0]), _strategies(entry)
     assert any("lengthened from 3 to 6" in note for note in entry.notes)
+
+
+SELECT_AND_SCATTER = ("operands:[f[*,*],f[*,*],f[]] padding=[[0,0],[0,0]] scatter_consts=[] scatter_jaxpr='{add}' "
+                      "select_consts=[] select_jaxpr='{ge}' window_dimensions=[2,2] window_strides=[2,2]")
+SELECT_AND_SCATTER_ADD = ("source:i[1,*,*] operand:i[*,*,*] padding=[[0,0],[0,0],[0,0]] select_prim='ge' "
+                          "window_dimensions=[2,2,2] window_strides=[1,1,1]")
+
+
+def test_a_window_operand_is_cut_in_proportion_to_its_source(backend, ops):
+    # windows of 2 at stride 2: the operand [8, 6] is cut at twice the source [4, 3]'s
+    # boundaries, so every window and its source element share a shard
+    case = _case(backend, ops, "jax.select_and_scatter", SELECT_AND_SCATTER)
+    strategies = _strategies(explore_case(case, ops)).values()
+    assert (("S(0, scale=2, extend=0)", "S(0)", "R"), ("gather(dim=0)",)) in strategies
+    # stride 1: a shard's last window reaches one element into the next shard's operand,
+    # and both shards scatter into that element, whose parts add up
+    case = _case(backend, ops, "jax.select_and_scatter_add", SELECT_AND_SCATTER_ADD)
+    strategies = _strategies(explore_case(case, ops)).values()
+    assert (("S(1)", "S(1, scale=1, extend=1)"), ("gather(dim=1, overlap=1)",)) in strategies
+
+
+def test_a_bool_window_op_gets_no_overlap(backend, ops):
+    # bools add by or: one right side passes an overlap; checked on every split, the halo
+    # that one split in five refutes is gone too
+    sig = SELECT_AND_SCATTER_ADD.replace("i[", "b[")
+    entry = explore_case(_case(backend, ops, "jax.select_and_scatter_add", sig), ops)
+    assert not any(p.startswith("S(") for s in _strategies(entry).values() for p in s[0])

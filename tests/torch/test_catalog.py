@@ -411,6 +411,21 @@ def test_guard_refuses_a_batch_cut_in_one_input_only():
         fn(lu[:2], pivots)  # unguarded: free(): invalid next size, the process aborts
 
 
+def test_guard_refuses_a_reflection_padding_as_long_as_its_input():
+    """reflection_pad2d's backward trusts its padding to be shorter than self, as the forward
+    checks: a proportional cut of grad_output and self that leaves a shorter self is refused."""
+    from metaspmd.backends.torch.backend import padding_within
+
+    func = torch.ops.aten.reflection_pad2d_backward.default
+    assert catalog.reflects(func) and not catalog.reflects(torch.ops.aten.reflection_pad2d.default)
+    fn = padding_within(func, catalog.positional_names(func))
+    x = torch.randn(1, 2, 4, 5)
+    grad = torch.randn(1, 2, 6, 9)
+    assert fn(grad, x, [2, 2, 1, 1]).shape == x.shape
+    with pytest.raises(ValueError):
+        fn(grad[:, :, :3], x[:, :, :1], [2, 2, 1, 1])  # unguarded: the process aborts
+
+
 def test_integer_sample_data_is_checked_on_blind_data_too():
     """argmin's OpInfo sample draws 12 integers from a narrow range: on its lucky splits the
     largest local index equals the global one, so P(max) held on the sample's data alone.
