@@ -233,7 +233,7 @@ class OpResult:
     compared: int = 0  # examples with both a DTensor answer and a registry entry
     dtensor_rules: int = 0
     ours: int = 0  # our rules with DTensor names
-    inexpressible: int = 0  # our rules without a DTensor placement (halo, reverse, scan, xor, argreduce)
+    inexpressible: int = 0  # our rules without a DTensor placement (halo, overlap, proportional, ...)
     agree: int = 0
     truncated: int = 0  # examples whose enumeration hit the cap
     dtensor_runs: int = 0  # examples DTensor can run at all
@@ -639,7 +639,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("our rules DTensor does not give, re-verified", s["extras"], ""),
         ("  DTensor lacks the rule", kinds["dtensor-lacks"], ""),
         ("  DTensor has no rule for the op", kinds["no-dtensor-rule"], ""),
-        ("  no DTensor placement (halo, reverse, scan, xor, argreduce)", kinds["no-placement"], ""),
+        ("  no DTensor placement (halo, overlap, proportional, reverse, scan, xor, argreduce)", kinds["no-placement"], ""),
         ("  not compared (custom handler, query failed)", kinds["not-compared"], ""),
         ("  re-verified ok", verdicts["ok"], ""),
         ("  re-verification FAILED", verdicts["failed"], ""),
