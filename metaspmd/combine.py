@@ -110,6 +110,24 @@ def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 
     return parts + [last]
 
 
+def partial_factors(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1.0) -> list[Any]:
+    """n tensors whose product is x (a Partial(prod) version of x): random factors of
+    either sign, 2**(spread * u) for u uniform in [-1, 1), then x over their product."""
+    rng = np.random.default_rng(seed)
+    value = np.asarray(ops.to_numpy(x))
+    parts = [rng.choice([-1.0, 1.0], value.shape) * 2.0 ** (spread * rng.uniform(-1, 1, value.shape))
+             for _ in range(n - 1)]
+    last = value / np.prod(parts, axis=0) if parts else value
+    return [ops.from_numpy(p.astype(value.dtype), x) for p in parts] + [ops.from_numpy(last.astype(value.dtype), x)]
+
+
+def partial_parts(ops: TensorOps, x: Any, op: str, n: int, seed: int, spread: float = 1.0) -> list[Any]:
+    """n tensors that reduce by ``op`` (sum or prod) to x."""
+    if op == "prod":
+        return partial_factors(ops, x, n, seed, spread)
+    return partial_summands(ops, x, n, seed, spread)
+
+
 def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:
     """The reduce ops worth trying for an output of dtype kind ``kind``."""
     if kind == FLOAT:

@@ -27,14 +27,14 @@ import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from . import pytree
 from .case import Backend, NoSample, OpCase, Skip
 from .combine import (
-    CutInput, Split, candidate_combines, follower_shards, holds, offset_positions, partial_summands, proportional_bounds,
+    CutInput, Split, candidate_combines, follower_shards, holds, offset_positions, partial_parts, proportional_bounds,
     shard_with_halo,
 )
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
@@ -215,6 +215,15 @@ class _Explorer:
             return [ps for p in parts if not near or near & p for ps in self._partial_sets_in(exclude | (everything - p))]
         return self._partial_sets_in(exclude)
 
+    def _partial_groups(self, group: Group, parts: list[set[int]] | None) -> Iterator[Group]:
+        """``group`` with Partial(sum) inputs beside it, then, where none held, Partial(prod)
+        float inputs (a scatter-mul whose operand every shard would multiply)."""
+        sharded = {i for i, _, _ in group.dims}
+        sets = self._partial_sets(sharded, parts, sharded)
+        yield from (Group(group.dims, p) for p in sets)
+        floats = [p for p in sets if all(self.ops.dtype_kind(self.trials[0].leaves[i]) in (FLOAT, COMPLEX) for i in p)]
+        yield from (Group(group.dims, p, partial_op="prod") for p in floats)
+
     def _partial_sets_in(self, exclude: set[int]) -> list[tuple[int, ...]]:
         # Integer inputs are summable data too where every output is an integer: integer
         # arithmetic is exact (modulo wrap-around, which sums respect), so a sum of local
@@ -269,8 +278,8 @@ class _Explorer:
                 per_input[i] = offset_positions(ops, trial.leaves[i], starts, component)
         for i in group.partial:
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
-            per_input[i] = partial_summands(ops, trial.leaves[i], n, self.seed * 1000 + 100 * trial.index + 17 * i + n,
-                                            spread)
+            per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
+                                         self.seed * 1000 + 100 * trial.index + 17 * i + n, spread)
         result = []
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
@@ -509,7 +518,9 @@ class _Explorer:
         two of them meet; xlogy(0, y) is 0 whatever log(y) is; nextafter moves each part by
         its own ulp). Two parts cancel exactly, so a linear op's local outputs do too."""
         for base in [t for t in self.trials[1:] if not t.special][: len(PARTIAL_SPREADS)]:  # each spread once
-            leaves = [self.ops.zeros_like(x) if i in group.partial else x for i, x in enumerate(base.leaves)]
+            # a product's parts r and 1/r cancel where the input is one
+            leaves = [(self.ops.zeros_like(x) if group.partial_op == "sum" else self.ops.add_scalar(self.ops.zeros_like(x), 1))
+                      if i in group.partial else x for i, x in enumerate(base.leaves)]
             args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
             try:
                 zero = self._trial(tuple(args), dict(kwargs), index=base.index)
@@ -652,8 +663,7 @@ class _Explorer:
                     continue
                 sharded = {i for i, _, _ in group.dims}
                 if self.config.partial and not case.random and any(
-                    accept(Group(group.dims, p), self._explore(Group(group.dims, p)))
-                    for p in self._partial_sets(sharded, parts, sharded)
+                    accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
                 ):
                     continue
                 if self.config.offset and case.bounds_checked and not case.random and any(
@@ -1009,7 +1019,7 @@ def _fit_partial(group: Group, combines) -> list:
     op(x1) + op(x2) (linear) or op(x) (independent of that input); anything else that
     passes with a Partial input is luck on the data."""
     if group.partial:
-        return [c for c in combines if c in (Reduce("sum"), Identity())]
+        return [c for c in combines if c in (Reduce(group.partial_op), Identity())]
     return list(combines)
 
 
@@ -1017,7 +1027,10 @@ def _group_of(placements: Sequence[InputPlacement]) -> Group:
     dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn) and not p.follows)
     follow = tuple((i, p.dim, p.scale, p.extend) for i, p in enumerate(placements) if isinstance(p, ShardIn) and p.follows)
     partial = tuple(i for i, p in enumerate(placements) if isinstance(p, PartialInput))
-    return Group(dims, partial, follow=follow)
+    ops = {p.op for p in placements if isinstance(p, PartialInput)}
+    if len(ops) > 1:
+        raise ValueError(f"one Partial op per strategy, not {sorted(ops)}")
+    return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum")
 
 
 def _example_value(ops: TensorOps, x: Any) -> Any:

@@ -22,7 +22,9 @@ REDUCE_OPS = ("sum", "max", "min", "prod", "avg", "norm2", "xor")
 # the associative ops a prefix scan carries across shards (cumsum, cumprod, cummax, cummin,
 # logcumsumexp)
 SCAN_OPS = ("sum", "prod", "max", "min", "logsumexp")
-PARTIAL_OPS = ("sum",)  # input Partial states the explorer searches for
+# input Partial states the explorer searches for: sum, and prod beside a cut group where no
+# sum holds (scatter-mul into an operand every shard would multiply)
+PARTIAL_OPS = ("sum", "prod")
 
 _LABEL = r"S[1-9][0-9]*"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
@@ -675,7 +677,8 @@ class Group:
     """What the explorer tries as one strategy: sharded (input, dim, halo) and partial inputs."""
 
     dims: tuple[tuple[int, int, int], ...] = ()  # (input index, dim, input halo)
-    partial: tuple[int, ...] = ()  # input indices split into random summands (Partial(sum))
+    partial: tuple[int, ...] = ()  # input indices split into random parts that reduce by partial_op
+    partial_op: str = "sum"
     offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
     # (input index, dim, scale, extend): cut where dims[0] is, in proportion (see DimLabel)
     follow: tuple[tuple[int, int, int, int], ...] = ()
@@ -687,7 +690,7 @@ class Group:
         for i, d, scale, extend in self.follow:
             out[i] = ShardIn(d, 0, scale, extend)
         for i in self.partial:
-            out[i] = PartialInput("sum")
+            out[i] = PartialInput(self.partial_op)
         for i, component in self.offset:
             out[i] = IndexOffset(component)
         return tuple(out)

@@ -51,3 +51,14 @@ def test_proportional_bounds_follow_the_plain_cut():
     assert proportional_bounds(plain, 2, 0, 8) == [(0, 4), (4, 2), (6, 2)]  # stride 2
     assert proportional_bounds(plain, 1, 1, 5) == [(0, 3), (2, 2), (3, 2)]  # windows of 2, stride 1
     assert proportional_bounds(plain, 2, 0, 9) is None  # a length out of proportion
+
+
+def test_partial_factors_multiply_to_the_input():
+    from metaspmd.combine import partial_factors
+
+    ops = NumpyOps()
+    x = np.array([[1.5, -2.0], [0.0, 3.0]])
+    for n in (2, 3, 4):
+        parts = partial_factors(ops, x, n, seed=n, spread=8.0)
+        assert len(parts) == n and np.allclose(np.prod(parts, axis=0), x)
+        assert not any(np.allclose(p, x) for p in parts[:-1])

@@ -352,6 +352,18 @@ def test_pooling_backward_cuts_its_input_in_proportion():
     assert (rows.scale, rows.extend) == (1, 1) and combines(e)[rows.label] == ["gather(dim=2, overlap=1)"]
 
 
+def test_a_scatter_multiply_takes_its_self_as_partial_prod():
+    # index and src cut along the scattered dim: each shard multiplies its own src into self,
+    # which must count once in the product (Partial(prod)); no Partial(sum) self holds there
+    index = torch.randint(0, 5, (6, 4))
+    e = explore(aten.scatter.reduce, [randn(5, 4), 0, index, randn(6, 4)], ("self", "dim", "index", "src"),
+                kwargs={"reduce": "multiply"}, fixed=frozenset({"index"}))
+    label = e.shard.inputs[1][0].label
+    assert label and e.shard.inputs[2][0].label == label
+    assert [str(p) for p in e.partial.inputs[0] if p.label == label] == [f"{label}(prod)"]
+    assert combines(e)[label] == ["reduce(prod)"]
+
+
 def test_a_halo_that_reaches_both_ends_proves_nothing():
     # with a halo of 2 on a dim of 6, some of four shards see the whole tensor: argmax of the
     # flattened input passed as reduce(max) of the local ones until such trials stopped counting

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.combine import (
-    CutInput, Split, follower_shards, holds, offset_positions, partial_summands, reduce_ops_for, scan_ops_for,
+    CutInput, Split, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for, scan_ops_for,
     shard_with_halo,
 )
 from metaspmd.explorer import explore_case
@@ -117,7 +117,8 @@ def match(factor, strategies, kept_whole: frozenset = frozenset()) -> Any | None
     outputs pending a sum, so a strategy that also takes some other input as Partial(sum)
     realises it too: Shardy keeps that input replicated, and a replicated value becomes
     Partial locally (kept on one device, zeros on the others). That is how a scatter-add
-    whose updates are cut counts its operand once, and how Shardy's partitioner does it.
+    whose updates are cut counts its operand once (a scatter-mul's, as Partial(prod): ones
+    on the other devices), and how Shardy's partitioner does it.
     Likewise a permutation factor whose dims our strategy cuts in proportion to a dim that
     Shardy keeps whole (``kept_whole``, need-replication): each device slices its part of
     that replicated input locally (select_and_scatter's source, beside its operand)."""
@@ -143,10 +144,12 @@ def _proportional_beside(factor, strategy, kept_whole: frozenset) -> bool:
 
 
 def _partial_beside(factor, strategy) -> bool:
-    """Are the strategy's Partial inputs outside the factor, and every output a sum?"""
+    """Are the strategy's Partial inputs outside the factor, and every output reduced by
+    their op (a sum; a product beside a scatter-mul's operand)?"""
     touched = {i for i, _ in factor.inputs}
-    return (all(i not in touched for i, p in enumerate(strategy.inputs) if isinstance(p, PartialInput))
-            and all(Reduce("sum") in o.options for o in strategy.outputs))
+    partial = [(i, p.op) for i, p in enumerate(strategy.inputs) if isinstance(p, PartialInput)]
+    return (all(i not in touched for i, _ in partial) and len({op for _, op in partial}) == 1
+            and all(Reduce(partial[0][1]) in o.options for o in strategy.outputs))
 
 
 def extra_category(strategy, factors) -> str:
@@ -233,7 +236,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 if isinstance(p, ShardIn) and not p.follows:
                     parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds[i], p.halo)
                 elif isinstance(p, PartialInput):
-                    parts[i] = partial_summands(ops, leaves[i], split.n, seed * 10 + split.n + i)
+                    parts[i] = partial_parts(ops, leaves[i], p.op, split.n, seed * 10 + split.n + i)
                 elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
                     starts = [start for start, _ in bounds[sharded[0][0]]]
                     parts[i] = offset_positions(ops, leaves[i], starts, p.component)

@@ -21,7 +21,7 @@ import torch
 from metaspmd import pytree
 from metaspmd.case import OpCase
 from metaspmd.combine import (
-    CutInput, Split, follower_shards, holds, offset_positions, partial_summands, shard_with_halo,
+    CutInput, Split, follower_shards, holds, offset_positions, partial_factors, partial_summands, shard_with_halo,
 )
 from metaspmd.signature import arg_items
 from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn
@@ -82,6 +82,8 @@ def partial_parts(ops: TensorOps, x: torch.Tensor, op: str, n: int, seed: int) -
         return partial_summands(ops, x, n, seed)
     if op == "avg":
         return partial_summands(ops, x * n, n, seed)
+    if op == "prod":
+        return partial_factors(ops, x, n, seed)
     if op in ("max", "min"):  # one random part holds x, the others lie strictly beyond it
         g = torch.Generator().manual_seed(seed)
         owner = torch.randint(0, n, x.shape, generator=g)

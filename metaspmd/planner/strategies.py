@@ -57,8 +57,8 @@ class NodeStrategy:
 def _input_placement(p: spec.InputPlacement) -> Placement | None:
     if isinstance(p, spec.ShardIn):
         return Shard(p.dim) if p.plain else None
-    if isinstance(p, spec.PartialInput):
-        return Partial(p.op)
+    if isinstance(p, spec.PartialInput):  # DTensor cannot partition a replicated value by product
+        return Partial(p.op) if p.op != "prod" else None
     if isinstance(p, spec.IndexOffset):
         return None  # Replicate to the framework, which would not move the positions
     return REPLICATE

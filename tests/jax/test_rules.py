@@ -103,3 +103,12 @@ def test_a_bool_window_op_gets_no_overlap(backend, ops):
     sig = SELECT_AND_SCATTER_ADD.replace("i[", "b[")
     entry = explore_case(_case(backend, ops, "jax.select_and_scatter_add", sig), ops)
     assert not any(p.startswith("S(") for s in _strategies(entry).values() for p in s[0])
+
+
+def test_a_scatter_mul_takes_its_operand_as_partial_prod(backend, ops):
+    # updates cut along the scatter dim: each shard multiplies its own updates into the
+    # operand, so the operand must count once in the product: Partial(prod), ones elsewhere
+    case = next(c for c in backend.cases("jax.scatter-mul") if len(c.args[1].shape) == 3)
+    strategies = _strategies(explore_case(case, ops)).values()
+    assert (("P(prod)", "S(0)", "S(1)"), ("reduce(prod)",)) in strategies
+    assert not any(s[1] == ("reduce(sum)",) and s[0][0] == "P(sum)" and s[0][2] != "R" for s in strategies)
