@@ -519,8 +519,9 @@ class _Explorer:
         its own ulp). Two parts cancel exactly, so a linear op's local outputs do too."""
         for base in [t for t in self.trials[1:] if not t.special][: len(PARTIAL_SPREADS)]:  # each spread once
             # a product's parts r and 1/r cancel where the input is one
-            leaves = [(self.ops.zeros_like(x) if group.partial_op == "sum" else self.ops.add_scalar(self.ops.zeros_like(x), 1))
-                      if i in group.partial else x for i, x in enumerate(base.leaves)]
+            one = 1 if group.partial_op == "prod" else 0
+            leaves = [self.ops.add_scalar(self.ops.zeros_like(x), one) if i in group.partial else x
+                      for i, x in enumerate(base.leaves)]
             args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
             try:
                 zero = self._trial(tuple(args), dict(kwargs), index=base.index)
