@@ -256,8 +256,27 @@ class OutputCombine:
 # --------------------------------------------------------------------------- shard
 
 
+class _HowCut:
+    """What DimLabel and ShardIn share: a dim cut by its own length, with a halo, or in
+    proportion to the strategy's plain cut."""
+
+    halo: int
+    scale: int
+    extend: int
+
+    @property
+    def follows(self) -> bool:
+        """Cut in proportion to the strategy's plain dims, not by its own length."""
+        return self.scale != 1 or self.extend != 0
+
+    @property
+    def plain(self) -> bool:
+        """Shard(dim) as DTensor and jax mean it."""
+        return not self.halo and not self.follows
+
+
 @dataclass(frozen=True)
-class DimLabel:
+class DimLabel(_HowCut):
     """One input dim: not sharded (``N``) or sharded by strategy ``S<j>``, with an input halo.
 
     A halo rule is claimed for shards longer than the halo, the only ones it is verified on
@@ -284,15 +303,6 @@ class DimLabel:
                 raise SpecError(f"bad halo {self.halo}, scale {self.scale} or extend {self.extend}")
             if self.halo and self.follows:
                 raise SpecError(f"{self.label}: a halo with a scale or extend")
-
-    @property
-    def follows(self) -> bool:
-        """Cut in proportion to the label's plain dims, not by its own length."""
-        return self.scale != 1 or self.extend != 0
-
-    @property
-    def plain(self) -> bool:
-        return not self.halo and not self.follows
 
     def __str__(self) -> str:
         if self.label is None:
@@ -526,7 +536,7 @@ class Replicate:
 
 
 @dataclass(frozen=True)
-class ShardIn:
+class ShardIn(_HowCut):
     """Cut along ``dim``: by its own length, with a halo, or in proportion to the strategy's
     plain cut (``scale``, ``extend``; see DimLabel)."""
 
@@ -534,15 +544,6 @@ class ShardIn:
     halo: int = 0
     scale: int = 1
     extend: int = 0
-
-    @property
-    def follows(self) -> bool:
-        return self.scale != 1 or self.extend != 0
-
-    @property
-    def plain(self) -> bool:
-        """Shard(dim) as DTensor and jax mean it."""
-        return not self.halo and not self.follows
 
     def __str__(self) -> str:
         if self.halo:
