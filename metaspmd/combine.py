@@ -177,11 +177,11 @@ def candidate_combines(
                 # shard nothing of its own.
                 if abs(lo - hi) <= 1 and total > 0 and total - (lo + hi) * (n - 1) == gshape[d]:
                     out.append(Gather(d, lo, 1, hi))
-        # sums of neighbours' overlapping ends; every shard keeps some of its own (an overlap
-        # of a whole shard is a reduce(sum) of the shards); kept only where no halo gather
-        # holds. Not for bools: their sum is an or, which a right value on either side passes
+        # sums of neighbours' overlapping ends (an or, for bools); every shard keeps some of
+        # its own (an overlap of a whole shard is a reduce(sum) of the shards); kept only
+        # where no halo gather holds
         overlap, rest = divmod(total - gshape[d], n - 1) if n > 1 else (0, 1)
-        if not rest and 0 < overlap < min(s[d] for s in lshapes) and ops.dtype_kind(global_) != BOOL:
+        if not rest and 0 < overlap < min(s[d] for s in lshapes):
             out.append(Gather(d, overlap=overlap))
         if total == gshape[d] and total > 0:  # kept only where no plain gather holds
             out.append(Gather(d, reverse=True))

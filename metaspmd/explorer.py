@@ -319,6 +319,8 @@ class _Explorer:
             else:
                 cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo,
                                                                self.config.max_block, cut))
+                if any(h for _, _, h in group.dims):  # outputs an input halo computes on both
+                    cands = [c for c in cands if not (isinstance(c, Gather) and c.overlap)]  # sides are dropped
             if self.case.random:  # each element drawn once, on one rank
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
                 cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap)
