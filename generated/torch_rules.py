@@ -9740,24 +9740,28 @@ RULES = {
     },
     'aten.convolution_backward.default': {
         'grad_output:f[*,*,*,*,*] input:f[*,*,*,*,*] weight:f[*,*,*,*,*] bias_sizes=[4] stride=[3,2,1] padding=[1,2,3] dilation=[4,4,4] transposed=True output_padding=[2,3,1] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_output:f[*,*,*,*] input:f[*,*,*,*] weight:f[*,*,*,*] bias_sizes=[4] stride=[3,2] padding=[1,2] dilation=[4,4] transposed=True output_padding=[2,3] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_output:f[*,*,*,*] input:f[*,*,*,*] weight:f[*,1,*,*] bias_sizes=[0] stride=[1,1] padding=[0,0] dilation=[1,1] transposed=True output_padding=[0,0] groups=4 output_mask=[True,True,False]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'))),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate())),
         ),
         'grad_output:f[*,*,*] input:f[*,*,*] weight:f[*,*,*] bias_sizes=[4] stride=[3] padding=[1] dilation=[4] transposed=True output_padding=[2] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
@@ -9766,18 +9770,21 @@ RULES = {
     },
     'aten.convolution_backward.out': {
         'grad_output:f[*,*,*,*,*] input:f[*,*,*,*,*] weight:f[*,*,*,*,*] bias_sizes=[4] stride=[3,2,1] padding=[1,2,3] dilation=[4,4,4] transposed=True output_padding=[2,3,1] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_output:f[*,*,*,*] input:f[*,*,*,*] weight:f[*,*,*,*] bias_sizes=[4] stride=[3,2] padding=[1,2] dilation=[4,4] transposed=True output_padding=[2,3] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
             ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_output:f[*,*,*] input:f[*,*,*] weight:f[*,*,*] bias_sizes=[4] stride=[3] padding=[1] dilation=[4] transposed=True output_padding=[2] groups=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Replicate())),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),

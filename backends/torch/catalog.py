@@ -183,8 +183,13 @@ def functional_sibling(name: str) -> str | None:
 # Backward ops whose kernels never size one input by another: to_dense_backward and
 # to_mkldnn_backward read input for its layout only; rrelu_with_noise_backward is
 # noise * grad_output in training (self unread) and an elementwise op, which checks that
-# shapes broadcast, otherwise.
-SHAPE_SAFE_BACKWARD = frozenset({"to_dense_backward", "to_mkldnn_backward", "rrelu_with_noise_backward"})
+# shapes broadcast, otherwise; convolution_backward checks grad_output, input and weight
+# against each other as the forward does (it raises on a cut of one alone). The guard's
+# rule, that tensors of the top rank shrink alike, kept its weight whole beside a cut
+# batch, so it had no batch rule at all.
+SHAPE_SAFE_BACKWARD = frozenset({
+    "to_dense_backward", "to_mkldnn_backward", "rrelu_with_noise_backward", "convolution_backward",
+})
 
 
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:

@@ -398,6 +398,23 @@ def test_guard_refuses_inconsistent_shards():
     assert catalog.trusts_matching_shapes(func) and not catalog.trusts_matching_shapes(torch.ops.aten.mm.default)
 
 
+def test_convolution_backward_checks_its_own_shapes_and_cuts_its_batch():
+    """convolution_backward raises on a cut of grad_output alone rather than reading past
+    it, so it runs unguarded: its weight (as high in rank as the others) stays whole beside
+    a cut batch, which the guard refused, and data parallelism gets its rule."""
+    func = torch.ops.aten.convolution_backward.default
+    assert not catalog.trusts_matching_shapes(func)
+    grad, x, w = torch.randn(4, 4, 6, dtype=torch.float64), torch.randn(4, 2, 8, dtype=torch.float64), torch.randn(
+        4, 2, 3, dtype=torch.float64)
+    params = [[4], [1], [0], [1], False, [0], 1, [True, True, True]]
+    with pytest.raises(RuntimeError):
+        func(grad[:, :, :3], x, w, *params)
+    entry = explore_case(OpCase("cb", func, (grad, x, w, *params)), TorchBackend().tensor_ops())
+    batch = entry.shard.inputs[0][0].label
+    assert batch and entry.shard.inputs[1][0].label == batch and all(d.label != batch for d in entry.shard.inputs[2])
+    assert [str(o) for o in entry.combine.as_dict()[batch]] == ["gather(dim=0)", "reduce(sum)", "reduce(sum)"]
+
+
 def test_guard_refuses_a_batch_cut_in_one_input_only():
     """lu_unpack sizes its work by LU_data's batch and writes past a buffer when the pivots'
     batch is whole: such local calls are refused, a batch cut in both runs."""
