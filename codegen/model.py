@@ -1,8 +1,8 @@
 """Registry records translated into the terms each framework speaks.
 
-Only strategies a framework can run survive: no halo, no block, no proportional cut, and only the reduce ops
-its Partial placement knows. Everything here is derived from validated model objects,
-never from raw YAML text.
+Only strategies a framework can run survive: no halo, no block, no proportional cut, and
+only the reduce ops its Partial placement knows. Everything here is derived from validated
+model objects, never from raw YAML text.
 """
 
 from __future__ import annotations
