@@ -888,6 +888,7 @@ RULES = {
             ((Replicate(), Shard(0)), (Shard(1),)),
         ),
         'x1:f[*,1,*] x2:f[*,*,*]': (
+            ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(2), Shard(2)), (_NormPartial(2),)),
             ((Replicate(), Shard(1)), (Shard(2),)),
         ),
@@ -910,6 +911,7 @@ RULES = {
             ((Replicate(), Shard(0)), (Shard(1),)),
         ),
         'x1:f[*,1,*] x2:f[*,*,*]': (
+            ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(2), Shard(2)), (_NormPartial(2),)),
             ((Replicate(), Shard(1)), (Shard(2),)),
         ),
@@ -15158,6 +15160,7 @@ RULES = {
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'self:f[1,*] end:f[1,*] weight:f[1,*]': (
+            ((Shard(1), Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },

@@ -592,11 +592,13 @@ class _Explorer:
         notes_extra: list[str] = []
         self.widened: dict[tuple, list[str]] = {}  # placements verified on lengthened dims: notes
         constant = self._constant_outputs()
-        if constant or self._empty_outputs() or self._integer_data() or self._constant_inputs():
+        if (constant or self._empty_outputs() or self._integer_data() or self._constant_inputs()
+                or self._flat_along_a_dim()):
             # The sample's data leaves an output constant or empty (nonzero of all zeros), or
             # is integers from a narrow range, whose ties let argmin's local indices pass for
             # the global one, or repeats an input on every trial (scatter_add's zero self,
-            # under which a replicated self passes for a Partial one): blind data joins in
+            # under which a replicated self passes for a Partial one), or is the same along a
+            # dim (an expanded sample, whose shards there are equal): blind data joins in
             # where the op takes it.
             self.trials = self.trials + self._blind_trials()
             constant = self._constant_outputs()
@@ -808,6 +810,22 @@ class _Explorer:
         return any(
             self.ops.dtype_kind(x) in (FLOAT, COMPLEX) and 0 not in self.ops.shape(x) and name not in self.fixed
             and all(self.ops.close(t.leaves[i], x) for t in self.trials[1:])
+            for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
+        )
+
+    def _flat_along_a_dim(self) -> bool:
+        """Some float input, not fixed, is the same along one of its dims on every trial (an
+        expanded sample): its equal shards there prove nothing, so no cut of it is proposed."""
+        ops = self.ops
+
+        def flat(x, d: int) -> bool:
+            size = ops.shape(x)[d]
+            return size >= 2 and ops.close(ops.narrow(x, d, 0, size - 1), ops.narrow(x, d, 1, size - 1))
+
+        first = self.trials[0]
+        return any(
+            ops.dtype_kind(x) in (FLOAT, COMPLEX) and 0 not in ops.shape(x) and name not in self.fixed
+            and any(all(flat(t.leaves[i], d) for t in self.trials) for d in range(len(ops.shape(x))))
             for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
         )
 

@@ -364,6 +364,18 @@ def test_a_scatter_multiply_takes_its_self_as_partial_prod():
     assert combines(e)[label] == ["reduce(prod)"]
 
 
+def test_an_expanded_sample_lets_blind_data_propose_its_flat_dim():
+    # the generator's self is the same along dim 1 (expanded from a column) on every trial:
+    # its halves there are equal, so no trial proposes a cut; blind data joins in and does
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(4, 1, generator=g, dtype=F64).expand(4, 6).clone(), torch.randn(4, 6, dtype=F64)), {}
+
+    args, _ = fresh(0)
+    e = explore(aten.mul.Tensor, list(args), ("self", "other"), fresh=fresh)
+    assert combines(e)[e.shard.inputs[0][1].label] == ["gather(dim=1)"]
+
+
 def test_a_halo_that_reaches_both_ends_proves_nothing():
     # with a halo of 2 on a dim of 6, some of four shards see the whole tensor: argmax of the
     # flattened input passed as reduce(max) of the local ones until such trials stopped counting
