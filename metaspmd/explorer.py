@@ -56,6 +56,10 @@ SPECIAL_TRIALS = 6
 # Trials on blind random inputs added when an output is constant or empty on the data of
 # the sample's own generator.
 BLIND_TRIALS = 2
+# Fresh trials drawn while a verification has seen only one trial whose shards differ
+# (t of two bools, equal on most draws), until a second one does; their seeds start here.
+RESERVE_TRIALS = 8
+FIRST_RESERVE_TRIAL = 100
 # What a trial whose shards are all equal tells about a group: nothing.
 UNINFORMATIVE = "uninformative"
 # What exploring on unequal shards returns when only reduce(avg), untried there, could
@@ -116,6 +120,7 @@ class _Explorer:
         # are the data, and fixing them all would leave nothing to vary.
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
         self._refuters: list[_Trial] | None = None  # special-value trials, drawn when first needed
+        self._reserve: list[_Trial] = []  # more fresh trials, drawn when first needed
 
     # ------------------------------------------------------------------ running
 
@@ -153,6 +158,17 @@ class _Explorer:
             except Exception:
                 pass  # the op rejects unconstrained inputs: its generator's data stands
         return trial
+
+    def _reserve_trials(self) -> Iterator[_Trial]:
+        """Up to ``RESERVE_TRIALS`` more fresh trials, drawn when first needed and kept for
+        the other groups; fewer where the op rejects fresh inputs."""
+        for n in range(RESERVE_TRIALS):
+            if n == len(self._reserve):
+                try:
+                    self._reserve.append(self._fresh_trial(FIRST_RESERVE_TRIAL + n))
+                except Exception:
+                    return
+            yield self._reserve[n]
 
     def _fresh_inputs(self, k: int, blind: bool = False) -> tuple[tuple, dict]:
         seed = self.seed * 1000 + k
@@ -378,7 +394,15 @@ class _Explorer:
         # trial on every split (a bool window op held on one split in five)
         pairs = (itertools.product(self.trials[1:], TRIAL_SPLITS) if group.follow
                  else zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)))
-        for trial, split in pairs:
+
+        def reserve():  # a tiny sample (two bools) leaves most trials' shards equal: draw more
+            if informative == 1:  # none at all: the data cannot tell its shards apart (a broadcast dim)
+                for trial, split in zip(self._reserve_trials(), itertools.cycle(TRIAL_SPLITS)):
+                    yield trial, split
+                    if informative >= 2:
+                        return
+
+        for trial, split in itertools.chain(pairs, reserve()):
             if group.dims:
                 size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
                 if split.bounds(size) is None:
@@ -632,7 +656,7 @@ class _Explorer:
         if not found:
             return entry("replicate-only", "no strategy holds")
         tables = tables_from_strategies(ranks, found)
-        verification = Verification(len(self.trials) - 1, tuple(sorted(counts)), uneven)
+        verification = Verification(len(self.trials) - 1 + len(self._reserve), tuple(sorted(counts)), uneven)
         kept = {s.inputs for s in strategies(tables.shard, tables.partial, tables.combine, tables.offset)}
         notes_extra += list(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
         return entry(status, "", tables, verification, tables.notes + tuple(notes_extra), independent)

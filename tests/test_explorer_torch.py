@@ -376,6 +376,15 @@ def test_an_expanded_sample_lets_blind_data_propose_its_flat_dim():
     assert combines(e)[e.shard.inputs[0][1].label] == ["gather(dim=1)"]
 
 
+def test_two_bools_draw_more_trials_until_two_differ():
+    # a pair of random bools is equal on most draws: the verification saw one trial with
+    # distinct halves and refused mul's row cut until reserve trials found a second
+    x = torch.tensor([[True, False], [False, True]])
+    e = explore(aten.mul.Tensor, [x, x.clone()], ("self", "other"))
+    assert sorted(combines(e).values()) == [["gather(dim=0)"], ["gather(dim=1)"]]
+    assert e.verified.trials > 6
+
+
 def test_a_halo_that_reaches_both_ends_proves_nothing():
     # with a halo of 2 on a dim of 6, some of four shards see the whole tensor: argmax of the
     # flattened input passed as reduce(max) of the local ones until such trials stopped counting
