@@ -395,8 +395,11 @@ class _Explorer:
         pairs = (itertools.product(self.trials[1:], TRIAL_SPLITS) if group.follow
                  else zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)))
 
-        def reserve():  # a tiny sample (two bools) leaves most trials' shards equal: draw more
-            if informative == 1:  # none at all: the data cannot tell its shards apart (a broadcast dim)
+        def reserve():
+            # a tiny sample (two bools) leaves most trials' shards equal: where one differed,
+            # draw more until a second does (where none did, the data cannot tell its shards
+            # apart, a broadcast dim, and more of it would not either)
+            if informative == 1:
                 for trial, split in zip(self._reserve_trials(), itertools.cycle(TRIAL_SPLITS)):
                     yield trial, split
                     if informative >= 2:
