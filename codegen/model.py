@@ -11,7 +11,9 @@ import re
 from dataclasses import dataclass
 
 from metaspmd.rules import OpRecord, TensorArg
-from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
+from metaspmd.spec import (
+    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy,
+)
 
 DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
 # reduce(avg) holds on equal shards only; DTensor shards unevenly (torch.chunk) whenever a
@@ -116,9 +118,12 @@ def placement_rules(record: OpRecord) -> dict[str, tuple[PlacementRule, ...]]:
 class JaxStrategy:
     """One strategy on one mesh axis: per input and output, the sharded dim (or None).
 
-    ``partial``: per output, the pending reduction ('sum') when the output is Partial,
-    else ''; 'argmax:I' or 'argmin:I' for positions along input I's cut dim, which the
-    partition finishes by sharing (value, position) pairs. Such an output has no sharded dim.
+    ``partial_outputs``: per output, the pending reduction ('sum') when the output is
+    Partial, else ''; 'argmax:I' or 'argmin:I' for positions along input I's cut dim, which
+    the partition finishes by sharing (value, position) pairs. Such an output has no sharded
+    dim. ``partial_inputs``: per input, 'sum' for a Partial one; an index offset as the rule
+    model writes it ('O', 'O(0)', 'O(0, drop)') for positions into the cut dim, which the
+    compiler moves and masks itself (the input enters Replicate); else ''.
     """
 
     inputs: tuple[int | None, ...]
@@ -143,19 +148,26 @@ def _arg_reduction(out: OutputCombine) -> str:
     return f"arg{c.op}:{c.input}" if len(out.options) == 1 and isinstance(c, ArgReduce) else ""
 
 
-def _arg_strategy(s: Strategy) -> JaxStrategy | None:
-    """A strategy whose positional outputs are argreduces and the others plain placements."""
+def _compiler_finished(s: Strategy) -> JaxStrategy | None:
+    """A strategy that the JAX compiler finishes itself: argreduce outputs (it shares
+    (value, position) pairs) or index-offset inputs (it moves and masks the positions, and
+    the output is Partial(sum)); its other placements plain."""
     args = [_arg_reduction(o) for o in s.outputs]
-    if not any(args) or not all(isinstance(p, Replicate) or (isinstance(p, ShardIn) and p.plain) for p in s.inputs):
-        return None  # Partial inputs, index offsets, input halos, proportional cuts: no JAX spelling here
+    offsets = [str(p) if isinstance(p, IndexOffset) else "" for p in s.inputs]
+    if not any(args + offsets) or not all(
+        isinstance(p, (Replicate, IndexOffset)) or (isinstance(p, ShardIn) and p.plain) for p in s.inputs
+    ):
+        return None  # Partial inputs, input halos, proportional cuts: no JAX spelling here
     outs = [None if a else _output_placement(o) for a, o in zip(args, s.outputs)]
-    if any(p is None for a, p in zip(args, outs) if not a) or any(p.kind == "Partial" for p in outs if p):
+    if any(p is None for a, p in zip(args, outs) if not a):
+        return None
+    if any(p.kind == "Partial" and (any(args) or p.op not in JAX_REDUCTION_OPS) for p in outs if p):
         return None
     return JaxStrategy(
         tuple(p.dim if isinstance(p, ShardIn) else None for p in s.inputs),
         tuple(p.dim if p is not None and p.kind == "Shard" else None for p in outs),
-        tuple("" for _ in s.inputs),
-        tuple(args),
+        tuple(offsets),
+        tuple(a or (p.op if p.kind == "Partial" else "") for a, p in zip(args, outs)),
     )
 
 
@@ -164,9 +176,9 @@ def jax_strategies(entry) -> tuple[JaxStrategy, ...]:
     for s in entry.all_strategies():
         rule = placement_rule(s)
         if rule is None:
-            arg = _arg_strategy(s)
-            if arg is not None:
-                out.append(arg)
+            finished = _compiler_finished(s)
+            if finished is not None:
+                out.append(finished)
             continue
         if any(p.kind == "Partial" and p.op not in JAX_REDUCTION_OPS for p in rule.inputs + rule.outputs):
             continue
@@ -183,7 +195,8 @@ def shardy_rule(entry) -> ShardyRule | None:
     """The entry's strategies as one Shardy factor rule, or None when it cannot be one.
 
     A label becomes a factor when it shards one dim per operand (no halo), no Partial
-    inputs, and every output either gathers it on a dim of the same size (pass-through)
+    inputs and no index offsets (the partition callback runs the op as it is, positions
+    unmoved), and every output either gathers it on a dim of the same size (pass-through)
     or reduces it by sum or argreduce (reduction factor). Every other dim gets its own factor, listed
     as need-replication, so propagation never shards what no verified rule covers.
     """
@@ -191,7 +204,7 @@ def shardy_rule(entry) -> ShardyRule | None:
     out_shapes = [r.shape for r in entry.results]
     if not out_shapes or any(len(s) == 0 for s in in_shapes + out_shapes):
         return None
-    partial_labels = entry.partial.labels()
+    partial_labels = entry.partial.labels() | (entry.offset.labels() if entry.offset else set())
     in_f = [[None] * len(s) for s in in_shapes]
     out_f = [[None] * len(s) for s in out_shapes]
     reduction = []

@@ -43,7 +43,11 @@ class OpCase:
     dim) unless ``values`` names it (a fill or init value). ``bounds_checked``: positions
     out of range are dropped, filled or refused by the op, never read out of bounds (XLA's
     gather and scatter; unlike kernels that trust their indices and crash or read past a
-    buffer), so the explorer may offset integer inputs by a shard's start. ``reserve``:
+    buffer), so the explorer may offset integer inputs by a shard's start. ``dropping``: the
+    op in a form that drops positions out of range (a gather reads zero there, a scatter
+    writes nothing), for an op that clamps them instead (jax's PROMISE_IN_BOUNDS, which
+    promises in-range positions): shards run it where their offset positions fall outside
+    them (OffsetIn.drop). ``reserve``:
     explored only where no earlier case of the op found a strategy (a backend's spare
     samples, after those it explores first). ``notes`` go into the entry as they are.
     """
@@ -63,11 +67,15 @@ class OpCase:
     widen: bool = False
     values: frozenset[str] = frozenset()
     bounds_checked: bool = False
+    dropping: Callable[..., Any] | None = None
     reserve: bool = False
     notes: tuple[str, ...] = ()
 
-    def call(self, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-        return self.fn(*args, **kwargs)
+    def call(self, args: tuple, kwargs: Mapping[str, Any], drop: bool = False) -> Any:
+        """The op on ``args``; ``drop``: its dropping form."""
+        if drop and self.dropping is None:
+            raise ValueError(f"{self.op} has no dropping form")
+        return (self.dropping if drop else self.fn)(*args, **kwargs)
 
 
 class NoSample(Exception):

@@ -135,9 +135,9 @@ class _Explorer:
         others = pytree.leaves(out, lambda x: not self.ops.is_tensor(x) and not isinstance(x, (list, tuple, dict)))
         return tensors, others
 
-    def _call(self, leaves: Sequence[Any], trial: _Trial) -> tuple[list[Any], list[Any]]:
+    def _call(self, leaves: Sequence[Any], trial: _Trial, drop: bool = False) -> tuple[list[Any], list[Any]]:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
-        return self._flatten_out(self.case.call(args, kwargs))
+        return self._flatten_out(self.case.call(args, kwargs, drop))
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False) -> _Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
@@ -300,7 +300,7 @@ class _Explorer:
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
             try:
-                tensors, others = self._call(leaves, trial)
+                tensors, others = self._call(leaves, trial, group.drop)
             except Exception:
                 return None
             if len(tensors) != len(trial.outputs) or others != trial.others:
@@ -702,6 +702,12 @@ class _Explorer:
                     accept(g, self._explore(g)) for g in self._offset_groups(group)
                 ):
                     continue
+                # an op that clamps positions (PROMISE_IN_BOUNDS) reads a shard's edge for
+                # those outside it: its dropping form reads zero there, and the shards sum
+                if self.config.offset and case.dropping is not None and not case.random and any(
+                    accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
+                ):
+                    continue
                 if self.config.halo and self._search_halos(group, accept, len(ranks)):
                     continue
                 # not beside index inputs: their positions address the dims a follower cuts
@@ -978,10 +984,11 @@ class _Explorer:
                 f"{self.ops.shape(first.leaves[i])[d]} to {_halo_room(halo)} by random data"
                 for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
 
-    def _offset_groups(self, group: Group) -> list[Group]:
+    def _offset_groups(self, group: Group, drop: bool = False) -> list[Group]:
         """``group`` with one integer input beside it offset by each shard's start (gather
         and scatter positions along the cut dim): all its elements, or one element of its
-        last dim where that is short enough to be an index vector."""
+        last dim where that is short enough to be an index vector; ``drop``: the shards run
+        the op's dropping form."""
         ops, first = self.ops, self.trials[0]
         inside = {i for i, _, _ in group.dims}
         out = []
@@ -990,7 +997,7 @@ class _Explorer:
                 continue
             shape = ops.shape(x)
             vector = shape[-1] if shape and 2 <= shape[-1] <= MAX_INDEX_VECTOR else 0
-            out += [Group(group.dims, offset=((i, c),)) for c in (None, *range(vector))]
+            out += [Group(group.dims, offset=((i, c),), drop=drop) for c in (None, *range(vector))]
         return out
 
     def _lengthened_trials(self, group: Group, extra_evidence: bool = False) -> list[_Trial] | None:

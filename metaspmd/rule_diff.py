@@ -63,7 +63,7 @@ def rule_text(s: Strategy, ranks: tuple[int, ...]) -> str:
         elif isinstance(p, PartialInput):
             partial[i].append(PartialIn("S1", p.op))
         elif isinstance(p, IndexOffset):
-            offset[i].append(OffsetIn("S1", p.component))
+            offset[i].append(OffsetIn("S1", p.component, p.drop))
     text = f"shard {ShardSpec(tuple(map(tuple, dims)))}"
     if any(partial):
         text += f" partial {PartialSpec(tuple(map(tuple, partial)))}"

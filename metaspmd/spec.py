@@ -439,7 +439,7 @@ class PartialSpec(_PerInput):
     ITEM: ClassVar[type] = PartialIn
 
 
-_OFFSET_RE = re.compile(rf"^({_LABEL})(?:\((0|[1-9][0-9]*)\))?$")
+_OFFSET_RE = re.compile(rf"^({_LABEL})(?:\((?:(0|[1-9][0-9]*)|(drop)|(0|[1-9][0-9]*), (drop))\))?$")
 
 
 @dataclass(frozen=True)
@@ -449,10 +449,15 @@ class OffsetIn:
     element ``component`` of the last dim, the index vector (``S1(0)``). Positions outside
     a shard then fall out of its range, and the op must drop them (scatter) or fill them
     with zeros (gather, whose outputs then sum): Shardy's and DTensor's ``_MaskPartial``
-    index rewriting, verified like any rule."""
+    index rewriting, verified like any rule.
+
+    ``drop`` (``S1(drop)``, ``S1(0, drop)``): the op itself keeps positions in range (jax's
+    PROMISE_IN_BOUNDS gather clamps them), so each shard runs its dropping form instead
+    (``OpCase.dropping``: FILL_OR_DROP, reading zero), valid for positions in range."""
 
     label: str
     component: int | None = None
+    drop: bool = False
 
     def __post_init__(self) -> None:
         check_label(self.label)
@@ -460,14 +465,17 @@ class OffsetIn:
             raise SpecError(f"bad offset component {self.component}")
 
     def __str__(self) -> str:
-        return self.label if self.component is None else f"{self.label}({self.component})"
+        args = ([] if self.component is None else [str(self.component)]) + (["drop"] if self.drop else [])
+        return f"{self.label}({', '.join(args)})" if args else self.label
 
     @classmethod
     def parse(cls, text: str) -> "OffsetIn":
         m = _OFFSET_RE.match(text) if isinstance(text, str) else None
         if not m:
-            raise SpecError(f"bad offset input {text!r} (expected S<j> or S<j>(component))")
-        return cls(m[1], None if m[2] is None else int(m[2]))
+            raise SpecError(f"bad offset input {text!r} (expected S<j>, S<j>(component), S<j>(drop) or "
+                            "S<j>(component, drop))")
+        component = m[2] if m[2] is not None else m[4]
+        return cls(m[1], None if component is None else int(component), bool(m[3] or m[5]))
 
 
 @dataclass(frozen=True)
@@ -563,12 +571,26 @@ class PartialInput:
 
 @dataclass(frozen=True)
 class IndexOffset:
-    """Whole on every shard, less the shard's start (see OffsetIn)."""
+    """Whole on every shard, less the shard's start; ``drop``: the shard runs the op's
+    dropping form (see OffsetIn)."""
 
     component: int | None = None
+    drop: bool = False
 
     def __str__(self) -> str:
-        return "O" if self.component is None else f"O({self.component})"
+        args = ([] if self.component is None else [str(self.component)]) + (["drop"] if self.drop else [])
+        return f"O({', '.join(args)})" if args else "O"
+
+    @classmethod
+    def parse(cls, text: str) -> "IndexOffset":
+        """``O``, ``O(component)``, ``O(drop)`` or ``O(component, drop)``: what str writes."""
+        try:
+            o = OffsetIn.parse("S1" + text[1:]) if isinstance(text, str) and text.startswith("O") else None
+        except SpecError:
+            o = None
+        if o is None:
+            raise SpecError(f"bad index offset {text!r} (expected O, O(component), O(drop) or O(component, drop))")
+        return cls(o.component, o.drop)
 
 
 InputPlacement = Union[Replicate, ShardIn, PartialInput, IndexOffset]
@@ -596,7 +618,7 @@ def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec,
         for i, dims in enumerate(shard.inputs):
             sharded = [ShardIn(d, lab.halo, lab.scale, lab.extend) for d, lab in enumerate(dims) if lab.label == label]
             partials = [PartialInput(p.op) for p in (partial.inputs[i] if partial.inputs else ()) if p.label == label]
-            offsets = [IndexOffset(o.component) for o in (offset.inputs[i] if offset else ()) if o.label == label]
+            offsets = [IndexOffset(o.component, o.drop) for o in (offset.inputs[i] if offset else ()) if o.label == label]
             placements.append(sharded[0] if sharded else partials[0] if partials else offsets[0] if offsets else Replicate())
         yield Strategy(label, tuple(placements), outs)
 
@@ -681,6 +703,7 @@ class Group:
     partial: tuple[int, ...] = ()  # input indices split into random parts that reduce by partial_op
     partial_op: str = "sum"
     offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
+    drop: bool = False  # the offsets run the op's dropping form (OffsetIn.drop)
     # (input index, dim, scale, extend): cut where dims[0] is, in proportion (see DimLabel)
     follow: tuple[tuple[int, int, int, int], ...] = ()
 
@@ -693,7 +716,7 @@ class Group:
         for i in self.partial:
             out[i] = PartialInput(self.partial_op)
         for i, component in self.offset:
-            out[i] = IndexOffset(component)
+            out[i] = IndexOffset(component, self.drop)
         return tuple(out)
 
 
@@ -727,7 +750,7 @@ def tables_from_strategies(
         placements = item[0]
         first = [(i, p.dim) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
         partial_at = [i for i, p in enumerate(placements) if isinstance(p, PartialInput)]
-        offset_at = [(i, -1 if p.component is None else p.component)
+        offset_at = [(i, -1 if p.component is None else p.component, p.drop)
                      for i, p in enumerate(placements) if isinstance(p, IndexOffset)]
         return (0, first[0], partial_at, offset_at) if first else (1, (0, 0), partial_at, offset_at)
 
@@ -743,7 +766,7 @@ def tables_from_strategies(
             elif isinstance(p, PartialInput):
                 partial[i].append(PartialIn(label, p.op))
             elif isinstance(p, IndexOffset):
-                offset[i].append(OffsetIn(label, p.component))
+                offset[i].append(OffsetIn(label, p.component, p.drop))
         combine[label] = outs
     return Tables(
         ShardSpec(tuple(tuple(d) for d in dims)),

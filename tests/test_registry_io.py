@@ -1,5 +1,7 @@
 """Registry files: deterministic dump, lossless round trip, strict validation with file:line."""
 
+import dataclasses
+
 import pytest
 
 from metaspmd.registry_io import RegistryError, dump_record, load_record, loads_record, write_record
@@ -55,6 +57,10 @@ def test_index_offsets_round_trip_and_expand():
     assert [str(s) for s in e.strategies()] == ["S1: (S(0), O(0)) -> (reduce(sum))"]
     with pytest.raises(RegistryError, match=r"x.yaml:10: offset label S2 cuts no dim"):
         loads_record(text.replace("[[], [S1(0)]]", "[[], [S2]]"), "x.yaml")
+    dropping = dataclasses.replace(e, offset=OffsetSpec.parse("[[], [S1(0, drop)]]"))
+    text = dump_record(make_record("jax.gather", "jax", [dropping]))
+    assert "  offset: [[], ['S1(0, drop)']]\n" in text and loads_record(text).entries[0] == dropping
+    assert [str(s) for s in dropping.strategies()] == ["S1: (S(0), O(0, drop)) -> (reduce(sum))"]
 
 
 def test_argreduce_must_read_an_input_its_label_cuts():

@@ -43,7 +43,10 @@ def test_tables_round_trip():
     assert PartialSpec.parse(str(partial)) == partial
     offset = OffsetSpec.parse("[[], [S1, S2(1)]]")
     assert offset.inputs[1] == (OffsetIn("S1"), OffsetIn("S2", 1)) and OffsetSpec.parse(str(offset)) == offset
-    for bad in ("[[S1(x)]]", "[[S1(-1)]]", "[[O1]]"):
+    dropped = OffsetSpec.parse("[[S1(drop)], [S2(0, drop)]]")
+    assert dropped.inputs == ((OffsetIn("S1", None, True),), (OffsetIn("S2", 0, True),))
+    assert OffsetSpec.parse(str(dropped)) == dropped
+    for bad in ("[[S1(x)]]", "[[S1(-1)]]", "[[O1]]", "[[S1(drop, 0)]]", "[[S1(0,drop)]]", "[[S1()]]"):
         with pytest.raises(SpecError):
             OffsetSpec.parse(bad)
     assert str(OutputCombine.of([Reduce("sum"), Gather(0), Identity()])) == "gather(dim=0) | identity | reduce(sum)"

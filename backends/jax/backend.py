@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
+from jax import lax
 import numpy as np
 from jax._src import core
 
@@ -120,14 +121,35 @@ def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
     return passes[0] + passes[1] + passes[2]
 
 
+def dropping_form(call: PrimitiveCall) -> PrimitiveCall | None:
+    """A gather that promises in-range positions (PROMISE_IN_BOUNDS: XLA clamps them) as
+    FILL_OR_DROP reading zero: what a shard runs where its offset positions fall outside it.
+    Scatters need none: XLA drops their out-of-range updates in either mode."""
+    if call.prim.name != "gather" or call.params.get("mode") != lax.GatherScatterMode.PROMISE_IN_BOUNDS:
+        return None
+    return PrimitiveCall(call.prim, dict(call.params, mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=0), call.shapes)
+
+
+def kept_promise(call: PrimitiveCall, operands: list) -> list:
+    """``operands`` with a PROMISE_IN_BOUNDS gather's positions clamped into range, as XLA
+    clamps them: the op's values are unchanged, and its data keeps the promise that rules
+    for it assume (harness samples break it on purpose)."""
+    if dropping_form(call) is None:
+        return operands
+    dn, sizes = call.params["dimension_numbers"], call.params["slice_sizes"]
+    operand, indices = operands[0], np.asarray(operands[1])
+    top = np.array([operand.shape[d] - sizes[d] for d in dn.start_index_map], dtype=indices.dtype)
+    return [operand, jax.numpy.asarray(np.clip(indices, 0, top)), *operands[2:]]
+
+
 def build_case(op: str, occ: Occurrence) -> OpCase:
     """The OpCase for one program equation (runs its program up to that equation)."""
     prim = occ.primitive
     captured = programs.capture(occ, 0)
     operands = with_identity_inits(prim, occ.params, condition(prim, captured, programs.capture(occ, 1), 0))
-    names, args = group_operands(prim, operands)
-    kwargs = signature_params(occ.params)
     call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
+    names, args = group_operands(prim, kept_promise(call, operands))
+    kwargs = signature_params(occ.params)
 
     def fresh(seed: int):
         new = with_identity_inits(prim, occ.params, condition(prim, programs.capture(occ, seed + 1), captured, seed + 1))
@@ -137,10 +159,13 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
 
     # widen: a primitive's operands take any length (params are refitted to the shapes it
     # gets), and the explorer widens no dim that integer operands could index;
-    # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
+    # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past;
+    # positions promised in range stay as drawn (blind data would break the promise)
+    dropping = dropping_form(call)
+    promised = frozenset({names[1]}) if dropping else frozenset()
     return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
-                  fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
-                  bounds_checked=True, notes=_identity_notes(prim))
+                  fixed=IDENTITY_OPERANDS.get(prim, frozenset()) | promised, widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
+                  bounds_checked=True, dropping=dropping, notes=_identity_notes(prim))
 
 
 def _identity_notes(prim: str) -> tuple[str, ...]:

@@ -167,12 +167,18 @@ def extra_category(strategy, factors) -> str:
 # --------------------------------------------------------------------------- checks
 
 
-def _flat_fn(case, ops):
+def _flat_fn(case, ops, drop: bool = False):
+    """The op on its tensor leaves; ``drop``: its dropping form, which shards run under an
+    offset marked drop."""
     def fn(*leaves):
         args, kwargs = pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, list(leaves))
-        return pytree.leaves(case.call(args, kwargs), ops.is_tensor)
+        return pytree.leaves(case.call(args, kwargs, drop), ops.is_tensor)
 
     return fn
+
+
+def _drops(placements) -> bool:
+    return any(isinstance(p, IndexOffset) and p.drop for p in placements)
 
 
 def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[str]):
@@ -211,7 +217,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
     fails on a shard. Trials whose shards happen to be equal still count: a combine that
     fails on them is wrong all the same."""
 
-    fn = _flat_fn(case, ops)
+    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, _drops(placements))
     alive = [list(o.options) for o in outputs]
     sharded = [(i, p) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
     avg_checked = False
@@ -241,7 +247,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                     starts = [start for start, _ in bounds[sharded[0][0]]]
                     parts[i] = offset_positions(ops, leaves[i], starts, p.component)
             try:
-                local = [fn(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
+                local = [on_shard(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001
                 return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
             if any(len(loc) != len(expected) for loc in local):  # unstack on its own axis: no combine
@@ -298,8 +304,8 @@ def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
         return GAP
     via = ",".join(factor.ops) or "-"
     if any(i == 0 and d in _indexed_dims(case) for i, d in factor.inputs):
-        return (f"an indexed operand dim whose positions the op clamps into range (CLIP, PROMISE_IN_BOUNDS, "
-                f"dynamic slices): an index offset alone is wrong there; Shardy's partitioner masks the result too ({via})")
+        return (f"an indexed operand dim whose positions the op clamps into range (CLIP, dynamic slices): an "
+                f"index offset alone is wrong there; Shardy's partitioner masks the result too ({via})")
     if factor.kind == "permutation":
         return f"needs neighbour exchange beyond a halo ({via})"
     if factor.kind == "reduction":
@@ -342,7 +348,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
 
     from .collectives import AXIS, arg_reduce, finisher
 
-    fn = _flat_fn(case, ops)
+    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, _drops(strategy.inputs))
     leaves = _leaves(case, ops)
     expected = fn(*leaves)
     plan = _jit_plan(strategy, leaves, expected, n_devices)
@@ -361,7 +367,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
                 moved = start.astype(xs[i].dtype)
                 xs[i] = xs[i] - moved if component is None else xs[i].at[..., component].add(-moved)
         return tuple(arg_reduce(c, y, xs[c.input], strategy.inputs[c.input].dim) if f is None else f(y)
-                     for c, f, y in zip(combines, finish, fn(*xs)))
+                     for c, f, y in zip(combines, finish, on_shard(*xs)))
 
     mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
     try:

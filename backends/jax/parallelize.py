@@ -170,7 +170,7 @@ def parallelize(
         ties = [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
     plan = planner.plan(
         captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit,
-        solver=solver, ties=ties, cost_model=cost_model, arg_reduce=True,
+        solver=solver, ties=ties, cost_model=cost_model, finishes=planner.JAX_FINISHES,
     )
     return Parallelized(captured, plan, stats, mesh, params)
 

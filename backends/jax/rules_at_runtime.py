@@ -19,9 +19,12 @@ from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy
+from metaspmd.spec import (
+    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy,
+)
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
+from .backend import dropping_form, kept_promise
 from .capture import Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
@@ -44,18 +47,25 @@ def _table() -> Mapping[str, Mapping[str, Any]]:
     return RULES
 
 
+def _table_input(dim: int | None, partial: str):
+    if partial.startswith("O"):
+        return IndexOffset.parse(partial)
+    return PartialInput(partial) if partial else ShardIn(dim) if dim is not None else Replicate()
+
+
+def _table_output(dim: int | None, partial: str):
+    if partial.startswith("arg"):  # 'argmax:I': positions along input I's cut dim
+        op, _, i = partial[3:].partition(":")
+        return ArgReduce(op, int(i))
+    return Reduce(partial) if partial else Gather(dim) if dim is not None else Identity()
+
+
 def to_strategies(rule) -> tuple[Strategy, ...]:
     """A generated table Rule back into the rule model the planner reads."""
     out = []
     for i, s in enumerate(rule.strategies):
-        ins = tuple(
-            PartialInput(p) if p else ShardIn(d) if d is not None else Replicate()
-            for d, p in zip(s.inputs, s.partial_inputs)
-        )
-        outs = tuple(
-            OutputCombine((Reduce(p) if p else Gather(d) if d is not None else Identity(),))
-            for d, p in zip(s.outputs, s.partial_outputs)
-        )
+        ins = tuple(_table_input(d, p) for d, p in zip(s.inputs, s.partial_inputs))
+        outs = tuple(OutputCombine((_table_output(d, p),)) for d, p in zip(s.outputs, s.partial_outputs))
         out.append(Strategy(f"S{i + 1}", ins, outs))
     return tuple(out)
 
@@ -135,6 +145,7 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
         def fresh(seed: int):
             return op_arguments(prim, widen(_fresh_operands(prim, params, operands, seed + 1)))[1], dict(node.kwargs)
 
+        example = kept_promise(node.fn, example)
         a = op_arguments(prim, example)[1]
         # Integer operands are indices or counts the program built to be valid; keys are keys;
         # a reduction's init values are the identity of its computation.
@@ -142,7 +153,9 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
             n for n, v in zip(names, a)
             if any(kind_of(x.dtype) in (INT, OTHER) for x in (v if isinstance(v, list) else [v]))
         ) | IDENTITY_OPERANDS.get(prim, frozenset())
-        return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed)
+        # as the sweep's cases: XLA never reads past an operand, so positions may be offset
+        return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
+                      bounds_checked=True, dropping=dropping_form(node.fn))
 
     return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
 

@@ -16,10 +16,12 @@ from .placement import Partial, Placement, Placements, Replicate, Shard
 from .plan import NodePlan, Plan, Reshard, make_plan
 from .problem import Delivery, Flow, PlannerError, ShardingProblem, build_problem
 from .reduce import Reduced, Reductions, reduce_problem
-from .strategies import AxisStrategy, NodeStrategy, axis_strategies, compose, tensor_placements
+from .strategies import (
+    JAX_FINISHES, PLACEMENTS_ONLY, AxisStrategy, Finishes, NodeStrategy, axis_strategies, compose, tensor_placements,
+)
 
 __all__ = [
-    "AxisStrategy", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "CostModel", "Delivery", "Device", "Flow",
+    "JAX_FINISHES", "PLACEMENTS_ONLY", "AxisStrategy", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "CostModel", "Delivery", "Device", "Finishes", "Flow",
     "Infeasible",
     "Mesh", "MeshAxis", "NodePlan", "NodeStrategy", "Partial", "Placement", "Placements", "Plan", "PlannerError",
     "Reduced", "Reductions", "Replicate", "Reshard", "ReshardStep", "SOLVER_CHOICES", "Shard", "ShardingProblem",

@@ -21,6 +21,7 @@ from .placement import Placements
 from .plan import Plan, make_plan
 from .problem import PlannerError, ShardingProblem, build_problem
 from .reduce import Reductions, reduce_problem
+from .strategies import PLACEMENTS_ONLY, Finishes
 
 SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 
@@ -124,7 +125,7 @@ def plan(
     beam_width: int = 8,
     strict: bool = True,
     threads: int = 1,
-    arg_reduce: bool = False,
+    finishes: Finishes = PLACEMENTS_ONLY,
 ) -> Plan:
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
@@ -132,12 +133,12 @@ def plan(
     ``memory_budget``: bytes per device; ``ties``: (parameter, gradient, ...) groups, the
     later members delivered in the first one's placement; ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
-    ``strict``: shards must divide evenly; ``arg_reduce``: the runtime finishes
-    arg-reductions (JAX). See build_problem.
+    ``strict``: shards must divide evenly; ``finishes``: what the runtime's
+    compiler finishes itself (``JAX_FINISHES``: arg-reductions, index offsets). See build_problem.
     """
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
-        arg_reduce,
+        finishes,
     )
     return solve(problem, solver, time_limit, reductions, beam_width, threads)
 

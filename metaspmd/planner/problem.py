@@ -17,7 +17,7 @@ from .cost import CostModel
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
-from .strategies import NodeStrategy, axis_strategies, compose, tensor_placements
+from .strategies import PLACEMENTS_ONLY, Finishes, NodeStrategy, axis_strategies, compose, tensor_placements
 
 
 class PlannerError(ValueError):
@@ -90,14 +90,14 @@ class ShardingProblem:
         return out
 
 
-def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], n_in: int, arg_reduce: bool = False) -> list:
+def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], n_in: int, finishes: Finishes = PLACEMENTS_ONLY) -> list:
     """Rule strategies fitted to the op's outputs: rules may list every output or only the
     tensor ones (non-tensor outputs are then Replicate)."""
     tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
     n_all = len(op.outputs)
-    fitted = axis_strategies(rules, n_in, n_all, arg_reduce)
+    fitted = axis_strategies(rules, n_in, n_all, finishes)
     if len(tensor_pos) != n_all:
-        for r in axis_strategies(rules, n_in, len(tensor_pos), arg_reduce):
+        for r in axis_strategies(rules, n_in, len(tensor_pos), finishes):
             outs = [REPLICATE] * n_all
             for p, pos in zip(r.outputs, tensor_pos):
                 outs[pos] = p
@@ -155,12 +155,12 @@ def is_alias(op: MetaOp) -> bool:
 
 
 def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequence[spec.Strategy], strict: bool,
-                arg_reduce: bool = False):
+                finishes: Finishes = PLACEMENTS_ONLY):
     """An op's node strategies with their compute time and output memory, and whether it
     may follow its producer (shape-preserving and not a contraction)."""
     in_shapes = [v.shape for v in ins]
     out_shapes = [v.shape if v.is_tensor else None for v in op.outputs]
-    rules = _node_rules(op, given, len(ins), arg_reduce)
+    rules = _node_rules(op, given, len(ins), finishes)
     ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
     itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
     t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]
@@ -206,7 +206,7 @@ def build_problem(
     same_placement: Sequence[Sequence[str]] = (),
     output_placements: Mapping[str, Placements] | None = None,
     strict: bool = True,
-    arg_reduce: bool = False,
+    finishes: Finishes = PLACEMENTS_ONLY,
 ) -> ShardingProblem:
     """``strategies_by_node``: 1-D rule strategies per op node name (missing: replicate
     only). ``memory_budget``: bytes per device.
@@ -218,7 +218,8 @@ def build_problem(
     parameter and its optimizer states), a hard constraint.
     ``output_placements``: required placements of graph outputs; other graph outputs end
     in their cheapest non-Partial placement (a Partial value is not materialised).
-    ``arg_reduce``: the runtime finishes arg-reductions (JAX), so argreduce strategies count.
+    ``finishes``: what the runtime's compiler finishes itself (JAX: arg-reductions and
+    index offsets), whose strategies then count.
     """
     cm = cost_model or CostModel(mesh)
     if cm.mesh != mesh:
@@ -262,7 +263,7 @@ def build_problem(
         key = (op.op, tuple((v.shape, v.dtype) for v in ins),
                tuple((v.shape, v.dtype, v.is_tensor) for v in op.outputs), given, repr(op.kwargs))
         if key not in op_cache:  # repeated layers share their strategies and costs
-            op_cache[key] = _op_choices(cm, op, ins, given, strict, arg_reduce) + (len(op_cache),)
+            op_cache[key] = _op_choices(cm, op, ins, given, strict, finishes) + (len(op_cache),)
         ss, cost, mem, follower, signature = op_cache[key]
         names.append(op.name)
         ops.append(op)

@@ -6,11 +6,12 @@ first) is what DTensor's placements tuple means, so two axes may split the same 
 dim (``[S(0), S(0)]``) or different ones. Combinations whose shards do not divide the
 tensor (strict mode) or mix reduce ops on one tensor are dropped.
 
-Rule strategies with a halo, block or proportional cut, an index offset, or a reduce no Partial placement
-names (norm2), are skipped: DTensor and JAX cannot run them. Positions along a cut reduced
-dim (argreduce) come out ``Partial("argmax")`` / ``Partial("argmin")``, pending an
-arg-reduction, only where the runtime finishes one (``arg_reduce``: JAX, whose compiler
-all-gathers (value, position) pairs; DTensor has no such Partial).
+Rule strategies with a halo, block or proportional cut, or a reduce no Partial placement
+names (norm2), are skipped: DTensor and JAX cannot run them. Two more count only where the
+runtime's compiler finishes them (``Finishes``; JAX's does, DTensor has no such state):
+positions along a cut reduced dim (argreduce) come out ``Partial("argmax")`` /
+``Partial("argmin")``, pending an arg-reduction; positions offset by each shard's start (a
+gather or scatter into a cut operand) enter Replicate, and the compiler offsets and masks them.
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -28,6 +29,21 @@ REPLICATE_LABEL = "R"
 # Reduces the runtimes' Partial placements take. norm2 (DTensor's _NormPartial(2)) is left
 # out: the planner's Partial placement names a c10d reduce op, and JAX has no such state.
 RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
+
+
+@dataclass(frozen=True)
+class Finishes:
+    """What the runtime's compiler finishes on its own beyond plain placements.
+    ``arg_reduce``: an arg-reduction over a cut dim (XLA all-gathers (value, position) pairs);
+    ``index_offset``: a gather or scatter whose operand is cut along a dim its positions index
+    (Shardy offsets and masks them, then reduces: a vocab-parallel embedding lookup)."""
+
+    arg_reduce: bool = False
+    index_offset: bool = False
+
+
+PLACEMENTS_ONLY = Finishes()  # DTensor
+JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True)
 
 
 @dataclass(frozen=True)
@@ -54,17 +70,17 @@ class NodeStrategy:
         return f"{self.label}: {ins} -> {outs}"
 
 
-def _input_placement(p: spec.InputPlacement) -> Placement | None:
+def _input_placement(p: spec.InputPlacement, finishes: Finishes = PLACEMENTS_ONLY) -> Placement | None:
     if isinstance(p, spec.ShardIn):
         return Shard(p.dim) if p.plain else None
     if isinstance(p, spec.PartialInput):  # DTensor cannot partition a replicated value by product
         return Partial(p.op) if p.op != "prod" else None
-    if isinstance(p, spec.IndexOffset):
-        return None  # Replicate to the framework, which would not move the positions
+    if isinstance(p, spec.IndexOffset):  # Replicate to the framework, which moves the positions
+        return REPLICATE if finishes.index_offset else None  # itself, or not at all
     return REPLICATE
 
 
-def _output_placement(c: spec.OutputCombine, arg_reduce: bool = False) -> Placement | None:
+def _output_placement(c: spec.OutputCombine, finishes: Finishes = PLACEMENTS_ONLY) -> Placement | None:
     """The runnable combine of one output; Replicate beats Shard beats Partial because
     it is the cheapest to consume (all options are equally valid results)."""
     best: Placement | None = None
@@ -78,7 +94,7 @@ def _output_placement(c: spec.OutputCombine, arg_reduce: bool = False) -> Placem
             p, r = Shard(option.dim), 1
         elif isinstance(option, spec.Reduce) and option.op in RUNNABLE_REDUCE_OPS:
             p, r = Partial(option.op), 2 if option.op == "sum" else 3
-        elif isinstance(option, spec.ArgReduce) and arg_reduce:
+        elif isinstance(option, spec.ArgReduce) and finishes.arg_reduce:
             p, r = Partial("arg" + option.op), 4
         else:
             continue
@@ -87,22 +103,22 @@ def _output_placement(c: spec.OutputCombine, arg_reduce: bool = False) -> Placem
     return best
 
 
-def axis_strategy(s: spec.Strategy, arg_reduce: bool = False) -> AxisStrategy | None:
+def axis_strategy(s: spec.Strategy, finishes: Finishes = PLACEMENTS_ONLY) -> AxisStrategy | None:
     """The rule strategy in placements, or None when the runtime could not run it."""
-    ins = tuple(_input_placement(p) for p in s.inputs)
-    outs = tuple(_output_placement(c, arg_reduce) for c in s.outputs)
+    ins = tuple(_input_placement(p, finishes) for p in s.inputs)
+    outs = tuple(_output_placement(c, finishes) for c in s.outputs)
     if any(p is None for p in ins) or any(p is None for p in outs):
         return None
     return AxisStrategy(s.label, ins, outs)  # type: ignore[arg-type]
 
 
 def axis_strategies(rules: Iterable[spec.Strategy], n_inputs: int, n_outputs: int,
-                    arg_reduce: bool = False) -> list[AxisStrategy]:
+                    finishes: Finishes = PLACEMENTS_ONLY) -> list[AxisStrategy]:
     """Runnable rule strategies of the right arity, deduplicated, after all-Replicate."""
     out = [AxisStrategy(REPLICATE_LABEL, (REPLICATE,) * n_inputs, (REPLICATE,) * n_outputs)]
     seen = {(out[0].inputs, out[0].outputs)}
     for s in rules:
-        a = axis_strategy(s, arg_reduce)
+        a = axis_strategy(s, finishes)
         if a is None or len(a.inputs) != n_inputs or len(a.outputs) != n_outputs:
             continue
         key = (a.inputs, a.outputs)

@@ -1,7 +1,7 @@
 from metaspmd import spec
 from metaspmd.planner.mesh import Mesh
 from metaspmd.planner.placement import Partial, Replicate, Shard
-from metaspmd.planner.strategies import axis_strategies, axis_strategy, compose, tensor_placements
+from metaspmd.planner.strategies import JAX_FINISHES, axis_strategies, axis_strategy, compose, tensor_placements
 from metaspmd.planner.synthetic import mm_rules, rules
 
 R = Replicate()
@@ -86,4 +86,13 @@ def test_tensor_placements_are_replicate_or_shard():
 def test_argreduce_outputs_are_pending_arg_reductions_where_the_runtime_finishes_them():
     s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("argreduce(max, input=0)"),))
     assert axis_strategy(s) is None  # DTensor has no such Partial
-    assert axis_strategy(s, arg_reduce=True).outputs == (Partial("argmax"),)  # JAX: XLA gathers the pairs
+    assert axis_strategy(s, JAX_FINISHES).outputs == (Partial("argmax"),)  # JAX: XLA gathers the pairs
+
+
+def test_index_offsets_enter_replicate_where_the_compiler_moves_the_positions():
+    # a gather into an operand cut along the dim its positions index: Shardy offsets and masks
+    # the replicated positions itself (a vocab-parallel lookup); DTensor would not move them
+    s = spec.Strategy("S1", (spec.ShardIn(0), spec.IndexOffset(None)), (spec.OutputCombine.parse("reduce(sum)"),))
+    assert axis_strategy(s) is None
+    a = axis_strategy(s, JAX_FINISHES)
+    assert a.inputs == (Shard(0), Replicate()) and a.outputs == (Partial("sum"),)

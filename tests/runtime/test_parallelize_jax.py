@@ -185,6 +185,24 @@ def test_vocab_parallel_argmax_matches_single_device(mesh, cache):
 
 
 @needs_devices
+def test_vocab_parallel_lookup_matches_single_device(mesh, cache):
+    # bias[ids] binds a PROMISE_IN_BOUNDS gather. The budget keeps the table off every device
+    # whole and its only dim is the vocab: each shard reads zero for the ids it does not hold
+    # (the rule's dropping form) and the shards sum, so 8 looked-up floats move, not the table
+    def lookup(p, ids):
+        return p["bias"][ids] * 2.0
+
+    params = {"bias": jax.random.normal(jax.random.key(0), (4096,), jnp.float32)}
+    ids = jnp.array([3, 17, 4000, 1025, 2048, 9, 77, 4095], jnp.int32)
+    par = parallelize(lookup, mesh, (ids,), params=params, backward=False, cache=cache, memory_budget=10_000)
+    np.testing.assert_array_equal(np.asarray(par(ids)), np.asarray(lookup(params, ids)))
+    gather = next(n for n in par.plan.nodes if n.op == "jax.gather")
+    assert gather.strategy.inputs[0] == (planner.Shard(0),) and gather.strategy.outputs == ((planner.Partial("sum"),),)
+    text = par.lower(ids).compile().as_text()
+    assert "all-gather(" not in text and ("all-reduce(" in text or "reduce-scatter(" in text), par.explain()
+
+
+@needs_devices
 def test_mlp_on_a_2d_mesh_matches_single_device(cache):
     mesh_2d = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
     params, x = mlp_params(), jax.random.normal(jax.random.key(1), (8, 64), jnp.float32)
@@ -313,3 +331,17 @@ def test_to_strategies_reads_generated_rules():
     assert (s1.label, s1.inputs) == ("S1", (spec.ShardIn(0), spec.Replicate()))
     assert s2.inputs == (spec.PartialInput("sum"), spec.PartialInput("sum"))
     assert s2.outputs == combines(spec.Reduce("sum"))
+
+
+def test_to_strategies_reads_argreduce_outputs_and_index_offsets():
+    # what only the JAX compiler finishes: positions of a max over a cut dim, and positions
+    # into a cut operand (a vocab-parallel lookup)
+    rule = Rule((Strategy((0,), (None,), ("",), ("argmax:0",)),
+                 Strategy((0, None), (None,), ("", "O(0, drop)"), ("sum",))), None, (), ())
+    s1, s2 = to_strategies(rule)
+    assert s1.outputs == combines(spec.ArgReduce("max", 0))
+    assert s2.inputs == (spec.ShardIn(0), spec.IndexOffset(0, drop=True)) and s2.outputs == combines(spec.Reduce("sum"))
+    from metaspmd.generated.jax_rules import RULES
+    for by_sig in RULES.values():  # every generated rule reads back
+        for r in by_sig.values():
+            to_strategies(r)
