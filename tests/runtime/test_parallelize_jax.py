@@ -185,19 +185,24 @@ def test_vocab_parallel_argmax_matches_single_device(mesh, cache):
 
 
 @needs_devices
-def test_vocab_parallel_lookup_matches_single_device(mesh, cache):
-    # bias[ids] binds a PROMISE_IN_BOUNDS gather. The budget keeps the table off every device
-    # whole and its only dim is the vocab: each shard reads zero for the ids it does not hold
-    # (the rule's dropping form) and the shards sum, so 8 looked-up floats move, not the table
+def test_vocab_parallel_lookup_and_its_gradient_match_single_device(mesh, cache):
+    # table[ids] binds a PROMISE_IN_BOUNDS gather, its gradient a scatter-add. The budget keeps
+    # the table off every device whole, and 3 columns do not split over 4 devices: each shard
+    # reads zero for the ids it does not hold (the rule's dropping form) and the shards sum,
+    # and each adds only the gradient rows it holds. 8 looked-up rows move, never the table.
     def lookup(p, ids):
-        return p["bias"][ids] * 2.0
+        return p["table"][ids] * 2.0
 
-    params = {"bias": jax.random.normal(jax.random.key(0), (4096,), jnp.float32)}
+    params = {"table": jax.random.normal(jax.random.key(0), (4096, 3), jnp.float32)}
     ids = jnp.array([3, 17, 4000, 1025, 2048, 9, 77, 4095], jnp.int32)
-    par = parallelize(lookup, mesh, (ids,), params=params, backward=False, cache=cache, memory_budget=10_000)
-    np.testing.assert_array_equal(np.asarray(par(ids)), np.asarray(lookup(params, ids)))
-    gather = next(n for n in par.plan.nodes if n.op == "jax.gather")
-    assert gather.strategy.inputs[0] == (planner.Shard(0),) and gather.strategy.outputs == ((planner.Partial("sum"),),)
+    par = parallelize(lookup, mesh, (ids,), params=params, cache=cache, memory_budget=80_000)
+    out, grads = par(ids)
+    np.testing.assert_allclose(out, lookup(params, ids))
+    np.testing.assert_allclose(grads["table"], jax.grad(lambda p: lookup(p, ids).sum())(params)["table"])
+    strategy = {n.op: n.strategy for n in par.plan.nodes}
+    assert strategy["jax.gather"].inputs[0] == (planner.Shard(0),), par.explain()
+    assert strategy["jax.gather"].outputs == ((planner.Partial("sum"),),)
+    assert strategy["jax.scatter-add"].outputs == ((planner.Shard(0),),)
     text = par.lower(ids).compile().as_text()
     assert "all-gather(" not in text and ("all-reduce(" in text or "reduce-scatter(" in text), par.explain()
 
