@@ -1233,11 +1233,12 @@ RULES = {
         ),
         "operand:f[*,*,*] start_indices:i[1] dimension_numbers='GatherDimensionNumbers(offset_dims=(0,1),collapsed_slice_dims=(0,),start_index_map=(0,),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.CLIP' slice_sizes=[1,10,10] unique_indices=False": Rule(
             strategies=(
+                Strategy((0, None), (None,), ('', 'O(drop)'), ('sum',)),
                 Strategy((1, None), (0,), ('', ''), ('',)),
                 Strategy((2, None), (1,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
             ),
-            sharding_rule='r1 s1 s2, r2 -> s1 s2',
+            sharding_rule='r1 s2 s3, r2 -> s2 s3',
             reduction_factors=(),
             need_replication_factors=('r1', 'r2'),
         ),

@@ -44,10 +44,10 @@ class OpCase:
     out of range are dropped, filled or refused by the op, never read out of bounds (XLA's
     gather and scatter; unlike kernels that trust their indices and crash or read past a
     buffer), so the explorer may offset integer inputs by a shard's start. ``dropping``: the
-    op in a form that drops positions out of range (a gather reads zero there, a scatter
-    writes nothing), for an op that clamps them instead (jax's PROMISE_IN_BOUNDS, which
-    promises in-range positions): shards run it where their offset positions fall outside
-    them (OffsetIn.drop). ``reserve``:
+    op in a form that drops positions out of range (a gather reads zero there), for an op
+    that clamps them instead (jax's CLIP and PROMISE_IN_BOUNDS gathers); ``in_range``: the
+    tensor leaves with the positions clamped as the op clamps them. An offset marked drop
+    (OffsetIn.drop) starts from those, and its shards run the dropping form. ``reserve``:
     explored only where no earlier case of the op found a strategy (a backend's spare
     samples, after those it explores first). ``notes`` go into the entry as they are.
     """
@@ -68,8 +68,13 @@ class OpCase:
     values: frozenset[str] = frozenset()
     bounds_checked: bool = False
     dropping: Callable[..., Any] | None = None
+    in_range: Callable[[list], list] | None = None
     reserve: bool = False
     notes: tuple[str, ...] = ()
+
+    def positions_in_range(self, leaves: list) -> list:
+        """The tensor leaves as an offset marked drop starts from them."""
+        return self.in_range(list(leaves)) if self.in_range is not None else list(leaves)
 
     def call(self, args: tuple, kwargs: Mapping[str, Any], drop: bool = False) -> Any:
         """The op on ``args``; ``drop``: its dropping form."""

@@ -290,8 +290,9 @@ class _Explorer:
         if group.offset:  # the cut dims share one size, so one start per shard
             cut, d, _ = group.dims[0]
             starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
+            positions = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
             for i, component in group.offset:
-                per_input[i] = offset_positions(ops, trial.leaves[i], starts, component)
+                per_input[i] = offset_positions(ops, positions[i], starts, component)
         for i in group.partial:
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
             per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
@@ -702,8 +703,9 @@ class _Explorer:
                     accept(g, self._explore(g)) for g in self._offset_groups(group)
                 ):
                     continue
-                # an op that clamps positions (PROMISE_IN_BOUNDS) reads a shard's edge for
-                # those outside it: its dropping form reads zero there, and the shards sum
+                # an op that clamps positions (a CLIP gather) reads a shard's edge for those
+                # outside it: clamped first as the op would, then offset, its dropping form
+                # reads zero there, and the shards sum
                 if self.config.offset and case.dropping is not None and not case.random and any(
                     accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
                 ):

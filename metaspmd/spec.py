@@ -451,9 +451,10 @@ class OffsetIn:
     with zeros (gather, whose outputs then sum): Shardy's and DTensor's ``_MaskPartial``
     index rewriting, verified like any rule.
 
-    ``drop`` (``S1(drop)``, ``S1(0, drop)``): the op itself keeps positions in range (jax's
-    PROMISE_IN_BOUNDS gather clamps them), so each shard runs its dropping form instead
-    (``OpCase.dropping``: FILL_OR_DROP, reading zero), valid for positions in range."""
+    ``drop`` (``S1(drop)``, ``S1(0, drop)``): the op clamps positions into range (jax's CLIP
+    gather, and PROMISE_IN_BOUNDS as XLA implements it). They are clamped first, as the op
+    would (``OpCase.in_range``), then offset, and each shard runs the op's dropping form
+    (``OpCase.dropping``: FILL_OR_DROP, reading zero)."""
 
     label: str
     component: int | None = None

@@ -10,7 +10,7 @@ binds the real params, rewritten for shard shapes where they embed the global sh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from jax import lax
@@ -121,25 +121,34 @@ def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
     return passes[0] + passes[1] + passes[2]
 
 
+# Gather modes that clamp positions into range: CLIP by definition, PROMISE_IN_BOUNDS as
+# XLA implements the promise.
+CLAMPING_MODES = (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
 def dropping_form(call: PrimitiveCall) -> PrimitiveCall | None:
-    """A gather that promises in-range positions (PROMISE_IN_BOUNDS: XLA clamps them) as
-    FILL_OR_DROP reading zero: what a shard runs where its offset positions fall outside it.
-    Scatters need none: XLA drops their out-of-range updates in either mode."""
-    if call.prim.name != "gather" or call.params.get("mode") != lax.GatherScatterMode.PROMISE_IN_BOUNDS:
+    """A gather that clamps its positions, as FILL_OR_DROP reading zero: what a shard runs
+    where its offset positions fall outside it. Scatters need none: XLA drops their
+    out-of-range updates in every mode."""
+    if call.prim.name != "gather" or call.params.get("mode") not in CLAMPING_MODES:
         return None
     return PrimitiveCall(call.prim, dict(call.params, mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=0), call.shapes)
 
 
-def kept_promise(call: PrimitiveCall, operands: list) -> list:
-    """``operands`` with a PROMISE_IN_BOUNDS gather's positions clamped into range, as XLA
-    clamps them: the op's values are unchanged, and its data keeps the promise that rules
-    for it assume (harness samples break it on purpose)."""
+def clamped_positions(call: PrimitiveCall) -> Callable[[list], list] | None:
+    """For a gather that clamps its positions: its tensor operands with the positions
+    clamped as it clamps them (each start so that the slice fits the whole operand), which
+    an offset marked drop starts from."""
     if dropping_form(call) is None:
-        return operands
+        return None
     dn, sizes = call.params["dimension_numbers"], call.params["slice_sizes"]
-    operand, indices = operands[0], np.asarray(operands[1])
-    top = np.array([operand.shape[d] - sizes[d] for d in dn.start_index_map], dtype=indices.dtype)
-    return [operand, jax.numpy.asarray(np.clip(indices, 0, top)), *operands[2:]]
+
+    def clamp(operands: list) -> list:
+        operand, indices = operands[0], np.asarray(operands[1])
+        top = np.array([operand.shape[d] - sizes[d] for d in dn.start_index_map], dtype=indices.dtype)
+        return [operand, jax.numpy.asarray(np.clip(indices, 0, top)), *operands[2:]]
+
+    return clamp
 
 
 def build_case(op: str, occ: Occurrence) -> OpCase:
@@ -147,9 +156,9 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     prim = occ.primitive
     captured = programs.capture(occ, 0)
     operands = with_identity_inits(prim, occ.params, condition(prim, captured, programs.capture(occ, 1), 0))
-    call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
-    names, args = group_operands(prim, kept_promise(call, operands))
+    names, args = group_operands(prim, operands)
     kwargs = signature_params(occ.params)
+    call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
 
     def fresh(seed: int):
         new = with_identity_inits(prim, occ.params, condition(prim, programs.capture(occ, seed + 1), captured, seed + 1))
@@ -159,13 +168,11 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
 
     # widen: a primitive's operands take any length (params are refitted to the shapes it
     # gets), and the explorer widens no dim that integer operands could index;
-    # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past;
-    # positions promised in range stay as drawn (blind data would break the promise)
-    dropping = dropping_form(call)
-    promised = frozenset({names[1]}) if dropping else frozenset()
+    # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
     return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
-                  fixed=IDENTITY_OPERANDS.get(prim, frozenset()) | promised, widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
-                  bounds_checked=True, dropping=dropping, notes=_identity_notes(prim))
+                  fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
+                  bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),
+                  notes=_identity_notes(prim))
 
 
 def _identity_notes(prim: str) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from metaspmd.spec import (
 )
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
-from .backend import dropping_form, kept_promise
+from .backend import clamped_positions, dropping_form
 from .capture import Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
@@ -145,7 +145,6 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
         def fresh(seed: int):
             return op_arguments(prim, widen(_fresh_operands(prim, params, operands, seed + 1)))[1], dict(node.kwargs)
 
-        example = kept_promise(node.fn, example)
         a = op_arguments(prim, example)[1]
         # Integer operands are indices or counts the program built to be valid; keys are keys;
         # a reduction's init values are the identity of its computation.
@@ -155,7 +154,7 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
         ) | IDENTITY_OPERANDS.get(prim, frozenset())
         # as the sweep's cases: XLA never reads past an operand, so positions may be offset
         return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
-                      bounds_checked=True, dropping=dropping_form(node.fn))
+                      bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn))
 
     return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
 

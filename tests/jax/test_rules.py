@@ -117,13 +117,16 @@ def test_a_scatter_mul_takes_its_operand_as_partial_prod(backend, ops):
     assert not any(s[1] == ("reduce(sum)",) and s[0][0] == "P(sum)" and s[0][2] != "R" for s in strategies)
 
 
-def test_a_gather_that_promises_in_range_positions_runs_its_dropping_form_on_shards(backend, ops):
-    # x[idx] binds PROMISE_IN_BOUNDS, which XLA clamps: a shard's positions past its edge would
-    # read the edge. Its FILL_OR_DROP form reads zero there, so the shards sum (vocab-parallel)
-    sig = next(signature(ops, c.arg_names, c.args, c.kwargs) for c in backend.cases("jax.gather")
-               if "PROMISE_IN_BOUNDS" in str(c.kwargs.get("mode")) and "slice_sizes=[1,5]" in
-               signature(ops, c.arg_names, c.args, c.kwargs))
-    case = _case(backend, ops, "jax.gather", sig)
-    assert (("S(0)", "O(0, drop)"), ("reduce(sum)",)) in _strategies(explore_case(case, ops)).values()
-    plain = dataclasses.replace(case, dropping=None)  # the op itself on every shard: no such rule
-    assert not any("O(" in p for s in _strategies(explore_case(plain, ops)).values() for p in s[0])
+def test_a_gather_that_clamps_positions_runs_its_dropping_form_on_shards(backend, ops):
+    # x[idx] binds PROMISE_IN_BOUNDS, which XLA clamps like CLIP: a shard's positions past its
+    # edge would read the edge. Clamped first, then offset, the FILL_OR_DROP form reads zero
+    # there, so the shards sum (vocab-parallel); blind trials bring positions out of range
+    for mode, size in (("PROMISE_IN_BOUNDS", "slice_sizes=[1,5]"), ("CLIP", "slice_sizes=[1,10,10]")):
+        case = next(c for c in backend.cases("jax.gather") if mode in str(c.kwargs.get("mode"))
+                    and size in signature(ops, c.arg_names, c.args, c.kwargs))
+        strategies = _strategies(explore_case(case, ops)).values()
+        assert any(s[0][0] == "S(0)" and s[0][1].endswith("drop)") and s[1] == ("reduce(sum)",) for s in strategies)
+        plain = dataclasses.replace(case, dropping=None)  # the op itself on every shard: no such rule
+        assert not any("O" in p for s in _strategies(explore_case(plain, ops)).values() for p in s[0])
+        unclamped = dataclasses.replace(case, in_range=None)  # offsets of positions the op clamps
+        assert not any("drop" in p for s in _strategies(explore_case(unclamped, ops)).values() for p in s[0])
