@@ -1001,6 +1001,7 @@ RULES = {
     'jax.dynamic_update_slice': {
         'operand:c[*] update:c[1] start_indices:[i[]]': Rule(
             strategies=(
+                Strategy((0, None, None), (0,), ('', '', 'O(drop)'), ('',)),
                 Strategy((None, None, None), (None,), ('sum', 'sum', ''), ('sum',)),
             ),
             sharding_rule=None,
@@ -1009,6 +1010,8 @@ RULES = {
         ),
         'operand:f[*,*] update:f[*,1] start_indices:[i[],i[]]': Rule(
             strategies=(
+                Strategy((0, None, None, None), (0,), ('', '', 'O(drop)', ''), ('',)),
+                Strategy((1, None, None, None), (1,), ('', '', '', 'O(drop)'), ('',)),
                 Strategy((None, None, None, None), (None,), ('sum', 'sum', '', ''), ('sum',)),
             ),
             sharding_rule=None,
@@ -1017,6 +1020,7 @@ RULES = {
         ),
         'operand:f[*] update:f[*] start_indices:[i[]]': Rule(
             strategies=(
+                Strategy((0, None, None), (0,), ('', '', 'O(drop)'), ('',)),
                 Strategy((None, None, None), (None,), ('sum', 'sum', ''), ('sum',)),
             ),
             sharding_rule=None,

@@ -287,19 +287,21 @@ class _Explorer:
             if not trial.special and any(all(ops.close(s[0], t) for t in s[1:]) for s in followers.values()):
                 return UNINFORMATIVE
             per_input.update(followers)
+        # positions clamped first where the shards drop those out of range (every position
+        # input: dynamic_update_slice takes one per dim, and only the cut dim's is offset)
+        whole = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
         if group.offset:  # the cut dims share one size, so one start per shard
             cut, d, _ = group.dims[0]
             starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
-            positions = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
             for i, component in group.offset:
-                per_input[i] = offset_positions(ops, positions[i], starts, component)
+                per_input[i] = offset_positions(ops, whole[i], starts, component)
         for i in group.partial:
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
             per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
                                          self.seed * 1000 + 100 * trial.index + 17 * i + n, spread)
         result = []
         for k in range(n):
-            leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(trial.leaves)]
+            leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
             try:
                 tensors, others = self._call(leaves, trial, group.drop)
             except Exception:

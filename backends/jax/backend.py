@@ -126,21 +126,43 @@ def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
 CLAMPING_MODES = (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
-def dropping_form(call: PrimitiveCall) -> PrimitiveCall | None:
-    """A gather that clamps its positions, as FILL_OR_DROP reading zero: what a shard runs
-    where its offset positions fall outside it. Scatters need none: XLA drops their
-    out-of-range updates in every mode."""
+def _update_dropping(*args: Any) -> Any:
+    """dynamic_update_slice that drops the update's elements out of range, one by one: a
+    scatter of each element to its own position (XLA's dynamic_update_slice clamps the start
+    instead, and a FILL_OR_DROP scatter of the whole update drops all of it)."""
+    operand, update, *starts = flatten_operands(args)
+    grids = jax.numpy.meshgrid(*[jax.numpy.arange(n) + s for n, s in zip(update.shape, starts)], indexing="ij")
+    positions = jax.numpy.stack([g.ravel() for g in grids], axis=-1)
+    every = tuple(range(operand.ndim))
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=every,
+                                          scatter_dims_to_operand_dims=every)
+    return lax.scatter(operand, positions, update.ravel(), numbers, mode=lax.GatherScatterMode.FILL_OR_DROP)
+
+
+def dropping_form(call: PrimitiveCall) -> Callable[..., Any] | None:
+    """An op that clamps its positions into range, in a form that drops those out of range:
+    a clamping gather as FILL_OR_DROP reading zero, dynamic_update_slice as an element-wise
+    scatter. What a shard runs where its offset positions fall outside it. Scatters need
+    none: XLA drops their out-of-range updates in every mode."""
+    if call.prim.name == "dynamic_update_slice":
+        return _update_dropping
     if call.prim.name != "gather" or call.params.get("mode") not in CLAMPING_MODES:
         return None
     return PrimitiveCall(call.prim, dict(call.params, mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=0), call.shapes)
 
 
 def clamped_positions(call: PrimitiveCall) -> Callable[[list], list] | None:
-    """For a gather that clamps its positions: its tensor operands with the positions
-    clamped as it clamps them (each start so that the slice fits the whole operand), which
-    an offset marked drop starts from."""
+    """For an op that clamps its positions: its tensor operands with the positions clamped
+    as it clamps them (each start so that the slice or update fits the whole operand),
+    which an offset marked drop starts from."""
     if dropping_form(call) is None:
         return None
+    if call.prim.name == "dynamic_update_slice":
+        def clamp_starts(operands: list) -> list:
+            operand, update, *starts = operands
+            return [operand, update, *(jax.numpy.clip(s, 0, n - u) for s, n, u in zip(starts, operand.shape, update.shape))]
+
+        return clamp_starts
     dn, sizes = call.params["dimension_numbers"], call.params["slice_sizes"]
 
     def clamp(operands: list) -> list:

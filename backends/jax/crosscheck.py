@@ -225,6 +225,8 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
         args, kwargs = case.fresh(seed) if case.fresh is not None else (case.args, case.kwargs)
         leaves = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
         expected = fn(*leaves)
+        # positions clamped as the op clamps them where the shards drop those out of range
+        whole = case.positions_in_range(leaves) if _drops(placements) else leaves
         for split in (Split(2), Split(3), Split(4), Split(2, skew=True)):
             # each sharded input cut by its own size (a joint of independent parts mixes
             # sizes), except those that follow the first plain one in proportion
@@ -245,10 +247,9 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                     parts[i] = partial_parts(ops, leaves[i], p.op, split.n, seed * 10 + split.n + i)
                 elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
                     starts = [start for start, _ in bounds[sharded[0][0]]]
-                    positions = case.positions_in_range(leaves) if p.drop else leaves
-                    parts[i] = offset_positions(ops, positions[i], starts, p.component)
+                    parts[i] = offset_positions(ops, whole[i], starts, p.component)
             try:
-                local = [on_shard(*[parts[i][k] if i in parts else x for i, x in enumerate(leaves)]) for k in range(split.n)]
+                local = [on_shard(*[parts[i][k] if i in parts else x for i, x in enumerate(whole)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001
                 return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
             if any(len(loc) != len(expected) for loc in local):  # unstack on its own axis: no combine
@@ -305,8 +306,8 @@ def _miss_reason(factor, case, ops, n_outputs, out_kinds, strategies) -> str:
         return GAP
     via = ",".join(factor.ops) or "-"
     if any(i == 0 and d in _indexed_dims(case) for i, d in factor.inputs):
-        return (f"an indexed operand dim whose positions the op clamps into range (CLIP, dynamic slices): an "
-                f"index offset alone is wrong there; Shardy's partitioner masks the result too ({via})")
+        return (f"an indexed operand dim whose positions the op clamps into range: an index offset alone is "
+                f"wrong there, and the op has no dropping form; Shardy's partitioner masks the result ({via})")
     if factor.kind == "permutation":
         return f"needs neighbour exchange beyond a halo ({via})"
     if factor.kind == "reduction":

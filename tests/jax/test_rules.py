@@ -130,3 +130,13 @@ def test_a_gather_that_clamps_positions_runs_its_dropping_form_on_shards(backend
         assert not any("O" in p for s in _strategies(explore_case(plain, ops)).values() for p in s[0])
         unclamped = dataclasses.replace(case, in_range=None)  # offsets of positions the op clamps
         assert not any("drop" in p for s in _strategies(explore_case(unclamped, ops)).values() for p in s[0])
+
+
+def test_an_update_slice_drops_what_falls_outside_a_shard(backend, ops):
+    # dynamic_update_slice clamps its start so the update fits; on a shard of the operand the
+    # clamped start, less the shard's start, places the update partly outside: the dropping
+    # form writes the elements that fall inside and drops the others, one by one
+    case = _case(backend, ops, "jax.dynamic_update_slice", "operand:f[*,*] update:f[*,1] start_indices:[i[],i[]]")
+    strategies = _strategies(explore_case(case, ops)).values()
+    assert (("S(0)", "R", "O(drop)", "R"), ("gather(dim=0)",)) in strategies
+    assert (("S(1)", "R", "R", "O(drop)"), ("gather(dim=1)",)) in strategies
