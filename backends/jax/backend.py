@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
-from jax import lax
 import numpy as np
+from jax import lax
 from jax._src import core
 
 from metaspmd.case import NoSample, OpCase, Skip
@@ -142,8 +142,9 @@ def _update_dropping(*args: Any) -> Any:
 def dropping_form(call: PrimitiveCall) -> Callable[..., Any] | None:
     """An op that clamps its positions into range, in a form that drops those out of range:
     a clamping gather as FILL_OR_DROP reading zero, dynamic_update_slice as an element-wise
-    scatter. What a shard runs where its offset positions fall outside it. Scatters need
-    none: XLA drops their out-of-range updates in every mode."""
+    scatter. What a shard runs where its offset positions fall outside it. Scatters in
+    FILL_OR_DROP and PROMISE_IN_BOUNDS mode need none (XLA drops their out-of-range
+    updates); a CLIP scatter has none here, so its positions are never offset by drop."""
     if call.prim.name == "dynamic_update_slice":
         return _update_dropping
     if call.prim.name != "gather" or call.params.get("mode") not in CLAMPING_MODES:
