@@ -150,8 +150,8 @@ def _arg_reduction(out: OutputCombine) -> str:
 
 def _compiler_finished(s: Strategy) -> JaxStrategy | None:
     """A strategy that the JAX compiler finishes itself: argreduce outputs (it shares
-    (value, position) pairs) or index-offset inputs (it moves and masks the positions, and
-    the output is Partial(sum)); its other placements plain."""
+    (value, position) pairs) or index-offset inputs (it moves and masks the positions); its
+    other placements plain."""
     args = [_arg_reduction(o) for o in s.outputs]
     offsets = [str(p) if isinstance(p, IndexOffset) else "" for p in s.inputs]
     if not any(args + offsets) or not all(
