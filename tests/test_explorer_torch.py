@@ -657,3 +657,17 @@ def test_an_input_the_same_on_every_trial_brings_blind_trials():
                          if isinstance(s.inputs[0], Replicate) and isinstance(s.inputs[2], PartialInput)]
     assert not partial_src_alone, [str(s) for s in e.strategies()]
     assert e.verified.trials > 4  # the blind trials joined
+
+
+def test_an_embedding_cut_along_its_rows_masks_the_ids_other_shards_hold():
+    # each shard looks up the ids in its rows, less its first row, and zeroes the others
+    # (DTensor's _MaskPartial): the shards sum. The kernel alone raises on foreign ids.
+    from metaspmd.backends.torch.dropping import dropping_form
+
+    weight, ids = randn(8, 3), torch.tensor([[0, 5, 7], [3, 3, 1]])
+    e = explore(aten.embedding.default, [weight, ids], ("weight", "indices"), fixed=frozenset({"indices"}),
+                dropping=dropping_form(aten.embedding.default, aten.embedding.default))
+    rows = e.shard.inputs[0][0].label
+    assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"]
+    assert combines(e)[rows] == ["reduce(sum)"]
+    assert explore(aten.embedding.default, [weight, ids], ("weight", "indices"), fixed=frozenset({"indices"})).offset is None

@@ -26,6 +26,7 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 
 from . import catalog, random_ops, sample_data, views
+from .dropping import dropping_form
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
     to_float64,
@@ -277,6 +278,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
     fn, candidates, notes = runner, None, ()
+    dropping = dropping_form(func, runner)
     random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
     if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):
         fn = _zeros_for_unspecified(runner)
@@ -312,7 +314,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
-        random=random, value_free=value_free, notes=notes,
+        random=random, value_free=value_free, dropping=dropping, notes=notes,
     )
 
 

@@ -146,15 +146,18 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     if followers is None:
         raise ValueError("a proportional cut does not fit its plain cut's length")
     per_input.update(followers)
+    # an offset marked drop: positions as the op would clamp them, shards run its dropping form
+    drop = any(isinstance(p, IndexOffset) and p.drop for p in placements)
+    whole = case.positions_in_range(leaves) if drop else leaves
     for i, p in enumerate(placements):
         if isinstance(p, IndexOffset):
-            per_input[i] = offset_positions(ops, leaves[i], starts, p.component)
+            per_input[i] = offset_positions(ops, whole[i], starts, p.component)
     locals_ = []
     for k in range(n):
-        local = [per_input[i][k] if i in per_input else x for i, x in enumerate(leaves)]
+        local = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
         a, kw = pytree.replace((args, kwargs), ops.is_tensor, local)
         try:
-            got = pytree.leaves(case.call(a, kw), ops.is_tensor)
+            got = pytree.leaves(case.call(a, kw, drop), ops.is_tensor)
         except Exception as e:
             return Failure(f"shard {k + 1} of {n} fails: {type(e).__name__}", crashed=True)
         if len(got) != len(want):

@@ -1,0 +1,53 @@
+"""Dropping forms of torch ops that look rows up by position: what a shard runs under an
+offset marked drop (``OffsetIn.drop``).
+
+A shard holding rows [a, b) of a table receives the positions less a. Those outside its rows
+must read zero, so that the shards' outputs sum to the lookup; the kernels instead raise on
+them (``embedding``: "index out of range"). The dropping form looks the valid ones up and
+zeroes the others: DTensor's ``_MaskPartial``, here found and verified like any rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import catalog
+
+
+def _masked(looked_up: torch.Tensor, valid: torch.Tensor, dim: int) -> torch.Tensor:
+    """``looked_up`` with the positions ``valid`` marks false zeroed along ``dim``, where
+    the positions' own dims sit (embedding: every dim but the last)."""
+    shape = [1] * looked_up.dim()
+    shape[dim: dim + valid.dim()] = valid.shape
+    return torch.where(valid.reshape(shape), looked_up, torch.zeros((), dtype=looked_up.dtype))
+
+
+def _embedding(runner: Callable[..., Any]) -> Callable[..., Any]:
+    def drop(weight, indices, *rest, **kwargs):
+        valid = (indices >= 0) & (indices < weight.shape[0])
+        return _masked(runner(weight, torch.where(valid, indices, 0), *rest, **kwargs), valid, 0)
+
+    return drop
+
+
+def _index_select(runner: Callable[..., Any]) -> Callable[..., Any]:
+    def drop(self, dim, index, *rest, **kwargs):
+        d = dim % max(self.dim(), 1)
+        valid = (index >= 0) & (index < (self.shape[d] if self.dim() else 1))
+        return _masked(runner(self, dim, torch.where(valid, index, 0), *rest, **kwargs), valid, d if self.dim() else 0)
+
+    return drop
+
+
+_FORMS = {"aten.embedding.default": _embedding, "aten.index_select.default": _index_select}
+
+
+def dropping_form(func: torch._ops.OpOverload, runner: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The dropping form of ``func`` run through ``runner``, or None where it has none."""
+    form = _FORMS.get(catalog.op_name(func))
+    return form(runner) if form is not None else None
+
+
+__all__ = ["dropping_form"]
