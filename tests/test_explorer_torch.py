@@ -671,3 +671,13 @@ def test_an_embedding_cut_along_its_rows_masks_the_ids_other_shards_hold():
     assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"]
     assert combines(e)[rows] == ["reduce(sum)"]
     assert explore(aten.embedding.default, [weight, ids], ("weight", "indices"), fixed=frozenset({"indices"})).offset is None
+
+
+def test_a_gather_along_a_cut_dim_masks_element_by_element():
+    from metaspmd.backends.torch.dropping import dropping_form
+
+    x, index = randn(6, 4), torch.tensor([[0, 5, 2, 3], [4, 1, 1, 5]])
+    e = explore(aten.gather.default, [x, 0, index], ("self", "dim", "index"), fixed=frozenset({"index"}),
+                dropping=dropping_form(aten.gather.default, aten.gather.default))
+    rows = e.shard.inputs[0][0].label
+    assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"] and combines(e)[rows] == ["reduce(sum)"]

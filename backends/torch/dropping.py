@@ -5,6 +5,7 @@ A shard holding rows [a, b) of a table receives the positions less a. Those outs
 must read zero, so that the shards' outputs sum to the lookup; the kernels instead raise on
 them (``embedding``: "index out of range"). The dropping form looks the valid ones up and
 zeroes the others: DTensor's ``_MaskPartial``, here found and verified like any rule.
+``gather`` masks element by element (its output has the index's shape).
 """
 
 from __future__ import annotations
@@ -41,7 +42,21 @@ def _index_select(runner: Callable[..., Any]) -> Callable[..., Any]:
     return drop
 
 
-_FORMS = {"aten.embedding.default": _embedding, "aten.index_select.default": _index_select}
+def _gather(runner: Callable[..., Any]) -> Callable[..., Any]:
+    def drop(self, dim, index, *rest, **kwargs):
+        d = dim % max(self.dim(), 1)
+        valid = (index >= 0) & (index < (self.shape[d] if self.dim() else 1))
+        return _masked(runner(self, dim, torch.where(valid, index, 0), *rest, **kwargs), valid, 0)
+
+    return drop
+
+
+# Out= overloads too: their runner returns the out tensors it filled.
+_FORMS = {
+    f"aten.{name}.{overload}": form
+    for name, form in (("embedding", _embedding), ("index_select", _index_select), ("gather", _gather))
+    for overload in ("default", "out")
+}
 
 
 def dropping_form(func: torch._ops.OpOverload, runner: Callable[..., Any]) -> Callable[..., Any] | None:
