@@ -21,10 +21,10 @@ from .strategies import (
 )
 
 __all__ = [
-    "JAX_FINISHES", "PLACEMENTS_ONLY", "AxisStrategy", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "CostModel", "Delivery", "Device", "Finishes", "Flow",
-    "Infeasible",
-    "Mesh", "MeshAxis", "NodePlan", "NodeStrategy", "Partial", "Placement", "Placements", "Plan", "PlannerError",
-    "Reduced", "Reductions", "Replicate", "Reshard", "ReshardStep", "SOLVER_CHOICES", "Shard", "ShardingProblem",
-    "Solution", "Tie", "TieMember", "axis_strategies", "build_problem", "compose", "evaluate", "make_plan", "plan",
-    "reduce_problem", "solve", "solve_beam", "solve_ilp", "tensor_placements",
+    "AxisStrategy", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "CostModel", "Delivery", "Device", "Finishes",
+    "Flow", "Infeasible", "JAX_FINISHES", "Mesh", "MeshAxis", "NodePlan", "NodeStrategy", "PLACEMENTS_ONLY",
+    "Partial", "Placement", "Placements", "Plan", "PlannerError", "Reduced", "Reductions", "Replicate", "Reshard",
+    "ReshardStep", "SOLVER_CHOICES", "Shard", "ShardingProblem", "Solution", "Tie", "TieMember", "axis_strategies",
+    "build_problem", "compose", "evaluate", "make_plan", "plan", "reduce_problem", "solve", "solve_beam", "solve_ilp",
+    "tensor_placements",
 ]

@@ -11,7 +11,8 @@ names (norm2), are skipped: DTensor and JAX cannot run them. Two more count only
 runtime's compiler finishes them (``Finishes``; JAX's does, DTensor has no such state):
 positions along a cut reduced dim (argreduce) come out ``Partial("argmax")`` /
 ``Partial("argmin")``, pending an arg-reduction; positions offset by each shard's start (a
-gather or scatter into a cut operand) enter Replicate, and the compiler offsets and masks them.
+gather, scatter or update slice into a cut operand) enter Replicate, and the compiler offsets
+and masks them.
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -35,8 +36,8 @@ RUNNABLE_REDUCE_OPS = ("sum", "max", "min", "prod", "avg")
 class Finishes:
     """What the runtime's compiler finishes on its own beyond plain placements.
     ``arg_reduce``: an arg-reduction over a cut dim (XLA all-gathers (value, position) pairs);
-    ``index_offset``: a gather or scatter whose operand is cut along a dim its positions index
-    (Shardy offsets and masks them, then reduces: a vocab-parallel embedding lookup)."""
+    ``index_offset``: a gather, scatter or update slice whose operand is cut along a dim its
+    positions index (Shardy offsets and masks them: a vocab-parallel embedding lookup)."""
 
     arg_reduce: bool = False
     index_offset: bool = False
