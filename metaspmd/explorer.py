@@ -706,8 +706,8 @@ class _Explorer:
                 ):
                     continue
                 # an op that clamps positions (a CLIP gather) reads a shard's edge for those
-                # outside it: clamped first as the op would, then offset, its dropping form
-                # reads zero there, and the shards sum
+                # outside it, one that refuses them (torch's embedding) raises: clamped first
+                # as the op would, then offset, its dropping form reads zero there
                 if self.config.offset and case.dropping is not None and not case.random and any(
                     accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
                 ):
