@@ -439,7 +439,21 @@ class PartialSpec(_PerInput):
     ITEM: ClassVar[type] = PartialIn
 
 
-_OFFSET_RE = re.compile(rf"^({_LABEL})(?:\((?:(0|[1-9][0-9]*)|(drop)|(0|[1-9][0-9]*), (drop))\))?$")
+# what follows an offset's name: nothing, (component), (drop) or (component, drop)
+_OFFSET_ARGS = r"(?:\((?:(0|[1-9][0-9]*)|(drop)|(0|[1-9][0-9]*), (drop))\))?"
+_OFFSET_RE = re.compile(rf"^({_LABEL}){_OFFSET_ARGS}$")
+_INDEX_OFFSET_RE = re.compile(rf"^O{_OFFSET_ARGS}$")
+
+
+def _offset_args(component: int | None, drop: bool) -> str:
+    args = ([] if component is None else [str(component)]) + (["drop"] if drop else [])
+    return f"({', '.join(args)})" if args else ""
+
+
+def _offset_parsed(m: re.Match, first: int) -> tuple[int | None, bool]:
+    """(component, drop) from the _OFFSET_ARGS groups of ``m``, from group ``first`` on."""
+    component = m[first] if m[first] is not None else m[first + 2]
+    return None if component is None else int(component), bool(m[first + 1] or m[first + 3])
 
 
 @dataclass(frozen=True)
@@ -452,9 +466,10 @@ class OffsetIn:
     index rewriting, verified like any rule.
 
     ``drop`` (``S1(drop)``, ``S1(0, drop)``): the op clamps positions into range (jax's CLIP
-    gather, and PROMISE_IN_BOUNDS as XLA implements it). They are clamped first, as the op
-    would (``OpCase.in_range``), then offset, and each shard runs the op's dropping form
-    (``OpCase.dropping``: FILL_OR_DROP, reading zero)."""
+    gather, PROMISE_IN_BOUNDS as XLA implements it, dynamic_update_slice) or refuses them
+    (torch's embedding). They are clamped first, as the op would (``OpCase.in_range``), then
+    offset, and each shard runs the op's dropping form (``OpCase.dropping``), which reads
+    zero at positions outside the shard or writes nothing there."""
 
     label: str
     component: int | None = None
@@ -466,8 +481,7 @@ class OffsetIn:
             raise SpecError(f"bad offset component {self.component}")
 
     def __str__(self) -> str:
-        args = ([] if self.component is None else [str(self.component)]) + (["drop"] if self.drop else [])
-        return f"{self.label}({', '.join(args)})" if args else self.label
+        return self.label + _offset_args(self.component, self.drop)
 
     @classmethod
     def parse(cls, text: str) -> "OffsetIn":
@@ -475,8 +489,7 @@ class OffsetIn:
         if not m:
             raise SpecError(f"bad offset input {text!r} (expected S<j>, S<j>(component), S<j>(drop) or "
                             "S<j>(component, drop))")
-        component = m[2] if m[2] is not None else m[4]
-        return cls(m[1], None if component is None else int(component), bool(m[3] or m[5]))
+        return cls(m[1], *_offset_parsed(m, 2))
 
 
 @dataclass(frozen=True)
@@ -579,22 +592,23 @@ class IndexOffset:
     drop: bool = False
 
     def __str__(self) -> str:
-        args = ([] if self.component is None else [str(self.component)]) + (["drop"] if self.drop else [])
-        return f"O({', '.join(args)})" if args else "O"
+        return "O" + _offset_args(self.component, self.drop)
 
     @classmethod
     def parse(cls, text: str) -> "IndexOffset":
         """``O``, ``O(component)``, ``O(drop)`` or ``O(component, drop)``: what str writes."""
-        try:
-            o = OffsetIn.parse("S1" + text[1:]) if isinstance(text, str) and text.startswith("O") else None
-        except SpecError:
-            o = None
-        if o is None:
+        m = _INDEX_OFFSET_RE.match(text) if isinstance(text, str) else None
+        if not m:
             raise SpecError(f"bad index offset {text!r} (expected O, O(component), O(drop) or O(component, drop))")
-        return cls(o.component, o.drop)
+        return cls(*_offset_parsed(m, 1))
 
 
 InputPlacement = Union[Replicate, ShardIn, PartialInput, IndexOffset]
+
+
+def drops(placements: Sequence[InputPlacement]) -> bool:
+    """Do the shards run the op's dropping form (an offset marked drop)?"""
+    return any(isinstance(p, IndexOffset) and p.drop for p in placements)
 
 
 @dataclass(frozen=True)
@@ -781,6 +795,7 @@ def tables_from_strategies(
 __all__ = [
     "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
     "N", "OffsetIn", "OffsetSpec", "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce",
-    "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "joint", "joint_strategies",
+    "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "drops", "joint",
+    "joint_strategies",
     "parse_combine", "strategies", "tables_from_strategies",
 ]

@@ -40,7 +40,7 @@ def test_overlap_add_sums_the_shared_ends():
     x = np.arange(1.0, 9.0)
     locals_ = [np.convolve(x[s:s + n], [1.0, -2.0, 3.0]) for s, n in ((0, 3), (3, 4), (7, 1))]
     assert np.allclose(apply_combine(ops, Gather(0, overlap=2), locals_), full)
-    assert not holds(ops, Gather(0, halo=(1)), locals_, full)  # dropping the overlap loses the sums
+    assert not holds(ops, Gather(0, halo=1), locals_, full)  # dropping the overlap loses the sums
     assert not holds(ops, Gather(0, overlap=3), locals_, full)
 
 

@@ -40,7 +40,7 @@ from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
 from metaspmd.spec import (
-    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn,
+    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn, drops,
 )
 
 # jax is imported inside the functions: the device count must be set before jax starts.
@@ -177,10 +177,6 @@ def _flat_fn(case, ops, drop: bool = False):
     return fn
 
 
-def _drops(placements) -> bool:
-    return any(isinstance(p, IndexOffset) and p.drop for p in placements)
-
-
 def _implied_candidates(factor, case, ops, n_outputs: int, out_kinds: Sequence[str]):
     """The strategy a Shardy factor implies, with every combine it allows."""
     n_in = len(_leaves(case, ops))
@@ -217,7 +213,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
     fails on a shard. Trials whose shards happen to be equal still count: a combine that
     fails on them is wrong all the same."""
 
-    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, _drops(placements))
+    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, drops(placements))
     alive = [list(o.options) for o in outputs]
     sharded = [(i, p) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
     avg_checked = False
@@ -226,7 +222,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
         leaves = pytree.leaves((tuple(args), dict(kwargs)), ops.is_tensor)
         expected = fn(*leaves)
         # positions clamped as the op clamps them where the shards drop those out of range
-        whole = case.positions_in_range(leaves) if _drops(placements) else leaves
+        whole = case.positions_in_range(leaves) if drops(placements) else leaves
         for split in (Split(2), Split(3), Split(4), Split(2, skew=True)):
             # each sharded input cut by its own size (a joint of independent parts mixes
             # sizes), except those that follow the first plain one in proportion
@@ -350,7 +346,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
 
     from .collectives import AXIS, arg_reduce, finisher
 
-    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, _drops(strategy.inputs))
+    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, drops(strategy.inputs))
     leaves = _leaves(case, ops)
     expected = fn(*leaves)
     plan = _jit_plan(strategy, leaves, expected, n_devices)
@@ -375,7 +371,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
     try:
         run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
         # positions clamped as the op clamps them before the shards move them (drop offsets)
-        got = run(*(case.positions_in_range(leaves) if _drops(strategy.inputs) else leaves))
+        got = run(*(case.positions_in_range(leaves) if drops(strategy.inputs) else leaves))
     except Exception as e:  # noqa: BLE001 - jax refusing to build the program says nothing about the rule
         return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     bad = [j for j, (g, e) in enumerate(zip(got, expected)) if not ops.close(jax.numpy.asarray(g), e)]

@@ -228,9 +228,8 @@ def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[.
     padding: the forward refuses one, the backward kernel reads past its buffer."""
     def fn_checked(*a, **k):
         items = dict(arg_items(names, a, k))
-        padding, shape = list(items["padding"]), items["self"].shape
-        if any(p >= size for p, size in zip(padding[::2], reversed(shape))) or any(
-                p >= size for p, size in zip(padding[1::2], reversed(shape))):
+        padding, shape = list(items["padding"]), items["self"].shape  # (left, right) from the last dim
+        if any(max(left, right) >= size for left, right, size in zip(padding[::2], padding[1::2], reversed(shape))):
             raise ValueError("a reflection padding as long as its input")
         return fn(*a, **k)
 

@@ -20,11 +20,10 @@ import torch
 
 from metaspmd import pytree
 from metaspmd.case import OpCase
-from metaspmd.combine import (
-    CutInput, Split, follower_shards, holds, offset_positions, partial_factors, partial_summands, shard_with_halo,
-)
+from metaspmd.combine import CutInput, Split, follower_shards, holds, offset_positions, partial_summands, shard_with_halo
+from metaspmd.combine import partial_parts as reduced_parts
 from metaspmd.signature import arg_items
-from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn
+from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn, drops
 from metaspmd.tensor_ops import TensorOps
 
 
@@ -77,13 +76,12 @@ def chunk_bounds(size: int, n: int) -> list[tuple[int, int]]:
 
 
 def partial_parts(ops: TensorOps, x: torch.Tensor, op: str, n: int, seed: int) -> list[torch.Tensor]:
-    """n tensors that reduce by ``op`` to x: a Partial(op) version of x."""
-    if op == "sum":
-        return partial_summands(ops, x, n, seed)
+    """n tensors that reduce by ``op`` to x: a Partial(op) version of x (the explorer's sum
+    and prod parts, and DTensor's avg, max and min)."""
+    if op in ("sum", "prod"):
+        return reduced_parts(ops, x, op, n, seed)
     if op == "avg":
         return partial_summands(ops, x * n, n, seed)
-    if op == "prod":
-        return partial_factors(ops, x, n, seed)
     if op in ("max", "min"):  # one random part holds x, the others lie strictly beyond it
         g = torch.Generator().manual_seed(seed)
         owner = torch.randint(0, n, x.shape, generator=g)
@@ -147,7 +145,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
         raise ValueError("a proportional cut does not fit its plain cut's length")
     per_input.update(followers)
     # an offset marked drop: positions as the op would clamp them, shards run its dropping form
-    drop = any(isinstance(p, IndexOffset) and p.drop for p in placements)
+    drop = drops(placements)
     whole = case.positions_in_range(leaves) if drop else leaves
     for i, p in enumerate(placements):
         if isinstance(p, IndexOffset):

@@ -33,22 +33,23 @@ def _embedding(runner: Callable[..., Any]) -> Callable[..., Any]:
     return drop
 
 
-def _index_select(runner: Callable[..., Any]) -> Callable[..., Any]:
+def _along_dim(runner: Callable[..., Any], elementwise: bool) -> Callable[..., Any]:
+    """``index_select`` (the positions take the place of dim ``dim``) or, ``elementwise``,
+    ``gather`` (one position per output element)."""
     def drop(self, dim, index, *rest, **kwargs):
-        d = dim % max(self.dim(), 1)
+        d = dim % self.dim() if self.dim() else 0
         valid = (index >= 0) & (index < (self.shape[d] if self.dim() else 1))
-        return _masked(runner(self, dim, torch.where(valid, index, 0), *rest, **kwargs), valid, d if self.dim() else 0)
+        return _masked(runner(self, dim, torch.where(valid, index, 0), *rest, **kwargs), valid, 0 if elementwise else d)
 
     return drop
+
+
+def _index_select(runner: Callable[..., Any]) -> Callable[..., Any]:
+    return _along_dim(runner, elementwise=False)
 
 
 def _gather(runner: Callable[..., Any]) -> Callable[..., Any]:
-    def drop(self, dim, index, *rest, **kwargs):
-        d = dim % max(self.dim(), 1)
-        valid = (index >= 0) & (index < (self.shape[d] if self.dim() else 1))
-        return _masked(runner(self, dim, torch.where(valid, index, 0), *rest, **kwargs), valid, 0)
-
-    return drop
+    return _along_dim(runner, elementwise=True)
 
 
 # Out= overloads too: their runner returns the out tensors it filled.
