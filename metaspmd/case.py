@@ -69,6 +69,7 @@ class OpCase:
     bounds_checked: bool = False
     dropping: Callable[..., Any] | None = None
     in_range: Callable[[list], list] | None = None
+    localize: Callable[[Mapping[int, tuple[int, int, int]]], Callable[..., Any] | None] | None = None
     reserve: bool = False
     notes: tuple[str, ...] = ()
 
@@ -76,11 +77,18 @@ class OpCase:
         """The tensor leaves as an offset marked drop starts from them."""
         return self.in_range(list(leaves)) if self.in_range is not None else list(leaves)
 
-    def call(self, args: tuple, kwargs: Mapping[str, Any], drop: bool = False) -> Any:
-        """The op on ``args``; ``drop``: its dropping form."""
+    def call(self, args: tuple, kwargs: Mapping[str, Any], drop: bool = False,
+             local: Mapping[int, tuple[int, int, int]] | None = None) -> Any:
+        """The op on ``args``; ``drop``: its dropping form; ``local``: its params re-based
+        to the shard that ``args`` are (the cuts of ``localize``)."""
         if drop and self.dropping is None:
             raise ValueError(f"{self.op} has no dropping form")
-        return (self.dropping if drop else self.fn)(*args, **kwargs)
+        fn = self.dropping if drop else self.fn
+        if local:
+            fn = self.localize(local) if self.localize is not None else None
+            if fn is None:
+                raise ValueError(f"{self.op} has no params to re-base along {dict(local)}")
+        return fn(*args, **kwargs)
 
 
 class NoSample(Exception):

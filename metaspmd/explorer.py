@@ -88,6 +88,7 @@ class ExploreConfig:
     partial: bool = True
     offset: bool = True  # integer inputs offset by each shard's start (gather/scatter indices)
     follow: bool = True  # a dim of another input cut in proportion to a failed group
+    local: bool = True  # the op's params re-based to each shard (slice bounds, split sizes)
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
 
 
@@ -135,9 +136,10 @@ class _Explorer:
         others = pytree.leaves(out, lambda x: not self.ops.is_tensor(x) and not isinstance(x, (list, tuple, dict)))
         return tensors, others
 
-    def _call(self, leaves: Sequence[Any], trial: _Trial, drop: bool = False) -> tuple[list[Any], list[Any]]:
+    def _call(self, leaves: Sequence[Any], trial: _Trial, drop: bool = False,
+              local: dict[int, tuple[int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
-        return self._flatten_out(self.case.call(args, kwargs, drop))
+        return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False) -> _Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
@@ -264,6 +266,7 @@ class _Explorer:
         ops = self.ops
         n = split.n
         per_input: dict[int, list[Any]] = {}
+        cuts: list[dict[int, tuple[int, int, int]]] = [{} for _ in range(n)]  # a local group's shards
         if group.dims:
             # an empty input has no data to differ, only a shape to cut: beside a full one
             # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
@@ -278,6 +281,9 @@ class _Explorer:
                     return UNINFORMATIVE  # identical shards prove nothing (the special trials'
                     # all-zero input is meant to be uniform; the other trials need distinct shards)
                 per_input[i] = shards
+                if group.local:
+                    for k, (start, length) in enumerate(bounds):
+                        cuts[k][i] = (d, start, start + length)
         if group.follow:
             i0, d0, _ = group.dims[0]
             followers = follower_shards(ops, trial.leaves, group.placements(len(trial.leaves)),
@@ -303,7 +309,7 @@ class _Explorer:
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
             try:
-                tensors, others = self._call(leaves, trial, group.drop)
+                tensors, others = self._call(leaves, trial, group.drop, cuts[k])
             except Exception:
                 return None
             if len(tensors) != len(trial.outputs) or others != trial.others:
@@ -712,6 +718,10 @@ class _Explorer:
                     accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
                 ):
                     continue
+                # a slice or split of the cut dim: each shard takes its own part of the range
+                if self.config.local and self._localizes(group) and accept(
+                        Group(group.dims, local=True), self._explore(Group(group.dims, local=True))):
+                    continue
                 if self.config.halo and self._search_halos(group, accept, len(ranks)):
                     continue
                 # not beside index inputs: their positions address the dims a follower cuts
@@ -988,6 +998,14 @@ class _Explorer:
                 f"{self.ops.shape(first.leaves[i])[d]} to {_halo_room(halo)} by random data"
                 for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
 
+    def _localizes(self, group: Group) -> bool:
+        """Has the op params to re-base along each of the group's cut dims?"""
+        case, first = self.case, self.trials[0]
+        if case.localize is None or case.random or not group.dims or group.partial or group.offset:
+            return False
+        whole = {i: (d, 0, self.ops.shape(first.leaves[i])[d]) for i, d, _ in group.dims}
+        return all(h == 0 for _, _, h in group.dims) and case.localize(whole) is not None
+
     def _offset_groups(self, group: Group, drop: bool = False) -> list[Group]:
         """``group`` with one integer input beside it offset by each shard's start (gather
         and scatter positions along the cut dim): all its elements, or one element of its
@@ -1084,12 +1102,13 @@ def _fit_partial(group: Group, combines) -> list:
 
 def _group_of(placements: Sequence[InputPlacement]) -> Group:
     dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn) and not p.follows)
+    local = any(isinstance(p, ShardIn) and p.local for p in placements)
     follow = tuple((i, p.dim, p.scale, p.extend) for i, p in enumerate(placements) if isinstance(p, ShardIn) and p.follows)
     partial = tuple(i for i, p in enumerate(placements) if isinstance(p, PartialInput))
     ops = {p.op for p in placements if isinstance(p, PartialInput)}
     if len(ops) > 1:
         raise ValueError(f"one Partial op per strategy, not {sorted(ops)}")
-    return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum")
+    return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum", local=local)
 
 
 def _example_value(ops: TensorOps, x: Any) -> Any:

@@ -31,7 +31,7 @@ _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _SCALE = r"[2-9]|[1-9][0-9]+"
 _DIM_RE = re.compile(
     rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\)|\(scale=({_SCALE})\)|\(extend=([1-9][0-9]*)\)"
-    rf"|\(scale=({_SCALE}), extend=([1-9][0-9]*)\))?)$"
+    rf"|\(scale=({_SCALE}), extend=([1-9][0-9]*)\)|\((local)\))?)$"
 )
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
@@ -258,11 +258,12 @@ class OutputCombine:
 
 class _HowCut:
     """What DimLabel and ShardIn share: a dim cut by its own length, with a halo, or in
-    proportion to the strategy's plain cut."""
+    proportion to the strategy's plain cut; ``local``: the op's params re-based to it."""
 
     halo: int
     scale: int
     extend: int
+    local: bool
 
     @property
     def follows(self) -> bool:
@@ -272,7 +273,7 @@ class _HowCut:
     @property
     def plain(self) -> bool:
         """Shard(dim) as DTensor and jax mean it."""
-        return not self.halo and not self.follows
+        return not self.halo and not self.follows and not self.local
 
 
 @dataclass(frozen=True)
@@ -286,29 +287,41 @@ class DimLabel(_HowCut):
     (``S1(scale=2, extend=1)``: a shard [a, a + n) of those becomes [2a, 2a + 2n + 1) here).
     A window op's operand follows its per-window input so (``select_and_scatter``'s source
     and operand; a pooling backward's gradient and input): ``scale`` is the window stride,
-    ``extend`` how far the last window of a shard reaches past its stride."""
+    ``extend`` how far the last window of a shard reaches past its stride.
+
+    ``local`` (``S1(local)``): cut plainly, and each shard runs the op with the params that
+    name positions along this dim re-based to its own part (``OpCase.localize``): a slice
+    keeps the part of its range the shard holds, a split the part of each piece. The local
+    outputs are uneven (a shard may hold none of a slice), so the output is Shard(dim) only
+    after data moves between shards: what Shardy calls a permutation factor. No runtime
+    here plans with it."""
 
     label: str | None = None
     halo: int = 0
     scale: int = 1
     extend: int = 0
+    local: bool = False
 
     def __post_init__(self) -> None:
         if self.label is None:
-            if self.halo or self.scale != 1 or self.extend:
-                raise SpecError("an unsharded dim cannot carry a halo, scale or extend")
+            if self.halo or self.scale != 1 or self.extend or self.local:
+                raise SpecError("an unsharded dim cannot carry a halo, scale, extend or local params")
         else:
             check_label(self.label)
             if self.halo < 0 or self.scale < 1 or self.extend < 0:
                 raise SpecError(f"bad halo {self.halo}, scale {self.scale} or extend {self.extend}")
             if self.halo and self.follows:
                 raise SpecError(f"{self.label}: a halo with a scale or extend")
+            if self.local and (self.halo or self.follows):
+                raise SpecError(f"{self.label}: local params with a halo, scale or extend")
 
     def __str__(self) -> str:
         if self.label is None:
             return "N"
         if self.halo:
             return f"{self.label}(halo={self.halo})"
+        if self.local:
+            return f"{self.label}(local)"
         if self.follows:
             scale = [f"scale={self.scale}"] if self.scale != 1 else []
             extend = [f"extend={self.extend}"] if self.extend else []
@@ -320,10 +333,10 @@ class DimLabel(_HowCut):
         m = _DIM_RE.match(text) if isinstance(text, str) else None
         if not m:
             raise SpecError(f"bad dim label {text!r} (expected N, S<j>, S<j>(halo=H), S<j>(scale=K), "
-                            "S<j>(extend=E) or S<j>(scale=K, extend=E))")
+                            "S<j>(extend=E), S<j>(scale=K, extend=E) or S<j>(local))")
         if m[1]:
             return cls()
-        return cls(m[2], int(m[3] or 0), int(m[4] or m[6] or 1), int(m[5] or m[7] or 0))
+        return cls(m[2], int(m[3] or 0), int(m[4] or m[6] or 1), int(m[5] or m[7] or 0), bool(m[8]))
 
 
 N = DimLabel()
@@ -559,17 +572,21 @@ class Replicate:
 
 @dataclass(frozen=True)
 class ShardIn(_HowCut):
-    """Cut along ``dim``: by its own length, with a halo, or in proportion to the strategy's
-    plain cut (``scale``, ``extend``; see DimLabel)."""
+    """Cut along ``dim``: by its own length, with a halo, in proportion to the strategy's
+    plain cut (``scale``, ``extend``), or with the op's params re-based to each shard
+    (``local``); see DimLabel."""
 
     dim: int
     halo: int = 0
     scale: int = 1
     extend: int = 0
+    local: bool = False
 
     def __str__(self) -> str:
         if self.halo:
             return f"S({self.dim}, halo={self.halo})"
+        if self.local:
+            return f"S({self.dim}, local)"
         if self.follows:
             return f"S({self.dim}, scale={self.scale}, extend={self.extend})"
         return f"S({self.dim})"
@@ -631,7 +648,7 @@ def strategies(shard: ShardSpec, partial: PartialSpec, combine: CombineSpec,
     for label, outs in combine.by_label:
         placements: list[InputPlacement] = []
         for i, dims in enumerate(shard.inputs):
-            sharded = [ShardIn(d, lab.halo, lab.scale, lab.extend) for d, lab in enumerate(dims) if lab.label == label]
+            sharded = [ShardIn(d, lab.halo, lab.scale, lab.extend, lab.local) for d, lab in enumerate(dims) if lab.label == label]
             partials = [PartialInput(p.op) for p in (partial.inputs[i] if partial.inputs else ()) if p.label == label]
             offsets = [IndexOffset(o.component, o.drop) for o in (offset.inputs[i] if offset else ()) if o.label == label]
             placements.append(sharded[0] if sharded else partials[0] if partials else offsets[0] if offsets else Replicate())
@@ -719,13 +736,14 @@ class Group:
     partial_op: str = "sum"
     offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
     drop: bool = False  # the offsets run the op's dropping form (OffsetIn.drop)
+    local: bool = False  # the shards run the op with params re-based to them (DimLabel.local)
     # (input index, dim, scale, extend): cut where dims[0] is, in proportion (see DimLabel)
     follow: tuple[tuple[int, int, int, int], ...] = ()
 
     def placements(self, n_inputs: int) -> tuple[InputPlacement, ...]:
         out: list[InputPlacement] = [Replicate()] * n_inputs
         for i, d, h in self.dims:
-            out[i] = ShardIn(d, h)
+            out[i] = ShardIn(d, h, local=self.local)
         for i, d, scale, extend in self.follow:
             out[i] = ShardIn(d, 0, scale, extend)
         for i in self.partial:
@@ -777,7 +795,7 @@ def tables_from_strategies(
         label = f"S{len(combine) + 1}"
         for i, p in enumerate(placements):
             if isinstance(p, ShardIn):
-                dims[i][p.dim] = DimLabel(label, p.halo, p.scale, p.extend)
+                dims[i][p.dim] = DimLabel(label, p.halo, p.scale, p.extend, p.local)
             elif isinstance(p, PartialInput):
                 partial[i].append(PartialIn(label, p.op))
             elif isinstance(p, IndexOffset):

@@ -54,9 +54,15 @@ def test_tables_round_trip():
     assert str(ordered) == "gather(dim=0) | gather(dim=0, reverse=true) | reduce(sum) | scan(dim=0, op=max)"
     assert not Gather(0, reverse=True).plain and not Gather(0, overlap=1).plain
     assert PartialIn.parse("S4(sum)") == PartialIn("S4", "sum")
+    local = ShardSpec.parse("[[S1(local), S2]]")
+    assert local.inputs[0][0] == DimLabel("S1", local=True) and not local.inputs[0][0].plain
+    assert str(local) == "[[S1(local), S2]]"
+    (s1, _) = strategies(local, PartialSpec(((),)), CombineSpec.parse("{S1: gather(dim=0), S2: gather(dim=1)}"))
+    assert s1.inputs == (ShardIn(0, local=True),) and str(s1.inputs[0]) == "S(0, local)"
 
 
-@pytest.mark.parametrize("text", ["[[S1, S1]]", "[[X1]]", "[[S0]]", "[S1]", "[[N(halo=1)]]"])
+@pytest.mark.parametrize("text", ["[[S1, S1]]", "[[X1]]", "[[S0]]", "[S1]", "[[N(halo=1)]]", "[[N(local)]]",
+                                  "[[S1(local, halo=1)]]", "[[S1(halo=1, local)]]", "[[S1(locals)]]"])
 def test_bad_shard_rejected(text):
     with pytest.raises(SpecError):
         ShardSpec.parse(text)

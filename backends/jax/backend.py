@@ -10,7 +10,7 @@ binds the real params, rewritten for shard shapes where they embed the global sh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -174,6 +174,69 @@ def clamped_positions(call: PrimitiveCall) -> Callable[[list], list] | None:
     return clamp
 
 
+def _rebase_slice(params: dict, d: int, start: int, stop: int, size: int) -> dict | None:
+    """The slice's positions along ``d`` that [start, stop) holds, counted from ``start``."""
+    first, limit = params["start_indices"][d], params["limit_indices"][d]
+    stride = params["strides"][d] if params.get("strides") else 1
+    if first == 0 and limit == size and stride == 1:
+        return None  # the whole dim: a plain cut, nothing to re-base
+    low = first + -(-(max(start, first) - first) // stride) * stride  # first position held
+    high = min(stop, limit)
+    starts, limits = list(params["start_indices"]), list(params["limit_indices"])
+    starts[d], limits[d] = (low - start, high - start) if low < high else (0, 0)
+    return {**params, "start_indices": tuple(starts), "limit_indices": tuple(limits)}
+
+
+def _rebase_split(params: dict, d: int, start: int, stop: int, size: int) -> dict | None:
+    """Each piece's part in [start, stop)."""
+    if d != params["axis"]:
+        return None
+    ends = np.cumsum(params["sizes"])
+    sizes = tuple(max(0, min(stop, int(e)) - max(start, int(e) - n)) for e, n in zip(ends, params["sizes"]))
+    return {**params, "sizes": sizes}
+
+
+_REBASE = {"slice": _rebase_slice, "split": _rebase_split}
+
+
+def _unstack_held(call: PrimitiveCall, d: int, start: int, stop: int) -> Callable[..., Any] | None:
+    """unstack of a shard of its axis: the pieces it holds, zeros for the others (which the
+    shards' sum then ignores)."""
+    if d != call.params["axis"]:
+        return None
+
+    def held(*args: Any, **_plain_params: Any) -> list:
+        (x,) = flatten_operands(args)
+        pieces = call.prim.bind(x, **call.params)
+        zero = jax.numpy.zeros(pieces[0].shape if pieces else x.shape[:d] + x.shape[d + 1:], x.dtype)
+        return [pieces[t - start] if start <= t < stop else zero for t in range(call.shapes[0][d])]
+
+    return held
+
+
+def localizer(call: PrimitiveCall) -> Callable[[Mapping[int, tuple[int, int, int]]], Callable[..., Any] | None] | None:
+    """``OpCase.localize`` for a primitive whose params name positions along an operand dim:
+    slice bounds, split sizes and unstack pieces, re-based to a shard of the operand."""
+    name = call.prim.name
+    if name not in _REBASE and name != "unstack":
+        return None
+
+    def localize(cuts: Mapping[int, tuple[int, int, int]]) -> Callable[..., Any] | None:
+        if set(cuts) != {0}:
+            return None
+        d, start, stop = cuts[0]
+        if name == "unstack":
+            return _unstack_held(call, d, start, stop)
+        params = _REBASE[name](dict(call.params), d, start, stop, call.shapes[0][d])
+        if params is None:
+            return None
+        shape = list(call.shapes[0])
+        shape[d] = stop - start
+        return PrimitiveCall(call.prim, params, (tuple(shape),) + call.shapes[1:])
+
+    return localize
+
+
 def build_case(op: str, occ: Occurrence) -> OpCase:
     """The OpCase for one program equation (runs its program up to that equation)."""
     prim = occ.primitive
@@ -195,6 +258,7 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
                   fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
                   bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),
+                  localize=localizer(call),
                   notes=_identity_notes(prim))
 
 

@@ -167,12 +167,12 @@ def extra_category(strategy, factors) -> str:
 # --------------------------------------------------------------------------- checks
 
 
-def _flat_fn(case, ops, drop: bool = False):
+def _flat_fn(case, ops, drop: bool = False, local=None):
     """The op on its tensor leaves; ``drop``: its dropping form, which shards run under an
-    offset marked drop."""
+    offset marked drop; ``local``: with its params re-based to a shard (``OpCase.localize``)."""
     def fn(*leaves):
         args, kwargs = pytree.replace((tuple(case.args), dict(case.kwargs)), ops.is_tensor, list(leaves))
-        return pytree.leaves(case.call(args, kwargs, drop), ops.is_tensor)
+        return pytree.leaves(case.call(args, kwargs, drop, local), ops.is_tensor)
 
     return fn
 
@@ -244,8 +244,12 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
                     starts = [start for start, _ in bounds[sharded[0][0]]]
                     parts[i] = offset_positions(ops, whole[i], starts, p.component)
+            # params re-based to each shard where the cut is local (a slice of the cut dim)
+            runs = [_flat_fn(case, ops, drops(placements),
+                             {i: (p.dim, bounds[i][k][0], sum(bounds[i][k])) for i, p in sharded if p.local})
+                    for k in range(split.n)] if any(p.local for _, p in sharded) else [on_shard] * split.n
             try:
-                local = [on_shard(*[parts[i][k] if i in parts else x for i, x in enumerate(whole)]) for k in range(split.n)]
+                local = [runs[k](*[parts[i][k] if i in parts else x for i, x in enumerate(whole)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001
                 return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
             if any(len(loc) != len(expected) for loc in local):  # unstack on its own axis: no combine
@@ -318,7 +322,7 @@ def _jit_plan(strategy, leaves, outs, n_devices: int):
     from .collectives import AXIS, output_dim, unsupported
 
     if any(isinstance(p, PartialInput) or (isinstance(p, ShardIn) and not p.plain) for p in strategy.inputs):
-        return "partial, halo or proportional input"
+        return "partial, halo, proportional or local-params input"
     sizes = [leaves[i].shape[p.dim] for i, p in enumerate(strategy.inputs) if isinstance(p, ShardIn)]
     combines = [o.first for o in strategy.outputs]
     for c, out in zip(combines, outs):

@@ -140,3 +140,32 @@ def test_an_update_slice_drops_what_falls_outside_a_shard(backend, ops):
     strategies = _strategies(explore_case(case, ops)).values()
     assert (("S(0)", "R", "O(drop)", "R"), ("gather(dim=0)",)) in strategies
     assert (("S(1)", "R", "R", "O(drop)"), ("gather(dim=1)",)) in strategies
+
+
+def test_a_slice_of_a_cut_dim_runs_on_each_shard_with_its_own_bounds(backend, ops):
+    # slice [1:2] of 3 rows: the shard holding row 1 keeps it, the others keep nothing; the
+    # uneven local outputs concatenate to the slice (Shardy's permutation factor)
+    case = _case(backend, ops, "jax.slice", "x:f[*] limit_indices=[2] start_indices=[1] strides=None")
+    assert (("S(0, local)",), ("gather(dim=0)",)) in _strategies(explore_case(case, ops)).values()
+    # each piece of a split keeps its part of the shard; unstack's pieces come from the shard
+    # that holds them, zeros elsewhere, so they sum
+    case = _case(backend, ops, "jax.split", "x:f[*,*] axis=1 sizes=[2,3,1]")
+    assert (("S(1, local)",), ("gather(dim=1)",) * 3) in _strategies(explore_case(case, ops)).values()
+    case = _case(backend, ops, "jax.unstack", "x:f[*,*,*] axis=1")
+    assert (("S(1, local)",), ("reduce(sum)",) * 3) in _strategies(explore_case(case, ops)).values()
+    # without re-based params no shard can run the slice
+    plain = dataclasses.replace(case, localize=None)
+    assert not any("local" in p for s in _strategies(explore_case(plain, ops)).values() for p in s[0])
+
+
+def test_strided_slice_bounds_re_base_to_the_shard():
+    from backends.jax.backend import _rebase_slice, _rebase_split
+
+    params = {"start_indices": (1,), "limit_indices": (10,), "strides": (3,)}  # rows 1, 4, 7
+    assert _rebase_slice(params, 0, 0, 5, 10)["start_indices"] == (1,)  # rows 1, 4
+    assert _rebase_slice(params, 0, 0, 5, 10)["limit_indices"] == (5,)
+    assert (_rebase_slice(params, 0, 5, 10, 10)["start_indices"], _rebase_slice(params, 0, 5, 10, 10)["limit_indices"]) == ((2,), (5,))  # row 7
+    assert _rebase_slice(params, 0, 8, 10, 10)["limit_indices"] == (0,)  # none held: empty
+    assert _rebase_slice({"start_indices": (0,), "limit_indices": (10,), "strides": None}, 0, 0, 5, 10) is None
+    assert _rebase_split({"sizes": (2, 3, 1), "axis": 1}, 1, 3, 6, 6)["sizes"] == (0, 2, 1)
+    assert _rebase_split({"sizes": (2, 3, 1), "axis": 1}, 0, 0, 2, 4) is None
