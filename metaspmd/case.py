@@ -47,8 +47,16 @@ class OpCase:
     op in a form that drops positions out of range (a gather reads zero there), for an op
     that clamps them instead (jax's CLIP and PROMISE_IN_BOUNDS gathers); ``in_range``: the
     tensor leaves with the positions clamped as the op clamps them. An offset marked drop
-    (OffsetIn.drop) starts from those, and its shards run the dropping form. ``reserve``:
-    explored only where no earlier case of the op found a strategy (a backend's spare
+    (OffsetIn.drop) starts from those, and its shards run the dropping form.
+
+    ``localize(cuts)``: the op with the params that name positions along a cut dim re-based
+    to a shard (DimLabel.local); ``cuts`` maps a tensor leaf to (dim, start, stop, size): the
+    shard's part of that leaf's dim of ``size``, which reaches past its ends where the op pads
+    (the ranges of a proportional cut with local params); None where the op has no such
+    params there. ``padding(leaf, dim)``: (low, high), how far the op reads past that dim's
+    ends (a window op's padding), or None.
+
+    ``reserve``: explored only where no earlier case of the op found a strategy (a backend's spare
     samples, after those it explores first). ``notes`` go into the entry as they are.
     """
 
@@ -69,7 +77,8 @@ class OpCase:
     bounds_checked: bool = False
     dropping: Callable[..., Any] | None = None
     in_range: Callable[[list], list] | None = None
-    localize: Callable[[Mapping[int, tuple[int, int, int]]], Callable[..., Any] | None] | None = None
+    localize: Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None = None
+    padding: Callable[[int, int], tuple[int, int] | None] | None = None
     reserve: bool = False
     notes: tuple[str, ...] = ()
 
@@ -78,7 +87,7 @@ class OpCase:
         return self.in_range(list(leaves)) if self.in_range is not None else list(leaves)
 
     def call(self, args: tuple, kwargs: Mapping[str, Any], drop: bool = False,
-             local: Mapping[int, tuple[int, int, int]] | None = None) -> Any:
+             local: Mapping[int, tuple[int, int, int, int]] | None = None) -> Any:
         """The op on ``args``; ``drop``: its dropping form; ``local``: its params re-based
         to the shard that ``args`` are (the cuts of ``localize``)."""
         if drop and self.dropping is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -71,17 +71,42 @@ def proportional_bounds(bounds: list[tuple[int, int]], scale: int, extend: int, 
     return [(scale * s, scale * n + extend) for s, n in bounds]
 
 
-def follower_shards(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Any],
-                    reference: list[tuple[int, int]]) -> dict[int, list[Any]] | None:
-    """The shards of the inputs cut in proportion (``ShardIn.follows``), given the bounds
-    of their strategy's plain cut; None where a length is out of proportion."""
+Padding = Callable[[int, int], "tuple[int, int] | None"]  # OpCase.padding
+
+
+def follower_ranges(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Any],
+                    reference: list[tuple[int, int]], padding: Padding | None = None
+                    ) -> dict[int, list[tuple[int, int]]] | None:
+    """(start, stop) per shard of each input cut in proportion (``ShardIn.follows``), given
+    the bounds of their strategy's plain cut; None where a length is out of proportion. A
+    cut with local params follows the dim as the op pads it (``padding(input, dim)``: low,
+    high), so its outer ranges reach past the dim's ends by that padding."""
     out = {}
     for i, p in enumerate(placements):
         if isinstance(p, ShardIn) and p.follows:
-            bounds = proportional_bounds(reference, p.scale, p.extend, ops.shape(leaves[i])[p.dim])
+            low, high = (padding(i, p.dim) if p.local and padding else None) or (0, 0)
+            if p.local and not low + high:
+                return None  # nothing the op pads: no local params to re-base
+            bounds = proportional_bounds(reference, p.scale, p.extend, ops.shape(leaves[i])[p.dim] + low + high)
             if bounds is None:
                 return None
-            out[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, 0)
+            out[i] = [(start - low, start - low + length) for start, length in bounds]
+    return out
+
+
+def follower_shards(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Any],
+                    reference: list[tuple[int, int]], padding: Padding | None = None) -> dict[int, list[Any]] | None:
+    """The shards of the inputs cut in proportion: their ``follower_ranges`` within the dim."""
+    ranges = follower_ranges(ops, leaves, placements, reference, padding)
+    if ranges is None:
+        return None
+    out = {}
+    for i, spans in ranges.items():
+        size = ops.shape(leaves[i])[placements[i].dim]
+        bounds = [(max(start, 0), min(stop, size) - max(start, 0)) for start, stop in spans]
+        if any(length < 0 for _, length in bounds):
+            return None
+        out[i] = shard_with_halo(ops, leaves[i], placements[i].dim, bounds, 0)
     return out
 
 

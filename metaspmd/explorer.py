@@ -34,7 +34,7 @@ import numpy as np
 from . import pytree
 from .case import Backend, NoSample, OpCase, Skip
 from .combine import (
-    CutInput, Split, candidate_combines, follower_shards, holds, offset_positions, partial_parts, proportional_bounds,
+    CutInput, Split, candidate_combines, follower_ranges, follower_shards, holds, offset_positions, partial_parts,
     shard_with_halo,
 )
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
@@ -137,7 +137,7 @@ class _Explorer:
         return tensors, others
 
     def _call(self, leaves: Sequence[Any], trial: _Trial, drop: bool = False,
-              local: dict[int, tuple[int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
+              local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
@@ -266,7 +266,7 @@ class _Explorer:
         ops = self.ops
         n = split.n
         per_input: dict[int, list[Any]] = {}
-        cuts: list[dict[int, tuple[int, int, int]]] = [{} for _ in range(n)]  # a local group's shards
+        cuts: list[dict[int, tuple[int, int, int, int]]] = [{} for _ in range(n)]  # a local group's shards
         if group.dims:
             # an empty input has no data to differ, only a shape to cut: beside a full one
             # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
@@ -283,13 +283,17 @@ class _Explorer:
                 per_input[i] = shards
                 if group.local:
                     for k, (start, length) in enumerate(bounds):
-                        cuts[k][i] = (d, start, start + length)
+                        cuts[k][i] = (d, start, start + length, ops.shape(trial.leaves[i])[d])
         if group.follow:
             i0, d0, _ = group.dims[0]
-            followers = follower_shards(ops, trial.leaves, group.placements(len(trial.leaves)),
-                                        split.bounds(ops.shape(trial.leaves[i0])[d0]))
+            placements, reference = group.placements(len(trial.leaves)), split.bounds(ops.shape(trial.leaves[i0])[d0])
+            followers = follower_shards(ops, trial.leaves, placements, reference, self.case.padding)
             if followers is None:
                 return None
+            for i, spans in follower_ranges(ops, trial.leaves, placements, reference, self.case.padding).items():
+                if placements[i].local:  # the op pads only the part of a shard's range past the dim
+                    for k, (start, stop) in enumerate(spans):
+                        cuts[k][i] = (placements[i].dim, start, stop, ops.shape(trial.leaves[i])[placements[i].dim])
             if not trial.special and any(all(ops.close(s[0], t) for t in s[1:]) for s in followers.values()):
                 return UNINFORMATIVE
             per_input.update(followers)
@@ -438,7 +442,7 @@ class _Explorer:
             return None
         if any(h for _, _, h in group.dims) and max(counts, default=0) < 3:
             return None  # an input halo on two shards: a broadcast dim passes as one (see below)
-        if any(extend for *_, extend in group.follow) and max(counts, default=0) < 3:
+        if any(extend for _, _, _, extend, _ in group.follow) and max(counts, default=0) < 3:
             return None  # an extended cut overlaps its neighbour: as a halo, three shards
         if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
@@ -727,7 +731,8 @@ class _Explorer:
                 # not beside index inputs: their positions address the dims a follower cuts
                 # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
                 if self.config.follow and not case.random and not self.fixed and not any(h for _, _, h in group.dims):
-                    any(accept(g, self._explore(g)) for g in self._follow_groups(group, parts))
+                    follow = self._follow_groups(group, parts)
+                    any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(follow, accept, len(ranks))
             status = "ok"
         if self.config.partial and (not case.random or case.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
@@ -941,9 +946,11 @@ class _Explorer:
         if group.follow:
             i0, d0, _ = group.dims[0]
             reference = split.bounds(self.ops.shape(trial.leaves[i0])[d0]) or []
-            for i, d, scale, extend in group.follow:
+            ranges = follower_ranges(self.ops, trial.leaves, group.placements(len(trial.leaves)), reference,
+                                     self.case.padding) or {}
+            for i, d, _, extend, _ in group.follow:
                 size = self.ops.shape(trial.leaves[i])[d]
-                if extend and any(length >= size for _, length in proportional_bounds(reference, scale, extend, size) or []):
+                if extend and any(min(stop, size) - max(start, 0) >= size for start, stop in ranges.get(i, ())):
                     return True
         return False
 
@@ -980,8 +987,12 @@ class _Explorer:
                     or len(ops.shape(x)) != rank):
                 continue
             size = ops.shape(x)[d0]
-            out += [Group(group.dims, follow=((i, d0, scale, size - scale * m),)) for scale in range(1, MAX_SCALE + 1)
+            out += [Group(group.dims, follow=((i, d0, scale, size - scale * m, False),)) for scale in range(1, MAX_SCALE + 1)
                     if 0 <= size - scale * m <= MAX_EXTEND and (scale, size - scale * m) != (1, 0)]
+            # in proportion to the dim as the op pads it, the outer shards padding it alone
+            padded = size + sum(self.case.padding(i, d0) or (0, 0)) if self.config.local and self.case.padding else size
+            out += [Group(group.dims, follow=((i, d0, scale, padded - scale * m, True),)) for scale in range(1, MAX_SCALE + 1)
+                    if padded > size and 0 <= padded - scale * m <= MAX_EXTEND]
         return out
 
     @contextlib.contextmanager
@@ -992,6 +1003,58 @@ class _Explorer:
         finally:
             self.trials = saved
 
+    def _follow_lengthened(self, groups: list[Group], accept, n_inputs: int) -> bool:
+        """Proportional groups on trials whose cut dims are lengthened in proportion, where the
+        sample's are too short for three shards that do not each read the whole follower
+        (an operand of 2 beside a source of 3): the first one accepted, noted in the entry."""
+        for g in groups:
+            trials = self._lengthened_follow_trials(g)
+            if trials is None:
+                continue
+            with self._on_trials(trials):
+                accepted = accept(g, self._explore(g))
+            if accepted:
+                i0, d0, _ = g.dims[0]
+                size = self.ops.shape(self.trials[0].leaves[i0])[d0]
+                self.widened[g.placements(n_inputs)] = [
+                    f"{self.leaf_names[i]} dim {d} cut in proportion: verified with {self.leaf_names[i0]} dim {d0} "
+                    f"lengthened from {size} to {FOLLOW_ROOM} by random data, and {self.leaf_names[i]} dim {d} with it"
+                    for i, d, *_ in g.follow]
+                return True
+        return False
+
+    def _lengthened_follow_trials(self, group: Group) -> list[_Trial] | None:
+        """The trials with the group's plain dim lengthened to FOLLOW_ROOM and each follower
+        by as much times its scale; None where the op does not take it."""
+        ops, first = self.ops, self.trials[0]
+        i0, d0, _ = group.dims[0]
+        grow = FOLLOW_ROOM - ops.shape(first.leaves[i0])[d0]
+        if grow <= 0 or not self.case.widen or any(0 in ops.shape(o) for o in first.outputs):
+            return None
+        cut = {i0: (d0, grow)} | {i: (d, scale * grow) for i, d, scale, _, _ in group.follow}
+        if any(i not in cut and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values
+               for i, x in enumerate(first.leaves)):
+            return None  # integer inputs beside the group: indices into the dims
+        out = []
+        for trial in self.trials:
+            if trial.special:
+                continue
+            leaves = list(trial.leaves)
+            for i, (d, by) in cut.items():
+                leaves[i] = self._lengthen(leaves[i], d, ops.shape(leaves[i])[d] + by, trial.index * 31 + i)
+            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
+            try:
+                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
+            except Exception:
+                return None  # the op ties the length to something else
+        return out
+
+    def _lengthen(self, x: Any, d: int, length: int, seed: int) -> Any:
+        """``x`` with dim ``d`` lengthened to ``length`` by fresh random data."""
+        size = self.ops.shape(x)[d]
+        room = self.ops.narrow(self.ops.concat([x] * -(-length // size), d), d, 0, length - size)
+        return self.ops.concat([x, self.ops.random_like(room, self.seed * 7919 + seed)], d)
+
     def _widened_notes(self, group: Group) -> list[str]:
         first, halo = self.trials[0], group.dims[0][2]
         return [f"halo={halo} on {self.leaf_names[i]} dim {d}: verified with that dim lengthened from "
@@ -999,11 +1062,14 @@ class _Explorer:
                 for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
 
     def _localizes(self, group: Group) -> bool:
-        """Has the op params to re-base along each of the group's cut dims?"""
+        """Has the op params to re-base along each of the group's cut dims (not padding: a
+        padded dim is read past its ends, which a proportional cut's ranges say)?"""
         case, first = self.case, self.trials[0]
         if case.localize is None or case.random or not group.dims or group.partial or group.offset:
             return False
-        whole = {i: (d, 0, self.ops.shape(first.leaves[i])[d]) for i, d, _ in group.dims}
+        if case.padding is not None and any(case.padding(i, d) for i, d, _ in group.dims):
+            return False
+        whole = {i: (d, 0, self.ops.shape(first.leaves[i])[d], self.ops.shape(first.leaves[i])[d]) for i, d, _ in group.dims}
         return all(h == 0 for _, _, h in group.dims) and case.localize(whole) is not None
 
     def _offset_groups(self, group: Group, drop: bool = False) -> list[Group]:
@@ -1049,10 +1115,8 @@ class _Explorer:
                 continue
             leaves = list(trial.leaves)
             for i, d, _ in group.dims:
-                x, size = leaves[i], ops.shape(leaves[i])[d]
-                if size < wide:
-                    room = ops.narrow(ops.concat([x] * -(-wide // size), d), d, 0, wide - size)
-                    leaves[i] = ops.concat([x, ops.random_like(room, self.seed * 7919 + 31 * trial.index + i)], d)
+                if ops.shape(leaves[i])[d] < wide:
+                    leaves[i] = self._lengthen(leaves[i], d, wide, 31 * trial.index + i)
             args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
             try:
                 widened.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
@@ -1064,6 +1128,9 @@ class _Explorer:
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
 # determinism check above guarantees every rank computes the same, replicated output.
 NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the same output (replicate)"
+
+
+FOLLOW_ROOM = 6  # a short plain dim beside a follower is lengthened to this: three shards of 2
 
 
 def _halo_room(halo: int) -> int:
@@ -1102,8 +1169,9 @@ def _fit_partial(group: Group, combines) -> list:
 
 def _group_of(placements: Sequence[InputPlacement]) -> Group:
     dims = tuple((i, p.dim, p.halo) for i, p in enumerate(placements) if isinstance(p, ShardIn) and not p.follows)
-    local = any(isinstance(p, ShardIn) and p.local for p in placements)
-    follow = tuple((i, p.dim, p.scale, p.extend) for i, p in enumerate(placements) if isinstance(p, ShardIn) and p.follows)
+    local = any(isinstance(p, ShardIn) and p.local and not p.follows for p in placements)
+    follow = tuple((i, p.dim, p.scale, p.extend, p.local) for i, p in enumerate(placements)
+                   if isinstance(p, ShardIn) and p.follows)
     partial = tuple(i for i, p in enumerate(placements) if isinstance(p, PartialInput))
     ops = {p.op for p in placements if isinstance(p, PartialInput)}
     if len(ops) > 1:

@@ -28,11 +28,8 @@ PARTIAL_OPS = ("sum", "prod")
 
 _LABEL = r"S[1-9][0-9]*"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
-_SCALE = r"[2-9]|[1-9][0-9]+"
-_DIM_RE = re.compile(
-    rf"^(?:(N)|({_LABEL})(?:\(halo=([1-9][0-9]*)\)|\(scale=({_SCALE})\)|\(extend=([1-9][0-9]*)\)"
-    rf"|\(scale=({_SCALE}), extend=([1-9][0-9]*)\)|\((local)\))?)$"
-)
+_DIM_RE = re.compile(rf"^({_LABEL})(?:\((.+)\))?$")
+_DIM_ARG_RE = re.compile(r"^(halo|scale|extend)=([1-9][0-9]*)$|^(local)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
@@ -289,12 +286,16 @@ class DimLabel(_HowCut):
     and operand; a pooling backward's gradient and input): ``scale`` is the window stride,
     ``extend`` how far the last window of a shard reaches past its stride.
 
-    ``local`` (``S1(local)``): cut plainly, and each shard runs the op with the params that
-    name positions along this dim re-based to its own part (``OpCase.localize``): a slice
-    keeps the part of its range the shard holds, a split the part of each piece. The local
-    outputs are uneven (a shard may hold none of a slice), so the output is Shard(dim) only
-    after data moves between shards: what Shardy calls a permutation factor. No runtime
-    here plans with it."""
+    ``local`` (``S1(local)``): each shard runs the op with the params that name positions
+    along this dim re-based to its own part (``OpCase.localize``). On a plain cut, a slice
+    keeps the part of its range the shard holds, a split the part of each piece, an unstack
+    the pieces it holds (zeros for the others). The local outputs are uneven (a shard may
+    hold none of a slice), so the output is Shard(dim) only after data moves between
+    shards: what Shardy calls a permutation factor. On a proportional cut
+    (``S1(extend=1, local)``), the proportion is to the dim as the op pads it
+    (``OpCase.padding``): a shard's range may reach past the dim's ends, and the op pads
+    only that part (select_and_scatter_add with padding: the outer shards pad, the inner
+    ones read their neighbours' elements instead). No runtime here plans with it."""
 
     label: str | None = None
     halo: int = 0
@@ -312,31 +313,33 @@ class DimLabel(_HowCut):
                 raise SpecError(f"bad halo {self.halo}, scale {self.scale} or extend {self.extend}")
             if self.halo and self.follows:
                 raise SpecError(f"{self.label}: a halo with a scale or extend")
-            if self.local and (self.halo or self.follows):
-                raise SpecError(f"{self.label}: local params with a halo, scale or extend")
+            if self.local and self.halo:
+                raise SpecError(f"{self.label}: local params with a halo")
 
     def __str__(self) -> str:
         if self.label is None:
             return "N"
-        if self.halo:
-            return f"{self.label}(halo={self.halo})"
-        if self.local:
-            return f"{self.label}(local)"
-        if self.follows:
-            scale = [f"scale={self.scale}"] if self.scale != 1 else []
-            extend = [f"extend={self.extend}"] if self.extend else []
-            return f"{self.label}({', '.join(scale + extend)})"
-        return self.label
+        args = ([f"halo={self.halo}"] if self.halo else []) + ([f"scale={self.scale}"] if self.scale != 1 else []) + (
+            [f"extend={self.extend}"] if self.extend else []) + (["local"] if self.local else [])
+        return f"{self.label}({', '.join(args)})" if args else self.label
 
     @classmethod
     def parse(cls, text: str) -> "DimLabel":
-        m = _DIM_RE.match(text) if isinstance(text, str) else None
-        if not m:
-            raise SpecError(f"bad dim label {text!r} (expected N, S<j>, S<j>(halo=H), S<j>(scale=K), "
-                            "S<j>(extend=E), S<j>(scale=K, extend=E) or S<j>(local))")
-        if m[1]:
+        if text == "N":
             return cls()
-        return cls(m[2], int(m[3] or 0), int(m[4] or m[6] or 1), int(m[5] or m[7] or 0), bool(m[8]))
+        m = _DIM_RE.match(text) if isinstance(text, str) else None
+        args: dict = {}
+        for item in m[2].split(", ") if m and m[2] else ():
+            a = _DIM_ARG_RE.match(item)
+            if not a or (a[1] or a[3]) in args:
+                m = None
+                break
+            args[a[1] or a[3]] = int(a[2]) if a[1] else True
+        label = cls(m[1], **args) if m else None
+        if label is None or str(label) != text:  # one spelling: arguments in order, none at its default
+            raise SpecError(f"bad dim label {text!r} (expected N, S<j>, S<j>(halo=H) or S<j>(scale=K, extend=E, "
+                            "local) with any of the three)")
+        return label
 
 
 N = DimLabel()
@@ -583,13 +586,12 @@ class ShardIn(_HowCut):
     local: bool = False
 
     def __str__(self) -> str:
+        local = ", local" if self.local else ""
         if self.halo:
             return f"S({self.dim}, halo={self.halo})"
-        if self.local:
-            return f"S({self.dim}, local)"
         if self.follows:
-            return f"S({self.dim}, scale={self.scale}, extend={self.extend})"
-        return f"S({self.dim})"
+            return f"S({self.dim}, scale={self.scale}, extend={self.extend}{local})"
+        return f"S({self.dim}{local})"
 
 
 @dataclass(frozen=True)
@@ -737,15 +739,15 @@ class Group:
     offset: tuple[tuple[int, int | None], ...] = ()  # (input index, component): IndexOffset
     drop: bool = False  # the offsets run the op's dropping form (OffsetIn.drop)
     local: bool = False  # the shards run the op with params re-based to them (DimLabel.local)
-    # (input index, dim, scale, extend): cut where dims[0] is, in proportion (see DimLabel)
-    follow: tuple[tuple[int, int, int, int], ...] = ()
+    # (input index, dim, scale, extend, local): cut where dims[0] is, in proportion (see DimLabel)
+    follow: tuple[tuple[int, int, int, int, bool], ...] = ()
 
     def placements(self, n_inputs: int) -> tuple[InputPlacement, ...]:
         out: list[InputPlacement] = [Replicate()] * n_inputs
         for i, d, h in self.dims:
             out[i] = ShardIn(d, h, local=self.local)
-        for i, d, scale, extend in self.follow:
-            out[i] = ShardIn(d, 0, scale, extend)
+        for i, d, scale, extend, local in self.follow:
+            out[i] = ShardIn(d, 0, scale, extend, local)
         for i in self.partial:
             out[i] = PartialInput(self.partial_op)
         for i, component in self.offset:

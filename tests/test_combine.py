@@ -53,6 +53,21 @@ def test_proportional_bounds_follow_the_plain_cut():
     assert proportional_bounds(plain, 2, 0, 9) is None  # a length out of proportion
 
 
+def test_a_local_follower_reaches_past_the_dim_where_the_op_pads():
+    from metaspmd.combine import follower_ranges, follower_shards
+    from metaspmd.spec import ShardIn
+
+    ops = NumpyOps()
+    source, operand = np.zeros((5,)), np.arange(4.0)  # windows of 2 on the operand padded by (1, 1)
+    padding = lambda i, d: (1, 1) if i == 1 else None  # noqa: E731
+    placements = (ShardIn(0), ShardIn(0, 0, 1, 1, local=True))
+    reference = [(0, 2), (2, 2), (4, 1)]  # windows [0, 2), [2, 4), [4, 5)
+    assert follower_ranges(ops, [source, operand], placements, reference, padding) == {1: [(-1, 2), (1, 4), (3, 5)]}
+    shards = follower_shards(ops, [source, operand], placements, reference, padding)[1]
+    assert [s.tolist() for s in shards] == [[0.0, 1.0], [1.0, 2.0, 3.0], [3.0]]  # clipped: the op pads the rest
+    assert follower_ranges(ops, [source, operand], placements, reference) is None  # no padding, nothing to re-base
+
+
 def test_partial_factors_multiply_to_the_input():
     from metaspmd.combine import partial_factors
 

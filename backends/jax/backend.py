@@ -46,12 +46,14 @@ class PrimitiveCall:
     prim: core.Primitive = field(compare=False)
     params: dict = field(compare=False)
     shapes: tuple[tuple[int, ...], ...]  # the example's (global) operand shapes
+    refit: bool = True  # False: params re-based to a shard already (OpCase.localize)
 
     def __call__(self, *args: Any, **_plain_params: Any) -> Any:
         operands = flatten_operands(args)
         local = tuple(tuple(int(s) for s in np.shape(x)) for x in operands)
         check_shapes(self.prim.name, local)
-        out = self.prim.bind(*operands, **for_shards(self.prim.name, self.params, self.shapes, local))
+        params = for_shards(self.prim.name, self.params, self.shapes, local) if self.refit else self.params
+        out = self.prim.bind(*operands, **params)
         return list(out) if self.prim.multiple_results else out
 
 
@@ -199,7 +201,7 @@ def _rebase_split(params: dict, d: int, start: int, stop: int, size: int) -> dic
 _REBASE = {"slice": _rebase_slice, "split": _rebase_split}
 
 
-def _unstack_held(call: PrimitiveCall, d: int, start: int, stop: int) -> Callable[..., Any] | None:
+def _unstack_held(call: PrimitiveCall, d: int, start: int, stop: int, size: int) -> Callable[..., Any] | None:
     """unstack of a shard of its axis: the pieces it holds, zeros for the others (which the
     shards' sum then ignores)."""
     if d != call.params["axis"]:
@@ -209,30 +211,62 @@ def _unstack_held(call: PrimitiveCall, d: int, start: int, stop: int) -> Callabl
         (x,) = flatten_operands(args)
         pieces = call.prim.bind(x, **call.params)
         zero = jax.numpy.zeros(pieces[0].shape if pieces else x.shape[:d] + x.shape[d + 1:], x.dtype)
-        return [pieces[t - start] if start <= t < stop else zero for t in range(call.shapes[0][d])]
+        return [pieces[t - start] if start <= t < stop else zero for t in range(size)]
 
     return held
 
 
-def localizer(call: PrimitiveCall) -> Callable[[Mapping[int, tuple[int, int, int]]], Callable[..., Any] | None] | None:
-    """``OpCase.localize`` for a primitive whose params name positions along an operand dim:
-    slice bounds, split sizes and unstack pieces, re-based to a shard of the operand."""
-    name = call.prim.name
-    if name not in _REBASE and name != "unstack":
+# window ops that pad an operand: which operand, its padding param
+_PADDED_OPERAND = {"select_and_scatter_add": 1, "select_and_scatter": 0}
+
+
+def padding_of(call: PrimitiveCall) -> Callable[[int, int], tuple[int, int] | None] | None:
+    """``OpCase.padding``: how far a window op reads past each of its operand's dims."""
+    operand = _PADDED_OPERAND.get(call.prim.name)
+    if operand is None:
         return None
 
-    def localize(cuts: Mapping[int, tuple[int, int, int]]) -> Callable[..., Any] | None:
+    def padding(leaf: int, dim: int) -> tuple[int, int] | None:
+        low, high = call.params["padding"][dim] if leaf == operand else (0, 0)
+        return (int(low), int(high)) if low or high else None
+
+    return padding
+
+
+def _rebase_padding(call: PrimitiveCall, leaf: int, d: int, start: int, stop: int, size: int) -> PrimitiveCall | None:
+    """A padded window op on the part [start, stop) of its operand's dim ``d`` of ``size``, a
+    range that reaches past the dim where the op pads: only that part is padded."""
+    (low, high), padding = call.params["padding"][d], [tuple(p) for p in call.params["padding"]]
+    if leaf != _PADDED_OPERAND[call.prim.name] or not (-low <= start <= stop <= size + high):
+        return None
+    padding[d] = (max(0, -start), max(0, stop - size))
+    return _as_given(call, dict(call.params, padding=tuple(padding)))
+
+
+def _as_given(call: PrimitiveCall, params: dict) -> PrimitiveCall:
+    """The call with ``params`` already fitted to a shard: bound as they are."""
+    return PrimitiveCall(call.prim, params, call.shapes, refit=False)
+
+
+def localizer(call: PrimitiveCall) -> Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None:
+    """``OpCase.localize`` for a primitive whose params name positions along an operand dim:
+    slice bounds, split sizes, unstack pieces and a window op's padding, re-based to a
+    shard of the operand."""
+    name = call.prim.name
+    if name not in _REBASE and name not in _PADDED_OPERAND and name != "unstack":
+        return None
+
+    def localize(cuts: Mapping[int, tuple[int, int, int, int]]) -> Callable[..., Any] | None:
+        if name in _PADDED_OPERAND and len(cuts) == 1:
+            ((leaf, cut),) = cuts.items()
+            return _rebase_padding(call, leaf, *cut)
         if set(cuts) != {0}:
             return None
-        d, start, stop = cuts[0]
+        d, start, stop, size = cuts[0]
         if name == "unstack":
-            return _unstack_held(call, d, start, stop)
-        params = _REBASE[name](dict(call.params), d, start, stop, call.shapes[0][d])
-        if params is None:
-            return None
-        shape = list(call.shapes[0])
-        shape[d] = stop - start
-        return PrimitiveCall(call.prim, params, (tuple(shape),) + call.shapes[1:])
+            return _unstack_held(call, d, start, stop, size)
+        params = _REBASE[name](dict(call.params), d, start, stop, size)
+        return None if params is None else _as_given(call, params)
 
     return localize
 
@@ -258,7 +292,7 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
                   fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
                   bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),
-                  localize=localizer(call),
+                  localize=localizer(call), padding=padding_of(call),
                   notes=_identity_notes(prim))
 
 

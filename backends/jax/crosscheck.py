@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.combine import (
-    CutInput, Split, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for, scan_ops_for,
+    CutInput, Split, follower_ranges, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for, scan_ops_for,
     shard_with_halo,
 )
 from metaspmd.explorer import explore_case
@@ -233,9 +233,16 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
             if any(length <= p.halo for i, p in sharded if p.halo for _, length in bounds[i]):
                 continue  # a halo rule's domain: every shard holds more than its halo (as explored)
             reference = next((bounds[i] for i, p in sharded if p.plain), None)
-            parts = follower_shards(ops, leaves, placements, reference) if reference else {}
+            parts = follower_shards(ops, leaves, placements, reference, case.padding) if reference else {}
             if parts is None:
                 return "a proportional cut does not fit its plain cut's length"
+            # params re-based to each shard where the cut is local (a slice of the cut dim, a
+            # padded window op's operand): each shard's range, past the dim where the op pads
+            ranges = {i: [(s, s + n) for s, n in bounds[i]] for i, p in sharded if p.local and not p.follows}
+            ranges |= {i: r for i, r in (follower_ranges(ops, leaves, placements, reference, case.padding) or {}).items()
+                       if placements[i].local}
+            cuts = [{i: (placements[i].dim, *r[k], ops.shape(leaves[i])[placements[i].dim]) for i, r in ranges.items()}
+                    for k in range(split.n)]
             for i, p in enumerate(placements):
                 if isinstance(p, ShardIn) and not p.follows:
                     parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds[i], p.halo)
@@ -244,10 +251,7 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
                 elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
                     starts = [start for start, _ in bounds[sharded[0][0]]]
                     parts[i] = offset_positions(ops, whole[i], starts, p.component)
-            # params re-based to each shard where the cut is local (a slice of the cut dim)
-            runs = [_flat_fn(case, ops, drops(placements),
-                             {i: (p.dim, bounds[i][k][0], sum(bounds[i][k])) for i, p in sharded if p.local})
-                    for k in range(split.n)] if any(p.local for _, p in sharded) else [on_shard] * split.n
+            runs = [_flat_fn(case, ops, drops(placements), cut) if cut else on_shard for cut in cuts]
             try:
                 local = [runs[k](*[parts[i][k] if i in parts else x for i, x in enumerate(whole)]) for k in range(split.n)]
             except Exception as e:  # noqa: BLE001

@@ -169,3 +169,18 @@ def test_strided_slice_bounds_re_base_to_the_shard():
     assert _rebase_slice({"start_indices": (0,), "limit_indices": (10,), "strides": None}, 0, 0, 5, 10) is None
     assert _rebase_split({"sizes": (2, 3, 1), "axis": 1}, 1, 3, 6, 6)["sizes"] == (0, 2, 1)
     assert _rebase_split({"sizes": (2, 3, 1), "axis": 1}, 0, 0, 2, 4) is None
+
+
+def test_a_padded_window_op_pads_only_its_outer_shards(backend, ops):
+    # select_and_scatter_add with padding (1, 1): a shard of windows reads its operand range
+    # one element early; the first shard's range starts in the padding, which it pads, and
+    # the inner shards read their neighbours' elements instead. Dim 0 (operand 2, source 3)
+    # is too short for three shards that each read part of it: lengthened, and noted
+    sig = SELECT_AND_SCATTER_ADD.replace("source:i[1,*,*] operand:i", "source:f[*,*,*] operand:f").replace("[[0,0],[0,0],[0,0]]", "[[1,1],[1,1],[1,1]]")
+    entry = explore_case(_case(backend, ops, "jax.select_and_scatter_add", sig), ops)
+    strategies = _strategies(entry).values()
+    for d in range(3):
+        assert ((f"S({d})", f"S({d}, scale=1, extend=1, local)"), (f"gather(dim={d}, overlap=1)",)) in strategies
+    assert any("lengthened from 3 to 6" in n for n in entry.notes)
+    unpadded = dataclasses.replace(_case(backend, ops, "jax.select_and_scatter_add", sig), padding=None)
+    assert not any(p.startswith("S") for s in _strategies(explore_case(unpadded, ops)).values() for p in s[0])
