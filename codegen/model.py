@@ -123,7 +123,8 @@ class JaxStrategy:
     the partition finishes by sharing (value, position) pairs. Such an output has no sharded
     dim. ``partial_inputs``: per input, 'sum' for a Partial one; an index offset as the rule
     model writes it ('O', 'O(0)', 'O(0, drop)') for positions into the cut dim, which the
-    compiler moves and masks itself (the input enters Replicate); else ''.
+    compiler moves and masks itself (the input enters Replicate); 'local' for a cut dim the
+    op slices or splits (DimLabel.local), whose uneven pieces the compiler evens out; else ''.
     """
 
     inputs: tuple[int | None, ...]
@@ -148,25 +149,31 @@ def _arg_reduction(out: OutputCombine) -> str:
     return f"arg{c.op}:{c.input}" if len(out.options) == 1 and isinstance(c, ArgReduce) else ""
 
 
+def _local(p) -> bool:
+    return isinstance(p, ShardIn) and p.local and not p.follows
+
+
 def _compiler_finished(s: Strategy) -> JaxStrategy | None:
     """A strategy that the JAX compiler finishes itself: argreduce outputs (it shares
-    (value, position) pairs) or index-offset inputs (it moves and masks the positions); its
-    other placements plain."""
+    (value, position) pairs), index-offset inputs (it moves and masks the positions) or
+    local params (it evens out a slice's pieces); its other placements plain."""
     args = [_arg_reduction(o) for o in s.outputs]
-    offsets = [str(p) if isinstance(p, IndexOffset) else "" for p in s.inputs]
-    if not any(args + offsets) or not all(
-        isinstance(p, (Replicate, IndexOffset)) or (isinstance(p, ShardIn) and p.plain) for p in s.inputs
+    marks = [str(p) if isinstance(p, IndexOffset) else "local" if _local(p) else "" for p in s.inputs]
+    if not any(args + marks) or not all(
+        isinstance(p, (Replicate, IndexOffset)) or (isinstance(p, ShardIn) and (p.plain or _local(p))) for p in s.inputs
     ):
         return None  # Partial inputs, input halos, proportional cuts: no JAX spelling here
     outs = [None if a else _output_placement(o) for a, o in zip(args, s.outputs)]
     if any(p is None for a, p in zip(args, outs) if not a):
         return None
+    if "local" in marks and any(p is None or p.kind != "Shard" for p in outs):
+        return None  # the compiler evens out a slice's pieces; unstack's held pieces are no Shard
     if any(p.kind == "Partial" and (any(args) or p.op not in JAX_REDUCTION_OPS) for p in outs if p):
         return None
     return JaxStrategy(
         tuple(p.dim if isinstance(p, ShardIn) else None for p in s.inputs),
         tuple(p.dim if p is not None and p.kind == "Shard" else None for p in outs),
-        tuple(offsets),
+        tuple(marks),
         tuple(a or (p.op if p.kind == "Partial" else "") for a, p in zip(args, outs)),
     )
 

@@ -2,7 +2,9 @@
 """JAX rule table: primitive -> canonical signature -> Rule.
 
 A Rule holds the verified strategies on one mesh axis (per input and output: the dim
-sharded over the axis, or None; outputs left Partial name their pending reduction) and,
+sharded over the axis, or None; outputs left Partial name their pending reduction, or
+'argmax:I' for positions along input I's cut dim; inputs name their Partial reduction, an
+index offset ('O(0, drop)') or 'local' for a cut dim the op slices or splits) and,
 where the strategies fit one, a Shardy-style factor rule for
 jax.experimental.custom_partitioning (``sharding_rule`` plus its special factors).
 """
@@ -2990,6 +2992,8 @@ RULES = {
     'jax.slice': {
         'x:f[*,*,*] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None': Rule(
             strategies=(
+                Strategy((0,), (0,), ('local',), ('',)),
+                Strategy((1,), (1,), ('local',), ('',)),
                 Strategy((2,), (2,), ('',), ('',)),
                 Strategy((None,), (None,), ('sum',), ('sum',)),
             ),
@@ -2999,6 +3003,7 @@ RULES = {
         ),
         'x:f[*,*] limit_indices=[2,1] start_indices=[1,1] strides=[1,1]': Rule(
             strategies=(
+                Strategy((0,), (0,), ('local',), ('',)),
                 Strategy((1,), (None,), ('',), ('',)),
                 Strategy((None,), (None,), ('sum',), ('',)),
             ),
@@ -3008,6 +3013,7 @@ RULES = {
         ),
         'x:f[*] limit_indices=[2] start_indices=[1] strides=None': Rule(
             strategies=(
+                Strategy((0,), (0,), ('local',), ('',)),
                 Strategy((None,), (None,), ('sum',), ('sum',)),
             ),
             sharding_rule='r1 -> r2',
@@ -3037,6 +3043,7 @@ RULES = {
         'x:f[*,*] axis=1 sizes=[2,3,1]': Rule(
             strategies=(
                 Strategy((0,), (0, 0, 0), ('',), ('', '', '')),
+                Strategy((1,), (1, 1, 1), ('local',), ('', '', '')),
                 Strategy((None,), (None, None, None), ('sum',), ('sum', 'sum', 'sum')),
             ),
             sharding_rule='s1 r1 -> s1 r2, s1 r3, s1 r4',

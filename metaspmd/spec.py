@@ -295,7 +295,8 @@ class DimLabel(_HowCut):
     (``S1(extend=1, local)``), the proportion is to the dim as the op pads it
     (``OpCase.padding``): a shard's range may reach past the dim's ends, and the op pads
     only that part (select_and_scatter_add with padding: the outer shards pad, the inner
-    ones read their neighbours' elements instead). No runtime here plans with it."""
+    ones read their neighbours' elements instead). The JAX runtime plans with a local
+    plain cut whose outputs gather (Shardy evens the pieces out); DTensor cannot."""
 
     label: str | None = None
     halo: int = 0

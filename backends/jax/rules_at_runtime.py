@@ -24,7 +24,7 @@ from metaspmd.spec import (
 )
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
-from .backend import clamped_positions, dropping_form
+from .backend import clamped_positions, dropping_form, localizer, padding_of
 from .capture import Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
@@ -50,6 +50,8 @@ def _table() -> Mapping[str, Mapping[str, Any]]:
 def _table_input(dim: int | None, partial: str):
     if partial.startswith("O"):
         return IndexOffset.parse(partial)
+    if partial == "local":  # a slice or split of the cut dim (DimLabel.local)
+        return ShardIn(dim, local=True)
     return PartialInput(partial) if partial else ShardIn(dim) if dim is not None else Replicate()
 
 
@@ -154,7 +156,8 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
         ) | IDENTITY_OPERANDS.get(prim, frozenset())
         # as the sweep's cases: XLA never reads past an operand, so positions may be offset
         return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
-                      bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn))
+                      bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
+                      localize=localizer(node.fn), padding=padding_of(node.fn))
 
     return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
 

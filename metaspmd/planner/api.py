@@ -134,7 +134,7 @@ def plan(
     later members delivered in the first one's placement; ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
     ``strict``: shards must divide evenly; ``finishes``: what the runtime's
-    compiler finishes itself (``JAX_FINISHES``: arg-reductions, index offsets). See build_problem.
+    compiler finishes itself (``JAX_FINISHES``: arg-reductions, index offsets, local params). See build_problem.
     """
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,

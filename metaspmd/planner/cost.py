@@ -73,6 +73,12 @@ class CostModel:
     def all_reduce(self, axis: int, nbytes: float) -> float:
         return 0.0 if self._axis(axis).size == 1 else self.device.collective_launch + 2.0 * self._ring(axis, nbytes)
 
+    def neighbour_exchange(self, axis: int, nbytes: float) -> float:
+        """Each device sends up to ``nbytes`` to a neighbour on the axis (a collective
+        permute: the pieces of a slice of a cut dim evened out)."""
+        a = self._axis(axis)
+        return 0.0 if a.size == 1 else self.device.collective_launch + a.alpha + nbytes * a.beta
+
     def all_to_all(self, axis: int, nbytes: float) -> float:
         a = self._axis(axis)
         k = a.size

@@ -86,8 +86,10 @@ class Plan:
             raise PlannerError(f"no var named {var!r} in the plan") from None
 
     def collectives(self) -> list[str]:
-        """Every non-free collective, as 'kind@axis', in plan order."""
-        return [str(s) for r in self.reshards for s in r.steps if s.kind not in ("slice", "zero")]
+        """Every non-free collective, as 'kind@axis', in plan order; then the neighbour
+        exchanges nodes make themselves (a slice of a cut dim evened out), 'collective-permute@axis'."""
+        steps = [str(s) for r in self.reshards for s in r.steps if s.kind not in ("slice", "zero")]
+        return steps + [f"collective-permute@{self.mesh.axes[a].name}" for n in self.nodes for a in n.strategy.exchanges]
 
     def table(self) -> str:
         """A readable per-node table, then the resharding and the totals."""

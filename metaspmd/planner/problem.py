@@ -178,6 +178,10 @@ def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequen
             for s in ss
         ])
     mem = np.array([sum(cm.memory(v.shape, v.dtype, s.outputs[k]) for k, v in t_outs) for s in ss])
+    # a slice of a cut dim: the compiler evens the pieces out, each device sending at most its
+    # output shard to a neighbour, once per axis that cuts it (the node's own communication,
+    # charged with its compute)
+    cost = cost + np.array([sum(cm.neighbour_exchange(axis, m) for axis in s.exchanges) for s, m in zip(ss, mem)])
     shape_preserving = bool(ins) and all(v.shape in set(in_shapes) for _, v in t_outs)
     return ss, cost, mem, shape_preserving and not (is_matmul(op.op) or is_conv(op.op))
 

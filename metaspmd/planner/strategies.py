@@ -12,7 +12,8 @@ runtime's compiler finishes them (``Finishes``; JAX's does, DTensor has no such 
 positions along a cut reduced dim (argreduce) come out ``Partial("argmax")`` /
 ``Partial("argmin")``, pending an arg-reduction; positions offset by each shard's start (a
 gather, scatter or update slice into a cut operand) enter Replicate, and the compiler offsets
-and masks them.
+and masks them; a slice or split of a cut dim (local params) keeps it cut, and the compiler
+moves the uneven pieces into even shards (``NodeStrategy.exchanges``).
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -37,14 +38,18 @@ class Finishes:
     """What the runtime's compiler finishes on its own beyond plain placements.
     ``arg_reduce``: an arg-reduction over a cut dim (XLA all-gathers (value, position) pairs);
     ``index_offset``: a gather, scatter or update slice whose operand is cut along a dim its
-    positions index (Shardy offsets and masks them: a vocab-parallel embedding lookup)."""
+    positions index (Shardy offsets and masks them: a vocab-parallel embedding lookup);
+    ``local_params``: a slice, split or unstack of a cut dim, each shard running its own part
+    (ShardIn.local): Shardy's permutation factor, which evens the pieces out with collective
+    permutes rather than gathering the input."""
 
     arg_reduce: bool = False
     index_offset: bool = False
+    local_params: bool = False
 
 
 PLACEMENTS_ONLY = Finishes()  # DTensor
-JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True)
+JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True, local_params=True)
 
 
 @dataclass(frozen=True)
@@ -54,16 +59,20 @@ class AxisStrategy:
     label: str
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
+    exchange: bool = False  # the compiler moves data between the axis's shards (local params)
 
 
 @dataclass(frozen=True)
 class NodeStrategy:
     """A strategy of one node on the whole mesh: per tensor input and per output, one
-    placement per mesh axis. ``label`` names the rule strategy of each axis ('S1,R')."""
+    placement per mesh axis. ``label`` names the rule strategy of each axis ('S1,R').
+    ``exchanges``: the mesh axes along which the node itself moves data between shards
+    (a slice of a cut dim: a neighbour exchange of its output's shards)."""
 
     label: str
     inputs: tuple[Placements, ...]
     outputs: tuple[Placements, ...]
+    exchanges: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         ins = " ".join("[" + placements_str(p) + "]" for p in self.inputs)
@@ -71,9 +80,14 @@ class NodeStrategy:
         return f"{self.label}: {ins} -> {outs}"
 
 
+def _local(p: spec.InputPlacement) -> bool:
+    """A plain cut whose shards run the op with their own params (a slice of the cut dim)."""
+    return isinstance(p, spec.ShardIn) and p.local and not p.follows
+
+
 def _input_placement(p: spec.InputPlacement, finishes: Finishes = PLACEMENTS_ONLY) -> Placement | None:
     if isinstance(p, spec.ShardIn):
-        return Shard(p.dim) if p.plain else None
+        return Shard(p.dim) if p.plain or (_local(p) and finishes.local_params) else None
     if isinstance(p, spec.PartialInput):  # DTensor cannot partition a replicated value by product
         return Partial(p.op) if p.op != "prod" else None
     if isinstance(p, spec.IndexOffset):  # Replicate to the framework, which moves the positions
@@ -110,7 +124,10 @@ def axis_strategy(s: spec.Strategy, finishes: Finishes = PLACEMENTS_ONLY) -> Axi
     outs = tuple(_output_placement(c, finishes) for c in s.outputs)
     if any(p is None for p in ins) or any(p is None for p in outs):
         return None
-    return AxisStrategy(s.label, ins, outs)  # type: ignore[arg-type]
+    exchange = any(_local(p) for p in s.inputs)
+    if exchange and not all(isinstance(p, Shard) for p in outs):
+        return None  # the compiler evens out a slice's pieces; unstack's held pieces are no Shard
+    return AxisStrategy(s.label, ins, outs, exchange)  # type: ignore[arg-type]
 
 
 def axis_strategies(rules: Iterable[spec.Strategy], n_inputs: int, n_outputs: int,
@@ -154,7 +171,8 @@ def compose(
         if (ins, outs) in seen:
             continue
         seen.add((ins, outs))
-        result.append(NodeStrategy(",".join(s.label for s in combo), ins, outs))
+        exchanges = tuple(axis for axis, s in enumerate(combo) if s.exchange)
+        result.append(NodeStrategy(",".join(s.label for s in combo), ins, outs, exchanges))
     return result
 
 

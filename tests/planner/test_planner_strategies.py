@@ -96,3 +96,18 @@ def test_index_offsets_enter_replicate_where_the_compiler_moves_the_positions():
     assert axis_strategy(s) is None
     a = axis_strategy(s, JAX_FINISHES)
     assert a.inputs == (Shard(0), Replicate()) and a.outputs == (Partial("sum"),)
+
+
+def test_a_slice_of_a_cut_dim_keeps_it_cut_where_the_compiler_evens_out_the_pieces():
+    # local params (a slice, split): Shardy's permutation factor, a neighbour exchange the node
+    # makes itself, charged to it on each axis that cuts it; DTensor cannot run uneven pieces
+    s = spec.Strategy("S1", (spec.ShardIn(1, local=True),), (spec.OutputCombine.parse("gather(dim=1)"),))
+    assert axis_strategy(s) is None
+    a = axis_strategy(s, JAX_FINISHES)
+    assert a.inputs == (Shard(1),) and a.outputs == (Shard(1),) and a.exchange
+    mesh = Mesh.of((2, 2))
+    node = next(n for n in compose([a, axis_strategies([], 1, 1)[0]], mesh, [(8, 8)], [(8, 4)]) if n.label == "R,S1")
+    assert node.exchanges == (1,)
+    # unstack's pieces held by one shard each come out Partial: not something to even out
+    held = spec.Strategy("S1", (spec.ShardIn(1, local=True),), (spec.OutputCombine.parse("reduce(sum)"),))
+    assert axis_strategy(held, JAX_FINISHES) is None
