@@ -17,7 +17,9 @@ from .cost import CostModel
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
-from .strategies import PLACEMENTS_ONLY, Finishes, NodeStrategy, axis_strategies, compose, tensor_placements
+from .strategies import (
+    PLACEMENTS_ONLY, AxisStrategy, Finishes, NodeStrategy, axis_strategies, compose, tensor_placements,
+)
 
 
 class PlannerError(ValueError):
@@ -90,12 +92,22 @@ class ShardingProblem:
         return out
 
 
-def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], n_in: int, finishes: Finishes = PLACEMENTS_ONLY) -> list:
+def _fills(op: MetaOp, ins: Sequence[MetaVar], finishes: Finishes) -> list[AxisStrategy]:
+    """A fill from scalars the compiler computes in place (``Finishes.fill_ops``): its one
+    output cut along each dim, the scalars Replicate."""
+    outs = [v for v in op.outputs if v.is_tensor]
+    if op.op not in finishes.fill_ops or any(len(v.shape) for v in ins) or len(outs) != 1 or len(op.outputs) != 1:
+        return []
+    return [AxisStrategy(f"fill{d}", (REPLICATE,) * len(ins), (Shard(d),)) for d in range(len(outs[0].shape))]
+
+
+def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], ins: Sequence[MetaVar],
+                finishes: Finishes = PLACEMENTS_ONLY) -> list:
     """Rule strategies fitted to the op's outputs: rules may list every output or only the
-    tensor ones (non-tensor outputs are then Replicate)."""
+    tensor ones (non-tensor outputs are then Replicate); then the fills the compiler makes."""
     tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
-    n_all = len(op.outputs)
-    fitted = axis_strategies(rules, n_in, n_all, finishes)
+    n_all, n_in = len(op.outputs), len(ins)
+    fitted = axis_strategies(rules, n_in, n_all, finishes) + _fills(op, ins, finishes)
     if len(tensor_pos) != n_all:
         for r in axis_strategies(rules, n_in, len(tensor_pos), finishes):
             outs = [REPLICATE] * n_all
@@ -160,7 +172,7 @@ def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequen
     may follow its producer (shape-preserving and not a contraction)."""
     in_shapes = [v.shape for v in ins]
     out_shapes = [v.shape if v.is_tensor else None for v in op.outputs]
-    rules = _node_rules(op, given, len(ins), finishes)
+    rules = _node_rules(op, given, ins, finishes)
     ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
     itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
     t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]

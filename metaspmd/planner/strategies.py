@@ -41,15 +41,19 @@ class Finishes:
     positions index (Shardy offsets and masks them: a vocab-parallel embedding lookup);
     ``local_params``: a slice, split or unstack of a cut dim, each shard running its own part
     (ShardIn.local): Shardy's permutation factor, which evens the pieces out with collective
-    permutes rather than gathering the input."""
+    permutes rather than gathering the input; ``fill_ops``: ops that, given only scalars (a
+    fill from a constant, an iota), the compiler computes where each part of the output
+    lives, so that output may take any placement without communication or a whole copy."""
 
     arg_reduce: bool = False
     index_offset: bool = False
     local_params: bool = False
+    fill_ops: frozenset[str] = frozenset()
 
 
 PLACEMENTS_ONLY = Finishes()  # DTensor
-JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True, local_params=True)
+JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True, local_params=True,
+                        fill_ops=frozenset({"jax.broadcast_in_dim", "jax.iota"}))
 
 
 @dataclass(frozen=True)

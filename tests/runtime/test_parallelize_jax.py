@@ -209,6 +209,28 @@ def test_vocab_parallel_lookup_and_its_gradient_match_single_device(mesh, cache)
 
 
 @needs_devices
+def test_fills_are_created_cut_where_the_budget_wants_them_and_match_single_device(mesh, cache):
+    # the gradient starts from zeros the size of the table (a broadcast of 0.0), the weights
+    # are an iota: given only scalars, the compiler computes each device's part where it
+    # lives, so they are created cut, with no communication. Without that, the tensors left
+    # with one placement alone need 114,796 bytes of the 100,000-byte budget
+    def lookup(p, ids):  # the rows weighted by their position, as a regulariser
+        return p["table"][ids] * 2.0 + (p["table"] * jnp.arange(4096, dtype=jnp.float32)[:, None]).mean()
+
+    params = {"table": jax.random.normal(jax.random.key(0), (4096, 3), jnp.float32)}
+    ids = jnp.array([3, 17, 4000, 1025, 2048, 9, 77, 4095], jnp.int32)
+    par = parallelize(lookup, mesh, (ids,), params=params, cache=cache, memory_budget=100_000)
+    out, grads = par(ids)
+    np.testing.assert_allclose(out, lookup(params, ids), rtol=1e-5)
+    np.testing.assert_allclose(grads["table"], jax.grad(lambda p: lookup(p, ids).sum())(params)["table"], rtol=1e-5)
+    assert par.plan.memory <= 100_000
+    strategy = {n.op: n.strategy for n in par.plan.nodes}
+    assert strategy["jax.iota"].outputs == ((planner.Shard(0),),), par.explain()
+    zeros = [n for n in par.plan.nodes if n.op == "jax.broadcast_in_dim" and n.strategy.label.startswith("fill")]
+    assert any(n.strategy.outputs == ((planner.Shard(0),),) for n in zeros), par.explain()
+
+
+@needs_devices
 def test_a_slice_of_a_cut_dim_keeps_it_cut_and_matches_single_device(mesh, cache):
     # half of w's columns, w too big for the budget whole: its columns stay cut through the
     # slice, each shard slicing its own part (local params) and the compiler evening the
