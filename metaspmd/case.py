@@ -56,8 +56,9 @@ class OpCase:
     params there. ``padding(leaf, dim)``: (low, high), how far the op reads past that dim's
     ends (a window op's padding), or None.
 
-    ``reserve``: explored only where no earlier case of the op found a strategy (a backend's spare
-    samples, after those it explores first). ``notes`` go into the entry as they are.
+    ``reserve``: explored only where no earlier case of the op found a strategy (a
+    backend's spare samples, after those it explores first). ``notes`` go into the entry
+    as they are.
     """
 
     op: str
@@ -90,8 +91,8 @@ class OpCase:
              local: Mapping[int, tuple[int, int, int, int]] | None = None) -> Any:
         """The op on ``args``; ``drop``: its dropping form; ``local``: its params re-based
         to the shard that ``args`` are (the cuts of ``localize``)."""
-        if drop and self.dropping is None:
-            raise ValueError(f"{self.op} has no dropping form")
+        if drop and (self.dropping is None or local):
+            raise ValueError(f"{self.op} has no dropping form" + (" with local params" if local else ""))
         fn = self.dropping if drop else self.fn
         if local:
             fn = self.localize(local) if self.localize is not None else None

@@ -10,7 +10,7 @@ binds the real params, rewritten for shard shapes where they embed the global sh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -26,6 +26,7 @@ from .catalog import catalog, primitive_of
 from .params import check_shapes, flatten_operands, for_shards, group_operands, signature_params
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
+from .local_params import localizer, padding_of
 from .programs import Occurrence
 from .tensor_ops import JaxOps, kind_of
 
@@ -174,101 +175,6 @@ def clamped_positions(call: PrimitiveCall) -> Callable[[list], list] | None:
         return [operand, jax.numpy.asarray(np.clip(indices, 0, top)), *operands[2:]]
 
     return clamp
-
-
-def _rebase_slice(params: dict, d: int, start: int, stop: int, size: int) -> dict | None:
-    """The slice's positions along ``d`` that [start, stop) holds, counted from ``start``."""
-    first, limit = params["start_indices"][d], params["limit_indices"][d]
-    stride = params["strides"][d] if params.get("strides") else 1
-    if first == 0 and limit == size and stride == 1:
-        return None  # the whole dim: a plain cut, nothing to re-base
-    low = first + -(-(max(start, first) - first) // stride) * stride  # first position held
-    high = min(stop, limit)
-    starts, limits = list(params["start_indices"]), list(params["limit_indices"])
-    starts[d], limits[d] = (low - start, high - start) if low < high else (0, 0)
-    return {**params, "start_indices": tuple(starts), "limit_indices": tuple(limits)}
-
-
-def _rebase_split(params: dict, d: int, start: int, stop: int, size: int) -> dict | None:
-    """Each piece's part in [start, stop)."""
-    if d != params["axis"]:
-        return None
-    ends = np.cumsum(params["sizes"])
-    sizes = tuple(max(0, min(stop, int(e)) - max(start, int(e) - n)) for e, n in zip(ends, params["sizes"]))
-    return {**params, "sizes": sizes}
-
-
-_REBASE = {"slice": _rebase_slice, "split": _rebase_split}
-
-
-def _unstack_held(call: PrimitiveCall, d: int, start: int, stop: int, size: int) -> Callable[..., Any] | None:
-    """unstack of a shard of its axis: the pieces it holds, zeros for the others (which the
-    shards' sum then ignores)."""
-    if d != call.params["axis"]:
-        return None
-
-    def held(*args: Any, **_plain_params: Any) -> list:
-        (x,) = flatten_operands(args)
-        pieces = call.prim.bind(x, **call.params)
-        zero = jax.numpy.zeros(pieces[0].shape if pieces else x.shape[:d] + x.shape[d + 1:], x.dtype)
-        return [pieces[t - start] if start <= t < stop else zero for t in range(size)]
-
-    return held
-
-
-# window ops that pad an operand: which operand, its padding param
-_PADDED_OPERAND = {"select_and_scatter_add": 1, "select_and_scatter": 0}
-
-
-def padding_of(call: PrimitiveCall) -> Callable[[int, int], tuple[int, int] | None] | None:
-    """``OpCase.padding``: how far a window op reads past each of its operand's dims."""
-    operand = _PADDED_OPERAND.get(call.prim.name)
-    if operand is None:
-        return None
-
-    def padding(leaf: int, dim: int) -> tuple[int, int] | None:
-        low, high = call.params["padding"][dim] if leaf == operand else (0, 0)
-        return (int(low), int(high)) if low or high else None
-
-    return padding
-
-
-def _rebase_padding(call: PrimitiveCall, leaf: int, d: int, start: int, stop: int, size: int) -> PrimitiveCall | None:
-    """A padded window op on the part [start, stop) of its operand's dim ``d`` of ``size``, a
-    range that reaches past the dim where the op pads: only that part is padded."""
-    (low, high), padding = call.params["padding"][d], [tuple(p) for p in call.params["padding"]]
-    if leaf != _PADDED_OPERAND[call.prim.name] or not (-low <= start <= stop <= size + high):
-        return None
-    padding[d] = (max(0, -start), max(0, stop - size))
-    return _as_given(call, dict(call.params, padding=tuple(padding)))
-
-
-def _as_given(call: PrimitiveCall, params: dict) -> PrimitiveCall:
-    """The call with ``params`` already fitted to a shard: bound as they are."""
-    return PrimitiveCall(call.prim, params, call.shapes, refit=False)
-
-
-def localizer(call: PrimitiveCall) -> Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None:
-    """``OpCase.localize`` for a primitive whose params name positions along an operand dim:
-    slice bounds, split sizes, unstack pieces and a window op's padding, re-based to a
-    shard of the operand."""
-    name = call.prim.name
-    if name not in _REBASE and name not in _PADDED_OPERAND and name != "unstack":
-        return None
-
-    def localize(cuts: Mapping[int, tuple[int, int, int, int]]) -> Callable[..., Any] | None:
-        if name in _PADDED_OPERAND and len(cuts) == 1:
-            ((leaf, cut),) = cuts.items()
-            return _rebase_padding(call, leaf, *cut)
-        if set(cuts) != {0}:
-            return None
-        d, start, stop, size = cuts[0]
-        if name == "unstack":
-            return _unstack_held(call, d, start, stop, size)
-        params = _REBASE[name](dict(call.params), d, start, stop, size)
-        return None if params is None else _as_given(call, params)
-
-    return localize
 
 
 def build_case(op: str, occ: Occurrence) -> OpCase:

@@ -33,8 +33,8 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.combine import (
-    CutInput, Split, follower_ranges, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for, scan_ops_for,
-    shard_with_halo,
+    CutInput, Split, follower_ranges, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for,
+    scan_ops_for, shard_with_halo,
 )
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path

@@ -159,7 +159,7 @@ def test_a_slice_of_a_cut_dim_runs_on_each_shard_with_its_own_bounds(backend, op
 
 
 def test_strided_slice_bounds_re_base_to_the_shard():
-    from backends.jax.backend import _rebase_slice, _rebase_split
+    from metaspmd.backends.jax.local_params import _rebase_slice, _rebase_split
 
     params = {"start_indices": (1,), "limit_indices": (10,), "strides": (3,)}  # rows 1, 4, 7
     assert _rebase_slice(params, 0, 0, 5, 10)["start_indices"] == (1,)  # rows 1, 4
