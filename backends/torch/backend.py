@@ -25,7 +25,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 
-from . import catalog, random_ops, sample_data, views
+from . import catalog, local_params, random_ops, sample_data, views
 from .dropping import dropping_form
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
@@ -276,7 +276,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     are unspecified are compared on shapes and dtypes. The sweep and the runtime's live
     exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
-    fn, candidates, notes = runner, None, ()
+    fn, candidates, notes, localize = runner, None, (), None
     dropping = dropping_form(func, runner)
     random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
     if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):
@@ -296,6 +296,9 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         rule = views.derive(view, args, kwargs) if view is not None else None
         if rule is not None:
             fn, candidates, notes = rule.fn, rule.candidates, notes + rule.notes
+            localize = local_params.localizer(func, args, kwargs) if view is func else None
+            if localize is None and candidates:  # an out= overload writes whole pieces: no local params
+                candidates = tuple(c for c in candidates if not any(getattr(p, "local", False) for p in c[0]))
             if view is not func:
                 notes += (f"derived as {catalog.op_name(view)}, whose result the out= tensor takes",)
     if catalog.trusts_matching_shapes(func):
@@ -313,7 +316,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
-        random=random, value_free=value_free, dropping=dropping, notes=notes,
+        random=random, value_free=value_free, dropping=dropping, localize=localize, notes=notes,
     )
 
 

@@ -639,7 +639,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("our rules DTensor does not give, re-verified", s["extras"], ""),
         ("  DTensor lacks the rule", kinds["dtensor-lacks"], ""),
         ("  DTensor has no rule for the op", kinds["no-dtensor-rule"], ""),
-        ("  no DTensor placement (halo, overlap, proportional, reverse, scan, xor, argreduce, offset)", kinds["no-placement"], ""),
+        ("  no DTensor placement (halo, overlap, proportional, reverse, scan, xor, argreduce, offset, local)", kinds["no-placement"], ""),
         ("  not compared (custom handler, query failed)", kinds["not-compared"], ""),
         ("  re-verified ok", verdicts["ok"], ""),
         ("  re-verification FAILED", verdicts["failed"], ""),

@@ -127,6 +127,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     starts: list[int] = []
     reference: list[tuple[int, int]] = []  # the first plain cut, which proportional cuts follow
     cut: dict[int, CutInput] = {}
+    cuts: list[dict] = [{} for _ in range(n)]  # local params: each shard's part, to re-base them to
     for i, p in enumerate(placements):
         if isinstance(p, ShardIn) and not p.follows:
             size = ops.shape(leaves[i])[p.dim]
@@ -134,6 +135,8 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
             if bounds is None:
                 raise ValueError(f"a dim of size {size} cannot be cut in {n}")
             per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
+            for k, (start, length) in enumerate(bounds if p.local else ()):
+                cuts[k][i] = (p.dim, start, start + length, size)
             starts = starts or [start for start, _ in bounds]
             if not p.halo:
                 reference = reference or bounds
@@ -155,7 +158,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
         local = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
         a, kw = pytree.replace((args, kwargs), ops.is_tensor, local)
         try:
-            got = pytree.leaves(case.call(a, kw, drop), ops.is_tensor)
+            got = pytree.leaves(case.call(a, kw, drop, cuts[k]), ops.is_tensor)
         except Exception as e:
             return Failure(f"shard {k + 1} of {n} fails: {type(e).__name__}", crashed=True)
         if len(got) != len(want):

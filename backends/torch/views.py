@@ -43,7 +43,7 @@ class ViewRule:
 # --------------------------------------------------------------------------- helpers
 
 
-def _bound(func, args: tuple, kwargs: dict) -> dict[str, Any]:
+def bound_args(func, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Argument values by schema name, defaults filled in."""
     out: dict[str, Any] = {}
     for i, a in enumerate(func._schema.arguments):
@@ -182,7 +182,7 @@ def _reshape(func, x, args, kwargs):
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
     mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
     sizes = {**mapping, **{d: o for d, (o, _) in blocks.items()}}  # both rewrite the output size alike
-    size_arg = "size" if "size" in _bound(func, args, kwargs) else "shape"
+    size_arg = "size" if "size" in bound_args(func, args, kwargs) else "shape"
     return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src))
 
 
@@ -192,7 +192,7 @@ def _flatten_like(func, x, args, kwargs):
     # (unflatten(0, [1, 6])), a shard gives that one as -1; otherwise the dim is left out.
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
     mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     if "sizes" not in b:
         return ViewRule(func, _with_blocks(mapping, blocks, src))
     dim, sizes = _norm(b["dim"], x.dim()), list(b["sizes"])
@@ -215,12 +215,12 @@ def _permute_like(func, x, args, kwargs):
 
 
 def _unsqueeze(func, x, args, kwargs):
-    dim = _norm(_bound(func, args, kwargs)["dim"], x.dim() + 1)
+    dim = _norm(bound_args(func, args, kwargs)["dim"], x.dim() + 1)
     return ViewRule(func, _single({d: d + (d >= dim) for d in range(x.dim())}, tuple(x.shape)))
 
 
 def _squeeze(func, x, args, kwargs):
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     rank = x.dim()
     if "dim" in b and b["dim"] is not None:
         targets = b["dim"] if isinstance(b["dim"], (list, tuple)) else [b["dim"]]
@@ -240,7 +240,7 @@ def _squeeze(func, x, args, kwargs):
 
 
 def _expand(func, x, args, kwargs):
-    size = list(_bound(func, args, kwargs)["size"])
+    size = list(bound_args(func, args, kwargs)["size"])
     off = len(size) - x.dim()
     kept = [d for d in range(x.dim()) if x.shape[d] != 1 and size[d + off] in (-1, x.shape[d])]
     local_size = list(size)
@@ -257,7 +257,7 @@ def _expand(func, x, args, kwargs):
 def _sum_to_size(func, x, args, kwargs):
     """Sums the broadcast dims away: a kept dim gathers (its size rewritten to the shard's),
     a summed one reduces by sum."""
-    size = list(_bound(func, args, kwargs)["size"])
+    size = list(bound_args(func, args, kwargs)["size"])
     off = x.dim() - len(size)
     kept = {d: d - off for d in range(off, x.dim()) if x.shape[d] != 1 and size[d - off] == x.shape[d]}
 
@@ -274,13 +274,17 @@ def _sum_to_size(func, x, args, kwargs):
 
 
 def _index_dim(func, x, args, kwargs, drops: bool):
-    """Ops that index one dim (select, slice, narrow, split, unbind): other dims pass through."""
-    b = _bound(func, args, kwargs)
+    """Ops that index one dim (select, slice, narrow, split, unbind): other dims pass through.
+    The indexed dim itself is cut with local params (DimLabel.local): each shard takes the
+    positions it holds (gathered), or the pieces it holds (select, unbind: summed)."""
+    b = bound_args(func, args, kwargs)
     dim = _norm(b.get("dim", 0), x.dim())
     out = func(x, *args[1:], **kwargs)
     n_out = len(out) if isinstance(out, (list, tuple)) else 1
     mapping = {d: d - (drops and d > dim) for d in range(x.dim()) if d != dim}
-    return ViewRule(func, _single(mapping, tuple(x.shape), n_out))
+    combine = Reduce("sum") if drops else Gather(dim)
+    local = ((ShardIn(dim, local=True),), (OutputCombine((combine,)),) * n_out) if x.dim() and x.shape[dim] >= 2 else None
+    return ViewRule(func, _single(mapping, tuple(x.shape), n_out) + ((local,) if local else ()))
 
 
 def _split_dim(func, x, args, kwargs, dim: int):
@@ -290,7 +294,7 @@ def _split_dim(func, x, args, kwargs, dim: int):
 
 
 def _diagonal(func, x, args, kwargs):
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     d1, d2 = _norm(b["dim1"], x.dim()), _norm(b["dim2"], x.dim())
     rest = [d for d in range(x.dim()) if d not in (d1, d2)]
     return ViewRule(func, _single({d: i for i, d in enumerate(rest)}, tuple(x.shape)))
@@ -302,7 +306,7 @@ def _same_dims(func, x, args, kwargs, keep_last: bool = True):
 
 
 def _view_dtype(func, x, args, kwargs):
-    dtype = _bound(func, args, kwargs)["dtype"]
+    dtype = bound_args(func, args, kwargs)["dtype"]
     if torch.empty((), dtype=dtype).element_size() != x.element_size():
         return None
     return _same_dims(func, x, args, kwargs)
@@ -310,7 +314,7 @@ def _view_dtype(func, x, args, kwargs):
 
 def _as_strided(func, x, args, kwargs):
     """as_strided that only reorders (and possibly narrows from 0) the dims of a contiguous input."""
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     size, stride = list(b["size"]), list(b["stride"])
     if not x.is_contiguous() or b.get("storage_offset") not in (None, 0) or x.numel() == 0:
         return None
@@ -346,7 +350,7 @@ def _sizes_follow_grad(func, x, args, kwargs, size_arg: str, mapping: dict[int, 
     """Backward ops that take the forward input's sizes (``input_size``): grad_output dim d
     is input dim ``mapping[d]``, so a shard of d rewrites that size from the local
     grad_output, as DTensor does before running the op on a shard."""
-    full = list(_bound(func, args, kwargs)[size_arg])
+    full = list(bound_args(func, args, kwargs)[size_arg])
 
     def fn(*args, **kwargs):
         size = list(full)
@@ -363,13 +367,13 @@ def _upsample_backward(func, x, args, kwargs):
 
 
 def _select_backward(func, x, args, kwargs):
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     dim = _norm(b["dim"], len(b["input_sizes"]))
     return _sizes_follow_grad(func, x, args, kwargs, "input_sizes", {d: d + (d >= dim) for d in range(x.dim())})
 
 
 def _slice_backward(func, x, args, kwargs):
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     dim = _norm(b["dim"], x.dim())
     return _sizes_follow_grad(func, x, args, kwargs, "input_sizes", {d: d for d in range(x.dim()) if d != dim})
 
@@ -418,7 +422,7 @@ SHAPE_OF_OTHER_NOTE = ("other is read for its global shape only: a shard runs {b
 
 
 def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
-    b = _bound(func, args, kwargs)
+    b = bound_args(func, args, kwargs)
     base_name = _SHAPE_OF_OTHER[view_base(func)]
     base = getattr(torch.ops.aten, base_name).default
     size = list(b["other"].shape)

@@ -25,10 +25,13 @@ def backend() -> TorchBackend:
 
 def _gather_rules(rule, block: bool = False) -> dict[int, int]:
     """Derived candidates of a one-input view op as {input dim: output gather dim}; the
-    plain gathers, or with ``block`` the block gathers as {input dim: (dim, block)}."""
+    plain gathers, or with ``block`` the block gathers as {input dim: (dim, block)}. Cuts
+    with local params (the dim a slice indexes) are left out."""
     out = {}
     for placements, combines in rule.candidates:
         (p,) = placements
+        if p.local:
+            continue
         (c,) = {o for o in combines}
         assert isinstance(p, ShardIn) and len(c.options) == 1 and isinstance(c.first, Gather)
         if c.first.block > 1 and block:
@@ -230,11 +233,35 @@ def test_select_split_and_squeeze_candidates():
     select = _rule_for(torch.ops.aten.select.int, x, 2, 3)
     assert _gather_rules(select) == {0: 0}
     split = _rule_for(torch.ops.aten.split.Tensor, torch.randn(4, 6), 2, 1)
-    assert split.candidates == (((ShardIn(0),), (OutputCombine((Gather(0),)),) * 3),)
+    assert split.candidates == (((ShardIn(0),), (OutputCombine((Gather(0),)),) * 3),
+                                ((ShardIn(1, local=True),), (OutputCombine((Gather(1),)),) * 3))
     squeeze = _rule_for(torch.ops.aten.squeeze.default, x)
     assert _gather_rules(squeeze) == {0: 0, 2: 1}
     shard = x[:1]  # a shard of size 1 keeps its dim: only the global size-1 dim goes
     assert squeeze.fn(shard).shape == (1, 6)
+
+
+def test_a_slice_or_select_of_the_cut_dim_runs_with_its_positions_re_based():
+    """slice [1:8:3] of 10 rows takes rows 1, 4, 7: a shard of rows [5, 10) takes its row 7
+    as its own row 2; split_with_sizes takes each piece's part; select takes the row from the
+    shard that holds it and zeros elsewhere, so the shards sum."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+    from metaspmd.backends.torch.local_params import localizer
+
+    x = torch.arange(20.0).reshape(10, 2)
+    slicing = localizer(torch.ops.aten.slice.Tensor, (x, 0, 1, 8, 3), {})
+    assert slicing({0: (0, 5, 10, 10)})(x[5:]).tolist() == [[14.0, 15.0]]
+    assert slicing({0: (0, 0, 5, 10)})(x[:5]).tolist() == [[2.0, 3.0], [8.0, 9.0]]
+    assert slicing({0: (0, 8, 10, 10)})(x[8:]).shape == (0, 2)
+    assert localizer(torch.ops.aten.slice.Tensor, (x, 0, 0, 10), {})({0: (0, 0, 5, 10)}) is None  # whole dim
+    pieces = localizer(torch.ops.aten.split_with_sizes.default, (x, [2, 3, 5], 0), {})({0: (0, 3, 6, 10)})(x[3:6])
+    assert [p.shape[0] for p in pieces] == [0, 2, 1]
+    held = localizer(torch.ops.aten.select.int, (x, 0, -2), {})
+    assert held({0: (0, 5, 10, 10)})(x[5:]).tolist() == [16.0, 17.0] and not held({0: (0, 0, 5, 10)})(x[:5]).any()
+    func = torch.ops.aten.select.int
+    entry = explore_case(torch_case(func, (torch.randn(5, 6, 5, dtype=torch.float64), 1, 2), {}, make_runner(func)),
+                         get_backend(opinfos=()).tensor_ops())
+    assert "S2(local)" in str(entry.shard) and "reduce(sum)" in str(entry.combine), entry
 
 
 def test_expand_rewrites_sizes_for_shards():
