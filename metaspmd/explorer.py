@@ -960,11 +960,7 @@ class _Explorer:
         for h in range(1, self.config.max_input_halo + 1):
             g = Group(tuple((i, d, h) for i, d, _ in group.dims))
             trials = self._lengthened_trials(g)
-            if trials is None:
-                continue
-            with self._on_trials(trials):
-                accepted = accept(g, self._explore(g))
-            if accepted:
+            if trials is not None and self._accepted_on(g, trials, accept):
                 if trials is not self.trials:
                     self.widened[g.placements(n_inputs)] = self._widened_notes(g)
                 return True
@@ -1003,17 +999,18 @@ class _Explorer:
         finally:
             self.trials = saved
 
+    def _accepted_on(self, group: Group, trials: list[_Trial], accept) -> bool:
+        """``accept`` of ``group`` explored and verified on ``trials`` instead of the sample's."""
+        with self._on_trials(trials):
+            return accept(group, self._explore(group))
+
     def _follow_lengthened(self, groups: list[Group], accept, n_inputs: int) -> bool:
         """Proportional groups on trials whose cut dims are lengthened in proportion, where the
         sample's are too short for three shards that do not each read the whole follower
         (an operand of 2 beside a source of 3): the first one accepted, noted in the entry."""
         for g in groups:
             trials = self._lengthened_follow_trials(g)
-            if trials is None:
-                continue
-            with self._on_trials(trials):
-                accepted = accept(g, self._explore(g))
-            if accepted:
+            if trials is not None and self._accepted_on(g, trials, accept):
                 i0, d0, _ = g.dims[0]
                 size = self.ops.shape(self.trials[0].leaves[i0])[d0]
                 self.widened[g.placements(n_inputs)] = [
