@@ -1899,9 +1899,11 @@ RULES = {
         'operand:c[*,*] padding_value:c[] padding_config=[[0,0,0],[-1,-1,0]]': Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
+                Strategy((1, None), (1,), ('local', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
+                Strategy((0, None), (0,), ('', 'sum'), ('',)),
+                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -1910,9 +1912,11 @@ RULES = {
         'operand:f[*,*] padding_value:f[] padding_config=[[0,0,0],[-1,-1,0]]': Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
+                Strategy((1, None), (1,), ('local', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
+                Strategy((0, None), (0,), ('', 'sum'), ('',)),
+                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),
@@ -1921,9 +1925,11 @@ RULES = {
         'operand:i[*,*] padding_value:i[] padding_config=[[0,0,0],[-1,-1,0]]': Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
+                Strategy((1, None), (1,), ('local', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),
-                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
                 Strategy((None, None), (None,), ('', 'sum'), ('',)),
+                Strategy((0, None), (0,), ('', 'sum'), ('',)),
+                Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
             ),
             sharding_rule=None,
             reduction_factors=(),

@@ -2,8 +2,9 @@
 operand dim, re-based to one shard of it.
 
 A slice keeps the part of its range the shard holds, a split the part of each piece, an
-unstack the pieces the shard holds (zeros for the others), and a padded window op pads
-only where the shard's range reaches past the operand (``padding_of``). The calls are
+unstack the pieces the shard holds (zeros for the others), a pad pads only the outer ends
+of the outer shards, and a padded window op pads only where the shard's range reaches past
+the operand (``padding_of``). The calls are
 ``backend.PrimitiveCall`` with their params already the shard's (``refit=False``).
 """
 
@@ -40,7 +41,18 @@ def _rebase_split(params: dict, d: int, start: int, stop: int, size: int) -> dic
     return {**params, "sizes": sizes}
 
 
-_REBASE = {"slice": _rebase_slice, "split": _rebase_split}
+def _rebase_pad(params: dict, d: int, start: int, stop: int, size: int) -> dict | None:
+    """Low padding on the first shard only, high on the last; the others end with the
+    interior padding that follows their last element (a negative low or high crops)."""
+    config = [tuple(c) for c in params["padding_config"]]
+    low, high, interior = config[d]
+    if not (low or high or interior):
+        return None
+    config[d] = (low if start == 0 else 0, high if stop == size else interior, interior)
+    return {**params, "padding_config": tuple(config)}
+
+
+_REBASE = {"slice": _rebase_slice, "split": _rebase_split, "pad": _rebase_pad}
 
 
 def _unstack_held(call, d: int, start: int, stop: int, size: int) -> Callable[..., Any] | None:

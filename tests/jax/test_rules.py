@@ -73,9 +73,11 @@ def test_reduce_init_is_the_identity_so_a_cut_reduced_dim_sums(backend, ops):
 
 def test_a_fill_value_beside_a_short_dim_allows_widening(backend, ops):
     # pad's integer padding_value is a value, not a position: the halo search lengthens the
-    # dim of 3 (cropped by one at each end) to prove its halo on three shards
+    # dim of 3 (cropped by one at each end) to prove its halo on three shards. Local params
+    # (the outer shards crop) come first, so the halo search runs without them
     case = _case(backend, ops, "jax.pad", "operand:i[*,*] padding_value:i[] padding_config=[[0,0,0],[-1,-1,0]]")
-    entry = explore_case(case, ops)
+    assert any(p == "S(1, local)" for s in _strategies(explore_case(case, ops)).values() for p in s[0])
+    entry = explore_case(dataclasses.replace(case, localize=None), ops)
     assert any(p.startswith("S(1, halo=") for s in _strategies(entry).values() for p in s[0]), _strategies(entry)
     assert any("lengthened from 3 to 6" in note for note in entry.notes)
 
@@ -184,3 +186,20 @@ def test_a_padded_window_op_pads_only_its_outer_shards(backend, ops):
     assert any("lengthened from 3 to 6" in n for n in entry.notes)
     unpadded = dataclasses.replace(_case(backend, ops, "jax.select_and_scatter_add", sig), padding=None)
     assert not any(p.startswith("S") for s in _strategies(explore_case(unpadded, ops)).values() for p in s[0])
+
+
+def test_a_pad_of_a_cut_dim_pads_only_the_outer_ends_of_the_outer_shards():
+    # low padding on the first shard, high on the last, and each inner boundary keeps the
+    # interior padding after its shard's last element: the pieces concatenate to the pad
+    import jax.numpy as jnp
+    from jax import lax
+
+    from metaspmd.backends.jax.local_params import _rebase_pad
+
+    x = jnp.arange(1.0, 8.0)
+    for config in ((2, 3, 1), (-1, 2, 0), (0, -2, 2)):
+        params = {"padding_config": (config,)}
+        want = lax.pad(x, 0.0, (config,))
+        pieces = [lax.pad(x[a:b], 0.0, _rebase_pad(params, 0, a, b, 7)["padding_config"]) for a, b in ((0, 3), (3, 5), (5, 7))]
+        assert jnp.array_equal(jnp.concatenate(pieces), want), config
+    assert _rebase_pad({"padding_config": ((0, 0, 0),)}, 0, 0, 3, 7) is None
