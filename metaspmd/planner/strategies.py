@@ -12,8 +12,8 @@ runtime's compiler finishes them (``Finishes``; JAX's does, DTensor has no such 
 positions along a cut reduced dim (argreduce) come out ``Partial("argmax")`` /
 ``Partial("argmin")``, pending an arg-reduction; positions offset by each shard's start (a
 gather, scatter or update slice into a cut operand) enter Replicate, and the compiler offsets
-and masks them; a slice or split of a cut dim (local params) keeps it cut, and the compiler
-moves the uneven pieces into even shards (``NodeStrategy.exchanges``).
+and masks them; a slice, split or pad of a cut dim (local params) keeps it cut, and the
+compiler moves the uneven pieces into even shards (``NodeStrategy.exchanges``).
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -39,7 +39,7 @@ class Finishes:
     ``arg_reduce``: an arg-reduction over a cut dim (XLA all-gathers (value, position) pairs);
     ``index_offset``: a gather, scatter or update slice whose operand is cut along a dim its
     positions index (Shardy offsets and masks them: a vocab-parallel embedding lookup);
-    ``local_params``: a slice, split or unstack of a cut dim, each shard running its own part
+    ``local_params``: a slice, split or pad of a cut dim, each shard running its own part
     (ShardIn.local): Shardy's permutation factor, which evens the pieces out with collective
     permutes rather than gathering the input; ``fill_ops``: ops that, given only scalars (a
     fill from a constant, an iota), the compiler computes where each part of the output
