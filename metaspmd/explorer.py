@@ -88,7 +88,7 @@ class ExploreConfig:
     partial: bool = True
     offset: bool = True  # integer inputs offset by each shard's start (gather/scatter indices)
     follow: bool = True  # a dim of another input cut in proportion to a failed group
-    local: bool = True  # the op's params re-based to each shard (slice bounds, split sizes)
+    local: bool = True  # the op's params re-based to each shard (slice bounds, split sizes, padding)
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
 
 
@@ -722,7 +722,7 @@ class _Explorer:
                     accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
                 ):
                     continue
-                # a slice or split of the cut dim: each shard takes its own part of the range
+                # a slice, split or pad of the cut dim: each shard takes its own part of the range
                 if self.config.local and self._localizes(group) and accept(
                         Group(group.dims, local=True), self._explore(Group(group.dims, local=True))):
                     continue
