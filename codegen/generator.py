@@ -15,7 +15,7 @@ import jinja2
 
 from metaspmd.registry_io import load_registry
 
-from .model import CodegenError, check_op_name, jax_strategies, placement_rules, shardy_rule
+from .model import DTENSOR_MASKS, CodegenError, check_op_name, jax_strategies, placement_rules, shardy_rule
 
 TEMPLATES = Path(__file__).parent / "templates"
 TARGETS = {"torch": "torch_rules.py", "jax": "jax_rules.py"}
@@ -61,7 +61,8 @@ def render_torch(records) -> str:
         sigs = [(sig, [dict(inputs=_placements(r.inputs), outputs=_placements(r.outputs)) for r in rules[sig]]) for sig in sorted(rules)]
         n_entries += len(sigs)
         ops.append((check_op_name(op), sigs))
-    return _env().get_template("torch_rules.py.j2").render(ops=ops, n_ops=len(ops), n_entries=n_entries)
+    masks = ", ".join(sorted(DTENSOR_MASKS))
+    return _env().get_template("torch_rules.py.j2").render(ops=ops, n_ops=len(ops), n_entries=n_entries, masks=masks)
 
 
 def render_jax(records) -> str:

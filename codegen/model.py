@@ -21,6 +21,10 @@ DTENSOR_PARTIAL_OPS = ("sum", "avg", "max", "min")
 # DTensor's _NormPartial(2), which reduces by the 2-norm when redistributed.
 TABLE_OUTPUT_REDUCE_OPS = ("sum", "max", "min", "norm2")
 JAX_REDUCTION_OPS = ("sum",)
+# Ops whose own DTensor rule moves positions into a row-cut operand and masks those outside
+# each shard (_MaskPartial: a vocab-parallel embedding), which is what a verified offset
+# marked drop says: in the table their positions enter Replicate, and DTensor does the rest.
+DTENSOR_MASKS = frozenset({"aten.embedding.default"})
 _IDENT_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -62,8 +66,8 @@ class Placement:
 REPLICATE = Placement("Replicate")
 
 
-def _input_placement(p) -> Placement | None:
-    if isinstance(p, Replicate):
+def _input_placement(p, masked: bool = False) -> Placement | None:
+    if isinstance(p, Replicate) or (masked and isinstance(p, IndexOffset) and p.drop):
         return REPLICATE
     if isinstance(p, ShardIn):
         return Placement("Shard", p.dim) if p.plain else None
@@ -90,8 +94,9 @@ class PlacementRule:
     outputs: tuple[Placement, ...]
 
 
-def placement_rule(s: Strategy) -> PlacementRule | None:
-    ins = tuple(_input_placement(p) for p in s.inputs)
+def placement_rule(s: Strategy, masked: bool = False) -> PlacementRule | None:
+    """The strategy in DTensor placements, or None; ``masked``: the op is in DTENSOR_MASKS."""
+    ins = tuple(_input_placement(p, masked) for p in s.inputs)
     outs = tuple(_output_placement(o) for o in s.outputs)
     if any(p is None for p in ins + outs):
         return None
@@ -105,7 +110,8 @@ def placement_rules(record: OpRecord) -> dict[str, tuple[PlacementRule, ...]]:
     for e in record.entries:
         if e.status not in ("ok", "derived"):
             continue
-        rules = tuple(dict.fromkeys(r for r in map(placement_rule, e.all_strategies()) if r is not None))
+        masked = record.op in DTENSOR_MASKS
+        rules = tuple(dict.fromkeys(r for r in (placement_rule(s, masked) for s in e.all_strategies()) if r is not None))
         if rules:
             out[e.signature] = rules
     return out

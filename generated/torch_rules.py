@@ -5,6 +5,10 @@ Each strategy is (input placements, output placements), one placement per tensor
 and per tensor output, as torch.distributed.tensor placements. Every strategy here was
 verified numerically by the sweep; look signatures up with
 metaspmd.backends.torch.dtensor_rules, which also installs them into DTensor.
+
+Row-cut strategies of 'aten.embedding.default':
+their positions enter Replicate, and DTensor's own rule moves and masks them
+(_MaskPartial), as the verified rule's offset marked drop does.
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -11094,23 +11098,27 @@ RULES = {
     },
     'aten.embedding.default': {
         'weight:f[*,*] indices:i[*,*]': (
+            ((Shard(0), Replicate()), (Partial('sum'),)),
             ((Shard(1), Replicate()), (Shard(2),)),
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'weight:f[*,*] indices:i[*,*] padding_idx=2': (
+            ((Shard(0), Replicate()), (Partial('sum'),)),
             ((Shard(1), Replicate()), (Shard(2),)),
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'weight:f[*,*] indices:i[*]': (
+            ((Shard(0), Replicate()), (Partial('sum'),)),
             ((Shard(1), Replicate()), (Shard(1),)),
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'weight:f[*,*] indices:i[]': (
+            ((Shard(0), Replicate()), (Partial('sum'),)),
             ((Shard(1), Replicate()), (Shard(0),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),

@@ -16,6 +16,7 @@ import torch
 import torch.fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor keeps it private
 from torch.utils._python_dispatch import _disable_current_modes
 
 from metaspmd import planner
@@ -109,11 +110,29 @@ class _PlannedRun(torch.fx.Interpreter):
         return _run_local(target, args, kwargs, out_placements, mesh, self.current)
 
 
+def _unmasked(x: DTensor, mesh: DeviceMesh) -> DTensor:
+    """``x`` with its _MaskPartial placements as plain Partial(sum). DTensor's row-cut
+    embedding gives one: its local rows for positions outside the shard are still there,
+    masked only when it is reduced, and DTensor refuses to redistribute it to Partial. The
+    mask applied as that reduction would, the rows the shard does not hold are zero."""
+    masked = [axis for axis, p in enumerate(x.placements) if isinstance(p, _MaskPartial)]
+    if not masked:
+        return x
+    local = x.to_local().clone()
+    for axis in masked:
+        x.placements[axis].mask_buffer.apply_mask(local)
+        x.placements[axis].mask_buffer.release_mask()
+    placements = tuple(Partial(p.reduce_op) if axis in masked else p for axis, p in enumerate(x.placements))
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
 def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
-    """DTensor.redistribute, plus Replicate/Shard -> Partial, which DTensor keeps internal.
+    """DTensor.redistribute, plus Replicate/Shard -> Partial, which DTensor keeps internal,
+    and _MaskPartial -> Partial (``_unmasked``).
 
     A value becomes Partial(sum) over an axis by dividing it by the axis size on every
     device (max/min/avg: every device keeps it as is)."""
+    x = _unmasked(x, mesh)
     to_partial = [
         axis for axis, (src, dst) in enumerate(zip(x.placements, target))
         if isinstance(dst, Partial) and not isinstance(src, Partial)

@@ -106,3 +106,29 @@ def test_large_batch_without_budget_gives_data_parallel_mlp(fake_world, cache):
     assert kinds and set(kinds) == {"all-reduce@axis0"} and len(kinds) <= n_params
     assert plan.strategy("addmm_1").outputs[0] == (planner.Shard(0),)  # the output stays batch-sharded
     assert not any(op.op == "aten.ones_like.default" for op in ir.op_list)  # the seed gradient reads no loss
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+
+    def forward(self, ids):
+        return self.emb(ids) * 2.0
+
+
+def test_vocab_parallel_embedding_keeps_the_table_cut_and_matches_single_device(fake_world, cache):
+    """The budget keeps the (4096, 3) table off every device whole, and 3 columns do not
+    split over 4 devices: DTensor's own row-cut embedding (the positions enter Replicate and
+    DTensor masks them, as the verified drop-offset rule says) serves the lookup, and the
+    looked-up rows, zero where a shard does not hold them, sum once."""
+    torch.manual_seed(0)
+    model, ids = Lookup(4096, 3), torch.tensor([[3, 17, 4000, 1025], [2048, 9, 77, 4095]])
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        p = parallelize(model, mesh, (ids,), cache=cache, backward=False, memory_budget=30_000)
+        out = p(ids)
+    torch.testing.assert_close(out, model(ids))
+    lookup = p.plan.strategy("embedding")
+    assert lookup.inputs == ((planner.Shard(0),), (planner.Replicate(),)), p.explain()
+    assert lookup.outputs == ((planner.Partial("sum"),),)
