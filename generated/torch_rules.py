@@ -14,6 +14,9 @@ their positions enter Replicate, and DTensor's own rule moves and masks them
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor._ops._math_ops import _NormPartial  # reduce(norm2); DTensor keeps it private
 
+# ops whose row-cut strategies rely on DTensor's own rule to mask their positions
+MASKED_BY_DTENSOR = ('aten.embedding.default',)
+
 RULES = {
     'aten.__and__.Scalar': {
         'self:i[*,*] other=2': (

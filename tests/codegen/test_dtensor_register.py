@@ -162,3 +162,12 @@ def test_a_norm2_rule_reduces_by_the_2_norm(results):
         assert isinstance(got.placements[0], _NormPartial)
         full = _full_on_every_rank(got)
     torch.testing.assert_close(full, op(x, 2.0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_lookup_whose_row_cut_dtensor_masks_is_never_installed(monkeypatch):
+    # the table's (Shard(0), Replicate) -> Partial(sum) embedding strategy is DTensor's own,
+    # masked one: a DTensor without that rule must not get it unmasked from the table
+    assert "aten.embedding.default" in dtensor_rules.masked_by_dtensor()
+    monkeypatch.setattr(dtensor_rules, "dtensor_has_rule", lambda op: False)
+    report = dtensor_rules.register(["aten.embedding.default"])
+    assert not report.installed and "masks positions" in report.skipped["aten.embedding.default"]
