@@ -55,3 +55,19 @@ class GPT(nn.Module):
 
     def forward(self, x):
         return self.ln(self.blocks(x))
+
+
+class ConvNet(nn.Module):
+    """Two 3x3 convolutions (the first batch-normalized), max pooling and a classifier."""
+
+    def __init__(self, channels: int = 16, classes: int = 10, size: int = 16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, 2 * channels, 3, padding=1)
+        self.fc = nn.Linear(2 * channels * (size // 4) ** 2, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))

@@ -4,6 +4,11 @@ make_fx traces the function (and, for a module, ``torch.autograd.grad`` of a sca
 with respect to its parameters) into ATen ops. An Interpreter run on the example inputs
 records every node's real argument values, so ops missing from the rule table can be
 explored live on the very shapes and values the model uses.
+
+A module's buffers are graph inputs after its parameters. Where the model writes to them
+(BatchNorm's running statistics in training), the graph is functionalized: the writes
+become ops with outputs, which the rules cover like any other, and the new values are
+extra graph outputs that the runtime writes back into the module.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ class Captured:
     n_user_inputs: int
     values: dict  # node name -> (args, kwargs) with the real example values
     n_outputs: int  # leading graph outputs that are the function's own outputs (then gradients)
+    buffer_names: tuple[str, ...] = ()  # graph inputs after the parameters: the module's buffers
+    updated_buffers: tuple[str, ...] = ()  # buffers the model writes; their new values are the last outputs
 
     def parameter_gradient_ties(self) -> list[tuple[str, str]]:
         """(parameter input, its gradient output) node names: a gradient is delivered in its
@@ -47,9 +54,11 @@ def _dtype(x: torch.Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None, names: list[str]):
-    def joint(params: list[torch.Tensor], *inputs):
-        out = torch.func.functional_call(module, dict(zip(names, params)), inputs)
+def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None, names: list[str],
+           buffer_names: list[str]):
+    def joint(params: list[torch.Tensor], buffers: list[torch.Tensor], *inputs):
+        state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
+        out = torch.func.functional_call(module, state, inputs)
         loss = loss_fn(out) if loss_fn is not None else out.sum()
         # The seed gradient d(loss)/d(loss) is the constant 1. autograd's default seed,
         # ones_like(loss), traces as a node that reads the loss, so a plan that shards the
@@ -71,30 +80,91 @@ def capture(
 ) -> Captured:
     """Trace to ATen; a module traces forward + backward (gradients of ``loss_fn(out)``,
     default ``out.sum()``) unless ``backward=False``."""
-    if isinstance(fn_or_module, torch.nn.Module):
-        names = [n for n, _ in fn_or_module.named_parameters()]
-        params = [p.detach().requires_grad_(True) for _, p in fn_or_module.named_parameters()]
-        if backward:
-            fn = _joint(fn_or_module, loss_fn, names)
-        else:
-            def fn(params, *inputs):
-                return torch.func.functional_call(fn_or_module, dict(zip(names, params)), inputs)
-        gm = make_fx(fn)(params, *example_inputs)
-        if backward:
-            # The loss itself is no output (only its gradients are): drop it and anything
-            # else nothing reads. The traced ATen graph is functional, so this is exact.
-            gm.graph.eliminate_dead_code()
-            gm.recompile()
-        flat_inputs = params + list(example_inputs)
-        n_outputs = 1 if backward else -1
+    if not isinstance(fn_or_module, torch.nn.Module):
+        gm = make_fx(fn_or_module)(*example_inputs)
+        values = _record_values(gm, list(example_inputs))
+        ir = to_metair(gm, values)
+        return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list))
+    module = fn_or_module
+    names = [n for n, _ in module.named_parameters()]
+    buffer_names = [n for n, _ in module.named_buffers()]
+    params = [p.detach().requires_grad_(True) for _, p in module.named_parameters()]
+    if backward:
+        fn = _joint(module, loss_fn, names, buffer_names)
     else:
-        names, gm = [], make_fx(fn_or_module)(*example_inputs)
-        flat_inputs, n_outputs = list(example_inputs), -1
-    values = _record_values(gm, flat_inputs)
+        def fn(params, buffers, *inputs):
+            state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
+            return torch.func.functional_call(module, state, inputs)
+    gm = make_fx(fn, decomposition_table=_DECLARED_WRITES)(params, _buffer_copies(module), *example_inputs)
+    written = _written_inputs(gm, len(params), len(buffer_names))
+    if written:
+        gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
+    if backward:
+        # The loss itself is no output (only its gradients are): drop it and anything
+        # else nothing reads. The traced ATen graph is functional, so this is exact.
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    values = _record_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
     ir = to_metair(gm, values)
-    if n_outputs == -1:
-        n_outputs = len(ir.output_list)
-    return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs)
+    n_outputs = 1 if backward else len(ir.output_list) - len(written)
+    updated = tuple(buffer_names[i] for i in written)
+    return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated)
+
+
+def _buffer_copies(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Tracing and recording run the model, which may write its buffers: they run on copies."""
+    return [b.detach().clone() for b in module.buffers()]
+
+
+def _batch_norm_declaring_writes(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    # native_batch_norm updates the running statistics without declaring it in its schema,
+    # so functionalization cannot see the writes; _native_batch_norm_legit is the same
+    # kernel with the writes declared (Tensor(a!)).
+    aten = torch.ops.aten
+    if running_mean is None or running_var is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    if not training:  # reads the running statistics, writes nothing
+        return aten._native_batch_norm_legit_no_training.default(
+            input, weight, bias, running_mean, running_var, momentum, eps)
+    return torch.ops.aten._native_batch_norm_legit.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+_DECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_writes}
+
+
+def _written_inputs(gm: torch.fx.GraphModule, n_params: int, n_buffers: int) -> list[int]:
+    """Indices of the buffers some op of ``gm`` writes in place (by its schema)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    buffers = {node: i for i, node in enumerate(placeholders[n_params:n_params + n_buffers])}
+    written = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for arg, value in zip(node.target._schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in buffers:
+                written.add(buffers[value])
+    return sorted(written)
+
+
+def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> torch.fx.GraphModule:
+    """``gm`` retraced without in-place writes: it returns (its outputs, the written
+    buffers' new values). ``gm`` is plain ATen by now (autograd already traced), which
+    ``functionalize`` composes with."""
+    def with_updates(params, buffers, *inputs):
+        out = gm(params, buffers, *inputs)
+        return out, [buffers[i] for i in written]
+
+    functional = make_fx(torch.func.functionalize(with_updates, remove="mutations"))(
+        [p.detach() for p in params], buffers, *example_inputs)
+    # The new values are outputs now; the copies back into the inputs that
+    # functionalize appends are the writes themselves, which the runtime does instead.
+    placeholders = {n for n in functional.graph.nodes if n.op == "placeholder"}
+    for node in list(functional.graph.nodes):
+        if node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders and not node.users:
+            functional.graph.erase_node(node)
+    functional.recompile()
+    return functional
 
 
 def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:

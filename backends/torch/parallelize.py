@@ -2,9 +2,12 @@
 
 Every graph input is distributed to its planned placements; every node's DTensor inputs
 are redistributed to the placements its strategy wants (the planned edges), then the
-node runs: through DTensor's own rule when DTensor has one (its output is redistributed
-to the planned placement if DTensor chose another), otherwise locally on each shard with
-the output wrapped as the plan says, which is exactly the verified ShardCombine rule.
+node runs locally on each shard with the output wrapped as the plan says, which is
+exactly the verified ShardCombine rule. DTensor's own rule runs it instead where DTensor
+takes the placed inputs as they are and gives the planned outputs (the two agree), and
+for view-like ops, whose shape arguments DTensor rewrites for each shard. DTensor's rule
+is not taken on trust: its convolution rule, for one, reads only the input's placements,
+and calls an output Replicate that a weight cut by output channels leaves cut.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .capture import Captured, capture
 from .dtensor_rules import dtensor_has_rule
 from .rules_at_runtime import node_call
 from .tensor_ops import TorchOps
+from .views import is_view_like
 
 
 def to_dtensor_placements(ps: planner.Placements) -> tuple:
@@ -55,11 +59,18 @@ class Parallelized:
     stats: ResolveStats
     mesh: DeviceMesh
     params: tuple[torch.Tensor, ...]
+    buffers: dict[str, torch.Tensor]  # the module's own buffers, by name
 
     def __call__(self, *inputs):
-        """Run on DTensor; returns the function's outputs (and gradients) as full tensors."""
-        flat = list(self.params) + list(inputs)
+        """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
+        Buffers the model writes (running statistics) are written back into the module."""
+        flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
         outs = _PlannedRun(self).run(*flat)
+        if self.captured.updated_buffers:
+            outs, updates = outs
+            with torch.no_grad():
+                for name, new in zip(self.captured.updated_buffers, updates):
+                    self.buffers[name].copy_(new.full_tensor() if isinstance(new, DTensor) else new)
         return _tree_full(outs)
 
     def explain(self) -> str:
@@ -104,10 +115,41 @@ class _PlannedRun(torch.fx.Interpreter):
 
         args, kwargs = torch.utils._pytree.tree_map(place, (args, kwargs))
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
-        if dtensor_has_rule(target):
+        if dtensor_has_rule(target) and (is_view_like(target) or _dtensor_agrees(target, args, kwargs, out_placements)):
             out = target(*args, **kwargs)
             return _match_outputs(out, out_placements, mesh)
         return _run_local(target, args, kwargs, out_placements, mesh, self.current)
+
+
+def _dtensor_agrees(target, args, kwargs, out_placements: list[tuple]) -> bool:
+    """Whether DTensor's rule takes these placed inputs as they are and gives the planned
+    output placements (its masked Partial counted as the Partial(sum) it reduces as)."""
+    dispatcher = DTensor._op_dispatcher
+    try:
+        info = dispatcher.unwrap_to_op_info(target, args, kwargs)
+        sharding = dispatcher.sharding_propagator.propagate_op_sharding(info.schema)
+    except Exception:  # DTensor has no strategy for these placements
+        return False
+    if sharding.redistribute_schema is not None:  # set as well where only shape arguments change
+        wanted = [w.placements for w in sharding.redistribute_schema.args_spec]
+        given = [g.placements for g in info.schema.args_spec]
+        if len(wanted) != len(given) or not all(map(_kept, wanted, given)):
+            return False
+    specs = [s for s in torch.utils._pytree.tree_leaves(sharding.output_spec) if s is not None]
+    if len(specs) != len(out_placements):
+        return False
+    return all(tuple(map(_as_reduced, s.placements)) == tuple(map(_as_reduced, want))
+               for s, want in zip(specs, out_placements))
+
+
+def _kept(wanted: tuple, given: tuple) -> bool:
+    # Replicate positions that DTensor's row-cut lookup masks (Replicate -> _MaskPartial)
+    # stay where they are: the mask is computed on each shard, nothing moves
+    return all(w == g or (isinstance(w, _MaskPartial) and isinstance(g, Replicate)) for w, g in zip(wanted, given))
+
+
+def _as_reduced(p):
+    return Partial(p.reduce_op) if isinstance(p, _MaskPartial) else p
 
 
 def _unmasked(x: DTensor, mesh: DeviceMesh) -> DTensor:
@@ -180,7 +222,7 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
     )
     out = target(*local_args, **local_kwargs)
     it = iter(placements)
-    metas = iter(torch.utils._pytree.tree_leaves(node.meta.get("val")))
+    metas = iter(m for m in torch.utils._pytree.tree_leaves(node.meta.get("val")) if isinstance(m, torch.Tensor))
 
     def wrap(x):
         if isinstance(x, torch.Tensor):
@@ -218,5 +260,6 @@ def parallelize(
         captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit, solver=solver,
         ties=ties, cost_model=cost_model,
     )
-    params = tuple(p.detach() for p in fn_or_module.parameters()) if isinstance(fn_or_module, torch.nn.Module) else ()
-    return Parallelized(captured, plan, stats, mesh, params)
+    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else torch.nn.Module()
+    params = tuple(p.detach() for p in module.parameters())
+    return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()))

@@ -17,7 +17,7 @@ from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.models import MLP, GPTBlock  # noqa: E402
+from examples.models import MLP, ConvNet, GPTBlock  # noqa: E402
 
 WORLD = 4
 
@@ -132,3 +132,61 @@ def test_vocab_parallel_embedding_keeps_the_table_cut_and_matches_single_device(
     lookup = p.plan.strategy("embedding")
     assert lookup.inputs == ((planner.Shard(0),), (planner.Replicate(),)), p.explain()
     assert lookup.outputs == ((planner.Partial("sum"),),)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_batch_normalized_convnet_matches_single_device_and_keeps_its_running_statistics(fake_world, cache, mode):
+    """The budget cuts the convolutions; BatchNorm's buffers are graph inputs, and in training
+    its running statistics come out of the plan and are written back into the module as
+    one step on one device would leave them."""
+    import copy
+
+    torch.manual_seed(0)
+    model, x = getattr(ConvNet(), mode)(), torch.randn(8, 3, 16, 16)
+    reference = copy.deepcopy(model)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        p = parallelize(model, mesh, (x,), cache=cache, memory_budget=800_000)
+        out, grads = p(x)
+    ref = reference(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(reference.parameters()))):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    assert p.plan.memory <= 800_000 and any(n.strategy.label != "R" for n in p.plan.nodes)
+    assert p.captured.buffer_names == ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+    assert p.captured.updated_buffers == (p.captured.buffer_names if mode == "train" else ())
+    for (name, b), (_, r) in zip(model.named_buffers(), reference.named_buffers()):
+        torch.testing.assert_close(b, r, msg=name)
+    assert int(model.bn.num_batches_tracked) == (1 if mode == "train" else 0)
+
+
+def test_capture_leaves_the_module_buffers_alone():
+    from metaspmd.backends.torch.capture import capture
+
+    model = ConvNet().train()
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    capture(model, (torch.randn(4, 3, 16, 16),))
+    for name, b in model.named_buffers():
+        torch.testing.assert_close(b, before[name], msg=name)
+
+
+def test_dtensor_rule_that_misnames_a_cut_output_is_not_trusted(fake_world):
+    """DTensor's convolution rule follows the input's placements only: a weight cut by
+    output channels gives a channel-cut output that it calls Replicate. The runtime then
+    runs the verified rule locally instead; mm's rule agrees and is DTensor's to run."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from metaspmd.backends.torch.parallelize import _dtensor_agrees
+
+    aten = torch.ops.aten
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        x = distribute_tensor(torch.randn(2, 3, 8, 8), mesh, (Replicate(),))
+        w = distribute_tensor(torch.randn(8, 3, 3, 3), mesh, (Shard(0),))
+        b = distribute_tensor(torch.randn(8), mesh, (Shard(0),))
+        conv = (x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        assert not _dtensor_agrees(aten.convolution.default, conv, {}, [(Shard(1),)])
+        a = distribute_tensor(torch.randn(8, 4), mesh, (Shard(0),))
+        m = distribute_tensor(torch.randn(4, 5), mesh, (Replicate(),))
+        assert _dtensor_agrees(aten.mm.default, (a, m), {}, [(Shard(0),)])
+        assert not _dtensor_agrees(aten.mm.default, (a, m), {}, [(Replicate(),)])
