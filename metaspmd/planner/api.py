@@ -13,9 +13,9 @@ from typing import Iterable, Mapping, Sequence
 from .. import spec
 from ..ir import MetaIR
 from .beam import solve_beam
-from .choice import Infeasible, Solution
+from .choice import MEMORY_RTOL, Infeasible, Solution
 from .cost import CostModel
-from .ilp import solve_ilp
+from .ilp import least_memory, solve_ilp
 from .mesh import Mesh
 from .placement import Placements
 from .plan import Plan, make_plan
@@ -56,11 +56,16 @@ def solve(
             raise PlannerError(f"the ILP solver is not installed ({err}) and beam search found no plan") from err
         warnings.warn(f"ILP solver unavailable ({err}); using the beam-search plan", RuntimeWarning, stacklevel=2)
         found = warm
-    except Infeasible:
+    except Infeasible as err:
         if reductions.tie or reductions.follow:
             # The heuristic reductions may be what rules every plan out; retry exactly.
             exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
             return solve(problem, solver, time_limit, exact, beam_width, threads)
+        budget = small.memory_budget
+        least = least_memory(small, time_limit) if budget is not None else None
+        if least is not None and least > budget * (1 + MEMORY_RTOL):
+            raise Infeasible(f"{err}: the budget is {budget:,.0f} bytes per device, and the least any plan "
+                             f"needs is {least:,.0f}") from None
         raise
     if found is None:
         if warm is None:

@@ -250,4 +250,29 @@ def solve_ilp(
     )
 
 
-__all__ = ["SOLVERS", "link_size", "solve_ilp"]
+def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:
+    """The least memory per device of any assignment that keeps the ties, whatever it costs:
+    what a memory budget must allow. None when the ties rule every assignment out, or the
+    solver proves no minimum in time."""
+    import mip
+
+    model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
+    model.verbose = 0
+    b = _Builder(mip, model, p, None)
+    fixed = p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(p.nodes, b.x) if vs is None)
+    terms = [(float(mem), var) for n, vs in zip(p.nodes, b.x) if vs is not None
+             for mem, var in zip(n.memory, vs) if mem != 0]
+    if not terms:
+        return fixed
+    try:
+        b.ties()
+    except Infeasible:
+        return None
+    scale = MEMORY_UNITS / max(mem for mem, _ in terms)
+    model.objective = mip.minimize(mip.xsum((mem * scale) * var for mem, var in terms))
+    if model.optimize(max_seconds=time_limit) != mip.OptimizationStatus.OPTIMAL:
+        return None
+    return fixed + model.objective_value / scale
+
+
+__all__ = ["SOLVERS", "least_memory", "link_size", "solve_ilp"]

@@ -132,3 +132,16 @@ def test_equal_cost_input_placement_takes_the_least_memory():
     assert problem.strategies[i][tied[i]].label == "R" and problem.strategies[i][better[i]].label == "S(0)"
     assert problem.choice.evaluate(better) == problem.choice.evaluate(tied)
     assert problem.choice.memory(better) < problem.choice.memory(tied)
+
+
+def test_a_budget_no_plan_meets_names_the_least_any_plan_needs():
+    import re
+
+    from metaspmd.planner import Infeasible
+
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    with pytest.raises(Infeasible, match=r"the least any plan needs is [\d,]+") as err:
+        plan(ir, strategies, MESH, memory_budget=1 * MIB)
+    least = float(re.search(r"needs is ([\d,]+)", str(err.value))[1].replace(",", ""))
+    assert 1 * MIB < least < 16 * MIB  # both weights cut four ways is 8 MiB
+    assert plan(ir, strategies, MESH, memory_budget=least).memory <= least * (1 + 1e-9)
