@@ -71,3 +71,19 @@ class ConvNet(nn.Module):
         x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc(x.flatten(1))
+
+
+class FusedAttention(nn.Module):
+    """Causal self-attention through F.scaled_dot_product_attention (one fused kernel)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(x).split(d, dim=-1))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))

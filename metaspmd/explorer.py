@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -90,6 +90,9 @@ class ExploreConfig:
     follow: bool = True  # a dim of another input cut in proportion to a failed group
     local: bool = True  # the op's params re-based to each shard (slice bounds, split sizes, padding)
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
+    # Runs each op call (Isolation.run): a call that crashes its process then fails
+    # as an op error would, rejecting its candidate only.
+    isolate_calls: Callable[[Callable[[], Any]], Any] | None = None
 
 
 @dataclass
@@ -139,6 +142,8 @@ class _Explorer:
     def _call(self, leaves: Sequence[Any], trial: _Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
         args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
+        if self.config.isolate_calls is not None:
+            return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False) -> _Trial:
@@ -1195,11 +1200,15 @@ def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreCon
     try:
         return _Explorer(case, ops, config, seed).run()
     except Exception as e:  # a bug in a sample or a wrapper must not stop a sweep
-        sig = signature(ops, case.arg_names, case.args, case.kwargs)
-        ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
-        none = _no_strategy(ranks)
-        return RuleEntry(sig, "failed", none.shard, none.partial, none.combine, _example(ops, case), None,
-                         "explorer: " + _error_text(e))
+        return failed_entry(case, ops, "explorer: " + _error_text(e))
+
+
+def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:
+    """The entry of an example call that could not be explored: no strategy, and why."""
+    sig = signature(ops, case.arg_names, case.args, case.kwargs)
+    ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
+    none = _no_strategy(ranks)
+    return RuleEntry(sig, "failed", none.shard, none.partial, none.combine, _example(ops, case), None, reason)
 
 
 def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig()) -> OpRecord:

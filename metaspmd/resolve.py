@@ -13,8 +13,10 @@ from typing import Callable
 
 from .cache import RuleCache
 from .case import OpCase
-from .explorer import explore_case
+from .explorer import ExploreConfig, explore_case, failed_entry
 from .ir import MetaIR, MetaOp
+from .isolation import ChildFailed, ForkServer, Isolation
+from .rules import RuleEntry
 from .spec import Strategy
 from .tensor_ops import TensorOps
 
@@ -53,9 +55,26 @@ def resolve(
     ops: TensorOps,
     backend: str,
     cache: RuleCache,
+    isolation: Isolation | None = None,
 ) -> tuple[dict[str, tuple[Strategy, ...]], ResolveStats]:
-    """node name -> verified strategies (empty: replicate only), and where they came from."""
+    """node name -> verified strategies (empty: replicate only), and where they came from.
+
+    With ``isolation``, live exploration runs in a forked child: an op that crashes or
+    hangs it leaves its node replicated, with the reason, instead of taking the caller
+    down."""
     stats = ResolveStats()
+    entries: dict[str, RuleEntry] = {}
+    unseen: dict[tuple[str, str], NodeCall] = {}  # (op, signature) -> its first node's call
+    for node in ir.op_list:
+        call = call_of(node)
+        if call.table_rules is None:
+            hit = cache.get(backend, node.op, call.signature)
+            if hit is not None:
+                entries[node.name] = hit
+            else:
+                unseen.setdefault((node.op, call.signature), call)
+    explored = _explore(unseen, ops, isolation, stats)
+    counted: set[tuple[str, str]] = set()
     out: dict[str, tuple[Strategy, ...]] = {}
     for node in ir.op_list:
         call = call_of(node)
@@ -63,21 +82,54 @@ def resolve(
             out[node.name] = call.table_rules
             stats.table += 1
             continue
-
-        def explore() -> object:
-            start = time.perf_counter()
-            entry = explore_case(call.case(), ops)
-            stats.live_seconds.append(time.perf_counter() - start)
-            return entry
-
-        entry, hit = cache.get_or_explore(backend, node.op, call.signature, explore)
-        if hit:
+        key = (node.op, call.signature)
+        if node.name in entries:
+            entry = entries[node.name]
             stats.cache += 1
-        else:
+        elif key not in counted:  # the first node of its kind: explored live for it
+            entry = explored[key]
+            counted.add(key)
             stats.live += 1
+            if entry.status != "failed":  # a failure may be the environment's: explore again next time
+                cache.put(backend, node.op, entry)
+        else:
+            entry = explored[key]
+            stats.cache += 1
         if entry.status == "derived":
             stats.derived += 1
         out[node.name] = tuple(entry.all_strategies())
         if not out[node.name] and entry.status != "derived":  # derived with no strategy: a factory, replicated by rule
             stats.unexplorable[node.name] = entry.reason or entry.status
     return out, stats
+
+
+def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation: Isolation | None,
+             stats: ResolveStats) -> dict[tuple[str, str], RuleEntry]:
+    if isolation is None or not unseen:
+        return {key: _timed(lambda: explore_case(call.case(), ops), stats) for key, call in unseen.items()}
+    tasks = {key: (lambda call=call: explore_case(call.case(), ops)) for key, call in unseen.items()}
+    found = {}
+    with ForkServer(tasks, isolation) as server:
+        for key, call in unseen.items():
+            try:
+                found[key] = _timed(lambda: server.run(key), stats)
+            except ChildFailed as failure:
+                found[key] = _timed(lambda: _explore_again(call.case(), ops, isolation, failure), stats)
+    return found
+
+
+def _timed(explore: Callable[[], RuleEntry], stats: ResolveStats) -> RuleEntry:
+    start = time.perf_counter()
+    entry = explore()
+    stats.live_seconds.append(time.perf_counter() - start)
+    return entry
+
+
+def _explore_again(case: OpCase, ops: TensorOps, isolation: Isolation, failure: ChildFailed) -> RuleEntry:
+    """After an exploration crashed its child: explored again with each op call in a child
+    of its own, so that the calls that crash reject their candidates only (as an op error
+    would) and the rules that hold are still found. A hang is not retried: every call that
+    hangs would cost the time limit again."""
+    if not failure.crashed:
+        return failed_entry(case, ops, f"live exploration {failure}".splitlines()[0])
+    return explore_case(case, ops, config=ExploreConfig(isolate_calls=isolation.run))

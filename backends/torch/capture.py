@@ -194,7 +194,7 @@ def _var(name: str, x: Any) -> MetaVar:
 def to_metair(gm: torch.fx.GraphModule, values: dict) -> MetaIR:
     """MetaIR of an ATen FX graph; getitem nodes become references to op outputs."""
     env: dict[str, Any] = {}  # fx node name -> MetaVar or tuple of MetaVars
-    inputs, ops = [], []
+    inputs, constants, ops = [], [], []
 
     def as_meta(a):
         if isinstance(a, torch.fx.Node):
@@ -225,9 +225,13 @@ def to_metair(gm: torch.fx.GraphModule, values: dict) -> MetaIR:
         elif node.op == "output":
             flat = torch.utils._pytree.tree_leaves(as_meta(node.args[0]), is_leaf=lambda x: isinstance(x, MetaVar))
             outputs = [v for v in flat if isinstance(v, MetaVar)]
-        elif node.op != "get_attr":
+        elif node.op == "get_attr":  # a tensor the function holds but does not take (a module's plain attribute)
+            env[node.name] = _var(node.name, getattr(gm, node.target))
+            constants.append(env[node.name])
+        else:
             raise NotImplementedError(f"cannot capture FX node {node.format_node()}")
-    return MetaIR(tuple(inputs), tuple(ops), tuple(outputs))
+    # Constants are planned like inputs, after the graph's own (whose order the runtime follows)
+    return MetaIR(tuple(inputs + constants), tuple(ops), tuple(outputs))
 
 
 def arg_names(op: MetaOp) -> tuple[str, ...]:

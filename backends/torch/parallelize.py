@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from metaspmd import planner
 from metaspmd.cache import RuleCache
+from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import ResolveStats, resolve
 
 from .capture import Captured, capture
@@ -233,6 +234,11 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
     return torch.utils._pytree.tree_map(wrap, out)
 
 
+# Live exploration runs in a forked child, with the sweep's per-op time limit; the child
+# must not touch the OpenMP pool the parent already started (it hangs).
+LIVE_EXPLORATION = Isolation(timeout=60.0, setup=lambda: torch.set_num_threads(1))
+
+
 def parallelize(
     fn_or_module: Callable | torch.nn.Module,
     mesh: DeviceMesh,
@@ -253,7 +259,8 @@ def parallelize(
     with _disable_current_modes():
         captured = capture(fn_or_module, example_inputs, backward=backward, loss_fn=loss_fn)
         strategies, stats = resolve(
-            captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache()
+            captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache(),
+            isolation=LIVE_EXPLORATION if can_fork() else None,
         )
     ties = captured.parameter_gradient_ties() if isinstance(fn_or_module, torch.nn.Module) and backward else []
     plan = planner.plan(

@@ -64,8 +64,8 @@ def solve(
         budget = small.memory_budget
         least = least_memory(small, time_limit) if budget is not None else None
         if least is not None and least > budget * (1 + MEMORY_RTOL):
-            raise Infeasible(f"{err}: the budget is {budget:,.0f} bytes per device, and the least any plan "
-                             f"needs is {least:,.0f}") from None
+            raise Infeasible(f"no plan fits a memory budget of {budget:,.0f} bytes per device: the least any plan "
+                             f"needs is {least:,.0f}") from err
         raise
     if found is None:
         if warm is None:

@@ -17,7 +17,7 @@ from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.models import MLP, ConvNet, GPTBlock  # noqa: E402
+from examples.models import MLP, ConvNet, FusedAttention, GPTBlock  # noqa: E402
 
 WORLD = 4
 
@@ -190,3 +190,29 @@ def test_dtensor_rule_that_misnames_a_cut_output_is_not_trusted(fake_world):
         m = distribute_tensor(torch.randn(4, 5), mesh, (Replicate(),))
         assert _dtensor_agrees(aten.mm.default, (a, m), {}, [(Shard(0),)])
         assert not _dtensor_agrees(aten.mm.default, (a, m), {}, [(Replicate(),)])
+
+
+def test_fused_attention_is_cut_by_batch_or_head_and_matches_single_device(fake_world, cache):
+    """torch's CPU flash attention crashes its process (SIGFPE) on a query with fewer heads
+    than the key, a shard live exploration tries: explored in a forked child, the crash
+    costs only that candidate, and the batch and head cuts are found and used."""
+    torch.manual_seed(0)
+    p = run_planned(FusedAttention(), torch.randn(4, 16, 32), cache, memory_budget=160_000)
+    attention = next(n for n in p.captured.ir.op_list if "flash_attention" in n.op and "backward" not in n.op)
+    assert not p.stats.unexplorable
+    assert p.plan.strategy(attention.name).label != "R", p.explain()
+
+
+def test_a_plain_tensor_attribute_is_a_planned_constant(fake_world, cache):
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+            self.scale = torch.linspace(0, 1, 16)  # neither parameter nor buffer
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    torch.manual_seed(0)
+    p = run_planned(Scaled(), torch.randn(8, 16), cache)
+    assert p.captured.ir.input_list[-1].shape == (16,)  # after the graph's own inputs

@@ -1,0 +1,124 @@
+"""Run work in a forked child process, so that a kernel that crashes (segfault, SIGFPE,
+abort) or hangs takes down only the child.
+
+The sweep explores every op in worker processes. At runtime, an op the tables lack is
+explored on the model's own shapes, where shards no sample tried can reach a kernel's
+unchecked corner: torch 2.13's CPU flash attention divides by zero (SIGFPE) when the
+query has fewer heads than the key. A forked child shares the recorded values without
+pickling them; one child serves all the tasks known when it forks, since a fork of a
+process holding torch and a model costs tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import pickle
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Mapping
+
+from .sweep.failures import clean_reason, describe_exit
+
+
+class ChildFailed(Exception):
+    """The child process crashed, hung past its time limit, or raised; says which."""
+
+    def __init__(self, reason: str, crashed: bool = False):
+        super().__init__(reason)
+        self.crashed = crashed  # killed by a signal or an exit, not a time limit or an exception
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Each task in a forked child with a time limit. ``setup`` runs first in each child:
+    a framework that used a thread pool before the fork must not use it after (torch's
+    OpenMP pool hangs a forked child)."""
+
+    timeout: float
+    setup: Callable[[], None] | None = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` computed in a child of its own; its value must pickle."""
+        with ForkServer({0: fn}, self) as server:
+            return server.run(0)
+
+
+class ForkServer:
+    """One forked child that runs, by key, tasks known before the fork, one at a time. A
+    task that crashes or hangs the child raises ChildFailed; the next task forks a fresh
+    child from the parent, which still holds everything the tasks need."""
+
+    def __init__(self, tasks: Mapping[Hashable, Callable[[], Any]], isolation: Isolation):
+        self.tasks, self.isolation = dict(tasks), isolation
+        self._child = self._conn = None
+
+    def run(self, key: Hashable) -> Any:
+        if self._child is None:
+            self._start()
+        self._conn.send_bytes(pickle.dumps(key))
+        if not self._conn.poll(self.isolation.timeout):
+            self._stop()
+            raise ChildFailed(f"timed out after {self.isolation.timeout:g} s")
+        try:
+            kind, value = pickle.loads(self._conn.recv_bytes())
+        except EOFError:  # the child died before it could answer
+            raise ChildFailed(describe_exit(self._stop()), crashed=True) from None
+        if kind == "raised":
+            raise ChildFailed(f"raised {value}")
+        return value
+
+    def close(self) -> None:
+        if self._child is not None:
+            try:
+                self._conn.send_bytes(pickle.dumps(None))
+                self._child.join(timeout=5)
+            except OSError:
+                pass
+            self._stop()
+
+    def __enter__(self) -> "ForkServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child_end = ctx.Pipe()
+        self._child = ctx.Process(target=_serve, args=(child_end, self.tasks, self.isolation.setup), daemon=True)
+        self._child.start()
+        child_end.close()
+
+    def _stop(self) -> int | None:
+        if self._child.is_alive():
+            self._child.kill()
+        self._child.join()
+        self._conn.close()
+        code = self._child.exitcode
+        self._child = self._conn = None
+        return code
+
+
+def _serve(conn, tasks: dict, setup: Callable[[], None] | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C, and stops the child itself
+    faulthandler.disable()  # a crash is the parent's to report, in one line
+    if setup is not None:
+        setup()
+    while True:
+        try:
+            key = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if key is None:
+            return
+        try:  # plain pickle: the pipe's own would hand torch tensors over as shared memory
+            answer = pickle.dumps(("value", tasks[key]()))
+        except Exception as e:
+            answer = pickle.dumps(("raised", f"{type(e).__name__}: {clean_reason(str(e))}\n{traceback.format_exc()}"))
+        conn.send_bytes(answer)

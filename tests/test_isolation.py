@@ -1,0 +1,69 @@
+"""Work run in a forked child: a crash, a hang or an exception there fails that task
+alone, and live exploration survives an op that crashes on some of its shards."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from metaspmd.isolation import ChildFailed, ForkServer, Isolation, can_fork
+
+np = pytest.importorskip("numpy")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="needs os.fork")
+ISOLATION = Isolation(timeout=10.0)
+
+
+def _crash():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_each_task_fails_alone_and_the_next_one_gets_a_fresh_child():
+    parent = os.getpid()
+    tasks = {"pid": os.getpid, "crash": _crash, "raise": lambda: 1 / 0, "value": lambda: np.arange(4) * 2}
+    with ForkServer(tasks, ISOLATION) as server:
+        first = server.run("pid")
+        assert first != parent and server.run("pid") == first  # one child serves both
+        with pytest.raises(ChildFailed, match="SIGSEGV") as crashed:
+            server.run("crash")
+        assert crashed.value.crashed
+        with pytest.raises(ChildFailed, match="raised ZeroDivisionError") as raised:
+            server.run("raise")
+        assert not raised.value.crashed
+        np.testing.assert_array_equal(server.run("value"), np.arange(4) * 2)
+        assert server.run("pid") not in (parent, first)
+
+
+def test_a_task_that_hangs_is_stopped_at_the_time_limit():
+    start = time.perf_counter()
+    with pytest.raises(ChildFailed, match="timed out after 0.5 s") as hung:
+        Isolation(timeout=0.5).run(lambda: time.sleep(60))
+    assert not hung.value.crashed and time.perf_counter() - start < 10
+
+
+def _add_same_shapes(x, y):
+    # like a kernel that trusts its shapes: a shard of one input alone crashes the process
+    if x.shape != y.shape:
+        os.kill(os.getpid(), signal.SIGFPE)
+    return x + y
+
+
+def test_live_exploration_finds_the_rules_of_an_op_that_crashes_on_some_shards(tmp_path):
+    from metaspmd.cache import RuleCache
+    from metaspmd.case import OpCase
+    from metaspmd.ir import MetaIR, MetaOp, MetaVar
+    from metaspmd.resolve import NodeCall, resolve
+
+    x, y = MetaVar("x", (6, 4)), MetaVar("y", (6, 4))
+    ir = MetaIR((x, y), (MetaOp("add", "add_same_shapes", (x, y), {}, (MetaVar("out", (6, 4)),)),), ())
+    values = (np.random.randn(6, 4), np.random.randn(6, 4))
+    call = NodeCall("x:f[*,*] y:f[*,*]", None, lambda: OpCase("add_same_shapes", _add_same_shapes, values, {}, ("x", "y")))
+    strategies, stats = resolve(ir, lambda op: call, NumpyOps(), "numpy", RuleCache(tmp_path), isolation=ISOLATION)
+    assert stats.live == 1 and not stats.unexplorable
+    cuts = {tuple(s.inputs) for s in strategies["add"]}
+    assert len(cuts) >= 2  # each dim of both inputs, cut alike
