@@ -239,6 +239,11 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
 LIVE_EXPLORATION = Isolation(timeout=60.0, setup=lambda: torch.set_num_threads(1))
 
 
+def _live_exploration() -> Isolation | None:
+    # CUDA cannot be used again in a forked child: a process that started it explores in place
+    return LIVE_EXPLORATION if can_fork() and not torch.cuda.is_initialized() else None
+
+
 def parallelize(
     fn_or_module: Callable | torch.nn.Module,
     mesh: DeviceMesh,
@@ -260,7 +265,7 @@ def parallelize(
         captured = capture(fn_or_module, example_inputs, backward=backward, loss_fn=loss_fn)
         strategies, stats = resolve(
             captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache(),
-            isolation=LIVE_EXPLORATION if can_fork() else None,
+            isolation=_live_exploration(),
         )
     ties = captured.parameter_gradient_ties() if isinstance(fn_or_module, torch.nn.Module) and backward else []
     plan = planner.plan(
