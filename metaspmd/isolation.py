@@ -16,6 +16,7 @@ import multiprocessing
 import pickle
 import signal
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
@@ -92,7 +93,12 @@ class ForkServer:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe()
         self._child = ctx.Process(target=_serve, args=(child_end, self.tasks, self.isolation.setup), daemon=True)
-        self._child.start()
+        with warnings.catch_warnings():
+            # JAX, once started in this process, warns at any fork that its threads may
+            # deadlock the child. The child runs only these tasks, which never enter JAX
+            # (the torch runtime isolates torch ops; JAX explores in process).
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            self._child.start()
         child_end.close()
 
     def _stop(self) -> int | None:

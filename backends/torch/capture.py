@@ -126,8 +126,7 @@ def _batch_norm_declaring_writes(input, weight, bias, running_mean, running_var,
     if not training:  # reads the running statistics, writes nothing
         return aten._native_batch_norm_legit_no_training.default(
             input, weight, bias, running_mean, running_var, momentum, eps)
-    return torch.ops.aten._native_batch_norm_legit.default(
-        input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
 _DECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_writes}
