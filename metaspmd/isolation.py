@@ -111,9 +111,17 @@ class ForkServer:
         return code
 
 
+_CRASH_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
+                       if hasattr(signal, name))
+
+
 def _serve(conn, tasks: dict, setup: Callable[[], None] | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C, and stops the child itself
-    faulthandler.disable()  # a crash is the parent's to report, in one line
+    # A crash is the parent's to report, in one line: no stack dumps from faulthandler or
+    # from handlers a library installed in the parent (CBC's prints a page per crash).
+    faulthandler.disable()
+    for crash in _CRASH_SIGNALS:
+        signal.signal(crash, signal.SIG_DFL)
     if setup is not None:
         setup()
     while True:
