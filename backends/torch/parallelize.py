@@ -65,7 +65,14 @@ class Parallelized:
     def __call__(self, *inputs):
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
         Buffers the model writes (running statistics) are written back into the module."""
+        if len(inputs) != self.captured.n_user_inputs:
+            raise TypeError(f"the plan takes {self.captured.n_user_inputs} inputs, got {len(inputs)}")
         flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
+        # The plan (and the traced graph) hold for the captured shapes only
+        for x, v in zip(flat, self.captured.ir.input_list):
+            if isinstance(x, torch.Tensor) and tuple(x.shape) != v.shape:
+                raise ValueError(f"{v.name}: shape {tuple(x.shape)}, but the plan is for {v.shape}: "
+                                 "parallelize again for these shapes")
         outs = _PlannedRun(self).run(*flat)
         if self.captured.updated_buffers:
             outs, updates = outs

@@ -216,3 +216,15 @@ def test_a_plain_tensor_attribute_is_a_planned_constant(fake_world, cache):
     torch.manual_seed(0)
     p = run_planned(Scaled(), torch.randn(8, 16), cache)
     assert p.captured.ir.input_list[-1].shape == (16,)  # after the graph's own inputs
+
+
+def test_inputs_of_other_shapes_than_planned_are_refused(fake_world, cache):
+    torch.manual_seed(0)
+    model, x, longer = MLP(16, 32), torch.randn(8, 16), torch.randn(12, 16)  # made outside the mode: plain tensors
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        p = parallelize(model, mesh, (x,), cache=cache)
+        with pytest.raises(ValueError, match=r"shape \(12, 16\), but the plan is for \(8, 16\)"):
+            p(longer)
+        with pytest.raises(TypeError, match="takes 1 inputs, got 2"):
+            p(x, x)
