@@ -710,6 +710,13 @@ class _Explorer:
             shapes = [ops.shape(x) for x in first.leaves]
             for group in self._part_groups(shapes, parts):
                 if accept(group, self._explore(group)):
+                    # every shard padding as the whole op would and the gather dropping the
+                    # copies (an output halo, which planners skip): where each shard padding
+                    # only its own outer end holds too, that local rule takes the dim's label
+                    if self.config.local and _halo_gathers_only(found[-1][1]) and self._localizes(group):
+                        halo, local = found.pop(), Group(group.dims, local=True)
+                        if not accept(local, self._explore(local)):
+                            found.append(halo)
                     continue
                 sharded = {i for i, _, _ in group.dims}
                 if self.config.partial and not case.random and any(
@@ -1179,6 +1186,10 @@ def _group_of(placements: Sequence[InputPlacement]) -> Group:
     if len(ops) > 1:
         raise ValueError(f"one Partial op per strategy, not {sorted(ops)}")
     return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum", local=local)
+
+
+def _halo_gathers_only(outs: Sequence[OutputCombine]) -> bool:
+    return all(isinstance(c, Gather) and (c.halo or c.halo_end) for o in outs for c in o.options)
 
 
 def _example_value(ops: TensorOps, x: Any) -> Any:
