@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable
 
 from .registry_io import RegistryError, dump_record, load_record, record_path, write_text_atomic
 from .rules import OpRecord, RuleEntry, make_record
@@ -56,12 +55,8 @@ class RuleCache:
             record: OpRecord = make_record(op, backend, [entry])
             write_text_atomic(self._path(backend, op, entry.signature), dump_record(record))
 
-    def get_or_explore(self, backend: str, op: str, signature: str, explore: Callable[[], RuleEntry]) -> tuple[RuleEntry, bool]:
-        """The cached entry, or a freshly explored one (then cached). Second value: was it a hit."""
-        hit = self.get(backend, op, signature)
-        if hit is not None:
-            return hit, True
-        entry = explore()
-        if entry.status != "failed":  # a failure may be the environment's: explore again next time
+    def remember(self, backend: str, op: str, entry: RuleEntry) -> None:
+        """Keep a freshly explored entry, unless it failed: a failure may be the
+        environment's (a crash, a time limit), so the next run explores again."""
+        if entry.status != "failed":
             self.put(backend, op, entry)
-        return entry, False

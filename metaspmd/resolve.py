@@ -63,10 +63,11 @@ def resolve(
     hangs it leaves its node replicated, with the reason, instead of taking the caller
     down."""
     stats = ResolveStats()
+    calls = {node.name: call_of(node) for node in ir.op_list}
     entries: dict[str, RuleEntry] = {}
     unseen: dict[tuple[str, str], NodeCall] = {}  # (op, signature) -> its first node's call
     for node in ir.op_list:
-        call = call_of(node)
+        call = calls[node.name]
         if call.table_rules is None:
             hit = cache.get(backend, node.op, call.signature)
             if hit is not None:
@@ -77,7 +78,7 @@ def resolve(
     counted: set[tuple[str, str]] = set()
     out: dict[str, tuple[Strategy, ...]] = {}
     for node in ir.op_list:
-        call = call_of(node)
+        call = calls[node.name]
         if call.table_rules is not None:
             out[node.name] = call.table_rules
             stats.table += 1
@@ -90,8 +91,7 @@ def resolve(
             entry = explored[key]
             counted.add(key)
             stats.live += 1
-            if entry.status != "failed":  # a failure may be the environment's: explore again next time
-                cache.put(backend, node.op, entry)
+            cache.remember(backend, node.op, entry)
         else:
             entry = explored[key]
             stats.cache += 1

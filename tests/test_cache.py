@@ -1,5 +1,6 @@
 """The live-exploration cache: memory, XDG persistence, concurrent writers."""
 
+import dataclasses
 import multiprocessing as mp
 
 from metaspmd.cache import RuleCache, default_cache_dir
@@ -17,16 +18,17 @@ def test_xdg_location(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path / "metaspmd"
 
 
-def test_get_or_explore_persists(tmp_path):
-    calls = []
+def test_remembered_entries_persist_and_failures_do_not(tmp_path):
     cache = RuleCache(tmp_path)
-    got, hit = cache.get_or_explore("torch", "aten.relu.default", "self:f[*]", lambda: calls.append(1) or entry())
-    assert not hit and got == entry() and calls == [1]
-    got, hit = cache.get_or_explore("torch", "aten.relu.default", "self:f[*]", lambda: calls.append(1) or entry())
-    assert hit and calls == [1]
+    assert cache.get("torch", "aten.relu.default", "self:f[*]") is None
+    cache.remember("torch", "aten.relu.default", entry())
+    assert cache.get("torch", "aten.relu.default", "self:f[*]") == entry()
     fresh = RuleCache(tmp_path)  # a new process sees the persisted entry
     assert fresh.get("torch", "aten.relu.default", "self:f[*]") == entry()
     assert fresh.get("torch", "aten.relu.default", "self:f[*,*]") is None
+    failed = dataclasses.replace(entry("self:f[*,*,*]"), status="failed", reason="crashed: SIGFPE")
+    cache.remember("torch", "aten.relu.default", failed)
+    assert cache.get("torch", "aten.relu.default", "self:f[*,*,*]") is None
 
 
 def _writer(root, n):

@@ -12,7 +12,7 @@ and calls an output Replicate that a weight cut by output channels leaves cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -61,6 +61,8 @@ class Parallelized:
     mesh: DeviceMesh
     params: tuple[torch.Tensor, ...]
     buffers: dict[str, torch.Tensor]  # the module's own buffers, by name
+    # node -> runs on DTensor's own rule: the placements are the plan's, so one answer per node
+    on_dtensor: dict[str, bool] = field(default_factory=dict, repr=False)
 
     def __call__(self, *inputs):
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
@@ -123,7 +125,11 @@ class _PlannedRun(torch.fx.Interpreter):
 
         args, kwargs = torch.utils._pytree.tree_map(place, (args, kwargs))
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
-        if dtensor_has_rule(target) and (is_view_like(target) or _dtensor_agrees(target, args, kwargs, out_placements)):
+        name = self.current.name
+        if name not in self.p.on_dtensor:
+            self.p.on_dtensor[name] = dtensor_has_rule(target) and (
+                is_view_like(target) or _dtensor_agrees(target, args, kwargs, out_placements))
+        if self.p.on_dtensor[name]:
             out = target(*args, **kwargs)
             return _match_outputs(out, out_placements, mesh)
         return _run_local(target, args, kwargs, out_placements, mesh, self.current)

@@ -148,18 +148,23 @@ class _Builder:
             ru, cv = rows[self.warm[u]], cols[self.warm[v]]
             self.start.extend((e[r][c], float((r, c) == (ru, cv))) for r in range(nr) for c in range(nc))
 
+    def fixed_memory(self) -> float:
+        """Bytes per device of the nodes with no choice left."""
+        return self.p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(self.p.nodes, self.x) if vs is None)
+
+    def memory_terms(self) -> list[tuple[float, object]]:
+        """(bytes, variable) for every choice that takes memory."""
+        return [(float(mem), var) for n, vs in zip(self.p.nodes, self.x) if vs is not None
+                for mem, var in zip(n.memory, vs) if mem != 0]
+
     def budget(self) -> None:
         p, mip = self.p, self.mip
-        fixed = p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(p.nodes, self.x) if vs is None)
+        fixed = self.fixed_memory()
         scale = MEMORY_UNITS / max(p.memory_budget, 1e-30)  # type: ignore[arg-type]
         cap = (p.memory_budget * (1 + 1e-9) - fixed) * scale  # type: ignore[operator]
         if cap < 0:
             raise Infeasible(f"fixed tensors alone need {fixed:.0f} bytes > budget {p.memory_budget:.0f}")
-        self.model += mip.xsum(
-            (mem * scale) * var
-            for n, vs in zip(p.nodes, self.x) if vs is not None
-            for mem, var in zip(n.memory, vs) if mem != 0
-        ) <= cap
+        self.model += mip.xsum((mem * scale) * var for mem, var in self.memory_terms()) <= cap
 
     def ties(self) -> None:
         for t in self.p.ties:
@@ -259,9 +264,7 @@ def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
     model.verbose = 0
     b = _Builder(mip, model, p, None)
-    fixed = p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(p.nodes, b.x) if vs is None)
-    terms = [(float(mem), var) for n, vs in zip(p.nodes, b.x) if vs is not None
-             for mem, var in zip(n.memory, vs) if mem != 0]
+    fixed, terms = b.fixed_memory(), b.memory_terms()
     if not terms:
         return fixed
     try:
