@@ -52,7 +52,7 @@ TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True), Split(4))
 # Special-value trials asked of OpCase.special when random inputs leave an output constant:
 # every one verifies combines (splits cycling), and an output is called shape-determined
 # only after it stayed constant under every pattern (all zero and all NaN among them).
-SPECIAL_TRIALS = 6
+SPECIAL_TRIALS = 7
 # Trials on blind random inputs added when an output is constant or empty on the data of
 # the sample's own generator.
 BLIND_TRIALS = 2
@@ -647,7 +647,11 @@ class _Explorer:
             # where the op takes it.
             self.trials = self.trials + self._blind_trials()
             constant = self._constant_outputs()
-        special = self._special_trials() if constant and case.special is not None else None
+        # A whole-tensor predicate (equal, allclose) also gets them where it varies: the
+        # sample's data is alike on every shard (allclose's other is self plus the same
+        # small noise everywhere), and identity is refuted only where shards disagree.
+        wanted = constant or self._whole_tensor_predicates()
+        special = self._special_trials() if wanted and case.special is not None else None
         if special is not None:
             # Verified on the random trials and the special-value ones alike: an output
             # that is constant on random data (aminmax's min of many integers) still refutes
@@ -867,6 +871,10 @@ class _Explorer:
             if 0 not in self.ops.shape(first.outputs[j])
             and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
         ]
+
+    def _whole_tensor_predicates(self) -> bool:
+        """Some output is a single bool (a predicate of whole inputs)."""
+        return any(self.ops.shape(o) == () and self.ops.dtype_kind(o) == BOOL for o in self.trials[0].outputs)
 
     def _constant_inputs(self) -> bool:
         """Some float input with elements, not fixed, is the same on every trial."""

@@ -19,3 +19,19 @@ def _seeded():
         torch.manual_seed(0)
     except ImportError:
         pass
+
+
+@pytest.fixture(scope="session")
+def fake_world_of():
+    """``fake_world_of(n)``: a fake process group of at least n ranks. One started smaller
+    (the cross-check's real-DTensor replay starts one of 2) is replaced, so test modules
+    that plan on different meshes run in any order."""
+    def start(size: int) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() < size:
+            dist.destroy_process_group()
+        if not dist.is_initialized():
+            dist.init_process_group("fake", rank=0, world_size=size)
+
+    return start

@@ -245,6 +245,13 @@ def test_special_values_fill_every_dtype(dtype):
         assert y.dtype == dtype and y.shape == x.shape
 
 
+def test_twin_special_values_differ_from_the_first_tensor_of_their_shape_in_one_element():
+    from metaspmd.backends.torch.sample_data import PATTERNS, with_special_values
+
+    x, y, z = torch.zeros(4, 5), torch.zeros(4, 5), torch.zeros(3)
+    (a, b, c), _ = with_special_values((x, y, z), {}, PATTERNS.index("twin") + 1, seed=3)
+    assert (a != 0).all() and int((a != b).sum()) == 1 and c.shape == (3,)
+
 def test_partial_summands_cross_thresholds_the_data_never_reaches():
     """threshold_backward(grad, self, 5): self ~ N(0, 1) never exceeds 5, so the special
     values (5 and its neighbours) are what make the output vary; summands of unit spread

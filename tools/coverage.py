@@ -25,7 +25,7 @@ COVERED = ("ok", "derived")
 
 def _reason(record) -> str:
     reasons = Counter(e.reason for e in record.entries if e.reason)
-    return reasons.most_common(1)[0][0] if reasons else ""
+    return reasons.most_common(1)[0][0] if reasons else record.reason
 
 
 def _is_core(catalog, name: str) -> bool:

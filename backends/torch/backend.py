@@ -268,6 +268,23 @@ def _zeros_for_unspecified(fn: Callable[..., Any]) -> Callable[..., Any]:
     return zeroed
 
 
+def _scalars_as_tensors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its Python-number results as 0-d tensors (int64, float64, complex128 or
+    bool, as ``torch.tensor`` of the number would hold it at full precision): the explorer
+    compares and combines tensors, and a scalar's combine is a tensor's (the numels of row
+    shards sum to the global numel; ``equal`` holds where it holds on every shard)."""
+    dtypes = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+    def as_tensor(x):
+        dtype = dtypes.get(type(x))
+        return torch.tensor(x, dtype=dtype) if dtype is not None else x
+
+    def tensors(*args, **kwargs):
+        return torch.utils._pytree.tree_map(as_tensor, fn(*args, **kwargs))
+
+    return tensors
+
+
 def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
                fresh: Callable[[int], tuple] | None = None) -> OpCase:
     """The case the explorer works on for one call of an ATen overload: view-like ops get
@@ -277,6 +294,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
     fn, candidates, notes, localize = runner, None, (), None
+    if catalog.returns_scalars(func):
+        fn = _scalars_as_tensors(fn)
     dropping = dropping_form(func, runner)
     random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
     if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):
@@ -371,6 +390,10 @@ class TorchBackend:
             func = catalog.resolve(op)
         except KeyError as e:
             raise NoSample(str(e)) from None
+        if catalog.is_object_query(func):
+            raise Skip("replicate-only", catalog.OBJECT_QUERY_REASON)
+        if catalog.is_shape_comparison(func):
+            raise Skip("replicate-only", catalog.SHAPE_COMPARISON_REASON)
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)

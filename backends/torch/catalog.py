@@ -65,6 +65,31 @@ CRASH_ON_SPECIAL_VALUES = frozenset({
 })
 
 
+# Ops that answer a question about the tensor object, not about its values, shape or dtype:
+# memory layout (a narrowed shard keeps the global strides, a copied one does not), storage,
+# conjugate and negative bits, autograd state, device, kernel availability. A shard's answer
+# depends on how the shard was made, not on the op, so no sharding rule describes them.
+OBJECT_QUERIES = frozenset({
+    "stride", "sym_stride", "storage_offset", "sym_storage_offset", "is_contiguous", "sym_is_contiguous",
+    "is_non_overlapping_and_dense", "is_strides_like_format", "_debug_has_internal_overlap", "is_set_to",
+    "_has_same_storage_numel", "_has_compatible_shallow_copy_type", "is_conj", "is_neg", "_is_zerotensor",
+    "_version", "output_nr", "is_leaf", "retains_grad", "is_inference", "is_pinned", "get_device",
+    "is_distributed", "cudnn_is_acceptable", "_use_cudnn_rnn_flatten_weight",
+})
+OBJECT_QUERY_REASON = ("a query of the tensor object (layout, storage, autograd state, device), not of its "
+                       "values: the answer on a shard depends on how the shard was made")
+# Ops whose answer compares their inputs' shapes: a signature holds shapes as ranks, and
+# the samples hold them equal, where every shard agrees (identity); with unequal shapes of
+# the same signature only reduce(min) is right. No sample shows that, so no rule is kept.
+SHAPE_COMPARISONS = frozenset({"is_same_size"})
+SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples hold equal: a rule verified there "
+                           "would not cover unequal shapes of the same signature")
+
+# Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
+# sharding rules like a tensor's (numel of a row shard sums to the global numel).
+SCALAR_RETURNS = {"int": torch.int64, "SymInt": torch.int64, "float": torch.float64, "SymFloat": torch.float64,
+                  "bool": torch.bool, "SymBool": torch.bool}
+
 @functools.lru_cache(maxsize=1)
 def all_overloads() -> tuple[str, ...]:
     """Every registered aten overload, sorted."""
@@ -255,8 +280,24 @@ def is_core(func: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in func.tags
 
 
+def is_object_query(func: torch._ops.OpOverload) -> bool:
+    return func._schema.name.split("::")[1] in OBJECT_QUERIES
+
+
+def is_shape_comparison(func: torch._ops.OpOverload) -> bool:
+    return func._schema.name.split("::")[1] in SHAPE_COMPARISONS
+
+
+def returns_scalars(func: torch._ops.OpOverload) -> bool:
+    """Every return is a Python number (int, float, bool, or a Scalar: ``item``)."""
+    returns = func._schema.returns
+    return bool(returns) and all(str(r.type) in SCALAR_RETURNS or str(r.type) == "number" for r in returns)
+
+
 __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
-    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects",
+    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "is_object_query", "is_shape_comparison",
+    "returns_scalars",
 ]
+

@@ -14,9 +14,13 @@ an output constant. Trial ``k`` (1, 2, ...) uses one pattern, cycling:
    overflow; bools mostly True);
 4. hole: near one but one element zero (False): the ``all``/``prod`` counterpart of lone;
 5. zero: all zero (False): the one input where ``any`` is False;
-6. nan: all NaN (the largest value for integers, all True for bools).
+6. nan: all NaN (the largest value for integers, all True for bools);
+7. twin: near one, and every tensor shaped like an earlier one of the call a copy of it
+   but for one element (zero, False), so ops that compare their inputs (``equal``,
+   ``allclose``) see them agree on every shard but one: ``identity`` is refuted where
+   ``reduce(min)`` holds.
 
-All six verify combines, and all six must leave an output constant before the explorer
+All seven verify combines, and all seven must leave an output constant before the explorer
 calls it shape-determined (``full_like``, ``fill``).
 """
 
@@ -28,7 +32,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-PATTERNS = ("lone", "special", "near_one", "hole", "zero", "nan")
+PATTERNS = ("lone", "special", "near_one", "hole", "zero", "nan", "twin")
 
 
 def call_scalars(args: Any, kwargs: Any) -> list[float]:
@@ -108,8 +112,18 @@ def with_special_values(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[t
     scalars = call_scalars(args, kwargs)
     gen = torch.Generator().manual_seed(seed)
 
+    firsts: dict[tuple, torch.Tensor] = {}  # twin: the first tensor of each shape and dtype
+
     def refill(x):
-        return _inject(x, pattern, scalars, gen) if isinstance(x, torch.Tensor) else x
+        if not isinstance(x, torch.Tensor):
+            return x
+        if pattern != "twin" or x.numel() == 0 or x.layout != torch.strided:
+            return _inject(x, pattern, scalars, gen)
+        first = firsts.get((x.shape, x.dtype))
+        if first is None:
+            first = firsts[(x.shape, x.dtype)] = _near_one(x, gen)
+            return first
+        return _one_element(x, first, torch.zeros_like(x), gen)
 
     new_args, new_kwargs = tree_map(refill, (list(args), dict(kwargs)))
     return tuple(new_args), new_kwargs

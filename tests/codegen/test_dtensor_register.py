@@ -100,10 +100,9 @@ def _full_on_every_rank(x):
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(fake_world_of):
     warnings.filterwarnings("ignore")
-    if not dist.is_initialized():
-        dist.init_process_group("fake", rank=0, world_size=WORLD)
+    fake_world_of(WORLD)
     picks = {name: _pick(name) for name in OPS}
     expected = {name: case.fn(*case.args, **case.kwargs) for name, (_, case, _) in picks.items()}
     out = {}

@@ -23,9 +23,8 @@ WORLD = 4
 
 
 @pytest.fixture(scope="module")
-def fake_world():
-    if not dist.is_initialized():
-        dist.init_process_group("fake", rank=0, world_size=WORLD)
+def fake_world(fake_world_of):
+    fake_world_of(WORLD)
     yield
 
 

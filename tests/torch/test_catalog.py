@@ -86,6 +86,62 @@ def test_ops_with_unspecified_values_get_rules_on_shapes(backend):
     assert any("shape-determined" in n for n in e.notes)
 
 
+def _scalar_case(backend, func, args):
+    from metaspmd.backends.torch.backend import torch_case
+
+    return explore_case(torch_case(func, args, {}, func), backend.tensor_ops())
+
+
+def _strategies(entry) -> set[str]:
+    from metaspmd.spec import strategies
+
+    return {f"{tuple(str(p) for p in s.inputs)} -> {' ; '.join(str(o) for o in s.outputs)}"
+            for s in strategies(entry.shard, entry.partial, entry.combine, entry.offset)}
+
+
+def test_scalar_returns_are_explored_as_0d_tensors(backend):
+    """sym_size(x, 0) of a row shard is the shard's row count, and the counts sum to the
+    global one; a column shard already has the global row count. numel sums over any
+    shard; item of a Partial(sum) scalar is a partial sum."""
+    x = torch.randn(6, 4, dtype=torch.float64)
+    size = _scalar_case(backend, torch.ops.aten.sym_size.int, (x, 0))
+    assert size.status == "ok" and size.results[0].dtype == "int64"
+    assert _strategies(size) == {"('S(0)',) -> reduce(sum)", "('S(1)',) -> identity", "('P(sum)',) -> identity"}
+    numel = _scalar_case(backend, torch.ops.aten.sym_numel.default, (x,))
+    assert {"('S(0)',) -> reduce(sum)", "('S(1)',) -> reduce(sum)"} <= _strategies(numel)
+    item = _scalar_case(backend, torch.ops.aten._local_scalar_dense.default, (torch.tensor(2.5, dtype=torch.float64),))
+    assert _strategies(item) == {"('P(sum)',) -> reduce(sum)"}
+
+
+def test_whole_tensor_predicates_hold_on_every_shard_not_each(backend):
+    """equal and allclose are True only where every shard's answer is: reduce(min). OpInfo's
+    allclose samples make other close to self everywhere or nowhere, so every shard agrees
+    on them and identity passed too; special-value trials (one input a twin of the other
+    but for one element) refute it."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    def close_everywhere(seed: int) -> tuple[tuple, dict]:  # OpInfo's allclose samples, in kind
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(5, generator=g, dtype=torch.float64)
+        return (a, a + 1e-3 * torch.randn(5, generator=g, dtype=torch.float64), 0.1, 0.01), {}
+
+    func = torch.ops.aten.allclose.default
+    e = explore_case(torch_case(func, *close_everywhere(0), func, fresh=close_everywhere), backend.tensor_ops())
+    assert _strategies(e) == {"('S(0)', 'S(0)') -> reduce(min)"}
+    a = torch.randn(6, 4, dtype=torch.float64)
+    equal = _scalar_case(backend, torch.ops.aten.equal.default, (a, a.clone()))
+    assert _strategies(equal) == {"('S(0)', 'S(0)') -> reduce(min)", "('S(1)', 'S(1)') -> reduce(min)"}
+
+
+def test_queries_of_the_tensor_object_or_of_shapes_say_why_they_get_no_rule(backend):
+    for op, reason in [("aten.sym_stride.int", catalog.OBJECT_QUERY_REASON),
+                       ("aten.is_contiguous.default", catalog.OBJECT_QUERY_REASON),
+                       ("aten.is_same_size.default", catalog.SHAPE_COMPARISON_REASON)]:
+        with pytest.raises(Skip) as info:
+            backend.cases(op)
+        assert (info.value.status, info.value.reason) == ("replicate-only", reason), op
+
+
 # --------------------------------------------------------------------------- OpInfo samples
 
 
