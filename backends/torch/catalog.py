@@ -121,7 +121,16 @@ def resolve(name: str) -> torch._ops.OpOverload:
 
 
 def op_name(func: torch._ops.OpOverload) -> str:
+    """``aten.mm.default``; an op of another namespace keeps it (``mylib.rms_norm.default``)."""
     return str(func)
+
+
+def aten_base(func: torch._ops.OpOverload) -> str:
+    """The base name of an ATen op (``mm`` of ``aten::mm.out``), which the catalog's sets
+    name; '' for an op of another namespace (a user's custom op that shares a name with
+    an ATen op is not that op)."""
+    namespace, _, base = func._schema.name.partition("::")
+    return base if namespace == NAMESPACE else ""
 
 
 def positional_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
@@ -144,12 +153,12 @@ def written_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
 
 def unspecified_values(func: torch._ops.OpOverload) -> bool:
     """True when the op defines only its output's shape and dtype (``empty_like``)."""
-    return func._schema.name.split("::")[1] in UNSPECIFIED_VALUES
+    return aten_base(func) in UNSPECIFIED_VALUES
 
 
 def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:
     """Why the op's output cannot be compared across runs, or None."""
-    base = func._schema.name.split("::")[1]
+    base = aten_base(func)
     if torch.Tag.nondeterministic_seeded in func.tags:
         return "tagged nondeterministic_seeded (random sampling)"
     if base in RANDOM or base.rstrip("_") in RANDOM:
@@ -220,7 +229,7 @@ SHAPE_SAFE_BACKWARD = frozenset({
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     """Kernels that size one input by another without checking (backward ops, batch norm):
     inconsistent shards crash them, so their local calls are guarded."""
-    base = func._schema.name.split("::")[1]
+    base = aten_base(func)
     return ("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
 
 
@@ -228,7 +237,7 @@ def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> 
     """Tensor arguments this call never reads, whatever their shape: batch norm's backward
     kernels read the running statistics in eval mode only (in training, running stats of any
     length, NaN or None give the same gradients), so the shape guard leaves them out."""
-    base = func._schema.name.split("::")[1]
+    base = aten_base(func)
     if "batch_norm" not in base or "backward" not in base:
         return frozenset()
     bound = dict(zip(positional_names(func), args)) | dict(kwargs)
@@ -261,19 +270,19 @@ BATCH_TIED: dict[str, dict[str, int]] = {
 
 def batch_tied(func: torch._ops.OpOverload) -> dict[str, int]:
     """Per argument name, its trailing non-batch dims (see BATCH_TIED)."""
-    return BATCH_TIED.get(func._schema.name.split("::")[1], {})
+    return BATCH_TIED.get(aten_base(func), {})
 
 
 def reflects(func: torch._ops.OpOverload) -> bool:
     """A reflection pad's backward, whose kernel trusts its padding to be shorter than self
     (a proportional cut of grad_output and self gives shards that are not)."""
-    base = func._schema.name.split("::")[1]
+    base = aten_base(func)
     return base.startswith("reflection_pad") and base.endswith("_backward")
 
 
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
     """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
-    return INDEXED_DIMS.get(func._schema.name.split("::")[1], {})
+    return INDEXED_DIMS.get(aten_base(func), {})
 
 
 def is_core(func: torch._ops.OpOverload) -> bool:
@@ -281,11 +290,11 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 
 def is_object_query(func: torch._ops.OpOverload) -> bool:
-    return func._schema.name.split("::")[1] in OBJECT_QUERIES
+    return aten_base(func) in OBJECT_QUERIES
 
 
 def is_shape_comparison(func: torch._ops.OpOverload) -> bool:
-    return func._schema.name.split("::")[1] in SHAPE_COMPARISONS
+    return aten_base(func) in SHAPE_COMPARISONS
 
 
 def returns_scalars(func: torch._ops.OpOverload) -> bool:

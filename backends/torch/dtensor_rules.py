@@ -36,7 +36,9 @@ _SPEC_OPS = SpecOps()
 
 
 def op_name(op: torch._ops.OpOverload) -> str:
-    return f"aten.{op._schema.name.split('::', 1)[1]}.{op._overloadname or 'default'}"
+    """``aten.mm.default``, or ``mylib.rms_norm.default`` for a custom op: never an ATen
+    name for an op of another namespace, whose rules are not ATen's."""
+    return str(op)
 
 
 def positional_names(op: torch._ops.OpOverload) -> tuple[str, ...]:

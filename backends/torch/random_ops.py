@@ -138,7 +138,7 @@ def is_factory(func) -> bool:
 
 def checkable(func) -> bool:
     """A random op the explorer can check: a fill, one with a deterministic limit, or a factory."""
-    if func._schema.name.split("::")[1] in catalog.UNINITIALIZED:
+    if catalog.aten_base(func) in catalog.UNINITIALIZED:
         return False
     return is_fill(func) or catalog.op_name(func) in LIMITS or is_factory(func)
 

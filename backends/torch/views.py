@@ -26,6 +26,8 @@ import torch
 
 from metaspmd.spec import Gather, InputPlacement, OutputCombine, Reduce, ShardIn
 
+from . import catalog
+
 Candidate = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
 
 
@@ -230,7 +232,7 @@ def _squeeze(func, x, args, kwargs):
     removed = sorted(d for d in targets if x.shape[d] == 1)
     mapping = {d: d - sum(r < d for r in removed) for d in range(rank) if d not in removed}
     # A shard of size 1 must not be squeezed: shards squeeze exactly the globally removed dims.
-    base = func._schema.name.split("::")[1]
+    base = catalog.aten_base(func)
     by_dims = getattr(getattr(torch.ops.aten, base), "dims")
 
     def fn(*args, **kwargs):
@@ -436,7 +438,7 @@ def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
 
 def view_base(func) -> str:
     """The op's name without the ``_copy`` suffix of functional view variants."""
-    base = func._schema.name.split("::")[1]
+    base = catalog.aten_base(func)
     return base[: -len("_copy")] if base.endswith("_copy") and base != "_copy" else base
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 from torch.distributed._local_tensor import LocalTensorMode  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
@@ -227,3 +226,54 @@ def test_inputs_of_other_shapes_than_planned_are_refused(fake_world, cache):
             p(longer)
         with pytest.raises(TypeError, match="takes 1 inputs, got 2"):
             p(x, x)
+
+
+@torch.library.custom_op("metaspmd_test::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A user's fused kernel, opaque to DTensor: no sharding rule anywhere but live exploration."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _rms_norm_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    scaled = grad * weight
+    grad_x = r * scaled - x * r.pow(3) * (scaled * x).mean(-1, keepdim=True)
+    return grad_x, (grad * x * r).sum(dim=tuple(range(x.dim() - 1))), None
+
+
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_context)
+
+
+class RMSNormed(torch.nn.Module):
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return rms_norm(self.fc(x), self.weight, 1e-6)
+
+
+def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independent(fake_world, cache):
+    """A torch.library custom op is not the ATen op it shares a name with (aten::rms_norm):
+    its node keeps its own namespace, so no ATen rule stands in for it; live exploration
+    finds its cuts (batch and sequence, never the normalized dim), which the budget uses,
+    and the plan runs it on each shard."""
+    torch.manual_seed(0)
+    p = run_planned(RMSNormed(), torch.randn(8, 16, 32), cache, memory_budget=90_000)
+    [node] = [n for n in p.captured.ir.op_list if "rms_norm" in n.op]
+    assert node.op == "metaspmd_test.rms_norm.default"
+    [cut] = p.plan.strategy(node.name).inputs[0]
+    assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
