@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor._ops._math_ops import _NormPartial
+from torch.utils._python_dispatch import _disable_current_modes
 
+from metaspmd.cache import RuleCache
+from metaspmd.codegen.model import Placement, placement_rule
 from metaspmd.signature import signature, split_signature, value_token
 
 from .tensor_ops import dtype_kind
@@ -154,8 +158,8 @@ def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
 
 
 def _resolve(name: str) -> torch._ops.OpOverload | None:
-    _, family, overload = name.split(".", 2)
-    packet = getattr(torch.ops.aten, family, None)
+    namespace, family, overload = name.split(".", 2)
+    packet = getattr(getattr(torch.ops, namespace), family, None)
     return getattr(packet, overload, None) if packet is not None else None
 
 
@@ -227,6 +231,53 @@ def register(ops: list[str] | None = None) -> RegisterReport:
     return report
 
 
+_EXPLORED: dict = {}  # op -> signature -> strategies that register_op installed
+
+
+def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None, *,
+                cache: Any = None) -> RegisterReport:
+    """Find the rules of ``op`` on an example call and install them into DTensor: for a
+    user's custom op (``torch.library.custom_op``), which no table holds and DTensor has no
+    rule for. The rules are explored live (ShardCombine on the call's signature, in a
+    forked child where the process can fork) and cached, like ``parallelize``'s; each call
+    adds its signature to those installed for the op. A call of another signature keeps
+    DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.distributed.tensor.experimental import register_sharding
+
+    from .parallelize import _live_exploration  # both import this module
+    from .rules_at_runtime import explore_call
+
+    name, report = op_name(op), RegisterReport()
+    why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
+    if why:
+        report.skipped[name] = why
+        return report
+    with _disable_current_modes():  # the rules are about the op, not a simulation the caller runs
+        entry = explore_call(op, tuple(args), dict(kwargs or {}), cache if cache is not None else RuleCache(),
+                             _live_exploration())
+    rules = [placement_rule(s) for s in entry.all_strategies()]
+    placed = tuple(dict.fromkeys((tuple(map(_torch_placement, r.inputs)), tuple(map(_torch_placement, r.outputs)))
+                                 for r in rules if r is not None))
+    if not placed:
+        report.skipped[name] = f"no strategy DTensor can run ({entry.reason or entry.status})"
+        return report
+    _EXPLORED.setdefault(op, {})[entry.signature] = placed
+    register_sharding(op)(_sharding_fn(op, _EXPLORED[op]))
+    _clear_sharding_prop_cache()
+    report.installed.append(name)
+    return report
+
+
+def _torch_placement(p: Placement) -> Any:
+    """A codegen Placement as the torch.distributed.tensor placement it names."""
+    if p.kind == "Shard":
+        return Shard(p.dim)
+    if p.kind == "Partial":
+        return _NormPartial(2) if p.op == "norm2" else Partial(p.op)
+    return Replicate()
+
+
 def unregister(report: RegisterReport) -> None:
     """Remove what ``register`` installed (tests, or switching tables in one process)."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
@@ -234,6 +285,7 @@ def unregister(report: RegisterReport) -> None:
     p = DTensor._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = _resolve(name)
+        _EXPLORED.pop(op, None)
         p.op_strategy_funcs.pop(op, None)
         p.op_to_schema_info.pop(op, None)
     _clear_sharding_prop_cache()

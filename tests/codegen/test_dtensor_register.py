@@ -169,3 +169,44 @@ def test_a_lookup_whose_row_cut_dtensor_masks_is_never_installed(monkeypatch):
     monkeypatch.setattr(dtensor_rules, "dtensor_has_rule", lambda op: False)
     report = dtensor_rules.register(["aten.embedding.default"])
     assert not report.installed and "masks positions" in report.skipped["aten.embedding.default"]
+
+
+@torch.library.custom_op("metaspmd_register_test::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A user's fused kernel: DTensor has no rule for it, and no table holds one."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, tmp_path):
+    """Before: DTensor cannot run the custom op at all. register_op explores it on one
+    example call and installs the verified rules: a row-cut input stays cut through it
+    (no collective), and a cut of the normalized dim, which no rule keeps, is gathered
+    first; both match one device."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    op = torch.ops.metaspmd_register_test.rms_norm.default
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 6, 16, generator=g), torch.randn(16, generator=g)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        dx, dw = distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(w, mesh, [Replicate()])
+        with pytest.raises(NotImplementedError):
+            op(dx, dw, 1e-6)
+        report = dtensor_rules.register_op(op, (x, w, 1e-6), cache=RuleCache(tmp_path))
+        try:
+            assert report.installed == ["metaspmd_register_test.rms_norm.default"], report.skipped
+            rows = op(dx, dw, 1e-6)
+            assert rows.placements == (Shard(0),)
+            normalized = op(distribute_tensor(x, mesh, [Shard(2)]), dw, 1e-6)
+            assert normalized.placements != (Shard(2),)
+            full = [_full_on_every_rank(t) for t in (rows, normalized)]
+        finally:
+            dtensor_rules.unregister(report)
+    for got in full:
+        torch.testing.assert_close(got, rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
