@@ -8,12 +8,15 @@ explored live on the very shapes and values the model uses.
 A module's buffers are graph inputs after its parameters. Where the model writes to them
 (BatchNorm's running statistics in training), the graph is functionalized: the writes
 become ops with outputs, which the rules cover like any other, and the new values are
-extra graph outputs that the runtime writes back into the module.
+extra graph outputs that the runtime writes back into the module. A graph with any other
+in-place op (an LSTM's ``sigmoid_``, a backward's ``add_``, a model's ``relu_``) is
+functionalized too: the plan may reshard a value into a copy before the op writes it.
 """
 
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -79,9 +82,24 @@ def capture(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> Captured:
     """Trace to ATen; a module traces forward + backward (gradients of ``loss_fn(out)``,
-    default ``out.sum()``) unless ``backward=False``."""
+    default ``out.sum()``) unless ``backward=False``.
+
+    Traced without oneDNN: its fused RNN layer (``mkldnn_rnn_layer`` and its backward)
+    hands the backward a workspace that the trace records as None, so the graph cannot run
+    again; without it, ``nn.LSTM`` and ``nn.GRU`` trace into matmuls and pointwise ops,
+    which have rules and shard."""
+    with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+        with torch.backends.mkldnn.flags(enabled=False):
+            return _capture(fn_or_module, example_inputs, backward, loss_fn)
+
+
+def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,
+             loss_fn: Callable[[Any], torch.Tensor] | None) -> Captured:
     if not isinstance(fn_or_module, torch.nn.Module):
         gm = make_fx(fn_or_module)(*example_inputs)
+        if _mutates(gm):
+            gm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*example_inputs)
         values = _record_values(gm, list(example_inputs))
         ir = to_metair(gm, values)
         return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list))
@@ -97,7 +115,7 @@ def capture(
             return torch.func.functional_call(module, state, inputs)
     gm = make_fx(fn, decomposition_table=_DECLARED_WRITES)(params, _buffer_copies(module), *example_inputs)
     written = _written_inputs(gm, len(params), len(buffer_names))
-    if written:
+    if written or _mutates(gm):
         gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
     if backward:
         # The loss itself is no output (only its gradients are): drop it and anything
@@ -146,13 +164,21 @@ def _written_inputs(gm: torch.fx.GraphModule, n_params: int, n_buffers: int) -> 
     return sorted(written)
 
 
+def _mutates(gm: torch.fx.GraphModule) -> bool:
+    """Some op of ``gm`` writes in place (an LSTM's ``sigmoid_``, a backward's ``add_``).
+    The graph then reads a value by the node that made it before the write; the plan,
+    which may reshard that value into a copy first, would write the copy instead."""
+    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+               and node.target._schema.is_mutable for node in gm.graph.nodes)
+
+
 def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> torch.fx.GraphModule:
     """``gm`` retraced without in-place writes: it returns (its outputs, the written
-    buffers' new values). ``gm`` is plain ATen by now (autograd already traced), which
+    buffers' new values), or just its outputs where no buffer is written. ``gm`` is plain ATen by now (autograd already traced), which
     ``functionalize`` composes with."""
     def with_updates(params, buffers, *inputs):
         out = gm(params, buffers, *inputs)
-        return out, [buffers[i] for i in written]
+        return (out, [buffers[i] for i in written]) if written else out
 
     functional = make_fx(torch.func.functionalize(with_updates, remove="mutations"))(
         [p.detach() for p in params], buffers, *example_inputs)

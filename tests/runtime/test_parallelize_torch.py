@@ -277,3 +277,26 @@ def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independe
     assert node.op == "metaspmd_test.rms_norm.default"
     [cut] = p.plan.strategy(node.name).inputs[0]
     assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(16, 32, batch_first=True)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0]).relu_()
+
+
+@pytest.mark.parametrize("budget", [None, 400_000])
+def test_an_lstm_with_in_place_ops_matches_single_device(fake_world, cache, budget):
+    """oneDNN's fused LSTM layer cannot be traced and run again (its backward's workspace
+    is recorded as None): traced without oneDNN, it is matmuls and pointwise ops. Those
+    write in place (sigmoid_, add_, the model's relu_), and a value resharded before its
+    write would leave the write on a copy: the graph is functionalized first."""
+    torch.manual_seed(0)
+    p = run_planned(Recurrent(), torch.randn(8, 6, 16), cache, memory_budget=budget)
+    assert not any(op.op.endswith("_.default") for op in p.captured.ir.op_list)
+    if budget is not None:
+        assert any(n.strategy.label != "R" for n in p.plan.nodes)
