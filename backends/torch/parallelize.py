@@ -124,6 +124,8 @@ class _PlannedRun(torch.fx.Interpreter):
             return x
 
         args, kwargs = torch.utils._pytree.tree_map(place, (args, kwargs))
+        if target in _VIEWS_OF_STRIDES:
+            args = (_contiguous_shard(args[0]), *args[1:])
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
         name = self.current.name
         if name not in self.p.on_dtensor:
@@ -133,6 +135,21 @@ class _PlannedRun(torch.fx.Interpreter):
             out = target(*args, **kwargs)
             return _match_outputs(out, out_placements, mesh)
         return _run_local(target, args, kwargs, out_placements, mesh, self.current)
+
+
+# Views that need strides they can reinterpret. A shard is not laid out as the traced
+# tensor was: nn.MultiheadAttention views a transpose whose traced input was stored
+# transposed, so the transpose was contiguous there, and is not on a shard made contiguous.
+# The graph is functional (capture functionalizes any in-place write), so a copy in place
+# of a view changes no value.
+_VIEWS_OF_STRIDES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+def _contiguous_shard(x: Any) -> Any:
+    if not isinstance(x, DTensor):
+        return x.contiguous() if isinstance(x, torch.Tensor) else x
+    return DTensor.from_local(x.to_local().contiguous(), x.device_mesh, x.placements, run_check=False,
+                              shape=x.shape, stride=x.stride())
 
 
 def _dtensor_agrees(target, args, kwargs, out_placements: list[tuple]) -> bool:

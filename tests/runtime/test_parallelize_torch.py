@@ -300,3 +300,21 @@ def test_an_lstm_with_in_place_ops_matches_single_device(fake_world, cache, budg
     assert not any(op.op.endswith("_.default") for op in p.captured.ir.op_list)
     if budget is not None:
         assert any(n.strategy.label != "R" for n in p.plan.nodes)
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_multihead_attention_views_a_shard_laid_out_unlike_the_trace(fake_world, cache):
+    """nn.MultiheadAttention views a transpose whose traced input was stored transposed:
+    contiguous in the trace, not on a shard. Under a tight budget such a view meets a
+    cut shard, which is made contiguous first (the graph is functional: no value changes)."""
+    torch.manual_seed(0)
+    p = run_planned(SelfAttention(), torch.randn(4, 10, 32), cache, memory_budget=210_000)
+    assert sum(n.strategy.label != "R" for n in p.plan.nodes) > len(p.plan.nodes) // 2
