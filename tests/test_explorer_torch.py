@@ -295,16 +295,21 @@ def test_mean_over_an_odd_dim_is_checked_on_equal_shards():
     assert explore(aten.var.correction, [randn(5, 3)], ("self",)).status == "replicate-only"
 
 
-def test_integer_partial_inputs_where_every_output_is_an_integer():
-    def ints(*shape):
-        return torch.randint(-50, 50, shape)
+def test_integer_partial_inputs():
+    def ints(*shape, dtype=torch.int64):
+        return torch.randint(-50, 50, shape, dtype=dtype)
 
     e = explore(aten.mm.default, [ints(4, 6), ints(6, 5)], ("self", "mat2"))
     assert str(e.partial) == "[[S4(sum)], [S5(sum)]]"  # integer matmul is exactly linear
     for fn, args in ((aten.bitwise_and.Tensor, [ints(4, 6), ints(4, 6)]), (aten.remainder.Scalar, [ints(4, 6), 3])):
         assert explore(fn, args, ("self", "other")).partial.is_empty()  # exact sums refute them
-    # true division of ints gives floats: no integer Partial is tried there
-    assert explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other")).partial.is_empty()
+    # true division of ints gives floats, linear in self (DTensor's (P(sum), R) -> P(sum))
+    e = explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other"))
+    assert [bool(p) for p in e.partial.inputs] == [True, False]
+    # a bitcast of ints into floats is linear on small non-negative values only: the
+    # Partial parts are signed, and refute it
+    bitcast = explore(lambda x: x.view(torch.float32).clone(), [ints(4, 6, dtype=torch.int32).abs()], ("self",))
+    assert bitcast.status == "ok" and bitcast.partial.is_empty()
 
 
 def test_a_degenerate_example_lets_a_later_trial_propose():
