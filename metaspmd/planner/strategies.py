@@ -13,7 +13,9 @@ positions along a cut reduced dim (argreduce) come out ``Partial("argmax")`` /
 ``Partial("argmin")``, pending an arg-reduction; positions offset by each shard's start (a
 gather, scatter or update slice into a cut operand) enter Replicate, and the compiler offsets
 and masks them; a slice, split or pad of a cut dim (local params) keeps it cut, and the
-compiler moves the uneven pieces into even shards (``NodeStrategy.exchanges``).
+compiler moves the uneven pieces into even shards (``NodeStrategy.exchanges``); a window op
+whose cut input is read past its shard (a halo: convolution, pooling) keeps it cut, and the
+compiler sends each shard its neighbours' edge rows (an exchange too).
 The all-Replicate strategy is always present, so every op can be placed.
 """
 
@@ -43,17 +45,22 @@ class Finishes:
     (ShardIn.local): Shardy's permutation factor, which evens the pieces out with collective
     permutes rather than gathering the input; ``fill_ops``: ops that, given only scalars (a
     fill from a constant, an iota), the compiler computes where each part of the output
-    lives, so that output may take any placement without communication or a whole copy."""
+    lives, so that output may take any placement without communication or a whole copy;
+    ``halos``: a window op (convolution, reduce_window) whose cut input each shard reads
+    past its ends (ShardIn.halo), the output's halo dropped (a plain cut to the compiler):
+    the partitioner exchanges the edge rows with the neighbours, GSPMD's spatial
+    partitioning, where a planner without it gathers the whole input."""
 
     arg_reduce: bool = False
     index_offset: bool = False
     local_params: bool = False
     fill_ops: frozenset[str] = frozenset()
+    halos: bool = False
 
 
 PLACEMENTS_ONLY = Finishes()  # DTensor
 JAX_FINISHES = Finishes(arg_reduce=True, index_offset=True, local_params=True,
-                        fill_ops=frozenset({"jax.broadcast_in_dim", "jax.iota"}))
+                        fill_ops=frozenset({"jax.broadcast_in_dim", "jax.iota"}), halos=True)
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,15 @@ def _local(p: spec.InputPlacement) -> bool:
     return isinstance(p, spec.ShardIn) and p.local and not p.follows
 
 
+def _halo(p: spec.InputPlacement) -> bool:
+    """A cut by the dim's own length that each shard reads past its ends."""
+    return isinstance(p, spec.ShardIn) and p.halo > 0 and not p.follows and not p.local
+
+
 def _input_placement(p: spec.InputPlacement, finishes: Finishes = PLACEMENTS_ONLY) -> Placement | None:
     if isinstance(p, spec.ShardIn):
-        return Shard(p.dim) if p.plain or (_local(p) and finishes.local_params) else None
+        runs = p.plain or (_local(p) and finishes.local_params) or (_halo(p) and finishes.halos)
+        return Shard(p.dim) if runs else None
     if isinstance(p, spec.PartialInput):  # DTensor cannot partition a replicated value by product
         return Partial(p.op) if p.op != "prod" else None
     if isinstance(p, spec.IndexOffset):  # Replicate to the framework, which moves the positions
@@ -99,38 +112,48 @@ def _input_placement(p: spec.InputPlacement, finishes: Finishes = PLACEMENTS_ONL
     return REPLICATE
 
 
-def _output_placement(c: spec.OutputCombine, finishes: Finishes = PLACEMENTS_ONLY) -> Placement | None:
-    """The runnable combine of one output; Replicate beats Shard beats Partial because
-    it is the cheapest to consume (all options are equally valid results)."""
+def _output_placement(c: spec.OutputCombine, finishes: Finishes = PLACEMENTS_ONLY) -> tuple[Placement | None, bool]:
+    """The runnable combine of one output, and whether it drops halos; Replicate beats
+    Shard beats Partial because it is the cheapest to consume (all options are equally
+    valid results), and a plain gather beats one that drops halos."""
     best: Placement | None = None
-    rank = 99
+    rank, halo = 99, False
     for option in c.options:
+        dropped = False
         if isinstance(option, spec.Identity):
             p, r = REPLICATE, 0
         elif isinstance(option, spec.Gather):
-            if not option.plain:
+            dropped = not option.plain
+            if dropped and not (finishes.halos and _halo_dropped(option)):
                 continue
-            p, r = Shard(option.dim), 1
+            p, r = Shard(option.dim), 1 + dropped
         elif isinstance(option, spec.Reduce) and option.op in RUNNABLE_REDUCE_OPS:
-            p, r = Partial(option.op), 2 if option.op == "sum" else 3
+            p, r = Partial(option.op), 3 if option.op == "sum" else 4
         elif isinstance(option, spec.ArgReduce) and finishes.arg_reduce:
-            p, r = Partial("arg" + option.op), 4
+            p, r = Partial("arg" + option.op), 5
         else:
             continue
         if r < rank:
-            best, rank = p, r
-    return best
+            best, rank, halo = p, r, dropped
+    return best, halo
+
+
+def _halo_dropped(g: spec.Gather) -> bool:
+    """A gather that only drops each shard's halo: Shard(dim) once the halo is dropped."""
+    return g.block == 1 and not g.reverse and not g.overlap
 
 
 def axis_strategy(s: spec.Strategy, finishes: Finishes = PLACEMENTS_ONLY) -> AxisStrategy | None:
     """The rule strategy in placements, or None when the runtime could not run it."""
     ins = tuple(_input_placement(p, finishes) for p in s.inputs)
-    outs = tuple(_output_placement(c, finishes) for c in s.outputs)
+    chosen = [_output_placement(c, finishes) for c in s.outputs]
+    outs = tuple(p for p, _ in chosen)
     if any(p is None for p in ins) or any(p is None for p in outs):
         return None
-    exchange = any(_local(p) for p in s.inputs)
-    if exchange and not all(isinstance(p, Shard) for p in outs):
+    local = any(_local(p) for p in s.inputs)
+    if local and not all(isinstance(p, Shard) for p in outs):
         return None  # the compiler evens out a slice's pieces; unstack's held pieces are no Shard
+    exchange = local or any(_halo(p) for p in s.inputs) or any(dropped for _, dropped in chosen)
     return AxisStrategy(s.label, ins, outs, exchange)  # type: ignore[arg-type]
 
 

@@ -413,3 +413,24 @@ def test_to_strategies_reads_argreduce_outputs_and_index_offsets():
     for by_sig in RULES.values():  # every generated rule reads back
         for r in by_sig.values():
             to_strategies(r)
+
+
+@needs_devices
+def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
+    """One image: no batch to cut. Under a tight budget the first convolution's input is
+    cut along its height, read one row past each shard (the rule's halo): XLA exchanges
+    the edge rows with collective permutes, where a plan without halos all-to-alls the
+    activations into a channel cut first, at a higher planned cost."""
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    def net(p, x):
+        return jax.nn.relu(conv(jax.nn.relu(conv(x, p["w1"])), p["w2"])).mean()
+
+    k = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": 0.2 * jax.random.normal(k[0], (8, 3, 3, 3)), "w2": 0.2 * jax.random.normal(k[1], (8, 8, 3, 3))}
+    x = jax.random.normal(k[2], (1, 3, 64, 64))
+    par = run_planned(net, params, x, mesh, cache, memory_budget=380_000)
+    first = par.plan.nodes[[n.op for n in par.plan.nodes].index("jax.conv_general_dilated")].strategy
+    assert first.inputs[0] == (planner.Shard(2),) and first.exchanges == (0,), par.explain()
+    assert "collective-permute(" in par.lower(x).compile().as_text()
