@@ -111,3 +111,23 @@ def test_a_slice_of_a_cut_dim_keeps_it_cut_where_the_compiler_evens_out_the_piec
     # unstack's pieces held by one shard each come out Partial: not something to even out
     held = spec.Strategy("S1", (spec.ShardIn(1, local=True),), (spec.OutputCombine.parse("reduce(sum)"),))
     assert axis_strategy(held, JAX_FINISHES) is None
+
+
+def test_halos_keep_the_dim_cut_where_the_compiler_exchanges_edge_rows():
+    # a convolution's input read one row past each shard, the output's halo dropped: JAX's
+    # partitioner exchanges the rows (an exchange charged to the node); DTensor cannot
+    conv = spec.Strategy("S1", (spec.ShardIn(2, halo=1), spec.Replicate()),
+                         (spec.OutputCombine.parse("gather(dim=2, halo=(0, 1))"),))
+    assert axis_strategy(conv) is None
+    a = axis_strategy(conv, JAX_FINISHES)
+    assert a.inputs == (Shard(2), Replicate()) and a.outputs == (Shard(2),) and a.exchange
+    # a plain gather beside the halo one is preferred, and needs no exchange of its own
+    both = spec.Strategy("S2", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0) | gather(dim=0, halo=1)"),))
+    assert not axis_strategy(both, JAX_FINISHES).exchange
+    # the weight gradient of a halo cut is a Partial sum: the rows are exchanged all the same
+    grad = spec.Strategy("S3", (spec.ShardIn(2, halo=1), spec.ShardIn(2)), (spec.OutputCombine.parse("reduce(sum)"),))
+    g = axis_strategy(grad, JAX_FINISHES)
+    assert g.outputs == (Partial("sum"),) and g.exchange
+    # blocks, reversed gathers and overlaps stay out
+    for text in ("gather(dim=0, block=2)", "gather(dim=0, reverse=true)", "gather(dim=0, overlap=1)"):
+        assert axis_strategy(spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),)), JAX_FINISHES) is None
