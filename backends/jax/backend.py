@@ -23,7 +23,8 @@ from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
 
 from . import programs
 from .catalog import catalog, primitive_of
-from .params import check_shapes, flatten_operands, for_shards, group_operands, signature_params
+from .model_programs import is_model
+from .params import SHAPE_PARAMS, check_shapes, flatten_operands, for_shards, group_operands, signature_params
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
 from .local_params import localizer, padding_of
@@ -31,6 +32,11 @@ from .programs import Occurrence
 from .tensor_ops import JaxOps, kind_of
 
 MAX_CASES = 3  # distinct signatures explored per primitive
+# Signatures of the model programs explored per primitive beyond those (model_programs.py),
+# except for primitives whose params name the model's own sizes (a reshape's new sizes, a
+# broadcast's shape, an iota's): those signatures match no other model.
+MODEL_CASES = 8
+SIZED_PARAMS = SHAPE_PARAMS | {"iota", "split"}
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
 FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}
@@ -212,8 +218,8 @@ class JaxBackend:
 
     name = "jax"
 
-    def __init__(self, max_cases: int = MAX_CASES):
-        self.max_cases = max_cases
+    def __init__(self, max_cases: int = MAX_CASES, model_cases: int = MODEL_CASES):
+        self.max_cases, self.model_cases = max_cases, model_cases
         catalog()  # trace every program now (seconds): loading, not the first op, pays for it
 
     def tensor_ops(self) -> JaxOps:
@@ -231,16 +237,28 @@ class JaxBackend:
         if entry.status != "explore":
             raise Skip(entry.status, entry.reason)
         jax.clear_caches()  # executables of earlier ops: a sweep worker would otherwise grow by GBs
-        out, errors = [], []
         prim = primitive_of(op)
-        limit = min(self.max_cases, FEW_CASES.get(prim, self.max_cases))
-        for _, occ in choose(programs.index()[prim]):
+        everything = programs.index()[prim]
+        ours = [o for o in everything if not is_model(programs.programs()[o.program])] or everything
+        out, chosen, errors = self._built(op, choose(ours), min(self.max_cases, FEW_CASES.get(prim, self.max_cases)))
+        if not out:
+            raise NoSample("no program call runs: " + (errors[0] if errors else "none found"))
+        if prim not in SIZED_PARAMS and prim not in FEW_CASES:
+            models = [(sig, o) for sig, o in choose(everything)
+                      if is_model(programs.programs()[o.program]) and sig not in chosen]
+            out += self._built(op, models, self.model_cases)[0]
+        return out
+
+    @staticmethod
+    def _built(op: str, ranked: list[tuple[str, Occurrence]], limit: int) -> tuple[list[OpCase], set[str], list[str]]:
+        """Cases for the first ``limit`` calls that run, their signatures, the errors."""
+        out, chosen, errors = [], set(), []
+        for sig, occ in ranked:
             if len(out) == limit:
                 break
             try:
                 out.append(build_case(op, occ))
+                chosen.add(sig)
             except Exception as e:  # a program that does not run eagerly: try the next call
                 errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        if not out:
-            raise NoSample("no program call runs: " + (errors[0] if errors else "none found"))
-        return out
+        return out, chosen, errors

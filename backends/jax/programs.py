@@ -2,8 +2,9 @@
 
 ``jax._src.internal_test_util.test_harnesses`` holds thousands of harnesses in 132 groups,
 each a function plus an argument maker; ``samples`` adds programs for the primitives the
-harnesses miss. Tracing a program gives a jaxpr; every equation in it (with ``jit``
-bodies inlined) is a concrete call of one primitive with real params. The index records
+harnesses miss, and ``model_programs`` small models' gradients, for the signatures models
+have. Tracing a program gives a jaxpr; every equation in it (with ``jit`` bodies inlined)
+is a concrete call of one primitive with real params. The index records
 each equation abstractly (tracing every program takes seconds); ``capture`` runs one
 program eagerly up to an equation and returns the arrays that flow into it, so inputs
 keep whatever constraints the program built (in-range indices, positive-definite
@@ -67,10 +68,11 @@ def _harness_program(h) -> Program:
 
 @functools.lru_cache(maxsize=1)
 def programs() -> tuple[Program, ...]:
-    """Harness programs first (jax's order), then the samples."""
+    """Harness programs first (jax's order), then the samples, then the model programs."""
+    from .model_programs import model_programs
     from .samples import sample_programs
 
-    return tuple(_harness_program(h) for h in harnesses()) + tuple(sample_programs())
+    return tuple(_harness_program(h) for h in harnesses()) + tuple(sample_programs()) + tuple(model_programs())
 
 
 def _body(eqn) -> core.Jaxpr | None:

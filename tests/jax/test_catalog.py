@@ -41,12 +41,25 @@ def test_collectives_and_control_flow_are_skipped_with_a_reason(backend):
 
 
 def test_cases_have_distinct_signatures_and_params(backend, ops):
+    from metaspmd.backends.jax.backend import MAX_CASES, MODEL_CASES
+
     cases = backend.cases("jax.conv_general_dilated")
-    assert 1 <= len(cases) <= 3
+    assert 1 <= len(cases) <= MAX_CASES + MODEL_CASES
     sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in cases]
     assert len(set(sigs)) == len(sigs)
     assert all("window_strides=" in s and "padding=" in s and "dimension_numbers=" in s for s in sigs)
     assert cases[0].arg_names == ("lhs", "rhs")
+
+
+def test_model_programs_add_the_signatures_models_have(backend, ops):
+    """jax's harnesses multiply rank-2 arrays; a model multiplies rank-3 activations by
+    statistics broadcast over the last axis. The model programs add those signatures, and
+    none for a reshape, whose sizes belong to one model."""
+    from metaspmd.backends.jax.backend import MAX_CASES
+
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in backend.cases("jax.mul")]
+    assert "x:f[*,*,*] y:f[*,*,1] out_dtype=None" in sigs and len(sigs) > MAX_CASES
+    assert len(backend.cases("jax.reshape")) <= MAX_CASES
 
 
 def test_sample_covers_a_primitive_the_harnesses_miss(backend, ops):

@@ -428,8 +428,9 @@ def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
         return jax.nn.relu(conv(jax.nn.relu(conv(x, p["w1"])), p["w2"])).mean()
 
     k = jax.random.split(jax.random.key(0), 3)
-    params = {"w1": 0.2 * jax.random.normal(k[0], (8, 3, 3, 3)), "w2": 0.2 * jax.random.normal(k[1], (8, 8, 3, 3))}
-    x = jax.random.normal(k[2], (1, 3, 64, 64))
+    params = {"w1": 0.2 * jax.random.normal(k[0], (8, 3, 3, 3), jnp.float32),
+              "w2": 0.2 * jax.random.normal(k[1], (8, 8, 3, 3), jnp.float32)}
+    x = jax.random.normal(k[2], (1, 3, 64, 64), jnp.float32)
     par = run_planned(net, params, x, mesh, cache, memory_budget=380_000)
     first = par.plan.nodes[[n.op for n in par.plan.nodes].index("jax.conv_general_dilated")].strategy
     assert first.inputs[0] == (planner.Shard(2),) and first.exchanges == (0,), par.explain()
