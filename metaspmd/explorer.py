@@ -248,13 +248,15 @@ class _Explorer:
         yield from (Group(group.dims, p, partial_op="prod") for p in floats)
 
     def _partial_sets_in(self, exclude: set[int]) -> list[tuple[int, ...]]:
-        # Integer inputs are summable data too: integer arithmetic is exact (modulo
-        # wrap-around, which sums respect), and a float result of integers (a cast, a scale,
-        # a true division) is as linear as a float input's. An int reinterpreted as a float
-        # (a bitcast) is linear on small non-negative values only, and a Partial input's
-        # parts are signed, which refutes it.
+        # Integer inputs are summable data too where every output is an integer: integer
+        # arithmetic is exact modulo wrap-around, which sums respect, so a sum of local
+        # outputs equals the global one exactly or not at all. Not where an output is a
+        # float: parts whose integer sum wraps around (hash-like arithmetic that overflows
+        # on purpose) do not sum as floats to the float of their sum, though the trials'
+        # parts never wrap; and an int reinterpreted as a float (a bitcast) is linear on
+        # small non-negative values.
         first = self.trials[0]
-        kinds = (FLOAT, COMPLEX, INT)
+        kinds = (FLOAT, COMPLEX) + ((INT,) if all(self.ops.dtype_kind(o) == INT for o in first.outputs) else ())
         summable = [
             i for i, x in enumerate(first.leaves)
             if i not in exclude and self.ops.dtype_kind(x) in kinds and self.leaf_names[i] not in self.fixed

@@ -252,6 +252,7 @@ def test_twin_special_values_differ_from_the_first_tensor_of_their_shape_in_one_
     (a, b, c), _ = with_special_values((x, y, z), {}, PATTERNS.index("twin") + 1, seed=3)
     assert (a != 0).all() and int((a != b).sum()) == 1 and c.shape == (3,)
 
+
 def test_partial_summands_cross_thresholds_the_data_never_reaches():
     """threshold_backward(grad, self, 5): self ~ N(0, 1) never exceeds 5, so the special
     values (5 and its neighbours) are what make the output vary; summands of unit spread
@@ -295,21 +296,17 @@ def test_mean_over_an_odd_dim_is_checked_on_equal_shards():
     assert explore(aten.var.correction, [randn(5, 3)], ("self",)).status == "replicate-only"
 
 
-def test_integer_partial_inputs():
-    def ints(*shape, dtype=torch.int64):
-        return torch.randint(-50, 50, shape, dtype=dtype)
+def test_integer_partial_inputs_where_every_output_is_an_integer():
+    def ints(*shape):
+        return torch.randint(-50, 50, shape)
 
     e = explore(aten.mm.default, [ints(4, 6), ints(6, 5)], ("self", "mat2"))
     assert str(e.partial) == "[[S4(sum)], [S5(sum)]]"  # integer matmul is exactly linear
     for fn, args in ((aten.bitwise_and.Tensor, [ints(4, 6), ints(4, 6)]), (aten.remainder.Scalar, [ints(4, 6), 3])):
         assert explore(fn, args, ("self", "other")).partial.is_empty()  # exact sums refute them
-    # true division of ints gives floats, linear in self (DTensor's (P(sum), R) -> P(sum))
-    e = explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other"))
-    assert [bool(p) for p in e.partial.inputs] == [True, False]
-    # a bitcast of ints into floats is linear on small non-negative values only: the
-    # Partial parts are signed, and refute it
-    bitcast = explore(lambda x: x.view(torch.float32).clone(), [ints(4, 6, dtype=torch.int32).abs()], ("self",))
-    assert bitcast.status == "ok" and bitcast.partial.is_empty()
+    # true division of ints gives floats: parts that wrap around would not sum as floats,
+    # so no integer Partial is tried there
+    assert explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other")).partial.is_empty()
 
 
 def test_a_degenerate_example_lets_a_later_trial_propose():

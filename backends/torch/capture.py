@@ -174,8 +174,8 @@ def _mutates(gm: torch.fx.GraphModule) -> bool:
 
 def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> torch.fx.GraphModule:
     """``gm`` retraced without in-place writes: it returns (its outputs, the written
-    buffers' new values), or just its outputs where no buffer is written. ``gm`` is plain ATen by now (autograd already traced), which
-    ``functionalize`` composes with."""
+    buffers' new values), or just its outputs where no buffer is written. ``gm`` is plain
+    ATen by now (autograd already traced), which ``functionalize`` composes with."""
     def with_updates(params, buffers, *inputs):
         out = gm(params, buffers, *inputs)
         return (out, [buffers[i] for i in written]) if written else out

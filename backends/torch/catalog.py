@@ -86,9 +86,10 @@ SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples
                            "would not cover unequal shapes of the same signature")
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
-# sharding rules like a tensor's (numel of a row shard sums to the global numel).
-SCALAR_RETURNS = {"int": torch.int64, "SymInt": torch.int64, "float": torch.float64, "SymFloat": torch.float64,
-                  "bool": torch.bool, "SymBool": torch.bool}
+# sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'
+# is a Scalar return (item's): int, float, bool or complex, as the call gives it.
+SCALAR_RETURNS = frozenset({"int", "SymInt", "float", "SymFloat", "bool", "SymBool", "number"})
+
 
 @functools.lru_cache(maxsize=1)
 def all_overloads() -> tuple[str, ...]:
@@ -300,7 +301,7 @@ def is_shape_comparison(func: torch._ops.OpOverload) -> bool:
 def returns_scalars(func: torch._ops.OpOverload) -> bool:
     """Every return is a Python number (int, float, bool, or a Scalar: ``item``)."""
     returns = func._schema.returns
-    return bool(returns) and all(str(r.type) in SCALAR_RETURNS or str(r.type) == "number" for r in returns)
+    return bool(returns) and all(str(r.type) in SCALAR_RETURNS for r in returns)
 
 
 __all__ = [

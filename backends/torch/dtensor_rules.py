@@ -235,7 +235,7 @@ _EXPLORED: dict = {}  # op -> signature -> strategies that register_op installed
 
 
 def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None, *,
-                cache: Any = None) -> RegisterReport:
+                cache: RuleCache | None = None) -> RegisterReport:
     """Find the rules of ``op`` on an example call and install them into DTensor: for a
     user's custom op (``torch.library.custom_op``), which no table holds and DTensor has no
     rule for. The rules are explored live (ShardCombine on the call's signature, in a
@@ -249,6 +249,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     from .rules_at_runtime import explore_call
 
     name, report = op_name(op), RegisterReport()
+    # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
     if why:
         report.skipped[name] = why
