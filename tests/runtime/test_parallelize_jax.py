@@ -7,10 +7,10 @@ devices before that; if another module started jax first, the tests re-run in a 
 process instead.
 """
 
-import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +35,9 @@ from metaspmd.backends.jax.rules_at_runtime import node_call, to_strategies, wit
 from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.generated.jax_rules import Rule, Strategy  # noqa: E402
 from metaspmd import planner, spec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.jax_models import gpt_block, gpt_params, layer_norm  # noqa: E402
 
 ENOUGH_DEVICES = jax.device_count() >= 8
 needs_devices = pytest.mark.skipif(not ENOUGH_DEVICES, reason="jax started with too few devices (fresh process)")
@@ -67,38 +70,6 @@ def mlp_params(dim=64, hidden=256, seed=0):
                 b1=0.1 * jax.random.normal(k[1], (hidden,), jnp.float32),
                 w2=0.1 * jax.random.normal(k[2], (hidden, dim), jnp.float32),
                 b2=jnp.zeros((dim,), jnp.float32))
-
-
-def layer_norm(x, g, b):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / jnp.sqrt(var + 1e-5) * g + b
-
-
-def gpt_block(p, x, heads=4):
-    """Pre-norm transformer block: causal self-attention and a GELU MLP."""
-    b, t, d = x.shape
-    h = layer_norm(x, p["ln1_g"], p["ln1_b"])
-    q, k, v = jnp.split(h @ p["w_qkv"] + p["b_qkv"], 3, axis=-1)
-    q, k, v = (y.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3) for y in (q, k, v))
-    scores = q @ k.swapaxes(-1, -2) / math.sqrt(d // heads)
-    scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
-    att = (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    x = x + att @ p["w_o"] + p["b_o"]
-    h = layer_norm(x, p["ln2_g"], p["ln2_b"])
-    return x + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
-
-
-def gpt_params(d=32, hidden=128, seed=0):
-    k = jax.random.split(jax.random.key(seed), 8)
-
-    def n(i, shape):
-        return 0.2 * jax.random.normal(k[i], shape, jnp.float32)
-
-    zeros = lambda n_: jnp.zeros((n_,), jnp.float32)  # noqa: E731
-    return dict(ln1_g=1 + n(0, (d,)), ln1_b=n(1, (d,)), w_qkv=n(2, (d, 3 * d)), b_qkv=zeros(3 * d),
-                w_o=n(3, (d, d)), b_o=zeros(d), ln2_g=1 + n(4, (d,)), ln2_b=n(5, (d,)),
-                w1=n(6, (d, hidden)), b1=zeros(hidden), w2=n(7, (hidden, d)), b2=zeros(d))
 
 
 # --------------------------------------------------------------------------- helpers
