@@ -3,7 +3,9 @@ DTensor with the generated rules and match single-device results (fake process g
 LocalTensorMode, mesh of 4)."""
 
 import math
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 from metaspmd.backends.torch import dtensor_rules, get_backend  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.custom_ops import rms_norm  # noqa: E402
 
 WORLD = 4
 
@@ -171,17 +176,6 @@ def test_a_lookup_whose_row_cut_dtensor_masks_is_never_installed(monkeypatch):
     assert not report.installed and "masks positions" in report.skipped["aten.embedding.default"]
 
 
-@torch.library.custom_op("metaspmd_register_test::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """A user's fused kernel: DTensor has no rule for it, and no table holds one."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-@rms_norm.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x)
-
-
 def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, tmp_path):
     """Before: DTensor cannot run the custom op at all. register_op explores it on one
     example call and installs the verified rules: a row-cut input stays cut through it
@@ -190,7 +184,7 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
     from metaspmd.cache import RuleCache
 
     fake_world_of(WORLD)
-    op = torch.ops.metaspmd_register_test.rms_norm.default
+    op = torch.ops.metaspmd_examples.rms_norm.default
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(8, 6, 16, generator=g), torch.randn(16, generator=g)
     with LocalTensorMode(frozenset(range(WORLD))):
@@ -200,7 +194,7 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
             op(dx, dw, 1e-6)
         report = dtensor_rules.register_op(op, (x, w, 1e-6), cache=RuleCache(tmp_path))
         try:
-            assert report.installed == ["metaspmd_register_test.rms_norm.default"], report.skipped
+            assert report.installed == ["metaspmd_examples.rms_norm.default"], report.skipped
             rows = op(dx, dw, 1e-6)
             assert rows.placements == (Shard(0),)
             normalized = op(distribute_tensor(x, mesh, [Shard(2)]), dw, 1e-6)

@@ -16,6 +16,7 @@ from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.custom_ops import RMSNormed  # noqa: E402
 from examples.models import MLP, ConvNet, FusedAttention, GPTBlock  # noqa: E402
 
 WORLD = 4
@@ -228,44 +229,6 @@ def test_inputs_of_other_shapes_than_planned_are_refused(fake_world, cache):
             p(x, x)
 
 
-@torch.library.custom_op("metaspmd_test::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """A user's fused kernel, opaque to DTensor: no sharding rule anywhere but live exploration."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-@rms_norm.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x)
-
-
-def _rms_norm_context(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
-
-
-def _rms_norm_backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
-    scaled = grad * weight
-    grad_x = r * scaled - x * r.pow(3) * (scaled * x).mean(-1, keepdim=True)
-    return grad_x, (grad * x * r).sum(dim=tuple(range(x.dim() - 1))), None
-
-
-rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_context)
-
-
-class RMSNormed(torch.nn.Module):
-    def __init__(self, dim: int = 32):
-        super().__init__()
-        self.fc = torch.nn.Linear(dim, dim)
-        self.weight = torch.nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return rms_norm(self.fc(x), self.weight, 1e-6)
-
-
 def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independent(fake_world, cache):
     """A torch.library custom op is not the ATen op it shares a name with (aten::rms_norm):
     its node keeps its own namespace, so no ATen rule stands in for it; live exploration
@@ -274,7 +237,7 @@ def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independe
     torch.manual_seed(0)
     p = run_planned(RMSNormed(), torch.randn(8, 16, 32), cache, memory_budget=90_000)
     [node] = [n for n in p.captured.ir.op_list if "rms_norm" in n.op]
-    assert node.op == "metaspmd_test.rms_norm.default"
+    assert node.op == "metaspmd_examples.rms_norm.default"
     [cut] = p.plan.strategy(node.name).inputs[0]
     assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
 

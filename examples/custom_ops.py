@@ -1,0 +1,47 @@
+"""A custom op of the kind users write (``torch.library.custom_op``): a fused RMSNorm, with
+its fake kernel for tracing and its backward. DTensor has no rule for it and no table
+holds one: ``parallelize`` explores it live, and ``dtensor_rules.register_op`` installs
+its rules into DTensor."""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("metaspmd_examples::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _save(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    scaled = grad * weight
+    grad_x = r * scaled - x * r.pow(3) * (scaled * x).mean(-1, keepdim=True)
+    return grad_x, (grad * x * r).sum(dim=tuple(range(x.dim() - 1))), None
+
+
+rms_norm.register_autograd(_backward, setup_context=_save)
+
+
+class RMSNormed(torch.nn.Module):
+    """A linear layer normalized by the custom op."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return rms_norm(self.fc(x), self.weight, 1e-6)
