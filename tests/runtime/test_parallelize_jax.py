@@ -227,7 +227,7 @@ def test_a_pad_of_a_cut_dim_keeps_it_cut_and_matches_single_device(mesh, cache):
     # the columns of x @ w stay cut through the pad: only the outer shards pad, and the
     # compiler evens the pieces out with two collective permutes of one column each. Each
     # shard padding both ends, the gather dropping the copies (an output halo), is a rule
-    # too, but planners skip halos: the plan all-to-alled the pad's input first, at 2.5x the cost
+    # too; while planners skipped halos, the plan all-to-alled the pad's input first, at 2.5x the cost
     def padded(p, x):
         return jnp.pad(x @ p["w"], ((0, 0), (2, 2)))
 
