@@ -103,6 +103,18 @@ def resolve(
     return out, stats
 
 
+def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: RuleCache,
+                 isolation: Isolation | None = None) -> RuleEntry:
+    """The verified rules of one call outside a graph (an op registered on its own): from
+    the cache, or explored live as ``resolve`` explores a node's, and then cached."""
+    entry = cache.get(backend, op, call.signature)
+    if entry is None:
+        key = (op, call.signature)
+        entry = _explore({key: call}, ops, isolation, ResolveStats())[key]
+        cache.remember(backend, op, entry)
+    return entry
+
+
 def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation: Isolation | None,
              stats: ResolveStats) -> dict[tuple[str, str], RuleEntry]:
     if isolation is None or not unseen:

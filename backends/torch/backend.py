@@ -390,10 +390,9 @@ class TorchBackend:
             func = catalog.resolve(op)
         except KeyError as e:
             raise NoSample(str(e)) from None
-        if catalog.is_object_query(func):
-            raise Skip("replicate-only", catalog.OBJECT_QUERY_REASON)
-        if catalog.is_shape_comparison(func):
-            raise Skip("replicate-only", catalog.SHAPE_COMPARISON_REASON)
+        no_rule = catalog.no_rule_reason(func)
+        if no_rule:
+            raise Skip("replicate-only", no_rule)
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)

@@ -290,12 +290,15 @@ def is_core(func: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in func.tags
 
 
-def is_object_query(func: torch._ops.OpOverload) -> bool:
-    return aten_base(func) in OBJECT_QUERIES
-
-
-def is_shape_comparison(func: torch._ops.OpOverload) -> bool:
-    return aten_base(func) in SHAPE_COMPARISONS
+def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
+    """Why no sharding rule can describe the op (a query of the tensor object, a comparison
+    of shapes its samples hold equal), or None."""
+    base = aten_base(func)
+    if base in OBJECT_QUERIES:
+        return OBJECT_QUERY_REASON
+    if base in SHAPE_COMPARISONS:
+        return SHAPE_COMPARISON_REASON
+    return None
 
 
 def returns_scalars(func: torch._ops.OpOverload) -> bool:
@@ -307,7 +310,6 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
-    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "is_object_query", "is_shape_comparison",
-    "returns_scalars",
+    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]
 

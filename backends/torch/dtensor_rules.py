@@ -245,8 +245,11 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.distributed.tensor.experimental import register_sharding
 
+    from metaspmd.resolve import resolve_call
+
     from .parallelize import _live_exploration  # both import this module
-    from .rules_at_runtime import explore_call
+    from .rules_at_runtime import call_of
+    from .tensor_ops import TorchOps
 
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
@@ -255,7 +258,8 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
         report.skipped[name] = why
         return report
     with _disable_current_modes():  # the rules are about the op, not a simulation the caller runs
-        entry = explore_call(op, tuple(args), dict(kwargs or {}), cache if cache is not None else RuleCache(),
+        call = call_of(op, tuple(args), dict(kwargs or {}))
+        entry = resolve_call(name, call, TorchOps(), "torch", cache if cache is not None else RuleCache(),
                              _live_exploration())
     rules = [placement_rule(s) for s in entry.all_strategies()]
     placed = tuple(dict.fromkeys((tuple(map(_torch_placement, r.inputs)), tuple(map(_torch_placement, r.outputs)))

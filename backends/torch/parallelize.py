@@ -148,7 +148,10 @@ _VIEWS_OF_STRIDES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.de
 def _contiguous_shard(x: Any) -> Any:
     if not isinstance(x, DTensor):
         return x.contiguous() if isinstance(x, torch.Tensor) else x
-    return DTensor.from_local(x.to_local().contiguous(), x.device_mesh, x.placements, run_check=False,
+    local = x.to_local()
+    if local.is_contiguous():
+        return x
+    return DTensor.from_local(local.contiguous(), x.device_mesh, x.placements, run_check=False,
                               shape=x.shape, stride=x.stride())
 
 

@@ -6,13 +6,9 @@ import torch
 from torch.distributed.tensor import Partial, Shard
 from torch.distributed.tensor._ops._math_ops import _NormPartial
 
-from metaspmd.cache import RuleCache
 from metaspmd.case import OpCase
-from metaspmd.explorer import explore_case
 from metaspmd.ir import MetaOp
-from metaspmd.isolation import ChildFailed, Isolation
 from metaspmd.resolve import NodeCall
-from metaspmd.rules import RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, ShardIn, Strategy
 from metaspmd.spec import Replicate as ReplicateIn
@@ -95,26 +91,14 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
     return torch_case(fn, a, k, fn)
 
 
+def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
+    """One call's signature, the table's rules for it (None: the table lacks them), and
+    the case live exploration would verify."""
+    sig = signature(_OPS, dtensor_rules.positional_names(fn), tuple(args), dict(kwargs))
+    found = dtensor_rules.lookup(fn, tuple(args), dict(kwargs))
+    return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs))
+
+
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:
     args, kwargs = captured.values[node.name]
-    names = dtensor_rules.positional_names(node.fn)
-    sig = signature(_OPS, names, tuple(args), dict(kwargs))
-    found = dtensor_rules.lookup(node.fn, tuple(args), dict(kwargs))
-    return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(node.fn, args, kwargs))
-
-
-def explore_call(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: RuleCache,
-                 isolation: Isolation | None) -> RuleEntry:
-    """The verified rules of one call: from the cache, or explored live (in a forked child
-    where ``isolation`` is given) and cached."""
-    name = dtensor_rules.op_name(fn)
-    sig = signature(_OPS, dtensor_rules.positional_names(fn), tuple(args), dict(kwargs))
-    entry = cache.get("torch", name, sig)
-    if entry is None:
-        explore = lambda: explore_case(call_case(fn, args, kwargs), _OPS)  # noqa: E731
-        try:
-            entry = isolation.run(explore) if isolation is not None else explore()
-        except ChildFailed as failure:
-            raise RuntimeError(f"live exploration of {name} failed: {failure}") from None
-        cache.remember("torch", name, entry)
-    return entry
+    return call_of(node.fn, args, kwargs)
