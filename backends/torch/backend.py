@@ -28,8 +28,8 @@ from metaspmd.signature import arg_items
 from . import catalog, local_params, random_ops, sample_data, views
 from .dropping import dropping_form
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, Captured, SchemaGuess, build_index, find_schema_sample, load_index, regenerate, schema_inputs,
-    to_float64,
+    BASE_SEED, MAX_SIGNATURES, Captured, build_index, find_schema_sample, load_index, regenerate, runs_on_fresh_inputs,
+    schema_inputs, to_float64,
 )
 from .tensor_ops import TorchOps
 
@@ -488,11 +488,12 @@ class TorchBackend:
         if guess is None:
             return [], error
         if guess.dtype == "float32":  # float64 ground truth when the op takes it
-            f64 = SchemaGuess(guess.shape, guess.channel_vectors, guess.flat_index, "float64")
+            f64 = dataclasses.replace(guess, dtype="float64")
             runner64 = make_runner(func, default_dtype=torch.float64 if dtype == torch.float32 else dtype)
             try:
                 a64, k64 = schema_inputs(func, f64, BASE_SEED)
                 runner64(*a64, **k64)
+                runs_on_fresh_inputs(lambda a, k: runner64(*a, **k), func, f64)
                 guess, runner = f64, runner64
             except Exception:
                 pass

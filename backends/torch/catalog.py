@@ -227,11 +227,17 @@ SHAPE_SAFE_BACKWARD = frozenset({
 })
 
 
+# Fused optimizer steps walk every tensor list by the parameters' sizes: a gradient cut
+# beside a whole parameter corrupts the heap (SIGABRT).
+FUSED_OPTIMIZERS = frozenset({"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"})
+
+
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
-    """Kernels that size one input by another without checking (backward ops, batch norm):
-    inconsistent shards crash them, so their local calls are guarded."""
+    """Kernels that size one input by another without checking (backward ops, batch norm,
+    fused optimizers): inconsistent shards crash them, so their local calls are guarded."""
     base = aten_base(func)
-    return ("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
+    return (("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
+            or base.rstrip("_") in FUSED_OPTIMIZERS)
 
 
 def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:

@@ -37,6 +37,7 @@ from .tensor_ops import TorchOps
 
 FORMAT_VERSION = 10  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
+FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
 # Kept beyond those, explored only where none of them gives a strategy: OpInfo's var samples
 # that come first all reduce every dim; one that keeps a dim has rules.
@@ -517,6 +518,11 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
 # name, trying a few tensor shapes and layouts; the first call that runs is the sample.
 
 SHAPE_GUESSES = ((4, 6), (3, 4, 5), (6,), (2, 3, 4, 5), (2, 3, 4, 5, 6), ())
+# Tried only once every guess above has failed, so an op that runs under one keeps its
+# sample: square matrices (linalg, mm of one shape), Optional arguments filled (clamp with
+# min and max both None fails; eval batch norm needs running stats), and the tensors after
+# the first 0-d (a learning rate, a step count, foreach's scalar operand).
+SQUARE_SHAPES = ((2, 4, 4), (4, 4))  # batched first: its batch dim can be cut
 # Per-channel vectors (batch norm statistics, affine parameters) have the channel dim's size.
 _CHANNEL_NAMES = frozenset({
     "weight", "bias", "running_mean", "running_var", "save_mean", "save_var", "save_invstd", "mean",
@@ -524,6 +530,12 @@ _CHANNEL_NAMES = frozenset({
 })
 _COUNT_INTS = frozenset({"n", "k", "chunks", "sections", "split_size", "repeats", "steps", "window_length", "size", "length"})
 _UNSUPPORTED = frozenset({"Storage", "Stream", "Dimname", "List[Dimname]", "Optional[List[Dimname]]"})
+# With scalar_tensors: tensor lists of one number per tensor (an optimizer's step counts) are
+# 0-d, foreach's packed scalars hold one per list element, and an optimizer's amsgrad is on
+# (off, it requires max_exp_avg_sqs empty, where the filler fills every list)
+_SCALAR_LISTS = frozenset({"state_steps"})
+_PACKED_SCALARS = frozenset({"scalars"})
+_TRUE_BOOLS = frozenset({"amsgrad"})
 
 
 @dataclass(frozen=True)
@@ -534,6 +546,8 @@ class SchemaGuess:
     channel_vectors: bool  # per-channel tensors are 1-D
     flat_index: bool  # index tensors are 1-D
     dtype: str  # data tensors' dtype
+    optionals: bool = False  # Optional arguments filled, not None
+    scalar_tensors: bool = False  # tensors after the first are 0-d
 
 
 def _is_index_name(name: str) -> bool:
@@ -549,6 +563,7 @@ class _Filler:
         self.base = func._schema.name.split("::")[1]
         spatial = max(len(guess.shape) - 2, 1)
         self.spatial = spatial if any(k in self.base for k in ("conv", "pool", "upsample", "im2col", "col2im", "reflection", "replication", "pad")) else 1
+        self.tensors_made = 0
 
     def data(self, shape) -> torch.Tensor:
         dtype = getattr(torch, self.guess.dtype)
@@ -563,8 +578,11 @@ class _Filler:
         shape = (3,) if self.guess.flat_index else self.guess.shape
         return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64)
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str, listed: bool = False) -> torch.Tensor:
         shape = self.guess.shape
+        self.tensors_made += 1
+        if self.guess.scalar_tensors and (name in _SCALAR_LISTS if listed else self.tensors_made > 1):
+            shape = (2,) if name in _PACKED_SCALARS else ()
         if name == "offsets":
             return torch.tensor([0, 2], dtype=torch.int64)
         if _is_index_name(name):
@@ -609,15 +627,24 @@ class _Filler:
         if t in _UNSUPPORTED or "torch.classes" in t or name in ("filename", "path"):
             raise TypeError(f"cannot build a {t} argument")
         if t.startswith("Optional["):
+            if self.guess.optionals:
+                try:
+                    return self.value_of(t[len("Optional["):-1], arg)
+                except TypeError:
+                    return None
             if name not in ("output_size", "dim"):
                 return None
             # upsample .vec overloads need output_size or scales; a reduction over dim 0
             # (var.dim) leaves the other dims to cut, where None would reduce them all
             t = t[len("Optional["):-1]
+        return self.value_of(t, arg)
+
+    def value_of(self, t: str, arg) -> Any:
+        name = arg.name
         if t == "Tensor":
             return self.tensor(name)
         if t == "List[Tensor]":
-            return [self.tensor(name), self.tensor(name)]
+            return [self.tensor(name, listed=True), self.tensor(name, listed=True)]
         if t == "List[Optional[Tensor]]":
             return [torch.randint(0, min(self.guess.shape or (1,)), (3,), generator=self.gen, dtype=torch.int64)]
         if t == "int":
@@ -627,13 +654,15 @@ class _Filler:
         if t == "float":
             return 1e-5 if "eps" in name else 0.5
         if t == "number":
+            if self.guess.optionals and name in ("min", "max"):  # clamp's bounds, filled apart
+                return -0.5 if name == "min" else 0.5
             return 2
         if t == "List[number]":
             return [2, 2]
         if t == "List[float]":
             return [0.5] * (arg.N or 1)
         if t == "bool":
-            return False
+            return self.guess.scalar_tensors and name in _TRUE_BOOLS
         if t == "List[bool]":
             return [True] * (arg.N or 3)
         if t == "str":
@@ -661,6 +690,10 @@ def schema_inputs(func, guess: SchemaGuess, seed: int) -> tuple[tuple, dict]:
             continue
         if arg.has_default_value():
             positional = False
+            if guess.optionals and arg.default_value is None and str(arg.real_type).startswith("Optional["):
+                value = filler.value(arg)
+                if value is not None:
+                    kwargs[arg.name] = value
             continue
         value = filler.value(arg)
         if positional and not arg.kwarg_only:
@@ -672,11 +705,24 @@ def schema_inputs(func, guess: SchemaGuess, seed: int) -> tuple[tuple, dict]:
 
 
 def schema_guesses() -> Iterator[SchemaGuess]:
-    for shape in SHAPE_GUESSES:
+    first = [(shape, False, False) for shape in SHAPE_GUESSES]
+    then = [(shape, optionals, scalars) for optionals, scalars in ((False, False), (True, False), (False, True), (True, True))
+            for shape in SHAPE_GUESSES + SQUARE_SHAPES]
+    for shape, optionals, scalars in first + [g for g in then if g not in first]:
+        # float64 (float_power_ writes a double into its input) and bool (_is_all_true) last
+        dtypes = ("float32", "int64") if (shape, optionals, scalars) in first else ("float32", "int64", "float64", "bool")
         for channel_vectors in (False, True):
             for flat_index in (False, True):
-                for dtype in ("float32", "int64"):
-                    yield SchemaGuess(shape, channel_vectors, flat_index, dtype)
+                for dtype in dtypes:
+                    yield SchemaGuess(shape, channel_vectors, flat_index, dtype, optionals, scalars)
+
+
+def runs_on_fresh_inputs(run: Callable[[tuple, dict], Any], func, guess: SchemaGuess) -> None:
+    """Raises unless ``run`` accepts the guess's inputs for every seed the explorer draws its
+    fresh trials with: the values decide some ops' checks (quantile's q in [0, 1], a
+    repeat count not negative), and a guess that ran once by chance is no sample."""
+    for seed in range(BASE_SEED + 1, BASE_SEED + FRESH_SEEDS + 1):
+        run(*schema_inputs(func, guess, seed))
 
 
 def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaGuess | None, str]:
@@ -698,9 +744,12 @@ def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaG
         try:
             with _quiet():
                 run(args, kwargs)
+                runs_on_fresh_inputs(run, func, guess)
             return guess, ""
         except Exception as e:  # the first guess's error is the most telling one
             error = error or f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            if isinstance(e, NotImplementedError) and str(e).startswith("Could not run"):
+                break  # no CPU kernel: no other strided tensor reaches one either
     return None, error or "no guess"
 
 

@@ -236,6 +236,59 @@ def test_out_overload_allocates_its_outputs(backend):
     assert torch.equal(got, torch.ops.aten.add.Tensor(*case.args, **case.kwargs))
 
 
+def test_square_matrices_are_guessed_batched_first():
+    # linalg.inv rejects every rectangular guess; a batch of square matrices has a dim to cut
+    backend = get_backend(opinfos=(), schema_samples=True)
+    (case,) = backend.cases("aten.linalg_inv.default")
+    assert case.args[0].shape == (2, 4, 4)
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard) == "[[S1, N, N]]"
+
+
+def test_fused_optimizer_gets_zero_d_steps_and_a_guarded_call():
+    # Adam needs one 0-d step count per parameter, and amsgrad on (the filler fills
+    # max_exp_avg_sqs); its kernel walks every list by the parameters' sizes, so a shard of
+    # one list beside whole others must be refused, not run (it corrupts the heap)
+    backend = get_backend(opinfos=(), schema_samples=True)
+    (case,) = backend.cases("aten._fused_adam.default")
+    params, steps = case.args[0], case.args[5]
+    assert [t.shape for t in steps] == [(), ()] and case.kwargs["amsgrad"] is True
+    grads_cut = list(case.args)
+    grads_cut[1] = [g[:2] for g in case.args[1]]
+    with pytest.raises(ValueError, match="inconsistent shards"):
+        case.fn(*grads_cut, **case.kwargs)
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard).startswith("[[S1, S2], [S1, S2]")
+
+
+def test_a_schema_guess_must_run_on_fresh_seeds_too():
+    # quantile's q is drawn like any tensor: a seed whose q leaves [0, 1] rejects the guess
+    calls = []
+
+    def run(args, kwargs):
+        calls.append(args)
+        if len(calls) == 3:
+            raise RuntimeError("values out of range")
+
+    func = torch.ops.aten.quantile.default
+    guess, error = samples.find_schema_sample(run, func)
+    # the first guess ran on the base seed and one fresh seed, failed on the next; the
+    # second ran on all of them
+    assert guess is not None and len(calls) == 3 + 1 + samples.FRESH_SEEDS
+    assert guess != next(samples.schema_guesses())
+
+
+def test_no_cpu_kernel_stops_the_guessing():
+    calls = []
+
+    def run(args, kwargs):
+        calls.append(1)
+        raise NotImplementedError("Could not run 'aten::foo' with arguments from the 'CPU' backend.")
+
+    guess, error = samples.find_schema_sample(run, torch.ops.aten.add.Tensor)
+    assert guess is None and error.startswith("NotImplementedError: Could not run") and len(calls) == 1
+
+
 def test_op_without_any_sample_says_why():
     backend = get_backend(opinfos=(), schema_samples=True)
     with pytest.raises(NoSample, match="schema-built inputs fail"):
