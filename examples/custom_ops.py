@@ -1,7 +1,13 @@
 """A custom op of the kind users write (``torch.library.custom_op``): a fused RMSNorm, with
 its fake kernel for tracing and its backward. DTensor has no rule for it and no table
 holds one: ``parallelize`` explores it live, and ``dtensor_rules.register_op`` installs
-its rules into DTensor."""
+its rules into DTensor. Swept offline, its rules go into a registry of their own:
+
+    python tools/sweep.py --backend torch --kernels examples/custom_ops.py --out my_registry
+
+``METASPMD_EXAMPLES`` gives the calls whose signatures the sweep explores (a sequence of
+hidden vectors and a weight per feature); an op without any gets one schema-built call.
+"""
 
 from __future__ import annotations
 
@@ -45,3 +51,12 @@ class RMSNormed(torch.nn.Module):
 
     def forward(self, x):
         return rms_norm(self.fc(x), self.weight, 1e-6)
+
+
+# The signatures a model calls the op with: batch x sequence x hidden, and tokens x hidden
+METASPMD_EXAMPLES = {
+    "metaspmd_examples::rms_norm": [
+        ((torch.randn(4, 6, 8), torch.randn(8), 1e-6), {}),
+        ((torch.randn(6, 8), torch.randn(8), 1e-6), {}),
+    ],
+}

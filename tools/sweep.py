@@ -35,7 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"per-op time limit; the op's worker is killed past it (default {DEFAULT_TIMEOUT:g})")
-    p.add_argument("--kernels", metavar="MODULE", help="kernel module for backends that take one (tvm)")
+    p.add_argument("--kernels", metavar="MODULE",
+                   help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
+                        "TE kernels (tvm) or custom ops (torch)")
     p.add_argument("--timings", type=Path, metavar="FILE", help="write per-op exploration times here (json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--worker-output", action="store_true",

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Collection, Mapping
+import sys
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
+from metaspmd.sweep.user_modules import load_module
 
 from . import catalog, local_params, random_ops, sample_data, views
 from .dropping import dropping_form
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, Captured, build_index, find_schema_sample, load_index, regenerate, runs_on_fresh_inputs,
-    schema_inputs, to_float64,
+    BASE_SEED, MAX_SIGNATURES, Captured, build_index, find_schema_sample, load_index, regenerate, runs_in_float64,
+    runs_on_fresh_inputs, schema_inputs, to_float64,
 )
 from .tensor_ops import TorchOps
 
@@ -345,20 +347,54 @@ def _with_primary(cases: list[OpCase]) -> list[OpCase]:
     return cases if any(not c.reserve for c in cases) else []
 
 
+EXAMPLES_ATTR = "METASPMD_EXAMPLES"
+
+
+def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[tuple, dict]]]]:
+    """Import a user's module of custom ops: the namespaces they are registered in, and
+    the example calls it gives in ``METASPMD_EXAMPLES`` ({'ns::op' or 'ns.op.overload':
+    [(args, kwargs), ...]}), by catalog name. Example calls pick the signatures a model
+    uses; without them the op gets one schema-built sample."""
+    before = set(torch._C._dispatch_get_all_op_names())
+    name = load_module(ref)
+    namespaces = catalog.custom_op_namespaces(name, set(torch._C._dispatch_get_all_op_names()) - before)
+    examples: dict[str, list[tuple[tuple, dict]]] = {}
+    for op, calls in getattr(sys.modules[name], EXAMPLES_ATTR, {}).items():
+        qualified = op.replace("::", ".") + (".default" if "::" in op and "." not in op else "")
+        try:
+            catalog.resolve(qualified)
+        except KeyError:
+            raise ValueError(f"{ref}: {EXAMPLES_ATTR} names {op!r}, which is not a registered op") from None
+        examples.setdefault(qualified, []).extend((tuple(args), dict(kwargs)) for args, kwargs in calls)
+    return namespaces, examples
+
+
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
     name = "torch"
 
     def __init__(self, cache_dir: str | None = None, max_signatures: int = MAX_SIGNATURES, schema_samples: bool = True,
-                 opinfos: Collection[str] | None = None):
-        """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests)."""
+                 opinfos: Collection[str] | None = None, kernels: str | Sequence[str] | None = None):
+        """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests).
+        ``kernels``: modules (dotted names or .py files) of custom ops to sweep instead of
+        ATen's; their samples are built from the schema, as no OpInfo covers them."""
         self.cache_dir = cache_dir
         self.max_signatures = max_signatures
         self.schema_samples = schema_samples
         self.opinfos = None if opinfos is None else frozenset(opinfos)
         self._index: dict[str, tuple[Captured, ...]] | None = None
         self._ops = _OPS
+        refs = [kernels] if isinstance(kernels, str) else list(kernels or ())
+        self.custom_namespaces: frozenset[str] = frozenset()
+        self.custom_examples: dict[str, list[tuple[tuple, dict]]] = {}
+        for ref in refs:
+            namespaces, examples = _import_custom_ops(ref)
+            if not namespaces:
+                raise ValueError(f"{ref}: defines no torch custom op (torch.library.custom_op or Library)")
+            self.custom_namespaces |= namespaces
+            for op, calls in examples.items():
+                self.custom_examples.setdefault(op, []).extend(calls)
 
     # ------------------------------------------------------------------ Backend protocol
 
@@ -366,6 +402,8 @@ class TorchBackend:
         return self._ops
 
     def list_ops(self) -> list[str]:
+        if self.custom_namespaces:
+            return list(catalog.overloads_in(self.custom_namespaces))
         return list(catalog.all_overloads())
 
     def resolve(self, op: str) -> torch._ops.OpOverload:
@@ -382,8 +420,9 @@ class TorchBackend:
 
     def prepare(self) -> None:
         """Load (or build, once per torch version) the sample index before any op's time
-        limit starts; the sweep calls this in every worker."""
-        _ = self.index
+        limit starts; the sweep calls this in every worker. Custom ops need none."""
+        if not self.custom_namespaces:
+            _ = self.index
 
     def cases(self, op: str) -> list[OpCase]:
         try:
@@ -396,6 +435,13 @@ class TorchBackend:
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason)
+        if not catalog.aten_base(func):  # a custom op: no OpInfo, no functional sibling
+            if op in self.custom_examples:
+                return [self._example_case(func, args, kwargs) for args, kwargs in self.custom_examples[op]]
+            cases, error = self._schema_cases(func)
+            if not cases:
+                raise NoSample("schema-built inputs fail: " + _short_error(error))
+            return cases
         cases, no_limit = [], []
         for c, reserve in self._calls(op):
             try:
@@ -420,6 +466,13 @@ class TorchBackend:
 
     def _case(self, func, args: tuple, kwargs: dict, runner: Callable, fresh: Callable[[int], tuple] | None) -> OpCase:
         return torch_case(func, args, kwargs, runner, fresh)
+
+    def _example_case(self, func, args: tuple, kwargs: dict) -> OpCase:
+        """A case from a user's example call, in float64 where the op takes it (as OpInfo
+        samples are); fresh trials refill its tensors with random data."""
+        if runs_in_float64(func, args, kwargs):
+            args, kwargs = to_float64((args, kwargs))
+        return self._case(func, tuple(args), dict(kwargs), make_runner(func), None)
 
     def _captured_case(self, func, call: Captured, source: Captured | None = None) -> OpCase:
         spec, kwargs = _out_spec_from_kwargs(func, call.kwargs)

@@ -1,12 +1,15 @@
 """The ATen op catalog: every overload by name, and the schema facts the sweep needs.
 
 Names follow ``str(torch.ops.aten.mm.default)``: ``aten.<name>.<overload>``, with
-``default`` for the unnamed overload.
+``default`` for the unnamed overload. A user's custom ops (``--kernels``) are named the
+same way in their own namespace.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+from typing import Collection
 
 import torch
 
@@ -94,14 +97,34 @@ SCALAR_RETURNS = frozenset({"int", "SymInt", "float", "SymFloat", "bool", "SymBo
 @functools.lru_cache(maxsize=1)
 def all_overloads() -> tuple[str, ...]:
     """Every registered aten overload, sorted."""
+    return overloads_in((NAMESPACE,))
+
+
+def overloads_in(namespaces: Collection[str]) -> tuple[str, ...]:
+    """Every overload registered in these namespaces ('ns.op.overload'), sorted."""
     names = set()
     for full in torch._C._dispatch_get_all_op_names():
         ns, sep, rest = full.partition("::")
-        if ns != NAMESPACE or not sep:
+        if ns not in namespaces or not sep:
             continue
         base, _, overload = rest.partition(".")
-        names.add(f"{NAMESPACE}.{base}.{overload or 'default'}")
+        names.add(f"{ns}.{base}.{overload or 'default'}")
     return tuple(sorted(names))
+
+
+def custom_op_namespaces(module_name: str, registered_by_import: Collection[str] = ()) -> frozenset[str]:
+    """The namespaces of the ops a user's module defines: its ``torch.library.custom_op``
+    functions and ``Library`` objects, and those of ``registered_by_import`` (dispatcher
+    names, 'ns::op', that appeared while it was imported). Never aten: a module that adds
+    kernels to ATen ops adds no ops."""
+    found = set()
+    for value in vars(sys.modules[module_name]).values():
+        if isinstance(value, torch._library.custom_ops.CustomOpDef):
+            found.add(value._namespace)
+        elif isinstance(value, torch.library.Library):
+            found.add(value.ns)
+    found |= {name.partition("::")[0] for name in registered_by_import}
+    return frozenset(found - {NAMESPACE})
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -113,10 +136,14 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def resolve(name: str) -> torch._ops.OpOverload:
-    """The OpOverload for a catalog name; KeyError when it does not exist."""
-    base, overload = split_name(name)
+    """The OpOverload for a catalog name ('aten.mm.default', or a custom op's
+    'mylib.rms_norm.default'); KeyError when it does not exist."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        raise KeyError(f"not an op name (namespace.op.overload): {name}")
+    ns, base, overload = parts
     try:
-        return getattr(getattr(torch.ops.aten, base), overload)
+        return getattr(getattr(getattr(torch.ops, ns), base), overload)
     except (AttributeError, RuntimeError) as e:
         raise KeyError(f"unknown op {name}") from e
 
@@ -314,7 +341,8 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "functional_sibling", "is_core",
+    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "custom_op_namespaces",
+    "functional_sibling", "is_core", "overloads_in",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

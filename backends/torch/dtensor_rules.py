@@ -49,10 +49,30 @@ def positional_names(op: torch._ops.OpOverload) -> tuple[str, ...]:
     return tuple(a.name for a in op._schema.arguments if not a.kwarg_only)
 
 
+_ADDED: dict = {}  # tables added with add_table: a user's custom ops, swept offline
+
+
 def table() -> dict:
     from metaspmd.generated.torch_rules import RULES
 
-    return RULES
+    return {**RULES, **_ADDED} if _ADDED else RULES
+
+
+def add_table(rules: dict) -> None:
+    """Look ops up in ``rules`` too: the ``RULES`` of a table generated from a registry of
+    one's own custom ops (``tools/sweep.py --backend torch --kernels MODULE --out DIR``, then
+    ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``parallelize`` and
+    ``register`` then find those ops' rules without exploring them live; an op in both
+    tables takes the added one's."""
+    _ADDED.update(rules)
+    _INFO.clear()
+
+
+def remove_table(rules: dict) -> None:
+    """Undo ``add_table(rules)``."""
+    for name in rules:
+        _ADDED.pop(name, None)
+    _INFO.clear()
 
 
 def masked_by_dtensor() -> tuple[str, ...]:

@@ -436,7 +436,7 @@ def to_float64(tree: Any) -> Any:
     return tree_map(cast, tree)
 
 
-def _runs_in_float64(func, args: tuple, kwargs: Mapping[str, Any]) -> bool:
+def runs_in_float64(func, args: tuple, kwargs: Mapping[str, Any]) -> bool:
     if not any(
         isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.complex64)
         for x in torch.utils._pytree.tree_leaves((list(args), dict(kwargs)))
@@ -480,12 +480,12 @@ def _finish(call: Captured, func) -> Captured:
         refilled = _refilled(call, func)
         if refilled is not None:
             return Captured(call.op, call.signature, refilled.args, refilled.kwargs, call.ref, False,
-                            _runs_in_float64(func, refilled.args, refilled.kwargs))
+                            runs_in_float64(func, refilled.args, refilled.kwargs))
     fresh = regenerate(call, BASE_SEED + 1)
     regen = fresh is not None and (_tensors_differ(fresh, (call.args, dict(call.kwargs))) or not _float_leaves(
         (list(call.args), dict(call.kwargs))
     ))
-    return Captured(call.op, call.signature, call.args, call.kwargs, call.ref, regen, _runs_in_float64(func, call.args, call.kwargs))
+    return Captured(call.op, call.signature, call.args, call.kwargs, call.ref, regen, runs_in_float64(func, call.args, call.kwargs))
 
 
 def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None] | None = None,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from metaspmd.case import OpCase
+from metaspmd.sweep.user_modules import load_module
 
 from .compiled import CompiledKernel, build_kernel
 from .registry import REGISTRY, KernelError, KernelRegistry, KernelSpec
@@ -25,21 +23,7 @@ def load_kernel_module(ref: str) -> str:
 
     Returns the module name its kernels are registered under.
     """
-    path = Path(ref)
-    if ref.endswith(".py") or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"kernel module file not found: {ref}")
-        name = "metaspmd_user_kernels." + path.stem
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # kernels' builders refer to their module by name
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        return name
-    return importlib.import_module(ref).__name__
+    return load_module(ref)
 
 
 class _VariantCall:

@@ -1,6 +1,8 @@
 """parallelize() on DTensor (fake process group + LocalTensorMode, mesh of 4): planned
 models match single-device outputs and gradients."""
 
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from metaspmd import planner  # noqa: E402
 
+from metaspmd.backends.torch import dtensor_rules  # noqa: E402
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 
@@ -238,6 +241,36 @@ def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independe
     p = run_planned(RMSNormed(), torch.randn(8, 16, 32), cache, memory_budget=90_000)
     [node] = [n for n in p.captured.ir.op_list if "rms_norm" in n.op]
     assert node.op == "metaspmd_examples.rms_norm.default"
+    [cut] = p.plan.strategy(node.name).inputs[0]
+    assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
+
+
+def test_a_custom_op_swept_offline_is_a_table_hit(fake_world, tmp_path):
+    """``tools/sweep.py --kernels`` sweeps a module's custom ops into a registry of one's
+    own, on the calls the module gives; the table generated from it, once added, serves
+    parallelize: no node is explored live."""
+    root = Path(__file__).resolve().parents[2]
+    registry, generated = tmp_path / "registry", tmp_path / "generated"
+    subprocess.run([sys.executable, str(root / "tools" / "sweep.py"), "--backend", "torch", "--kernels",
+                    str(root / "examples" / "custom_ops.py"), "--out", str(registry), "--jobs", "1", "--no-progress"],
+                   check=True, capture_output=True)
+    assert [f.name for f in (registry / "torch").iterdir()] == ["metaspmd_examples.rms_norm.default.yaml"]
+    subprocess.run([sys.executable, str(root / "tools" / "codegen.py"), "--backend", "torch", "--registry", str(registry),
+                    "--out", str(generated)], check=True, capture_output=True)
+    spec = importlib.util.spec_from_file_location("custom_torch_rules", generated / "torch_rules.py")
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    dtensor_rules.add_table(rules.RULES)
+    cache = RuleCache(tmp_path / "cache")
+    try:
+        torch.manual_seed(0)
+        p = run_planned(RMSNormed(), torch.randn(8, 16, 32), cache, memory_budget=90_000)
+    finally:
+        dtensor_rules.remove_table(rules.RULES)
+    # what is explored live is cached: the model's ATen ops of these sizes, not the custom op
+    explored = {path.parent.name for path in cache.root.rglob("*.yaml")}
+    assert explored and not any("rms_norm" in name for name in explored), explored
+    [node] = [n for n in p.captured.ir.op_list if "rms_norm" in n.op]
     [cut] = p.plan.strategy(node.name).inputs[0]
     assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
 

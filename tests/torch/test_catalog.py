@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -631,3 +633,32 @@ def test_unset_buffers_are_filled_alike_on_every_build():
     (b, _), _ = _captured_values((buffer, src), {}, seed=0)
     assert torch.equal(a, b) and not torch.isnan(a).any() and len(set(a.flatten().tolist())) == 12
     assert torch.equal(s, src) and s is not src  # data stays as it is, snapshotted
+
+
+# --------------------------------------------------------------------------- custom ops (--kernels)
+
+
+def test_a_module_of_custom_ops_is_swept_on_its_example_calls():
+    root = Path(__file__).resolve().parents[2]
+    backend = TorchBackend(kernels=str(root / "examples" / "custom_ops.py"))
+    assert backend.list_ops() == ["metaspmd_examples.rms_norm.default"]
+    cases = backend.cases("metaspmd_examples.rms_norm.default")
+    assert [c.args[0].shape for c in cases] == [(4, 6, 8), (6, 8)]
+    entry = explore_case(cases[0], backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard) == "[[S1, S2, N], [N]]"  # never the normalized dim
+
+
+def test_a_module_without_custom_ops_or_with_a_wrong_example_says_so(tmp_path):
+    plain = tmp_path / "plain_module.py"
+    plain.write_text("import torch\nscale = 2\n")
+    with pytest.raises(ValueError, match="plain_module.py: defines no torch custom op"):
+        TorchBackend(kernels=str(plain))
+    wrong = tmp_path / "wrong_examples.py"
+    wrong.write_text(
+        "import torch\n"
+        "@torch.library.custom_op('metaspmd_test_ns::twice', mutates_args=())\n"
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return 2 * x\n"
+        "METASPMD_EXAMPLES = {'metaspmd_test_ns::thrice': [((torch.ones(2),), {})]}\n")
+    with pytest.raises(ValueError, match="wrong_examples.py: METASPMD_EXAMPLES names 'metaspmd_test_ns::thrice'"):
+        TorchBackend(kernels=str(wrong))

@@ -1,0 +1,37 @@
+"""Importing a user's module of ops to sweep (``tools/sweep.py --kernels``): TVM kernels
+that register with ``@kernel``, torch custom ops that register with ``torch.library``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+USER_PACKAGE = "metaspmd_user_kernels"  # a .py file is imported as USER_PACKAGE.<stem>
+
+
+def load_module(ref: str) -> str:
+    """Import ``ref``, a dotted module name or a .py file, and return the name it is
+    registered under in ``sys.modules`` (what its ops' builders find it by)."""
+    path = Path(ref)
+    if ref.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"kernel module file not found: {ref}")
+        name = f"{USER_PACKAGE}.{path.stem}"
+        loaded = sys.modules.get(name)
+        if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+            return name  # imported before: its ops registered then, and would clash now
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return name
+    return importlib.import_module(ref).__name__
+
+
+__all__ = ["USER_PACKAGE", "load_module"]
