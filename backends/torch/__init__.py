@@ -7,7 +7,8 @@ from .tensor_ops import TorchOps
 
 
 def get_backend(**options) -> TorchBackend:
-    """The backend the sweep uses; options: cache_dir, max_signatures, schema_samples, opinfos."""
+    """The backend the sweep uses; options: cache_dir, max_signatures, schema_samples, opinfos,
+    kernels (modules of custom ops to sweep instead of ATen's)."""
     return TorchBackend(**options)
 
 

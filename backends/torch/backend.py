@@ -378,7 +378,8 @@ class TorchBackend:
                  opinfos: Collection[str] | None = None, kernels: str | Sequence[str] | None = None):
         """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests).
         ``kernels``: modules (dotted names or .py files) of custom ops to sweep instead of
-        ATen's; their samples are built from the schema, as no OpInfo covers them."""
+        ATen's; their samples are each module's METASPMD_EXAMPLES calls, or built from the
+        schema, as no OpInfo covers them."""
         self.cache_dir = cache_dir
         self.max_signatures = max_signatures
         self.schema_samples = schema_samples
