@@ -65,14 +65,20 @@ def add_table(rules: dict) -> None:
     ``register`` then find those ops' rules without exploring them live; an op in both
     tables takes the added one's."""
     _ADDED.update(rules)
-    _INFO.clear()
+    _forget_lookups()
 
 
 def remove_table(rules: dict) -> None:
     """Undo ``add_table(rules)``."""
     for name in rules:
         _ADDED.pop(name, None)
+    _forget_lookups()
+
+
+def _forget_lookups() -> None:
+    """Drop what was looked up in the tables before they changed (a miss is memoized too)."""
     _INFO.clear()
+    _LOOKUPS.clear()
 
 
 def masked_by_dtensor() -> tuple[str, ...]:

@@ -260,7 +260,10 @@ def test_a_custom_op_swept_offline_is_a_table_hit(fake_world, tmp_path):
     spec = importlib.util.spec_from_file_location("custom_torch_rules", generated / "torch_rules.py")
     rules = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rules)
+    op, call = torch.ops.metaspmd_examples.rms_norm.default, (torch.randn(8, 16, 32), torch.randn(32), 1e-6)
+    assert dtensor_rules.lookup(op, call, {}) is None  # a miss, which the lookup memoizes
     dtensor_rules.add_table(rules.RULES)
+    assert dtensor_rules.lookup(op, call, {}) is not None  # adding a table forgets it
     cache = RuleCache(tmp_path / "cache")
     try:
         torch.manual_seed(0)
