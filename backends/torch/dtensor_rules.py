@@ -52,10 +52,20 @@ def positional_names(op: torch._ops.OpOverload) -> tuple[str, ...]:
 _ADDED: dict = {}  # tables added with add_table: a user's custom ops, swept offline
 
 
-def table() -> dict:
+def _builtin() -> dict:
     from metaspmd.generated.torch_rules import RULES
 
-    return {**RULES, **_ADDED} if _ADDED else RULES
+    return RULES
+
+
+def table() -> dict:
+    """Every op's table rules: the generated table's, with added tables' over them."""
+    return {**_builtin(), **_ADDED} if _ADDED else _builtin()
+
+
+def _rules_of(name: str) -> dict | None:
+    """One op's table rules, without merging whole tables per lookup."""
+    return _ADDED[name] if name in _ADDED else _builtin().get(name)
 
 
 def add_table(rules: dict) -> None:
@@ -122,7 +132,7 @@ def op_info(op: torch._ops.OpOverload) -> _OpInfo:
                     defaults[a.name] = value_token(_SPEC_OPS, a.default_value)
                 except Exception:  # noqa: BLE001 - an exotic default: never dropped
                     pass
-        info = _INFO[op] = _OpInfo(positional_names(op), table().get(op_name(op)), defaults)
+        info = _INFO[op] = _OpInfo(positional_names(op), _rules_of(op_name(op)), defaults)
     return info
 
 
