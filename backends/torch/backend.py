@@ -459,6 +459,8 @@ class TorchBackend:
         if not self.schema_samples:
             raise NoSample("no OpInfo sample reaches it")
         cases, error = self._schema_cases(func)
+        if not cases:  # an out= overload checks its outs' dtype: its sibling's result gives it
+            cases = self._sibling_schema_cases(func, op)
         if not cases:
             raise NoSample("no OpInfo sample reaches it; schema-built inputs fail: " + _short_error(error))
         return cases
@@ -512,16 +514,35 @@ class TorchBackend:
         if sibling is None:
             return []
         sib_func = catalog.resolve(sibling)
-        cases = []
+        calls = []
         for call, reserve in self._calls(sibling):
             args, kwargs = tuple(call.args), dict(call.kwargs)
             if call.float64:
                 args, kwargs = to_float64((args, kwargs))
+            calls.append((args, kwargs, self._fresh_for(sib_func, call), reserve))
+        return self._cases_from_sibling(func, sib_func, calls)
+
+    def _sibling_schema_cases(self, func, op: str) -> list[OpCase]:
+        """Cases for an in-place or out overload from its functional overload's schema-built
+        sample, for overloads whose own guesses fail (fft's out wants a complex tensor,
+        float_power_ a double input: the functional op's result tells which)."""
+        sibling = catalog.functional_sibling(op)
+        if sibling is None:
+            return []
+        sib_func = catalog.resolve(sibling)
+        built, _ = self._schema_cases(sib_func)
+        return self._cases_from_sibling(func, sib_func, [(c.args, c.kwargs, c.fresh, False) for c in built])
+
+    def _cases_from_sibling(self, func, sib_func, calls: list[tuple[tuple, dict, Callable | None, bool]]) -> list[OpCase]:
+        """Cases for ``func`` on its functional sibling's (args, kwargs, fresh, reserve)
+        calls, out dtypes taken from the sibling's result; calls it cannot run are left out."""
+        cases = []
+        for args, kwargs, fresh, reserve in calls:
             try:
                 spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
                 runner = make_runner(func, spec)
                 runner(*args, **kwargs)
-                cases.append(self._reserved(self._case(func, args, kwargs, runner, self._fresh_for(sib_func, call)), reserve))
+                cases.append(self._reserved(self._case(func, args, kwargs, runner, fresh), reserve))
             except Exception:
                 continue  # e.g. an in-place op cannot broadcast its own input
         return _with_primary(cases)

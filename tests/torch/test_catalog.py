@@ -247,6 +247,20 @@ def test_square_matrices_are_guessed_batched_first():
     assert entry.status == "ok" and str(entry.shard) == "[[S1, N, N]]"
 
 
+def test_an_out_overload_takes_its_out_dtype_from_its_sibling_schema_sample():
+    # fft_rfft.out rejects every real out tensor its own guesses allocate; fft_rfft's
+    # schema-built sample runs, and its complex result says what the out must be
+    backend = get_backend(opinfos=(), schema_samples=True)
+    (case,) = backend.cases("aten.fft_rfft.out")
+    (functional,) = backend.cases("aten.fft_rfft.default")
+    got = case.fn(*case.args, **case.kwargs)
+    assert got.dtype == torch.complex128 and "out" not in case.kwargs
+    assert torch.equal(got, torch.ops.aten.fft_rfft.default(*case.args, **case.kwargs))
+    assert [a.shape for a in case.fresh(7)[0]] == [a.shape for a in functional.args]
+    ops = backend.tensor_ops()
+    assert str(explore_case(case, ops).shard) == str(explore_case(functional, ops).shard) == "[[S1, N]]"
+
+
 def test_fused_optimizer_gets_zero_d_steps_and_a_guarded_call():
     # Adam needs one 0-d step count per parameter, and amsgrad on (the filler fills
     # max_exp_avg_sqs); its kernel walks every list by the parameters' sizes, so a shard of
