@@ -48,6 +48,7 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
+from metaspmd.sweep.workers import silence_output
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import select_ops, split_patterns
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
@@ -473,8 +474,9 @@ def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True, w
 
     if quiet:  # framework warnings from thousands of odd calls bury the report
         warnings.simplefilter("ignore")
-    if worker:  # workers share the cores
+    if worker:  # workers share the cores, and print nothing into the parent's report
         torch.set_num_threads(1)
+        silence_output()
     _WORKER["backend"] = get_backend(**backend_options)
     _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
 

@@ -54,16 +54,25 @@ def _limit_threads(threads: int) -> None:
         os.environ.setdefault(var, str(threads))
 
 
+def silence_output() -> None:
+    """Send this process's stdout and stderr, at the file-descriptor level, to /dev/null.
+
+    For worker processes: framework warnings (C++ ones too) and the prints of ops such as
+    ``aten._print`` from thousands of calls would bury the parent's progress bar and
+    report; what matters comes back in the results.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
 def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool, threads: int) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_threads(threads)
     if not show_output:
-        # Framework warnings and prints from thousands of ops would bury the progress
-        # bar and the summary; what matters is in the records.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        silence_output()
     else:
         os.dup2(2, 1)  # keep the parent's stdout for the summary
     try:

@@ -351,6 +351,15 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
     assert crosscheck.main(["--partials", "median"]) == 2
 
 
+def test_worker_processes_print_nothing_into_the_report(capfd):
+    # aten._print writes its string to stdout from C++; a worker's prints (and torch's C++
+    # warnings) would land in the parent's report, where tools read it
+    report = crosscheck.run(["aten._print.default"], {}, crosscheck.Config(cache=None), explore_missing=True,
+                            jobs=2, backend_options={"opinfos": ()})
+    assert report.results[0].op == "aten._print.default"
+    assert capfd.readouterr().out == ""
+
+
 def test_lookup_ignores_default_arguments_and_memory_format():
     from metaspmd.backends.torch.dtensor_rules import lookup, normalize, op_info
 
