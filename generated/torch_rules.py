@@ -19078,8 +19078,7 @@ RULES = {
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
         ),
         'grad_out:f[*,*,*] input:f[*,*,*] weight:f[*] running_mean:f[*] running_var:f[*] save_mean:f[*] save_invstd:f[*] train=True eps=0.6 output_mask=[True,True,True]': (
-            ((Replicate(), Replicate(), Replicate(), Shard(0), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
-            ((Replicate(), Replicate(), Replicate(), Replicate(), Shard(0), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
+            ((Shard(1), Shard(1), Shard(0), Shard(0), Shard(0), Shard(0), Shard(0)), (Shard(1), Shard(0), Shard(0))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
             ((Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
@@ -19105,8 +19104,7 @@ RULES = {
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
         ),
         'grad_out:f[*,*,*] input:f[*,*,*] weight:f[*] running_mean:f[*] running_var:f[*] save_mean:f[*] save_invstd:f[*] train=True eps=0.6 output_mask=[True,True,True]': (
-            ((Replicate(), Replicate(), Replicate(), Shard(0), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
-            ((Replicate(), Replicate(), Replicate(), Replicate(), Shard(0), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),
+            ((Shard(1), Shard(1), Shard(0), Shard(0), Shard(0), Shard(0), Shard(0)), (Shard(1), Shard(0), Shard(0))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
             ((Replicate(), Replicate(), Replicate(), Partial('sum'), Replicate(), Replicate(), Replicate()), (Replicate(), Replicate(), Replicate())),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -207,10 +208,9 @@ class _Explorer:
                 n_combos *= len(o)
             if n_combos - 1 <= self.config.max_groups:
                 combos = itertools.product(*options)
-            else:  # too many inputs: singletons, and every input with that size at the same dim
+            else:  # too many inputs: singletons, and the inputs of each rank at one dim each
                 singles = [tuple(d if j == i else None for j in range(len(shapes))) for i, o in enumerate(options) for d in o[1:]]
-                aligned = [tuple(d if d in o else None for o in options) for d in range(max(map(len, shapes)))]
-                combos = singles + aligned
+                combos = singles + self._aligned_by_rank(shapes, options)
             for combo in combos:
                 dims = tuple((i, d, 0) for i, d in enumerate(combo) if d is not None)
                 if dims:
@@ -218,6 +218,22 @@ class _Explorer:
         unique = list(dict.fromkeys(groups))
         unique.sort(key=lambda g: (-len(g.dims), g.dims))
         return unique
+
+    def _aligned_by_rank(self, shapes: list[tuple[int, ...]], options: list[list[int | None]]) -> list[tuple]:
+        """Combos where the inputs of one rank share one dim (those with the size there), each
+        rank its own: batch norm's [N, C, L] tensors at dim 1 beside its [C] statistics at 0.
+        Every input at the same dim where that product is past ``max_groups``."""
+        ranks = sorted({len(shape) for shape in shapes})
+        per_rank = [[None] + list(range(r)) for r in ranks]
+        if math.prod(map(len, per_rank)) - 1 > self.config.max_groups:
+            return [tuple(d if d in o else None for o in options) for d in range(max(map(len, shapes)))]
+        combos = []
+        for picks in itertools.product(*per_rank):
+            dim_of = dict(zip(ranks, picks))
+            combo = tuple(dim_of[len(shape)] if dim_of[len(shape)] in o else None for shape, o in zip(shapes, options))
+            if any(d is not None for d in combo):
+                combos.append(combo)
+        return combos
 
     def _part_groups(self, shapes: list[tuple[int, ...]], parts: list[set[int]] | None) -> list[Group]:
         """Groups within one independent part at a time (all inputs when there are none):

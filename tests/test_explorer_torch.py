@@ -690,3 +690,15 @@ def test_a_gather_along_a_cut_dim_masks_element_by_element():
                 dropping=dropping_form(aten.gather.default, aten.gather.default))
     rows = e.shard.inputs[0][0].label
     assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"] and combines(e)[rows] == ["reduce(sum)"]
+
+
+def test_per_channel_vectors_are_cut_with_the_channel_dim_among_many_inputs():
+    # Two [N, C, L] tensors and five [C] vectors, every dim of one size: too many inputs to
+    # try every combination of dims, so the inputs of each rank share one dim each; the
+    # channel cut (dim 1 beside the vectors' dim 0) is one of those (batch norm backward)
+    def per_channel(x, y, a, b, c, d, e):
+        return (x + y) * (a * b + c - d * e)[None, :, None]
+
+    e = explore(per_channel, [randn(5, 5, 5), randn(5, 5, 5)] + [randn(5) for _ in range(5)], "xyabcde")
+    assert str(e.shard) == "[[S1, S2, S3], [S1, S2, S3], [S2], [S2], [S2], [S2], [S2]]"
+    assert combines(e)["S2"] == ["gather(dim=1)"]
