@@ -5,8 +5,10 @@ its rules into DTensor. Swept offline, its rules go into a registry of their own
 
     python tools/sweep.py --backend torch --kernels examples/custom_ops.py --out my_registry
 
-``METASPMD_EXAMPLES`` gives the calls whose signatures the sweep explores (a sequence of
-hidden vectors and a weight per feature); an op without any gets one schema-built call.
+``METASPMD_EXAMPLES`` gives calls whose signatures the sweep explores (a sequence of
+hidden vectors and a weight per feature); ``METASPMD_MODELS`` gives models, which the sweep
+runs forward and backward to record every call they make of the module's ops. An op
+without either gets one schema-built call.
 """
 
 from __future__ import annotations
@@ -60,3 +62,9 @@ METASPMD_EXAMPLES = {
         ((torch.randn(6, 8), torch.randn(8), 1e-6), {}),
     ],
 }
+
+# Models that call it, each built by a function returning (model, inputs): the sweep
+# records their calls (here a batch of 4-D activations: batch x heads x sequence x hidden)
+METASPMD_MODELS = [
+    lambda: (RMSNormed(8), (torch.randn(2, 3, 4, 8),)),
+]

@@ -29,6 +29,7 @@ from metaspmd.sweep.user_modules import load_module
 
 from . import catalog, local_params, random_ops, sample_data, views
 from .dropping import dropping_form
+from .model_calls import MODELS_ATTR, model_calls, unique_calls
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, build_index, find_schema_sample, load_index, regenerate, runs_in_float64,
     runs_on_fresh_inputs, schema_inputs, to_float64,
@@ -352,21 +353,29 @@ EXAMPLES_ATTR = "METASPMD_EXAMPLES"
 
 def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[tuple, dict]]]]:
     """Import a user's module of custom ops: the namespaces they are registered in, and
-    the example calls it gives in ``METASPMD_EXAMPLES`` ({'ns::op' or 'ns.op.overload':
-    [(args, kwargs), ...]}), by catalog name. Example calls pick the signatures a model
-    uses; without them the op gets one schema-built sample."""
+    the example calls to explore, by catalog name, one per signature: those it gives in
+    ``METASPMD_EXAMPLES`` ({'ns::op' or 'ns.op.overload': [(args, kwargs), ...]}), then
+    those its ``METASPMD_MODELS`` make (``model_calls``). Example calls pick the signatures
+    a model uses; an op without any gets one schema-built sample. The module is imported
+    under a fixed seed, so that every sweep worker sees the same example values."""
     before = set(torch._C._dispatch_get_all_op_names())
-    name = load_module(ref)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(BASE_SEED)
+        name = load_module(ref)
+    module = sys.modules[name]
     namespaces = catalog.custom_op_namespaces(name, set(torch._C._dispatch_get_all_op_names()) - before)
     examples: dict[str, list[tuple[tuple, dict]]] = {}
-    for op, calls in getattr(sys.modules[name], EXAMPLES_ATTR, {}).items():
+    for op, calls in getattr(module, EXAMPLES_ATTR, {}).items():
         qualified = op.replace("::", ".") + (".default" if "::" in op and "." not in op else "")
         try:
             catalog.resolve(qualified)
         except KeyError:
             raise ValueError(f"{ref}: {EXAMPLES_ATTR} names {op!r}, which is not a registered op") from None
         examples.setdefault(qualified, []).extend((tuple(args), dict(kwargs)) for args, kwargs in calls)
-    return namespaces, examples
+    if namespaces:
+        for op, calls in model_calls(getattr(module, MODELS_ATTR, ()), namespaces, ref).items():
+            examples.setdefault(op, []).extend(calls)
+    return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
 
 
 class TorchBackend:
@@ -378,8 +387,8 @@ class TorchBackend:
                  opinfos: Collection[str] | None = None, kernels: str | Sequence[str] | None = None):
         """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests).
         ``kernels``: modules (dotted names or .py files) of custom ops to sweep instead of
-        ATen's; their samples are each module's METASPMD_EXAMPLES calls, or built from the
-        schema, as no OpInfo covers them."""
+        ATen's; their samples are each module's METASPMD_EXAMPLES calls and the calls its
+        METASPMD_MODELS make, or built from the schema, as no OpInfo covers them."""
         self.cache_dir = cache_dir
         self.max_signatures = max_signatures
         self.schema_samples = schema_samples

@@ -657,9 +657,60 @@ def test_a_module_of_custom_ops_is_swept_on_its_example_calls():
     backend = TorchBackend(kernels=str(root / "examples" / "custom_ops.py"))
     assert backend.list_ops() == ["metaspmd_examples.rms_norm.default"]
     cases = backend.cases("metaspmd_examples.rms_norm.default")
-    assert [c.args[0].shape for c in cases] == [(4, 6, 8), (6, 8)]
+    assert [c.args[0].shape for c in cases] == [(4, 6, 8), (6, 8), (2, 3, 4, 8)]  # the last from its model
     entry = explore_case(cases[0], backend.tensor_ops())
     assert entry.status == "ok" and str(entry.shard) == "[[S1, S2, N], [N]]"  # never the normalized dim
+
+
+MODEL_MODULE = """
+import torch
+
+@torch.library.custom_op("metaspmd_model_ns::scale_rows", mutates_args=())
+def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x * s[:, None]
+
+@torch.library.custom_op("metaspmd_model_ns::scale_rows_backward", mutates_args=())
+def scale_rows_backward(grad: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return grad * s[:, None]
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+def _backward(ctx, grad):
+    (s,) = ctx.saved_tensors
+    return scale_rows_backward(grad, s), None
+
+scale_rows.register_autograd(_backward, setup_context=_setup)
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        for _ in range(3):
+            x = scale_rows(x, self.s)
+        return x
+
+METASPMD_MODELS = [lambda: (Stack(), (torch.randn(5, 4, requires_grad=True),))]
+"""
+
+
+def test_a_module_s_models_give_the_calls_they_make_forward_and_backward(tmp_path):
+    module = tmp_path / "model_module.py"
+    module.write_text(MODEL_MODULE)
+    backend = TorchBackend(kernels=str(module))
+    forward, backward = "metaspmd_model_ns.scale_rows.default", "metaspmd_model_ns.scale_rows_backward.default"
+    assert sorted(backend.list_ops()) == [forward, backward]
+    (case,) = backend.cases(forward)  # three layers call it alike: one signature, one case
+    assert [a.shape for a in case.args] == [(5, 4), (5,)] and not case.args[0].requires_grad
+    (grad_case,) = backend.cases(backward)  # called only by the backward pass
+    assert [a.shape for a in grad_case.args] == [(5, 4), (5,)]
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard) == "[[S1, S2], [S1]]"
+    # every build records the same values: the sweep's workers explore the same examples
+    again = TorchBackend(kernels=str(module)).cases(forward)[0]
+    assert torch.equal(again.args[0], case.args[0])
 
 
 def test_a_module_without_custom_ops_or_with_a_wrong_example_says_so(tmp_path):
@@ -676,3 +727,22 @@ def test_a_module_without_custom_ops_or_with_a_wrong_example_says_so(tmp_path):
         "METASPMD_EXAMPLES = {'metaspmd_test_ns::thrice': [((torch.ones(2),), {})]}\n")
     with pytest.raises(ValueError, match="wrong_examples.py: METASPMD_EXAMPLES names 'metaspmd_test_ns::thrice'"):
         TorchBackend(kernels=str(wrong))
+
+    failing = tmp_path / "failing_model.py"
+    failing.write_text(
+        "import torch\n"
+        "@torch.library.custom_op('metaspmd_fail_ns::twice', mutates_args=())\n"
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return 2 * x\n"
+        "METASPMD_MODELS = [lambda: (twice, (torch.ones(2),)), lambda: (twice, (torch.ones(2), 3))]\n")
+    with pytest.raises(ValueError, match=r"failing_model.py: METASPMD_MODELS\[1\] failed: RuntimeError: .*expected at most 1 argument"):
+        TorchBackend(kernels=str(failing))
+    unused = tmp_path / "unused_model.py"
+    unused.write_text(
+        "import torch\n"
+        "@torch.library.custom_op('metaspmd_unused_ns::twice', mutates_args=())\n"
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return 2 * x\n"
+        "METASPMD_MODELS = [lambda: (torch.nn.Linear(2, 2), (torch.ones(2),))]\n")
+    with pytest.raises(ValueError, match=r"unused_model.py: METASPMD_MODELS\[0\] calls no op of metaspmd_unused_ns"):
+        TorchBackend(kernels=str(unused))
