@@ -713,36 +713,31 @@ def test_a_module_s_models_give_the_calls_they_make_forward_and_backward(tmp_pat
     assert torch.equal(again.args[0], case.args[0])
 
 
-def test_a_module_without_custom_ops_or_with_a_wrong_example_says_so(tmp_path):
+def _twice_module(tmp_path, name: str, namespace: str, tail: str) -> str:
+    """A module file defining ``namespace::twice``, then ``tail``."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import torch\n"
+        f"@torch.library.custom_op('{namespace}::twice', mutates_args=())\n"
+        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return 2 * x\n" + tail + "\n")
+    return str(path)
+
+
+def test_a_module_without_custom_ops_or_with_a_wrong_example_or_model_says_so(tmp_path):
     plain = tmp_path / "plain_module.py"
     plain.write_text("import torch\nscale = 2\n")
     with pytest.raises(ValueError, match="plain_module.py: defines no torch custom op"):
         TorchBackend(kernels=str(plain))
-    wrong = tmp_path / "wrong_examples.py"
-    wrong.write_text(
-        "import torch\n"
-        "@torch.library.custom_op('metaspmd_test_ns::twice', mutates_args=())\n"
-        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
-        "    return 2 * x\n"
-        "METASPMD_EXAMPLES = {'metaspmd_test_ns::thrice': [((torch.ones(2),), {})]}\n")
+    wrong = _twice_module(tmp_path, "wrong_examples", "metaspmd_test_ns",
+                          "METASPMD_EXAMPLES = {'metaspmd_test_ns::thrice': [((torch.ones(2),), {})]}")
     with pytest.raises(ValueError, match="wrong_examples.py: METASPMD_EXAMPLES names 'metaspmd_test_ns::thrice'"):
-        TorchBackend(kernels=str(wrong))
-
-    failing = tmp_path / "failing_model.py"
-    failing.write_text(
-        "import torch\n"
-        "@torch.library.custom_op('metaspmd_fail_ns::twice', mutates_args=())\n"
-        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
-        "    return 2 * x\n"
-        "METASPMD_MODELS = [lambda: (twice, (torch.ones(2),)), lambda: (twice, (torch.ones(2), 3))]\n")
-    with pytest.raises(ValueError, match=r"failing_model.py: METASPMD_MODELS\[1\] failed: RuntimeError: .*expected at most 1 argument"):
-        TorchBackend(kernels=str(failing))
-    unused = tmp_path / "unused_model.py"
-    unused.write_text(
-        "import torch\n"
-        "@torch.library.custom_op('metaspmd_unused_ns::twice', mutates_args=())\n"
-        "def twice(x: torch.Tensor) -> torch.Tensor:\n"
-        "    return 2 * x\n"
-        "METASPMD_MODELS = [lambda: (torch.nn.Linear(2, 2), (torch.ones(2),))]\n")
+        TorchBackend(kernels=wrong)
+    failing = _twice_module(tmp_path, "failing_model", "metaspmd_fail_ns",
+                            "METASPMD_MODELS = [lambda: (twice, (torch.ones(2),)), lambda: (twice, (torch.ones(2), 3))]")
+    with pytest.raises(ValueError, match=r"failing_model.py: METASPMD_MODELS\[1\] failed: RuntimeError: .*expected at most 1"):
+        TorchBackend(kernels=failing)
+    unused = _twice_module(tmp_path, "unused_model", "metaspmd_unused_ns",
+                           "METASPMD_MODELS = [lambda: (torch.nn.Linear(2, 2), (torch.ones(2),))]")
     with pytest.raises(ValueError, match=r"unused_model.py: METASPMD_MODELS\[0\] calls no op of metaspmd_unused_ns"):
-        TorchBackend(kernels=str(unused))
+        TorchBackend(kernels=unused)
