@@ -534,7 +534,7 @@ class TorchBackend:
     def _sibling_schema_cases(self, func, op: str) -> list[OpCase]:
         """Cases for an in-place or out overload from its functional overload's schema-built
         sample, for overloads whose own guesses fail (fft's out wants a complex tensor,
-        float_power_ a double input: the functional op's result tells which)."""
+        float_power's out a double one: the functional op's result tells which)."""
         sibling = catalog.functional_sibling(op)
         if sibling is None:
             return []

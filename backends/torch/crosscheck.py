@@ -48,9 +48,9 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
-from metaspmd.sweep.workers import silence_output
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import select_ops, split_patterns
+from metaspmd.sweep.workers import silence_output
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
