@@ -214,16 +214,23 @@ def _arg_key(arg) -> tuple[str, str]:
 def functional_sibling(name: str) -> str | None:
     """The functional overload an in-place (``foo_``) or ``out=`` overload computes.
 
-    In-place: the same overload of the name without the trailing underscore. Out: the
-    overload of the same name whose arguments are the out overload's minus its out args.
+    In-place: the overload of the name without the trailing underscore that takes the same
+    argument types, the same-named one first (``float_power_.Scalar`` takes a tensor to a
+    number's power, as ``float_power.Tensor_Scalar`` does, not ``float_power.Scalar``);
+    else the same-named one. Out: the overload of the same name whose arguments are the
+    out overload's minus its out args.
     """
     func = resolve(name)
     base, overload = split_name(name)
     if written_arg_names(func) and base.endswith("_") and not base.endswith("__"):
-        candidate = f"{NAMESPACE}.{base[:-1]}.{overload}"
-        if candidate in set(all_overloads()):
-            return candidate
-        return None
+        same = f"{NAMESPACE}.{base[:-1]}.{overload}"
+        overloads = _overloads_by_base().get(base[:-1], ())
+        types = [str(a.real_type) for a in func._schema.arguments]
+        for other in sorted(overloads, key=lambda o: o != same):
+            g = resolve(other)
+            if not (out_arg_names(g) or written_arg_names(g)) and [str(a.real_type) for a in g._schema.arguments] == types:
+                return other
+        return same if same in overloads else None
     outs = out_arg_names(func)
     if not outs:
         return None

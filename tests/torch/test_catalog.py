@@ -63,6 +63,10 @@ def test_functional_siblings():
     assert catalog.functional_sibling("aten.sum.IntList_out") == "aten.sum.dim_IntList"
     assert catalog.functional_sibling("aten.full.out") == "aten.full.default"
     assert catalog.functional_sibling("aten.mm.default") is None
+    # in place, by argument types: float_power.Scalar raises a number to a tensor's power
+    assert catalog.functional_sibling("aten.float_power_.Scalar") == "aten.float_power.Tensor_Scalar"
+    assert catalog.functional_sibling("aten.pow_.Tensor") == "aten.pow.Tensor_Tensor"
+    assert catalog.functional_sibling("aten.polygamma_.default") == "aten.polygamma.default"  # none matches
 
 
 def test_partly_uninitialized_and_uncheckable_random_ops_are_skipped(backend):
