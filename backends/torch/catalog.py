@@ -353,4 +353,3 @@ __all__ = [
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]
-

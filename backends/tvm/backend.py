@@ -18,12 +18,9 @@ BUILTIN_MODULE = __package__ + ".kernels"
 EXAMPLE_SEED = 0
 
 
-def load_kernel_module(ref: str) -> str:
-    """Import a user's kernel module (a dotted name or a .py file) so its kernels register.
-
-    Returns the module name its kernels are registered under.
-    """
-    return load_module(ref)
+# Import a user's kernel module (a dotted name or a .py file) so its kernels register;
+# returns the module name they are registered under.
+load_kernel_module = load_module
 
 
 class _VariantCall:
