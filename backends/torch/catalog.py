@@ -341,6 +341,28 @@ def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
     return None
 
 
+# A kernel at any of these keys runs on dense CPU tensors instead of the composite one.
+_CPU_KERNEL_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+
+
+@functools.lru_cache(maxsize=1)
+def composite_implicit_overloads() -> tuple[torch._ops.OpOverload, ...]:
+    """The aten overloads that run on CPU tensors by their CompositeImplicitAutograd kernel:
+    they decompose above the Python dispatch key, so a dispatch mode sees only the ops they
+    call, never them. Not those with a CPU kernel as well (``silu_backward``: the composite
+    kernel serves other backends)."""
+    found = []
+    for name in all_overloads():
+        try:
+            func = resolve(name)
+        except KeyError:
+            continue
+        has = functools.partial(torch._C._dispatch_has_kernel_for_dispatch_key, func.name())
+        if has("CompositeImplicitAutograd") and not any(map(has, _CPU_KERNEL_KEYS)):
+            found.append(func)
+    return tuple(found)
+
+
 def returns_scalars(func: torch._ops.OpOverload) -> bool:
     """Every return is a Python number (int, float, bool, or a Scalar: ``item``)."""
     returns = func._schema.returns
@@ -348,7 +370,8 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "custom_op_namespaces",
+    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "composite_implicit_overloads",
+    "custom_op_namespaces",
     "functional_sibling", "is_core", "overloads_in",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",

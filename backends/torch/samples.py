@@ -2,7 +2,9 @@
 
 Every OpInfo sample (CPU; float32, int64 and bool where the OpInfo supports them; the
 in-place variant and the backward pass in float32) runs under a dispatch mode that
-records each ATen call. Calls are deduplicated per overload by canonical signature, and a
+records each ATen call; a second round of the same samples records the calls of
+CompositeImplicitAutograd overloads, which no dispatch mode sees (``composite_calls``).
+Calls are deduplicated per overload by canonical signature, and a
 few signatures per overload are kept. Each kept call remembers where it came from
 (``SampleRef``), so ``regenerate`` can rebuild the same call from the sample's own
 generator with another seed: indices, positive-definite matrices and probabilities stay
@@ -33,9 +35,10 @@ from torch.utils._pytree import tree_map
 from metaspmd.signature import signature
 
 from .catalog import NAMESPACE, op_name, positional_names
+from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 10  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 11  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
@@ -200,7 +203,7 @@ def _sample_iter(info, mode: str, dtype: torch.dtype) -> Iterator:
     return iter(info.sample_inputs("cpu", dtype, requires_grad=(mode == "backward"), set_seed=False))
 
 
-def _run_sample(info, mode: str, sample, recorder: _Recorder) -> None:
+def _run_sample(info, mode: str, sample, recorder: _Recorder | CompositeRecorder) -> None:
     """Run one sample; the recorder sees the ATen calls of the pass's mode only."""
     if mode == "forward":
         with recorder:
@@ -359,7 +362,18 @@ def _choose(candidates: list[Captured], limit: int) -> list[Captured]:
     return chosen
 
 
-def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collection[str] | None) -> None:
+def _recorder(composite: bool, on_call) -> _Recorder | CompositeRecorder:
+    """The recorder of composite calls (within ``composite_kernels``) or of all others."""
+    return CompositeRecorder(on_call) if composite else _Recorder(on_call)
+
+
+def _composite_kernels_if(composite: bool):
+    """What a composite recorder needs around it."""
+    return composite_kernels() if composite else contextlib.nullcontext()
+
+
+def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collection[str] | None,
+                  composite: bool) -> None:
     for info in _op_db():
         if opinfos is not None and info.name not in opinfos:
             continue
@@ -376,7 +390,7 @@ def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collectio
                     return SampleRef(info.name, info.variant_test_name, dname, mode, k, n)
 
                 try:
-                    _run_sample(info, mode, sample, _Recorder(lambda f, a, kw: pool.offer(f, a, kw, ref_of)))
+                    _run_sample(info, mode, sample, _recorder(composite, lambda f, a, kw: pool.offer(f, a, kw, ref_of)))
                 except Exception:
                     pass  # calls recorded before the failure are still valid samples
         except Exception:
@@ -395,11 +409,12 @@ def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tup
             return lambda: found.append(call)
         return None
 
-    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory():
+    composite = op in composite_names()
+    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory(), _composite_kernels_if(composite):
         for k, sample in _samples_of(info, ref.mode, dtype, seed, ref.sample + 1):
             if k == ref.sample:
                 try:
-                    _run_sample(info, ref.mode, sample, _Recorder(on_call))
+                    _run_sample(info, ref.mode, sample, _recorder(composite, on_call))
                 except Exception:
                     pass
     return found
@@ -497,10 +512,13 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
     pool = _Pool()
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory():
-        for mode, dtype in PASSES:
-            _capture_pass(pool, mode, dtype, opinfos)
-            if log:
-                log(f"{mode} {dtype}: {sum(map(bool, pool.by_op.values()))} overloads, {time.perf_counter() - start:.1f} s")
+        for composite in (False, True):
+            with _composite_kernels_if(composite):
+                for mode, dtype in PASSES:
+                    _capture_pass(pool, mode, dtype, opinfos, composite)
+                    if log:
+                        found = sum(map(bool, pool.by_op.values()))
+                        log(f"{'composite ' * composite}{mode} {dtype}: {found} overloads, {time.perf_counter() - start:.1f} s")
         index = {}
         for name in sorted(n for n, calls in pool.by_op.items() if calls):
             func = resolve(name)

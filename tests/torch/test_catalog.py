@@ -201,6 +201,30 @@ def test_cache_round_trip(tmp_path):
     assert torch.equal(got.args[0], call.args[0]) and got.kwargs == {"memory_format": torch.contiguous_format}
 
 
+def test_composite_overloads_are_captured_from_their_opinfos():
+    """einsum and linear decompose above any dispatch mode (CompositeImplicitAutograd): a
+    second round under the Python dispatcher records them, regenerably (snapshotting their
+    inputs calls composite ops too, which must not recurse), and torch's own Python kernels
+    are back afterwards."""
+    einsum, upsample = torch.ops.aten.einsum.default, torch.ops.aten.upsample_nearest2d.default
+    before = {func: dict(func.py_kernels) for func in (einsum, upsample)}
+    index = samples.build_index(opinfos=("einsum", "nn.functional.linear"))
+    assert {func: dict(func.py_kernels) for func in (einsum, upsample)} == before
+    assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+    assert {"aten.einsum.default", "aten.linear.default", "aten.mm.default"} <= index.keys()
+    call = next(c for c in index["aten.linear.default"] if c.regenerable and "bias:f" in c.signature)
+    assert call.ref.opinfo == "nn.functional.linear"
+    args, _ = samples.regenerate(call, seed=3)
+    assert [a.shape for a in args] == [a.shape for a in call.args] and not torch.equal(args[0], call.args[0])
+
+
+def test_only_ops_that_decompose_on_cpu_count_as_composite():
+    composite = set(catalog.composite_implicit_overloads())
+    assert torch.ops.aten.einsum.default in composite and torch.ops.aten.linear.default in composite
+    # a CPU kernel of their own: the composite kernel serves other backends
+    assert torch.ops.aten.silu_backward.default not in composite and torch.ops.aten.mm.default not in composite
+
+
 # --------------------------------------------------------------------------- schema-built, in-place, out
 
 

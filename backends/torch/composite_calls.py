@@ -1,0 +1,99 @@
+"""Recording calls of CompositeImplicitAutograd overloads (einsum, linear, nll_loss,
+conv_transpose2d, quantile, ...).
+
+These ops decompose above the Python dispatch key, so a dispatch mode sees only the ops
+they call, never them. Under the Python dispatcher, ``composite_kernels`` gives each a
+Python kernel at that key which hands the call to the innermost ``CompositeRecorder`` and
+then runs the op's own C++ decomposition.
+
+The Python dispatcher is not the C++ one: torch's own Python kernels at the autograd keys
+(upsample and batch norm decompositions) run instead of the C++ kernels, and a few ops
+resolve differently (``addr_`` accepts a 0-d self). So only composite calls are recorded
+under it; every other op is captured by the plain dispatch mode, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+
+from . import catalog
+
+OnCall = Callable[[Any, tuple, dict], Callable[[], None] | None]
+
+_CIA = torch._C.DispatchKey.CompositeImplicitAutograd
+_AUTOGRAD_KEYS = (_CIA, torch._C.DispatchKey.Autograd)
+_ACTIVE: list["CompositeRecorder"] = []  # the recorders entered, innermost last
+
+
+@functools.lru_cache(maxsize=1)
+def composite_names() -> frozenset[str]:
+    return frozenset(catalog.op_name(func) for func in catalog.composite_implicit_overloads())
+
+
+class CompositeRecorder:
+    """Within ``composite_kernels``: hands every composite call to ``on_call(func, args,
+    kwargs)`` before running it; what that returns, if anything, is called once the call
+    has succeeded (as the dispatch-mode recorder of ``samples`` does)."""
+
+    def __init__(self, on_call: OnCall):
+        self.on_call = on_call
+
+    def __enter__(self) -> "CompositeRecorder":
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.remove(self)
+
+
+def _offer(func, args: tuple, kwargs: dict) -> Callable[[], None] | None:
+    """The innermost recorder's ``on_call``, with every recorder deaf meanwhile: the
+    composite ops that snapshotting the inputs calls are no calls of the sample."""
+    if not _ACTIVE:
+        return None
+    entered = _ACTIVE[:]
+    _ACTIVE.clear()
+    try:
+        return entered[-1].on_call(func, args, kwargs)
+    finally:
+        _ACTIVE[:] = entered
+
+
+def _recording_kernel(func) -> Callable:
+    def run(*args, **kwargs):
+        commit = _offer(func, args, kwargs)
+        out = func._op_dk(_CIA, *args, **kwargs)
+        if commit is not None:
+            commit()
+        return out
+
+    return run
+
+
+@contextlib.contextmanager
+def composite_kernels() -> Iterator[None]:
+    """The Python dispatcher on, each composite overload's calls reaching the recorders,
+    torch's Python kernels at the autograd keys set aside; all as it was on exit."""
+    funcs = [catalog.resolve(name) for name in catalog.all_overloads()]
+    saved = {func: {k: func.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in func.py_kernels} for func in funcs}
+    try:
+        for func in catalog.composite_implicit_overloads():
+            func.py_kernels[_CIA] = _recording_kernel(func)
+        for func in funcs:
+            func._dispatch_cache.clear()
+        with enable_python_dispatcher():
+            yield
+    finally:
+        for func in funcs:
+            for k in _AUTOGRAD_KEYS:
+                func.py_kernels.pop(k, None)
+            func.py_kernels.update(saved[func])
+            func._dispatch_cache.clear()
+
+
+__all__ = ["CompositeRecorder", "composite_kernels", "composite_names"]
