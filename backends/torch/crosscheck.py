@@ -14,7 +14,10 @@ non-replicated input, and the output placements it gives.
 - misses: DTensor rules our entry lacks, each with a reason: what the explorer does not
   try, or what the numbers say (a DTensor rule that fails on its own split of our example
   is a DTensor false positive). Where our replay cannot stand in for DTensor (composite
-  ops, size-rewriting ops, out= views), the rule runs on real DTensor (crosscheck_real);
+  ops, size-rewriting ops, out= views), the rule runs on real DTensor (crosscheck_real).
+  A composite op's rule that holds there but not with the op itself run on the shards
+  (an input read for its global shape only) is one only DTensor's decomposition gives:
+  counted apart, since no rule of the registry's kind (the op on the shards) can hold;
 - extras: our rules DTensor does not give, each re-verified on fresh random data with a
   4-way split (crosscheck_numerics); the exit status is 1 when one fails;
 - ops DTensor cannot run at all (no rule, no decomposition, no custom handler) that the
@@ -210,6 +213,9 @@ class Miss:
     reason: str
     numeric: str  # holds | wrong (DTensor false positive) | split-dependent | unchecked
     detail: str = ""
+    # a composite op's rule that holds on real DTensor, where the op itself on the shards fails
+    # or differs: only DTensor's decomposition gives it, so no rule of the op's local kind can
+    decomposition_only: bool = False
 
 
 @dataclass
@@ -294,6 +300,7 @@ KERNEL_FAILS = "DTensor would run the kernel on these local shards, and it fails
 SHARD_FAILS_RE = re.compile(r"^shard \d+ of \d+ fails")
 REWRITES = "DTensor rewrites the op's size arguments for each shard; the explorer runs shards with the global ones"
 COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each shard"
+LOCAL_FAILS = "the op itself on these shards"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
@@ -315,6 +322,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return "not found by the explorer; not replayed: " + COMPOSITE
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
+    if numeric == "holds" and detail.startswith(REAL) and LOCAL_FAILS in detail:
+        return "holds on real DTensor, which runs the op's decomposition; the op itself on these shards fails or differs"
     if numeric == "holds" and detail.startswith(REAL) and detail.endswith(f"({COMPOSITE})"):
         return "holds on real DTensor, which runs the op's decomposition; the explorer, running the op itself, missed it"
     if numeric == "holds" and detail.startswith(REAL):
@@ -334,6 +343,22 @@ def _check_dtensor_rule(func, fresh: FreshInputs, inputs: Key, outputs: Key, con
         return "unchecked", "an output placement has no combine of ours"
     placements = tuple(parse_input(k) for k in inputs)
     return check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
+
+
+def _local_failure(fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> str:
+    """How a composite op's rule fails with the op itself run on the shards, as the
+    explorer runs it ('' where it holds, or cannot be checked): DTensor runs the op's
+    decomposition instead, on tensors that keep their global shapes, so an input read for
+    its shape alone (``view_as``'s other, ``diff``'s append at n=0) may take any placement
+    there and none here."""
+    combines = tuple(parse_output(k) for k in outputs)
+    if any(c is None for c in combines):
+        return ""
+    verdict, detail = check_foreign_rule(fresh, tuple(parse_input(k) for k in inputs), combines,
+                                         config.dtensor.mesh_size, config.seed)
+    if verdict == "wrong" or (verdict == "unchecked" and SHARD_FAILS_RE.match(detail)):
+        return detail
+    return ""
 
 
 def _leaves(x: Any) -> list[Any]:
@@ -442,9 +467,13 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
             why = detail
             numeric, detail = real_dtensor_replay(func, fresh, inputs, outputs, config.dtensor.mesh_size)
             detail += f" ({why})" if why == COMPOSITE else ""
+        local = ""
+        if numeric == "holds" and detail.endswith(f"({COMPOSITE})"):
+            local = _local_failure(fresh, inputs, outputs, config)
+            detail += f"; {LOCAL_FAILS}: {local}" if local else ""
         static = _static_reason(inputs, outputs, entry, expressible, query)
         reason = _reason(static, numeric, detail)
-        result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail))
+        result.misses.append(Miss(result.op, sig, fmt_rule(inputs, outputs), reason, numeric, detail, bool(local)))
     for rule in mine:
         got = accepted.get(rule.inputs) if rule.expressible else None
         if got is not None and rule.gives(got):
@@ -547,6 +576,7 @@ class Report:
     def summary(self) -> dict[str, Any]:
         misses, extras = self.misses(), self.extras()
         wrong = sum(m.numeric == "wrong" for m in misses)
+        decomposition_only = sum(m.decomposition_only for m in misses)
         dt = self.total("dtensor_rules")
         kinds, verdicts = Counter(e.kind for e in extras), Counter(e.verdict for e in extras)
         return {
@@ -561,6 +591,8 @@ class Report:
             "dtensor_false_positives": wrong,
             "miss_rate": round(len(misses) / dt, 4) if dt else 0.0,
             "miss_rate_without_false_positives": round((len(misses) - wrong) / dt, 4) if dt else 0.0,
+            "decomposition_only": decomposition_only,
+            "local_miss_rate": round((len(misses) - wrong - decomposition_only) / dt, 4) if dt else 0.0,
             "ours": self.total("ours"),
             "ours_no_placement": self.total("inexpressible"),
             "extras": len(extras),
@@ -637,6 +669,8 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("  agreement: ours too", s["agree"], _pct(s["agree"], dt)),
         ("  missed by us", s["missed"], _pct(s["missed"], dt)),
         ("    of which DTensor is wrong on our data", s["dtensor_false_positives"], ""),
+        ("    of which only DTensor's decomposition gives (the op on the shards fails or differs)",
+         s["decomposition_only"], ""),
         ("our rules in DTensor placements", s["ours"], ""),
         ("our rules DTensor does not give, re-verified", s["extras"], ""),
         ("  DTensor lacks the rule", kinds["dtensor-lacks"], ""),
@@ -650,8 +684,10 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("  unchecked", verdicts["unchecked"], ""),
         ("ops DTensor cannot run that we cover", s["dtensor_cannot_run_ops"], ""),
     ], ("rules", "count", "share"))
+    local = s["missed"] - s["dtensor_false_positives"] - s["decomposition_only"]
     lines.append(f"\nmiss rate {_pct(s['missed'], dt)} ({_pct(s['missed'] - s['dtensor_false_positives'], dt)} "
-                 f"without DTensor's wrong rules); {s['dtensor_queries']} DTensor queries, "
+                 f"without DTensor's wrong rules, {_pct(local, dt)} without those and the decomposition-only ones); "
+                 f"{s['dtensor_queries']} DTensor queries, "
                  f"{s['truncated_examples']} examples capped; {s['check_seconds']} s checking, {s['seconds']} s in all")
     misses = report.misses()
     if misses:

@@ -254,6 +254,23 @@ def test_real_dtensor_replays_what_our_replay_cannot(backend):
     assert verdict == "wrong" and detail.startswith((REAL_CANNOT_RUN, REAL_RAISES)), detail
 
 
+def test_a_composite_rule_only_its_decomposition_gives_is_told_apart(backend):
+    """view_as(R, S(0)) -> R holds on real DTensor, whose decomposition reads other's global
+    shape; the op itself on the shards views self as other's half: no local rule. linear's
+    batch cut holds both ways: a miss of that kind would be the explorer's."""
+    ops, config = backend.tensor_ops(), crosscheck.Config()
+    func = torch.ops.aten.view_as.default
+    case = _case(func, torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64))
+    assert replay(func, FreshInputs(case, ops), ("R", "S(0)"), ("R",), 2)[0] == "holds"
+    why = crosscheck._local_failure(FreshInputs(case, ops), ("R", "S(0)"), ("R",), config)
+    assert crosscheck.SHARD_FAILS_RE.match(why), why
+    detail = f"real DTensor: matches ({crosscheck.COMPOSITE}); {crosscheck.LOCAL_FAILS}: {why}"
+    assert crosscheck._reason("", "holds", detail).endswith("the op itself on these shards fails or differs")
+    linear = _case(torch.ops.aten.linear.default, torch.randn(4, 6, dtype=torch.float64),
+                   torch.randn(3, 6, dtype=torch.float64))
+    assert crosscheck._local_failure(FreshInputs(linear, ops), ("S(0)", "R"), ("S(0)",), config) == ""
+
+
 def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
     """DTensor gives mse_loss(S(0), S(0)) -> P(avg) for any size: on 5 rows cut 3 + 2 the
     average of the shard means is not the mean."""
@@ -325,6 +342,7 @@ def test_report_prints_totals_and_json_round_trips(report):
     s = data["summary"]
     assert s["ops"] == len(OPS) and s["extras_by_verdict"]["failed"] == 0 and s["dtensor_cannot_run_ops"] == 1
     assert s["agree"] + s["missed"] == s["dtensor_rules"]
+    assert s["decomposition_only"] <= s["missed"] - s["dtensor_false_positives"]
 
 
 def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, monkeypatch, capsys, records):
