@@ -81,6 +81,10 @@ def _dropout_limit(func, args, kwargs):
     return _replace(func, args, kwargs, p=1.0 if p > 0.5 else 0.0)
 
 
+def _attention_limit(func, args, kwargs):
+    return _replace(func, args, kwargs, dropout_p=0.0)
+
+
 def _normal_limit(func, args, kwargs):
     std = _named(func, args, kwargs).get("std", 1.0)
     return _replace(func, args, kwargs, std=torch.zeros_like(std) if isinstance(std, torch.Tensor) else 0.0)
@@ -112,6 +116,16 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.bernoulli_.Tensor": ("p rounded to 0 or 1", _bernoulli_limit),
     "aten.native_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.native_dropout.out": ("p rounded to 0 or 1", _dropout_limit),
+    # elementwise masks; not feature_dropout and feature_alpha_dropout, whose mask is drawn
+    # per channel: cut along another dim, two ranks would draw one channel's mask twice
+    "aten.dropout.default": ("p rounded to 0 or 1", _dropout_limit),
+    "aten.dropout_.default": ("p rounded to 0 or 1", _dropout_limit),
+    "aten.alpha_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
+    "aten.alpha_dropout_.default": ("p rounded to 0 or 1", _dropout_limit),
+    # dropout on the attention weights, one mask element per (query, key) pair
+    "aten.scaled_dot_product_attention.default": ("dropout_p = 0", _attention_limit),
+    "aten._scaled_dot_product_attention_math.default": ("dropout_p = 0", _attention_limit),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": ("dropout_p = 0", _attention_limit),
     "aten.normal.Tensor_Tensor": ("std = 0", _normal_limit),
     "aten.normal.Tensor_Tensor_out": ("std = 0", _normal_limit),
     "aten.normal.Tensor_float": ("std = 0", _normal_limit),

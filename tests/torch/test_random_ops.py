@@ -91,6 +91,25 @@ def test_dropout_in_its_limit_shards_output_and_mask_alike():
         ("gather(dim=0)", "gather(dim=0)"), ("gather(dim=1)", "gather(dim=1)")}
 
 
+def test_attention_in_its_limit_cuts_batch_heads_and_query_rows():
+    """SDPA is checked at dropout_p = 0, with gathers only: batch and heads cut query, key
+    and value alike, query rows cut the query alone; key rows, which softmax reads whole,
+    are never cut. The flash kernel's inputs must be cut alike in batch and heads: cut
+    apart, it divides by zero (SIGFPE), so such shards are refused before it runs."""
+    q, k, v = (torch.randn(2, 3, n, 4, dtype=F64) for n in (5, 6, 6))
+    func = aten.scaled_dot_product_attention.default
+    e = explore_case(torch_case(func, (q, k, v), {"dropout_p": 0.5}, func), TorchOps())
+    assert e.status == "ok" and any("dropout_p = 0" in n for n in e.notes)
+    assert all(isinstance(c, Gather) for c in _combines(e))
+    qs, ks, vs = e.shard.inputs
+    assert qs[0].label and qs[0].label == ks[0].label == vs[0].label and qs[1].label == ks[1].label == vs[1].label
+    assert qs[2].label and not ks[2].label and not vs[2].label
+    flash = aten._scaled_dot_product_flash_attention_for_cpu.default
+    case = torch_case(flash, (q, k, v), {}, flash)
+    with pytest.raises(ValueError):
+        case.fn(q[:1], k[:, :1], v)
+
+
 def test_a_random_factory_is_replicated_under_a_shared_seed(backend):
     record = explore_op(backend, "aten.randn.default")
     assert record.status == "derived"
