@@ -75,24 +75,33 @@ def _recording_kernel(func) -> Callable:
     return run
 
 
+@functools.lru_cache(maxsize=1)
+def _aten_overloads() -> tuple:
+    return tuple(catalog.resolve(name) for name in catalog.all_overloads())
+
+
 @contextlib.contextmanager
 def composite_kernels() -> Iterator[None]:
     """The Python dispatcher on, each composite overload's calls reaching the recorders,
-    torch's Python kernels at the autograd keys set aside; all as it was on exit."""
-    funcs = [catalog.resolve(name) for name in catalog.all_overloads()]
-    saved = {func: {k: func.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in func.py_kernels} for func in funcs}
+    torch's Python kernels at the autograd keys set aside; all as it was on exit. Only
+    the overloads changed here have their dispatch caches cleared: entered once per
+    regenerated sample, this must stay cheap."""
+    composite = catalog.composite_implicit_overloads()
+    kernelled = [f for f in _aten_overloads() if any(k in f.py_kernels for k in _AUTOGRAD_KEYS)]
+    saved = {f: {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels} for f in kernelled}
+    touched = set(composite) | set(kernelled)
     try:
-        for func in catalog.composite_implicit_overloads():
+        for func in composite:
             func.py_kernels[_CIA] = _recording_kernel(func)
-        for func in funcs:
+        for func in touched:
             func._dispatch_cache.clear()
         with enable_python_dispatcher():
             yield
     finally:
-        for func in funcs:
+        for func in touched:
             for k in _AUTOGRAD_KEYS:
                 func.py_kernels.pop(k, None)
-            func.py_kernels.update(saved[func])
+            func.py_kernels.update(saved.get(func, {}))
             func._dispatch_cache.clear()
 
 
