@@ -303,6 +303,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
     if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):
         fn = _zeros_for_unspecified(runner)
+    if random and random_ops.draws_nothing(func, args, kwargs):
+        random, notes = False, (random_ops.NO_DRAWS_NOTE.format(random_ops.LIMITS[catalog.op_name(func)][0]),)
     if random:
         fn, note = random_ops.checked_form(func, fn, args, kwargs)
         notes = (note,)

@@ -14,6 +14,9 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
   a fixed seed, as ranks sharing a generator seed do.
 
+A call already at its limit in a scalar argument (``dropout(p=0)``, attention with
+``dropout_p=0``) draws nothing: it is explored as a deterministic op, Partial included.
+
 Every element of these ops is drawn independently, so only gathers rebuild their outputs
 (``OpCase.random``): a reduce or Partial would add draws together and identity would need
 every rank to draw the same values.
@@ -140,6 +143,27 @@ LIMITS: dict[str, tuple[str, Callable]] = {
 }
 
 
+# Limits on a scalar argument (dropout's p, attention's dropout_p): a call already at its
+# limit draws nothing, and its signature holds the scalar, so every call a rule found there
+# covers draws nothing too. Tensor-valued limits (bernoulli's p) are not read off a signature.
+SCALAR_LIMIT_ARGS = ("p", "dropout_p")
+NO_DRAWS_NOTE = "random op called at its deterministic limit ({}): draws nothing, explored as a deterministic op"
+
+
+def draws_nothing(func, args: tuple, kwargs: dict) -> bool:
+    """This call of a random op is already at its deterministic limit, in a scalar argument."""
+    name = catalog.op_name(func)
+    if name not in LIMITS:
+        return False
+    defaults = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    named = {**defaults, **_named(func, args, kwargs)}
+    scalars = [k for k in SCALAR_LIMIT_ARGS if isinstance(named.get(k), (int, float)) and not isinstance(named[k], bool)]
+    if not scalars:
+        return False
+    limited = {**defaults, **_named(func, *LIMITS[name][1](func, tuple(args), dict(kwargs)))}
+    return all(named[k] == limited.get(k) for k in scalars)
+
+
 def is_fill(func) -> bool:
     name = catalog.op_name(func)
     return name in FILL_OVERLOADS or name.split(".")[1] in FILLS
@@ -191,4 +215,7 @@ def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
     raise NoLimit(f"{name}: a random op with no deterministic limit")
 
 
-__all__ = ["FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NoLimit", "checkable", "checked_form", "is_factory", "is_fill"]
+__all__ = [
+    "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "checkable", "checked_form", "draws_nothing",
+    "is_factory", "is_fill",
+]

@@ -104,6 +104,11 @@ def test_attention_in_its_limit_cuts_batch_heads_and_query_rows():
     qs, ks, vs = e.shard.inputs
     assert qs[0].label and qs[0].label == ks[0].label == vs[0].label and qs[1].label == ks[1].label == vs[1].label
     assert qs[2].label and not ks[2].label and not vs[2].label
+    # at dropout_p = 0 it draws nothing: a deterministic op, linear in value
+    e = explore_case(torch_case(func, (q, k, v), {}, func), TorchOps())
+    assert any(random_ops.NO_DRAWS_NOTE.format("dropout_p = 0") == n for n in e.notes)
+    assert [len(p) for p in e.partial.inputs] == [0, 0, 1] and "reduce(sum)" in str(e.combine)
+    assert not random_ops.draws_nothing(func, (q, k, v), {"dropout_p": 0.5})
     flash = aten._scaled_dot_product_flash_attention_for_cpu.default
     case = torch_case(flash, (q, k, v), {}, flash)
     with pytest.raises(ValueError):
