@@ -6,9 +6,9 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
 - **fills** (``uniform_``, ``randn_like``, ``bernoulli.p``, ...): the values depend on no
   input's values, only on shapes, dtypes and scalar parameters. Like ``empty_like``, they
   are compared on shapes and dtypes (outputs zeroed).
-- **ops with a deterministic limit** (``bernoulli(p)`` and ``native_dropout`` with p in
-  {0, 1}, ``normal(mean, std=0)``, ``rrelu_with_noise`` with lower = upper,
-  ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary
+- **ops with a deterministic limit** (``bernoulli(p)``, ``native_dropout`` and ``dropout``
+  with p in {0, 1}, ``normal(mean, std=0)``, ``rrelu`` with lower = upper, attention with
+  dropout_p = 0, ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary
   deterministic ops, and the explorer finds how their values depend on the inputs' values,
   element by element.
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
@@ -138,6 +138,8 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.rrelu_with_noise.default": ("lower = upper", _rrelu_limit),
     "aten.rrelu_with_noise.out": ("lower = upper", _rrelu_limit),
     "aten.rrelu_with_noise_.default": ("lower = upper", _rrelu_limit),
+    "aten.rrelu.default": ("lower = upper", _rrelu_limit),
+    "aten.rrelu_.default": ("lower = upper", _rrelu_limit),
     "aten.multinomial.default": ("one-hot rows, with replacement", _multinomial_limit),
     "aten.multinomial.out": ("one-hot rows, with replacement", _multinomial_limit),
 }

@@ -91,6 +91,13 @@ def test_dropout_in_its_limit_shards_output_and_mask_alike():
         ("gather(dim=0)", "gather(dim=0)"), ("gather(dim=1)", "gather(dim=1)")}
 
 
+def test_rrelu_in_training_is_checked_with_lower_equal_upper():
+    x = torch.randn(6, 4, dtype=F64)
+    e = explore_case(torch_case(aten.rrelu.default, (x, 0.1, 0.3, True), {}, aten.rrelu.default), TorchOps())
+    assert e.status == "ok" and any("lower = upper" in n for n in e.notes)
+    assert sorted(str(c) for c in _combines(e)) == ["gather(dim=0)", "gather(dim=1)"]
+
+
 def test_attention_in_its_limit_cuts_batch_heads_and_query_rows():
     """SDPA is checked at dropout_p = 0, with gathers only: batch and heads cut query, key
     and value alike, query rows cut the query alone; key rows, which softmax reads whole,
