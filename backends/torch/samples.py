@@ -627,6 +627,8 @@ class _Filler:
             return [0] * (n or (2 * k if name == "pad" else k))
         if name == "repeats":
             return [1] * len(shape)
+        if name in ("split_size", "split_sizes") and shape and shape[0] > 1:
+            return [1, shape[0] - 1]  # pieces of dim 0 (the default dim), which they must sum to
         return [1] * k
 
     def scalar_int(self, name: str) -> int:

@@ -241,6 +241,13 @@ def test_core_op_without_opinfo_gets_schema_sample(backend):
     assert entry.status == "ok"
 
 
+def test_split_sizes_are_guessed_to_sum_to_the_split_dim(backend):
+    (case,) = backend.cases("aten.split.sizes")
+    x, sizes = case.args[:2]
+    assert sum(sizes) == x.shape[0] and len(sizes) == 2
+    assert [p.shape[0] for p in case.fn(*case.args, **case.kwargs)] == sizes
+
+
 def test_a_schema_built_reduction_keeps_dims_to_cut():
     # var.dim's dim is a required Optional: None would reduce every dim, leaving no rule
     backend = get_backend(opinfos=(), schema_samples=True)
