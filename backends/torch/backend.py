@@ -27,12 +27,13 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
 
-from . import catalog, local_params, random_ops, sample_data, views
+from . import catalog, local_params, model_programs, random_ops, sample_data, views
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
+from .model_programs import MAX_MODEL_SIGNATURES
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, Captured, build_index, find_schema_sample, load_index, regenerate, runs_in_float64,
-    runs_on_fresh_inputs, schema_inputs, to_float64,
+    BASE_SEED, MAX_SIGNATURES, Captured, build_index, call_signature, find_schema_sample, load_index, regenerate,
+    runs_in_float64, runs_on_fresh_inputs, schema_inputs, to_float64,
 )
 from .tensor_ops import TorchOps
 
@@ -380,22 +381,29 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
     return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
 
 
+_SIZE_ARGS = frozenset({"size", "shape", "sizes", "split_size", "split_sizes"})
+
+
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
     name = "torch"
 
     def __init__(self, cache_dir: str | None = None, max_signatures: int = MAX_SIGNATURES, schema_samples: bool = True,
-                 opinfos: Collection[str] | None = None, kernels: str | Sequence[str] | None = None):
+                 opinfos: Collection[str] | None = None, kernels: str | Sequence[str] | None = None,
+                 model_programs: bool = True):
         """``opinfos``: capture only these OpInfos, in memory, bypassing the disk cache (tests).
         ``kernels``: modules (dotted names or .py files) of custom ops to sweep instead of
         ATen's; their samples are each module's METASPMD_EXAMPLES calls and the calls its
-        METASPMD_MODELS make, or built from the schema, as no OpInfo covers them."""
+        METASPMD_MODELS make, or built from the schema, as no OpInfo covers them.
+        ``model_programs``: explore the calls of ``model_programs.MODEL_PROGRAMS`` too."""
         self.cache_dir = cache_dir
         self.max_signatures = max_signatures
         self.schema_samples = schema_samples
         self.opinfos = None if opinfos is None else frozenset(opinfos)
         self._index: dict[str, tuple[Captured, ...]] | None = None
+        self.model_programs = model_programs
+        self._program_calls: dict[str, list[tuple[tuple, dict]]] | None = None
         self._ops = _OPS
         refs = [kernels] if isinstance(kernels, str) else list(kernels or ())
         self.custom_namespaces: frozenset[str] = frozenset()
@@ -430,11 +438,26 @@ class TorchBackend:
                 self._index = load_index(self.cache_dir, self.max_signatures)
         return self._index
 
+    @property
+    def program_calls(self) -> dict[str, list[tuple[tuple, dict]]]:
+        """The model programs' calls per overload. Left out: those of factories (no tensor
+        input) and of ops with a size argument (``view``, ``expand``, ``split``), which
+        names the program's own sizes: no other model would match them."""
+        if self._program_calls is None:
+            found = model_programs.program_calls() if self.model_programs else {}
+            self._program_calls = {
+                op: calls for op, calls in found.items()
+                if not _SIZE_ARGS & {a.name for a in catalog.resolve(op)._schema.arguments}
+                and any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(calls[0]))
+            }
+        return self._program_calls
+
     def prepare(self) -> None:
-        """Load (or build, once per torch version) the sample index before any op's time
-        limit starts; the sweep calls this in every worker. Custom ops need none."""
+        """Load (or build, once per torch version) the sample index and run the model
+        programs before any op's time limit starts; the sweep calls this in every worker.
+        Custom ops need neither."""
         if not self.custom_namespaces:
-            _ = self.index
+            _ = self.index, self.program_calls
 
     def cases(self, op: str) -> list[OpCase]:
         try:
@@ -463,6 +486,7 @@ class TorchBackend:
         cases = _with_primary(cases)
         if no_limit and not cases:
             raise Skip("nondeterministic", f"{reason}; {no_limit[0]}")
+        cases = self._with_model_calls(func, op, cases)
         if not cases:
             cases = self._sibling_cases(func, op)
         if cases:
@@ -518,6 +542,29 @@ class TorchBackend:
     @staticmethod
     def _reserved(case: OpCase, reserve: bool) -> OpCase:
         return dataclasses.replace(case, reserve=True) if reserve else case
+
+    def _with_model_calls(self, func, op: str, cases: list[OpCase]) -> list[OpCase]:
+        """``cases`` and, at up to MAX_MODEL_SIGNATURES signatures no primary case has, the
+        model programs' calls of ``op``: a spare OpInfo case of such a signature becomes
+        primary (it regenerates), else the program's call is added."""
+        cases = list(cases)
+        primary = {call_signature(func, c.args, c.kwargs) for c in cases if not c.reserve}
+        spares = {call_signature(func, c.args, c.kwargs): k for k, c in enumerate(cases) if c.reserve}
+        added = 0
+        for args, kwargs in self.program_calls.get(op, ()):
+            sig = call_signature(func, args, kwargs)
+            if sig in primary or added == MAX_MODEL_SIGNATURES:
+                continue
+            try:
+                if sig in spares:
+                    cases[spares[sig]] = dataclasses.replace(cases[spares[sig]], reserve=False)
+                else:
+                    cases.append(self._example_case(func, args, kwargs))
+            except random_ops.NoLimit:
+                continue
+            primary.add(sig)
+            added += 1
+        return cases
 
     def _sibling_cases(self, func, op: str) -> list[OpCase]:
         """Cases for an in-place or out overload from its functional overload's samples."""

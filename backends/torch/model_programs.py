@@ -1,0 +1,97 @@
+"""Small models whose ATen calls, forward and backward, are extra samples for the sweep.
+
+OpInfo samples exercise each op's corners (broadcasting, 0-d and empty tensors, odd
+arguments), rarely the shapes models call it with: rank-3 activations added to rank-3
+activations, a transposed 2-D weight, ``addmm`` with a 1-D bias and default scales, a
+softmax over the last dim of rank-4 attention scores. A runtime looks rules up by
+signature, so those calls missed the table and were explored live. Each program here is
+built under a fixed seed and run forward and backward under the recorder that also serves
+``--kernels`` models (``model_calls``); its calls of a signature no OpInfo sample has are
+explored beside the OpInfo ones. Sizes are small and distinct, so every dim is ``*`` and
+no two dims are the same size by accident.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .model_calls import model_calls
+
+B, T, D, H, V = 2, 6, 8, 2, 10  # batch, sequence, width, heads, vocabulary
+MAX_MODEL_SIGNATURES = 4  # explored per overload beyond its OpInfo ones
+
+
+class _Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention and a GELU MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.up, self.down = nn.Linear(D, 3 * D), nn.Linear(3 * D, D)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).split(D, dim=-1)
+        q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / (D // H) ** 0.5
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        attn = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(B, T, D))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+def _transformer() -> tuple[nn.Module, tuple]:
+    return _Block(), (torch.randn(B, T, D, requires_grad=True),)
+
+
+def _mlp() -> tuple[nn.Module, tuple]:
+    return nn.Sequential(nn.Linear(D, 3 * D), nn.ReLU(), nn.Linear(3 * D, D)), (torch.randn(B, D, requires_grad=True),)
+
+
+class _ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Linear(4 * 3 * 3, V)
+
+    def forward(self, x, target):
+        y = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return F.cross_entropy(self.fc(y.flatten(1)), target)
+
+
+def _convnet() -> tuple[nn.Module, tuple]:
+    return _ConvNet(), (torch.randn(B, 3, 6, 6), torch.randint(0, V, (B,)))
+
+
+class _LanguageModel(nn.Module):
+    """An embedding, a norm and a tied output layer under cross-entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm = nn.Embedding(V, D), nn.LayerNorm(D)
+
+    def forward(self, tokens, target):
+        logits = self.norm(self.embed(tokens)) @ self.embed.weight.t()
+        return F.cross_entropy(logits.view(-1, V), target.view(-1))
+
+
+def _language_model() -> tuple[nn.Module, tuple]:
+    return _LanguageModel(), (torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T)))
+
+
+MODEL_PROGRAMS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
+    "transformer": _transformer, "mlp": _mlp, "convnet": _convnet, "language_model": _language_model,
+}
+
+
+def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
+    """Every ATen call the programs make, forward and backward, by overload name: the
+    first call of each signature, in program order."""
+    return model_calls(list(MODEL_PROGRAMS.values()), frozenset({"aten"}), __name__)
+
+
+__all__ = ["MAX_MODEL_SIGNATURES", "MODEL_PROGRAMS", "program_calls"]
+

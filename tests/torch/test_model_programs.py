@@ -1,0 +1,65 @@
+"""The model programs' calls: extra samples at the signatures models call ops with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("expecttest")  # the OpInfo database needs it
+
+from metaspmd.backends.torch import get_backend, model_programs  # noqa: E402
+from metaspmd.backends.torch.samples import call_signature  # noqa: E402
+from metaspmd.explorer import explore_op  # noqa: E402
+
+OPINFOS = ("nn.functional.gelu", "t")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return get_backend(opinfos=OPINFOS)
+
+
+def _signatures(func, cases) -> list[str]:
+    return [call_signature(func, c.args, c.kwargs) for c in cases if not c.reserve]
+
+
+def test_programs_give_the_same_calls_on_every_run():
+    first, second = model_programs.program_calls(), model_programs.program_calls()
+    assert first.keys() == second.keys() and "aten.addmm.default" in first
+    for op in first:
+        for (a1, k1), (a2, k2) in zip(first[op], second[op]):
+            leaves = zip(torch.utils._pytree.tree_leaves((a1, k1)), torch.utils._pytree.tree_leaves((a2, k2)))
+            assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in leaves), op
+
+
+def test_a_model_signature_joins_the_opinfo_ones(backend):
+    """gelu of rank-3 activations: its OpInfo samples are matrices."""
+    func = torch.ops.aten.gelu.default
+    signatures = _signatures(func, backend.cases("aten.gelu.default"))
+    assert "self:f[*,*,*]" in signatures and len(signatures) == len(set(signatures))
+    without = get_backend(opinfos=OPINFOS, model_programs=False)
+    assert "self:f[*,*,*]" not in _signatures(func, without.cases("aten.gelu.default"))
+    record = explore_op(backend, "aten.gelu.default")
+    entry = next(e for e in record.entries if e.signature == "self:f[*,*,*]")
+    assert entry.status == "ok" and str(entry.combine).count("gather") == 3
+
+
+def test_a_spare_opinfo_case_of_a_model_signature_is_explored_instead(backend):
+    """Where a spare OpInfo case has a program's signature, the program's call makes it
+    primary (it regenerates) instead of adding its own."""
+    func = torch.ops.aten.t.default
+    x = torch.randn(3, 4, dtype=torch.float64)
+    spare = dataclasses.replace(backend._example_case(func, (x,), {}), reserve=True, fresh=lambda seed: ((x,), {}))
+    got = backend._with_model_calls(func, "aten.t.default", [spare])
+    assert len(got) == 1 and not got[0].reserve and got[0].fresh is spare.fresh
+    added = backend._with_model_calls(func, "aten.t.default", [])
+    assert [call_signature(func, c.args, c.kwargs) for c in added] == ["self:f[*,*]"]
+
+
+def test_ops_whose_arguments_name_the_programs_sizes_are_left_out(backend):
+    calls = backend.program_calls
+    assert "aten.view.default" not in calls and "aten.expand.default" not in calls  # size=[2, 6, 8]
+    assert "aten.ones.default" not in calls  # a factory: no tensor input
+    assert "aten.native_layer_norm.default" in calls and "aten.t.default" in calls
