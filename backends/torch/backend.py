@@ -381,9 +381,6 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
     return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
 
 
-_SIZE_ARGS = frozenset({"size", "shape", "sizes", "split_size", "split_sizes"})
-
-
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
@@ -440,16 +437,9 @@ class TorchBackend:
 
     @property
     def program_calls(self) -> dict[str, list[tuple[tuple, dict]]]:
-        """The model programs' calls per overload. Left out: those of factories (no tensor
-        input) and of ops with a size argument (``view``, ``expand``, ``split``), which
-        names the program's own sizes: no other model would match them."""
+        """The model programs' calls per overload (``model_programs.program_calls``)."""
         if self._program_calls is None:
-            found = model_programs.program_calls() if self.model_programs else {}
-            self._program_calls = {
-                op: calls for op, calls in found.items()
-                if not _SIZE_ARGS & {a.name for a in catalog.resolve(op)._schema.arguments}
-                and any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(calls[0]))
-            }
+            self._program_calls = model_programs.program_calls() if self.model_programs else {}
         return self._program_calls
 
     def prepare(self) -> None:
@@ -547,11 +537,14 @@ class TorchBackend:
         """``cases`` and, at up to MAX_MODEL_SIGNATURES signatures no primary case has, the
         model programs' calls of ``op``: a spare OpInfo case of such a signature becomes
         primary (it regenerates), else the program's call is added."""
+        calls = self.program_calls.get(op, ())
+        if not calls:  # most ops: no signature to compute
+            return cases
         cases = list(cases)
         primary = {call_signature(func, c.args, c.kwargs) for c in cases if not c.reserve}
         spares = {call_signature(func, c.args, c.kwargs): k for k, c in enumerate(cases) if c.reserve}
         added = 0
-        for args, kwargs in self.program_calls.get(op, ()):
+        for args, kwargs in calls:
             sig = call_signature(func, args, kwargs)
             if sig in primary or added == MAX_MODEL_SIGNATURES:
                 continue

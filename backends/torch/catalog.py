@@ -348,17 +348,25 @@ _CPU_KERNEL_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogr
 
 
 @functools.lru_cache(maxsize=1)
+def aten_overloads() -> tuple[torch._ops.OpOverload, ...]:
+    """Every aten overload that resolves, as an OpOverload."""
+    found = []
+    for name in all_overloads():
+        try:
+            found.append(resolve(name))
+        except KeyError:
+            continue
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=1)
 def composite_implicit_overloads() -> tuple[torch._ops.OpOverload, ...]:
     """The aten overloads that run on CPU tensors by their CompositeImplicitAutograd kernel:
     they decompose above the Python dispatch key, so a dispatch mode sees only the ops they
     call, never them. Not those with a CPU kernel as well (``silu_backward``: the composite
     kernel serves other backends)."""
     found = []
-    for name in all_overloads():
-        try:
-            func = resolve(name)
-        except KeyError:
-            continue
+    for func in aten_overloads():
         has = functools.partial(torch._C._dispatch_has_kernel_for_dispatch_key, func.name())
         if has("CompositeImplicitAutograd") and not any(map(has, _CPU_KERNEL_KEYS)):
             found.append(func)
@@ -372,7 +380,7 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "composite_implicit_overloads",
+    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
     "functional_sibling", "is_core", "overloads_in",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",

@@ -75,11 +75,6 @@ def _recording_kernel(func) -> Callable:
     return run
 
 
-@functools.lru_cache(maxsize=1)
-def _aten_overloads() -> tuple:
-    return tuple(catalog.resolve(name) for name in catalog.all_overloads())
-
-
 @contextlib.contextmanager
 def composite_kernels() -> Iterator[None]:
     """The Python dispatcher on, each composite overload's calls reaching the recorders,
@@ -87,7 +82,7 @@ def composite_kernels() -> Iterator[None]:
     the overloads changed here have their dispatch caches cleared: entered once per
     regenerated sample, this must stay cheap."""
     composite = catalog.composite_implicit_overloads()
-    kernelled = [f for f in _aten_overloads() if any(k in f.py_kernels for k in _AUTOGRAD_KEYS)]
+    kernelled = [f for f in catalog.aten_overloads() if any(k in f.py_kernels for k in _AUTOGRAD_KEYS)]
     saved = {f: {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels} for f in kernelled}
     touched = set(composite) | set(kernelled)
     try:

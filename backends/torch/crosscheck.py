@@ -301,6 +301,7 @@ SHARD_FAILS_RE = re.compile(r"^shard \d+ of \d+ fails")
 REWRITES = "DTensor rewrites the op's size arguments for each shard; the explorer runs shards with the global ones"
 COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each shard"
 LOCAL_FAILS = "the op itself on these shards"
+NO_COMBINE = "an output placement has no combine of ours"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
@@ -338,24 +339,24 @@ def _check_dtensor_rule(func, fresh: FreshInputs, inputs: Key, outputs: Key, con
         return "unchecked", REWRITES
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         return "unchecked", COMPOSITE
+    return _replay_on_shards(fresh, inputs, outputs, config)
+
+
+def _replay_on_shards(fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> tuple[str, str]:
+    """The rule checked with the op itself run on the shards, as the explorer runs it."""
     combines = tuple(parse_output(k) for k in outputs)
     if any(c is None for c in combines):
-        return "unchecked", "an output placement has no combine of ours"
+        return "unchecked", NO_COMBINE
     placements = tuple(parse_input(k) for k in inputs)
     return check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
 
 
 def _local_failure(fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> str:
-    """How a composite op's rule fails with the op itself run on the shards, as the
-    explorer runs it ('' where it holds, or cannot be checked): DTensor runs the op's
-    decomposition instead, on tensors that keep their global shapes, so an input read for
-    its shape alone (``view_as``'s other, ``diff``'s append at n=0) may take any placement
-    there and none here."""
-    combines = tuple(parse_output(k) for k in outputs)
-    if any(c is None for c in combines):
-        return ""
-    verdict, detail = check_foreign_rule(fresh, tuple(parse_input(k) for k in inputs), combines,
-                                         config.dtensor.mesh_size, config.seed)
+    """How a composite op's rule fails with the op itself run on the shards ('' where it
+    holds, or cannot be checked): DTensor runs the op's decomposition instead, on tensors
+    that keep their global shapes, so an input read for its shape alone (``view_as``'s
+    other, ``diff``'s append at n=0) may take any placement there and none here."""
+    verdict, detail = _replay_on_shards(fresh, inputs, outputs, config)
     if verdict == "wrong" or (verdict == "unchecked" and SHARD_FAILS_RE.match(detail)):
         return detail
     return ""

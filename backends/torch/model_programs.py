@@ -18,7 +18,9 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._pytree import tree_leaves
 
+from . import catalog
 from .model_calls import model_calls
 
 B, T, D, H, V = 2, 6, 8, 2, 10  # batch, sequence, width, heads, vocabulary
@@ -87,11 +89,21 @@ MODEL_PROGRAMS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
 }
 
 
+# Arguments that name the programs' own sizes (view's, expand's, split's): no other model
+# would call an op with them, so such calls are left out, as are factories (no tensor input).
+SIZE_ARGS = frozenset({"size", "shape", "sizes", "split_size", "split_sizes"})
+
+
 def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
-    """Every ATen call the programs make, forward and backward, by overload name: the
-    first call of each signature, in program order."""
-    return model_calls(list(MODEL_PROGRAMS.values()), frozenset({"aten"}), __name__)
+    """The programs' ATen calls, forward and backward, by overload name: the first call of
+    each signature, in program order, those of size-naming ops and factories left out."""
+    calls = model_calls(list(MODEL_PROGRAMS.values()), frozenset({catalog.NAMESPACE}), __name__)
+    return {
+        op: found for op, found in calls.items()
+        if not SIZE_ARGS & {a.name for a in catalog.resolve(op)._schema.arguments}
+        and any(isinstance(x, torch.Tensor) for x in tree_leaves(found[0]))
+    }
 
 
-__all__ = ["MAX_MODEL_SIGNATURES", "MODEL_PROGRAMS", "program_calls"]
+__all__ = ["MAX_MODEL_SIGNATURES", "MODEL_PROGRAMS", "SIZE_ARGS", "program_calls"]
 
