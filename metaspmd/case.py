@@ -56,6 +56,10 @@ class OpCase:
     params there. ``padding(leaf, dim)``: (low, high), how far the op reads past that dim's
     ends (a window op's padding), or None.
 
+    ``exact_sizes``: the op's rules depend on its inputs' sizes, not only on which are 1 (a
+    reshape maps dims by them): its signature spells the sizes out (signature.signature), so
+    its entries, and the block counts read off those sizes, hold for those sizes only.
+
     ``reserve``: explored only where no earlier case of the op found a strategy (a
     backend's spare samples, after those it explores first). ``notes`` go into the entry
     as they are.
@@ -80,6 +84,7 @@ class OpCase:
     in_range: Callable[[list], list] | None = None
     localize: Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None = None
     padding: Callable[[int, int], tuple[int, int] | None] | None = None
+    exact_sizes: bool = False
     reserve: bool = False
     notes: tuple[str, ...] = ()
 

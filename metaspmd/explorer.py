@@ -508,7 +508,61 @@ class _Explorer:
             if not opts:
                 return None
             result.append(OutputCombine.of(opts))
+        if not self.case.exact_sizes and any(_blocked(c) for o in result for c in o.options):
+            result = self._blocks_on_other_sizes(group, result)
+            if result is None:
+                return None
         return tuple(result), counts, uneven
+
+    def _blocks_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """A block gather's count is read off sizes the signature leaves out (flatten's dims in
+        front of the cut; cat's inputs, which must be of equal length): it stays only where it
+        also rebuilds the outputs with every input dim of 2 or more lengthened by fresh data,
+        each by a different amount, and is dropped where the op refuses such inputs. None
+        where an output keeps no combine."""
+        alive, informative = [list(o.options) for o in outs], 0
+        for trial, split in zip(self._resized_trials() or (), itertools.cycle(TRIAL_SPLITS)):
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:
+                continue
+            if ok is None:
+                informative = 0
+                break
+            alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+            informative += 1
+        kept = []
+        for o, held in zip(outs, alive):
+            opts = [c for c in o.options if not _blocked(c) or (informative >= 2 and c in held)]
+            if not opts:
+                return None
+            kept.append(OutputCombine.of(opts))
+        return kept
+
+    def _resized_trials(self) -> list[_Trial] | None:
+        """The trials with every input dim of 2 or more lengthened, input i's dim d by
+        1 + d + i * (largest rank); None where the op does not take them, or an integer
+        input could index a dim (a kernel trusts its indices)."""
+        ops, first = self.ops, self.trials[0]
+        if self.fixed or any(ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values
+                             for i, x in enumerate(first.leaves)):
+            return None
+        stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
+        out = []
+        for trial in self.trials:
+            if trial.special:
+                continue
+            leaves = list(trial.leaves)
+            for i, x in enumerate(leaves):
+                for d, size in enumerate(ops.shape(x)):
+                    if size >= 2:
+                        x = self._lengthen(x, d, size + 1 + d + i * stride, trial.index * 31 + i * 7 + d)
+                leaves[i] = x
+            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
+            try:
+                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
+            except Exception:
+                return None  # the op ties the sizes to each other or to a param
+        return out
 
     def _order_picks_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
         """Per output, the order picks (max, min, argmax, argmin) of ``alive`` that also hold
@@ -623,7 +677,7 @@ class _Explorer:
 
     def run(self) -> RuleEntry:
         case, ops = self.case, self.ops
-        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
         example = _example(ops, case)
         ranks = tuple(len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor))
 
@@ -1215,6 +1269,10 @@ def _group_of(placements: Sequence[InputPlacement]) -> Group:
     return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum", local=local)
 
 
+def _blocked(c) -> bool:
+    return isinstance(c, Gather) and c.block > 1
+
+
 def _halo_gathers_only(outs: Sequence[OutputCombine]) -> bool:
     return all(isinstance(c, Gather) and (c.halo or c.halo_end) for o in outs for c in o.options)
 
@@ -1243,7 +1301,7 @@ def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreCon
 
 def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:
     """The entry of an example call that could not be explored: no strategy, and why."""
-    sig = signature(ops, case.arg_names, case.args, case.kwargs)
+    sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
     ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
     none = _no_strategy(ranks)
     return RuleEntry(sig, "failed", none.shard, none.partial, none.combine, _example(ops, case), None, reason)

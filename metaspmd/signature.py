@@ -7,6 +7,9 @@ arguments. Exact sizes do not enter, so one entry serves every call of that shap
     self:f[*,*] mat2:f[*,*]
     self:f[*,*,*] dim=[-1] keepdim=True
     tensors:[f[*,*],f[*,*],f[*,*]] dim=0
+
+Ops whose rules depend on the sizes themselves (a reshape maps dims by them) are keyed by
+their exact sizes instead (``exact_sizes``): ``self:f[5,4,6] size=[20,6]``.
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ from typing import Any, Mapping
 from .tensor_ops import TensorOps
 
 
-def tensor_token(ops: TensorOps, x: Any) -> str:
-    dims = ",".join("*" if s > 1 else str(s) for s in ops.shape(x))
+def tensor_token(ops: TensorOps, x: Any, exact_sizes: bool = False) -> str:
+    dims = ",".join("*" if s > 1 and not exact_sizes else str(s) for s in ops.shape(x))
     return f"{ops.dtype_kind(x)}[{dims}]"
 
 
-def value_token(ops: TensorOps, x: Any) -> str:
+def value_token(ops: TensorOps, x: Any, exact_sizes: bool = False) -> str:
     """A stable token for any argument value (tensors included)."""
     if ops.is_tensor(x):
-        return tensor_token(ops, x)
+        return tensor_token(ops, x, exact_sizes)
     if isinstance(x, bool) or x is None:
         return str(x)
     if isinstance(x, int):
@@ -41,9 +44,9 @@ def value_token(ops: TensorOps, x: Any) -> str:
     if isinstance(x, str):
         return repr(x)
     if isinstance(x, (list, tuple)):
-        return "[" + ",".join(value_token(ops, y) for y in x) + "]"
+        return "[" + ",".join(value_token(ops, y, exact_sizes) for y in x) + "]"
     if isinstance(x, dict):
-        return "{" + ",".join(f"{k}:{value_token(ops, x[k])}" for k in sorted(x)) + "}"
+        return "{" + ",".join(f"{k}:{value_token(ops, x[k], exact_sizes)}" for k in sorted(x)) + "}"
     # dtypes, layouts, memory formats, enums: their own string form, without spaces
     return str(x).replace(" ", "")
 
@@ -63,11 +66,12 @@ def arg_items(arg_names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]
     return items
 
 
-def signature(ops: TensorOps, arg_names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]) -> str:
+def signature(ops: TensorOps, arg_names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any],
+              exact_sizes: bool = False) -> str:
     parts = []
     for name, value in arg_items(arg_names, args, kwargs):
         sep = ":" if has_tensor(ops, value) else "="
-        parts.append(f"{name}{sep}{value_token(ops, value)}")
+        parts.append(f"{name}{sep}{value_token(ops, value, exact_sizes)}")
     return " ".join(parts)
 
 

@@ -70,9 +70,29 @@ def test_appendix_a3_conv1d_halo(padding, out_halo):
 
 
 def test_appendix_a3_cat_block():
-    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"))
+    # at the call's own sizes, as the paper explores it: three equal inputs, three blocks
+    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"), exact_sizes=True)
+    assert e.signature == "tensors:[f[6,4],f[6,4],f[6,4]] dim=0"
     assert str(e.shard.inputs[0][0]) == "S1" and all(str(row[0]) == "S1" for row in e.shard.inputs)
     assert combines(e)["S1"] == ["gather(dim=0, block=3)"]
+
+
+def test_a_block_count_the_signature_does_not_pin_is_dropped():
+    # cat's blocks need inputs of equal length, which tensors:[f[*,*],...] does not say
+    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"))
+    assert e.signature == "tensors:[f[*,*],f[*,*],f[*,*]] dim=0"
+    assert all("block" not in c for cs in combines(e).values() for c in cs)
+    assert [str(label) for label in e.shard.inputs[0]] == ["N", "S1"]  # the plain cut of dim 1 stays
+    # flatten's count is the length of the dims in front of the cut
+    flat = explore(aten.flatten.using_ints, [randn(5, 5, 5), 0, 1], ("self", "start_dim", "end_dim"))
+    assert combines(flat)["S1"] == ["gather(dim=0)"] and all(
+        "block" not in c for cs in combines(flat).values() for c in cs)
+
+
+def test_a_block_count_an_argument_pins_is_kept():
+    # repeat's count is its repeats, whatever the input's length
+    e = explore(aten.repeat.default, [randn(4, 6), [1, 3]], ("self", "repeats"))
+    assert "gather(dim=1, block=3)" in combines(e)["S2"]
 
 
 def test_partial_input_mm():

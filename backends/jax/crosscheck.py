@@ -390,7 +390,7 @@ def jit_check(case, ops, strategy, n_devices: int) -> tuple[str, str]:
 
 
 def _our_entry(case, ops, records: dict, op: str):
-    sig = signature(ops, case.arg_names, case.args, case.kwargs)
+    sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
     record = records.get(op)
     entry = record.entry(sig) if record is not None else None
     if entry is not None:

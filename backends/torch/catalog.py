@@ -293,6 +293,11 @@ INDEXED_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "adaptive_max_pool2d_backward": {"self": (-2, -1)},  # indices: flat positions in the H x W plane
     "adaptive_max_pool3d_backward": {"self": (-3, -2, -1)},
     "nll_loss2d_backward": {"self": (1,), "weight": (0,)},  # target: class numbers
+    # targets: class numbers into C; input_lengths: steps of T; log_alpha's last dim: positions
+    # in the blank-padded targets; the batch is sized by the lengths lists, which a cut leaves
+    # whole: every dim is addressed (cuts segfault)
+    "_ctc_loss_backward": {"grad": (0,), "log_probs": (0, 1, 2), "targets": (0, 1), "neg_log_likelihood": (0,),
+                           "log_alpha": (0, 1, 2)},
     # pivots: row numbers; a cut batch of LD and pivots broadcast against B's whole one segfaults
     "linalg_ldl_solve": {"LD": (-3, -2, -1), "pivots": (-2, -1), "B": (-2,)},
 }

@@ -396,7 +396,7 @@ def crosscheck_op(backend, op: str, record: OpRecord | None, config: Config = Co
     cache = cache or AnswerCache(None)
     seen: set[str] = set()
     for case in cases:
-        sig = signature(ops, case.arg_names, case.args, case.kwargs)
+        sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
         if sig in seen:  # the registry keeps the first example of each signature
             continue
         if case.reserve and (record is None or record.entry(sig) is None):

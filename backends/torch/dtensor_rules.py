@@ -21,6 +21,7 @@ from metaspmd.cache import RuleCache
 from metaspmd.codegen.model import Placement, placement_rule
 from metaspmd.signature import signature, split_signature, value_token
 
+from . import views
 from .tensor_ops import dtype_kind
 
 
@@ -108,6 +109,7 @@ class _OpInfo:
     names: tuple[str, ...]
     entries: dict | None
     defaults: dict  # arg name -> token of its default value
+    exact_sizes: bool  # keyed by exact sizes (views.keyed_by_sizes)
     _normalized: dict | None = None
 
     def normalized(self) -> dict:
@@ -132,7 +134,7 @@ def op_info(op: torch._ops.OpOverload) -> _OpInfo:
                     defaults[a.name] = value_token(_SPEC_OPS, a.default_value)
                 except Exception:  # noqa: BLE001 - an exotic default: never dropped
                     pass
-        info = _INFO[op] = _OpInfo(positional_names(op), _rules_of(op_name(op)), defaults)
+        info = _INFO[op] = _OpInfo(positional_names(op), _rules_of(op_name(op)), defaults, views.keyed_by_sizes(op))
     return info
 
 
@@ -181,7 +183,7 @@ def _lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | Non
     info = op_info(op)
     if info.entries is None:
         return None
-    sig = signature(_SPEC_OPS, info.names, args, kwargs)
+    sig = signature(_SPEC_OPS, info.names, args, kwargs, info.exact_sizes)
     found = info.entries.get(sig)
     if found is None:
         found = info.normalized().get(normalize(sig, info.defaults))
@@ -212,13 +214,13 @@ def _supported_schema(op: torch._ops.OpOverload) -> str:
 
 
 def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
-    names = positional_names(op)
+    names, exact_sizes = positional_names(op), views.keyed_by_sizes(op)
     n_out = len(op._schema.returns)
 
     def strategies(*args, **kwargs):
         is_spec = [isinstance(a, DTensorSpec) for a in args]
         replicate_all = ([Replicate()] * n_out, [Replicate() if s else None for s in is_spec])
-        rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs), ())
+        rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs, exact_sizes), ())
         out = [replicate_all]
         for ins, outs in rules:
             if len(ins) != sum(is_spec) or len(outs) != n_out:

@@ -13,7 +13,7 @@ from metaspmd.signature import signature
 from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, ShardIn, Strategy
 from metaspmd.spec import Replicate as ReplicateIn
 
-from . import dtensor_rules
+from . import dtensor_rules, views
 from .backend import torch_case
 from .capture import Captured
 from .tensor_ops import TorchOps
@@ -94,7 +94,7 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
 def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
     """One call's signature, the table's rules for it (None: the table lacks them), and
     the case live exploration would verify."""
-    sig = signature(_OPS, dtensor_rules.positional_names(fn), tuple(args), dict(kwargs))
+    sig = signature(_OPS, dtensor_rules.positional_names(fn), tuple(args), dict(kwargs), views.keyed_by_sizes(fn))
     found = dtensor_rules.lookup(fn, tuple(args), dict(kwargs))
     return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs))
 

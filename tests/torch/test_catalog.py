@@ -388,6 +388,30 @@ def test_a_dim_merged_behind_others_gathers_in_blocks():
     assert _gather_rules(flat, block=True) == {1: (0, 4)}
 
 
+def test_reshapes_are_keyed_by_their_exact_sizes():
+    """view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of [4, 3, 2] it cannot: one key
+    for both would give the second the first's rules."""
+    from metaspmd.backends.torch import dtensor_rules
+    from metaspmd.backends.torch.backend import torch_case
+    from metaspmd.backends.torch.tensor_ops import TorchOps
+
+    view = torch.ops.aten.view.default
+    calls = [((torch.randn(2, 3, 4, dtype=torch.float64), [6, 4]), {}),
+             ((torch.randn(4, 3, 2, dtype=torch.float64), [6, 4]), {})]
+    sigs = [samples.call_signature(view, a, k) for a, k in calls]
+    assert sigs == ["self:f[2,3,4] size=[6,4]", "self:f[4,3,2] size=[6,4]"]
+    cuts = []
+    for args, kwargs in calls:
+        entry = explore_case(torch_case(view, args, kwargs, view), TorchOps())
+        assert entry.signature == samples.call_signature(view, args, kwargs)
+        cuts.append({s.inputs[0].dim for s in entry.strategies() if isinstance(s.inputs[0], ShardIn)})
+    assert cuts == [{0, 1, 2}, set()]  # dim 1 of [2, 3, 4] in blocks of 2; [4, 3, 2] splits no dim onto 6
+    # the table and DTensor's registered rules look reshapes up by the same exact key
+    assert dtensor_rules.op_info(view).exact_sizes and not dtensor_rules.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
+    flat = samples.call_signature(torch.ops.aten.flatten.using_ints, (torch.randn(2, 3, 4), 0, 1), {})
+    assert flat == "self:f[*,*,*] start_dim=0 end_dim=1"
+
+
 def test_select_split_and_squeeze_candidates():
     x = torch.randn(4, 1, 6)
     select = _rule_for(torch.ops.aten.select.int, x, 2, 3)
