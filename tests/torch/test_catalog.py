@@ -679,6 +679,23 @@ def test_dims_that_index_values_address_are_never_cut():
     assert case.fn(torch.randn_like(out)[:1], x[:1], idx[:1]).shape == (1, 3, 6, 6)  # the batch dim is free
 
 
+def test_ctc_loss_backward_is_explored_with_its_addressed_dims_whole():
+    """Its lengths lists and targets address T, the batch and the classes; a cut of any of
+    them segfaulted the sweep worker. Explored in this process: a crash fails the run."""
+    from metaspmd.backends.torch.backend import torch_case
+    from metaspmd.backends.torch.tensor_ops import TorchOps
+
+    func = torch.ops.aten._ctc_loss_backward.default
+    log_probs = torch.randn(12, 4, 5, dtype=torch.float64).log_softmax(-1)
+    targets = torch.randint(1, 5, (4, 3))
+    lengths, target_lengths = [12] * 4, [3, 2, 3, 1]
+    nll, alpha = torch.ops.aten._ctc_loss.default(log_probs, targets, lengths, target_lengths)
+    args = (torch.rand(4, dtype=torch.float64), log_probs, targets, lengths, target_lengths, nll, alpha, 0)
+    entry = explore_case(torch_case(func, args, {}, func), TorchOps())
+    assert entry.status == "ok" and not any(isinstance(p, ShardIn) for s in entry.strategies() for p in s.inputs)
+    assert [str(s.inputs[0]) for s in entry.strategies()] == ["P(sum)"]  # linear in grad
+
+
 def test_ops_that_crash_on_special_values_get_none():
     """A NaN grid crashes grid_sampler_2d_backward (SIGSEGV): its cases carry no special
     values, which the explorer would otherwise try on Partial inputs left whole."""
