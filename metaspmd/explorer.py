@@ -370,8 +370,12 @@ class _Explorer:
             if candidates is not None:  # verifying: what exploring kept (joints of parts included)
                 cands = candidates[j]
             else:
-                cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo,
-                                                               self.config.max_block, cut))
+                # at exact sizes a block count of any length is pinned (a view of [5, 5, 5] as
+                # [25, 5] cut along dim 1 interleaves 5 blocks)
+                max_block = self.config.max_block
+                if self.case.exact_sizes:
+                    max_block = max((max_block, *self.ops.shape(glob)))
+                cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, max_block, cut))
                 if any(h for _, _, h in group.dims):  # outputs an input halo computes on both
                     cands = [c for c in cands if not (isinstance(c, Gather) and c.overlap)]  # sides are dropped
             if self.case.random:  # each element drawn once, on one rank

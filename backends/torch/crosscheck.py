@@ -56,7 +56,7 @@ from metaspmd.sweep import select_ops, split_patterns
 from metaspmd.sweep.workers import silence_output
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
-from . import catalog
+from . import catalog, views
 from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, STRIDED_SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
     answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
@@ -278,6 +278,8 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
         return "a sharded input of the example is empty: its shards cannot differ, so the explorer skips it"
     if len({t.shape[d] for t, d in sharded}) > 1:
         return "the explorer shards inputs together only along dims of one size"
+    if not views.keyed_by_sizes(query.func) and any(isinstance(g := parse_output(k), Gather) and g.block > 1 for k in outputs):
+        return "a block count the signature does not pin: kept only where it holds at other sizes too"
     if entry.status == "derived":
         return "the derived view rule does not list it"
 

@@ -410,6 +410,12 @@ def test_reshapes_are_keyed_by_their_exact_sizes():
     assert dtensor_rules.op_info(view).exact_sizes and not dtensor_rules.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
     flat = samples.call_signature(torch.ops.aten.flatten.using_ints, (torch.randn(2, 3, 4), 0, 1), {})
     assert flat == "self:f[*,*,*] start_dim=0 end_dim=1"
+    # at exact sizes the explorer looks for blocks of any count: view_as of [5, 5, 5] as [25, 5]
+    # cut along dim 1 interleaves 5
+    view_as = torch.ops.aten.view_as.default
+    args = (torch.randn(5, 5, 5, dtype=torch.float64), torch.randn(25, 5, dtype=torch.float64))
+    entry = explore_case(torch_case(view_as, args, {}, view_as), TorchOps())
+    assert [str(o) for s in entry.strategies() if s.inputs[0] == ShardIn(1) for o in s.outputs] == ["gather(dim=0, block=5)"]
 
 
 def test_select_split_and_squeeze_candidates():
