@@ -448,7 +448,8 @@ class _Explorer:
 
         for trial, split in itertools.chain(pairs, reserve()):
             if group.dims:
-                size = self.ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
+                # the shortest cut dim decides (a joint of parts cuts dims of several lengths)
+                size = min(self.ops.shape(trial.leaves[i])[d] for i, d, _ in group.dims)
                 if split.bounds(size) is None:
                     split = Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
             ok = self._valid_combines(group, trial, split, alive)

@@ -134,6 +134,15 @@ def test_an_input_read_for_its_dtype_only_is_a_part_without_outputs():
     assert rules[(ShardIn(0), ShardIn(1))] == [Gather(0)] and rules[(ShardIn(0), ShardIn(0))] == [Gather(0)]
 
 
+def test_joints_of_parts_are_verified_on_dims_of_different_lengths():
+    """A joint cuts self's dim of 3 and other's dim of 2 on one axis: every trial's split
+    must fit the shorter (three shards do not fit a dim of 2), or no joint verifies."""
+    e = explore(aten.type_as.default, [randn(2, 2, 3), randn(2, 2, 3)], ("self", "other"))
+    assert e.independent is not None and len(e.independent.parts) == 2
+    rules = {s.inputs: [o.first for o in s.outputs] for s in e.all_strategies()}
+    assert rules[(ShardIn(2), ShardIn(0))] == [Gather(2)] and rules[(ShardIn(0), ShardIn(2))] == [Gather(0)]
+
+
 def test_an_unread_input_beside_fixed_indices_is_a_free_part():
     """Index inputs keep their example values, so their effect is unseen: they join every
     output. An input no output reads still forms a part of its own beside them."""
