@@ -552,22 +552,14 @@ class _Explorer:
                              for i, x in enumerate(first.leaves)):
             return None
         stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
-        out = []
-        for trial in self.trials:
-            if trial.special:
-                continue
-            leaves = list(trial.leaves)
-            for i, x in enumerate(leaves):
-                for d, size in enumerate(ops.shape(x)):
-                    if size >= 2:
-                        x = self._lengthen(x, d, size + 1 + d + i * stride, trial.index * 31 + i * 7 + d)
-                leaves[i] = x
-            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
-            try:
-                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
-            except Exception:
-                return None  # the op ties the sizes to each other or to a param
-        return out
+
+        def resized(trial: _Trial, i: int, x: Any) -> Any:
+            for d, size in enumerate(ops.shape(x)):
+                if size >= 2:
+                    x = self._lengthen(x, d, size + 1 + d + i * stride, trial.index * 31 + i * 7 + d)
+            return x
+
+        return self._rebuilt_trials(resized)
 
     def _order_picks_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
         """Per output, the order picks (max, min, argmax, argmin) of ``alive`` that also hold
@@ -1130,18 +1122,29 @@ class _Explorer:
         if any(i not in cut and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values
                for i, x in enumerate(first.leaves)):
             return None  # integer inputs beside the group: indices into the dims
+
+        def longer(trial: _Trial, i: int, x: Any) -> Any:
+            if i not in cut:
+                return x
+            d, by = cut[i]
+            return self._lengthen(x, d, ops.shape(x)[d] + by, trial.index * 31 + i)
+
+        return self._rebuilt_trials(longer)
+
+    def _rebuilt_trials(self, leaf: Callable[[_Trial, int, Any], Any]) -> list[_Trial] | None:
+        """The trials (special ones left out) with each tensor leaf ``x`` at ``i`` replaced by
+        ``leaf(trial, i, x)`` and the op run again; None where it refuses one: the op ties a
+        length to something else (another input, a param)."""
         out = []
         for trial in self.trials:
             if trial.special:
                 continue
-            leaves = list(trial.leaves)
-            for i, (d, by) in cut.items():
-                leaves[i] = self._lengthen(leaves[i], d, ops.shape(leaves[i])[d] + by, trial.index * 31 + i)
-            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
+            leaves = [leaf(trial, i, x) for i, x in enumerate(trial.leaves)]
+            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, leaves)
             try:
                 out.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
             except Exception:
-                return None  # the op ties the length to something else
+                return None
         return out
 
     def _lengthen(self, x: Any, d: int, length: int, seed: int) -> Any:
@@ -1204,20 +1207,14 @@ class _Explorer:
             return None  # no widening, or integer inputs beside the group: indices into the dim
         if any(0 in ops.shape(o) for o in first.outputs):
             return None  # an empty output holds under any combine: widening would show nothing
-        widened = []
-        for trial in self.trials:
-            if trial.special:
-                continue
-            leaves = list(trial.leaves)
-            for i, d, _ in group.dims:
-                if ops.shape(leaves[i])[d] < wide:
-                    leaves[i] = self._lengthen(leaves[i], d, wide, 31 * trial.index + i)
-            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), ops.is_tensor, leaves)
-            try:
-                widened.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
-            except Exception:
-                return None  # the op ties the length to something else (a param, another input)
-        return widened
+
+        def wider(trial: _Trial, i: int, x: Any) -> Any:
+            for j, d, _ in group.dims:
+                if j == i and ops.shape(x)[d] < wide:
+                    x = self._lengthen(x, d, wide, 31 * trial.index + i)
+            return x
+
+        return self._rebuilt_trials(wider)
 
 
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
