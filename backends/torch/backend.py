@@ -30,7 +30,6 @@ from metaspmd.sweep.user_modules import load_module
 from . import catalog, local_params, model_programs, random_ops, sample_data, views
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
-from .model_programs import MAX_MODEL_SIGNATURES
 from .samples import (
     BASE_SEED, MAX_SIGNATURES, Captured, build_index, call_signature, find_schema_sample, load_index, regenerate,
     runs_in_float64, runs_on_fresh_inputs, schema_inputs, to_float64,
@@ -547,7 +546,7 @@ class TorchBackend:
         added = 0
         for args, kwargs in calls:
             sig = call_signature(func, args, kwargs)
-            if sig in primary or added == MAX_MODEL_SIGNATURES:
+            if sig in primary or added == model_programs.MAX_MODEL_SIGNATURES:
                 continue
             try:
                 if sig in spares:

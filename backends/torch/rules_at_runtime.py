@@ -9,16 +9,13 @@ from torch.distributed.tensor._ops._math_ops import _NormPartial
 from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
-from metaspmd.signature import signature
 from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, ShardIn, Strategy
 from metaspmd.spec import Replicate as ReplicateIn
 
-from . import dtensor_rules, views
+from . import dtensor_rules
 from .backend import torch_case
 from .capture import Captured
-from .tensor_ops import TorchOps
-
-_OPS = TorchOps()
+from .samples import call_signature
 
 
 def _input(p) -> object:
@@ -94,7 +91,7 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
 def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
     """One call's signature, the table's rules for it (None: the table lacks them), and
     the case live exploration would verify."""
-    sig = signature(_OPS, dtensor_rules.positional_names(fn), tuple(args), dict(kwargs), views.keyed_by_sizes(fn))
+    sig = call_signature(fn, tuple(args), dict(kwargs))
     found = dtensor_rules.lookup(fn, tuple(args), dict(kwargs))
     return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs))
 
