@@ -623,7 +623,7 @@ RULES = {
                 Strategy((1, 1), (1,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
             ),
-            sharding_rule='r1 s2, r2 s2 -> r3 s2',
+            sharding_rule='r1 s1, r2 s1 -> r3 s1',
             reduction_factors=(),
             need_replication_factors=('r1', 'r2', 'r3'),
         ),
@@ -652,7 +652,7 @@ RULES = {
                 Strategy((1, 1), (1,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', 'sum'), ('sum',)),
             ),
-            sharding_rule='r1 s2, r2 s2 -> r3 s2',
+            sharding_rule='r1 s1, r2 s1 -> r3 s1',
             reduction_factors=(),
             need_replication_factors=('r1', 'r2', 'r3'),
         ),
@@ -690,7 +690,7 @@ RULES = {
         ),
     },
     'jax.conv_general_dilated': {
-        "lhs:f[*,*,*,*] rhs:f[*,*,*,*] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2,3),rhs_spec=(0,1,2,3),out_spec=(0,1,2,3))' feature_group_count=1 lhs_dilation=[1,1] padding=[[0,0],[0,0]] rhs_dilation=[1,1] window_strides=[1,1]": Rule(
+        "lhs:f[*,*,*,*] rhs:f[*,*,3,3] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2,3),rhs_spec=(0,1,2,3),out_spec=(0,1,2,3))' feature_group_count=1 lhs_dilation=[1,1] padding=[[1,1],[1,1]] rhs_dilation=[1,1] window_strides=[1,1]": Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
                 Strategy((1, 1), (None,), ('', ''), ('sum',)),
@@ -702,7 +702,7 @@ RULES = {
             reduction_factors=('s2',),
             need_replication_factors=('r1', 'r2', 'r3', 'r4', 'r5', 'r6'),
         ),
-        "lhs:f[*,*,*,*] rhs:f[*,*,*,*] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2,3),rhs_spec=(0,1,2,3),out_spec=(0,1,2,3))' feature_group_count=1 lhs_dilation=[1,1] padding=[[1,1],[1,1]] rhs_dilation=[1,1] window_strides=[1,1]": Rule(
+        "lhs:f[*,*,*,*] rhs:f[*,*,4,5] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2,3),rhs_spec=(0,1,2,3),out_spec=(0,1,2,3))' feature_group_count=1 lhs_dilation=[1,1] padding=[[0,0],[0,0]] rhs_dilation=[1,1] window_strides=[1,1]": Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
                 Strategy((1, 1), (None,), ('', ''), ('sum',)),
@@ -714,7 +714,7 @@ RULES = {
             reduction_factors=('s2',),
             need_replication_factors=('r1', 'r2', 'r3', 'r4', 'r5', 'r6'),
         ),
-        "lhs:f[*,*,*] rhs:f[*,*,*] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2),rhs_spec=(0,1,2),out_spec=(0,1,2))' feature_group_count=1 lhs_dilation=[1] padding=[[0,0]] rhs_dilation=[1] window_strides=[1]": Rule(
+        "lhs:f[*,*,*] rhs:f[*,*,5] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,1,2),rhs_spec=(0,1,2),out_spec=(0,1,2))' feature_group_count=1 lhs_dilation=[1] padding=[[0,0]] rhs_dilation=[1] window_strides=[1]": Rule(
             strategies=(
                 Strategy((0, None), (0,), ('', ''), ('',)),
                 Strategy((1, 1), (None,), ('', ''), ('sum',)),
@@ -726,7 +726,7 @@ RULES = {
             reduction_factors=('s2',),
             need_replication_factors=('r1', 'r2', 'r3'),
         ),
-        "lhs:f[1,*,*,*,1] rhs:f[*,*,*,1,*] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,4,1,2,3),rhs_spec=(4,3,0,1,2),out_spec=(0,4,1,2,3))' feature_group_count=1 lhs_dilation=[1,1,1] padding=[[0,1],[1,1],[1,1]] rhs_dilation=[1,1,1] window_strides=[1,1,1]": Rule(
+        "lhs:f[1,*,*,*,1] rhs:f[2,3,3,1,*] batch_group_count=1 dimension_numbers='ConvDimensionNumbers(lhs_spec=(0,4,1,2,3),rhs_spec=(4,3,0,1,2),out_spec=(0,4,1,2,3))' feature_group_count=1 lhs_dilation=[1,1,1] padding=[[0,1],[1,1],[1,1]] rhs_dilation=[1,1,1] window_strides=[1,1,1]": Rule(
             strategies=(
                 Strategy((None, 4), (4,), ('', ''), ('',)),
                 Strategy((None, None), (None,), ('sum', ''), ('sum',)),

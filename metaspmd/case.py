@@ -56,9 +56,11 @@ class OpCase:
     params there. ``padding(leaf, dim)``: (low, high), how far the op reads past that dim's
     ends (a window op's padding), or None.
 
-    ``exact_sizes``: the op's rules depend on its inputs' sizes, not only on which are 1 (a
-    reshape maps dims by them): its signature spells the sizes out (signature.signature), so
-    its entries, and the block counts read off those sizes, hold for those sizes only.
+    ``exact_sizes``: argument name -> the slice of its dims whose sizes the op's rules depend
+    on, not only on which are 1 (a reshape maps dims by all of its input's; a convolution's
+    halo is its kernel's extent): its signature spells those sizes out (signature.signature),
+    so its entries, and the block counts and halos read off those sizes, hold for those
+    sizes only.
 
     ``reserve``: explored only where no earlier case of the op found a strategy (a
     backend's spare samples, after those it explores first). ``notes`` go into the entry
@@ -84,7 +86,7 @@ class OpCase:
     in_range: Callable[[list], list] | None = None
     localize: Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None = None
     padding: Callable[[int, int], tuple[int, int] | None] | None = None
-    exact_sizes: bool = False
+    exact_sizes: Mapping[str, slice] = field(default_factory=dict)
     reserve: bool = False
     notes: tuple[str, ...] = ()
 

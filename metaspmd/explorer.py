@@ -39,7 +39,7 @@ from .combine import (
     shard_with_halo,
 )
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
-from .signature import arg_items, signature
+from .signature import arg_items, pinned_dims, signature
 from .spec import (
     N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput,
     PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
@@ -126,6 +126,7 @@ class _Explorer:
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
         self._refuters: list[_Trial] | None = None  # special-value trials, drawn when first needed
         self._reserve: list[_Trial] = []  # more fresh trials, drawn when first needed
+        self._resized: dict[tuple[int, ...], tuple[list[_Trial], list[_Trial] | None]] = {}  # by trials
 
     # ------------------------------------------------------------------ running
 
@@ -373,7 +374,7 @@ class _Explorer:
                 # at exact sizes a block count of any length is pinned (a view of [5, 5, 5] as
                 # [25, 5] cut along dim 1 interleaves 5 blocks)
                 max_block = self.config.max_block
-                if self.case.exact_sizes:
+                if not self._resizable_dims():
                     max_block = max((max_block, *self.ops.shape(glob)))
                 cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, max_block, cut))
                 if any(h for _, _, h in group.dims):  # outputs an input halo computes on both
@@ -513,20 +514,26 @@ class _Explorer:
             if not opts:
                 return None
             result.append(OutputCombine.of(opts))
-        if not self.case.exact_sizes and any(_blocked(c) for o in result for c in o.options):
-            result = self._blocks_on_other_sizes(group, result)
+        if any(h for _, _, h in group.dims) or any(_sized(c) for o in result for c in o.options):
+            result = self._amounts_on_other_sizes(group, result)
             if result is None:
                 return None
         return tuple(result), counts, uneven
 
-    def _blocks_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
-        """A block gather's count is read off sizes the signature leaves out (flatten's dims in
-        front of the cut; cat's inputs, which must be of equal length): it stays only where it
-        also rebuilds the outputs with every input dim of 2 or more lengthened by fresh data,
-        each by a different amount, and is dropped where the op refuses such inputs. None
-        where an output keeps no combine."""
+    def _amounts_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """Block counts and halos are read off sizes, which the signature leaves out unless
+        the case pins them (``OpCase.exact_sizes``): flatten's dims in front of the cut; cat's
+        inputs, which must be of equal length; a convolution kernel's extent. A block, halo or
+        overlap gather, and every combine of a group with an input halo, stays only where it
+        also rebuilds the outputs with every unpinned input dim of 2 or more lengthened by
+        fresh data (``_resized_trials``), and is dropped where the op refuses such inputs.
+        None where an output keeps no combine."""
+        dims = self._resizable_dims()
+        if not dims:
+            return outs  # every size is pinned: so is every amount read off them
+        bound = (lambda c: True) if any(h for _, _, h in group.dims) else _sized
         alive, informative = [list(o.options) for o in outs], 0
-        for trial, split in zip(self._resized_trials() or (), itertools.cycle(TRIAL_SPLITS)):
+        for trial, split in zip(self._resized_trials(dims) or (), itertools.cycle(TRIAL_SPLITS)):
             ok = self._valid_combines(group, trial, split, alive)
             if ok is UNINFORMATIVE:
                 continue
@@ -534,32 +541,80 @@ class _Explorer:
                 informative = 0
                 break
             alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
-            informative += 1
+            informative += not self._halo_sees_all(group, trial, split)
         kept = []
         for o, held in zip(outs, alive):
-            opts = [c for c in o.options if not _blocked(c) or (informative >= 2 and c in held)]
+            opts = [c for c in o.options if not bound(c) or (informative >= 2 and c in held)]
             if not opts:
                 return None
             kept.append(OutputCombine.of(opts))
         return kept
 
-    def _resized_trials(self) -> list[_Trial] | None:
-        """The trials with every input dim of 2 or more lengthened, input i's dim d by
-        1 + d + i * (largest rank); None where the op does not take them, or an integer
-        input could index a dim (a kernel trusts its indices)."""
-        ops, first = self.ops, self.trials[0]
-        if self.fixed or any(ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values
-                             for i, x in enumerate(first.leaves)):
-            return None
-        stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
+    def _resizable_dims(self) -> list[tuple[int, int]]:
+        """(leaf, dim) of every input dim of 2 or more whose size the signature leaves out."""
+        out = []
+        for i, x in enumerate(self.trials[0].leaves):
+            shape = self.ops.shape(x)
+            pinned = pinned_dims(self.case.exact_sizes.get(self.leaf_names[i]), len(shape))
+            out += [(i, d) for d, size in enumerate(shape) if size >= 2 and d not in pinned]
+        return out
 
-        def resized(trial: _Trial, i: int, x: Any) -> Any:
-            for d, size in enumerate(ops.shape(x)):
-                if size >= 2:
-                    x = self._lengthen(x, d, size + 1 + d + i * stride, trial.index * 31 + i * 7 + d)
+    def _resized_trials(self, dims: list[tuple[int, int]]) -> list[_Trial] | None:
+        """The trials with each of ``dims`` lengthened by fresh data, leaf i's dim d by
+        1 + d + i * (largest rank). Where the op refuses that, a dim it refuses to lengthen
+        alone is tied to another length (cat's other dims, a convolution's channels, a
+        pooling gradient's rows to its input's): the tied dims are lengthened by one common
+        amount, which keeps equal lengths equal and a window's span; where the op refuses
+        that too (a dim tied to a pinned one, or to a dim of 1), pairs of them it takes, the
+        rest staying. None where the op takes none of it, or an integer input could index a
+        dim (a kernel trusts its indices): one the case fixes, or one beside a tensor of
+        another kind (integer inputs alone are data)."""
+        ops, first = self.ops, self.trials[0]
+        key = tuple(id(t) for t in self.trials)
+        if key in self._resized:
+            return self._resized[key][1]
+        trials = None
+        ints = [i for i, x in enumerate(first.leaves)
+                if ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values]
+        indexing = any(self.leaf_names[i] in self.case.fixed for i in ints) or (
+            ints and any(ops.dtype_kind(x) != INT for x in first.leaves))
+        if not indexing:
+            stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
+            own = {(i, d): 1 + d + i * stride for i, d in dims}
+            trials = self._rebuilt_trials(self._lengthened_by(own))
+            if trials is None:
+                trials = self._rebuilt_trials(self._lengthened_by(self._tied_amounts(own)))
+        self._resized[key] = (self.trials, trials)  # the trials held: their ids stay theirs
+        return trials
+
+    def _tied_amounts(self, own: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+        """``own`` with the dims the op refuses to lengthen alone lengthened by 1 together,
+        or, where it refuses that, in the pairs it takes (each probed on the example)."""
+        def takes(amounts: dict[tuple[int, int], int]) -> bool:
+            return self._rebuilt_trials(self._lengthened_by(amounts), self.trials[0]) is not None
+
+        tied = [k for k in own if not takes({k: own[k]})]
+        amounts = {k: by for k, by in own.items() if k not in tied}
+        if takes(amounts | {k: 1 for k in tied}):
+            return amounts | {k: 1 for k in tied}
+        for n, k in enumerate(tied):
+            if k in amounts:
+                continue
+            for pair in ([k], *([k, u] for u in tied[n + 1:] if u not in amounts)):
+                if takes(amounts | {m: 1 for m in pair}):
+                    amounts |= {m: 1 for m in pair}
+                    break
+        return amounts
+
+    def _lengthened_by(self, amounts: dict[tuple[int, int], int]) -> Callable[[_Trial, int, Any], Any]:
+        """A ``_rebuilt_trials`` leaf function: leaf i's dim d lengthened by amounts[i, d]."""
+        def longer(trial: _Trial, i: int, x: Any) -> Any:
+            for d, size in enumerate(self.ops.shape(x)):
+                if (i, d) in amounts:
+                    x = self._lengthen(x, d, size + amounts[i, d], trial.index * 31 + i * 7 + d)
             return x
 
-        return self._rebuilt_trials(resized)
+        return longer
 
     def _order_picks_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
         """Per output, the order picks (max, min, argmax, argmin) of ``alive`` that also hold
@@ -1131,12 +1186,12 @@ class _Explorer:
 
         return self._rebuilt_trials(longer)
 
-    def _rebuilt_trials(self, leaf: Callable[[_Trial, int, Any], Any]) -> list[_Trial] | None:
-        """The trials (special ones left out) with each tensor leaf ``x`` at ``i`` replaced by
-        ``leaf(trial, i, x)`` and the op run again; None where it refuses one: the op ties a
-        length to something else (another input, a param)."""
+    def _rebuilt_trials(self, leaf: Callable[[_Trial, int, Any], Any], only: _Trial | None = None) -> list[_Trial] | None:
+        """The trials (special ones left out; ``only``: that one) with each tensor leaf ``x``
+        at ``i`` replaced by ``leaf(trial, i, x)`` and the op run again; None where it
+        refuses one: the op ties a length to something else (another input, a param)."""
         out = []
-        for trial in self.trials:
+        for trial in [only] if only is not None else self.trials:
             if trial.special:
                 continue
             leaves = [leaf(trial, i, x) for i, x in enumerate(trial.leaves)]
@@ -1271,8 +1326,9 @@ def _group_of(placements: Sequence[InputPlacement]) -> Group:
     return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum", local=local)
 
 
-def _blocked(c) -> bool:
-    return isinstance(c, Gather) and c.block > 1
+def _sized(c) -> bool:
+    """A gather whose amount (block count, halo, overlap) is read off sizes."""
+    return isinstance(c, Gather) and (c.block > 1 or c.halo or c.halo_end or c.overlap)
 
 
 def _halo_gathers_only(outs: Sequence[OutputCombine]) -> bool:

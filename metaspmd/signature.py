@@ -8,8 +8,10 @@ arguments. Exact sizes do not enter, so one entry serves every call of that shap
     self:f[*,*,*] dim=[-1] keepdim=True
     tensors:[f[*,*],f[*,*],f[*,*]] dim=0
 
-Ops whose rules depend on the sizes themselves (a reshape maps dims by them) are keyed by
-their exact sizes instead (``exact_sizes``): ``self:f[5,4,6] size=[20,6]``.
+Ops whose rules depend on some sizes themselves are keyed by those exact sizes
+(``exact_sizes``: an argument name -> a slice of its dims): a reshape maps dims by all of
+them, ``self:f[5,4,6] size=[20,6]``; a convolution's halo is its kernel's extent,
+``weight:f[*,*,3,3]``.
 """
 
 from __future__ import annotations
@@ -19,16 +21,27 @@ from typing import Any, Mapping
 
 from .tensor_ops import TensorOps
 
+# Every dim of an argument keyed by its exact size (a reshape's).
+ALL_DIMS = slice(None)
 
-def tensor_token(ops: TensorOps, x: Any, exact_sizes: bool = False) -> str:
-    dims = ",".join("*" if s > 1 and not exact_sizes else str(s) for s in ops.shape(x))
+
+def pinned_dims(exact: slice | None, rank: int) -> range:
+    """The dims of a rank-``rank`` tensor that ``exact`` (a slice of its dims) pins."""
+    return range(rank)[exact] if exact is not None else range(0)
+
+
+def tensor_token(ops: TensorOps, x: Any, exact: slice | None = None) -> str:
+    shape = ops.shape(x)
+    pinned = pinned_dims(exact, len(shape))
+    dims = ",".join("*" if s > 1 and d not in pinned else str(s) for d, s in enumerate(shape))
     return f"{ops.dtype_kind(x)}[{dims}]"
 
 
-def value_token(ops: TensorOps, x: Any, exact_sizes: bool = False) -> str:
-    """A stable token for any argument value (tensors included)."""
+def value_token(ops: TensorOps, x: Any, exact: slice | None = None) -> str:
+    """A stable token for any argument value (tensors included); ``exact``: the dims of its
+    tensors written with their sizes."""
     if ops.is_tensor(x):
-        return tensor_token(ops, x, exact_sizes)
+        return tensor_token(ops, x, exact)
     if isinstance(x, bool) or x is None:
         return str(x)
     if isinstance(x, int):
@@ -44,9 +57,9 @@ def value_token(ops: TensorOps, x: Any, exact_sizes: bool = False) -> str:
     if isinstance(x, str):
         return repr(x)
     if isinstance(x, (list, tuple)):
-        return "[" + ",".join(value_token(ops, y, exact_sizes) for y in x) + "]"
+        return "[" + ",".join(value_token(ops, y, exact) for y in x) + "]"
     if isinstance(x, dict):
-        return "{" + ",".join(f"{k}:{value_token(ops, x[k], exact_sizes)}" for k in sorted(x)) + "}"
+        return "{" + ",".join(f"{k}:{value_token(ops, x[k], exact)}" for k in sorted(x)) + "}"
     # dtypes, layouts, memory formats, enums: their own string form, without spaces
     return str(x).replace(" ", "")
 
@@ -67,11 +80,13 @@ def arg_items(arg_names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any]
 
 
 def signature(ops: TensorOps, arg_names: tuple[str, ...], args: tuple, kwargs: Mapping[str, Any],
-              exact_sizes: bool = False) -> str:
+              exact_sizes: Mapping[str, slice] | None = None) -> str:
+    """``exact_sizes``: argument name -> the slice of its dims whose sizes key the rules."""
+    exact_sizes = exact_sizes or {}
     parts = []
     for name, value in arg_items(arg_names, args, kwargs):
         sep = ":" if has_tensor(ops, value) else "="
-        parts.append(f"{name}{sep}{value_token(ops, value, exact_sizes)}")
+        parts.append(f"{name}{sep}{value_token(ops, value, exact_sizes.get(name))}")
     return " ".join(parts)
 
 

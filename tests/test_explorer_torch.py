@@ -8,6 +8,7 @@ from metaspmd.case import OpCase
 from metaspmd.combine import Split, apply_combine, shard_with_halo
 from metaspmd.explorer import explore_case
 from metaspmd.explorer import ExploreConfig
+from metaspmd.signature import ALL_DIMS
 from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
 
 torch_ops = pytest.importorskip("metaspmd.backends.torch.tensor_ops")
@@ -56,7 +57,9 @@ def _conv1d(x, w, padding):
 
 @pytest.mark.parametrize("padding,out_halo", [(0, 0), (1, 1)])
 def test_appendix_a3_conv1d_halo(padding, out_halo):
-    e = explore(_conv1d, [randn(2, 3, 12), randn(4, 3, 3), padding], ("input", "weight", "padding"))
+    e = explore(_conv1d, [randn(2, 3, 12), randn(4, 3, 3), padding], ("input", "weight", "padding"),
+                exact_sizes={"weight": slice(2, None)})
+    assert e.signature == f"input:f[*,*,*] weight:f[*,*,3] padding={padding}"
     halo_dims = [(label, d) for d, label in enumerate(e.shard.inputs[0]) if label.halo]
     assert len(halo_dims) == 1 and halo_dims[0][1] == 2 and halo_dims[0][0].halo == 1
     combine = e.combine.as_dict()[halo_dims[0][0].label][0]
@@ -71,7 +74,7 @@ def test_appendix_a3_conv1d_halo(padding, out_halo):
 
 def test_appendix_a3_cat_block():
     # at the call's own sizes, as the paper explores it: three equal inputs, three blocks
-    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"), exact_sizes=True)
+    e = explore(aten.cat.default, [[randn(6, 4), randn(6, 4), randn(6, 4)], 0], ("tensors", "dim"), exact_sizes={"tensors": ALL_DIMS})
     assert e.signature == "tensors:[f[6,4],f[6,4],f[6,4]] dim=0"
     assert str(e.shard.inputs[0][0]) == "S1" and all(str(row[0]) == "S1" for row in e.shard.inputs)
     assert combines(e)["S1"] == ["gather(dim=0, block=3)"]
@@ -352,14 +355,35 @@ def test_transposed_conv_overlaps_its_neighbours():
     # kernel - 1 past the next shard's start, and the shared ones add up
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
     x, w = randn(2, 3, 10), randn(3, 2, 3)
-    e = explore(aten.convolution.default, [x, w, None, [1], [0], [1], True, [0], 1], names)
+    kernel = {"weight": slice(2, None)}
+    e = explore(aten.convolution.default, [x, w, None, [1], [0], [1], True, [0], 1], names, exact_sizes=kernel)
     label = e.shard.inputs[0][2].label
     assert combines(e)[label] == ["gather(dim=2, overlap=2)"]
     # a bias would be added twice where they overlap: the length is cut with an input halo
     # then, and the outputs it computes twice are dropped
-    e = explore(aten.convolution.default, [x, w, randn(2), [1], [0], [1], True, [0], 1], names)
+    e = explore(aten.convolution.default, [x, w, randn(2), [1], [0], [1], True, [0], 1], names, exact_sizes=kernel)
     label = e.shard.inputs[0][2]
     assert label.halo == 1 and combines(e)[label.label] == ["gather(dim=2, halo=2)"]
+
+
+def test_a_halo_the_signature_does_not_pin_is_dropped():
+    """A convolution's halo is its kernel's extent: keyed as weight:f[*,*,*], the rule read
+    off a kernel of 3 would be given to a kernel of 5, where it is false. Unpinned, the
+    halos and overlaps go (the cut of the batch and of the channels stays); pinned, the
+    key names the kernel and the halo stays."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+    for transposed, combine in ((False, "gather(dim=2, halo=1)"), (True, "gather(dim=2, overlap=2)")):
+        w = randn(3, 2, 3) if transposed else randn(2, 3, 3)
+        args = [randn(2, 3, 10), w, None, [1], [1 - transposed], [1], transposed, [0], 1]
+        free = explore(aten.convolution.default, args, names)
+        assert free.signature.startswith("input:f[*,*,*] weight:f[*,*,*] ")
+        assert not any(label.halo for label in free.shard.inputs[0])
+        assert all(c.halo == 0 and not c.overlap for _, outs in free.combine.by_label for o in outs for c in o.options
+                   if isinstance(c, Gather))
+        assert str(free.shard.inputs[0][0]) == "S1"  # the batch still cuts
+        pinned = explore(aten.convolution.default, args, names, exact_sizes={"weight": slice(2, None)})
+        assert pinned.signature.startswith("input:f[*,*,*] weight:f[*,*,3] ")
+        assert combine in [str(o) for _, outs in pinned.combine.by_label for o in outs]
 
 
 def test_pooling_backward_cuts_its_input_in_proportion():
@@ -379,6 +403,25 @@ def test_pooling_backward_cuts_its_input_in_proportion():
     e = pool_backward(randn(2, 3, 6, 5), randn(2, 3, 7, 5), [2, 1], [1, 1], [0, 0], False, True, None)
     rows = e.shard.inputs[1][2]
     assert (rows.scale, rows.extend) == (1, 1) and combines(e)[rows.label] == ["gather(dim=2, overlap=1)"]
+
+
+def test_an_overlap_read_off_unpinned_sizes_is_dropped():
+    """Adaptive pooling's windows follow the ratio of its input and output lengths: from 8
+    columns to 7 neighbouring windows share a column, from 9 to 7 not all do. Keyed without
+    the lengths, the example's overlap is no rule; keyed by them, it is."""
+    from metaspmd.backends.torch.backend import consistent_shards_only
+
+    args = (randn(2, 3, 8, 7), randn(2, 3, 8, 8))
+    op = consistent_shards_only(aten._adaptive_avg_pool2d_backward.default, args, {})
+    names = ("grad_output", "self")
+
+    def overlaps(entry):
+        return [str(o) for _, outs in entry.combine.by_label for o in outs if "overlap" in str(o)]
+
+    free = explore(op, args, names)
+    assert not overlaps(free) and combines(free)[free.shard.inputs[0][0].label] == ["gather(dim=0)"]
+    pinned = explore(op, args, names, exact_sizes={"grad_output": ALL_DIMS, "self": ALL_DIMS})
+    assert overlaps(pinned) == ["gather(dim=3, overlap=1)"]
 
 
 def test_a_scatter_multiply_takes_its_self_as_partial_prod():

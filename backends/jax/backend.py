@@ -24,7 +24,9 @@ from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
 from . import programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
-from .params import SHAPE_PARAMS, check_shapes, flatten_operands, for_shards, group_operands, signature_params
+from .params import (
+    SHAPE_PARAMS, check_shapes, exact_sizes, flatten_operands, for_shards, group_operands, signature_params,
+)
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
 from .local_params import localizer, padding_of
@@ -79,7 +81,8 @@ class _AvalOps:
 
 def abstract_signature(occ: Occurrence) -> str:
     names, args = group_operands(occ.primitive, list(occ.in_avals))
-    return signature(_AvalOps(), names, args, signature_params(occ.params))
+    params = signature_params(occ.params)
+    return signature(_AvalOps(), names, args, params, exact_sizes(occ.primitive, params))
 
 
 def _preference(occ: Occurrence) -> tuple:
@@ -204,7 +207,7 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
                   fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
                   bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),
-                  localize=localizer(call), padding=padding_of(call),
+                  localize=localizer(call), padding=padding_of(call), exact_sizes=exact_sizes(prim, kwargs),
                   notes=_identity_notes(prim))
 
 

@@ -11,6 +11,7 @@ rules such as "a broadcast operand dim gathers along its output dim" can be foun
 from __future__ import annotations
 
 import enum
+import re
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -71,6 +72,25 @@ def signature_params(params: Mapping[str, Any]) -> dict[str, Any]:
             continue
         out[name] = value
     return out
+
+
+def exact_sizes(prim: str, params: Mapping[str, Any]) -> dict[str, slice]:
+    """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): a
+    convolution kernel's spatial extent, which sets its halo: rhs_spec's dims after the two
+    feature dims, as one slice (a feature dim between them pinned too is only coarser).
+    ``params``: raw or as signature_params gives them."""
+    if prim != "conv_general_dilated":
+        return {}
+    numbers = params.get("dimension_numbers")
+    if hasattr(numbers, "rhs_spec"):
+        rhs = tuple(numbers.rhs_spec)
+    else:
+        found = re.search(r"rhs_spec=\(([\d,]*)\)", str(numbers))
+        if found is None:
+            raise ValueError(f"jax.{prim}: no rhs_spec in dimension_numbers {numbers!r}")
+        rhs = tuple(int(d) for d in found.group(1).split(",") if d)
+    spatial = rhs[2:]
+    return {"rhs": slice(min(spatial), max(spatial) + 1)} if spatial else {}
 
 
 # --------------------------------------------------------------------------- operand names

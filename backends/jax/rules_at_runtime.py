@@ -28,6 +28,7 @@ from .backend import clamped_positions, dropping_form, localizer, padding_of
 from .capture import Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
+from .params import exact_sizes
 from .tensor_ops import JaxOps, kind_of
 
 _OPS = JaxOps()
@@ -120,8 +121,9 @@ def _fresh_operands(prim: str, params: dict, operands: Sequence[Any], seed: int)
 
 
 def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ...], tuple, str]:
-    names, args = op_arguments(node.op.removeprefix("jax."), operands)
-    return names, args, signature(_OPS, names, args, node.kwargs)
+    prim = node.op.removeprefix("jax.")
+    names, args = op_arguments(prim, operands)
+    return names, args, signature(_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
 
 
 def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str, Any]] | None = None) -> NodeCall:
@@ -135,7 +137,7 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
             def refuse(*_a, **_k):
                 raise Opaque(f"{prim} is control flow: its bodies have fixed shapes, so it stays replicated")
 
-            return OpCase(node.op, refuse, args, dict(node.kwargs), names)
+            return OpCase(node.op, refuse, args, dict(node.kwargs), names, exact_sizes=exact_sizes(prim, node.kwargs))
         params = captured.eqn(node.name).params
         example = _widened(_varied(prim, operands, 0))
         try:  # some kernels have no float64 form, or params pin float32: explore as is
@@ -157,7 +159,7 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
         # as the sweep's cases: XLA never reads past an operand, so positions may be offset
         return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
-                      localize=localizer(node.fn), padding=padding_of(node.fn))
+                      localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs))
 
     return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
 

@@ -341,7 +341,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
         random=random, value_free=value_free, dropping=dropping, localize=localize,
-        exact_sizes=views.keyed_by_sizes(func), notes=notes,
+        exact_sizes=catalog.exact_sizes(func), notes=notes,
     )
 
 

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from metaspmd.ir import MetaIR, MetaOp, MetaVar
 from metaspmd.tensor_ops import TensorOps
 
-from .dtensor_rules import op_name, positional_names
+from .catalog import op_name, positional_names
 from .tensor_ops import TorchOps
 
 _OPS: TensorOps = TorchOps()

@@ -13,6 +13,8 @@ from typing import Collection
 
 import torch
 
+from metaspmd.signature import ALL_DIMS
+
 NAMESPACE = "aten"
 
 TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
@@ -164,6 +166,30 @@ def aten_base(func: torch._ops.OpOverload) -> str:
 def positional_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
     """Schema names of the positional arguments (what OpCase.arg_names holds)."""
     return tuple(a.name for a in func._schema.arguments if not a.kwarg_only)
+
+
+# ops whose dims map by their sizes (a view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of
+# [4, 3, 2], it cannot): every size of theirs keys their rules
+RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_copy", "view_as", "reshape_as"})
+
+
+def is_reshape(func: torch._ops.OpOverload) -> bool:
+    """A reshape (or its ``_copy`` form), not a reinterpretation of the dtype (``view.dtype``)."""
+    base = aten_base(func)
+    return (base in RESHAPES or base.removesuffix("_copy") in RESHAPES) and not func._overloadname.startswith("dtype")
+
+
+def exact_sizes(func: torch._ops.OpOverload) -> dict[str, slice]:
+    """The argument dims whose sizes key the op's rules (OpCase.exact_sizes): every dim of a
+    reshape's; a convolution kernel's extent, which sets its halo: its weight's dims after
+    the two channel dims (conv_tbc's weight is [kernel, in, out])."""
+    names = positional_names(func)
+    if is_reshape(func):
+        return {name: ALL_DIMS for name in names}
+    base = aten_base(func)
+    if "conv" in base and "weight" in names:
+        return {"weight": slice(0, 1) if base.startswith("conv_tbc") else slice(2, None)}
+    return {}
 
 
 def out_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:

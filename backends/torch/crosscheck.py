@@ -278,7 +278,7 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
         return "a sharded input of the example is empty: its shards cannot differ, so the explorer skips it"
     if len({t.shape[d] for t, d in sharded}) > 1:
         return "the explorer shards inputs together only along dims of one size"
-    if not views.keyed_by_sizes(query.func) and any(isinstance(g := parse_output(k), Gather) and g.block > 1 for k in outputs):
+    if not catalog.is_reshape(query.func) and any(isinstance(g := parse_output(k), Gather) and g.block > 1 for k in outputs):
         return "a block count the signature does not pin: kept only where it holds at other sizes too"
     if entry.status == "derived":
         return "the derived view rule does not list it"

@@ -21,7 +21,7 @@ from metaspmd.cache import RuleCache
 from metaspmd.codegen.model import Placement, placement_rule
 from metaspmd.signature import signature, split_signature, value_token
 
-from . import views
+from .catalog import exact_sizes, op_name, positional_names
 from .tensor_ops import dtype_kind
 
 
@@ -38,16 +38,6 @@ class SpecOps:
         return dtype_kind(x.tensor_meta.dtype if isinstance(x, DTensorSpec) else x.dtype)
 
 _SPEC_OPS = SpecOps()
-
-
-def op_name(op: torch._ops.OpOverload) -> str:
-    """``aten.mm.default``, or ``mylib.rms_norm.default`` for a custom op: never an ATen
-    name for an op of another namespace, whose rules are not ATen's."""
-    return str(op)
-
-
-def positional_names(op: torch._ops.OpOverload) -> tuple[str, ...]:
-    return tuple(a.name for a in op._schema.arguments if not a.kwarg_only)
 
 
 _ADDED: dict = {}  # tables added with add_table: a user's custom ops, swept offline
@@ -109,7 +99,7 @@ class _OpInfo:
     names: tuple[str, ...]
     entries: dict | None
     defaults: dict  # arg name -> token of its default value
-    exact_sizes: bool  # keyed by exact sizes (views.keyed_by_sizes)
+    exact_sizes: dict[str, slice]  # the dims keyed by their sizes (catalog.exact_sizes)
     _normalized: dict | None = None
 
     def normalized(self) -> dict:
@@ -134,7 +124,7 @@ def op_info(op: torch._ops.OpOverload) -> _OpInfo:
                     defaults[a.name] = value_token(_SPEC_OPS, a.default_value)
                 except Exception:  # noqa: BLE001 - an exotic default: never dropped
                     pass
-        info = _INFO[op] = _OpInfo(positional_names(op), _rules_of(op_name(op)), defaults, views.keyed_by_sizes(op))
+        info = _INFO[op] = _OpInfo(positional_names(op), _rules_of(op_name(op)), defaults, exact_sizes(op))
     return info
 
 
@@ -214,13 +204,13 @@ def _supported_schema(op: torch._ops.OpOverload) -> str:
 
 
 def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
-    names, exact_sizes = positional_names(op), views.keyed_by_sizes(op)
+    names, sized = positional_names(op), exact_sizes(op)
     n_out = len(op._schema.returns)
 
     def strategies(*args, **kwargs):
         is_spec = [isinstance(a, DTensorSpec) for a in args]
         replicate_all = ([Replicate()] * n_out, [Replicate() if s else None for s in is_spec])
-        rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs, exact_sizes), ())
+        rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs, sized), ())
         out = [replicate_all]
         for ins, outs in rules:
             if len(ins) != sum(is_spec) or len(outs) != n_out:

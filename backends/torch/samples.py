@@ -35,11 +35,11 @@ from torch.utils._pytree import tree_map
 from metaspmd.signature import signature
 
 from . import views
-from .catalog import NAMESPACE, op_name, positional_names
+from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 12  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 13  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
@@ -151,7 +151,7 @@ class _Recorder(TorchDispatchMode):
 
 
 def call_signature(func, args: tuple, kwargs: Mapping[str, Any]) -> str:
-    return signature(_OPS, positional_names(func), args, kwargs, views.keyed_by_sizes(func))
+    return signature(_OPS, positional_names(func), args, kwargs, exact_sizes(func))
 
 
 def _shapes(args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[int, ...]]:

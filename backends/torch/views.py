@@ -442,15 +442,6 @@ def view_base(func) -> str:
     return base[: -len("_copy")] if base.endswith("_copy") and base != "_copy" else base
 
 
-# ops whose dims map by their sizes (a view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of
-# [4, 3, 2], it cannot): their rules are keyed by exact sizes (OpCase.exact_sizes)
-_KEYED_BY_SIZES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_copy", "view_as", "reshape_as"})
-
-
-def keyed_by_sizes(func) -> bool:
-    return view_base(func) in _KEYED_BY_SIZES and not func._overloadname.startswith("dtype")
-
-
 def is_view_like(func) -> bool:
     return view_base(func) in _BY_BASE or view_base(func) in _SPLIT_DIM or view_base(func) in _SHAPE_OF_OTHER
 

@@ -70,7 +70,19 @@ def _make_case(spec: KernelSpec, kernel: CompiledKernel) -> OpCase:
         return tuple(to_tvm(a) for a in arrays), dict(params)
 
     args, kwargs = fresh(EXAMPLE_SEED)
-    return OpCase(spec.op, _VariantCall(kernel), args, kwargs, arg_names=kernel.input_names, fresh=fresh)
+    return OpCase(spec.op, _VariantCall(kernel), args, kwargs, arg_names=kernel.input_names, fresh=fresh,
+                  exact_sizes=_exact_sizes(spec, kernel))
+
+
+def _exact_sizes(spec: KernelSpec, kernel: CompiledKernel) -> dict[str, slice]:
+    """The input dims the spec's ``exact`` vars size, one slice per input (a dim between
+    them pinned too is only coarser)."""
+    out = {}
+    for i, name in enumerate(kernel.input_names):
+        dims = kernel.var_dims(i, spec.exact)
+        if dims:
+            out[name] = slice(min(dims), max(dims) + 1)
+    return out
 
 
 class TvmBackend:

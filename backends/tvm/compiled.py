@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import tvm
 from tvm import te, tirx
@@ -127,6 +127,10 @@ class CompiledKernel:
 
     def input_shape(self, i: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(sizes[s.name] if isinstance(s, tirx.Var) else int(s) for s in self.inputs[i].shape)
+
+    def var_dims(self, i: int, names: Iterable[str]) -> list[int]:
+        """The dims of input ``i`` that one of the symbolic vars ``names`` sizes."""
+        return [d for d, s in enumerate(self.inputs[i].shape) if isinstance(s, tirx.Var) and s.name in set(names)]
 
     def bind(self, tensors: tuple) -> dict[str, int]:
         """Var sizes from the actual input shapes; a conflict is an error naming the kernel."""

@@ -62,7 +62,7 @@ def batch_matmul():
 # --------------------------------------------------------------------------- convolution, pooling
 
 
-@kernel(example={"b": 2, "c": 3, "w": 10, "o": 4, "kw": 3}, variants=[{"padding": 0}, {"padding": 1}])
+@kernel(example={"b": 2, "c": 3, "w": 10, "o": 4, "kw": 3}, variants=[{"padding": 0}, {"padding": 1}], exact=["kw"])
 def conv1d(padding):
     b, c, w, o, kw = _vars("b", "c", "w", "o", "kw")
     data = te.placeholder((b, c, w), F64, name="data")
@@ -70,7 +70,8 @@ def conv1d(padding):
     return [data, weight], topi.nn.conv1d_ncw(data, weight, 1, padding, 1)
 
 
-@kernel(example={"b": 2, "c": 3, "h": 9, "w": 8, "o": 4, "kh": 3, "kw": 2}, variants=[{"padding": 0}, {"padding": 1}])
+@kernel(example={"b": 2, "c": 3, "h": 9, "w": 8, "o": 4, "kh": 3, "kw": 2}, variants=[{"padding": 0}, {"padding": 1}],
+        exact=["kh", "kw"])
 def conv2d(padding):
     b, c, h, w, o, kh, kw = _vars("b", "c", "h", "w", "o", "kh", "kw")
     data = te.placeholder((b, c, h, w), F64, name="data")

@@ -14,7 +14,10 @@ A kernel is a builder function that creates placeholders with symbolic shapes
 keyword arguments for the builder (one compiled kernel and one example per variant);
 they are part of the call's signature, like a framework op's non-tensor arguments.
 ``int_ranges`` bounds the random values of integer inputs (``{"indices": (0, "n")}``,
-a bound may name a var), so index inputs stay meaningful.
+a bound may name a var), so index inputs stay meaningful. ``exact`` names the vars whose
+sizes the kernel's rules depend on, beyond which are 1 (a convolution's kernel extent sets
+its halo): the call's signature spells out the input dims they size, so a halo read off
+them is pinned (unpinned ones are kept only where they hold at other sizes too).
 
 Registration only records the builder: building, validating and compiling happen when
 the backend first asks for the kernel's cases, so one broken kernel cannot stop a sweep.
@@ -47,6 +50,7 @@ class KernelSpec:
     example: tuple[tuple[str, int], ...]  # symbolic var name -> example size
     variants: tuple[Params, ...] = ((),)
     int_ranges: tuple[tuple[str, tuple[int | str, int | str]], ...] = ()
+    exact: tuple[str, ...] = ()  # vars whose sizes key the rules
     module: str = ""  # the module that registered it (what --kernels selects)
 
 
@@ -92,17 +96,23 @@ def kernel(
     example: Mapping[str, int],
     variants: Iterable[Mapping[str, Any]] = ({},),
     int_ranges: Mapping[str, tuple[int | str, int | str]] | None = None,
+    exact: Iterable[str] = (),
     registry: KernelRegistry | None = None,
 ):
     """Register the decorated builder as kernel ``tvm.<name>`` (default: the function's name)."""
 
     def register(builder: Callable[..., Any]) -> Callable[..., Any]:
+        op = op_name(name or builder.__name__)
+        unknown = sorted(set(exact) - set(example))
+        if unknown:
+            raise KernelError(op, f"exact names {unknown}, which are not vars of its example {sorted(example)}")
         spec = KernelSpec(
-            op=op_name(name or builder.__name__),
+            op=op,
             builder=builder,
             example=tuple(sorted((str(k), int(v)) for k, v in example.items())),
             variants=tuple(_params(v) for v in variants) or ((),),
             int_ranges=tuple(sorted((k, tuple(v)) for k, v in (int_ranges or {}).items())),
+            exact=tuple(sorted(exact)),
             module=builder.__module__,
         )
         (registry or REGISTRY).add(spec)

@@ -45,7 +45,7 @@ def test_cases_have_distinct_signatures_and_params(backend, ops):
 
     cases = backend.cases("jax.conv_general_dilated")
     assert 1 <= len(cases) <= MAX_CASES + MODEL_CASES
-    sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in cases]
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes) for c in cases]
     assert len(set(sigs)) == len(sigs)
     assert all("window_strides=" in s and "padding=" in s and "dimension_numbers=" in s for s in sigs)
     assert cases[0].arg_names == ("lhs", "rhs")

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("jax")
 
 from metaspmd.backends.jax.params import (  # noqa: E402
-    for_shards, group_operands, plain, signature_params,
+    exact_sizes, for_shards, group_operands, plain, signature_params,
 )
 
 
@@ -26,6 +26,17 @@ def test_plain_values_are_yaml_safe():
     assert " " not in plain(dn) and plain(dn).startswith("GatherDimensionNumbers(")
     params = signature_params({"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None})
     assert params == {"dimension_numbers": (((1,), (0,)), ((), ()))}
+
+
+def test_a_convolution_is_keyed_by_its_kernel_extent():
+    """rhs_spec's spatial dims set the halo: OIHW pins dims 2-3, HWIO dims 0-1, raw or plain."""
+    from jax import lax
+
+    oihw = lax.conv_dimension_numbers((1, 3, 8, 8), (4, 3, 3, 3), ("NCHW", "OIHW", "NCHW"))
+    hwio = lax.conv_dimension_numbers((1, 8, 8, 3), (3, 3, 3, 4), ("NHWC", "HWIO", "NHWC"))
+    assert exact_sizes("conv_general_dilated", {"dimension_numbers": oihw}) == {"rhs": slice(2, 4)}
+    assert exact_sizes("conv_general_dilated", signature_params({"dimension_numbers": hwio})) == {"rhs": slice(0, 2)}
+    assert exact_sizes("add", {}) == {}
 
 
 def test_operand_layout():

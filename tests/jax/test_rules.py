@@ -12,7 +12,7 @@ from metaspmd.signature import signature  # noqa: E402
 
 def _case(backend, ops, op, sig):
     for case in backend.cases(op):
-        if signature(ops, case.arg_names, case.args, case.kwargs) == sig:
+        if signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes) == sig:
             return case
     raise AssertionError(f"no case {sig} for {op}")
 

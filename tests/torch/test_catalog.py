@@ -410,12 +410,28 @@ def test_reshapes_are_keyed_by_their_exact_sizes():
     assert dtensor_rules.op_info(view).exact_sizes and not dtensor_rules.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
     flat = samples.call_signature(torch.ops.aten.flatten.using_ints, (torch.randn(2, 3, 4), 0, 1), {})
     assert flat == "self:f[*,*,*] start_dim=0 end_dim=1"
+    # _reshape_copy is a reshape of its own, not the _copy form of a view named _reshape
+    copy = samples.call_signature(torch.ops.aten._reshape_copy.default, (torch.randn(2, 3, 4), [6, 4]), {})
+    assert copy == "self:f[2,3,4] size=[6,4]"
     # at exact sizes the explorer looks for blocks of any count: view_as of [5, 5, 5] as [25, 5]
     # cut along dim 1 interleaves 5
     view_as = torch.ops.aten.view_as.default
     args = (torch.randn(5, 5, 5, dtype=torch.float64), torch.randn(25, 5, dtype=torch.float64))
     entry = explore_case(torch_case(view_as, args, {}, view_as), TorchOps())
     assert [str(o) for s in entry.strategies() if s.inputs[0] == ShardIn(1) for o in s.outputs] == ["gather(dim=0, block=5)"]
+
+
+def test_a_convolution_is_keyed_by_its_kernel_extent():
+    """The halo is the kernel's extent: the weight's dims after its two channel dims (the
+    first of conv_tbc's) are written out; the channels stay size-free."""
+    from metaspmd.backends.torch import dtensor_rules
+
+    conv = torch.ops.aten.convolution.default
+    args = (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 5), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert samples.call_signature(conv, args, {}).startswith("input:f[*,*,*,*] weight:f[*,*,3,5] bias=None ")
+    assert dtensor_rules.op_info(conv).exact_sizes == {"weight": slice(2, None)}
+    tbc = samples.call_signature(torch.ops.aten.conv_tbc.default, (torch.randn(5, 2, 3), torch.randn(3, 3, 4), torch.randn(4), 1), {})
+    assert tbc == "self:f[*,*,*] weight:f[3,*,*] bias:f[*] pad=1"
 
 
 def test_select_split_and_squeeze_candidates():
