@@ -847,7 +847,6 @@ class _Explorer:
                         if not accept(local, self._explore(local)):
                             found.append(halo)
                     continue
-                sharded = {i for i, _, _ in group.dims}
                 if self.config.partial and not case.random and any(
                     accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
                 ):

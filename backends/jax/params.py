@@ -11,8 +11,8 @@ rules such as "a broadcast operand dim gathers along its output dim" can be foun
 from __future__ import annotations
 
 import enum
-import re
 import math
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np

@@ -56,7 +56,7 @@ from metaspmd.sweep import select_ops, split_patterns
 from metaspmd.sweep.workers import silence_output
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
-from . import catalog, views
+from . import catalog
 from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, STRIDED_SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
     answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,

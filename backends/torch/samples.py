@@ -34,7 +34,6 @@ from torch.utils._pytree import tree_map
 
 from metaspmd.signature import signature
 
-from . import views
 from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps

@@ -130,7 +130,8 @@ class CompiledKernel:
 
     def var_dims(self, i: int, names: Iterable[str]) -> list[int]:
         """The dims of input ``i`` that one of the symbolic vars ``names`` sizes."""
-        return [d for d, s in enumerate(self.inputs[i].shape) if isinstance(s, tirx.Var) and s.name in set(names)]
+        names = set(names)
+        return [d for d, s in enumerate(self.inputs[i].shape) if isinstance(s, tirx.Var) and s.name in names]
 
     def bind(self, tensors: tuple) -> dict[str, int]:
         """Var sizes from the actual input shapes; a conflict is an error naming the kernel."""
