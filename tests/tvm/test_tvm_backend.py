@@ -88,31 +88,6 @@ def test_conv1d_without_padding_shards_the_width_with_a_halo(backend):
     ]
 
 
-def test_exact_vars_key_the_rules_by_the_dims_they_size():
-    from tvm import te
-
-    from metaspmd.backends.tvm.backend import TvmBackend
-    from metaspmd.backends.tvm.registry import KernelError, KernelRegistry, kernel
-
-    registry = KernelRegistry()
-
-    @kernel(example={"n": 8, "k": 3}, exact=["k"], registry=registry)
-    def window_sum():
-        n, k = te.var("n"), te.var("k")
-        x = te.placeholder((n,), "float64", name="x")
-        w = te.placeholder((k,), "float64", name="w")
-        r = te.reduce_axis((0, k), name="r")
-        return [x, w], te.compute((n - k + 1,), lambda i: te.sum(x[i + r] * w[r], axis=r), name="out")
-
-    [case] = TvmBackend([__name__], registry).cases("tvm.window_sum")
-    assert case.exact_sizes == {"w": slice(0, 1)}
-    entry = explore_case(case, TvmBackend([__name__], registry).tensor_ops())
-    assert entry.signature == "x:f[*] w:f[3]"
-    assert any(getattr(p, "halo", 0) for s in entry.strategies() for p in s.inputs)
-    with pytest.raises(KernelError, match="exact names \\['m'\\]"):
-        kernel(example={"n": 8}, exact=["m"], registry=registry)(lambda: None)
-
-
 def test_matmul_gives_the_rule_of_aten_mm(backend):
     entry = only_entry(backend, "tvm.matmul")
     expected = paper("[[S1, S2], [S2, S3]]", "{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}")

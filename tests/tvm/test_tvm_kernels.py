@@ -15,10 +15,10 @@ def backend_of(reg: KernelRegistry) -> TvmBackend:
     return TvmBackend([__name__], reg)
 
 
-def conv1d_registry() -> KernelRegistry:
+def conv1d_registry(exact=()) -> KernelRegistry:
     reg = KernelRegistry()
 
-    @kernel("conv", example={"w": 10, "k": 3}, registry=reg)
+    @kernel("conv", example={"w": 10, "k": 3}, exact=exact, registry=reg)
     def conv():
         w, k = te.var("w"), te.var("k")
         x = te.placeholder((w,), "float64", name="x")
@@ -39,6 +39,25 @@ def test_compiled_once_runs_on_any_size_with_output_sized_from_inputs():
         out = k(to_tvm(x), to_tvm(f))
         assert out.shape == (w - kw + 1,)
         np.testing.assert_allclose(out.numpy(), np.correlate(x, f, mode="valid"), rtol=1e-12)
+
+
+def test_exact_vars_key_the_rules_by_the_dims_they_size():
+    """The halo is the filter's length k: named exact, it is written into the key and the
+    halo stays; left out, the halo read off it is dropped."""
+    from metaspmd.explorer import explore_case
+
+    pinned = TvmBackend([__name__], conv1d_registry(exact=["k"]))
+    [case] = pinned.cases("tvm.conv")
+    assert case.exact_sizes == {"f": slice(0, 1)}
+    entry = explore_case(case, pinned.tensor_ops())
+    assert entry.signature == "x:f[*] f:f[3]"
+    assert any(getattr(p, "halo", 0) for s in entry.strategies() for p in s.inputs)
+    free = TvmBackend([__name__], conv1d_registry())
+    entry = explore_case(free.cases("tvm.conv")[0], free.tensor_ops())
+    assert entry.signature == "x:f[*] f:f[*]"
+    assert not any(getattr(p, "halo", 0) for s in entry.strategies() for p in s.inputs)
+    with pytest.raises(KernelError, match="exact names \\['m'\\]"):
+        kernel(example={"n": 8}, exact=["m"], registry=KernelRegistry())(lambda: None)
 
 
 def test_call_checks_shapes_dtypes_and_arity_naming_the_kernel():
