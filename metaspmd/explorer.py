@@ -365,17 +365,16 @@ class _Explorer:
         else:
             reads = any(isinstance(c, ArgReduce) for opts in candidates for c in opts)
         cut = self._cut_inputs(group, trial, split) if reads else None
+        # with every size pinned a block count of any length is too (a view of [5, 5, 5] as
+        # [25, 5] cut along dim 1 interleaves 5 blocks)
+        all_pinned = candidates is None and not self._resizable_dims()
         out = []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
             if candidates is not None:  # verifying: what exploring kept (joints of parts included)
                 cands = candidates[j]
             else:
-                # at exact sizes a block count of any length is pinned (a view of [5, 5, 5] as
-                # [25, 5] cut along dim 1 interleaves 5 blocks)
-                max_block = self.config.max_block
-                if not self._resizable_dims():
-                    max_block = max((max_block, *self.ops.shape(glob)))
+                max_block = max((self.config.max_block, *self.ops.shape(glob))) if all_pinned else self.config.max_block
                 cands = _fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, max_block, cut))
                 if any(h for _, _, h in group.dims):  # outputs an input halo computes on both
                     cands = [c for c in cands if not (isinstance(c, Gather) and c.overlap)]  # sides are dropped
