@@ -604,15 +604,21 @@ def test_order_combines_only_where_no_plain_gather_holds():
     assert [str(d) for d in e.shard.inputs[0]] == ["N", "S1"]
 
 
-def test_a_generator_that_ignores_its_seed_gets_blind_trials():
+@pytest.fixture(scope="module")
+def torch_backend():
+    """One backend for the module: each new one reads the whole sample index again."""
+    from metaspmd.backends.torch import get_backend
+
+    return get_backend()
+
+
+def test_a_generator_that_ignores_its_seed_gets_blind_trials(torch_backend):
     """OpInfo's bool sample for mul_ is one 2x2 pair whatever the seed: its trials repeat
     the example, whose row shards are equal, and the two blind trials happen to be no
     better. Trials that repeat the example are drawn blind instead."""
-    from metaspmd.backends.torch import get_backend
     from metaspmd.signature import signature
 
-    backend = get_backend()
-    case = next(c for c in backend.cases("aten.mul_.Tensor")
+    case = next(c for c in torch_backend.cases("aten.mul_.Tensor")
                 if signature(OPS, c.arg_names, c.args, c.kwargs) == "self:b[*,*] other:b[*,*]")
     e = explore_case(case, OPS)
     assert e.status == "ok", (e.status, e.reason)
@@ -628,26 +634,22 @@ def test_non_finite_outputs_of_mixed_kinds_still_compare():
     assert not OPS.one_nonfinite_value(torch.tensor([float("inf"), float("-inf")]))
 
 
-def test_fills_pass_a_partial_input_as_replicated():
+def test_fills_pass_a_partial_input_as_replicated(torch_backend):
     """randn_like reads only its input's shape: a Partial input is as good as a replicated
     one, and the output is replicated (ranks draw it alike). An in-place fill keeps self's
     placement, so uniform_ of a Partial self gets no rule."""
-    from metaspmd.backends.torch import get_backend
-
-    backend = get_backend()
-    e = explore_case(backend.cases("aten.randn_like.default")[0], OPS)
+    e = explore_case(torch_backend.cases("aten.randn_like.default")[0], OPS)
     assert any(str(c) == "identity" for label, outs in e.combine.by_label if label in {p.label for p in e.partial.inputs[0]}
                for c in outs), (e.partial, e.combine)
-    assert explore_case(backend.cases("aten.uniform_.default")[0], OPS).partial.is_empty()
+    assert explore_case(torch_backend.cases("aten.uniform_.default")[0], OPS).partial.is_empty()
 
 
-def test_integer_operands_named_other_than_self_are_data():
+def test_integer_operands_named_other_than_self_are_data(torch_backend):
     """addmv's mat is an operand, not an index: on integers it is refilled and tried
     Partial like self, so self and mat Partial together give a Partial output."""
-    from metaspmd.backends.torch import get_backend
     from metaspmd.signature import signature
 
-    case = next(c for c in get_backend().cases("aten.addmv.default")
+    case = next(c for c in torch_backend.cases("aten.addmv.default")
                 if signature(OPS, c.arg_names, c.args, c.kwargs).startswith("self:i[*] mat:i"))
     assert "mat" not in case.fixed
     e = explore_case(case, OPS)
