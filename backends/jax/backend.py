@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import lax
+from jax._src import config as jax_config
 from jax._src import core
 
 from metaspmd.case import NoSample, OpCase, Skip
@@ -62,7 +63,10 @@ class PrimitiveCall:
         local = tuple(tuple(int(s) for s in np.shape(x)) for x in operands)
         check_shapes(self.prim.name, local)
         params = for_shards(self.prim.name, self.params, self.shapes, local) if self.refit else self.params
-        out = self.prim.bind(*operands, **params)
+        # Most candidate cuts are refused: jax's traceback filtering stats every frame of
+        # the explorer's deep stack per refusal, over half of a many-operand op's time.
+        with jax_config.traceback_filtering("off"):
+            out = self.prim.bind(*operands, **params)
         return list(out) if self.prim.multiple_results else out
 
 
