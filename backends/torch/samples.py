@@ -197,10 +197,27 @@ def _wants(info, mode: str, dtype: torch.dtype) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _outside_unittest():
+    """OpInfo's sample_inputs looks for the running unittest.TestCase on every call, with
+    inspect.stack() (two calls, 60-130 ms here, most of an elementwise op's exploration).
+    No TestCase runs us, so the search finds none: answer None without it."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = saved
+
+
 def _sample_iter(info, mode: str, dtype: torch.dtype) -> Iterator:
     # set_seed=False: the OpInfo would otherwise reseed before every sample, and fresh
     # inputs need our own seed to reach the sample generator.
-    return iter(info.sample_inputs("cpu", dtype, requires_grad=(mode == "backward"), set_seed=False))
+    with _outside_unittest():
+        return iter(info.sample_inputs("cpu", dtype, requires_grad=(mode == "backward"), set_seed=False))
 
 
 def _run_sample(info, mode: str, sample, recorder: _Recorder | CompositeRecorder) -> None:
