@@ -51,7 +51,9 @@ def _np(x: jax.Array) -> np.ndarray:
 
 
 def _back(a: np.ndarray, like: jax.Array) -> jax.Array:
-    return jnp.asarray(np.asarray(a, dtype=like.dtype))
+    # device_put, not jnp.asarray: asarray compiles a conversion for every new shape
+    # (about 20 ms each, and every shard of every cut is a new shape)
+    return jax.device_put(np.asarray(a, dtype=like.dtype))
 
 
 class JaxOps:
