@@ -199,9 +199,10 @@ def _wants(info, mode: str, dtype: torch.dtype) -> bool:
 
 @contextlib.contextmanager
 def _outside_unittest():
-    """OpInfo's sample_inputs looks for the running unittest.TestCase on every call, with
-    inspect.stack() (two calls, 60-130 ms here, most of an elementwise op's exploration).
-    No TestCase runs us, so the search finds none: answer None without it."""
+    """OpInfo's sample_inputs looks for the unittest.TestCase running it on every call,
+    with inspect.stack() (two calls, 60-130 ms here, most of an elementwise op's
+    exploration). The samples must not depend on who calls (a sweep runs in no TestCase):
+    the search answers None, as it does outside any test, without searching."""
     from torch.testing._internal import common_utils
     from torch.testing._internal.opinfo import core
 

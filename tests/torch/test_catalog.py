@@ -186,6 +186,26 @@ def test_fresh_keeps_signature_and_index_validity(backend):
         case.fn(*a1, **k1)  # the regenerated call is valid
 
 
+def test_samples_do_not_search_the_stack_for_a_running_unittest(monkeypatch):
+    """OpInfo's sample_inputs looks for the unittest.TestCase running it (inspect.stack(),
+    most of a small op's exploration time). The samples must not depend on who calls, so
+    the search is skipped: it is never called, the samples come out the same, and the
+    search is back in place afterwards."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    def searched():
+        raise AssertionError("extract_test_fn was called")
+
+    monkeypatch.setattr(common_utils, "extract_test_fn", searched)
+    monkeypatch.setattr(core, "extract_test_fn", searched)
+    info = samples._opinfo("mm", "")
+    first = [s.input for _, s in samples._samples_of(info, "forward", torch.float32, 0, 3)]
+    again = [s.input for _, s in samples._samples_of(info, "forward", torch.float32, 0, 3)]
+    assert len(first) == 3 and all(torch.equal(a, b) for a, b in zip(first, again))
+    assert common_utils.extract_test_fn is searched and core.extract_test_fn is searched
+
+
 def test_cache_round_trip(tmp_path):
     call = samples.Captured(
         "aten.clone.default", "self:f[*,*] memory_format=torch.contiguous_format",
