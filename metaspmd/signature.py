@@ -17,12 +17,18 @@ them, ``self:f[5,4,6] size=[20,6]``; a convolution's halo is its kernel's extent
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .tensor_ops import TensorOps
 
 # Every dim of an argument keyed by its exact size (a reshape's).
 ALL_DIMS = slice(None)
+
+
+def span(dims: Sequence[int]) -> slice | None:
+    """The slice from the first to the last of ``dims`` (None for none): an argument's
+    exact-size dims as one slice; a dim between them pinned too only makes the key coarser."""
+    return slice(min(dims), max(dims) + 1) if dims else None
 
 
 def pinned_dims(exact: slice | None, rank: int) -> range:

@@ -18,6 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from jax._src import core
 
+from metaspmd.signature import span
+
 # Params that never change a sharding rule: kept out of signatures and examples. (The
 # accumulation type changes the output dtype, not how shards combine.)
 NOT_IN_SIGNATURE = frozenset({"accuracy", "precision", "out_sharding", "sharding", "preferred_element_type"})
@@ -77,8 +79,7 @@ def signature_params(params: Mapping[str, Any]) -> dict[str, Any]:
 def exact_sizes(prim: str, params: Mapping[str, Any]) -> dict[str, slice]:
     """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): a
     convolution kernel's spatial extent, which sets its halo: rhs_spec's dims after the two
-    feature dims, as one slice (a feature dim between them pinned too is only coarser).
-    ``params``: raw or as signature_params gives them."""
+    feature dims. ``params``: raw or as signature_params gives them."""
     if prim != "conv_general_dilated":
         return {}
     numbers = params.get("dimension_numbers")
@@ -89,8 +90,8 @@ def exact_sizes(prim: str, params: Mapping[str, Any]) -> dict[str, slice]:
         if found is None:
             raise ValueError(f"jax.{prim}: no rhs_spec in dimension_numbers {numbers!r}")
         rhs = tuple(int(d) for d in found.group(1).split(",") if d)
-    spatial = rhs[2:]
-    return {"rhs": slice(min(spatial), max(spatial) + 1)} if spatial else {}
+    spatial = span(rhs[2:])
+    return {"rhs": spatial} if spatial else {}
 
 
 # --------------------------------------------------------------------------- operand names

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from metaspmd.case import OpCase
+from metaspmd.signature import span
 from metaspmd.sweep.user_modules import load_module
 
 from .compiled import CompiledKernel, build_kernel
@@ -75,14 +76,9 @@ def _make_case(spec: KernelSpec, kernel: CompiledKernel) -> OpCase:
 
 
 def _exact_sizes(spec: KernelSpec, kernel: CompiledKernel) -> dict[str, slice]:
-    """The input dims the spec's ``exact`` vars size, one slice per input (a dim between
-    them pinned too is only coarser)."""
-    out = {}
-    for i, name in enumerate(kernel.input_names):
-        dims = kernel.var_dims(i, spec.exact)
-        if dims:
-            out[name] = slice(min(dims), max(dims) + 1)
-    return out
+    """The input dims the spec's ``exact`` vars size, one slice per input."""
+    spans = {name: span(kernel.var_dims(i, spec.exact)) for i, name in enumerate(kernel.input_names)}
+    return {name: dims for name, dims in spans.items() if dims is not None}
 
 
 class TvmBackend:
