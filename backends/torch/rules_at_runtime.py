@@ -15,7 +15,7 @@ from metaspmd.spec import Replicate as ReplicateIn
 from . import dtensor_rules
 from .backend import torch_case
 from .capture import Captured
-from .samples import call_signature
+from .samples import call_signature, with_varied_masks
 
 
 def _input(p) -> object:
@@ -85,6 +85,9 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
             continue
         a, k = candidate
         break
+    # a mask of one value takes one branch only: rules verified there need not hold for
+    # the other (masked_fill's Partial self where the mask is False everywhere)
+    a, k = with_varied_masks(fn, a, k)
     return torch_case(fn, a, k, fn)
 
 

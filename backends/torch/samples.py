@@ -21,6 +21,8 @@ import fcntl
 import functools
 import os
 import random
+import subprocess
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -32,13 +34,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from metaspmd import hash_seed
 from metaspmd.signature import signature
 
 from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 13  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 14  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
@@ -257,6 +260,18 @@ def _filled_memory():
 
 
 @contextlib.contextmanager
+def _one_thread():
+    """Samples computed on one thread: a parallel kernel's sums (softmax, fft) differ in the
+    last bits with the thread count, and the index must not depend on the machine's cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -428,7 +443,7 @@ def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tup
         return None
 
     composite = op in composite_names()
-    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory(), _composite_kernels_if(composite):
+    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory(), _one_thread(), _composite_kernels_if(composite):
         for k, sample in _samples_of(info, ref.mode, dtype, seed, ref.sample + 1):
             if k == ref.sample:
                 try:
@@ -484,13 +499,50 @@ def runs_in_float64(func, args: tuple, kwargs: Mapping[str, Any]) -> bool:
         return False
 
 
-def _refilled(call: Captured, func) -> Captured | None:
-    """The call with its floating inputs replaced by seeded normal values, if the op takes them."""
+def _uniform_mask(x: Any) -> bool:
+    """A bool tensor of one value throughout (a mask from ``isnan`` of finite data): every
+    call on it takes one branch, so no rule's effect on the other is ever seen."""
+    return isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.numel() >= 2 and bool((x == x.flatten()[0]).all())
+
+
+def _uniform_masks(args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    return any(_uniform_mask(x) for x in torch.utils._pytree.tree_leaves((list(args), dict(kwargs))))
+
+
+def _random_mask(shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
+    mask = torch.rand(shape, generator=gen) < 0.5
+    flat = mask.view(-1)
+    flat[0], flat[1] = True, False  # both values, whatever the draw
+    return mask
+
+
+def with_varied_masks(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with uniform bool masks drawn anew (seeded, both values), if
+    the op takes them so; else as they are. For a user's example call, whose padding mask
+    may be all False when the model is traced."""
+    if not _uniform_masks(args, kwargs):
+        return args, kwargs
+    gen = torch.Generator().manual_seed(BASE_SEED)
+    varied = tree_map(lambda x: _random_mask(x.shape, gen) if _uniform_mask(x) else x, (list(args), dict(kwargs)))
+    try:
+        with _quiet():
+            func(*_snapshot(tuple(varied[0])), **_snapshot(varied[1]))
+    except Exception:
+        return args, kwargs
+    return tuple(varied[0]), varied[1]
+
+
+def _varied(call: Captured, func, floats: bool, masks: bool) -> Captured | None:
+    """The call with seeded new values where its own carry too little to tell strategies
+    apart: every floating input (``floats``), uniform bool masks (``masks``). None if the
+    op rejects it. Not regenerable: its sample's generator would only repeat the old values."""
     gen = torch.Generator().manual_seed(BASE_SEED)
 
     def refill(x):
-        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+        if floats and isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
             return torch.randn(x.shape, generator=gen, dtype=x.dtype)
+        if masks and _uniform_mask(x):
+            return _random_mask(x.shape, gen)
         return x
 
     args, kwargs = tree_map(refill, (list(call.args), dict(call.kwargs)))
@@ -499,21 +551,23 @@ def _refilled(call: Captured, func) -> Captured | None:
             func(*_snapshot(tuple(args)), **_snapshot(dict(kwargs)))
     except Exception:
         return None
-    return Captured(call.op, call.signature, tuple(args), kwargs, call.ref, False, False)
+    return Captured(call.op, call.signature, tuple(args), kwargs, call.ref, False,
+                    runs_in_float64(func, tuple(args), kwargs))
 
 
 def _finish(call: Captured, func) -> Captured:
     """Check regeneration (seed 1 must give the same shapes, other values) and float64.
 
     A call whose floating inputs are mostly repeated values (a composite's saturated
-    intermediate) gets fresh normal values instead, and no regeneration: its generator
-    would only repeat them.
+    intermediate) gets fresh normal values instead, and no regeneration. So does a uniform
+    bool mask: rules verified on an all-False mask only (``index_put_`` of ``isnan``) held
+    for the branch taken and not for the other.
     """
-    if _low_entropy(call.args, call.kwargs):
-        refilled = _refilled(call, func)
-        if refilled is not None:
-            return Captured(call.op, call.signature, refilled.args, refilled.kwargs, call.ref, False,
-                            runs_in_float64(func, refilled.args, refilled.kwargs))
+    floats, masks = _low_entropy(call.args, call.kwargs), _uniform_masks(call.args, call.kwargs)
+    for attempt in ((floats, masks), (floats, False)) if masks else ((floats, False),):
+        varied = _varied(call, func, *attempt) if any(attempt) else None
+        if varied is not None:
+            return varied
     fresh = regenerate(call, BASE_SEED + 1)
     regen = fresh is not None and (_tensors_differ(fresh, (call.args, dict(call.kwargs))) or not _float_leaves(
         (list(call.args), dict(call.kwargs))
@@ -529,7 +583,7 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
 
     pool = _Pool()
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory():
+    with torch.random.fork_rng(devices=[]), _quiet(), _filled_memory(), _one_thread():
         for composite in (False, True):
             with _composite_kernels_if(composite):
                 for mode, dtype in PASSES:
@@ -875,9 +929,27 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent workers wait for the first builder
         if path.exists() and not rebuild:
             return read_index(path)
+        if not hash_seed.is_fixed():  # the samples' order would be this process's own
+            _build_in_child(path, max_signatures, log)
+            return read_index(path)
         index = build_index(max_signatures, log)
         write_index(path, index)
     return index
+
+
+_BUILD = ("import sys; from metaspmd.backends.torch import samples as s; "
+          "s.write_index(s.Path(sys.argv[1]), s.build_index(int(sys.argv[2]), lambda m: print(m, flush=True)))")
+
+
+def _build_in_child(path: Path, max_signatures: int, log: Callable[[str], None] | None) -> None:
+    """Build and write the index in a process started with the fixed string-hash seed."""
+    with subprocess.Popen([sys.executable, "-c", _BUILD, str(path), str(max_signatures)], env=hash_seed.child_env(),
+                          stdout=subprocess.PIPE, text=True) as child:
+        for line in child.stdout:
+            if log:
+                log(line.rstrip("\n"))
+    if child.returncode:
+        raise RuntimeError(f"building the sample index {path} failed (exit status {child.returncode})")
 
 
 def write_index(path: Path, index: Mapping[str, tuple[Captured, ...]]) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
+from .. import hash_seed
 from ..rules import OpRecord
 from .config import SweepConfig, SweepError, backend_module, load_backend, resolve_callable
 from .failures import describe_exception, describe_exit, failed_record
@@ -172,7 +173,8 @@ class WorkerPool:
             daemon=False,
             name="metaspmd-sweep-worker",
         )
-        proc.start()
+        with hash_seed.for_children():  # sample order must not depend on the process
+            proc.start()
         child.close()
         worker = _Worker(proc, parent)
         self._workers.append(worker)

@@ -238,6 +238,25 @@ def test_composite_overloads_are_captured_from_their_opinfos():
     assert [a.shape for a in args] == [a.shape for a in call.args] and not torch.equal(args[0], call.args[0])
 
 
+def test_uniform_masks_are_drawn_anew_so_rules_see_both_branches():
+    """OpInfo's _unsafe_masked_index samples mask with True throughout. Rules verified on
+    that mask alone held for one branch of ``where(mask, self[indices], fill)``: a Partial
+    self summed to the sum of the fills where the mask is False. The index draws such a
+    mask anew, with both values, and the rule is gone."""
+    from metaspmd.spec import PartialInput
+
+    backend = get_backend(opinfos=("_unsafe_masked_index",))
+    op = "aten._unsafe_masked_index.default"
+    calls = backend.index[op]
+    assert calls and all(m.any() and not m.all() for m in (c.args[1] for c in calls))
+    assert not any(c.regenerable for c in calls if c.ref.opinfo == "_unsafe_masked_index")
+    case = next(c for c in backend.cases(op) if c.args[0].dtype.is_floating_point and c.args[0].dim() == 2
+                and c.args[3] != 0)
+    entry = explore_case(case, backend.tensor_ops())
+    assert entry.status == "ok"
+    assert not [s for s in entry.all_strategies() if isinstance(s.inputs[0], PartialInput)]
+
+
 def test_only_ops_that_decompose_on_cpu_count_as_composite():
     composite = set(catalog.composite_implicit_overloads())
     assert torch.ops.aten.einsum.default in composite and torch.ops.aten.linear.default in composite

@@ -35,6 +35,16 @@ def test_predicate_gets_rules_from_special_values():
     assert not any("P(" in s for s in strategies)
 
 
+def test_a_mask_traced_all_false_is_drawn_anew_before_live_exploration():
+    """With the example's mask False everywhere, masked_fill returns self, and a Partial
+    self passes for a sum; where the mask holds, each shard would add its fill."""
+    rules = live_rules(lambda x, m: x.masked_fill(m, 1.5), torch.randn(8, 4), torch.zeros(8, 4, dtype=torch.bool))
+    status, strategies = rules["aten.masked_fill.Scalar"]
+    assert status == "ok"
+    assert {"(S(0), S(0)) -> (gather(dim=0))", "(S(1), S(1)) -> (gather(dim=1))"} <= strategies
+    assert not any("P(" in s for s in strategies)
+
+
 def test_table_norm_partials_read_back_as_reduce_norm2():
     """_NormPartial is a Partial whose reduce_op reads 'sum': the planner must see norm2
     (and skip it), not a Partial(sum) it would all-reduce."""

@@ -1,0 +1,37 @@
+"""Worker processes start with one string-hash order, whatever the parent's."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+
+from metaspmd import hash_seed
+
+ORDER = "print(list({'xy', 'ij', 'a', 'b', 'c', 'd'}))"  # a set's order follows the salted hashes
+
+
+def _report(queue) -> None:
+    queue.put(sys.flags.hash_randomization)
+
+
+def test_spawned_children_start_with_the_fixed_seed_and_the_parent_keeps_its_own():
+    before = os.environ.get(hash_seed.ENV)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with hash_seed.for_children():
+        child = ctx.Process(target=_report, args=(queue,))
+        child.start()
+    child.join(60)
+    assert queue.get(timeout=5) == 0
+    assert os.environ.get(hash_seed.ENV) == before
+
+
+def test_child_env_gives_one_set_order_where_salted_hashes_give_others():
+    def order(env) -> str:
+        return subprocess.run([sys.executable, "-c", ORDER], env=env, capture_output=True, text=True, check=True).stdout
+
+    fixed = {order(hash_seed.child_env()) for _ in range(3)}
+    salted = {order({**os.environ, hash_seed.ENV: str(seed)}) for seed in range(1, 9)}
+    assert len(fixed) == 1 and len(salted) > 1
