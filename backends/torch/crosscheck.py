@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 import torch
 
-from metaspmd import hash_seed
+from metaspmd import reproducible
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
@@ -633,7 +633,7 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
             collect(*_check_one(task))
     else:
         ctx = multiprocessing.get_context("spawn")
-        with hash_seed.for_children(), concurrent.futures.ProcessPoolExecutor(
+        with reproducible.for_children(), concurrent.futures.ProcessPoolExecutor(
                 jobs, mp_context=ctx, initializer=_init_worker, initargs=(backend_options or {}, config.cache)) as pool:
             for res, rec in pool.map(_check_one, tasks, chunksize=4):
                 collect(res, rec)

@@ -34,14 +34,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from metaspmd import hash_seed
+from metaspmd import reproducible
 from metaspmd.signature import signature
 
 from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 14  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 15  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
@@ -929,7 +929,7 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent workers wait for the first builder
         if path.exists() and not rebuild:
             return read_index(path)
-        if not hash_seed.is_fixed():  # the samples' order would be this process's own
+        if not reproducible.in_effect():  # the samples would be this process's own
             _build_in_child(path, max_signatures, log)
             return read_index(path)
         index = build_index(max_signatures, log)
@@ -942,8 +942,8 @@ _BUILD = ("import sys; from metaspmd.backends.torch import samples as s; "
 
 
 def _build_in_child(path: Path, max_signatures: int, log: Callable[[str], None] | None) -> None:
-    """Build and write the index in a process started with the fixed string-hash seed."""
-    with subprocess.Popen([sys.executable, "-c", _BUILD, str(path), str(max_signatures)], env=hash_seed.child_env(),
+    """Build and write the index in a process started with ``reproducible.ENV``."""
+    with subprocess.Popen([sys.executable, "-c", _BUILD, str(path), str(max_signatures)], env=reproducible.child_env(),
                           stdout=subprocess.PIPE, text=True) as child:
         for line in child.stdout:
             if log:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
-from .. import hash_seed
+from .. import reproducible
 from ..rules import OpRecord
 from .config import SweepConfig, SweepError, backend_module, load_backend, resolve_callable
 from .failures import describe_exception, describe_exit, failed_record
@@ -173,7 +173,7 @@ class WorkerPool:
             daemon=False,
             name="metaspmd-sweep-worker",
         )
-        with hash_seed.for_children():  # sample order must not depend on the process
+        with reproducible.for_children():  # results must not depend on the process or the machine
             proc.start()
         child.close()
         worker = _Worker(proc, parent)

@@ -1,0 +1,67 @@
+"""One environment for the processes that draw samples and verify rules, so that a sweep
+gives the same files on any machine.
+
+Three things a process fixes only when it starts, and that change the sweep's results:
+
+- ``PYTHONHASHSEED``: Python salts ``str`` hashes per process, and sample generators
+  iterate over sets of strings (OpInfo's meshgrid samples loop over ``{'xy', 'ij'}``).
+  Their samples then come in another order in each process: the sample index would keep
+  other calls from one build to the next, and a worker replaying sample k would get
+  another call than the one captured.
+- ``ATEN_CPU_CAPABILITY``: torch picks its vectorized kernels by the CPU's widest SIMD
+  set. The AVX-512 and AVX2 kernels round differently in the last bits and overflow at
+  different inputs (float ``sinh`` of integers), so a verification passed on one machine
+  and failed on another. AVX2 is the widest set that every x86-64 machine we sweep on has.
+- ``MKL_CBWR``: MKL picks its GEMM code path by CPU too; on AVX-512 ``a @ p + a @ -p`` was
+  not exactly zero where ``p`` and ``-p`` had different memory layouts, and a Partial
+  ``mat2`` of ``mm`` was refuted there only. Conditional numerical reproducibility at the
+  AVX2 level gives one answer on every machine that has it.
+
+Sweep and cross-check workers start with these values, and a process that did not start
+with them builds the sample index in one that does. A user's process (live exploration at
+run time) keeps its own settings: its rules are verified on the machine that uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+ENV = {
+    "PYTHONHASHSEED": "0",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+}
+
+
+def in_effect() -> bool:
+    """Did this process start with these values? (The hash seed is read off the
+    interpreter's start-up flags; the others off the environment, which frameworks read
+    once, when they load.)"""
+    others = {k: v for k, v in ENV.items() if k != "PYTHONHASHSEED"}
+    return sys.flags.hash_randomization == 0 and all(os.environ.get(k) == v for k, v in others.items())
+
+
+@contextlib.contextmanager
+def for_children() -> Iterator[None]:
+    """Processes started inside get these values; this process's environment is restored."""
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with these values, for a subprocess."""
+    return {**os.environ, **ENV}
+
+
+__all__ = ["ENV", "child_env", "for_children", "in_effect"]
