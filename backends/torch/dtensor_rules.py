@@ -23,6 +23,7 @@ from metaspmd.signature import signature, split_signature, value_token
 
 from .catalog import exact_sizes, op_name, positional_names
 from .tensor_ops import dtype_kind
+from .views import shards_rewrite_call
 
 
 class SpecOps:
@@ -222,6 +223,17 @@ def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
     return strategies
 
 
+def _uncut_if_rewritten(op: torch._ops.OpOverload, rules_by_sig: dict) -> dict:
+    """The op's rules that DTensor can run as they are. DTensor calls the op on each shard
+    with the call's own arguments; a derived rule that cuts an input of ``squeeze_copy`` or
+    ``as_strided_copy`` holds only with those arguments rewritten from the local shard (a
+    shard of one row must not be squeezed), so there only rules with no cut input stay."""
+    if not shards_rewrite_call(op):
+        return rules_by_sig
+    return {sig: tuple(r for r in rules if not any(isinstance(p, Shard) for p in r[0]))
+            for sig, rules in rules_by_sig.items()}
+
+
 @dataclass
 class RegisterReport:
     installed: list[str] = field(default_factory=list)
@@ -253,7 +265,11 @@ def register(ops: list[str] | None = None) -> RegisterReport:
         if why:
             report.skipped[name] = why
             continue
-        register_sharding(op)(_sharding_fn(op, rules[name]))
+        op_rules = _uncut_if_rewritten(op, rules[name])
+        if not any(op_rules.values()):
+            report.skipped[name] = "its shards run the op with sizes from the local shard, which DTensor does not rewrite"
+            continue
+        register_sharding(op)(_sharding_fn(op, op_rules))
         report.installed.append(name)
     _clear_sharding_prop_cache()
     return report

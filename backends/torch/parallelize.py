@@ -31,7 +31,7 @@ from .capture import Captured, capture
 from .dtensor_rules import dtensor_has_rule
 from .rules_at_runtime import node_call
 from .tensor_ops import TorchOps
-from .views import is_view_like
+from .views import derive, is_view_like, shards_rewrite_call
 
 
 def to_dtensor_placements(ps: planner.Placements) -> tuple:
@@ -254,7 +254,7 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
     local_args, local_kwargs = torch.utils._pytree.tree_map(
         lambda x: x.to_local() if isinstance(x, DTensor) else x, (args, kwargs)
     )
-    out = target(*local_args, **local_kwargs)
+    out = _shard_fn(target, args, kwargs)(*local_args, **local_kwargs)
     it = iter(placements)
     metas = iter(m for m in torch.utils._pytree.tree_leaves(node.meta.get("val")) if isinstance(m, torch.Tensor))
 
@@ -265,6 +265,23 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
         return x
 
     return torch.utils._pytree.tree_map(wrap, out)
+
+
+def _shard_fn(target, args, kwargs) -> Callable:
+    """What each shard runs: the op, or for a view whose shards take sizes from the local
+    shard (``as_strided`` of a cut dim), the derived rule's function, which its rules were
+    verified with; called with the global sizes, a shard reads past its own storage."""
+    if not shards_rewrite_call(target):
+        return target
+
+    def meta(x):  # the global tensor as the rule derives from it: shape, strides, dtype
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    global_args, global_kwargs = torch.utils._pytree.tree_map(meta, (args, kwargs))
+    rule = derive(target, tuple(global_args), dict(global_kwargs))
+    return rule.fn if rule is not None else target
 
 
 # Live exploration runs in a forked child, with the sweep's per-op time limit; the child

@@ -436,6 +436,31 @@ def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
     return ViewRule(fn, None, (SHAPE_OF_OTHER_NOTE.format(base=base_name),))
 
 
+# Handlers whose shards may run the op with arguments rewritten from the local shard (sizes,
+# strides, the dims a squeeze removes): a runtime that calls the op on its shards with the
+# call's own arguments, as DTensor does for a rule installed with register_sharding, gets
+# wrong shapes from a cut input there. Partial and replicated inputs keep their global
+# shape, so the call's own arguments are the rewritten ones for them.
+_REWRITING = frozenset({_reshape, _flatten_like, _squeeze, _expand, _sum_to_size, _as_strided, _select_backward,
+                        _slice_backward, _upsample_backward})
+
+
+def _handler(func) -> Callable | None:
+    """The function that derives ``func``'s rule from a call, if it is view-like."""
+    base = view_base(func)
+    if func._overloadname == "dtype" and base == "view":
+        return _view_dtype
+    if base in _SPLIT_DIM:
+        return lambda f, x, a, k: _split_dim(f, x, a, k, _SPLIT_DIM[base](x.dim()))
+    return _BY_BASE.get(base)
+
+
+def shards_rewrite_call(func) -> bool:
+    """May a shard of ``func`` run with arguments other than the call's? (Then its derived
+    rules cut inputs only where the runtime rewrites them as ``ViewRule.fn`` does.)"""
+    return view_base(func) in _SHAPE_OF_OTHER or _handler(func) in _REWRITING
+
+
 def view_base(func) -> str:
     """The op's name without the ``_copy`` suffix of functional view variants."""
     base = catalog.aten_base(func)
@@ -458,14 +483,7 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     if len(tensors) != 1:
         return None
-    base = view_base(func)
-    if func._overloadname == "dtype" and base == "view":
-        handler = _view_dtype
-    elif base in _SPLIT_DIM:
-        rank = args[0].dim()
-        return _split_dim(func, args[0], args, kwargs, _SPLIT_DIM[base](rank))
-    else:
-        handler = _BY_BASE.get(base)
+    handler = _handler(func)
     if handler is None:
         return None
     try:
@@ -474,4 +492,5 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
         return None  # an unusual call: let the explorer treat it as an ordinary op
 
 
-__all__ = ["ViewRule", "derive", "is_view_like", "reshape_block_mapping", "reshape_groups", "reshape_mapping", "view_base"]
+__all__ = ["ViewRule", "derive", "is_view_like", "reshape_block_mapping", "reshape_groups", "reshape_mapping",
+           "shards_rewrite_call", "view_base"]

@@ -168,6 +168,24 @@ def test_a_norm2_rule_reduces_by_the_2_norm(results):
     torch.testing.assert_close(full, op(x, 2.0), rtol=1e-5, atol=1e-6)
 
 
+def test_a_view_whose_shards_rewrite_sizes_gets_no_cut_from_register(results):
+    """DTensor runs an installed rule's op on each shard with the call's own arguments. The
+    table's derived Shard(0) rule of squeeze_copy holds where a shard squeezes the globally
+    removed dims only; DTensor's call squeezed a shard of one row too, and failed. register()
+    installs its uncut rules only, and DTensor gathers the rows first."""
+    _, report = results
+    assert "aten.squeeze_copy.default" in report.installed
+    op = torch.ops.aten.squeeze_copy.default
+    x = torch.randn(WORLD, 1, 6, 1, generator=torch.Generator().manual_seed(0))
+    assert ((Shard(0),), (Shard(0),)) in dtensor_rules.lookup(op, (x,), {})
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        got = op(distribute_tensor(x, mesh, [Shard(0)]))
+        assert got.placements == (Replicate(),)
+        full = _full_on_every_rank(got)
+    torch.testing.assert_close(full, op(x))
+
+
 def test_a_lookup_whose_row_cut_dtensor_masks_is_never_installed(monkeypatch):
     # the table's (Shard(0), Replicate) -> Partial(sum) embedding strategy is DTensor's own,
     # masked one: a DTensor without that rule must not get it unmasked from the table

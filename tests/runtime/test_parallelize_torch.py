@@ -317,3 +317,21 @@ def test_multihead_attention_views_a_shard_laid_out_unlike_the_trace(fake_world,
     torch.manual_seed(0)
     p = run_planned(SelfAttention(), torch.randn(4, 10, 32), cache, memory_budget=210_000)
     assert sum(n.strategy.label != "R" for n in p.plan.nodes) > len(p.plan.nodes) // 2
+
+
+def test_a_view_whose_shards_rewrite_sizes_runs_its_derived_function(fake_world, cache):
+    """DTensor has no rule for as_strided; the plan keeps it cut by rows (a derived rule),
+    and each shard must run it with the sizes of its own rows, as the rule was verified:
+    with the traced sizes it read past its shard's storage."""
+    class Strided(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.as_strided(self.fc(x), (64, 16), (16, 1)).relu()
+
+    torch.manual_seed(0)
+    p = run_planned(Strided(), torch.randn(64, 16), cache, memory_budget=40_000)
+    strided = next(n for n in p.captured.ir.op_list if n.op == "aten.as_strided.default")
+    assert p.plan.strategy(strided.name).label != "R", p.explain()

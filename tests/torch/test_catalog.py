@@ -427,6 +427,28 @@ def test_a_dim_merged_behind_others_gathers_in_blocks():
     assert _gather_rules(flat, block=True) == {1: (0, 4)}
 
 
+def test_every_view_whose_shards_run_a_rewritten_call_says_so():
+    """DTensor runs an installed rule's op on each shard with the call's own arguments, so
+    register() keeps no cut of an op whose shards rewrite them (squeeze_copy must not
+    squeeze a shard of one row). That relies on shards_rewrite_call naming every such op:
+    checked here on every sample call of every view-like op."""
+    full = get_backend()
+    rewritten, kept = set(), set()
+    for name, calls in full.index.items():
+        op = catalog.resolve(name)
+        if not views.is_view_like(op):
+            continue
+        for call in calls:
+            rule = views.derive(op, tuple(call.args), dict(call.kwargs))
+            if rule is not None:
+                (kept if rule.fn is op else rewritten).add(name)
+    assert not {n for n in rewritten if not views.shards_rewrite_call(catalog.resolve(n))}
+    assert {"aten.squeeze_copy.default", "aten.view.default", "aten.as_strided_copy.default"} <= rewritten
+    # flatten shares unflatten's handler, which rewrites unflatten's sizes: said conservatively
+    assert {n for n in kept - rewritten if views.shards_rewrite_call(catalog.resolve(n))} == {"aten.flatten.using_ints"}
+    assert "aten.permute_copy.default" in kept
+
+
 def test_reshapes_are_keyed_by_their_exact_sizes():
     """view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of [4, 3, 2] it cannot: one key
     for both would give the second the first's rules."""
