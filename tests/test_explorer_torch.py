@@ -386,6 +386,24 @@ def test_a_halo_the_signature_does_not_pin_is_dropped():
         assert combine in [str(o) for _, outs in pinned.combine.by_label for o in outs]
 
 
+def test_an_integer_convolution_keeps_its_halo_and_its_channel_cut():
+    """An integer weight is data, not an index: kept fixed like one, it was never
+    lengthened by the check that a halo holds at other lengths (the halo went), nor refilled
+    (the channel cut, a sum over a weight that never changed, went too)."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randint(-5, 5, (2, 3, 10), generator=g), torch.randint(-5, 5, (2, 3, 3), generator=g)
+    op = aten.convolution.default
+    case = torch_case(op, (x, w, None, [1], [1], [1], False, [0], 1), {}, op)
+    assert not case.fixed
+    e = explore_case(case, OPS)
+    assert e.signature.startswith("input:i[*,*,*] weight:i[*,*,3] ")  # the kernel's extent pins the halo
+    length, channels = e.shard.inputs[0][2], e.shard.inputs[0][1]
+    assert length.halo == 1 and combines(e)[length.label] == ["gather(dim=2, halo=1)"]
+    assert e.shard.inputs[1][1].label == channels.label and combines(e)[channels.label] == ["reduce(sum)"]
+
+
 def test_pooling_backward_cuts_its_input_in_proportion():
     # windows of 2 at stride 2: self's rows are cut at twice grad_output's boundaries (the
     # kernel trusts the two shapes to agree: the backend's guard refuses shards that do not)

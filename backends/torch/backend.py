@@ -239,11 +239,13 @@ def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[.
     return fn_checked
 
 
-# The operands of ops on integer or bool data (bitwise_and, aminmax, mm): refilled like
-# float data, whereas other integer arguments (index, indices, mask, offsets) stay in range.
+# The operands of ops on integer or bool data (bitwise_and, aminmax, mm, an integer
+# convolution's weight, the tensors a cat joins): refilled like float data, whereas other
+# integer arguments (index, indices, mask, offsets, target) stay in range.
 DATA_ARGS = frozenset({
     "self", "other", "input", "mat", "mat1", "mat2", "vec", "vec1", "vec2", "batch1", "batch2", "tensor", "tensor1",
-    "tensor2", "exponent", "end", "src", "source", "value", "values",
+    "tensor2", "exponent", "end", "src", "source", "value", "values", "weight", "bias", "input1", "input2", "x1", "x2",
+    "i1", "i2", "i3", "anchor", "positive", "negative", "tensors", "grad_output",
 })
 
 

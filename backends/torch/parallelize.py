@@ -207,7 +207,8 @@ def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
     and _MaskPartial -> Partial (``_unmasked``).
 
     A value becomes Partial(sum) over an axis by dividing it by the axis size on every
-    device (max/min/avg: every device keeps it as is)."""
+    device, or, for integers, which do not divide, by keeping it on the axis' first device
+    and zeros on the others (max/min/avg: every device keeps it as is)."""
     x = _unmasked(x, mesh)
     to_partial = [
         axis for axis, (src, dst) in enumerate(zip(x.placements, target))
@@ -219,10 +220,23 @@ def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
     local = _per_rank(x.redistribute(mesh, interim).to_local())
     for axis in to_partial:
         if target[axis].reduce_op == "sum":
-            if not (local.is_floating_point() or local.is_complex()):
-                raise NotImplementedError(f"cannot make a {local.dtype} tensor Partial(sum) by division")
-            local = local / mesh.size(axis)
+            if local.is_floating_point() or local.is_complex():
+                local = local / mesh.size(axis)
+            else:
+                local = _on_first_of_axis(local, mesh, axis)
     return DTensor.from_local(local, mesh, target, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def _on_first_of_axis(local: torch.Tensor, mesh: DeviceMesh, axis: int) -> torch.Tensor:
+    """``local`` where the device is first along ``axis``, zeros elsewhere: a Partial(sum)
+    of it for any dtype."""
+    def first(rank: int) -> bool:
+        return int((mesh.mesh == rank).nonzero()[0][axis]) == 0
+
+    ranks = getattr(local, "_local_tensors", None)  # LocalTensorMode: every rank in one process
+    if ranks is not None:
+        return type(local)({r: t if first(r) else torch.zeros_like(t) for r, t in ranks.items()})
+    return local if mesh.get_coordinate()[axis] == 0 else torch.zeros_like(local)
 
 
 def _per_rank(local: torch.Tensor) -> torch.Tensor:

@@ -335,3 +335,20 @@ def test_a_view_whose_shards_rewrite_sizes_runs_its_derived_function(fake_world,
     p = run_planned(Strided(), torch.randn(64, 16), cache, memory_budget=40_000)
     strided = next(n for n in p.captured.ir.op_list if n.op == "aten.as_strided.default")
     assert p.plan.strategy(strided.name).label != "R", p.explain()
+
+
+def test_an_integer_becomes_partial_by_its_first_device_not_by_division(fake_world):
+    """Replicate -> Partial(sum) divides a float by the axis size; an integer does not
+    divide, so the first device of the axis keeps it and the others hold zeros."""
+    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+
+    from metaspmd.backends.torch.parallelize import redistribute
+
+    x = torch.arange(-6, 6).reshape(3, 4)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        partial = redistribute(distribute_tensor(x, mesh, [Replicate()]), mesh, (Partial("sum"),))
+        ranks = partial.to_local()._local_tensors
+        summed = partial.full_tensor()._local_tensors
+    assert torch.equal(ranks[0], x) and all(not ranks[r].any() for r in range(1, WORLD))
+    assert all(torch.equal(summed[r], x) for r in range(WORLD))
