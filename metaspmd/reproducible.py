@@ -15,7 +15,8 @@ Three things a process fixes only when it starts, and that change the sweep's re
 - ``MKL_CBWR``: MKL picks its GEMM code path by CPU too; on AVX-512 ``a @ p + a @ -p`` was
   not exactly zero where ``p`` and ``-p`` had different memory layouts, and a Partial
   ``mat2`` of ``mm`` was refuted there only. Conditional numerical reproducibility at the
-  AVX2 level gives one answer on every machine that has it.
+  AVX2 level gives one answer on every machine that has it. (The jax backend caps XLA's
+  CPU code at AVX2 too, in a process that starts with these values.)
 
 Sweep and cross-check workers start with these values, and a process that did not start
 with them builds the sample index in one that does. A user's process (live exploration at

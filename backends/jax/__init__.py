@@ -6,14 +6,19 @@ so compile time dominates a sweep: ``fast_compile`` (on by default) asks XLA for
 cheaper CPU pipeline (about half the compile time, same IEEE arithmetic), and
 ``compile_cache=DIR`` turns on jax's persistent compilation cache so a second sweep
 reuses the executables of the first. Both only take effect before jax starts its CPU
-client, which is the case in a sweep worker.
+client, which is the case in a sweep worker. A process started with
+``metaspmd.reproducible.ENV`` (a sweep worker) also caps XLA's CPU code at
+AVX2, as torch's kernels are there: the registry must not depend on the machine's SIMD width.
 """
 
 from __future__ import annotations
 
 import os
 
+from metaspmd import reproducible
+
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+REPRODUCIBLE_FLAGS = ("--xla_cpu_max_isa=AVX2",)
 
 
 def enable_x64() -> None:
@@ -36,6 +41,8 @@ def _truthy(value) -> bool:
 def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None, fast_compile="1", **_ignored):
     if _truthy(fast_compile):
         _add_xla_flags(FAST_COMPILE_FLAGS)
+    if reproducible.in_effect():
+        _add_xla_flags(REPRODUCIBLE_FLAGS)
     import jax
 
     enable_x64()

@@ -62,3 +62,25 @@ def test_random_like_is_signed_and_seeded(ops):
     assert u.dtype == np.uint8 and len(np.unique(u)) > 50
     b = np.asarray(ops.random_like(jnp.zeros((50,), bool), seed=0))
     assert b.any() and not b.all()
+
+
+def test_a_worker_with_the_reproducible_environment_caps_xla_at_avx2():
+    """Sweep workers start with metaspmd.reproducible.ENV; there the backend caps XLA's CPU
+    code at AVX2 before jax starts, as torch's kernels are. A user's process keeps its own."""
+    import os
+    import subprocess
+    import sys
+
+    from metaspmd import reproducible
+
+    code = ("import os; from metaspmd.backends.jax import get_backend; get_backend(); import jax.numpy as jnp; "
+            "assert float(jnp.sinh(jnp.arange(4.0)).sum()) > 0; print(os.environ.get('XLA_FLAGS', ''))")
+
+    worker = subprocess.run([sys.executable, "-c", code], env=reproducible.child_env(), capture_output=True, text=True,
+                            check=True).stdout
+    assert "--xla_cpu_max_isa=AVX2" in worker
+    from metaspmd.backends.jax import get_backend
+
+    assert not reproducible.in_effect()  # this test process: a user's
+    get_backend()
+    assert "--xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", "")
