@@ -564,9 +564,9 @@ def _finish(call: Captured, func) -> Captured:
     for the branch taken and not for the other.
     """
     floats, masks = _low_entropy(call.args, call.kwargs), _uniform_masks(call.args, call.kwargs)
-    for attempt in ((floats, masks), (floats, False)) if masks else ((floats, False),):
-        varied = _varied(call, func, *attempt) if any(attempt) else None
-        if varied is not None:
+    # masks and floats anew, else (an op that refuses a mask drawn at random) floats only
+    for f, m in ((floats, True), (floats, False)) if masks else ((floats, False),):
+        if (f or m) and (varied := _varied(call, func, f, m)) is not None:
             return varied
     fresh = regenerate(call, BASE_SEED + 1)
     regen = fresh is not None and (_tensors_differ(fresh, (call.args, dict(call.kwargs))) or not _float_leaves(
