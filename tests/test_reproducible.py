@@ -37,3 +37,19 @@ def test_child_env_gives_one_set_order_where_salted_hashes_give_others():
     fixed = {order(reproducible.child_env()) for _ in range(3)}
     salted = {order({**os.environ, "PYTHONHASHSEED": str(seed)}) for seed in range(1, 9)}
     assert len(fixed) == 1 and len(salted) > 1
+
+
+def test_torch_in_a_child_runs_its_avx2_kernels_whatever_the_cpu():
+    """The registry is the same on AVX-512 and AVX2 machines only if workers run the AVX2
+    kernels there (the AVX-512 ones refuted gathers of sinh of integers)."""
+    import platform
+
+    import pytest
+
+    pytest.importorskip("torch")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("ATEN_CPU_CAPABILITY=avx2 names an x86 kernel set")
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    out = subprocess.run([sys.executable, "-c", code], env=reproducible.child_env(), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "AVX2"
