@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import subprocess
 import sys
+
+import pytest
 
 from metaspmd import reproducible
 
@@ -42,10 +45,6 @@ def test_child_env_gives_one_set_order_where_salted_hashes_give_others():
 def test_torch_in_a_child_runs_its_avx2_kernels_whatever_the_cpu():
     """The registry is the same on AVX-512 and AVX2 machines only if workers run the AVX2
     kernels there (the AVX-512 ones refuted gathers of sinh of integers)."""
-    import platform
-
-    import pytest
-
     pytest.importorskip("torch")
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("ATEN_CPU_CAPABILITY=avx2 names an x86 kernel set")

@@ -1,5 +1,9 @@
 """JaxOps: the tensor protocol on jax arrays."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -67,11 +71,8 @@ def test_random_like_is_signed_and_seeded(ops):
 def test_a_worker_with_the_reproducible_environment_caps_xla_at_avx2():
     """Sweep workers start with metaspmd.reproducible.ENV; there the backend caps XLA's CPU
     code at AVX2 before jax starts, as torch's kernels are. A user's process keeps its own."""
-    import os
-    import subprocess
-    import sys
-
     from metaspmd import reproducible
+    from metaspmd.backends.jax import get_backend
 
     code = ("import os; from metaspmd.backends.jax import get_backend; get_backend(); import jax.numpy as jnp; "
             "assert float(jnp.sinh(jnp.arange(4.0)).sum()) > 0; print(os.environ.get('XLA_FLAGS', ''))")
@@ -79,8 +80,6 @@ def test_a_worker_with_the_reproducible_environment_caps_xla_at_avx2():
     worker = subprocess.run([sys.executable, "-c", code], env=reproducible.child_env(), capture_output=True, text=True,
                             check=True).stdout
     assert "--xla_cpu_max_isa=AVX2" in worker
-    from metaspmd.backends.jax import get_backend
-
     assert not reproducible.in_effect()  # this test process: a user's
     get_backend()
     assert "--xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", "")
