@@ -42,7 +42,7 @@ from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_r
 from .signature import arg_items, pinned_dims, signature
 from .spec import (
     N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput,
-    PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, strategies, tables_from_strategies,
+    PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, joint, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -108,6 +108,23 @@ class _Trial:
     index: int = 0  # 0: the example; k: the k-th fresh trial (seeds its Partial summands)
     special: bool = False  # special-value inputs (all zero, NaN, ...): equal shards allowed
     nonfinite: bool = False  # every output one NaN/inf value throughout (out-of-domain data): proves nothing
+    # blind data only: per output, the one value it holds throughout (eq of unequal random data: all False)
+    one_value: tuple | None = None
+
+
+def _one_values(ops: TensorOps, outputs: Sequence[Any]) -> tuple | None:
+    """Per output, the one value it holds throughout; None when there are no outputs, or one
+    is empty, holds several values (or NaN), or cannot be read as numpy (sparse)."""
+    values = []
+    for x in outputs:
+        try:
+            a = ops.to_numpy(x)
+        except Exception:
+            return None
+        if a.size == 0 or not (a == a.flat[0]).all():
+            return None
+        values.append(a.flat[0].item())
+    return tuple(values) or None
 
 
 def _error_text(e: BaseException) -> str:
@@ -148,11 +165,12 @@ class _Explorer:
             return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
-    def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False) -> _Trial:
+    def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False) -> _Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
         trial = _Trial(args, kwargs, leaves, [], [], index, special)
         trial.outputs, trial.others = self._call(leaves, trial)
         trial.nonfinite = bool(trial.outputs) and all(self.ops.one_nonfinite_value(o) for o in trial.outputs)
+        trial.one_value = _one_values(self.ops, trial.outputs) if blind else None
         return trial
 
     def _fresh_trial(self, k: int) -> _Trial:
@@ -163,7 +181,7 @@ class _Explorer:
         first = self.trials[0]
         if all(self.ops.close(x, y) for x, y in zip(trial.leaves, first.leaves)):
             try:
-                return self._trial(*self._fresh_inputs(k, blind=True), index=k)
+                return self._trial(*self._fresh_inputs(k, blind=True), index=k, blind=True)
             except Exception:
                 pass  # the op rejects unconstrained inputs: its generator's data stands
         return trial
@@ -355,6 +373,10 @@ class _Explorer:
             return locs
         if trial.nonfinite and not trial.special:
             return UNINFORMATIVE  # one NaN/inf value throughout (out-of-domain blind data): every reduce holds
+        if trial.one_value is not None and all(_one_values(self.ops, loc) == trial.one_value for loc in locs):
+            # blind data that leaves every output, global and on every shard, one value
+            # throughout (eq of unequal random data: all False) holds for any cut: it proves nothing
+            return UNINFORMATIVE
         even = self._is_even(group, split)
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
@@ -738,7 +760,7 @@ class _Explorer:
             if tables is None:
                 tables = _no_strategy(ranks)
             return RuleEntry(sig, status, tables.shard, tables.partial, tables.combine, example, verified, reason,
-                             tuple(case.notes) + tuple(notes), results, independent, tables.offset)
+                             tuple(case.notes) + tuple(notes), results, independent, tables.offset, tables.more)
 
         try:
             first = self._trial(tuple(case.args), dict(case.kwargs))
@@ -806,9 +828,9 @@ class _Explorer:
             return entry("replicate-only", "no strategy holds")
         tables = tables_from_strategies(ranks, found)
         verification = Verification(len(self.trials) - 1 + len(self._reserve), tuple(sorted(counts)), uneven)
-        kept = {s.inputs for s in strategies(tables.shard, tables.partial, tables.combine, tables.offset)}
+        kept = {placements for placements, _ in found}
         notes_extra += list(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
-        return entry(status, "", tables, verification, tables.notes + tuple(notes_extra), independent)
+        return entry(status, "", tables, verification, tuple(notes_extra), independent)
 
     def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
         """Explore and verify every group, within each of ``parts`` (inputs of independent
@@ -954,7 +976,8 @@ class _Explorer:
         if any(isinstance(p, ShardIn) and p.follows for placements, _ in found for p in placements):
             return None  # a joint cuts each label by its own length: no plain dim to follow
         tables = tables_from_strategies(ranks, found)
-        entry = RuleEntry("", "ok", tables.shard, tables.partial, tables.combine, Example(()), offset=tables.offset)
+        entry = RuleEntry("", "ok", tables.shard, tables.partial, tables.combine, Example(()), offset=tables.offset,
+                          more=tables.more)
         part_of = {}
         for s in entry.strategies():
             touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
@@ -979,10 +1002,14 @@ class _Explorer:
             lost = {c for o, kept in zip(s.outputs, verified[0]) for c in o.options if c not in kept.options}
             if lost - {Reduce("avg")}:
                 return None
-        offered = {s.inputs: s.outputs for s in entry.all_strategies()}
+        singles = {s.inputs: s for s in entry.strategies()}
         for placements, outs in whole:
-            mine = offered.get(placements)
-            if mine is None or any(o.first not in m.options for o, m in zip(outs, mine)):
+            # each part's share of the placements must be one of its labels (checked part by
+            # part: the joints offered are capped at JOINT_LIMIT, the whole search is not)
+            shares = [tuple(p if i in part else Replicate() for i, p in enumerate(placements)) for part in parts[0]]
+            chosen = [singles.get(share) for share in shares if any(not isinstance(p, Replicate) for p in share)]
+            mine = None if not chosen or None in chosen else chosen[0] if len(chosen) == 1 else joint(chosen)
+            if mine is None or any(o.first not in m.options for o, m in zip(outs, mine.outputs)):
                 return None
         return independent
 
@@ -1043,7 +1070,7 @@ class _Explorer:
             return trials
         for k in range(len(TRIAL_SPLITS) + 1, len(TRIAL_SPLITS) + 1 + BLIND_TRIALS):
             try:
-                trials.append(self._trial(*self._fresh_inputs(k, blind=True), index=k))
+                trials.append(self._trial(*self._fresh_inputs(k, blind=True), index=k, blind=True))
             except Exception:
                 break
         return trials

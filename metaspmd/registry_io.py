@@ -20,8 +20,8 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    ArgReduce, CombineSpec, DimLabel, IndependentSpec, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialSpec,
-    ShardSpec, SpecError, check_label, label_number,
+    ArgReduce, CombineSpec, DimLabel, IndependentSpec, Layer, OffsetIn, OffsetSpec, OutputCombine, PartialIn,
+    PartialSpec, ShardSpec, SpecError, check_label, label_number,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -67,19 +67,26 @@ def _example_value(v: Any) -> Any:
     return v
 
 
+def _layer_data(layer: Layer) -> dict:
+    data: dict[str, Any] = {"shard": _flow_nested(layer.shard.inputs)}
+    if not layer.partial.is_empty():
+        data["partial"] = _flow_nested(layer.partial.inputs)
+    if layer.offset is not None:
+        data["offset"] = _flow_nested(layer.offset.inputs)
+    combine = _FlowMap()
+    for label, outs in layer.combine.by_label:
+        combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
+    data["combine"] = combine
+    return data
+
+
 def _entry_data(e: RuleEntry) -> dict:
     data: dict[str, Any] = {"signature": e.signature, "status": e.status}
     if e.reason:
         data["reason"] = e.reason
-    data["shard"] = _flow_nested(e.shard.inputs)
-    if not e.partial.is_empty():
-        data["partial"] = _flow_nested(e.partial.inputs)
-    if e.offset is not None:
-        data["offset"] = _flow_nested(e.offset.inputs)
-    combine = _FlowMap()
-    for label, outs in e.combine.by_label:
-        combine[label] = str(outs[0]) if len(outs) == 1 else _Flow(str(o) for o in outs)
-    data["combine"] = combine
+    data.update(_layer_data(e.layers()[0]))
+    if e.more:
+        data["more"] = [_layer_data(layer) for layer in e.more]
     if e.independent is not None:
         data["independent"] = _flow_nested(e.independent.parts)
     data["example"] = {name: _example_value(v) for name, v in e.example.args}
@@ -216,16 +223,51 @@ class _Reader:
     def entry(self, node: yaml.Node) -> RuleEntry:
         f = self.mapping(
             node, ("signature", "status", "shard", "combine", "example"),
-            ("reason", "partial", "offset", "independent", "results", "verified", "notes"), "entry",
+            ("reason", "partial", "offset", "more", "independent", "results", "verified", "notes"), "entry",
         )
         signature = self.string(f["signature"], "signature")
         status = self.string(f["status"], "entry status")
         if status not in ENTRY_STATUSES:
             self.fail(f["status"], f"unknown entry status {status!r} (expected one of {', '.join(ENTRY_STATUSES)})")
+        layers = [self.layer(f)]
+        for n in self.sequence(f["more"], "more") if "more" in f else ():
+            layers.append(self.layer(self.mapping(n, ("shard", "combine"), ("partial", "offset"), "layer of more"), layers))
+        first, more = layers[0], tuple(layers[1:])
+        shard, combine = first.shard, first.combine
+        used = set().union(*(layer.labels() for layer in layers))
+        independent = self.independent(f["independent"], used) if "independent" in f else None
+        example = self.example(f["example"])
+        n_tensors = sum(_count_tensors(v) for _, v in example.args)
+        if n_tensors != len(shard.inputs):
+            self.fail(f["shard"], f"shard lists {len(shard.inputs)} inputs but the example has {n_tensors} tensor inputs")
+        ranks = [len(t.shape) for _, v in example.args for t in _tensors(v)]
+        for i, (row, rank) in enumerate(zip(shard.inputs, ranks)):
+            if len(row) != rank:
+                self.fail(f["shard"], f"input {i} has rank {rank} in the example but {len(row)} shard labels")
+        verified = self.verified(f["verified"]) if "verified" in f else None
+        notes = tuple(self.string(n, "note") for n in self.sequence(f["notes"], "notes")) if "notes" in f else ()
+        reason = self.string(f["reason"], "reason") if "reason" in f else ""
+        results = ()
+        if "results" in f:
+            results = tuple(self.example_value(n) for n in self.sequence(f["results"], "results"))
+            if not all(isinstance(r, TensorArg) for r in results):
+                self.fail(f["results"], "results must be tensors ({shape, dtype})")
+        n_out = {len(outs) for _, outs in combine.by_label}
+        if results and n_out and n_out != {len(results)}:
+            self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
+        return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
+                         independent, first.offset, more)
+
+    def layer(self, f: dict[str, yaml.Node], before: list[Layer] = ()) -> Layer:
+        """One layer of tables (``shard``, ``partial``, ``offset``, ``combine``); a further one
+        (after the layers ``before``) matches the first's inputs and ranks and adds labels of its own."""
+        first = before[0] if before else None
         shard = ShardSpec(tuple(
             tuple(self.parsed(d, DimLabel.parse, "shard label") for d in self.sequence(row, "shard row"))
             for row in self.sequence(f["shard"], "shard")
         ))
+        if first is not None and [len(r) for r in shard.inputs] != [len(r) for r in first.shard.inputs]:
+            self.fail(f["shard"], "a layer of more must list the inputs and ranks of the entry's shard")
         partial = PartialSpec(tuple(() for _ in shard.inputs))
         if "partial" in f:
             partial = PartialSpec(self.per_input(f["partial"], "partial", PartialIn.parse, len(shard.inputs)))
@@ -247,28 +289,13 @@ class _Reader:
             self.fail(f["shard"], f"label {label} has no combine")
         for label in sorted(set(combine.as_dict()) - used, key=label_number):
             self.fail(f["combine"], f"unknown label {label}: no input is sharded or partial under it")
-        independent = self.independent(f["independent"], used) if "independent" in f else None
-        example = self.example(f["example"])
-        n_tensors = sum(_count_tensors(v) for _, v in example.args)
-        if n_tensors != len(shard.inputs):
-            self.fail(f["shard"], f"shard lists {len(shard.inputs)} inputs but the example has {n_tensors} tensor inputs")
-        ranks = [len(t.shape) for _, v in example.args for t in _tensors(v)]
-        for i, (row, rank) in enumerate(zip(shard.inputs, ranks)):
-            if len(row) != rank:
-                self.fail(f["shard"], f"input {i} has rank {rank} in the example but {len(row)} shard labels")
-        verified = self.verified(f["verified"]) if "verified" in f else None
-        notes = tuple(self.string(n, "note") for n in self.sequence(f["notes"], "notes")) if "notes" in f else ()
-        reason = self.string(f["reason"], "reason") if "reason" in f else ""
-        results = ()
-        if "results" in f:
-            results = tuple(self.example_value(n) for n in self.sequence(f["results"], "results"))
-            if not all(isinstance(r, TensorArg) for r in results):
-                self.fail(f["results"], "results must be tensors ({shape, dtype})")
-        n_out = {len(outs) for _, outs in combine.by_label}
-        if results and n_out and n_out != {len(results)}:
-            self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
-        return RuleEntry(signature, status, shard, partial, combine, example, verified, reason, notes, results, independent,
-                         offset)
+        if first is not None:
+            for label in sorted(used & set().union(*(b.labels() for b in before)), key=label_number):
+                self.fail(f["combine"], f"label {label} is already used by an earlier layer")
+            n_out = {len(outs) for _, outs in first.combine.by_label + combine.by_label}
+            if len(n_out) > 1:
+                self.fail(f["combine"], "a layer of more gives a different number of outputs than the entry's combine")
+        return Layer(shard, partial, combine, offset)
 
     def per_input(self, node: yaml.Node, what: str, parse, n_inputs: int) -> tuple[tuple, ...]:
         """A table of labelled items per tensor input (``partial``, ``offset``)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
 from .spec import (
-    CombineSpec, IndependentSpec, OffsetSpec, PartialSpec, ShardSpec, Strategy, joint_strategies, strategies,
+    CombineSpec, IndependentSpec, Layer, OffsetSpec, PartialSpec, ShardSpec, Strategy, joint_strategies, strategies,
 )
 
 SCHEMA_VERSION = 1
@@ -63,10 +63,21 @@ class RuleEntry:
     results: tuple[TensorArg, ...] = ()  # the example's tensor outputs, in flattening order
     independent: IndependentSpec | None = None  # parts whose labels may share a mesh axis
     offset: OffsetSpec | None = None  # index inputs offset per shard (gather/scatter positions)
+    # further tables, for strategies that cut a dim the tables before already label
+    more: tuple[Layer, ...] = ()
 
     def strategies(self) -> Iterator[Strategy]:
-        """One strategy per label."""
-        return strategies(self.shard, self.partial, self.combine, self.offset)
+        """One strategy per label, in label order."""
+        yield from strategies(self.shard, self.partial, self.combine, self.offset)
+        for layer in self.more:
+            yield from layer.strategies()
+
+    def labels(self) -> set[str]:
+        """Every label of the entry, in every layer."""
+        return {label for layer in self.layers() for label in layer.labels()}
+
+    def layers(self) -> tuple[Layer, ...]:
+        return (Layer(self.shard, self.partial, self.combine, self.offset),) + self.more
 
     def joint_strategies(self, limit: int = JOINT_LIMIT) -> list[Strategy]:
         """Labels of independent parts sharing one mesh axis (``S1+S3``)."""

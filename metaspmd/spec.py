@@ -757,14 +757,35 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Tables:
-    """One entry's strategies in paper notation, and what could not be written there."""
+class Layer:
+    """Strategies in per-dim tables, at most one label per dim: an entry's first tables, or
+    one of its further layers (``RuleEntry.more``) for strategies that cut a dim the tables
+    before already label."""
 
     shard: ShardSpec
     partial: PartialSpec
     combine: CombineSpec
     offset: OffsetSpec | None = None  # None when no strategy offsets an input
-    notes: tuple[str, ...] = ()
+
+    def strategies(self) -> Iterator[Strategy]:
+        return strategies(self.shard, self.partial, self.combine, self.offset)
+
+    def labels(self) -> set[str]:
+        return {label for label, _ in self.combine.by_label}
+
+
+@dataclass(frozen=True)
+class Tables(Layer):
+    """One entry's strategies in paper notation: the first layer, and further layers for
+    strategies that cut a dim the first already labels."""
+
+    more: tuple[Layer, ...] = ()
+
+    def strategies(self) -> Iterator[Strategy]:
+        """One strategy per label, every layer's."""
+        yield from Layer.strategies(self)
+        for layer in self.more:
+            yield from layer.strategies()
 
 
 def tables_from_strategies(
@@ -772,15 +793,10 @@ def tables_from_strategies(
 ) -> Tables:
     """Pack found strategies into paper-notation tables, labels S1, S2, ... in order.
 
-    A strategy whose sharded dim already carries another label cannot be written in the
-    per-dim table; it is dropped and named in the notes.
+    Strategies take the first layer where none of their cut dims is labelled yet, so a dim
+    cut by several strategies (``_foreach`` ops: every tensor of a list, or one alone) keeps
+    them all; labels run through the first layer, then each further one, in reading order.
     """
-    dims: list[list[DimLabel]] = [[N] * r for r in ranks]
-    partial: list[list[PartialIn]] = [[] for _ in ranks]
-    offset: list[list[OffsetIn]] = [[] for _ in ranks]
-    combine: dict[str, tuple[OutputCombine, ...]] = {}
-    notes: list[str] = []
-
     def reading_order(item) -> tuple:
         # Label in the order a reader scans the table: input by input, dim by dim; Partial-only last.
         placements = item[0]
@@ -790,12 +806,33 @@ def tables_from_strategies(
                      for i, p in enumerate(placements) if isinstance(p, IndexOffset)]
         return (0, first[0], partial_at, offset_at) if first else (1, (0, 0), partial_at, offset_at)
 
+    taken: list[set[tuple[int, int]]] = []  # per layer: the (input, dim) pairs it labels
+    by_layer: list[list] = []
     for placements, outs in sorted(found, key=reading_order):
-        clash = any(isinstance(p, ShardIn) and dims[i][p.dim].label for i, p in enumerate(placements))
-        if clash:
-            notes.append("dropped (dim already labelled): " + ", ".join(str(p) for p in placements))
-            continue
-        label = f"S{len(combine) + 1}"
+        cuts = {(i, p.dim) for i, p in enumerate(placements) if isinstance(p, ShardIn)}
+        k = next((k for k, t in enumerate(taken) if not t & cuts), len(taken))
+        if k == len(taken):
+            taken.append(set())
+            by_layer.append([])
+        taken[k] |= cuts
+        by_layer[k].append((placements, outs))
+    layers: list[Layer] = []
+    n = 0
+    for items in by_layer or [[]]:
+        layers.append(_layer(ranks, items, n))
+        n += len(items)
+    first = layers[0]
+    return Tables(first.shard, first.partial, first.combine, first.offset, more=tuple(layers[1:]))
+
+
+def _layer(ranks: tuple[int, ...], items: list, n: int) -> Layer:
+    """One layer of strategies none of which cut a dim another cuts, labels S<n+1>, S<n+2>, ..."""
+    dims: list[list[DimLabel]] = [[N] * r for r in ranks]
+    partial: list[list[PartialIn]] = [[] for _ in ranks]
+    offset: list[list[OffsetIn]] = [[] for _ in ranks]
+    combine: dict[str, tuple[OutputCombine, ...]] = {}
+    for j, (placements, outs) in enumerate(items):
+        label = f"S{n + j + 1}"
         for i, p in enumerate(placements):
             if isinstance(p, ShardIn):
                 dims[i][p.dim] = DimLabel(label, p.halo, p.scale, p.extend, p.local)
@@ -804,19 +841,18 @@ def tables_from_strategies(
             elif isinstance(p, IndexOffset):
                 offset[i].append(OffsetIn(label, p.component, p.drop))
         combine[label] = outs
-    return Tables(
+    return Layer(
         ShardSpec(tuple(tuple(d) for d in dims)),
         PartialSpec(tuple(tuple(p) for p in partial)),
         CombineSpec.of(combine),
         OffsetSpec(tuple(tuple(o) for o in offset)) if any(offset) else None,
-        tuple(notes),
     )
 
 
 __all__ = [
     "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
     "N", "OffsetIn", "OffsetSpec", "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce",
-    "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "drops", "joint",
+    "Layer", "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "drops", "joint",
     "joint_strategies",
     "parse_combine", "strategies", "tables_from_strategies",
 ]

@@ -284,14 +284,8 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
     if entry.status == "derived":
         return "the derived view rule does not list it"
 
-    def found(key: Key) -> bool:  # kept, or found and dropped from the table
-        dropped = "dropped (dim already labelled): " + ", ".join(key)
-        return any(r.inputs == key for r in mine) or dropped in entry.notes
-
-    if found(inputs):
-        return "dropped: the per-dim table holds one label per dim"
     if any(PARTIAL_RE.match(k) for k in inputs) and any(SHARD_RE.match(k) for k in inputs):
-        if found(tuple("R" if PARTIAL_RE.match(k) else k for k in inputs)):
+        if any(r.inputs == tuple("R" if PARTIAL_RE.match(k) else k for k in inputs) for r in mine):
             return "the explorer adds Partial inputs to a shard group only when the group fails alone"
     return ""
 

@@ -417,8 +417,8 @@ def dtensor_answer(query: DTensorQuery, config: QueryConfig) -> DTensorAnswer:
     options = [query.options(i, config.partials) for i in range(len(query.metas))]
     listed = None if config.exhaustive else single_dim_candidates(query, options)
     # Tensor lists (foreach ops) are placed element by element: their tuples multiply with
-    # the list length, and a per-dim table holds only rules that treat elements alike.
-    # Those, and ours, are asked directly (DTensorQuery.accepts_inputs).
+    # the list length, so only those with few non-replicated tensors are enumerated; ours,
+    # however many tensors they place, are asked directly (DTensorQuery.accepts_inputs).
     max_sharded = LIST_MAX_SHARDED if query.has_tensor_lists else None
     combos = iter(listed) if listed is not None else _combos(options, max_sharded)
     deadline = time.monotonic() + config.max_seconds
