@@ -89,6 +89,12 @@ OBJECT_QUERY_REASON = ("a query of the tensor object (layout, storage, autograd 
 SHAPE_COMPARISONS = frozenset({"is_same_size"})
 SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples hold equal: a rule verified there "
                            "would not cover unequal shapes of the same signature")
+# Ops whose answer is a matrix rank: random matrices have full rank, on every shard as on
+# the whole, so the samples pass combines that rank deficiency breaks (a sum of the ranks
+# of row blocks, the rank of a Partial summand). No sample shows it, so no rule is kept.
+RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
+RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as on the whole: they cannot refute "
+                     "a combine that rank deficiency breaks (the ranks of row blocks do not add up)")
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'
@@ -365,12 +371,14 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
     """Why no sharding rule can describe the op (a query of the tensor object, a comparison
-    of shapes its samples hold equal), or None."""
+    of shapes its samples hold equal, a matrix rank), or None."""
     base = aten_base(func)
     if base in OBJECT_QUERIES:
         return OBJECT_QUERY_REASON
     if base in SHAPE_COMPARISONS:
         return SHAPE_COMPARISON_REASON
+    if base in RANK_QUERIES:
+        return RANK_QUERY_REASON
     return None
 
 
