@@ -41,8 +41,8 @@ from .combine import (
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, pinned_dims, signature
 from .spec import (
-    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, InputPlacement, OutputCombine, PartialInput,
-    PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, joint, tables_from_strategies,
+    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, IndexOffset, InputPlacement, OutputCombine,
+    PartialInput, PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, joint, tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -125,6 +125,15 @@ def _one_values(ops: TensorOps, outputs: Sequence[Any]) -> tuple | None:
             return None
         values.append(a.flat[0].item())
     return tuple(values) or None
+
+
+def _bitwise_equal(ops: TensorOps, a: Any, b: Any) -> bool:
+    """The same shape and values, NaN where the other has NaN; False where numpy cannot read them."""
+    try:
+        x, y = ops.to_numpy(a), ops.to_numpy(b)
+    except Exception:
+        return False
+    return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"))
 
 
 def _error_text(e: BaseException) -> str:
@@ -826,6 +835,8 @@ class _Explorer:
                 independent = spec
         if not found:
             return entry("replicate-only", "no strategy holds")
+        if independent is None and self.config.partial and case.candidates is None:
+            found = found + self._beside_unread(found)  # independent parts give these as joints
         tables = tables_from_strategies(ranks, found)
         verification = Verification(len(self.trials) - 1 + len(self._reserve), tuple(sorted(counts)), uneven)
         kept = {placements for placements, _ in found}
@@ -965,6 +976,71 @@ class _Explorer:
         if len(parts) < 2:
             return None
         return [p[0] for p in parts], [p[1] for p in parts]
+
+    def _unread_inputs(self) -> list[int]:
+        """Summable inputs whose values no output reads (``nll_loss_backward``'s
+        ``total_weight`` at reduction none, ``diff``'s ``append`` at n=0): taking another
+        trial's data for the input alone leaves every output bit for bit the same, on the
+        example, on every special-value trial (``heaviside`` reads its ``values`` only where
+        ``self`` is zero, which random data never is) and, where the op takes them, on the
+        trials with unpinned dims lengthened (``fractional_max_pool2d``'s random samples
+        place no window at the example's sizes, and do at others). None without special values."""
+        first = self.trials[0]
+        if (self.case.random or self.case.special is None or len(self.trials) < 3 or not first.outputs
+                or len(first.leaves) < 2):
+            return []
+        summable = sorted({i for ps in self._partial_sets_in(set()) for i in ps})
+        pool = self.trials[1:]
+        candidates = [i for i in summable if not self._reads(i, first, pool)]  # one call each, most inputs stop here
+        special = self._special_trials() if candidates else None
+        if not special:
+            return []
+        candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
+        dims = self._resizable_dims() if candidates else []
+        resized = (self._resized_trials(dims) or []) if dims else []
+        return [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
+
+    def _reads(self, i: int, base: _Trial, pool: Sequence[_Trial]) -> bool:
+        """Does some output of ``base`` change, by a bit, when input ``i`` takes the data of
+        a trial in ``pool`` (or is it the same in all of them, which shows nothing)?"""
+        others = [t for t in pool if not self.ops.close(t.leaves[i], base.leaves[i])]
+        if not others:
+            return True
+        for trial in others:
+            leaves = list(base.leaves)
+            leaves[i] = trial.leaves[i]
+            try:
+                outs, rest = self._call(leaves, base)
+            except Exception:
+                return True
+            if len(outs) != len(base.outputs) or rest != base.others or not all(
+                    _bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
+                return True
+        return False
+
+    def _beside_unread(self, found: list) -> list:
+        """Found strategies again with unread inputs they replicate made Partial(sum), each
+        verified like any other: a Partial input keeps its global shape, and its values are
+        not read (DTensor lists these, ``(S(0), S(0), S(0), P(sum)) -> S(0)`` for
+        ``nll_loss_backward``)."""
+        unread = self._unread_inputs()
+        have = {placements for placements, _ in found}
+        out = []
+        for placements, outs in found:
+            if any(isinstance(p, IndexOffset) or (isinstance(p, PartialInput) and p.op != "sum") for p in placements):
+                continue
+            spare = [i for i in unread if isinstance(placements[i], Replicate)]
+            subsets = ([c for r in range(1, len(spare) + 1) for c in itertools.combinations(spare, r)]
+                       if len(spare) <= self.config.max_partial_inputs else [(i,) for i in spare] + [tuple(spare)])
+            for subset in subsets:
+                new = tuple(PartialInput() if i in subset else p for i, p in enumerate(placements))
+                if new in have:
+                    continue
+                verified = self._verify(_group_of(new), [list(o.options) for o in outs])
+                if verified is not None and all(o.first in v.options for o, v in zip(outs, verified[0])):
+                    out.append((new, verified[0]))
+                    have.add(new)
+        return out
 
     def _independent_spec(self, ranks: tuple[int, ...], found: list, whole: list,
                           parts: tuple[list[set[int]], list[set[int]]]) -> IndependentSpec | None:

@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -258,7 +258,7 @@ class _Reader:
         return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
                          independent, first.offset, more)
 
-    def layer(self, f: dict[str, yaml.Node], before: list[Layer] = ()) -> Layer:
+    def layer(self, f: dict[str, yaml.Node], before: Sequence[Layer] = ()) -> Layer:
         """One layer of tables (``shard``, ``partial``, ``offset``, ``combine``); a further one
         (after the layers ``before``) matches the first's inputs and ranks and adds labels of its own."""
         first = before[0] if before else None

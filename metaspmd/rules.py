@@ -72,11 +72,8 @@ class RuleEntry:
         for layer in self.more:
             yield from layer.strategies()
 
-    def labels(self) -> set[str]:
-        """Every label of the entry, in every layer."""
-        return {label for layer in self.layers() for label in layer.labels()}
-
     def layers(self) -> tuple[Layer, ...]:
+        """The first tables and the further ones."""
         return (Layer(self.shard, self.partial, self.combine, self.offset),) + self.more
 
     def joint_strategies(self, limit: int = JOINT_LIMIT) -> list[Strategy]:

@@ -480,6 +480,16 @@ def test_blind_data_that_leaves_every_output_one_value_proves_nothing():
     assert [str(s) for s in e.strategies()] == ["S1: (S(1), R) -> (gather(dim=1))"]  # dim 1 varies on the generator's data
 
 
+def test_an_input_read_only_where_another_is_zero_is_read():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    # heaviside reads values only where self is 0, which random data never is: the special
+    # values (all zero) show it, so values never turns Partial beside a cut of self
+    e = explore(aten.heaviside.default, [randn(4, 3), randn(3)], ("self", "values"), special=with_special_values)
+    assert e.status == "ok"
+    assert not any(s.inputs[0] != Replicate() and s.inputs[1] == PartialInput() for s in e.strategies())
+
+
 def test_two_bools_draw_more_trials_until_two_differ():
     # a pair of random bools is equal on most draws: the verification saw one trial with
     # distinct halves and refused mul's row cut until reserve trials found a second

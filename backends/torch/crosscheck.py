@@ -286,7 +286,8 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
 
     if any(PARTIAL_RE.match(k) for k in inputs) and any(SHARD_RE.match(k) for k in inputs):
         if any(r.inputs == tuple("R" if PARTIAL_RE.match(k) else k for k in inputs) for r in mine):
-            return "the explorer adds Partial inputs to a shard group only when the group fails alone"
+            return ("the explorer adds Partial inputs to a shard group only when the group fails alone, "
+                    "or where no output reads their values")
     return ""
 
 

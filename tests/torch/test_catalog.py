@@ -14,7 +14,7 @@ from metaspmd.backends.torch import catalog, samples, views  # noqa: E402
 from metaspmd.case import NoSample, OpCase, Skip  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.signature import signature  # noqa: E402
-from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn  # noqa: E402
+from metaspmd.spec import Gather, OutputCombine, PartialInput, Replicate, ShardIn  # noqa: E402
 
 # A handful of OpInfos captured in memory: seconds, not the full index.
 OPINFOS = ("mm", "add", "sum", "gather", "index_select", "permute", "transpose", "reshape", "view", "split", "view_as")
@@ -165,6 +165,19 @@ def test_mm_and_add_cases_have_sensible_signatures(backend):
     add = backend.cases("aten.add.Tensor")
     assert any(s.startswith("self:f[") and "other:f[" in s for s in (signature(ops, c.arg_names, c.args, c.kwargs) for c in add))
     assert {ops.dtype_kind(c.args[0]) for c in add} >= {"f", "i"}  # int64 samples add signatures
+
+
+def test_an_unread_input_may_be_partial_beside_any_cut():
+    # at reduction none nll_loss_backward never reads total_weight: beside the batch cut it
+    # may be Partial, as DTensor's rule has it
+    backend = get_backend(opinfos=("nn.functional.nll_loss",))
+    ops = backend.tensor_ops()
+    case = next(c for c in backend.cases("aten.nll_loss_backward.default")
+                if signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes).startswith(
+                    "grad_output:f[*] self:f[*,*] target:i[*] weight=None reduction=0"))
+    e = explore_case(case, ops)
+    rules = {s.inputs: [o.first for o in s.outputs] for s in e.strategies()}
+    assert rules[(ShardIn(0), ShardIn(0), ShardIn(0), PartialInput())] == [Gather(0)]
 
 
 def test_fresh_keeps_signature_and_index_validity(backend):
