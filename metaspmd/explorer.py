@@ -945,13 +945,8 @@ class _Explorer:
                 continue
             changed = set()
             for trial in self.trials[1:]:  # special values too: clamp_min(x, 2) of small x is constant
-                leaves = list(first.leaves)
-                leaves[i] = trial.leaves[i]
-                try:
-                    outs, others = self._call(leaves, first)
-                except Exception:
-                    return None
-                if len(outs) != n_out or others != first.others:
+                outs = self._replaced(first, i, trial.leaves[i])
+                if outs is None:
                     return None
                 changed |= {j for j in range(n_out) if not self.ops.close(outs[j], first.outputs[j])}
             if not changed:
@@ -1007,16 +1002,21 @@ class _Explorer:
         if not others:
             return True
         for trial in others:
-            leaves = list(base.leaves)
-            leaves[i] = trial.leaves[i]
-            try:
-                outs, rest = self._call(leaves, base)
-            except Exception:
-                return True
-            if len(outs) != len(base.outputs) or rest != base.others or not all(
-                    _bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
+            outs = self._replaced(base, i, trial.leaves[i])
+            if outs is None or not all(_bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
                 return True
         return False
+
+    def _replaced(self, base: _Trial, i: int, x: Any) -> list[Any] | None:
+        """``base``'s tensor outputs with input ``i`` replaced by ``x``; None where the call
+        fails or its outputs change in number or in their non-tensor values."""
+        leaves = list(base.leaves)
+        leaves[i] = x
+        try:
+            outs, others = self._call(leaves, base)
+        except Exception:
+            return None
+        return outs if len(outs) == len(base.outputs) and others == base.others else None
 
     def _beside_unread(self, found: list) -> list:
         """Found strategies again with unread inputs they replicate made Partial(sum), each
