@@ -56,6 +56,41 @@ def test_torch_table_is_deterministic_and_loadable(tmp_path):
         ("S(0)", "R", "->", "S(0)"), ("S(1)", "S(0)", "->", "P(sum)"), ("R", "S(1)", "->", "S(1)")]
 
 
+FOREACH = """\
+schema: 1
+op: aten._foreach_add.Tensor
+backend: torch
+status: ok
+entries:
+- signature: self:[f[*],f[*]] other:f[]
+  status: ok
+  shard: [[S1], [S1], []]
+  combine: {S1: [gather(dim=0), gather(dim=0)]}
+  more:
+  - shard: [[S2], [N], []]
+    combine: {S2: [gather(dim=0), identity]}
+  example:
+    self:
+    - {shape: [4], dtype: float64}
+    - {shape: [4], dtype: float64}
+    other: {shape: [], dtype: float64}
+  results:
+  - {shape: [4], dtype: float64}
+  - {shape: [4], dtype: float64}
+"""
+
+
+def test_torch_table_reads_further_layers(tmp_path):
+    # the list's first tensor cut alone cuts a dim S1 labels: a further layer holds it
+    path = tmp_path / "torch" / "aten._foreach_add.Tensor.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(FOREACH)
+    pytest.importorskip("torch")
+    rules = load_module(generate(tmp_path, "torch"))["RULES"]["aten._foreach_add.Tensor"]["self:[f[*],f[*]] other:f[]"]
+    assert [tuple(map(str, ins)) + ("->",) + tuple(map(str, outs)) for ins, outs in rules] == [
+        ("S(0)", "S(0)", "R", "->", "S(0)", "S(0)"), ("S(0)", "R", "R", "->", "S(0)", "R")]
+
+
 def test_jax_table_has_shardy_rule(tmp_path):
     write(tmp_path, "jax", "jax.dot_general")
     rule = load_module(generate(tmp_path, "jax"))["RULES"]["jax.dot_general"]["self:f[*,*] mat2:f[*,*]"]
