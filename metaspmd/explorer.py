@@ -805,7 +805,7 @@ class _Explorer:
         # A whole-tensor predicate (equal, allclose) also gets them where it varies: the
         # sample's data is alike on every shard (allclose's other is self plus the same
         # small noise everywhere), and identity is refuted only where shards disagree.
-        wanted = constant or self._whole_tensor_predicates()
+        wanted = constant or self._whole_tensor_predicates() or case.ties
         special = self._special_trials() if wanted and case.special is not None else None
         if special is not None:
             # Verified on the random trials and the special-value ones alike: an output

@@ -342,6 +342,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
+        ties=catalog.aten_base(func) in catalog.TIE_SENSITIVE,
         random=random, value_free=value_free, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), notes=notes,
     )

@@ -95,6 +95,9 @@ SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples
 RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
 RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as on the whole: they cannot refute "
                      "a combine that rank deficiency breaks (the ranks of row blocks do not add up)")
+# Ops that treat equal elements apart (unique_consecutive merges equal neighbours): random
+# floats hold no ties, so their cases verify on special values (repeats among them) too.
+TIE_SENSITIVE = frozenset({"unique_consecutive", "unique_dim_consecutive"})
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'

@@ -180,6 +180,17 @@ def test_an_unread_input_may_be_partial_beside_any_cut():
     assert rules[(ShardIn(0), ShardIn(0), ShardIn(0), PartialInput())] == [Gather(0)]
 
 
+def test_an_op_that_merges_equal_neighbours_is_verified_where_they_are_equal():
+    # random floats hold no equal neighbours, where unique_consecutive of a row cut passed as
+    # a gather; special values (all zero among them) repeat across a shard boundary
+    backend = get_backend(opinfos=("unique_consecutive",))
+    ops = backend.tensor_ops()
+    case = next(c for c in backend.cases("aten.unique_consecutive.default")
+                if signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes) == "self:f[*,*]")
+    assert case.ties
+    assert explore_case(case, ops).status == "replicate-only"
+
+
 def test_fresh_keeps_signature_and_index_validity(backend):
     ops = backend.tensor_ops()
     for op in ("aten.gather.default", "aten.index_select.default"):
