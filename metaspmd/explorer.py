@@ -112,6 +112,12 @@ class _Trial:
     one_value: tuple | None = None
 
 
+def _flat(ops: TensorOps, x: Any, d: int) -> bool:
+    """x is the same along dim d: each element equals the next one along it."""
+    size = ops.shape(x)[d]
+    return size >= 2 and ops.close(ops.narrow(x, d, 0, size - 1), ops.narrow(x, d, 1, size - 1))
+
+
 def _one_values(ops: TensorOps, outputs: Sequence[Any]) -> tuple | None:
     """Per output, the one value it holds throughout; None when there are no outputs, or one
     is empty, holds several values (or NaN), or cannot be read as numpy (sparse)."""
@@ -336,6 +342,10 @@ class _Explorer:
                 if group.local:
                     for k, (start, length) in enumerate(bounds):
                         cuts[k][i] = (d, start, start + length, ops.shape(trial.leaves[i])[d])
+            if not trial.special and full and all(_flat(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
+                # every cut input the same along its cut dim: shards differ in length at most
+                # (an uneven split, a halo), and a gather passes for any reordering there
+                return UNINFORMATIVE
         if group.follow:
             i0, d0, _ = group.dims[0]
             placements, reference = group.placements(len(trial.leaves)), split.bounds(ops.shape(trial.leaves[i0])[d0])

@@ -9,7 +9,7 @@ from metaspmd.combine import Split, apply_combine, shard_with_halo
 from metaspmd.explorer import explore_case
 from metaspmd.explorer import ExploreConfig
 from metaspmd.signature import ALL_DIMS
-from metaspmd.spec import ArgReduce, Gather, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
+from metaspmd.spec import ArgReduce, Gather, Group, Identity, OutputCombine, PartialInput, Reduce, Replicate, ShardIn
 
 torch_ops = pytest.importorskip("metaspmd.backends.torch.tensor_ops")
 OPS = torch_ops.TorchOps()
@@ -488,6 +488,20 @@ def test_an_input_read_only_where_another_is_zero_is_read():
     e = explore(aten.heaviside.default, [randn(4, 3), randn(3)], ("self", "values"), special=with_special_values)
     assert e.status == "ok"
     assert not any(s.inputs[0] != Replicate() and s.inputs[1] == PartialInput() for s in e.strategies())
+
+
+def test_shards_of_data_the_same_along_the_cut_prove_nothing():
+    # flip along a dim whose rows are all equal: an uneven split gives shards that differ in
+    # length only, on which a plain gather passed for the flip (unsound on any other data)
+    from metaspmd import explorer
+
+    def rows(k):
+        return torch.randn(1, 3, dtype=F64, generator=torch.Generator().manual_seed(k)).expand(5, 3).clone()
+
+    case = OpCase("test", aten.flip.default, (rows(0), [0]), {}, ("self", "dims"))
+    e = explorer._Explorer(case, OPS, ExploreConfig(), 0)
+    e.trials = [e._trial((rows(k), [0]), {}, index=k) for k in range(4)]
+    assert e._verify(Group(((0, 0, 0),)), [[Gather(0)]]) is None
 
 
 def test_two_bools_draw_more_trials_until_two_differ():
