@@ -342,7 +342,8 @@ class _Explorer:
                 if group.local:
                     for k, (start, length) in enumerate(bounds):
                         cuts[k][i] = (d, start, start + length, ops.shape(trial.leaves[i])[d])
-            if not trial.special and full and all(_flat(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
+            if not trial.special and full and all(
+                    _flat(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
                 # every cut input the same along its cut dim: shards differ in length at most
                 # (an uneven split, a halo), and a gather passes for any reordering there
                 return UNINFORMATIVE
@@ -989,7 +990,8 @@ class _Explorer:
         example, on every special-value trial (``heaviside`` reads its ``values`` only where
         ``self`` is zero, which random data never is) and, where the op takes them, on the
         trials with unpinned dims lengthened (``fractional_max_pool2d``'s random samples
-        place no window at the example's sizes, and do at others). None without special values."""
+        place no window at the example's sizes, and do at others). None where the op has no
+        special values."""
         first = self.trials[0]
         if (self.case.random or self.case.special is None or len(self.trials) < 3 or not first.outputs
                 or len(first.leaves) < 2):
