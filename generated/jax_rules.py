@@ -1320,12 +1320,14 @@ RULES = {
     'jax.eq': {
         'x:f[*,*,*,*] y:f[*,*,*,1]': Rule(
             strategies=(
+                Strategy((0, 0), (0,), ('', ''), ('',)),
+                Strategy((1, 1), (1,), ('', ''), ('',)),
                 Strategy((2, 2), (2,), ('', ''), ('',)),
                 Strategy((3, None), (3,), ('', ''), ('',)),
             ),
-            sharding_rule='r1 r2 s3 s4, r3 r4 s3 r5 -> r6 r7 s3 s4',
+            sharding_rule='s1 s2 s3 s4, s1 s2 s3 r1 -> s1 s2 s3 s4',
             reduction_factors=(),
-            need_replication_factors=('r1', 'r2', 'r3', 'r4', 'r5', 'r6', 'r7'),
+            need_replication_factors=('r1',),
         ),
         'x:f[*,*,*] y:f[*,*,*]': Rule(
             strategies=(

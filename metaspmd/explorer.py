@@ -881,7 +881,8 @@ class _Explorer:
         else:
             shapes = [ops.shape(x) for x in first.leaves]
             for group in self._part_groups(shapes, parts):
-                if accept(group, self._explore(group)):
+                combines = self._explore(group)
+                if accept(group, combines):
                     # every shard padding as the whole op would and the gather dropping the
                     # copies (an output halo, which planners skip): where each shard padding
                     # only its own outer end holds too, that local rule takes the dim's label
@@ -909,7 +910,9 @@ class _Explorer:
                 if self.config.local and self._localizes(group) and accept(
                         Group(group.dims, local=True), self._explore(Group(group.dims, local=True))):
                     continue
-                if self.config.halo and self._search_halos(group, accept, len(ranks)):
+                # where the sample showed nothing about the plain cut (its data the same along
+                # the dim), the plain cut comes first on lengthened trials, then the halos
+                if self.config.halo and self._search_halos(group, accept, len(ranks), plain=combines is UNINFORMATIVE):
                     continue
                 # not beside index inputs: their positions address the dims a follower cuts
                 # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
@@ -1212,12 +1215,15 @@ class _Explorer:
                     return True
         return False
 
-    def _search_halos(self, group: Group, accept, n_inputs: int) -> bool:
-        """``group`` with an input halo of 1, 2, ... on every cut dim, until one is accepted;
-        tried on lengthened dims where the sample's are too short (noted in the entry)."""
-        for h in range(1, self.config.max_input_halo + 1):
+    def _search_halos(self, group: Group, accept, n_inputs: int, plain: bool = False) -> bool:
+        """``group`` with an input halo of 1, 2, ... on every cut dim (with ``plain``, of 0
+        first, where lengthening gives new trials), until one is accepted; tried on
+        lengthened dims where the sample's are too short (noted in the entry)."""
+        for h in range(0 if plain else 1, self.config.max_input_halo + 1):
             g = Group(tuple((i, d, h) for i, d, _ in group.dims))
             trials = self._lengthened_trials(g)
+            if h == 0 and trials is self.trials:
+                continue  # the sample's own trials, on which the plain cut showed nothing
             if trials is not None and self._accepted_on(g, trials, accept):
                 if trials is not self.trials:
                     self.widened[g.placements(n_inputs)] = self._widened_notes(g)
@@ -1323,7 +1329,8 @@ class _Explorer:
 
     def _widened_notes(self, group: Group) -> list[str]:
         first, halo = self.trials[0], group.dims[0][2]
-        return [f"halo={halo} on {self.leaf_names[i]} dim {d}: verified with that dim lengthened from "
+        what = f"halo={halo} on" if halo else "plain cut of"
+        return [f"{what} {self.leaf_names[i]} dim {d}: verified with that dim lengthened from "
                 f"{self.ops.shape(first.leaves[i])[d]} to {_halo_room(halo)} by random data"
                 for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < _halo_room(halo)]
 

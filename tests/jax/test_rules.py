@@ -34,6 +34,15 @@ def test_dot_general_matmul_gives_the_mm_rule(backend, ops):
     assert ("P(sum)", "R") in [s[0] for s in _strategies(entry).values()]
 
 
+def test_a_plain_cut_the_sample_shows_nothing_about_is_verified_on_lengthened_data(backend, ops):
+    # the mask program's operands repeat along dims 0 and 1 (halves alike), and eq of blind
+    # random floats is all False: the plain cuts are verified with those dims lengthened
+    case = _case(backend, ops, "jax.eq", "x:f[*,*,*,*] y:f[*,*,*,1]")
+    entry = explore_case(case, ops)
+    assert _strategies(entry)["S1"] == (("S(0)", "S(0)"), ("gather(dim=0)",))
+    assert "plain cut of x dim 0: verified with that dim lengthened from 2 to 3 by random data" in entry.notes
+
+
 def test_add_gives_elementwise_rule(backend, ops):
     case = _case(backend, ops, "jax.add", "x:f[*,*] y:f[*,*]")
     entry = explore_case(case, ops)
