@@ -1002,7 +1002,8 @@ class _Explorer:
         summable = sorted({i for ps in self._partial_sets_in(set()) for i in ps})
         pool = self.trials[1:]
         candidates = [i for i in summable if not self._reads(i, first, pool)]  # one call each, most inputs stop here
-        special = self._special_trials() if candidates else None
+        # the entry's own special-value trials where it has them (the same seeds), else drawn now
+        special = ([t for t in self.trials if t.special] or self._special_trials()) if candidates else None
         if not special:
             return []
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
@@ -1129,16 +1130,10 @@ class _Explorer:
     def _flat_along_a_dim(self) -> bool:
         """Some float input, not fixed, is the same along one of its dims on every trial (an
         expanded sample): its equal shards there prove nothing, so no cut of it is proposed."""
-        ops = self.ops
-
-        def flat(x, d: int) -> bool:
-            size = ops.shape(x)[d]
-            return size >= 2 and ops.close(ops.narrow(x, d, 0, size - 1), ops.narrow(x, d, 1, size - 1))
-
-        first = self.trials[0]
+        ops, first = self.ops, self.trials[0]
         return any(
             ops.dtype_kind(x) in (FLOAT, COMPLEX) and 0 not in ops.shape(x) and name not in self.fixed
-            and any(all(flat(t.leaves[i], d) for t in self.trials) for d in range(len(ops.shape(x))))
+            and any(all(_flat(ops, t.leaves[i], d) for t in self.trials) for d in range(len(ops.shape(x))))
             for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
         )
 
