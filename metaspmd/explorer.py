@@ -456,10 +456,12 @@ class _Explorer:
         output on the example: cut in two, or evenly when only a reduce(avg) could (the mean
         of an odd number of rows). Where the example's shards are all equal (a bool sample
         of all False, t of [-9, -9]), the first trial whose shards differ proposes instead;
-        the verification still needs two such trials."""
-        for trial in self.trials:
-            if trial.special:
-                continue
+        the verification still needs two such trials. Special-value trials propose last,
+        held to the same standard (no equal shards): where random data leaves an op one
+        value (ne of random integers and 1), only they show it."""
+        ordered = ([t for t in self.trials if not t.special]
+                   + [dataclasses.replace(t, special=False) for t in self.trials if t.special])
+        for trial in ordered:
             found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
             if found is AVG_UNTRIED:
                 split = self._even_split(group)
@@ -815,8 +817,10 @@ class _Explorer:
             constant = self._constant_outputs()
         # A whole-tensor predicate (equal, allclose) also gets them where it varies: the
         # sample's data is alike on every shard (allclose's other is self plus the same
-        # small noise everywhere), and identity is refuted only where shards disagree.
-        wanted = constant or self._whole_tensor_predicates() or case.ties
+        # small noise everywhere), and identity is refuted only where shards disagree. So
+        # does an op that blind data leaves one value throughout (ne of random integers and
+        # 1: all True), where the sample may be no better (all zero): special values plant the 1.
+        wanted = constant or self._whole_tensor_predicates() or case.ties or self._one_valued_blind()
         special = self._special_trials() if wanted and case.special is not None else None
         if special is not None:
             # Verified on the random trials and the special-value ones alike: an output
@@ -1113,6 +1117,10 @@ class _Explorer:
             if 0 not in self.ops.shape(first.outputs[j])
             and all(self.ops.close(t.outputs[j], first.outputs[j]) for t in self.trials[1:])
         ]
+
+    def _one_valued_blind(self) -> bool:
+        """Some blind trial leaves every output one value throughout."""
+        return any(t.one_value is not None for t in self.trials)
 
     def _whole_tensor_predicates(self) -> bool:
         """Some output is a single bool (a predicate of whole inputs)."""

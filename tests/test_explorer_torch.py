@@ -215,6 +215,38 @@ def test_special_values_make_predicates_vary():
     assert e.status == "ok" and combines(e)[e.shard.inputs[0][1].label] == ["gather(dim=1)"]
 
 
+def test_special_values_propose_where_blind_data_leaves_one_value():
+    # an all-zero sample of integers (its generator repeats it) against 1: ne is all True
+    # there and on blind random integers too, which never hold a 1; only special values,
+    # which plant the call's scalar, show the row and column cuts
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    zeros = torch.zeros(5, 4, dtype=torch.int64)
+    case = OpCase("test", aten.ne.Scalar, (zeros, 1), {}, ("self", "other"),
+                  fresh=lambda seed: ((zeros.clone(), 1), {}), special=with_special_values)
+    e = explore_case(case, OPS)
+    assert e.status == "ok" and sorted(combines(e).values()) == [["gather(dim=0)"], ["gather(dim=1)"]]
+    assert e.verified.trials > 6  # the special-value trials verify too
+    # they prove nothing where every shard is equal: all zero gives no rule
+    e = explore_case(OpCase("test", aten.ne.Scalar, (zeros, 1), {}, ("self", "other"),
+                            fresh=lambda seed: ((zeros.clone(), 1), {})), OPS)
+    assert e.status == "replicate-only"
+
+
+def test_overflow_on_one_code_path_is_not_a_mismatch():
+    # AVX2 lanes and the scalar tail overflow sinh(89) in float32 apart: where a shard
+    # boundary falls decides which; a value within a factor 2 of the largest is its infinity
+    big = torch.finfo(torch.float32).max
+    assert OPS.close(torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 0.7 * big]))
+    assert OPS.close(torch.tensor([-0.7 * big]), torch.tensor([-float("inf")]))
+    assert not OPS.close(torch.tensor([float("inf")]), torch.tensor([-0.7 * big]))  # the sign counts
+    assert not OPS.close(torch.tensor([float("inf")]), torch.tensor([0.3 * big]))  # far from overflow
+    assert not OPS.close(torch.tensor([float("inf")], dtype=F64), torch.tensor([0.7 * big], dtype=F64))
+    # and sinh of integers keeps its cuts under either kernel
+    e = explore(aten.sinh.default, [torch.arange(80, 100).repeat(3, 1)], ("self",))
+    assert e.status == "ok" and sorted(combines(e).values()) == [["gather(dim=0)"], ["gather(dim=1)"]]
+
+
 def test_special_values_find_any_reduce_max():
     from metaspmd.backends.torch.sample_data import with_special_values
 

@@ -107,7 +107,19 @@ class TorchOps:
         e64 = e.to(a64.dtype)
         finite = torch.isfinite(e64)
         scale = float(e64[finite].abs().max()) if bool(finite.any()) else 0.0
-        return bool(torch.allclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True))
+        near = torch.isclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True)
+        if bool(near.all()):
+            return True
+        if a.dtype.is_complex:
+            return False
+        # A kernel that passes through twice its result (sinh as (e^x - e^-x) / 2) overflows
+        # on one code path and not on another: AVX2 lanes give sinh(89) = inf in float32,
+        # the scalar tail 2.2e38, so where a shard boundary falls moves the overflow. A
+        # value within a factor 2 of the largest finite one equals the infinity of its sign.
+        edge = torch.finfo(a.dtype).max / 2
+        overflow = ((torch.isinf(a64) & (e64.abs() >= edge)) | (torch.isinf(e64) & (a64.abs() >= edge))) & (
+            torch.sign(a64) == torch.sign(e64))
+        return bool((near | overflow).all())
 
     def one_nonfinite_value(self, x) -> bool:
         if x.layout != torch.strided or x.numel() == 0 or not (x.dtype.is_floating_point or x.dtype.is_complex):
