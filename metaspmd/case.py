@@ -27,9 +27,10 @@ class OpCase:
     ``special(args, kwargs, k, seed)`` returns those inputs refilled with special values
     (zeros, NaN, the call's own scalars, ...; pattern by trial ``k``): the verifier asks
     for them when plain fresh inputs leave an output constant (``isnan``, ``eq.Scalar``),
-    and always where ``ties``: the op treats equal elements apart (``unique_consecutive``
-    merges equal neighbours), which random floats never hold, so a cut passes as a gather
-    until neighbours across a shard boundary are equal.
+    and always where ``special_always``: the op treats values apart that random floats
+    never hold. ``unique_consecutive`` merges equal neighbours, so a cut passes as a gather
+    until neighbours across a shard boundary are equal; ``nanmean`` skips NaN, so the mean
+    of its shards' means passes until their NaN counts differ.
 
     ``candidates``: strategies to verify instead of exploring (rules derived from shape
     arithmetic for view-like ops); each is (input placements, output combines).
@@ -80,7 +81,7 @@ class OpCase:
     candidates: tuple[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]], ...] | None = None
     deterministic: bool = True
     special: Callable[[tuple, dict, int, int], Args] | None = None
-    ties: bool = False
+    special_always: bool = False
     random: bool = False
     value_free: bool = False
     widen: bool = False

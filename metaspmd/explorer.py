@@ -384,8 +384,11 @@ class _Explorer:
             result.append(tensors)
         return result
 
-    def _is_even(self, group: Group, split: Split) -> bool:
-        return all(split.is_even(self.ops.shape(self.trials[0].leaves[i])[d]) for i, d, _ in group.dims)
+    def _is_even(self, group: Group, split: Split, trial: _Trial | None = None) -> bool:
+        """Does ``split`` cut the group's dims into equal shards (on ``trial``'s inputs,
+        which may be lengthened; default the example's)?"""
+        leaves = (trial or self.trials[0]).leaves
+        return all(split.is_even(self.ops.shape(leaves[i])[d]) for i, d, _ in group.dims)
 
     def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None) -> list[list] | None:
         locs = self._locals(group, trial, split)
@@ -397,7 +400,7 @@ class _Explorer:
             # blind data that leaves every output, global and on every shard, one value
             # throughout (eq of unequal random data: all False) holds for any cut: it proves nothing
             return UNINFORMATIVE
-        even = self._is_even(group, split)
+        even = self._is_even(group, split, trial)
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
         max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
@@ -501,7 +504,7 @@ class _Explorer:
                 continue
             if ok is None:
                 return None
-            even = self._is_even(group, split)
+            even = self._is_even(group, split, trial)
             alive = [[c for c in opts if c in kept and (even or c != Reduce("avg"))] + ([Reduce("avg")] if not even and Reduce("avg") in kept else [])
                      for opts, kept in zip(alive, ok)]
             if self._halo_sees_all(group, trial, split):
@@ -517,13 +520,13 @@ class _Explorer:
             return None  # an input halo on two shards: a broadcast dim passes as one (see below)
         if any(extend for _, _, _, extend, _ in group.follow) and max(counts, default=0) < 3:
             return None  # an extended cut overlaps its neighbour: as a halo, three shards
-        if avg_checks < 2 and group.dims and any(Reduce("avg") in opts for opts in alive):
+        if group.dims and any(Reduce("avg") in opts for opts in alive):
             alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
         if group.dims and any(_by_order(c) for opts in alive for c in opts):
             alive = self._refute_on_ties(group, alive)
-        if self._two_long(group) and any(_by_order(c) for opts in alive for c in opts):  # only 2 shards fit
-            proven = self._order_picks_on_three_shards(group, alive)
-            alive = [[c for c in opts if not _by_order(c) or c in p] for opts, p in zip(alive, proven)]
+        if self._two_long(group) and any(_of_values(c) for opts in alive for c in opts):  # only 2 shards fit
+            proven = self._reduces_on_three_shards(group, alive)
+            alive = [[c for c in opts if not _of_values(c) or c in p] for opts, p in zip(alive, proven)]
         if group.partial and any(Identity() in opts for opts in alive):
             alive = self._whole_on_special_values(group, alive)
         if group.partial:
@@ -617,11 +620,7 @@ class _Explorer:
         if key in self._resized:
             return self._resized[key][1]
         trials = None
-        ints = [i for i, x in enumerate(first.leaves)
-                if ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values]
-        indexing = any(self.leaf_names[i] in self.case.fixed for i in ints) or (
-            ints and any(ops.dtype_kind(x) != INT for x in first.leaves))
-        if not indexing:
+        if not any(self._may_index(i) for i in range(len(first.leaves))):
             stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
             own = {(i, d): 1 + d + i * stride for i, d in dims}
             trials = self._rebuilt_trials(self._lengthened_by(own))
@@ -629,6 +628,15 @@ class _Explorer:
                 trials = self._rebuilt_trials(self._lengthened_by(self._tied_amounts(own)))
         self._resized[key] = (self.trials, trials)  # the trials held: their ids stay theirs
         return trials
+
+    def _may_index(self, i: int) -> bool:
+        """Could integer input ``i`` index a dim (a kernel trusts its indices)? One the case
+        fixes, or one beside a tensor of another kind: integer inputs alone are data
+        (addmm of integers), and so are fill or init values (``OpCase.values``)."""
+        leaves, name = self.trials[0].leaves, self.leaf_names[i]
+        if self.ops.dtype_kind(leaves[i]) != INT or name in self.case.values:
+            return False
+        return name in self.case.fixed or any(self.ops.dtype_kind(x) != INT for x in leaves)
 
     def _tied_amounts(self, own: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
         """``own`` with the dims the op refuses to lengthen alone lengthened by 1 together,
@@ -659,33 +667,41 @@ class _Explorer:
 
         return longer
 
-    def _order_picks_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
-        """Per output, the order picks (max, min, argmax, argmin) of ``alive`` that also hold
-        with the cut dims lengthened to three elements by random data and cut in three. On a
-        dim of two every order statistic is the min or the max (the lower median of a pair
-        is its min, at argmin's position), so two shards prove neither; the lengthened call
-        has the same signature, and its evidence is added to, never put in for, the
-        sample's. None hold where the op refuses the lengthened inputs."""
-        none = [set() for _ in alive]
+    def _reduces_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
+        """Per output, the reduces of ``alive`` that also hold with the cut dims lengthened
+        to three elements by random data and cut in three. On a dim of two each shard holds
+        one element, and a reduce of those tells few functions of a pair apart: every order
+        statistic is the min or the max (the lower median of a pair is its min, at argmin's
+        position), and the mean of a pair is its median (quantile's reduce(avg)). The
+        lengthened call has the same signature, and its evidence is added to, never put in
+        for, the sample's. Only a sum stands where no such trial can speak: the op refuses
+        the lengthened inputs, or indices cut with the data were lengthened by copies of
+        their own values, which a kernel may not take twice (max_unpool's positions)."""
+        sums = [{c for c in opts if c == Reduce("sum")} for opts in alive]
         trials = self._lengthened_trials(group, extra_evidence=True)
         if trials is None or trials is self.trials:
-            return none
+            return sums
+        first = self.trials[0]
+        copied = any(self.leaf_names[i] in self.fixed and self.ops.shape(first.leaves[i])[d] < _halo_room(0)
+                     for i, d, _ in group.dims)
         proven, informative = [set(opts) for opts in alive], 0
         for trial in trials[1:]:
             ok = self._valid_combines(group, trial, Split(3), alive)
             if ok is UNINFORMATIVE:
                 continue
             if ok is None:
-                return none
+                return sums
             proven = [p & set(k) for p, k in zip(proven, ok)]
             informative += 1
         if informative < 2:
-            return none
-        if any(_by_order(c) for p in proven for c in p):
-            self.widened[group.placements(len(self.trials[0].leaves))] = [
-                f"max and min along {self.leaf_names[i]} dim {d}: verified on three shards too, with that dim "
-                f"lengthened from 2 to {_halo_room(0)} by random data" for i, d, _ in group.dims]
-        return proven
+            return sums
+        held = sorted({str(c) for p in proven for c in p if _of_values(c)})
+        if held:
+            self.widened[group.placements(len(first.leaves))] = [
+                f"{' and '.join(held)} along {self.leaf_names[i]} dim {d}: verified on three shards too, with that dim "
+                f"lengthened from 2 to {_halo_room(0)} by {'copies' if self.leaf_names[i] in self.fixed else 'random data'}"
+                for i, d, _ in group.dims]
+        return [p | s for p, s in zip(proven, sums)] if copied else proven
 
     def _refute_on_ties(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the combines that pick by order (max, min, argmax, argmin) and fail
@@ -752,14 +768,23 @@ class _Explorer:
     def _check_avg_evenly(self, group: Group, alive: list[list], avg_checks: int, counts: set[int]):
         """reduce(avg) holds on equal shards only, and no trial split is even on a dim of odd
         size (mse_loss's mean over 5 rows): check the survivors again on the trials' data cut
-        into equal shards, as many as the dim's smallest divisor. Where that cannot run, avg
-        stays unchecked and is dropped; the other combines keep their verdict."""
+        into equal shards, as many as the dim's smallest divisor. Two random trials prove it,
+        and every special-value trial may refute it (nanmean's shards with unequal NaN
+        counts). Where that cannot run, avg stays unchecked and is dropped; the other
+        combines keep their verdict."""
         split = self._even_split(group)
         for trial in self.trials[1:]:
-            if split is None or avg_checks >= 2:
-                break
+            proven = avg_checks >= 2
+            if split is None or (proven and not trial.special):
+                continue
             ok = self._valid_combines(group, trial, split, alive)
             if ok is UNINFORMATIVE:
+                continue
+            if proven:  # refutes avg alone (the other combines had their verdict), where the op runs
+                if ok is None and self._locals(group, trial, split) is None:
+                    continue
+                alive = [[c for c in opts if c != Reduce("avg") or (ok is not None and c in kept)]
+                         for opts, kept in zip(alive, ok or [()] * len(alive))]
                 continue
             if ok is None:
                 break
@@ -820,7 +845,7 @@ class _Explorer:
         # small noise everywhere), and identity is refuted only where shards disagree. So
         # does an op that blind data leaves one value throughout (ne of random integers and
         # 1: all True), where the sample may be no better (all zero): special values plant the 1.
-        wanted = constant or self._whole_tensor_predicates() or case.ties or self._one_valued_blind()
+        wanted = constant or self._whole_tensor_predicates() or case.special_always or self._one_valued_blind()
         special = self._special_trials() if wanted and case.special is not None else None
         if special is not None:
             # Verified on the random trials and the special-value ones alike: an output
@@ -1324,11 +1349,12 @@ class _Explorer:
                 return None
         return out
 
-    def _lengthen(self, x: Any, d: int, length: int, seed: int) -> Any:
-        """``x`` with dim ``d`` lengthened to ``length`` by fresh random data."""
+    def _lengthen(self, x: Any, d: int, length: int, seed: int, copies: bool = False) -> Any:
+        """``x`` with dim ``d`` lengthened to ``length`` by fresh random data (``copies``: by
+        copies of its own elements along ``d``)."""
         size = self.ops.shape(x)[d]
         room = self.ops.narrow(self.ops.concat([x] * -(-length // size), d), d, 0, length - size)
-        return self.ops.concat([x, self.ops.random_like(room, self.seed * 7919 + seed)], d)
+        return self.ops.concat([x, room if copies else self.ops.random_like(room, self.seed * 7919 + seed)], d)
 
     def _widened_notes(self, group: Group) -> list[str]:
         first, halo = self.trials[0], group.dims[0][2]
@@ -1378,18 +1404,20 @@ class _Explorer:
             return self.trials
         inside = {i for i, _, _ in group.dims}
         if not (self.case.widen or extra_evidence) or any(
-            (i in inside and self.leaf_names[i] in self.fixed)
-            or (i not in inside and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values)
-            for i, x in enumerate(first.leaves)
+            (i in inside and self.leaf_names[i] in self.fixed and not extra_evidence)
+            or (i not in inside and self._may_index(i))
+            for i in range(len(first.leaves))
         ):
             return None  # no widening, or integer inputs beside the group: indices into the dim
         if any(0 in ops.shape(o) for o in first.outputs):
             return None  # an empty output holds under any combine: widening would show nothing
 
         def wider(trial: _Trial, i: int, x: Any) -> Any:
+            # indices cut with the data (nll_loss's target) are lengthened by copies of
+            # their own values, which stay in range: such trials only add evidence
             for j, d, _ in group.dims:
                 if j == i and ops.shape(x)[d] < wide:
-                    x = self._lengthen(x, d, wide, 31 * trial.index + i)
+                    x = self._lengthen(x, d, wide, 31 * trial.index + i, copies=self.leaf_names[i] in self.fixed)
             return x
 
         return self._rebuilt_trials(wider)
@@ -1417,6 +1445,11 @@ def _cuts_a_dim(entry: RuleEntry) -> bool:
 def _by_order(c) -> bool:
     """Does combine ``c`` pick values or positions by order (max, min, argmax, argmin)?"""
     return c in (Reduce("max"), Reduce("min")) or isinstance(c, ArgReduce)
+
+
+def _of_values(c) -> bool:
+    """Does combine ``c`` reduce the shards' values (sum, avg, max, argmax, ...)?"""
+    return isinstance(c, (Reduce, ArgReduce))
 
 
 def _ordered(c) -> bool:

@@ -802,7 +802,53 @@ def test_order_picks_on_a_dim_of_two_need_a_longer_one():
     # amax keeps reduce(max) there, and says how it was proven
     e = explore(aten.amax.default, [randn(4, 2), [1]], ("self", "dim"))
     assert ["reduce(max)"] in combines(e).values()
-    assert "max and min along self dim 1: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
+    assert "reduce(max) along self dim 1: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
+
+
+def test_a_reduce_of_two_one_element_shards_needs_a_longer_dim():
+    # the mean of a pair is its median: quantile(q=0.5) of two elements passed reduce(avg)
+    # on their two shards, for a signature of any length
+    e = explore(aten.quantile.scalar, [randn(2), 0.5], ("self", "q"))
+    assert e.status == "replicate-only"
+    e = explore(aten.mean.default, [randn(2)], ("self",))
+    assert combines(e)[e.shard.inputs[0][0].label] == ["reduce(avg)"]
+    assert "reduce(avg) along self dim 0: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
+
+
+def test_a_contraction_of_two_integers_is_lengthened_too():
+    # integer inputs beside the cut ones are data, not indices, where every input is one
+    a, b, c = (torch.randint(-9, 9, s) for s in ((2, 3), (2, 2), (2, 3)))
+    e = explore(aten.addmm.default, [a, b, c], ("self", "mat1", "mat2"))
+    k = e.shard.inputs[1][1].label
+    assert k is not None and e.shard.inputs[2][0].label == k and combines(e)[k] == ["reduce(sum)"]
+    assert "reduce(sum) along mat1 dim 1: verified on three shards too, with that dim lengthened from 2 to 3 by random data" in e.notes
+
+
+def test_indices_cut_with_the_data_are_lengthened_by_copies():
+    # nll_loss's class indices stay in range as copies of their own values (its total
+    # weight, the row count, varies only on special values)
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    target = torch.tensor([2, 0])
+    e = explore(aten.nll_loss_forward.default, [randn(2, 3).log_softmax(1), target, None, 1, -100],
+                ("self", "target", "weight", "reduction", "ignore_index"), fixed=frozenset({"target"}),
+                special=with_special_values)
+    batch = e.shard.inputs[0][0].label
+    assert batch is not None and combines(e)[batch] == ["reduce(avg)", "reduce(sum)"]
+    assert "reduce(avg) and reduce(sum) along target dim 0: verified on three shards too, with that dim lengthened from 2 to 3 by copies" in e.notes
+
+
+def test_nan_skipping_reductions_are_verified_with_nan():
+    # shards holding unequal NaN counts refute nanmean's reduce(avg), which random data passes
+    from metaspmd.backends.torch.sample_data import with_nan_specks
+
+    e = explore(aten.nanmean.default, [randn(3, 5)], ("self",), special=with_nan_specks, special_always=True)
+    assert not e.shard.labels()
+    e = explore(aten.nanmean.default, [randn(3, 5)], ("self",), special=with_nan_specks)
+    assert ["reduce(avg)"] in combines(e).values()  # without them it passes
+    e = explore(aten.nansum.default, [randn(3, 5)], ("self",), special=with_nan_specks, special_always=True)
+    assert e.shard.labels() and all(v == ["reduce(sum)"] for v in combines(e).values())
+    assert not e.partial.labels()  # a Partial NaN is not the sum of its parts' nansums
 
 
 def test_an_input_the_same_on_every_trial_brings_blind_trials():

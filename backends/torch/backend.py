@@ -290,6 +290,16 @@ def _scalars_as_tensors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return tensors
 
 
+def _special_values(func):
+    """The case's special-value generator: NaN alone among the data for the NaN-skipping
+    ops (nanmean), the full set for the others; none for ops that crash on them."""
+    if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES:
+        return None
+    if catalog.aten_base(func) in catalog.NAN_SKIPPING:
+        return sample_data.with_nan_specks
+    return sample_data.with_special_values
+
+
 def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
                fresh: Callable[[int], tuple] | None = None) -> OpCase:
     """The case the explorer works on for one call of an ATen overload: view-like ops get
@@ -341,8 +351,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
-        special=None if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES else sample_data.with_special_values,
-        ties=catalog.aten_base(func) in catalog.TIE_SENSITIVE,
+        special=_special_values(func),
+        special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
         random=random, value_free=value_free, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), notes=notes,
     )

@@ -95,9 +95,14 @@ SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples
 RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
 RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as on the whole: they cannot refute "
                      "a combine that rank deficiency breaks (the ranks of row blocks do not add up)")
-# Ops that treat equal elements apart (unique_consecutive merges equal neighbours): random
-# floats hold no ties, so their cases verify on special values (repeats among them) too.
+# Ops that treat values apart that random floats never hold, so their cases verify on
+# special values too: equal elements (unique_consecutive merges equal neighbours), and
+# NaN, which the NaN-skipping ops skip (the mean of shards' nanmeans is the global one
+# only where every shard holds as many NaN) or replace (nan_to_num is not linear there).
+# The latter plant NaN alone among the data, since a planted inf would decide the output.
 TIE_SENSITIVE = frozenset({"unique_consecutive", "unique_dim_consecutive"})
+NAN_SKIPPING = frozenset({"nanmean", "nansum", "nanmedian", "nanquantile", "nan_to_num", "nan_to_num_", "fmax", "fmin"})
+SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'

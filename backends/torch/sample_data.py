@@ -43,14 +43,14 @@ def call_scalars(args: Any, kwargs: Any) -> list[float]:
     ]
 
 
-def _special_pool(x: torch.Tensor, scalars: list[float]) -> torch.Tensor:
+def _special_pool(x: torch.Tensor, scalars: list[float], nonfinite: tuple[float, ...]) -> torch.Tensor:
     """Values to plant: the call's scalars make up half the pool (so ``ne(x, s)`` flips on
-    every trial), their neighbours, zero and, for floats, NaN and ±inf."""
+    every trial), their neighbours, zero and, for floats, ``nonfinite``."""
     floating = x.dtype.is_floating_point or x.dtype.is_complex
     own = [s for s in scalars if floating or (math.isfinite(s) and s.is_integer())]
     others = [0.0] + [v for s in own if math.isfinite(s) for v in (s + 1, s - 1)]
     if floating:
-        others += [math.nan, math.inf, -math.inf]
+        others += list(nonfinite)
     values = own * max(1, len(others) // max(1, len(own))) + others
     pool = torch.tensor(values, dtype=torch.float64)
     if not floating and x.dtype != torch.bool:
@@ -80,7 +80,8 @@ def _one_element(x: torch.Tensor, base: torch.Tensor, value: torch.Tensor, gen: 
     return torch.where(mask.reshape(x.shape), value, base)
 
 
-def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Generator) -> torch.Tensor:
+def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Generator,
+            nonfinite: tuple[float, ...], hole: float) -> torch.Tensor:
     if x.numel() == 0 or x.layout != torch.strided:
         return x
     zero = torch.zeros_like(x)
@@ -93,7 +94,7 @@ def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Gene
             return torch.full_like(x, math.nan)
         return torch.full_like(x, torch.iinfo(x.dtype).max)
     if pattern == "special":
-        pool = _special_pool(x, scalars)
+        pool = _special_pool(x, scalars, nonfinite)
         picks = pool[torch.randint(0, len(pool), x.shape, generator=gen)]
         return torch.where(torch.rand(x.shape, generator=gen) < 1 / 3, picks, x)
     near = _near_one(x, gen)
@@ -102,12 +103,17 @@ def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Gene
     if pattern == "lone":
         return _one_element(x, zero, near, gen)
     if pattern == "hole":
-        return _one_element(x, near, zero, gen)
+        floating = x.dtype.is_floating_point or x.dtype.is_complex
+        return _one_element(x, near, torch.full_like(x, hole) if floating else zero, gen)
     return near
 
 
-def with_special_values(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
-    """``args``/``kwargs`` with every tensor refilled by pattern ``k`` (see the module doc)."""
+def with_special_values(args: tuple, kwargs: dict, k: int, seed: int,
+                        nonfinite: tuple[float, ...] = (math.nan, math.inf, -math.inf),
+                        hole: float = 0.0) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every tensor refilled by pattern ``k`` (see the module doc);
+    ``nonfinite``: what the special pattern plants beside the scalars and zero; ``hole``:
+    the hole pattern's one float element."""
     pattern = PATTERNS[(k - 1) % len(PATTERNS)]
     scalars = call_scalars(args, kwargs)
     gen = torch.Generator().manual_seed(seed)
@@ -118,7 +124,7 @@ def with_special_values(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[t
         if not isinstance(x, torch.Tensor):
             return x
         if pattern != "twin" or x.numel() == 0 or x.layout != torch.strided:
-            return _inject(x, pattern, scalars, gen)
+            return _inject(x, pattern, scalars, gen, nonfinite, hole)
         first = firsts.get((x.shape, x.dtype))
         if first is None:
             first = firsts[(x.shape, x.dtype)] = _near_one(x, gen)
@@ -129,4 +135,12 @@ def with_special_values(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[t
     return tuple(new_args), new_kwargs
 
 
-__all__ = ["PATTERNS", "call_scalars", "with_special_values"]
+def with_nan_specks(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
+    """``with_special_values`` with NaN alone among finite data: the special pattern plants
+    no inf, and the hole is a NaN. An op that skips NaN (nanmean) then sees shards with
+    different NaN counts, which a planted inf would hide (the mean is inf on every shard
+    that holds one); the hole puts the one NaN on one shard."""
+    return with_special_values(args, kwargs, k, seed, nonfinite=(math.nan,), hole=math.nan)
+
+
+__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_special_values"]

@@ -187,7 +187,7 @@ def test_an_op_that_merges_equal_neighbours_is_verified_where_they_are_equal():
     ops = backend.tensor_ops()
     case = next(c for c in backend.cases("aten.unique_consecutive.default")
                 if signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes) == "self:f[*,*]")
-    assert case.ties
+    assert case.special_always
     assert explore_case(case, ops).status == "replicate-only"
 
 
