@@ -780,11 +780,11 @@ class _Explorer:
             ok = self._valid_combines(group, trial, split, alive)
             if ok is UNINFORMATIVE:
                 continue
-            if proven:  # refutes avg alone (the other combines had their verdict), where the op runs
+            if proven:  # refutes avg alone (the other combines had their verdict)
                 if ok is None and self._locals(group, trial, split) is None:
-                    continue
-                alive = [[c for c in opts if c != Reduce("avg") or (ok is not None and c in kept)]
-                         for opts, kept in zip(alive, ok or [()] * len(alive))]
+                    continue  # the op refuses these values cut so: no verdict
+                held = ok or [()] * len(alive)
+                alive = [[c for c in opts if c != Reduce("avg") or c in kept] for opts, kept in zip(alive, held)]
                 continue
             if ok is None:
                 break
