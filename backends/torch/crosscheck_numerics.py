@@ -22,6 +22,7 @@ from metaspmd import pytree
 from metaspmd.case import OpCase
 from metaspmd.combine import CutInput, Split, follower_shards, holds, offset_positions, partial_summands, shard_with_halo
 from metaspmd.combine import partial_parts as reduced_parts
+from metaspmd.explorer import SPECIAL_TRIALS
 from metaspmd.signature import arg_items
 from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn, drops
 from metaspmd.tensor_ops import TensorOps
@@ -61,12 +62,26 @@ class FreshInputs:
 
     def __init__(self, case: OpCase, ops: TensorOps):
         self.case, self.ops = case, ops
-        self._drawn: dict[tuple[int, bool], tuple[tuple, dict]] = {}
+        self._drawn: dict[tuple[int, bool, int], tuple[tuple, dict]] = {}
 
-    def __call__(self, seed: int, blind: bool = False) -> tuple[tuple, dict]:
-        if (seed, blind) not in self._drawn:
-            self._drawn[seed, blind] = fresh_inputs(self.case, self.ops, seed, blind)
-        return self._drawn[seed, blind]
+    def __call__(self, seed: int, blind: bool = False, special: int = 0) -> tuple[tuple, dict]:
+        if (seed, blind, special) not in self._drawn:
+            args, kwargs = fresh_inputs(self.case, self.ops, seed, blind)
+            if special:  # refilled by the case's special-value pattern, fixed args (indices) kept
+                new_args, new_kwargs = self.case.special(args, kwargs, special, seed)
+                names = _leaf_names(self.case, self.ops)
+                kept = pytree.leaves((tuple(args), dict(kwargs)), self.ops.is_tensor)
+                refilled = pytree.leaves((tuple(new_args), dict(new_kwargs)), self.ops.is_tensor)
+                leaves = [k if name in self.case.fixed else r for k, r, name in zip(kept, refilled, names)]
+                args, kwargs = pytree.replace((tuple(args), dict(kwargs)), self.ops.is_tensor, leaves)
+            self._drawn[seed, blind, special] = (tuple(args), dict(kwargs))
+        return self._drawn[seed, blind, special]
+
+    def special_patterns(self) -> range:
+        """The special-value patterns every rule of this case must hold on: all of them for an
+        op that treats values apart that random data never holds (nanmean's NaN,
+        ``OpCase.special_always``), none for the others."""
+        return range(1, SPECIAL_TRIALS + 1) if self.case.special_always and self.case.special else range(0)
 
 
 def chunk_bounds(size: int, n: int) -> list[tuple[int, int]]:
@@ -97,6 +112,7 @@ class Trial:
     seed: int
     chunked: bool = False  # cut dims as DTensor does (torch.chunk) rather than near-equally
     blind: bool = False  # random inputs, not the sample's generator
+    special: int = 0  # the case's special-value pattern k refills the inputs (0: none)
     # Partial(sum) inputs whose parts cancel: the global value is zero, the parts are not
     # (any(x1 + x2) is not any(x1) or any(x2) where x1 = -x2; random parts never cancel)
     cancelling: bool = False
@@ -113,7 +129,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     """None when the combines rebuild every output from the shards' outputs, else what
     went wrong. Raises when the op fails on the fresh unsharded inputs (no verdict)."""
     case, ops = inputs.case, inputs.ops
-    args, kwargs = inputs(trial.seed, trial.blind)
+    args, kwargs = inputs(trial.seed, trial.blind, trial.special)
     leaves = pytree.leaves((args, kwargs), ops.is_tensor)
     if trial.cancelling:
         leaves = [ops.zeros_like(x) if isinstance(p, PartialInput) and p.op == "sum" else x
@@ -233,6 +249,10 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
             err = _cancelling_failure(inputs, placements, choice, Trial(2, draw_seed(seed, 0)))
             if err:
                 return "failed", err.message
+        if even or Reduce("avg") not in choice:
+            err = _special_failure(inputs, placements, choice, Trial(trials[0], draw_seed(seed, 0)))
+            if err:
+                return "failed", err.message
     return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
 
 
@@ -260,7 +280,24 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
     err = _cancelling_failure(inputs, placements, combines, Trial(2, draw_seed(seed, 0), chunked=True))
     if err:
         return "wrong", err.message
+    err = _special_failure(inputs, placements, combines, Trial(mesh_size, draw_seed(seed, 0), chunked=True))
+    if err:
+        return "wrong", err.message
     return "holds", ""
+
+
+def _special_failure(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
+                     trial: Trial) -> Failure | None:
+    """The rule's failure on the case's special-value inputs, where it must hold on them
+    (``FreshInputs.special_patterns``); None when it holds, or the op refuses them."""
+    for k in inputs.special_patterns():
+        try:
+            err = run_trial(inputs, placements, combines, dataclasses.replace(trial, special=k))
+        except Exception:
+            continue  # the op refuses these values: no verdict
+        if err and not err.crashed:
+            return Failure(f"{err.message} on special values (pattern {k})")
+    return None
 
 
 def _cancelling_failure(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],

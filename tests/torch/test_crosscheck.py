@@ -302,6 +302,26 @@ def test_a_partial_rule_that_fails_where_the_parts_cancel_is_wrong(backend):
     assert reverify(FreshInputs(mm, ops), (PartialInput(), Replicate()), ((Reduce("sum"),),), seed=1)[0] == "ok"
 
 
+def test_a_rule_of_a_nan_skipping_op_is_checked_with_nan(backend):
+    """DTensor gives nansum(P(sum)) -> P(sum): true on finite data, false where a part holds
+    NaN (nansum drops it there and keeps the other parts' values). Ops marked
+    special_always are checked on their special values too, foreign rules and ours alike."""
+    import dataclasses
+
+    from metaspmd.backends.torch.sample_data import with_nan_specks
+
+    ops = backend.tensor_ops()
+    plain = _case(torch.ops.aten.nansum.default, torch.randn(4, 6, dtype=torch.float64))
+    rule = ((PartialInput(),), (Reduce("sum"),))
+    assert check_foreign_rule(FreshInputs(plain, ops), *rule, mesh_size=2, seed=1)[0] == "holds"
+    nan_aware = dataclasses.replace(plain, special=with_nan_specks, special_always=True)
+    verdict, detail = check_foreign_rule(FreshInputs(nan_aware, ops), *rule, mesh_size=2, seed=1)
+    assert verdict == "wrong" and "special values" in detail
+    assert reverify(FreshInputs(nan_aware, ops), rule[0], (rule[1],), seed=1)[0] == "failed"
+    cut = ((ShardIn(0),), ((Reduce("sum"),),))  # a row cut sums on NaN too
+    assert reverify(FreshInputs(nan_aware, ops), *cut, seed=1)[0] == "ok"
+
+
 # --------------------------------------------------------------------------- whole ops
 
 
