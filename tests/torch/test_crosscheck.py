@@ -306,8 +306,6 @@ def test_a_rule_of_a_nan_skipping_op_is_checked_with_nan(backend):
     """DTensor gives nansum(P(sum)) -> P(sum): true on finite data, false where a part holds
     NaN (nansum drops it there and keeps the other parts' values). Ops marked
     special_always are checked on their special values too, foreign rules and ours alike."""
-    import dataclasses
-
     from metaspmd.backends.torch.sample_data import with_nan_specks
 
     ops = backend.tensor_ops()
