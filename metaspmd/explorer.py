@@ -682,8 +682,7 @@ class _Explorer:
         if trials is None or trials is self.trials:
             return sums
         first = self.trials[0]
-        copied = any(self.leaf_names[i] in self.fixed and self.ops.shape(first.leaves[i])[d] < _halo_room(0)
-                     for i, d, _ in group.dims)
+        copied = any(self.leaf_names[i] in self.fixed for i, _, _ in group.dims)  # every cut dim is 2 long
         proven, informative = [set(opts) for opts in alive], 0
         for trial in trials[1:]:
             ok = self._valid_combines(group, trial, Split(3), alive)
