@@ -256,18 +256,26 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
     return "ok", f"{checked} checks on {' and '.join(map(str, trials))} shards"
 
 
+# Draws of fresh inputs a foreign rule must hold on, on its own split. One draw can hide a
+# wrong rule: DTensor's nll_loss (S(0), S(0), R) -> P(avg) with class weights holds exactly
+# where every shard's targets weigh the same, which two random targets of three classes
+# do one draw in three.
+FOREIGN_DRAWS = 3
+
+
 def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine],
                        mesh_size: int, seed: int) -> tuple[str, str]:
     """Check another framework's rule: ('holds' | 'wrong' | 'split-dependent' | 'unchecked', detail).
 
     'wrong': it gives wrong numbers on the framework's own split of this example
-    (``mesh_size`` pieces as torch.chunk cuts); 'split-dependent': it holds there but not
+    (``mesh_size`` pieces as torch.chunk cuts), on one of ``FOREIGN_DRAWS`` draws; 'split-dependent': it holds there but not
     with another shard count, which the explorer requires (it keeps rules that hold on 2,
     3 and uneven shards). A shard that raises proves nothing here ('unchecked'): the
     framework may run it with other arguments than the global call's (local sizes)."""
     sizes = _sharded_sizes(inputs.case, inputs.ops, placements)
     others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
-    trials = [Trial(mesh_size, draw_seed(seed, 0), chunked=True)] + [Trial(n, draw_seed(seed, 1)) for n in others[:1]]
+    own = [Trial(mesh_size, draw_seed(seed, d), chunked=True) for d in range(FOREIGN_DRAWS)]
+    trials = own + [Trial(n, draw_seed(seed, 1)) for n in others[:1]]
     for t, trial in enumerate(trials):
         try:
             err = run_trial(inputs, placements, combines, trial)
@@ -276,7 +284,7 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
         if err and err.crashed:
             return "unchecked", err.message
         if err:
-            return ("wrong" if t == 0 else "split-dependent"), err.message
+            return ("wrong" if t < len(own) else "split-dependent"), err.message
     err = _cancelling_failure(inputs, placements, combines, Trial(2, draw_seed(seed, 0), chunked=True))
     if err:
         return "wrong", err.message
@@ -317,6 +325,6 @@ def _cancelling_failure(inputs: FreshInputs, placements: Sequence[InputPlacement
 
 
 __all__ = [
-    "Failure", "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
+    "FOREIGN_DRAWS", "Failure", "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
     "run_trial",
 ]

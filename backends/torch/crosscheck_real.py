@@ -19,10 +19,10 @@ import torch
 from metaspmd import pytree
 
 from .crosscheck_dtensor import canonical_names, placement
-from .crosscheck_numerics import FreshInputs, partial_parts
+from .crosscheck_numerics import FOREIGN_DRAWS, FreshInputs, partial_parts
 
-# Replays per rule: fresh draws of the example's inputs.
-REPLAY_SEEDS = (1, 2)
+# Replays per rule: fresh draws of the example's inputs, as many as the replay on shards.
+REPLAY_SEEDS = tuple(range(1, FOREIGN_DRAWS + 1))
 
 # Real DTensor raising this on a replicated call: it has no way to run the op at all.
 NO_STRATEGY = NotImplementedError

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # the OpInfo database needs it
 
-from metaspmd.backends.torch import crosscheck, get_backend  # noqa: E402
+from metaspmd.backends.torch import crosscheck, crosscheck_numerics, get_backend  # noqa: E402
 from metaspmd.backends.torch.backend import make_runner  # noqa: E402
 from metaspmd.backends.torch.crosscheck_dtensor import (  # noqa: E402
     AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, canonical_names, dtensor_answer, dtensor_support,
@@ -285,6 +285,29 @@ def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
     assert check_foreign_rule(FreshInputs(even, ops), *rule, mesh_size=2, seed=1)[0] == "split-dependent"
     right = ((ShardIn(0), Replicate()), (Gather(0),))
     assert check_foreign_rule(FreshInputs(_case(MM, *even.args), ops), *right, mesh_size=2, seed=1)[0] == "holds"
+
+
+def test_a_foreign_rule_must_hold_on_several_draws(backend):
+    """DTensor gives nll_loss_forward(S(0), S(0), R) -> (P(avg), P(sum)) with class weights
+    and reduction=mean. The average of the shards' weighted means is the weighted mean only
+    where every shard's targets weigh the same: true on the first draw of seed 1 (both
+    targets of one class), false on the next."""
+    ops, func = backend.tensor_ops(), torch.ops.aten.nll_loss_forward.default
+
+    def fresh(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randint(0, 3, (2,), generator=g),
+                torch.rand(3, generator=g, dtype=torch.float64) + 0.5, 1, -100), {}
+
+    case = dataclasses.replace(_case(func, *fresh(0)[0]), fresh=fresh)
+    rule = ((ShardIn(0), ShardIn(0), Replicate()), (Reduce("avg"), Reduce("sum")))
+    first = Trial(2, crosscheck_numerics.draw_seed(1, 0), chunked=True)
+    assert run_trial(FreshInputs(case, ops), *rule, first) is None  # one draw alone would pass it
+    assert check_foreign_rule(FreshInputs(case, ops), *rule, mesh_size=2, seed=1)[0] == "wrong"
+    summed = dataclasses.replace(case, args=case.args[:3] + (2, -100),
+                                 fresh=lambda seed: ((*fresh(seed)[0][:3], 2, -100), {}))
+    rule = ((ShardIn(0), ShardIn(0), Replicate()), (Reduce("sum"), Reduce("sum")))
+    assert check_foreign_rule(FreshInputs(summed, ops), *rule, mesh_size=2, seed=1)[0] == "holds"
 
 
 def test_a_partial_rule_that_fails_where_the_parts_cancel_is_wrong(backend):
