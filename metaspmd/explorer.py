@@ -1143,8 +1143,9 @@ class _Explorer:
         ]
 
     def _one_valued_blind(self) -> bool:
-        """Some blind trial leaves every output one value throughout."""
-        return any(t.one_value is not None for t in self.trials)
+        """Some blind trial leaves every output one value throughout, or NaN throughout
+        (``ndtri`` of random integers: its domain [0, 1] holds two of them)."""
+        return any(t.one_value is not None or (t.nonfinite and not t.special) for t in self.trials)
 
     def _whole_tensor_predicates(self) -> bool:
         """Some output is a single bool (a predicate of whole inputs)."""

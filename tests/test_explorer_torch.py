@@ -233,6 +233,18 @@ def test_special_values_propose_where_blind_data_leaves_one_value():
     assert e.status == "replicate-only"
 
 
+def test_special_values_propose_where_blind_data_is_out_of_domain():
+    # ndtri's domain is [0, 1]: its integer sample is all zero (-inf throughout), and blind
+    # random integers give NaN nearly everywhere; special values (0, 1 and more) show the cut
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    zeros = torch.zeros(20, dtype=torch.int64)
+    case = OpCase("test", aten.special_ndtri.default, (zeros,), {}, ("self",),
+                  fresh=lambda seed: ((zeros.clone(),), {}), special=with_special_values)
+    e = explore_case(case, OPS)
+    assert e.status == "ok" and list(combines(e).values()) == [["gather(dim=0)"]]
+
+
 def test_overflow_on_one_code_path_is_not_a_mismatch():
     # AVX2 lanes and the scalar tail overflow sinh(89) in float32 apart: where a shard
     # boundary falls decides which; a value within a factor 2 of the largest is its infinity
