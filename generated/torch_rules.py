@@ -22002,7 +22002,6 @@ RULES = {
         ),
         'self:f[1,*,1,*] indices:i[1,*,1,*] output_size=[3,6]': (
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Shard(3), Shard(3)), (Partial('max'),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
@@ -22026,7 +22025,6 @@ RULES = {
         ),
         'self:f[1,*,1,*] indices:i[1,*,1,*] output_size=[3,6]': (
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Shard(3), Shard(3)), (Partial('max'),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
@@ -22046,7 +22044,6 @@ RULES = {
         'self:f[*,*,1,*,*] indices:i[*,*,1,*,*] output_size=[3,6,5] stride=[2,2,2] padding=[0,0,0]': (
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Shard(3), Shard(3)), (Partial('max'),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'self:f[1,*,*,*,*] indices:i[1,*,*,*,*] output_size=[3,6,5] stride=[2,2,2] padding=[1,1,1]': (
@@ -22070,7 +22067,6 @@ RULES = {
         'self:f[*,*,1,*,*] indices:i[*,*,1,*,*] output_size=[3,6,5] stride=[2,2,2] padding=[0,0,0]': (
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
-            ((Shard(3), Shard(3)), (Partial('max'),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'self:f[1,*,*,*,*] indices:i[1,*,*,*,*] output_size=[3,6,5] stride=[2,2,2] padding=[1,1,1]': (

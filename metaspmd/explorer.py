@@ -829,8 +829,9 @@ class _Explorer:
         notes_extra: list[str] = []
         self.widened: dict[tuple, list[str]] = {}  # placements verified on lengthened dims: notes
         constant = self._constant_outputs()
-        if (constant or self._empty_outputs() or self._integer_data() or self._constant_inputs()
-                or self._flat_along_a_dim()):
+        blind = bool(constant or self._empty_outputs() or self._integer_data() or self._constant_inputs()
+                     or self._flat_along_a_dim())
+        if blind:
             # The sample's data leaves an output constant or empty (nonzero of all zeros), or
             # is integers from a narrow range, whose ties let argmin's local indices pass for
             # the global one, or repeats an input on every trial (scatter_add's zero self,
@@ -862,6 +863,11 @@ class _Explorer:
             constant = []
         if constant:
             return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
+        if not blind and self._one_signed_inputs():
+            # Positive sample data (max_unpool2d's pooled values) lets a max of zero-padded
+            # local outputs pass for the scatter: signed blind data refutes it. Appended last,
+            # so the trials before keep their splits.
+            self.trials = self.trials + self._blind_trials()
 
         parts = self._independent_parts() if case.candidates is None else None
         found, counts, uneven, status = whole = self._search(ranks, None)
@@ -1157,6 +1163,24 @@ class _Explorer:
         return any(
             self.ops.dtype_kind(x) in (FLOAT, COMPLEX) and 0 not in self.ops.shape(x) and name not in self.fixed
             and all(self.ops.close(t.leaves[i], x) for t in self.trials[1:])
+            for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
+        )
+
+    def _one_signed_inputs(self) -> bool:
+        """Some real float input, not fixed, is positive throughout on every trial (or
+        negative throughout)."""
+        ops, first = self.ops, self.trials[0]
+
+        def one_signed(x: Any) -> bool:
+            try:
+                a = ops.to_numpy(x)
+            except Exception:
+                return False
+            return bool((a > 0).all() or (a < 0).all())
+
+        return any(
+            ops.dtype_kind(x) == FLOAT and 0 not in ops.shape(x) and name not in self.fixed
+            and all(one_signed(t.leaves[i]) for t in self.trials)
             for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
         )
 

@@ -245,6 +245,22 @@ def test_special_values_propose_where_blind_data_is_out_of_domain():
     assert e.status == "ok" and list(combines(e).values()) == [["gather(dim=0)"]]
 
 
+def test_positive_samples_are_checked_on_signed_data_too():
+    # max_unpool2d scatters each shard's values into zeros; where the windows overlap two
+    # shards write one position. On positive values a max of the local outputs rebuilds it,
+    # on signed ones the zeros win: blind signed data refutes reduce(max)
+    indices = torch.tensor([[[[7, 16, 17]], [[8, 8, 5]]]])
+
+    def positive(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.rand(1, 2, 1, 3, generator=g, dtype=F64) + 1, indices.clone(), [3, 6]), {}
+
+    case = OpCase("test", aten.max_unpool2d.default, positive(0)[0], {}, ("self", "indices", "output_size"),
+                  fresh=positive, fixed=frozenset({"indices"}))
+    e = explore_case(case, OPS)
+    assert "reduce(max)" not in str(e.combine) and "S1: gather(dim=1)" in str(e.combine)
+
+
 def test_overflow_on_one_code_path_is_not_a_mismatch():
     # AVX2 lanes and the scalar tail overflow sinh(89) in float32 apart: where a shard
     # boundary falls decides which; a value within a factor 2 of the largest is its infinity
