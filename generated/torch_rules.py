@@ -459,12 +459,7 @@ RULES = {
     'aten._amp_foreach_non_finite_check_and_unscale.default': {
         'self:[f[],f[]] found_inf:f[] inv_scale:f[]': (
             ((Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
-            ((Partial('sum'), Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
-            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
-            ((Replicate(), Partial('sum'), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
         ),
     },
@@ -484,12 +479,7 @@ RULES = {
     'aten._amp_foreach_non_finite_check_and_unscale_.default': {
         'self:[f[],f[]] found_inf:f[] inv_scale:f[]': (
             ((Partial('sum'), Replicate(), Replicate(), Replicate()), (Partial('sum'), Replicate(), Replicate())),
-            ((Partial('sum'), Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
-            ((Partial('sum'), Replicate(), Partial('sum'), Replicate()), (Partial('sum'), Replicate(), Partial('sum'))),
             ((Replicate(), Partial('sum'), Replicate(), Replicate()), (Replicate(), Partial('sum'), Replicate())),
-            ((Replicate(), Partial('sum'), Partial('sum'), Replicate()), (Replicate(), Partial('sum'), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum'), Replicate()), (Replicate(), Replicate(), Partial('sum'))),
-            ((Replicate(), Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Partial('sum'), Replicate())),
         ),
     },

@@ -102,7 +102,13 @@ RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as o
 # The latter plant NaN alone among the data, since a planted inf would decide the output.
 TIE_SENSITIVE = frozenset({"unique_consecutive", "unique_dim_consecutive"})
 NAN_SKIPPING = frozenset({"nanmean", "nansum", "nanmedian", "nanquantile", "nan_to_num", "nan_to_num_", "fmax", "fmin"})
-SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING
+# and ops that exist to catch NaN and inf: AMP's check sets found_inf to 1 on every shard
+# that holds one, so a Partial(sum) found_inf, true on finite data, adds up to the shard count
+NONFINITE_CHECKING = frozenset({
+    "_amp_foreach_non_finite_check_and_unscale", "_amp_foreach_non_finite_check_and_unscale_",
+    "_amp_update_scale", "_amp_update_scale_",
+})
+SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING | NONFINITE_CHECKING
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'

@@ -191,6 +191,19 @@ def test_an_op_that_merges_equal_neighbours_is_verified_where_they_are_equal():
     assert explore_case(case, ops).status == "replicate-only"
 
 
+def test_a_nonfinite_check_is_verified_on_nan_and_inf():
+    # AMP's unscale sets found_inf to 1 on every shard that holds a NaN or inf: a Partial(sum)
+    # found_inf, true on finite data, adds up to the shard count there. Its unscaled outputs
+    # stay linear in a Partial inv_scale.
+    backend = get_backend(opinfos=())
+    ops = backend.tensor_ops()
+    case = next(iter(backend.cases("aten._amp_foreach_non_finite_check_and_unscale.default")))
+    assert case.special_always
+    e = explore_case(case, ops)
+    self_0, self_1, found_inf, inv_scale = e.partial.inputs
+    assert found_inf == () and inv_scale != ()
+
+
 def test_fresh_keeps_signature_and_index_validity(backend):
     ops = backend.tensor_ops()
     for op in ("aten.gather.default", "aten.index_select.default"):
