@@ -1167,8 +1167,8 @@ class _Explorer:
         )
 
     def _one_signed_inputs(self) -> bool:
-        """Some real float input, not fixed, is positive throughout on every trial (or
-        negative throughout)."""
+        """Some real float input, not fixed, is positive throughout on every random trial
+        (or negative throughout)."""
         ops, first = self.ops, self.trials[0]
 
         def one_signed(x: Any) -> bool:
@@ -1180,7 +1180,7 @@ class _Explorer:
 
         return any(
             ops.dtype_kind(x) == FLOAT and 0 not in ops.shape(x) and name not in self.fixed
-            and all(one_signed(t.leaves[i]) for t in self.trials)
+            and all(one_signed(t.leaves[i]) for t in self.trials if not t.special)
             for i, (x, name) in enumerate(zip(first.leaves, self.leaf_names))
         )
 

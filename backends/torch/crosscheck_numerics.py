@@ -268,9 +268,9 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
     """Check another framework's rule: ('holds' | 'wrong' | 'split-dependent' | 'unchecked', detail).
 
     'wrong': it gives wrong numbers on the framework's own split of this example
-    (``mesh_size`` pieces as torch.chunk cuts), on one of ``FOREIGN_DRAWS`` draws; 'split-dependent': it holds there but not
-    with another shard count, which the explorer requires (it keeps rules that hold on 2,
-    3 and uneven shards). A shard that raises proves nothing here ('unchecked'): the
+    (``mesh_size`` pieces as torch.chunk cuts) on one of ``FOREIGN_DRAWS`` draws;
+    'split-dependent': it holds there but not with another shard count, which the explorer
+    requires (it keeps rules that hold on 2, 3 and uneven shards). A shard that raises proves nothing here ('unchecked'): the
     framework may run it with other arguments than the global call's (local sizes)."""
     sizes = _sharded_sizes(inputs.case, inputs.ops, placements)
     others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
@@ -325,6 +325,6 @@ def _cancelling_failure(inputs: FreshInputs, placements: Sequence[InputPlacement
 
 
 __all__ = [
-    "FOREIGN_DRAWS", "Failure", "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs", "partial_parts", "reverify",
-    "run_trial",
+    "FOREIGN_DRAWS", "Failure", "FreshInputs", "Trial", "check_foreign_rule", "chunk_bounds", "fresh_inputs",
+    "partial_parts", "reverify", "run_trial",
 ]
