@@ -343,6 +343,18 @@ def test_a_rule_of_a_nan_skipping_op_is_checked_with_nan(backend):
     assert reverify(FreshInputs(nan_aware, ops), *cut, seed=1)[0] == "ok"
 
 
+def test_special_values_check_a_partial_rule_on_two_parts(backend):
+    """A Partial(sum) scale of a special_always op, zero in the all-zero patterns: its two
+    parts r and -r cancel exactly through a linear op, four parts round at their own size,
+    which the zero output cannot excuse. Its rule is linear, and re-verifies."""
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    ops, func = backend.tensor_ops(), torch.ops.aten.mul.Tensor
+    case = dataclasses.replace(_case(func, torch.randn(4, 6, dtype=torch.float64), torch.randn((), dtype=torch.float64)),
+                               special=with_special_values, special_always=True)
+    assert reverify(FreshInputs(case, ops), (Replicate(), PartialInput()), ((Reduce("sum"),),), seed=1)[0] == "ok"
+
+
 # --------------------------------------------------------------------------- whole ops
 
 
