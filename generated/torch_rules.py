@@ -922,6 +922,7 @@ RULES = {
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=2': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate(), Replicate())),
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=4': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),
@@ -939,6 +940,7 @@ RULES = {
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=2': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate(), Replicate())),
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=4': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),
@@ -13894,6 +13896,7 @@ RULES = {
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=2': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),
+            ((Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate(), Replicate())),
         ),
         'weight:f[*,*] indices:i[*] offsets:i[*] scale_grad_by_freq=False mode=0 sparse=False per_sample_weights:f[*] include_last_offset=False padding_idx=None': (
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Replicate(), Replicate(), Replicate())),

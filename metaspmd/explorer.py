@@ -54,6 +54,8 @@ TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True), Split(4))
 # every one verifies combines (splits cycling), and an output is called shape-determined
 # only after it stayed constant under every pattern (all zero and all NaN among them).
 SPECIAL_TRIALS = 7
+# The splits of special-value trials beside Partial(sum) inputs (see _verify).
+SPECIAL_SPLITS = (Split(2), Split(2, skew=True))
 # Trials on blind random inputs added when an output is constant or empty on the data of
 # the sample's own generator.
 BLIND_TRIALS = 2
@@ -480,8 +482,16 @@ class _Explorer:
         counts, uneven, informative = set(), False, 0
         # a proportional cut is new ground, and its windows at shard boundaries are few: every
         # trial on every split (a bool window op held on one split in five)
-        pairs = (itertools.product(self.trials[1:], TRIAL_SPLITS) if group.follow
-                 else zip(self.trials[1:], itertools.cycle(TRIAL_SPLITS)))
+        randoms = [t for t in self.trials[1:] if not t.special]
+        pairs = (itertools.product(randoms, TRIAL_SPLITS) if group.follow
+                 else zip(randoms, itertools.cycle(TRIAL_SPLITS)))
+        # Special values are few and placed at random: whether a shard misses the one that
+        # decides (isin's planted element, unique_dim_consecutive's tie) depends on the split,
+        # so every special trial runs on every split. Beside Partial(sum) inputs on two shards
+        # only: the parts r and -r of a zero (the all-zero patterns) cancel exactly through a
+        # linear op, where more parts round at their own size, which a zero cannot excuse.
+        splits = SPECIAL_SPLITS if group.partial and group.partial_op == "sum" else TRIAL_SPLITS
+        pairs = itertools.chain(pairs, itertools.product([t for t in self.trials[1:] if t.special], splits))
 
         def reserve():
             # a tiny sample (two bools) leaves most trials' shards equal: where one differed,

@@ -245,6 +245,19 @@ def test_special_values_propose_where_blind_data_is_out_of_domain():
     assert e.status == "ok" and list(combines(e).values()) == [["gather(dim=0)"]]
 
 
+def test_special_values_are_checked_on_every_split():
+    # isin(2, x) of random x is all False; the special values plant 2s, and a column cut is
+    # reduce(max): identity holds wherever every shard holds a 2, and fails only on a split
+    # that leaves one without. Each special trial used to run on one split, by its position
+    # among the trials, and identity passed where none did
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    x = torch.randn(4, 6, dtype=F64, generator=torch.Generator().manual_seed(0))
+    e = explore_case(OpCase("test", aten.isin.Scalar_Tensor, (2, x), {}, ("element", "test_elements"),
+                            special=with_special_values), OPS)
+    assert combines(e) == {"S1": ["reduce(max)"], "S2": ["reduce(max)"]}
+
+
 def test_positive_samples_are_checked_on_signed_data_too():
     # max_unpool2d scatters each shard's values into zeros; where the windows overlap two
     # shards write one position. On positive values a max of the local outputs rebuilds it,
