@@ -875,8 +875,8 @@ class _Explorer:
             return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
         if not blind and self._one_signed_inputs():
             # Positive sample data (max_unpool2d's pooled values) lets a max of zero-padded
-            # local outputs pass for the scatter: signed blind data refutes it. Appended last,
-            # so the trials before keep their splits.
+            # local outputs pass for the scatter: signed blind data refutes it. Added after
+            # the special values are settled: they verify, and call in nothing.
             self.trials = self.trials + self._blind_trials()
 
         parts = self._independent_parts() if case.candidates is None else None
