@@ -51,7 +51,7 @@ EXPLORE_SPLIT = Split(2)
 # most of the data (index-driven ops such as embedding_renorm pass at 2 shards by luck).
 TRIAL_SPLITS = (Split(2), Split(3), Split(2, skew=True), Split(4))
 # Special-value trials asked of OpCase.special when random inputs leave an output constant:
-# every one verifies combines (splits cycling), and an output is called shape-determined
+# every one verifies combines on every split, and an output is called shape-determined
 # only after it stayed constant under every pattern (all zero and all NaN among them).
 SPECIAL_TRIALS = 7
 # The splits of special-value trials beside Partial(sum) inputs (see _verify).
