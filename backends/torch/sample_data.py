@@ -143,4 +143,26 @@ def with_nan_specks(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple
     return with_special_values(args, kwargs, k, seed, nonfinite=(math.nan,), hole=math.nan)
 
 
-__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_special_values"]
+def with_one_nonfinite(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
+    """Finite data near one, but for one element of one float tensor: NaN, inf or -inf,
+    tensor and value cycling with ``k``. An op that checks for non-finite values (AMP's
+    unscale) then sees them on some inputs and not on others, as a Partial input whose one
+    part holds the inf; the seven patterns above seldom leave one tensor of a list finite
+    beside another that is not (a 0-d tensor takes a planted value a third of the time)."""
+    gen = torch.Generator().manual_seed(seed)
+    floats = [x for x in tree_leaves((list(args), dict(kwargs)))
+              if isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.numel() and x.layout == torch.strided]
+    target = floats[(k - 1) % len(floats)] if floats else None
+    value = (math.nan, math.inf, -math.inf)[(k - 1) % 3]
+
+    def refill(x):
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.numel() == 0 or x.layout != torch.strided:
+            return x
+        near = _near_one(x, gen)
+        return _one_element(x, near, torch.full_like(x, value), gen) if x is target else near
+
+    new_args, new_kwargs = tree_map(refill, (list(args), dict(kwargs)))
+    return tuple(new_args), new_kwargs
+
+
+__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_one_nonfinite", "with_special_values"]

@@ -192,16 +192,22 @@ def test_an_op_that_merges_equal_neighbours_is_verified_where_they_are_equal():
 
 
 def test_a_nonfinite_check_is_verified_on_nan_and_inf():
-    # AMP's unscale sets found_inf to 1 on every shard that holds a NaN or inf: a Partial(sum)
-    # found_inf, true on finite data, adds up to the shard count there. Its unscaled outputs
-    # stay linear in a Partial inv_scale.
+    # AMP's unscale sets found_inf to 1 on every shard that holds a NaN or inf. Its Partial
+    # rules hold on finite data only: a Partial found_inf adds up to the shard count, a
+    # Partial self whose one part holds the inf sets found_inf on that shard alone, and a
+    # Partial inv_scale meets an inf self as inf + -inf. One non-finite element in one
+    # tensor at a time shows each
+    from metaspmd.backends.torch.sample_data import with_one_nonfinite
+
     backend = get_backend(opinfos=())
     ops = backend.tensor_ops()
     case = next(iter(backend.cases("aten._amp_foreach_non_finite_check_and_unscale.default")))
-    assert case.special_always
-    e = explore_case(case, ops)
-    self_0, self_1, found_inf, inv_scale = e.partial.inputs
-    assert found_inf == () and inv_scale != ()
+    assert case.special_always and case.special is with_one_nonfinite
+    assert explore_case(case, ops).status == "replicate-only"
+    for k in range(1, 5):  # the k-th tensor holds the one non-finite element
+        (self_, found_inf, inv_scale), _ = with_one_nonfinite(case.args, {}, k, seed=k)
+        tensors = [*self_, found_inf, inv_scale]
+        assert [int((~torch.isfinite(x)).sum()) for x in tensors] == [int(i == k - 1) for i in range(4)]
 
 
 def test_fresh_keeps_signature_and_index_validity(backend):
