@@ -149,14 +149,16 @@ def with_one_nonfinite(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tu
     unscale) then sees them on some inputs and not on others, as a Partial input whose one
     part holds the inf; the seven patterns above seldom leave one tensor of a list finite
     beside another that is not (a 0-d tensor takes a planted value a third of the time)."""
+    def fillable(x) -> bool:
+        return isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.numel() > 0 and x.layout == torch.strided
+
     gen = torch.Generator().manual_seed(seed)
-    floats = [x for x in tree_leaves((list(args), dict(kwargs)))
-              if isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.numel() and x.layout == torch.strided]
+    floats = [x for x in tree_leaves((list(args), dict(kwargs))) if fillable(x)]
     target = floats[(k - 1) % len(floats)] if floats else None
     value = (math.nan, math.inf, -math.inf)[(k - 1) % 3]
 
     def refill(x):
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.numel() == 0 or x.layout != torch.strided:
+        if not fillable(x):
             return x
         near = _near_one(x, gen)
         return _one_element(x, near, torch.full_like(x, value), gen) if x is target else near
