@@ -272,8 +272,9 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
     'wrong': it gives wrong numbers on the framework's own split of this example
     (``mesh_size`` pieces as torch.chunk cuts) on one of ``FOREIGN_DRAWS`` draws;
     'split-dependent': it holds there but not with another shard count, which the explorer
-    requires (it keeps rules that hold on 2, 3 and uneven shards). A shard that raises proves nothing here ('unchecked'): the
-    framework may run it with other arguments than the global call's (local sizes)."""
+    requires (it keeps rules that hold on 2, 3 and uneven shards). A shard that raises
+    proves nothing here ('unchecked'): the framework may run it with other arguments than
+    the global call's (local sizes)."""
     sizes = _sharded_sizes(inputs.case, inputs.ops, placements)
     others = [n for n in (3, 2, 4) if n != mesh_size and all(s >= n for s in sizes)]
     own = [Trial(mesh_size, draw_seed(seed, d), chunked=True) for d in range(FOREIGN_DRAWS)]
@@ -290,7 +291,8 @@ def check_foreign_rule(inputs: FreshInputs, placements: Sequence[InputPlacement]
     err = _cancelling_failure(inputs, placements, combines, Trial(2, draw_seed(seed, 0), chunked=True))
     if err:
         return "wrong", err.message
-    err = _special_failure(inputs, placements, combines, Trial(mesh_size, draw_seed(seed, 0), chunked=True))
+    special = Trial(_special_count(placements, mesh_size), draw_seed(seed, 0), chunked=True)
+    err = _special_failure(inputs, placements, combines, special)
     if err:
         return "wrong", err.message
     return "holds", ""
