@@ -753,7 +753,6 @@ RULES = {
             strategies=(
                 Strategy((0,), (0,), ('',), ('',)),
                 Strategy((1,), (1,), ('',), ('',)),
-                Strategy((None,), (None,), ('sum',), ('sum',)),
             ),
             sharding_rule='s1 s2 -> s1 s2',
             reduction_factors=(),
@@ -763,7 +762,6 @@ RULES = {
             strategies=(
                 Strategy((0,), (0,), ('',), ('',)),
                 Strategy((1,), (1,), ('',), ('',)),
-                Strategy((None,), (None,), ('sum',), ('sum',)),
             ),
             sharding_rule='s1 s2 -> s1 s2',
             reduction_factors=(),

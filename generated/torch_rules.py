@@ -6812,11 +6812,9 @@ RULES = {
         ),
         'self:f[*,*,*,*] output_size=[4,3,5]': (
             ((Shard(0),), (Shard(0), Shard(0))),
-            ((Partial('sum'),), (Partial('sum'), Replicate())),
         ),
         'self:f[1,*,*,*,*] output_size=[4,3,5]': (
             ((Shard(1),), (Shard(1), Shard(1))),
-            ((Partial('sum'),), (Partial('sum'), Replicate())),
         ),
     },
     'aten.adaptive_max_pool3d.out': {
@@ -6829,11 +6827,9 @@ RULES = {
         ),
         'self:f[*,*,*,*] output_size=[4,3,5]': (
             ((Shard(0),), (Shard(0), Shard(0))),
-            ((Partial('sum'),), (Partial('sum'), Replicate())),
         ),
         'self:f[1,*,*,*,*] output_size=[4,3,5]': (
             ((Shard(1),), (Shard(1), Shard(1))),
-            ((Partial('sum'),), (Partial('sum'), Replicate())),
         ),
     },
     'aten.adaptive_max_pool3d_backward.default': {
@@ -8238,8 +8234,6 @@ RULES = {
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] src:f[*,*,*,*] size=[2,2,2,2] stride=[8,4,2,1] storage_offset=0': (
-            ((Partial('sum'), Replicate()), (Replicate(),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] src:i[*,*] size=[2,2] stride=[1,2] storage_offset=0': (
@@ -8251,8 +8245,6 @@ RULES = {
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] src:f[*,*,*,*] size=[2,2,2,2] stride=[8,4,2,1] storage_offset=0': (
-            ((Partial('sum'), Replicate()), (Replicate(),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] src:i[*,*] size=[2,2] stride=[1,2] storage_offset=0': (
@@ -28302,9 +28294,7 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*,*] src:f[*,*,*] dim=0 start=10 end=20': (
             ((Shard(1), Shard(1)), (Shard(1),)),
@@ -28315,9 +28305,7 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.slice_scatter.out': {
@@ -28330,9 +28318,7 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*,*] src:f[*,*,*] dim=0 start=10 end=20': (
             ((Shard(1), Shard(1)), (Shard(1),)),
@@ -28343,9 +28329,7 @@ RULES = {
             ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Shard(2), Shard(2)), (Shard(2),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.slogdet.default': {

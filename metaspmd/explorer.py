@@ -161,6 +161,7 @@ class _Explorer:
         self._refuters: list[_Trial] | None = None  # special-value trials, drawn when first needed
         self._reserve: list[_Trial] = []  # more fresh trials, drawn when first needed
         self._resized: dict[tuple[int, ...], tuple[list[_Trial], list[_Trial] | None]] = {}  # by trials
+        self._reproduced: dict[int, bool] = {}  # by id of a resized trial (held in _resized)
 
     # ------------------------------------------------------------------ running
 
@@ -574,7 +575,47 @@ class _Explorer:
             result = self._amounts_on_other_sizes(group, result)
             if result is None:
                 return None
+        if group.partial and not group.dims and not group.follow:
+            result = self._partials_on_other_sizes(group, result)
+            if result is None:
+                return None
         return tuple(result), counts, uneven
+
+    def _partials_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """A Partial rule stands for every size its signature leaves open, but an op can be
+        linear at the example's sizes only: a slice_scatter whose slice covers all of self
+        ignores self there, an adaptive max pool to the input's own size is the identity.
+        The combines must also hold on the trials with every unpinned dim lengthened
+        (``_resized_trials``). Those judged are the ones whose outputs line up with the
+        example's (split's output count follows a length) and that the op reproduces bit
+        for bit: a kernel that trusts shapes it does not check (a convolution backward, a
+        pdist backward) reads past a lengthened input, and its garbage refutes nothing.
+        None where an output keeps no combine."""
+        dims = self._resizable_dims()
+        trials = (self._resized_trials(dims) or []) if dims else []
+        alive = [list(o.options) for o in outs]
+        ranks = [len(self.ops.shape(o)) for o in self.trials[0].outputs]
+        for trial, split in zip(trials, itertools.cycle(TRIAL_SPLITS)):
+            if [len(self.ops.shape(o)) for o in trial.outputs] != ranks or not self._reproduces(trial):
+                continue
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is None:
+                return None
+            if ok is not UNINFORMATIVE:
+                alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+        return [OutputCombine.of([c for c in o.options if c in held]) for o, held in zip(outs, alive)]
+
+    def _reproduces(self, trial: _Trial) -> bool:
+        """Does the op give ``trial``'s outputs again, bit for bit, on copies of its inputs?"""
+        if id(trial) not in self._reproduced:
+            try:
+                outputs, _ = self._call([self.ops.clone(x) for x in trial.leaves], trial)
+                same = len(outputs) == len(trial.outputs) and all(
+                    _bitwise_equal(self.ops, a, b) for a, b in zip(outputs, trial.outputs))
+            except Exception:
+                same = False
+            self._reproduced[id(trial)] = same
+        return self._reproduced[id(trial)]
 
     def _amounts_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
         """Block counts and halos are read off sizes, which the signature leaves out unless

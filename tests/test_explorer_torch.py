@@ -941,3 +941,23 @@ def test_per_channel_vectors_are_cut_with_the_channel_dim_among_many_inputs():
     e = explore(per_channel, [randn(5, 5, 5), randn(5, 5, 5)] + [randn(5) for _ in range(5)], "xyabcde")
     assert str(e.shard) == "[[S1, S2, S3], [S1, S2, S3], [S2], [S2], [S2], [S2], [S2]]"
     assert combines(e)["S2"] == ["gather(dim=1)"]
+
+
+def test_partial_rules_hold_at_other_sizes_too():
+    # a slice_scatter whose slice covers all of self ignores self, so self Partial passes
+    # as identity and src Partial as a sum at this size, and at no other: a longer self
+    # keeps rows of its own. Self and src Partial together hold at any size.
+    e = explore(aten.slice_scatter.default, [randn(4, 3), randn(4, 3), 0, 0, 4],
+                ("self", "src", "dim", "start", "end"))
+    assert e.status == "ok" and str(e.partial) == "[[S3(sum)], [S3(sum)]]", e.partial
+    assert combines(e)["S3"] == ["reduce(sum)"]
+
+
+def test_garbage_at_other_sizes_refutes_no_partial_rule():
+    # a kernel that trusts a length it does not check reads past a lengthened input: its
+    # output is no function of the inputs there, and the op does not reproduce it
+    def sum_of_four(x):
+        return x[:4].sum(0) if x.shape[0] == 4 else x[:4].sum(0) + torch.rand((), dtype=F64)
+
+    e = explore(sum_of_four, [randn(4, 3)], ("self",))
+    assert [str(p) for p in e.partial.inputs[0]] == ["S2(sum)"] and combines(e)["S2"] == ["reduce(sum)"], e
