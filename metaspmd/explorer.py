@@ -41,8 +41,9 @@ from .combine import (
 from .rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from .signature import arg_items, pinned_dims, signature
 from .spec import (
-    N, ArgReduce, CombineSpec, Gather, Group, Identity, IndependentSpec, IndexOffset, InputPlacement, OutputCombine,
-    PartialInput, PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, joint, tables_from_strategies,
+    N, ArgReduce, Combine, CombineSpec, Gather, Group, Identity, IndependentSpec, IndexOffset, InputPlacement,
+    OutputCombine, PartialInput, PartialSpec, Reduce, Replicate, Scan, ShardIn, ShardSpec, Tables, joint,
+    tables_from_strategies,
 )
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
 
@@ -1588,6 +1589,21 @@ def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreCon
         return failed_entry(case, ops, "explorer: " + _error_text(e))
 
 
+def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
+                         combines: Sequence[Combine], seed: int = 0) -> bool:
+    """Does a rule of Partial and replicated inputs also hold with every unpinned dim
+    lengthened, as the explorer requires of the rules it keeps? (A rule that holds at the
+    example's sizes only: a slice_scatter whose slice covers all of self.) True where
+    nothing can be lengthened or the op refuses it, as the explorer has it."""
+    group = _group_of(placements)
+    if not group.partial or group.dims or group.follow:
+        raise ValueError("only a rule of Partial and replicated inputs is checked at other sizes")
+    ex = _Explorer(case, ops, ExploreConfig(), seed)
+    ex.trials = [ex._trial(tuple(case.args), dict(case.kwargs))]
+    ex.trials += [ex._fresh_trial(k) for k in range(1, len(TRIAL_SPLITS) + 1)]
+    return ex._partials_on_other_sizes(group, [OutputCombine.of([c]) for c in combines]) is not None
+
+
 def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:
     """The entry of an example call that could not be explored: no strategy, and why."""
     sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
@@ -1625,4 +1641,4 @@ def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig(
     return record
 
 
-__all__ = ["ExploreConfig", "explore_case", "explore_op"]
+__all__ = ["ExploreConfig", "explore_case", "explore_op", "holds_at_other_sizes"]

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import torch
 
 from metaspmd import reproducible
+from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
@@ -212,7 +213,7 @@ class Miss:
     signature: str
     rule: str
     reason: str
-    numeric: str  # holds | wrong (DTensor false positive) | split-dependent | unchecked
+    numeric: str  # holds | wrong (DTensor false positive) | split-dependent | size-dependent | unchecked
     detail: str = ""
     # a composite op's rule that holds on real DTensor, where the op itself on the shards fails
     # or differs: only DTensor's decomposition gives it, so no rule of the op's local kind can
@@ -300,6 +301,8 @@ REWRITES = "DTensor rewrites the op's size arguments for each shard; the explore
 COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each shard"
 LOCAL_FAILS = "the op itself on these shards"
 NO_COMBINE = "an output placement has no combine of ours"
+# DTensor decides per call, on the real sizes; our signature leaves them open
+SIZED = "holds at the example's sizes only: the signature leaves them open, and the explorer checks Partial rules at other sizes too"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
@@ -321,6 +324,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return "not found by the explorer; not replayed: " + COMPOSITE
     if numeric == "split-dependent":
         return "holds only for some shard counts; the explorer needs 2, 3 and uneven shards"
+    if numeric == "size-dependent":
+        return SIZED
     if numeric == "holds" and detail.startswith(REAL) and LOCAL_FAILS in detail:
         return "holds on real DTensor, which runs the op's decomposition; the op itself on these shards fails or differs"
     if numeric == "holds" and detail.startswith(REAL) and detail.endswith(f"({COMPOSITE})"):
@@ -346,7 +351,18 @@ def _replay_on_shards(fresh: FreshInputs, inputs: Key, outputs: Key, config: Con
     if any(c is None for c in combines):
         return "unchecked", NO_COMBINE
     placements = tuple(parse_input(k) for k in inputs)
-    return check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
+    numeric, detail = check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
+    partial_only = not any(isinstance(p, ShardIn) for p in placements) and any(isinstance(p, PartialInput) for p in placements)
+    if numeric == "holds" and partial_only and not _holds_at_other_sizes(fresh, placements, combines):
+        return "size-dependent", SIZED
+    return numeric, detail
+
+
+def _holds_at_other_sizes(fresh: FreshInputs, placements: Sequence[InputPlacement], combines: Sequence[Combine]) -> bool:
+    try:
+        return holds_at_other_sizes(fresh.case, fresh.ops, placements, combines)
+    except Exception:  # the op fails on fresh inputs: nothing tells against the rule
+        return True
 
 
 def _local_failure(fresh: FreshInputs, inputs: Key, outputs: Key, config: Config) -> str:

@@ -287,6 +287,20 @@ def test_dtensor_mean_of_uneven_shards_is_a_false_positive(backend):
     assert check_foreign_rule(FreshInputs(_case(MM, *even.args), ops), *right, mesh_size=2, seed=1)[0] == "holds"
 
 
+def test_a_partial_rule_true_at_the_example_sizes_only_is_size_dependent(backend):
+    """A slice_scatter whose slice covers all of self ignores self: self Partial with src
+    replicated gives src, replicated, at this size, and DTensor, deciding on the real sizes,
+    says so. Our signature leaves the sizes open, where a longer self keeps rows of its own."""
+    ops, config = backend.tensor_ops(), crosscheck.Config()
+    func = torch.ops.aten.slice_scatter.default
+    covered = _case(func, torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64), 0, 0, 4)
+    rule = ((PartialInput("sum"), Replicate()), (Identity(),))
+    assert check_foreign_rule(FreshInputs(covered, ops), *rule, mesh_size=2, seed=1)[0] == "holds"
+    assert crosscheck._replay_on_shards(FreshInputs(covered, ops), ("P(sum)", "R"), ("R",), config)[0] == "size-dependent"
+    both = crosscheck._replay_on_shards(FreshInputs(covered, ops), ("P(sum)", "P(sum)"), ("P(sum)",), config)
+    assert both[0] == "holds"  # self and src Partial together: linear at any size
+
+
 def test_a_foreign_rule_must_hold_on_several_draws(backend):
     """DTensor gives nll_loss_forward(S(0), S(0), R) -> (P(avg), P(sum)) with class weights
     and reduction=mean. The average of the shards' weighted means is the weighted mean only
