@@ -123,12 +123,21 @@ def offset_positions(ops: TensorOps, x: Any, starts: Sequence[int], component: i
     return [ops.concat(before + [ops.add_scalar(moved, -start)] + after, d) for start in starts]
 
 
-def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1.0) -> list[Any]:
+def partial_summands(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1.0, aligned: bool = False) -> list[Any]:
     """n signed random tensors that add up to x (a Partial(sum) version of x); the random
-    ones have standard deviation ``spread``."""
+    ones have standard deviation ``spread``. ``aligned`` (floats): wherever x is finite and
+    not zero, each part is a fraction of x instead, of x's sign, so an infinity elsewhere
+    times the parts adds up to that infinity, as it does times x. Parts of both signs give
+    inf + -inf there: IEEE arithmetic that breaks every linear rule, not the op's doing."""
     parts = [ops.random_like(x, seed * 7919 + i) for i in range(n - 1)]
     if spread != 1.0:
         parts = [ops.scale(p, spread) for p in parts]
+    if aligned and ops.dtype_kind(x) == FLOAT:
+        value = np.asarray(ops.to_numpy(x))
+        finite = np.isfinite(value) & (value != 0)
+        # fractions in (0, 1/n): the last part keeps more than 1/n of x
+        parts = [ops.from_numpy(np.where(finite, value * np.abs(a) / (n * (1 + np.abs(a))), a).astype(value.dtype), x)
+                 for a in (np.asarray(ops.to_numpy(p)) for p in parts)]
     last = x
     for p in parts:
         last = ops.sub(last, p)
@@ -146,11 +155,12 @@ def partial_factors(ops: TensorOps, x: Any, n: int, seed: int, spread: float = 1
     return [ops.from_numpy(p.astype(value.dtype), x) for p in parts] + [ops.from_numpy(last.astype(value.dtype), x)]
 
 
-def partial_parts(ops: TensorOps, x: Any, op: str, n: int, seed: int, spread: float = 1.0) -> list[Any]:
-    """n tensors that reduce by ``op`` (sum or prod) to x."""
+def partial_parts(ops: TensorOps, x: Any, op: str, n: int, seed: int, spread: float = 1.0,
+                  aligned: bool = False) -> list[Any]:
+    """n tensors that reduce by ``op`` (sum or prod) to x (``aligned``: ``partial_summands``)."""
     if op == "prod":
         return partial_factors(ops, x, n, seed, spread)
-    return partial_summands(ops, x, n, seed, spread)
+    return partial_summands(ops, x, n, seed, spread, aligned)
 
 
 def reduce_ops_for(kind: str, even: bool) -> tuple[str, ...]:

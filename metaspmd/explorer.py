@@ -373,9 +373,11 @@ class _Explorer:
             for i, component in group.offset:
                 per_input[i] = offset_positions(ops, whole[i], starts, component)
         for i in group.partial:
+            # special values meet parts of x's own sign (inf times parts of both signs is NaN:
+            # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
             per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
-                                         self.seed * 1000 + 100 * trial.index + 17 * i + n, spread)
+                                         self.seed * 1000 + 100 * trial.index + 17 * i + n, spread, trial.special)
         result = []
         for k in range(n):
             leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]

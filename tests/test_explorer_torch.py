@@ -961,3 +961,37 @@ def test_garbage_at_other_sizes_refutes_no_partial_rule():
 
     e = explore(sum_of_four, [randn(4, 3)], ("self",))
     assert [str(p) for p in e.partial.inputs[0]] == ["S2(sum)"] and combines(e)["S2"] == ["reduce(sum)"], e
+
+
+def test_aligned_parts_take_the_sign_of_the_value():
+    from metaspmd.combine import partial_summands
+
+    x = torch.tensor([2.0, -3.0, 0.0, float("inf")], dtype=F64)
+    for seed in range(5):
+        parts = partial_summands(OPS, x, 3, seed, aligned=True)
+        assert all(p[0] > 0 and p[1] < 0 for p in parts), parts
+        assert torch.allclose(sum(parts)[:3], x[:3]) and parts[-1][3] == float("inf")
+        assert parts[0][2] != 0  # a zero is split into parts that cancel, of both signs
+
+
+def test_partial_parts_of_a_0d_tensor_are_0d():
+    # numpy's ascontiguousarray makes a 0-d array 1-d: parts built through numpy (product
+    # factors, aligned summands) must keep the tensor's shape
+    from metaspmd.combine import partial_parts
+
+    x = torch.tensor(1.5, dtype=F64)
+    for op, aligned in (("sum", True), ("prod", False)):
+        parts = partial_parts(OPS, x, op, 2, seed=3, aligned=aligned)
+        assert [p.shape for p in parts] == [torch.Size([])] * 2, (op, parts)
+
+
+def test_a_linear_rule_stands_on_special_values():
+    # a product is linear in either factor over finite values; an inf in one factor times
+    # parts of both signs of the other adds up to NaN (IEEE arithmetic, which no linear rule
+    # survives): special values meet parts of the value's own sign, and both rules stand
+    from metaspmd.backends.torch.sample_data import with_one_nonfinite
+
+    e = explore(aten.mul.Tensor, [randn(6, 4), torch.tensor(0.5, dtype=F64)], ("self", "other"),
+                special=with_one_nonfinite, special_always=True)
+    assert e.status == "ok" and "S1: gather(dim=0)" in str(e.combine)
+    assert e.partial.inputs[0] and e.partial.inputs[1], e.partial

@@ -90,11 +90,12 @@ def chunk_bounds(size: int, n: int) -> list[tuple[int, int]]:
     return [(min(k * q, size), min(size, (k + 1) * q) - min(k * q, size)) for k in range(n)]
 
 
-def partial_parts(ops: TensorOps, x: torch.Tensor, op: str, n: int, seed: int) -> list[torch.Tensor]:
+def partial_parts(ops: TensorOps, x: torch.Tensor, op: str, n: int, seed: int, aligned: bool = False) -> list[torch.Tensor]:
     """n tensors that reduce by ``op`` to x: a Partial(op) version of x (the explorer's sum
-    and prod parts, and DTensor's avg, max and min)."""
+    and prod parts, ``aligned`` as it has them on special values, and DTensor's avg, max
+    and min)."""
     if op in ("sum", "prod"):
-        return reduced_parts(ops, x, op, n, seed)
+        return reduced_parts(ops, x, op, n, seed, aligned=aligned)
     if op == "avg":
         return partial_summands(ops, x * n, n, seed)
     if op in ("max", "min"):  # one random part holds x, the others lie strictly beyond it
@@ -158,7 +159,7 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
                 reference = reference or bounds
                 cut[i] = CutInput(per_input[i], p.dim, [start for start, _ in bounds])
         elif isinstance(p, PartialInput):
-            per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i)
+            per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i, aligned=bool(trial.special))
     followers = follower_shards(ops, leaves, placements, reference) if reference else {}
     if followers is None:
         raise ValueError("a proportional cut does not fit its plain cut's length")

@@ -821,10 +821,15 @@ def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaG
     """The first guess whose inputs ``run`` accepts, and the last error otherwise.
 
     ``run(args, kwargs)`` calls the op (wrapped for in-place and out overloads); a guess
-    whose inputs are identical to an earlier failed one is not retried.
+    whose inputs are identical to an earlier failed one is not retried. A guess of 0-d
+    tensors only is taken last: it leaves no dim to cut, where a later guess may run with
+    data of some length beside 0-d operands (a foreach op's scalar tensor, an optimizer's
+    learning rate, AMP's found_inf).
     """
-    error, tried = "", set()
+    error, tried, scalars_only = "", set(), None
     for guess in schema_guesses():
+        if scalars_only is not None and not guess.shape:
+            continue
         try:
             args, kwargs = schema_inputs(func, guess, BASE_SEED)
         except TypeError as e:
@@ -837,12 +842,15 @@ def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaG
             with _quiet():
                 run(args, kwargs)
                 runs_on_fresh_inputs(run, func, guess)
-            return guess, ""
         except Exception as e:  # the first guess's error is the most telling one
             error = error or f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             if isinstance(e, NotImplementedError) and str(e).startswith("Could not run"):
                 break  # no CPU kernel: no other strided tensor reaches one either
-    return None, error or "no guess"
+            continue
+        if guess.shape:
+            return guess, ""
+        scalars_only = guess
+    return (scalars_only, "") if scalars_only is not None else (None, error or "no guess")
 
 
 # --------------------------------------------------------------------------- disk cache

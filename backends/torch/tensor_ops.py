@@ -73,7 +73,8 @@ class TorchOps:
         return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).numpy()
 
     def from_numpy(self, a, like):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(like.dtype)
+        a = np.asarray(a)  # ascontiguousarray makes a 0-d array 1-d: its shape is put back
+        return torch.from_numpy(np.ascontiguousarray(a)).reshape(a.shape).to(like.dtype)
 
     def bitwise_xor(self, a, b):
         return torch.bitwise_xor(a, b)

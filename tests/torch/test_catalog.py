@@ -192,18 +192,24 @@ def test_an_op_that_merges_equal_neighbours_is_verified_where_they_are_equal():
 
 
 def test_a_nonfinite_check_is_verified_on_nan_and_inf():
-    # AMP's unscale sets found_inf to 1 on every shard that holds a NaN or inf. Its Partial
-    # rules hold on finite data only: a Partial found_inf adds up to the shard count, a
-    # Partial self whose one part holds the inf sets found_inf on that shard alone, and a
-    # Partial inv_scale meets an inf self as inf + -inf. One non-finite element in one
-    # tensor at a time shows each
+    # AMP's unscale sets found_inf to 1 on every shard that holds a NaN or inf: cut
+    # gradients give found_inf as the max of the shards'. Its Partial rules on self and
+    # found_inf hold on finite data only: a Partial found_inf adds up to the shard count, a
+    # Partial self whose one part holds the inf sets found_inf on that shard alone. One
+    # non-finite element in one tensor at a time shows each. The gradients are linear in
+    # inv_scale, and found_inf does not read it: that Partial rule stands
     from metaspmd.backends.torch.sample_data import with_one_nonfinite
 
     backend = get_backend(opinfos=())
     ops = backend.tensor_ops()
     case = next(iter(backend.cases("aten._amp_foreach_non_finite_check_and_unscale.default")))
     assert case.special_always and case.special is with_one_nonfinite
-    assert explore_case(case, ops).status == "replicate-only"
+    e = explore_case(case, ops)
+    assert e.status == "ok" and str(e.shard) == "[[S1, S2], [S1, S2], [], []]", e.shard
+    assert str(e.partial) == "[[], [], [], [S3(sum)]]", e.partial
+    assert {label: [str(c) for c in outs] for label, outs in e.combine.by_label} == {
+        "S1": ["gather(dim=0)", "gather(dim=0)", "reduce(max)"], "S2": ["gather(dim=1)", "gather(dim=1)", "reduce(max)"],
+        "S3": ["reduce(sum)", "reduce(sum)", "identity"]}
     for k in range(1, 5):  # the k-th tensor holds the one non-finite element
         (self_, found_inf, inv_scale), _ = with_one_nonfinite(case.args, {}, k, seed=k)
         tensors = [*self_, found_inf, inv_scale]
@@ -410,6 +416,21 @@ def test_a_schema_guess_must_run_on_fresh_seeds_too():
     # second ran on all of them
     assert guess is not None and len(calls) == 3 + 1 + samples.FRESH_SEEDS
     assert guess != next(samples.schema_guesses())
+
+
+def test_a_guess_of_0d_tensors_only_is_taken_last():
+    # AMP's unscale wants found_inf and inv_scale of one element: the first guesses make
+    # every tensor 4x6 and fail, the 0-d one runs but leaves no dim to cut; a later guess
+    # (the tensors after the first 0-d) runs with gradients of some length
+    func = torch.ops.aten._amp_foreach_non_finite_check_and_unscale.default
+    guess, error = samples.find_schema_sample(lambda a, k: func(*a, **k), func)
+    assert guess is not None and guess.shape and guess.scalar_tensors, guess
+    args, _ = samples.schema_inputs(func, guess, samples.BASE_SEED)
+    assert [t.dim() for t in args[0]] == [len(guess.shape)] * 2 and args[1].dim() == args[2].dim() == 0
+    # where nothing else runs, the 0-d guess stands
+    is_nonzero = torch.ops.aten.is_nonzero.default
+    guess, error = samples.find_schema_sample(lambda a, k: is_nonzero(*a, **k), is_nonzero)
+    assert guess is not None and guess.shape == () and error == ""
 
 
 def test_no_cpu_kernel_stops_the_guessing():
