@@ -163,6 +163,7 @@ class _Explorer:
         self._reserve: list[_Trial] = []  # more fresh trials, drawn when first needed
         self._resized: dict[tuple[int, ...], tuple[list[_Trial], list[_Trial] | None]] = {}  # by trials
         self._reproduced: dict[int, bool] = {}  # by id of a resized trial (held in _resized)
+        self.shared: set[int] = set()  # inputs every independent part reads (_independent_parts)
 
     # ------------------------------------------------------------------ running
 
@@ -928,9 +929,11 @@ class _Explorer:
         independent = None
         if parts is not None:
             split = self._search(ranks, parts[0])
-            spec = self._independent_spec(ranks, split[0], whole[0], parts)
+            # the strategies that place a shared input come from the search across parts
+            coupling = [s for s in whole[0] if any(not isinstance(s[0][i], Replicate) for i in self.shared)]
+            spec = self._independent_spec(ranks, split[0] + coupling, whole[0], parts)
             if spec is not None:  # else coupled after all, or nothing to gain: the search across parts stands
-                found, counts, uneven, status = split
+                found, counts, uneven, status = split[0] + coupling, split[1] | whole[1], split[2] or whole[2], split[3]
                 independent = spec
         if not found:
             return entry("replicate-only", "no strategy holds")
@@ -1039,7 +1042,8 @@ class _Explorer:
                 x = root[x]
             return x
 
-        seen_outputs, free = set(), set()
+        changes: dict[int, set[int]] = {}  # the outputs each non-fixed input changes
+        free = set()
         for i in range(n_in):
             if self.leaf_names[i] in self.fixed:  # indices keep their values: their effect is
                 for j in range(n_out):  # unseen, so they join every output (a free input beside
@@ -1055,20 +1059,37 @@ class _Explorer:
                 if all(self.ops.close(t.leaves[i], first.leaves[i]) for t in self.trials[1:]):
                     return None  # the same data on every trial (a fixed sample): its effect is unseen
                 free.add(i)
-                continue
-            seen_outputs |= changed
-            for j in changed:
-                root[find(i)] = find(n_in + j)
-        if len(seen_outputs) != n_out:
+            changes[i] = changed
+        if set().union(*changes.values()) != set(range(n_out)):
             return None
+        fixed_root = list(root)
+
+        def join(skip: set[int]) -> None:
+            root[:] = fixed_root
+            for i, changed in changes.items():
+                for j in changed if i not in skip else ():
+                    root[find(i)] = find(n_in + j)
+
+        # An input every output reads (_foreach_mul.Tensor's one scalar tensor) is shared:
+        # replicated, it leaves the other inputs' parts independent, and the strategies that
+        # place it couple the parts (labels of no part). Not beside unread inputs, which
+        # the search across parts places beside every strategy (batch norm's running stats)
+        join(set())
+        shared = set()
+        if n_out > 1 and not free and len({find(n_in + j) for j in range(n_out)}) == 1:
+            shared = {i for i, changed in changes.items() if len(changed) == n_out}
+            join(shared)
+        self.shared = shared
         by_root: dict[int, tuple[set[int], set[int]]] = {}
         for x in range(n_in + n_out):
-            if x in free:
+            if x in free or x in shared:
                 continue
             ins, outs = by_root.setdefault(find(x), (set(), set()))
             (ins if x < n_in else outs).add(x if x < n_in else x - n_in)
         if free:
             by_root[-1] = (free, set())
+        if any(not ins for ins, _ in by_root.values()):
+            return None  # outputs of the shared inputs alone
         parts = sorted(by_root.values(), key=lambda p: min(p[0]))
         if len(parts) < 2:
             return None
@@ -1161,6 +1182,8 @@ class _Explorer:
         part_of = {}
         for s in entry.strategies():
             touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
+            if touched & self.shared:
+                continue  # a label that couples the parts: it takes no joint
             k = next((k for k, p in enumerate(parts[0]) if touched <= p), None)
             if k is None:
                 return None
@@ -1184,6 +1207,8 @@ class _Explorer:
                 return None
         singles = {s.inputs: s for s in entry.strategies()}
         for placements, outs in whole:
+            if any(not isinstance(placements[i], Replicate) for i in self.shared):
+                continue  # among the singles: the caller adds what couples the parts
             # each part's share of the placements must be one of its labels (checked part by
             # part: the joints offered are capped at JOINT_LIMIT, the whole search is not)
             shares = [tuple(p if i in part else Replicate() for i, p in enumerate(placements)) for part in parts[0]]

@@ -313,9 +313,7 @@ class _Reader:
             self.fail(node, f"independent: {e}")
         for label in sorted(spec.labels() - used, key=label_number):
             self.fail(node, f"independent: label {label} is unknown")
-        for label in sorted(used - spec.labels(), key=label_number):
-            self.fail(node, f"independent: label {label} is in no part")
-        return spec
+        return spec  # a label in no part couples the parts (it places an input they share)
 
     def combine(self, node: yaml.Node) -> CombineSpec:
         if not isinstance(node, yaml.MappingNode):

@@ -665,6 +665,9 @@ class IndependentSpec:
     The outputs of a part depend on the inputs of that part only (``_foreach_add`` on a list
     of two tensors is two independent adds), so one label from each of several parts may
     share a mesh axis: their joint strategy (``joint``) holds whenever each of them does.
+    An input that every part reads (``_foreach_mul.Tensor``'s one scalar tensor) is in no
+    part and replicated under every part's labels; the labels that place it are in no part
+    either, and take no joint.
     """
 
     parts: tuple[tuple[str, ...], ...]

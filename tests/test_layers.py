@@ -81,14 +81,17 @@ def test_a_bad_layer_names_file_and_line(old, new, message):
 
 
 def test_one_element_of_a_coupled_list_keeps_its_own_cut():
-    # the one scalar tensor feeds every element, so the list has no independent parts; the
-    # whole list cut along dim 0 holds, and so does element 0 cut alone (element 1 whole)
-    e = explore(aten._foreach_add.Tensor, [[randn(4, 6), randn(4, 6)], randn(())], ("self", "other"))
+    # the scalar feeds every output, one of them alone, so the tensors have no independent
+    # parts; both cut along dim 0 hold, and so does a cut alone (the other tensor whole)
+    def scaled(a, b, s):
+        return a * s, b * s, s * 2
+
+    e = explore(scaled, [randn(4, 6), randn(4, 6), randn(())], ("a", "b", "s"))
     assert e.independent is None and e.more
     rules = {s.inputs: [o.first for o in s.outputs] for s in e.strategies()}
-    assert rules[(ShardIn(0), ShardIn(0), R)] == [Gather(0), Gather(0)]
-    assert rules[(ShardIn(0), R, R)] == [Gather(0), Identity()]
-    assert rules[(R, ShardIn(1), R)] == [Identity(), Gather(1)]
+    assert rules[(ShardIn(0), ShardIn(0), R)] == [Gather(0), Gather(0), Identity()]
+    assert rules[(ShardIn(0), R, R)] == [Gather(0), Identity(), Identity()]
+    assert rules[(R, ShardIn(1), R)] == [Identity(), Gather(1), Identity()]
     assert not any(n.startswith("dropped") for n in e.notes)
 
 
