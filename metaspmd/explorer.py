@@ -933,7 +933,8 @@ class _Explorer:
             coupling = [s for s in whole[0] if any(not isinstance(s[0][i], Replicate) for i in self.shared)]
             spec = self._independent_spec(ranks, split[0] + coupling, whole[0], parts)
             if spec is not None:  # else coupled after all, or nothing to gain: the search across parts stands
-                found, counts, uneven, status = split[0] + coupling, split[1] | whole[1], split[2] or whole[2], split[3]
+                found, status = split[0] + coupling, split[3]
+                counts, uneven = split[1] | whole[1], split[2] or whole[2]  # the coupling strategies' trials too
                 independent = spec
         if not found:
             return entry("replicate-only", "no strategy holds")
@@ -1030,7 +1031,8 @@ class _Explorer:
 
         Inputs whose values change no output (``type_as``'s other) form a part of their own,
         with no outputs: its labels must leave every output whole, which only running the
-        op on their shards can show (``view_as`` reads other's shape, and fails there)."""
+        op on their shards can show (``view_as`` reads other's shape, and fails there).
+        Inputs that every output reads are in no part (``self.shared``; see below)."""
         first = self.trials[0]
         n_in, n_out = len(first.leaves), len(first.outputs)
         if n_in < 2 or n_out < 1 or self.case.random or len(self.trials) < 3:

@@ -48,8 +48,8 @@ from typing import Any, Sequence
 import torch
 
 from metaspmd import reproducible
-from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
