@@ -167,4 +167,24 @@ def with_one_nonfinite(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tu
     return tuple(new_args), new_kwargs
 
 
-__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_one_nonfinite", "with_special_values"]
+def with_ramps(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
+    """Every float tensor evenly spaced and ascending in row-major order, over ranges that
+    overlap ([-0.5 or 0 or 0.5] to [1 or 1.5 or 2], shifting with the tensor's place and
+    ``k``): a histogram's sorted edges then span many of its points. Random data leaves a
+    5-d histogram of 5 points empty on every trial (a point lands in all five ranges
+    almost never), so any combine passed, Partial edges as ``identity`` included."""
+    floats = [x for x in tree_leaves((list(args), dict(kwargs)))
+              if isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.layout == torch.strided]
+
+    def refill(x):
+        if not any(x is f for f in floats) or x.numel() == 0:
+            return x
+        j = next(n for n, f in enumerate(floats) if x is f)
+        low, high = -0.5 + 0.5 * ((j + k) % 3), 1.0 + 0.5 * ((j + 2 * k) % 3)
+        return torch.linspace(low, high, x.numel(), dtype=torch.float64).to(x.dtype).reshape(x.shape)
+
+    new_args, new_kwargs = tree_map(refill, (list(args), dict(kwargs)))
+    return tuple(new_args), new_kwargs
+
+
+__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_one_nonfinite", "with_ramps", "with_special_values"]

@@ -216,6 +216,22 @@ def test_a_nonfinite_check_is_verified_on_nan_and_inf():
         assert [int((~torch.isfinite(x)).sum()) for x in tensors] == [int(i == k - 1) for i in range(4)]
 
 
+def test_a_histogram_is_verified_where_its_points_land_in_bins():
+    # OpInfo's 5-d histogram of 5 random points is empty on every trial, so every combine
+    # passed: Partial bin edges as identity, a row cut as identity. Ascending ramps put
+    # points in the bins, and only the row cut's sum and a Partial weight's sum stand
+    from metaspmd.backends.torch.sample_data import with_ramps
+
+    backend = get_backend(opinfos=("histogramdd",))
+    ops = backend.tensor_ops()
+    case = next(c for c in backend.cases("aten._histogramdd_from_bin_tensors.default") if "weight" in c.kwargs)
+    assert case.special_always and case.special is with_ramps
+    e = explore_case(case, ops)
+    assert e.status == "ok" and not any(e.partial.inputs[1:6]), e.partial  # the edges: never Partial
+    assert {label: [str(c) for c in outs] for label, outs in e.combine.by_label} == {
+        "S1": ["reduce(sum)"], "S2": ["reduce(sum)"]}, e.combine
+
+
 def test_fresh_keeps_signature_and_index_validity(backend):
     ops = backend.tensor_ops()
     for op in ("aten.gather.default", "aten.index_select.default"):
