@@ -34326,7 +34326,7 @@ RULES = {
             ((Replicate(), Shard(0)), (Shard(0),)),
             ((Replicate(), Shard(1)), (Shard(1),)),
             ((Replicate(), Shard(2)), (Shard(2),)),
-            ((Replicate(), Partial('sum')), (Replicate(),)),
+            ((Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.where.self': {

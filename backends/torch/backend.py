@@ -245,7 +245,7 @@ def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[.
 DATA_ARGS = frozenset({
     "self", "other", "input", "mat", "mat1", "mat2", "vec", "vec1", "vec2", "batch1", "batch2", "tensor", "tensor1",
     "tensor2", "exponent", "end", "src", "source", "value", "values", "weight", "bias", "input1", "input2", "x1", "x2",
-    "i1", "i2", "i3", "anchor", "positive", "negative", "tensors", "grad_output",
+    "i1", "i2", "i3", "anchor", "positive", "negative", "tensors", "grad_output", "condition",
 })
 
 

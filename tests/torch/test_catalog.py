@@ -232,6 +232,17 @@ def test_a_histogram_is_verified_where_its_points_land_in_bins():
         "S1": ["reduce(sum)"], "S2": ["reduce(sum)"]}, e.combine
 
 
+def test_a_condition_is_data_not_an_index():
+    # where(c, 0, other) with a 0-d c that stayed True on every trial was zero throughout, so
+    # a Partial other passed as identity; any bools are a valid condition, and False gives other
+    backend = get_backend(opinfos=("where",))
+    case = next(c for c in backend.cases("aten.where.ScalarSelf") if c.args[0].dim() == 0 and c.args[2].dim() == 3)
+    assert "condition" not in case.fixed
+    e = explore_case(case, backend.tensor_ops())
+    partial = {p.label for p in e.partial.inputs[1]}
+    assert [[str(c) for c in outs] for label, outs in e.combine.by_label if label in partial] == [["reduce(sum)"]], e
+
+
 def test_fresh_keeps_signature_and_index_validity(backend):
     ops = backend.tensor_ops()
     for op in ("aten.gather.default", "aten.index_select.default"):
