@@ -18007,11 +18007,9 @@ RULES = {
         ),
         'self:f[*,*] dim=-1 index:i[*] value=-0.06738138198852539': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
         ),
         'self:i[*,*] dim=-1 index:i[*] value=6': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
         ),
     },
     'aten.index_fill.int_Scalar_out': {
@@ -18026,11 +18024,9 @@ RULES = {
         ),
         'self:f[*,*] dim=-1 index:i[*] value=-0.06738138198852539': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
         ),
         'self:i[*,*] dim=-1 index:i[*] value=6': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
         ),
     },
     'aten.index_fill.int_Tensor': {
@@ -18068,7 +18064,6 @@ RULES = {
     'aten.index_fill_.int_Scalar': {
         'self:f[*,*] dim=-1 index:i[*] value=-0.06738138198852539': (
             ((Shard(0), Replicate()), (Shard(0),)),
-            ((Partial('sum'), Replicate()), (Replicate(),)),
         ),
         'self:f[1] dim=0 index:i[1] value=-0.06738138198852539': (
             ((Partial('sum'), Replicate()), (Replicate(),)),

@@ -913,6 +913,9 @@ class _Explorer:
             # only (full_like, fill), so every combine that rebuilds it from local outputs
             # holds for any data.
             still = self._constant_outputs()
+            if still:  # or constant because an index never varied (index_fill's covers every column)
+                self.trials = self.trials + self._resampled_index_trials()
+                still = self._constant_outputs()
             if still:
                 which = ", ".join(map(str, still))
                 notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
@@ -1313,6 +1316,28 @@ class _Explorer:
         except Exception:
             return None
         return trials
+
+    def _resampled_index_trials(self) -> list[_Trial]:
+        """The random trials with each fixed input that holds the same values on all of them
+        redrawn from its own values, with repeats: an output constant only because that
+        input never varied (an index_fill whose index covers every column) then varies. A
+        trial the op refuses (offsets that must ascend) is left out."""
+        first = self.trials[0]
+        frozen = [i for i, name in enumerate(self.leaf_names) if name in self.fixed
+                  and all(_bitwise_equal(self.ops, t.leaves[i], first.leaves[i]) for t in self.trials[1:])]
+        out = []
+        for base in [t for t in self.trials if not t.special] if frozen else ():
+            leaves = list(base.leaves)
+            for i in frozen:
+                values = np.asarray(self.ops.to_numpy(leaves[i]))
+                rng = np.random.default_rng(self.seed * 7919 + 31 * base.index + i)
+                leaves[i] = self.ops.from_numpy(rng.choice(values.ravel(), values.shape), leaves[i])
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
+            try:
+                out.append(self._trial(tuple(args), dict(kwargs), index=base.index))
+            except Exception:
+                continue
+        return out
 
     def _keep_fixed(self, fresh: tuple[tuple, dict], special: tuple[tuple, dict]) -> tuple[tuple, dict]:
         """``special`` with the ``fixed`` arguments (indices, offsets) put back from ``fresh``:

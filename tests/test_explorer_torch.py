@@ -995,3 +995,17 @@ def test_a_linear_rule_stands_on_special_values():
                 special=with_one_nonfinite, special_always=True)
     assert e.status == "ok" and "S1: gather(dim=0)" in str(e.combine)
     assert e.partial.inputs[0] and e.partial.inputs[1], e.partial
+
+
+def test_an_index_that_never_varies_is_redrawn_from_its_own_values():
+    # index_fill's fixed index covers every column on every trial: the output is the fill
+    # value throughout, and a Partial self passed as identity. Redrawn with repeats from its
+    # own values, it leaves columns of self, and only the row cut stands
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    index = torch.arange(5)
+    e = explore(aten.index_fill.int_Scalar, [randn(5, 5), -1, index, 0.5], ("self", "dim", "index", "value"),
+                fresh=lambda seed: ((randn(5, 5), -1, index.clone(), 0.5), {}), fixed=frozenset({"index"}),
+                special=with_special_values)
+    assert e.status == "ok" and e.partial.is_empty(), e.partial
+    assert combines(e) == {"S1": ["gather(dim=0)"]}
