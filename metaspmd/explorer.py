@@ -1325,8 +1325,10 @@ class _Explorer:
         first = self.trials[0]
         frozen = [i for i, name in enumerate(self.leaf_names) if name in self.fixed
                   and all(_bitwise_equal(self.ops, t.leaves[i], first.leaves[i]) for t in self.trials[1:])]
+        if not frozen:
+            return []
         out = []
-        for base in [t for t in self.trials if not t.special] if frozen else ():
+        for base in [t for t in self.trials if not t.special]:
             leaves = list(base.leaves)
             for i in frozen:
                 values = np.asarray(self.ops.to_numpy(leaves[i]))
