@@ -1321,25 +1321,19 @@ class _Explorer:
         """The random trials with each fixed input that holds the same values on all of them
         redrawn from its own values, with repeats: an output constant only because that
         input never varied (an index_fill whose index covers every column) then varies. A
-        trial the op refuses (offsets that must ascend) is left out."""
+        trial the op refuses is left out."""
         first = self.trials[0]
-        frozen = [i for i, name in enumerate(self.leaf_names) if name in self.fixed
-                  and all(_bitwise_equal(self.ops, t.leaves[i], first.leaves[i]) for t in self.trials[1:])]
-        if not frozen:
-            return []
-        out = []
-        for base in [t for t in self.trials if not t.special]:
-            leaves = list(base.leaves)
-            for i in frozen:
-                values = np.asarray(self.ops.to_numpy(leaves[i]))
-                rng = np.random.default_rng(self.seed * 7919 + 31 * base.index + i)
-                leaves[i] = self.ops.from_numpy(rng.choice(values.ravel(), values.shape), leaves[i])
-            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
-            try:
-                out.append(self._trial(tuple(args), dict(kwargs), index=base.index))
-            except Exception:
-                continue
-        return out
+        frozen = {i for i, name in enumerate(self.leaf_names) if name in self.fixed
+                  and all(_bitwise_equal(self.ops, t.leaves[i], first.leaves[i]) for t in self.trials[1:])}
+
+        def redrawn(trial: _Trial, i: int, x: Any) -> Any:
+            if i not in frozen:
+                return x
+            values = np.asarray(self.ops.to_numpy(x))
+            rng = np.random.default_rng(self.seed * 7919 + 31 * trial.index + i)
+            return self.ops.from_numpy(rng.choice(values.ravel(), values.shape), x)
+
+        return [t for base in self.trials if frozen for t in self._rebuilt_trials(redrawn, base) or ()]
 
     def _keep_fixed(self, fresh: tuple[tuple, dict], special: tuple[tuple, dict]) -> tuple[tuple, dict]:
         """``special`` with the ``fixed`` arguments (indices, offsets) put back from ``fresh``:
