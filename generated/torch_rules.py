@@ -792,7 +792,6 @@ RULES = {
         'input:f[*,*,*] weight:f[*,*,5] bias=None stride=[1] padding=[0] dilation=[1] transposed=False output_padding=[0] groups=1 benchmark=False deterministic=False cudnn_enabled=False allow_tf32=False': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(1)), (Partial('sum'),)),
-            ((Shard(2), Shard(2)), (Partial('sum'),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
@@ -802,7 +801,6 @@ RULES = {
         'input:f[*,*,*] weight:f[*,*,5] bias=None stride=[1] padding=[0] dilation=[1] transposed=False output_padding=[0] groups=1 benchmark=False deterministic=False cudnn_enabled=False': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(1)), (Partial('sum'),)),
-            ((Shard(2), Shard(2)), (Partial('sum'),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
@@ -812,7 +810,6 @@ RULES = {
         'input:f[*,*,*] weight:f[*,*,5] bias=None stride=[1] padding=[0] dilation=[1] transposed=False output_padding=[0] groups=1 benchmark=False deterministic=False cudnn_enabled=False allow_tf32=False': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(1)), (Partial('sum'),)),
-            ((Shard(2), Shard(2)), (Partial('sum'),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
@@ -11963,27 +11960,19 @@ RULES = {
     'aten.conv3d.default': {
         'input:f[*,*,*,1,*] weight:f[*,*,3,1,9] bias:f[*] stride=[1,1,1] padding=[0,0,0] dilation=[1,1,1] groups=3': (
             ((Shard(0), Replicate(), Replicate()), (Shard(0),)),
-            ((Shard(2), Shard(2), Partial('sum')), (Partial('sum'),)),
-            ((Shard(4), Shard(4), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'input:f[*,*,1,*] weight:f[*,*,3,1,9] bias:f[*] stride=[1,1,1] padding=[0,0,0] dilation=[1,1,1] groups=3': (
-            ((Shard(1), Shard(2), Partial('sum')), (Partial('sum'),)),
-            ((Shard(3), Shard(4), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'input:i[*,*,*,1,*] weight:i[*,*,3,1,9] bias:i[*] stride=[1,1,1] padding=[0,0,0] dilation=[1,1,1] groups=3': (
             ((Shard(0), Replicate(), Replicate()), (Shard(0),)),
-            ((Shard(2), Shard(2), Partial('sum')), (Partial('sum'),)),
-            ((Shard(4), Shard(4), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
         'input:i[*,*,1,*] weight:i[*,*,3,1,9] bias:i[*] stride=[1,1,1] padding=[0,0,0] dilation=[1,1,1] groups=3': (
-            ((Shard(1), Shard(2), Partial('sum')), (Partial('sum'),)),
-            ((Shard(3), Shard(4), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'),)),
         ),
@@ -16444,7 +16433,6 @@ RULES = {
         ),
         'self:f[0,*,*]': (
             ((Shard(1),), (Shard(1), Shard(1))),
-            ((Shard(2),), (Shard(2), Shard(1))),
             ((Partial('sum'),), (Replicate(), Replicate())),
         ),
     },
@@ -16454,7 +16442,6 @@ RULES = {
         ),
         'self:f[0,*,*]': (
             ((Shard(1),), (Shard(1), Shard(1))),
-            ((Shard(2),), (Shard(2), Shard(1))),
             ((Partial('sum'),), (Replicate(), Replicate())),
         ),
     },
@@ -21596,7 +21583,6 @@ RULES = {
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*,*] mask:b[] source:f[*,*]': (
-            ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
             ((Shard(1), Replicate(), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
@@ -21663,10 +21649,9 @@ RULES = {
             ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
         'grad:f[*] input:f[*] mask:b[*]': (
-            ((Shard(0), Shard(0), Shard(0)), (Shard(0),)),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
-            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum'), Replicate()), (Replicate(),)),
+            ((Partial('sum'), Partial('sum'), Replicate()), (Partial('sum'),)),
         ),
     },
     'aten.matmul.default': {
@@ -22606,7 +22591,6 @@ RULES = {
         'self:f[*,*,*] weight:f[*,*,5] bias=None padding=[0] stride=[1] dilation=[1] groups=1': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(1)), (Partial('sum'),)),
-            ((Shard(2), Shard(2)), (Partial('sum'),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
@@ -22616,7 +22600,6 @@ RULES = {
         'self:f[*,*,*] weight:f[*,*,5] bias=None padding=[0] stride=[1] dilation=[1] groups=1': (
             ((Shard(0), Replicate()), (Shard(0),)),
             ((Shard(1), Shard(1)), (Partial('sum'),)),
-            ((Shard(2), Shard(2)), (Partial('sum'),)),
             ((Replicate(), Shard(0)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Replicate(), Partial('sum')), (Partial('sum'),)),
@@ -28421,7 +28404,6 @@ RULES = {
     },
     'aten.slice_inverse.default': {
         'self:f[*,*] src:f[*,*]': (
-            ((Shard(0), Shard(0)), (Shard(0),)),
             ((Shard(1), Shard(1)), (Shard(1),)),
             ((Partial('sum'), Replicate()), (Partial('sum'),)),
             ((Partial('sum'), Partial('sum')), (Partial('sum'),)),

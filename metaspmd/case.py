@@ -64,7 +64,9 @@ class OpCase:
     on, not only on which are 1 (a reshape maps dims by all of its input's; a convolution's
     halo is its kernel's extent): its signature spells those sizes out (signature.signature),
     so its entries, and the block counts and halos read off those sizes, hold for those
-    sizes only.
+    sizes only. ``trusts_shapes``: the kernel sizes one input by another without checking
+    (backward kernels), so a call with equal lengths made unequal is outside its contract:
+    the explorer's lengthened trials keep them equal.
 
     ``reserve``: explored only where no earlier case of the op found a strategy (a
     backend's spare samples, after those it explores first). ``notes`` go into the entry
@@ -92,6 +94,7 @@ class OpCase:
     localize: Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None = None
     padding: Callable[[int, int], tuple[int, int] | None] | None = None
     exact_sizes: Mapping[str, slice] = field(default_factory=dict)
+    trusts_shapes: bool = False
     reserve: bool = False
     notes: tuple[str, ...] = ()
 

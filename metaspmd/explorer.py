@@ -161,7 +161,9 @@ class _Explorer:
         self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
         self._refuters: list[_Trial] | None = None  # special-value trials, drawn when first needed
         self._reserve: list[_Trial] = []  # more fresh trials, drawn when first needed
-        self._resized: dict[tuple[int, ...], tuple[list[_Trial], list[_Trial] | None]] = {}  # by trials
+        # resized trials and the amounts taken, by (ids of the trials, amounts asked); the
+        # trials are held, so ids stay theirs
+        self._resized: dict[tuple, tuple[list[_Trial], list[_Trial] | None, dict]] = {}
         self._reproduced: dict[int, bool] = {}  # by id of a resized trial (held in _resized)
         self.shared: set[int] = set()  # inputs every independent part reads (_independent_parts)
 
@@ -397,8 +399,9 @@ class _Explorer:
         leaves = (trial or self.trials[0]).leaves
         return all(split.is_even(self.ops.shape(leaves[i])[d]) for i, d, _ in group.dims)
 
-    def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None) -> list[list] | None:
-        locs = self._locals(group, trial, split)
+    def _valid_combines(self, group: Group, trial: _Trial, split: Split, candidates=None,
+                        locs: list[list[Any]] | None = None) -> list[list] | None:
+        locs = self._locals(group, trial, split) if locs is None else locs
         if locs is None or locs is UNINFORMATIVE:
             return locs
         if trial.nonfinite and not trial.special:
@@ -510,10 +513,7 @@ class _Explorer:
 
         for trial, split in itertools.chain(pairs, reserve()):
             if group.dims:
-                # the shortest cut dim decides (a joint of parts cuts dims of several lengths)
-                size = min(self.ops.shape(trial.leaves[i])[d] for i, d, _ in group.dims)
-                if split.bounds(size) is None:
-                    split = Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
+                split = self._fitting(group, trial, split)
             ok = self._valid_combines(group, trial, split, alive)
             if ok is UNINFORMATIVE:  # a degenerate sample (all ones): the other trials decide
                 continue
@@ -583,7 +583,19 @@ class _Explorer:
             result = self._partials_on_other_sizes(group, result)
             if result is None:
                 return None
+        if group.dims and not any(h for _, _, h in group.dims):
+            result = self._cuts_on_other_sizes(group, result)
+            if result is None:
+                return None
         return tuple(result), counts, uneven
+
+    def _fitting(self, group: Group, trial: _Trial, split: Split) -> Split:
+        """``split``, or two shards (skewed where they fit) where the group's shortest cut dim
+        on ``trial`` is too short for it (a joint of parts cuts dims of several lengths)."""
+        size = min(self.ops.shape(trial.leaves[i])[d] for i, d, _ in group.dims)
+        if split.bounds(size) is None:
+            return Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
+        return split
 
     def _partials_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
         """A Partial rule stands for every size its signature leaves open, but an op can be
@@ -596,18 +608,70 @@ class _Explorer:
         backward) reads past a lengthened input, and its garbage refutes nothing.
         None where an output keeps no combine."""
         dims = self._resizable_dims()
-        trials = (self._resized_trials(dims) or []) if dims else []
+        return self._held_on(group, outs, (self._resized_trials(dims) or []) if dims else [])
+
+    def _cuts_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """A cut rule, too, stands for every size its signature leaves open, but can hold
+        at the example's sizes only: a convolution cutting its input and kernel along a
+        spatial dim sums its shards where the kernel spans the input (an unpinned input
+        extent equal to the pinned kernel's), masked_scatter's cut rows line up where the
+        source has self's width. The combines must also hold on the trials with every
+        unpinned dim lengthened, the group's cut dims by one common amount (they are cut at
+        the same bounds); where the op sizes one input by another unchecked
+        (``OpCase.trusts_shapes``: backward kernels), dims of one length by one amount, so
+        the call stays one the op is defined for. A trial the op refuses to run on the
+        shards decides nothing here. None where an output keeps no combine."""
+        dims = self._resizable_dims()
+        first = self.trials[0]
+        if not dims or any(self._may_index(i) for i in range(len(first.leaves))):
+            return outs
+        amounts = self._own_amounts(dims)
+        if self.case.trusts_shapes:
+            by_length: dict[int, int] = {}
+            for i, d in dims:
+                by_length.setdefault(self.ops.shape(first.leaves[i])[d], amounts[i, d])
+            amounts = {(i, d): by_length[self.ops.shape(first.leaves[i])[d]] for i, d in dims}
+        # from the amounts the op takes (every group of the op starts there, so most share
+        # their trials), the cut dims tied to one amount
+        trials, amounts = self._resized_and_taken(amounts)
+        if trials is None:
+            return outs
+        cut = [(i, d) for i, d, _ in group.dims if (i, d) in amounts]
+        amounts = amounts | {k: amounts[cut[0]] for k in cut[1:]}
+        # two informative trials: every cut group pays for this, and a rule true at the
+        # example's sizes only fails on the first trial that leaves them, unless that one
+        # stays in the op's contract by chance (an appended element above a sorted sequence)
+        return self._held_on(group, outs, self._resized_by(amounts) or [], skip_refused=True, enough=2)
+
+    def _held_on(self, group: Group, outs: list[OutputCombine], trials: list[_Trial],
+                 skip_refused: bool = False, enough: int | None = None) -> list[OutputCombine] | None:
+        """``outs`` with the combines that fail on one of ``trials`` dropped. The trials
+        judged are those whose outputs line up with the example's (split's output count
+        follows a length) and that the op reproduces (``_reproduces``); ``skip_refused``:
+        a trial the op refuses to run on the shards is passed over rather than fatal;
+        ``enough``: judging stops after that many informative trials.
+        None where an output keeps no combine."""
         alive = [list(o.options) for o in outs]
         ranks = [len(self.ops.shape(o)) for o in self.trials[0].outputs]
+        informative = 0
         for trial, split in zip(trials, itertools.cycle(TRIAL_SPLITS)):
+            if enough is not None and informative >= enough:
+                break
             if [len(self.ops.shape(o)) for o in trial.outputs] != ranks or not self._reproduces(trial):
                 continue
-            ok = self._valid_combines(group, trial, split, alive)
+            if group.dims:
+                split = self._fitting(group, trial, split)
+            locs = self._locals(group, trial, split)
+            if locs is None and skip_refused:
+                continue
+            ok = self._valid_combines(group, trial, split, alive, locs)
             if ok is None:
                 return None
             if ok is not UNINFORMATIVE:
                 alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
-        return [OutputCombine.of([c for c in o.options if c in held]) for o, held in zip(outs, alive)]
+                informative += 1
+        kept = [OutputCombine.of([c for c in o.options if c in held]) for o, held in zip(outs, alive)]
+        return None if any(not k.options for k in kept) else kept
 
     def _reproduces(self, trial: _Trial) -> bool:
         """Does the op give ``trial``'s outputs again on copies of its inputs? (Within the
@@ -671,19 +735,30 @@ class _Explorer:
         rest staying. None where the op takes none of it, or an integer input could index a
         dim (a kernel trusts its indices): one the case fixes, or one beside a tensor of
         another kind (integer inputs alone are data)."""
-        ops, first = self.ops, self.trials[0]
-        key = tuple(id(t) for t in self.trials)
-        if key in self._resized:
-            return self._resized[key][1]
-        trials = None
-        if not any(self._may_index(i) for i in range(len(first.leaves))):
-            stride = max((len(ops.shape(x)) for x in first.leaves), default=0)
-            own = {(i, d): 1 + d + i * stride for i, d in dims}
-            trials = self._rebuilt_trials(self._lengthened_by(own))
+        if any(self._may_index(i) for i in range(len(self.trials[0].leaves))):
+            return None
+        return self._resized_by(self._own_amounts(dims))
+
+    def _own_amounts(self, dims: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        """Each of ``dims`` (leaf i, dim d) lengthened by its own amount, 1 + d + i * (largest rank)."""
+        stride = max((len(self.ops.shape(x)) for x in self.trials[0].leaves), default=0)
+        return {(i, d): 1 + d + i * stride for i, d in dims}
+
+    def _resized_by(self, amounts: dict[tuple[int, int], int]) -> list[_Trial] | None:
+        """The trials lengthened by ``amounts``, or where the op refuses that, by the amounts
+        it takes (``_tied_amounts``); None where it takes none."""
+        return self._resized_and_taken(amounts)[0]
+
+    def _resized_and_taken(self, amounts: dict[tuple[int, int], int]) -> tuple[list[_Trial] | None, dict]:
+        """``_resized_by(amounts)`` and the amounts its trials were lengthened by."""
+        key = (tuple(id(t) for t in self.trials), tuple(sorted(amounts.items())))
+        if key not in self._resized:
+            taken, trials = amounts, self._rebuilt_trials(self._lengthened_by(amounts))
             if trials is None:
-                trials = self._rebuilt_trials(self._lengthened_by(self._tied_amounts(own)))
-        self._resized[key] = (self.trials, trials)  # the trials held: their ids stay theirs
-        return trials
+                taken = self._tied_amounts(amounts)
+                trials = self._rebuilt_trials(self._lengthened_by(taken))
+            self._resized[key] = (self.trials, trials, taken)
+        return self._resized[key][1:]
 
     def _may_index(self, i: int) -> bool:
         """Could integer input ``i`` index a dim (a kernel trusts its indices)? One the case
@@ -714,14 +789,33 @@ class _Explorer:
         return amounts
 
     def _lengthened_by(self, amounts: dict[tuple[int, int], int]) -> Callable[[_Trial, int, Any], Any]:
-        """A ``_rebuilt_trials`` leaf function: leaf i's dim d lengthened by amounts[i, d]."""
+        """A ``_rebuilt_trials`` leaf function: leaf i's dim d lengthened by amounts[i, d].
+        A fixed input (a mask) is lengthened by copies of its own elements, and one whose
+        rows are sorted on every trial (searchsorted's sequence) stays sorted: random data
+        there would call the op outside its contract, where no rule needs to hold."""
+        sorted_rows = {i for i in {i for i, _ in amounts} if self._rows_sorted(i)}
+
         def longer(trial: _Trial, i: int, x: Any) -> Any:
             for d, size in enumerate(self.ops.shape(x)):
                 if (i, d) in amounts:
-                    x = self._lengthen(x, d, size + amounts[i, d], trial.index * 31 + i * 7 + d)
+                    x = self._lengthen(x, d, size + amounts[i, d], trial.index * 31 + i * 7 + d,
+                                       copies=self.leaf_names[i] in self.fixed)
+            if i in sorted_rows and any(k == i for k, _ in amounts):
+                x = self.ops.from_numpy(np.sort(np.asarray(self.ops.to_numpy(x)), axis=-1), x)
             return x
 
         return longer
+
+    def _rows_sorted(self, i: int) -> bool:
+        """Is input ``i`` ascending along its last dim (of 3 or more) on every random trial?"""
+        def ascending(x: Any) -> bool:
+            shape = self.ops.shape(x)
+            if len(shape) == 0 or shape[-1] < 3 or self.ops.dtype_kind(x) not in (FLOAT, INT):
+                return False
+            a = np.asarray(self.ops.to_numpy(x))
+            return bool(np.all(np.diff(a, axis=-1) >= 0))
+
+        return all(ascending(t.leaves[i]) for t in self.trials if not t.special)
 
     def _reduces_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
         """Per output, the reduces of ``alive`` that also hold with the cut dims lengthened
@@ -1642,17 +1736,23 @@ def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreCon
 
 def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
                          combines: Sequence[Combine], seed: int = 0) -> bool:
-    """Does a rule of Partial and replicated inputs also hold with every unpinned dim
-    lengthened, as the explorer requires of the rules it keeps? (A rule that holds at the
-    example's sizes only: a slice_scatter whose slice covers all of self.) True where
-    nothing can be lengthened or the op refuses it, as the explorer has it."""
+    """Does a rule also hold with every unpinned dim lengthened, as the explorer requires of
+    the rules it keeps? (A rule that holds at the example's sizes only: a slice_scatter
+    whose slice covers all of self, a convolution cutting a kernel that spans its input.)
+    True where nothing can be lengthened or the op refuses it, as the explorer has it, and
+    for a rule that replicates every input. Cut rules with a halo or a proportional cut
+    are the explorer's own (``_amounts_on_other_sizes``) and raise ValueError."""
     group = _group_of(placements)
-    if not group.partial or group.dims or group.follow:
-        raise ValueError("only a rule of Partial and replicated inputs is checked at other sizes")
+    if group.follow or any(h for _, _, h in group.dims):
+        raise ValueError("a rule with a halo or a proportional cut is checked at other sizes by the explorer alone")
+    if not group.dims and not group.partial:
+        return True
     ex = _Explorer(case, ops, ExploreConfig(), seed)
     ex.trials = [ex._trial(tuple(case.args), dict(case.kwargs))]
     ex.trials += [ex._fresh_trial(k) for k in range(1, len(TRIAL_SPLITS) + 1)]
-    return ex._partials_on_other_sizes(group, [OutputCombine.of([c]) for c in combines]) is not None
+    outs = [OutputCombine.of([c]) for c in combines]
+    held = ex._cuts_on_other_sizes(group, outs) if group.dims else ex._partials_on_other_sizes(group, outs)
+    return held is not None
 
 
 def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:

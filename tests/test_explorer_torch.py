@@ -509,9 +509,10 @@ def test_an_overlap_read_off_unpinned_sizes_is_dropped():
     def overlaps(entry):
         return [str(o) for _, outs in entry.combine.by_label for o in outs if "overlap" in str(o)]
 
-    free = explore(op, args, names)
+    # the kernel sizes grad_output by self unchecked, as the sweep's case says (trusts_shapes)
+    free = explore(op, args, names, trusts_shapes=True)
     assert not overlaps(free) and combines(free)[free.shard.inputs[0][0].label] == ["gather(dim=0)"]
-    pinned = explore(op, args, names, exact_sizes={"grad_output": ALL_DIMS, "self": ALL_DIMS})
+    pinned = explore(op, args, names, exact_sizes={"grad_output": ALL_DIMS, "self": ALL_DIMS}, trusts_shapes=True)
     assert overlaps(pinned) == ["gather(dim=3, overlap=1)"]
 
 
@@ -951,6 +952,52 @@ def test_partial_rules_hold_at_other_sizes_too():
                 ("self", "src", "dim", "start", "end"))
     assert e.status == "ok" and str(e.partial) == "[[S3(sum)], [S3(sum)]]", e.partial
     assert combines(e)["S3"] == ["reduce(sum)"]
+
+
+def test_cut_rules_hold_at_other_sizes_too():
+    # the first five columns summed: cut along the columns, the shards' sums add up where
+    # there are five and at no other width
+    def first_five_summed(x):
+        return x[:, :5].sum(1)
+
+    e = explore(first_five_summed, [randn(3, 5)], ("self",))
+    assert str(e.shard) == "[[S1, N]]" and combines(e)["S1"] == ["gather(dim=0)"], e
+    # a convolution whose (pinned) kernel spans the input: input and kernel cut along the
+    # width sum their shards at the example's width only; cut along the channels, always
+    e = explore(aten.convolution.default, [randn(2, 3, 5), randn(4, 3, 5), None, [1], [0], [1], False, [0], 1],
+                ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",
+                 "output_padding", "groups"), exact_sizes={"weight": slice(2, None)})
+    assert [str(p) for p in e.shard.inputs[0]] == ["S1", "S2", "N"], e.shard
+    assert combines(e)["S2"] == ["reduce(sum)"]
+
+
+def test_lengthened_trials_keep_equal_lengths_for_kernels_that_trust_them():
+    # a kernel that reads grad as laid out for x's shape, unchecked: with the two lengthened
+    # apart it reads the wrong elements, a call outside its contract, which refutes nothing
+    def trusting(g, x):
+        return x * g.reshape(-1)[: x.numel()].reshape(x.shape)
+
+    args, names = [randn(4, 3), randn(4, 3)], ("grad", "self")
+    apart = explore(trusting, args, names)  # lengthened apart: the row cut is refuted
+    assert [str(p) for p in apart.shard.inputs[0]][0] == "N", apart
+    e = explore(trusting, args, names, trusts_shapes=True)
+    assert [str(p) for p in e.shard.inputs[0]][0] == "S1" and combines(e)["S1"] == ["gather(dim=0)"], e
+
+
+def test_a_sorted_input_stays_sorted_when_lengthened():
+    # searchsorted's sequence cut: the shards' counts add up on a sorted sequence, the op's
+    # contract; random data appended to it would refute the rule outside that contract,
+    # where this kernel's result is garbage
+    def draw(k):
+        g = torch.Generator().manual_seed(k)
+        return ((torch.randn(10, dtype=F64, generator=g).sort().values, torch.randn(4, 3, dtype=F64, generator=g)), {})
+
+    def searchsorted(seq, x):
+        out = torch.searchsorted(seq, x)
+        return out if bool((seq[1:] >= seq[:-1]).all()) else torch.full_like(out, -1)
+
+    e = explore(searchsorted, list(draw(0)[0]), ("sorted_sequence", "self"), fresh=draw)
+    assert str(e.shard.inputs[0][0]) == "S1" and combines(e)["S1"] == ["reduce(sum)"], e
 
 
 def test_garbage_at_other_sizes_refutes_no_partial_rule():

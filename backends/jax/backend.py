@@ -56,13 +56,20 @@ class PrimitiveCall:
     prim: core.Primitive = field(compare=False)
     params: dict = field(compare=False)
     shapes: tuple[tuple[int, ...], ...]  # the example's (global) operand shapes
-    refit: bool = True  # False: params re-based to a shard already (OpCase.localize)
+    # (operand, dim) whose params are re-based to a shard already (OpCase.localize): the
+    # params of its other dims still follow the operands (a trial lengthens them too)
+    rebased: tuple[int, int] | None = None
 
     def __call__(self, *args: Any, **_plain_params: Any) -> Any:
         operands = flatten_operands(args)
         local = tuple(tuple(int(s) for s in np.shape(x)) for x in operands)
         check_shapes(self.prim.name, local)
-        params = for_shards(self.prim.name, self.params, self.shapes, local) if self.refit else self.params
+        shapes = self.shapes
+        if self.rebased is not None:
+            leaf, d = self.rebased
+            shapes = tuple(tuple(local[k][e] if (k, e) == (leaf, d) else n for e, n in enumerate(shape))
+                           for k, shape in enumerate(self.shapes))
+        params = for_shards(self.prim.name, self.params, shapes, local)
         # Most candidate cuts are refused: jax's traceback filtering stats every frame of
         # the explorer's deep stack per refusal, over half of a many-operand op's time.
         with jax_config.traceback_filtering("off"):

@@ -5,7 +5,8 @@ A slice keeps the part of its range the shard holds, a split the part of each pi
 unstack the pieces the shard holds (zeros for the others), a pad pads only the outer ends
 of the outer shards, and a padded window op pads only where the shard's range reaches past
 the operand (``padding_of``). The calls are
-``backend.PrimitiveCall`` with their params already the shard's (``refit=False``).
+``backend.PrimitiveCall`` with their params along the cut dim already the shard's
+(``rebased``); along the other dims they still follow the operands.
 """
 
 from __future__ import annotations
@@ -94,12 +95,13 @@ def _rebase_padding(call, leaf: int, d: int, start: int, stop: int, size: int):
     if leaf != _PADDED_OPERAND[call.prim.name] or not (-low <= start <= stop <= size + high):
         return None
     padding[d] = (max(0, -start), max(0, stop - size))
-    return _as_given(call, dict(call.params, padding=tuple(padding)))
+    return _as_given(call, dict(call.params, padding=tuple(padding)), leaf, d)
 
 
-def _as_given(call, params: dict):
-    """The call with ``params`` already fitted to a shard: bound as they are."""
-    return dataclasses.replace(call, params=params, refit=False)
+def _as_given(call, params: dict, leaf: int, d: int):
+    """The call with ``params`` already fitted to a shard of operand ``leaf``'s dim ``d``:
+    bound as they are along it, fitted to the operands along the others."""
+    return dataclasses.replace(call, params=params, rebased=(leaf, d))
 
 
 def localizer(call) -> Callable[[Mapping[int, tuple[int, int, int, int]]], Callable[..., Any] | None] | None:
@@ -120,7 +122,7 @@ def localizer(call) -> Callable[[Mapping[int, tuple[int, int, int, int]]], Calla
         if name == "unstack":
             return _unstack_held(call, d, start, stop, size)
         params = _REBASE[name](dict(call.params), d, start, stop, size)
-        return None if params is None else _as_given(call, params)
+        return None if params is None else _as_given(call, params, 0, d)
 
     return localize
 

@@ -360,7 +360,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         special=_special_values(func),
         special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
         random=random, value_free=value_free, dropping=dropping, localize=localize,
-        exact_sizes=catalog.exact_sizes(func), notes=notes,
+        exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
     )
 
 

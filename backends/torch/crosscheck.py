@@ -302,7 +302,7 @@ COMPOSITE = "a composite op: DTensor runs its decomposition, not the op, on each
 LOCAL_FAILS = "the op itself on these shards"
 NO_COMBINE = "an output placement has no combine of ours"
 # DTensor decides per call, on the real sizes; our signature leaves them open
-SIZED = "holds at the example's sizes only: the signature leaves them open, and the explorer checks Partial rules at other sizes too"
+SIZED = "holds at the example's sizes only: the signature leaves them open, and the explorer checks rules at other sizes too"
 
 
 def _reason(static: str, numeric: str, detail: str) -> str:
@@ -352,8 +352,7 @@ def _replay_on_shards(fresh: FreshInputs, inputs: Key, outputs: Key, config: Con
         return "unchecked", NO_COMBINE
     placements = tuple(parse_input(k) for k in inputs)
     numeric, detail = check_foreign_rule(fresh, placements, combines, config.dtensor.mesh_size, config.seed)
-    partial_only = not any(isinstance(p, ShardIn) for p in placements) and any(isinstance(p, PartialInput) for p in placements)
-    if numeric == "holds" and partial_only and not _holds_at_other_sizes(fresh, placements, combines):
+    if numeric == "holds" and not _holds_at_other_sizes(fresh, placements, combines):
         return "size-dependent", SIZED
     return numeric, detail
 

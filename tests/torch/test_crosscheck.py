@@ -301,6 +301,22 @@ def test_a_partial_rule_true_at_the_example_sizes_only_is_size_dependent(backend
     assert both[0] == "holds"  # self and src Partial together: linear at any size
 
 
+def test_a_cut_rule_true_at_the_example_sizes_only_is_size_dependent(backend):
+    """A convolution whose kernel spans its input: input and kernel cut along the width sum
+    their shards at this width, where DTensor decides, and at no other. The signature pins
+    the kernel's extent (a halo is read off it) and leaves the input's open."""
+    ops, config = backend.tensor_ops(), crosscheck.Config()
+    func = torch.ops.aten.convolution.default
+    spans = dataclasses.replace(
+        _case(func, torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64),
+              None, [1], [0], [1], False, [0], 1),
+        exact_sizes={"weight": slice(2, None)})
+    width = crosscheck._replay_on_shards(FreshInputs(spans, ops), ("S(2)", "S(2)"), ("P(sum)",), config)
+    assert width[0] == "size-dependent", width
+    channels = crosscheck._replay_on_shards(FreshInputs(spans, ops), ("S(1)", "S(1)"), ("P(sum)",), config)
+    assert channels[0] == "holds", channels  # the channel sum holds at any size
+
+
 def test_a_foreign_rule_must_hold_on_several_draws(backend):
     """DTensor gives nll_loss_forward(S(0), S(0), R) -> (P(avg), P(sum)) with class weights
     and reduction=mean. The average of the shards' weighted means is the weighted mean only
