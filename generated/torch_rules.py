@@ -17926,9 +17926,7 @@ RULES = {
         ),
         'self:f[*,*] dim=-1 index:i[*] source:f[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[] dim=0 index:i[1] source:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
@@ -17937,9 +17935,7 @@ RULES = {
         ),
         'self:i[*,*] dim=-1 index:i[*] source:i[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.index_copy.out': {
@@ -17948,9 +17944,7 @@ RULES = {
         ),
         'self:f[*,*] dim=-1 index:i[*] source:f[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[] dim=0 index:i[1] source:f[]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
@@ -17959,17 +17953,13 @@ RULES = {
         ),
         'self:i[*,*] dim=-1 index:i[*] source:i[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
     },
     'aten.index_copy_.default': {
         'self:f[*,*] dim=-1 index:i[*] source:f[*,*]': (
             ((Shard(0), Replicate(), Shard(0)), (Shard(0),)),
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[1] dim=0 index:i[1] source:f[1]': (
             ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
@@ -27542,8 +27532,6 @@ RULES = {
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (
@@ -27560,8 +27548,6 @@ RULES = {
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:f[*] dim=-1 index:i[*] src:f[*]': (
-            ((Partial('sum'), Replicate(), Replicate()), (Replicate(),)),
-            ((Replicate(), Replicate(), Partial('sum')), (Partial('sum'),)),
             ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'self:i[*,*] dim=0 index:i[*,*] src:i[*,*]': (

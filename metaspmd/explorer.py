@@ -619,11 +619,19 @@ class _Explorer:
         unpinned dim lengthened, the group's cut dims by one common amount (they are cut at
         the same bounds); where the op sizes one input by another unchecked
         (``OpCase.trusts_shapes``: backward kernels), dims of one length by one amount, so
-        the call stays one the op is defined for. A trial the op refuses to run on the
-        shards decides nothing here. None where an output keeps no combine."""
-        dims = self._resizable_dims()
+        the call stays one the op is defined for. An index cut with the data (gather's,
+        along a dim it does not gather) is lengthened with it by copies of its own
+        positions, unless they are distinct along the cut (unpooling's: copies would write
+        one place twice); its other dims keep their lengths. A trial the op refuses to run
+        on the shards decides nothing here. None where an output keeps no combine."""
         first = self.trials[0]
-        if not dims or any(self._may_index(i) for i in range(len(first.leaves))):
+        cut = {(i, d) for i, d, _ in group.dims}
+        if any(self._may_index(i) and self._distinct_along(i, d) for i, d in cut):
+            return outs  # copies would repeat positions the op takes once each (unpooling's)
+        # an integer input that could index a dim keeps its length, except along the cut,
+        # which it shares with the data: lengthened there by copies of its own positions
+        dims = [(i, d) for i, d in self._resizable_dims() if not self._may_index(i) or (i, d) in cut]
+        if not dims:
             return outs
         amounts = self._own_amounts(dims)
         if self.case.trusts_shapes:
@@ -636,8 +644,8 @@ class _Explorer:
         trials, amounts = self._resized_and_taken(amounts)
         if trials is None:
             return outs
-        cut = [(i, d) for i, d, _ in group.dims if (i, d) in amounts]
-        amounts = amounts | {k: amounts[cut[0]] for k in cut[1:]}
+        tied = [(i, d) for i, d, _ in group.dims if (i, d) in amounts]
+        amounts = amounts | {k: amounts[tied[0]] for k in tied[1:]}
         # two informative trials: every cut group pays for this, and a rule true at the
         # example's sizes only fails on the first trial that leaves them, unless that one
         # stays in the op's contract by chance (an appended element above a sorted sequence)
@@ -732,12 +740,12 @@ class _Explorer:
         pooling gradient's rows to its input's): the tied dims are lengthened by one common
         amount, which keeps equal lengths equal and a window's span; where the op refuses
         that too (a dim tied to a pinned one, or to a dim of 1), pairs of them it takes, the
-        rest staying. None where the op takes none of it, or an integer input could index a
-        dim (a kernel trusts its indices): one the case fixes, or one beside a tensor of
-        another kind (integer inputs alone are data)."""
-        if any(self._may_index(i) for i in range(len(self.trials[0].leaves))):
-            return None
-        return self._resized_by(self._own_amounts(dims))
+        rest staying. An integer input that could index a dim (``_may_index``) keeps its
+        length: its positions stay in range of the longer data, where fresh ones would not
+        (a kernel trusts its indices). None where the op takes none of it, or nothing else
+        is left to lengthen."""
+        dims = [(i, d) for i, d in dims if not self._may_index(i)]
+        return self._resized_by(self._own_amounts(dims)) if dims else None
 
     def _own_amounts(self, dims: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
         """Each of ``dims`` (leaf i, dim d) lengthened by its own amount, 1 + d + i * (largest rank)."""
@@ -790,21 +798,31 @@ class _Explorer:
 
     def _lengthened_by(self, amounts: dict[tuple[int, int], int]) -> Callable[[_Trial, int, Any], Any]:
         """A ``_rebuilt_trials`` leaf function: leaf i's dim d lengthened by amounts[i, d].
-        A fixed input (a mask) is lengthened by copies of its own elements, and one whose
-        rows are sorted on every trial (searchsorted's sequence) stays sorted: random data
-        there would call the op outside its contract, where no rule needs to hold."""
+        A fixed input (a mask) or one that could index a dim is lengthened by copies of its
+        own elements, and one whose rows are sorted on every trial (searchsorted's sequence)
+        stays sorted: random data there would call the op outside its contract, where no
+        rule needs to hold."""
         sorted_rows = {i for i in {i for i, _ in amounts} if self._rows_sorted(i)}
 
         def longer(trial: _Trial, i: int, x: Any) -> Any:
             for d, size in enumerate(self.ops.shape(x)):
                 if (i, d) in amounts:
                     x = self._lengthen(x, d, size + amounts[i, d], trial.index * 31 + i * 7 + d,
-                                       copies=self.leaf_names[i] in self.fixed)
+                                       copies=self.leaf_names[i] in self.fixed or self._may_index(i))
             if i in sorted_rows and any(k == i for k, _ in amounts):
                 x = self.ops.from_numpy(np.sort(np.asarray(self.ops.to_numpy(x)), axis=-1), x)
             return x
 
         return longer
+
+    def _distinct_along(self, i: int, d: int) -> bool:
+        """Are input ``i``'s values distinct along dim ``d`` (no repeat in any of its lines
+        along it) on every random trial?"""
+        def distinct(x: Any) -> bool:
+            a = np.sort(np.moveaxis(np.asarray(self.ops.to_numpy(x)), d, -1), axis=-1)
+            return bool(np.all(a[..., 1:] != a[..., :-1]))
+
+        return all(distinct(t.leaves[i]) for t in self.trials if not t.special)
 
     def _rows_sorted(self, i: int) -> bool:
         """Is input ``i`` ascending along its last dim (of 3 or more) on every random trial?"""

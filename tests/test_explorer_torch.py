@@ -1000,6 +1000,29 @@ def test_a_sorted_input_stays_sorted_when_lengthened():
     assert str(e.shard.inputs[0][0]) == "S1" and combines(e)["S1"] == ["reduce(sum)"], e
 
 
+def test_rules_of_ops_that_take_indices_hold_at_other_sizes_too():
+    # index_copy's index covers every column of self: a Partial self passes as identity and
+    # a Partial source as a sum here, and at no other width. The index keeps its length
+    # (its positions stay in range of a wider self), and the wider self refutes both.
+    e = explore(aten.index_copy.default, [randn(3, 4), -1, torch.tensor([3, 1, 0, 2]), randn(3, 4)],
+                ("self", "dim", "index", "source"), fixed=frozenset({"index"}))
+    alone = [(str(s.inputs), [str(o) for o in s.outputs]) for s in e.strategies()
+             if sum(isinstance(p, PartialInput) for p in s.inputs) == 1]
+    assert not alone, alone
+    # gather's index cut with self along a dim it does not gather: the two are lengthened
+    # together (the index by copies of its positions), and the cut holds
+    e = explore(aten.gather.default, [randn(4, 6), 0, torch.randint(0, 4, (4, 6))], ("self", "dim", "index"),
+                fixed=frozenset({"index"}))
+    assert [str(p) for p in e.shard.inputs[0]] == ["N", "S1"] and combines(e)["S1"] == ["gather(dim=1)"], e
+    # unpooling's positions are distinct along the cut: copies would write one place twice,
+    # so its cut keeps the example's verdict
+    pooled, where = torch.ops.aten.max_pool2d_with_indices.default(randn(1, 2, 4, 4), [2, 2], [2, 2])
+    e = explore(aten.max_unpool2d.default, [pooled, where, [4, 4]], ("self", "indices", "output_size"),
+                fixed=frozenset({"indices"}))
+    rows = str(e.shard.inputs[0][2])
+    assert rows != "N" and combines(e)[rows] == ["reduce(sum)"], e
+
+
 def test_garbage_at_other_sizes_refutes_no_partial_rule():
     # a kernel that trusts a length it does not check reads past a lengthened input: its
     # output is no function of the inputs there, and the op does not reproduce it

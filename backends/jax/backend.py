@@ -187,10 +187,13 @@ def clamped_positions(call: PrimitiveCall) -> Callable[[list], list] | None:
             return [operand, update, *(jax.numpy.clip(s, 0, n - u) for s, n, u in zip(starts, operand.shape, update.shape))]
 
         return clamp_starts
-    dn, sizes = call.params["dimension_numbers"], call.params["slice_sizes"]
+    dn = call.params["dimension_numbers"]
 
     def clamp(operands: list) -> list:
         operand, indices = operands[0], np.asarray(operands[1])
+        # slice sizes as the call fits them to these operands (a whole dim's follows its length)
+        shapes = tuple(tuple(int(n) for n in np.shape(x)) for x in operands)
+        sizes = for_shards(call.prim.name, call.params, call.shapes, shapes)["slice_sizes"]
         top = np.array([operand.shape[d] - sizes[d] for d in dn.start_index_map], dtype=indices.dtype)
         return [operand, jax.numpy.asarray(np.clip(indices, 0, top)), *operands[2:]]
 

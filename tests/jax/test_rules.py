@@ -131,8 +131,11 @@ def test_a_scatter_mul_takes_its_operand_as_partial_prod(backend, ops):
 def test_a_gather_that_clamps_positions_runs_its_dropping_form_on_shards(backend, ops):
     # x[idx] binds PROMISE_IN_BOUNDS, which XLA clamps like CLIP: a shard's positions past its
     # edge would read the edge. Clamped first, then offset, the FILL_OR_DROP form reads zero
-    # there, so the shards sum (vocab-parallel); blind trials bring positions out of range
-    for mode, size in (("PROMISE_IN_BOUNDS", "slice_sizes=[1,5]"), ("CLIP", "slice_sizes=[1,10,10]")):
+    # there, so the shards sum (vocab-parallel); blind trials bring positions out of range.
+    # Slice sizes [1,3,2] of a [2,3,3] operand: the whole of dim 1 follows its length on the
+    # lengthened trials, and positions are clamped by the sizes fitted to them
+    for mode, size in (("PROMISE_IN_BOUNDS", "slice_sizes=[1,5]"), ("CLIP", "slice_sizes=[1,10,10]"),
+                       ("PROMISE_IN_BOUNDS", "slice_sizes=[1,3,2]")):
         case = next(c for c in backend.cases("jax.gather") if mode in str(c.kwargs.get("mode"))
                     and size in signature(ops, c.arg_names, c.args, c.kwargs))
         strategies = _strategies(explore_case(case, ops)).values()
