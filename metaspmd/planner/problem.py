@@ -18,7 +18,7 @@ from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
 from .strategies import (
-    PLACEMENTS_ONLY, AxisStrategy, Finishes, NodeStrategy, axis_strategies, compose, tensor_placements,
+    PLACEMENTS_ONLY, AxisStrategy, Finishes, NodeStrategy, axis_strategies, compose, cuts_line_up, tensor_placements,
 )
 
 
@@ -107,6 +107,8 @@ def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], ins: Sequence[MetaVa
     tensor ones (non-tensor outputs are then Replicate); then the fills the compiler makes."""
     tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
     n_all, n_in = len(op.outputs), len(ins)
+    by_label = {r.label: r for r in rules}
+    rules = [r for r in rules if cuts_line_up(r, [v.shape for v in ins], by_label)]
     fitted = axis_strategies(rules, n_in, n_all, finishes) + _fills(op, ins, finishes)
     if len(tensor_pos) != n_all:
         for r in axis_strategies(rules, n_in, len(tensor_pos), finishes):

@@ -143,6 +143,22 @@ def _halo_dropped(g: spec.Gather) -> bool:
     return g.block == 1 and not g.reverse and not g.overlap
 
 
+def cuts_line_up(s: spec.Strategy, shapes: Sequence[tuple[int, ...]], by_label: dict[str, spec.Strategy]) -> bool:
+    """Do the dims each label of ``s`` cuts have one length in this call? A label cuts its
+    dims at the same bounds, which the explorer verifies on dims of one length only: a
+    gather's index narrower than self, cut with it along a dim it does not gather, would
+    take the wrong columns on every shard but the first. A joint of independent parts
+    (``S1+S3``) checks each part's own label (``by_label``: the op's strategies by label)."""
+    for part in (by_label.get(label) for label in s.label.split("+")) if "+" in s.label else (s,):
+        if part is None:
+            continue
+        lengths = {shapes[i][p.dim] for i, p in enumerate(part.inputs)
+                   if isinstance(p, spec.ShardIn) and not p.follows and i < len(shapes) and p.dim < len(shapes[i])}
+        if len(lengths) > 1:
+            return False
+    return True
+
+
 def axis_strategy(s: spec.Strategy, finishes: Finishes = PLACEMENTS_ONLY) -> AxisStrategy | None:
     """The rule strategy in placements, or None when the runtime could not run it."""
     ins = tuple(_input_placement(p, finishes) for p in s.inputs)
@@ -210,6 +226,6 @@ def tensor_placements(shape: tuple[int, ...], mesh: Mesh, strict: bool = True) -
 
 
 __all__ = [
-    "AxisStrategy", "NodeStrategy", "REPLICATE_LABEL", "axis_strategies", "axis_strategy", "compose",
+    "AxisStrategy", "NodeStrategy", "REPLICATE_LABEL", "axis_strategies", "axis_strategy", "compose", "cuts_line_up",
     "tensor_placements",
 ]

@@ -131,3 +131,30 @@ def test_halos_keep_the_dim_cut_where_the_compiler_exchanges_edge_rows():
     # blocks, reversed gathers and overlaps stay out
     for text in ("gather(dim=0, block=2)", "gather(dim=0, reverse=true)", "gather(dim=0, overlap=1)"):
         assert axis_strategy(spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),)), JAX_FINISHES) is None
+
+
+def test_dims_cut_by_one_label_must_have_one_length():
+    """A label cuts its dims at the same bounds, verified on dims of one length: gather's
+    index narrower than self, both cut along a dim it does not gather, would take the wrong
+    columns on every shard but the first. Each part of a joint of independent parts
+    (S1+S3) is checked on its own label."""
+    from metaspmd.ir import MetaOp, MetaVar
+    from metaspmd.planner.problem import _node_rules
+    from metaspmd.planner.strategies import cuts_line_up
+
+    gather = spec.OutputCombine.parse("gather(dim=1)")
+    cols = spec.Strategy("S1", (spec.ShardIn(1), spec.ShardIn(1)), (gather,))
+    assert cuts_line_up(cols, [(4, 6), (4, 6)], {})
+    assert not cuts_line_up(cols, [(4, 6), (4, 4)], {})
+    first = spec.Strategy("S1", (spec.ShardIn(0), R_IN), (gather, R_OUT))
+    second = spec.Strategy("S3", (R_IN, spec.ShardIn(0)), (R_OUT, gather))
+    joint = spec.Strategy("S1+S3", (spec.ShardIn(0), spec.ShardIn(0)), (gather, gather))
+    assert cuts_line_up(joint, [(4, 6), (8, 6)], {"S1": first, "S3": second})
+
+    ins = (MetaVar("self", (4, 6)), MetaVar("index", (4, 4), "int64"))
+    op = MetaOp("g", "aten.gather.default", (ins[0], 0, ins[1]), outputs=(MetaVar("out", (4, 4)),))
+    rows = spec.Strategy("S2", (spec.ShardIn(0), spec.ShardIn(0)), (spec.OutputCombine.parse("gather(dim=0)"),))
+    assert [r.label for r in _node_rules(op, [cols, rows], ins)] == ["R", "S2"]
+
+
+R_IN, R_OUT = spec.Replicate(), spec.OutputCombine.parse("identity")
