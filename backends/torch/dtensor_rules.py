@@ -213,14 +213,25 @@ def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
         replicate_all = ([Replicate()] * n_out, [Replicate() if s else None for s in is_spec])
         rules = rules_by_sig.get(signature(_SPEC_OPS, names, args, kwargs, sized), ())
         out = [replicate_all]
+        specs = [a for a, s in zip(args, is_spec) if s]
         for ins, outs in rules:
             if len(ins) != sum(is_spec) or len(outs) != n_out:
                 continue  # the call passes tensors by keyword: not this table entry's shape
+            if not cuts_line_up(ins, [tuple(a.shape) for a in specs]):
+                continue
             it = iter(ins)
             out.append((list(outs), [next(it) if s else None for s in is_spec]))
         return out
 
     return strategies
+
+
+def cuts_line_up(ins, shapes) -> bool:
+    """Do the inputs a table rule shards have one length along their sharded dims? A
+    label cuts its dims at the same bounds, verified on dims of one length only (a gather's
+    index narrower than self, cut with it, takes the wrong columns). The table keeps no
+    labels: a rule joining independent parts of different lengths is passed over too."""
+    return len({shape[p.dim] for p, shape in zip(ins, shapes) if isinstance(p, Shard) and p.dim < len(shape)}) <= 1
 
 
 def _uncut_if_rewritten(op: torch._ops.OpOverload, rules_by_sig: dict) -> dict:

@@ -223,3 +223,30 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
             dtensor_rules.unregister(report)
     for got in full:
         torch.testing.assert_close(got, rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
+    """gather's index narrower than self, both cut along a dim it does not gather: each
+    shard would take self's columns at its own bounds, not the index's. The installed
+    strategy function passes such a rule over, and keeps it where the lengths agree."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    from metaspmd.backends.torch.catalog import exact_sizes, positional_names
+    from metaspmd.signature import signature
+
+    fake_world_of(2)
+    mesh = DeviceMesh("cpu", [0, 1])
+
+    def spec(shape, dtype):
+        t = torch.empty(shape, dtype=dtype)
+        return DTensorSpec(mesh, (Replicate(),), TensorMeta(t.shape, t.stride(), t.dtype))
+
+    op = torch.ops.aten.gather.default
+    same = (spec((4, 6), torch.float32), 0, spec((4, 6), torch.int64))
+    narrow = (spec((4, 6), torch.float32), 0, spec((4, 4), torch.int64))
+    sig = signature(dtensor_rules._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
+    assert sig == signature(dtensor_rules._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
+    columns = ((Shard(1), Shard(1)), (Shard(1),))
+    strategies = dtensor_rules._sharding_fn(op, {sig: (columns,)})
+    assert [ins for _, ins in strategies(*same)] == [[Replicate(), None, Replicate()], [Shard(1), None, Shard(1)]]
+    assert [ins for _, ins in strategies(*narrow)] == [[Replicate(), None, Replicate()]]
