@@ -809,7 +809,7 @@ class _Explorer:
                 if (i, d) in amounts:
                     x = self._lengthen(x, d, size + amounts[i, d], trial.index * 31 + i * 7 + d,
                                        copies=self.leaf_names[i] in self.fixed or self._may_index(i))
-            if i in sorted_rows and any(k == i for k, _ in amounts):
+            if i in sorted_rows:
                 x = self.ops.from_numpy(np.sort(np.asarray(self.ops.to_numpy(x)), axis=-1), x)
             return x
 

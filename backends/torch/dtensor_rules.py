@@ -217,7 +217,7 @@ def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
         for ins, outs in rules:
             if len(ins) != sum(is_spec) or len(outs) != n_out:
                 continue  # the call passes tensors by keyword: not this table entry's shape
-            if not cuts_line_up(ins, [tuple(a.shape) for a in specs]):
+            if not _shards_line_up(ins, [tuple(a.shape) for a in specs]):
                 continue
             it = iter(ins)
             out.append((list(outs), [next(it) if s else None for s in is_spec]))
@@ -226,7 +226,7 @@ def _sharding_fn(op: torch._ops.OpOverload, rules_by_sig: dict):
     return strategies
 
 
-def cuts_line_up(ins, shapes) -> bool:
+def _shards_line_up(ins, shapes) -> bool:
     """Do the inputs a table rule shards have one length along their sharded dims? A
     label cuts its dims at the same bounds, verified on dims of one length only (a gather's
     index narrower than self, cut with it, takes the wrong columns). The table keeps no
