@@ -624,6 +624,9 @@ _UNSUPPORTED = frozenset({"Storage", "Stream", "Dimname", "List[Dimname]", "Opti
 # 0-d, foreach's packed scalars hold one per list element, and an optimizer's amsgrad is on
 # (off, it requires max_exp_avg_sqs empty, where the filler fills every list)
 _SCALAR_LISTS = frozenset({"state_steps"})
+# arguments the op asks to be ascending along their last dim (searchsorted's, bucketize's):
+# unsorted data would verify rules outside the op's contract
+_SORTED_NAMES = frozenset({"sorted_sequence", "boundaries"})
 _PACKED_SCALARS = frozenset({"scalars"})
 _TRUE_BOOLS = frozenset({"amsgrad"})
 
@@ -679,6 +682,8 @@ class _Filler:
             return self.index()
         if "mask" in name:
             return torch.randint(0, 2, shape, generator=self.gen).to(torch.bool)
+        if name in _SORTED_NAMES and shape:
+            return self.data(shape).sort(dim=-1).values
         if self.guess.channel_vectors and name in _CHANNEL_NAMES and len(shape) >= 2:
             t = self.data((shape[1],))
             return t.abs() + 0.5 if "var" in name or "std" in name else t

@@ -373,6 +373,20 @@ def test_a_schema_built_reduction_keeps_dims_to_cut():
     assert entry.status == "ok" and str(entry.shard) == "[[N, S1]]"
 
 
+def test_a_schema_built_sorted_sequence_is_sorted():
+    # bucketize's boundaries must ascend: on random ones a value of 2 lies above them all,
+    # its bucket is their count on every trial, and the sum of the shards' counts passed
+    # without telling anything (an output constant throughout, "shape-determined")
+    backend = get_backend(opinfos=(), schema_samples=True)
+    (case,) = backend.cases("aten.bucketize.Scalar")
+    boundaries = case.args[1]
+    assert torch.equal(boundaries, boundaries.sort().values)
+    fresh = case.fresh(1)[0][1]
+    assert torch.equal(fresh, fresh.sort().values) and not torch.equal(fresh, boundaries)
+    entry = explore_case(case, backend.tensor_ops())
+    assert str(entry.shard) == "[[S1]]" and not any("shape-determined" in n for n in entry.notes), entry
+
+
 def test_inplace_case_does_not_mutate_its_inputs(backend):
     case = backend.cases("aten.add_.Tensor")[0]
     before = [x.clone() for x in case.args if isinstance(x, torch.Tensor)]
