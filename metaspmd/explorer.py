@@ -670,8 +670,10 @@ class _Explorer:
             if group.dims:
                 split = self._fitting(group, trial, split)
             locs = self._locals(group, trial, split)
-            if locs is None and skip_refused:
-                continue
+            if locs is None:  # the op refuses its shards (not run again by _valid_combines)
+                if skip_refused:
+                    continue
+                return None
             ok = self._valid_combines(group, trial, split, alive, locs)
             if ok is None:
                 return None
