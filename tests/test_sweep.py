@@ -203,3 +203,71 @@ def test_interrupt_leaves_only_complete_files(tmp_path):
     assert "fake.hang.yaml" not in names and len(names) == 12
     for name in names:
         load_record(folder / name)
+
+
+def _beats_stopped(beats: Path, within: float = 5.0) -> bool:
+    """Does the beat file stop growing (its writer gone) within ``within`` seconds?"""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        before = beats.stat().st_size
+        time.sleep(0.5)
+        if beats.stat().st_size == before:
+            return True
+    return False
+
+
+def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path):
+    beats = tmp_path / "beats"
+    env = dict(os.environ, PYTHONPATH=str(TESTS), FAKE_HANG_BEATS=str(beats))
+    proc = subprocess.Popen(
+        [sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", "--out", str(tmp_path), "--timeout", "30"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    folder = tmp_path / "fake"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (len(list(folder.glob("*.yaml"))) < 12 or not beats.exists()):
+        time.sleep(0.1)
+    assert beats.exists(), "fake.hang never ran"
+    proc.terminate()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted" in err
+    assert _beats_stopped(beats), "the worker in fake.hang outlived the sweep"
+    names = sorted(p.name for p in folder.iterdir())
+    assert "fake.hang.yaml" not in names and len(names) == 12
+    for name in names:
+        load_record(folder / name)
+
+
+_ORPHAN = """
+import multiprocessing, sys, time
+from metaspmd.sweep.workers import exit_with_parent
+
+def child(beats):
+    exit_with_parent(interval=0.1)
+    for _ in range(600):
+        with open(beats, "a") as f:
+            f.write(".")
+        time.sleep(0.1)
+
+if __name__ == "__main__":
+    multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],)).start()
+    time.sleep(600)
+"""
+
+
+def test_a_worker_exits_when_its_parent_is_killed(tmp_path):
+    """SIGKILL leaves a parent no chance to stop its workers: they stop themselves."""
+    script, beats = tmp_path / "orphan.py", tmp_path / "beats"
+    script.write_text(_ORPHAN)
+    proc = subprocess.Popen([sys.executable, str(script), str(beats)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not beats.exists():
+            time.sleep(0.1)
+        assert beats.exists(), "the worker never started"
+        assert not _beats_stopped(beats, within=1.0), "the worker stopped on its own"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _beats_stopped(beats), "the worker outlived its killed parent"

@@ -4,13 +4,14 @@
     python tools/sweep.py --backend torch --check      # exit 1 when the registry is stale
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
-2 usage error (unknown backend, no op matched), 130 interrupted.
+2 usage error (unknown backend, no op matched), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -45,8 +46,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _stop_on_sigterm(signum, frame):
+    # a CI time limit or `timeout` stops the sweep as Ctrl-C does: the workers are killed
+    # and only complete files remain
+    raise KeyboardInterrupt(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     options = (("kernels", args.kernels),) if args.kernels else ()
     try:
         config = SweepConfig(
@@ -58,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("sweep: interrupted; files written so far are complete", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGTERM if e.args == (signal.SIGTERM,) else 130
     if args.timings:
         args.timings.write_text(timings_json(report, args.jobs), encoding="utf-8")
     if args.check and report.changes():

@@ -55,7 +55,7 @@ from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import select_ops, split_patterns
-from metaspmd.sweep.workers import silence_output
+from metaspmd.sweep.workers import exit_with_parent, silence_output
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
@@ -517,9 +517,10 @@ def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True, w
 
     if quiet:  # framework warnings from thousands of odd calls bury the report
         warnings.simplefilter("ignore")
-    if worker:  # workers share the cores, and print nothing into the parent's report
+    if worker:  # workers share the cores, print nothing into the parent's report, and stop with it
         torch.set_num_threads(1)
         silence_output()
+        exit_with_parent()
     _WORKER["backend"] = get_backend(**backend_options)
     _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
 

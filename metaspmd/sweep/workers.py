@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,9 +69,29 @@ def silence_output() -> None:
     os.close(devnull)
 
 
+def exit_with_parent(interval: float = 0.5) -> None:
+    """Exit this worker process soon after its parent dies, whatever it is running.
+
+    A parent stopped by SIGTERM or SIGKILL (a CI time limit, ``timeout``, a closed
+    session) cannot kill its workers, and a worker notices only at its next message:
+    one in a hung op, or a cross-check worker with a chunk of ops still to go, would
+    run on for minutes or hours. A daemon thread watches for the parent's exit (the
+    process is then re-parented) and ends the process at once.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="metaspmd-exit-with-parent", daemon=True).start()
+
+
 def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool, threads: int) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
     _limit_threads(threads)
     if not show_output:
         silence_output()

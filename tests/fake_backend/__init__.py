@@ -41,7 +41,13 @@ def _report_threads():
 
 
 def _hang():
-    time.sleep(3600)
+    # a beat every 0.1 s into $FAKE_HANG_BEATS, if set: tests see whether the hung worker lives on
+    beats = os.environ.get("FAKE_HANG_BEATS")
+    for _ in range(36000):
+        if beats:
+            with open(beats, "a") as f:
+                f.write(".")
+        time.sleep(0.1)
 
 
 def _segfault():
