@@ -1,0 +1,166 @@
+"""One group on one trial: the op run on every shard, and the combines that rebuild
+each global output from the local ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..combine import (
+    CutInput, Split, candidate_combines, follower_ranges, follower_shards, holds, offset_positions, partial_parts,
+    shard_with_halo,
+)
+from ..spec import ArgReduce, Gather, Group, Identity, Reduce
+from ..tensor_ops import INT
+from .common import (
+    AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, fit_partial, flat_along, one_values,
+)
+
+
+class Shards:
+    """Runs a group's shards and reads off the combines that hold (a part of ``Explorer``)."""
+
+    def _locals(self, group: Group, trial: Trial, split: Split) -> list[list[Any]] | None:
+        """Local outputs per shard, or None when the group cannot run this way."""
+        ops = self.ops
+        n = split.n
+        per_input: dict[int, list[Any]] = {}
+        cuts: list[dict[int, tuple[int, int, int, int]]] = [{} for _ in range(n)]  # a local group's shards
+        if group.dims:
+            # an empty input has no data to differ, only a shape to cut: beside a full one
+            # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
+            full = [i for i, _, _ in group.dims if 0 not in ops.shape(trial.leaves[i])]
+            for i, d, halo in group.dims:
+                bounds = split.bounds(ops.shape(trial.leaves[i])[d])  # joint groups mix dim sizes
+                if bounds is None:
+                    return None
+                shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
+                if (not trial.special and (i in full or not full)
+                        and all(ops.close(shards[0], s) for s in shards[1:])):
+                    return UNINFORMATIVE  # identical shards prove nothing (the special trials'
+                    # all-zero input is meant to be uniform; the other trials need distinct shards)
+                per_input[i] = shards
+                if group.local:
+                    for k, (start, length) in enumerate(bounds):
+                        cuts[k][i] = (d, start, start + length, ops.shape(trial.leaves[i])[d])
+            if not trial.special and full and all(
+                    flat_along(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
+                # every cut input the same along its cut dim: shards differ in length at most
+                # (an uneven split, a halo), and a gather passes for any reordering there
+                return UNINFORMATIVE
+        if group.follow:
+            i0, d0, _ = group.dims[0]
+            placements, reference = group.placements(len(trial.leaves)), split.bounds(ops.shape(trial.leaves[i0])[d0])
+            followers = follower_shards(ops, trial.leaves, placements, reference, self.case.padding)
+            if followers is None:
+                return None
+            for i, spans in follower_ranges(ops, trial.leaves, placements, reference, self.case.padding).items():
+                if placements[i].local:  # the op pads only the part of a shard's range past the dim
+                    for k, (start, stop) in enumerate(spans):
+                        cuts[k][i] = (placements[i].dim, start, stop, ops.shape(trial.leaves[i])[placements[i].dim])
+            if not trial.special and any(all(ops.close(s[0], t) for t in s[1:]) for s in followers.values()):
+                return UNINFORMATIVE
+            per_input.update(followers)
+        # positions clamped first where the shards drop those out of range (every position
+        # input: dynamic_update_slice takes one per dim, and only the cut dim's is offset)
+        whole = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
+        if group.offset:  # the cut dims share one size, so one start per shard
+            cut, d, _ = group.dims[0]
+            starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
+            for i, component in group.offset:
+                per_input[i] = offset_positions(ops, whole[i], starts, component)
+        for i in group.partial:
+            # special values meet parts of x's own sign (inf times parts of both signs is NaN:
+            # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
+            spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
+            per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
+                                         self.seed * 1000 + 100 * trial.index + 17 * i + n, spread, trial.special)
+        result = []
+        for k in range(n):
+            leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
+            try:
+                tensors, others = self._call(leaves, trial, group.drop, cuts[k])
+            except Exception:
+                return None
+            if len(tensors) != len(trial.outputs) or others != trial.others:
+                return None
+            result.append(tensors)
+        return result
+
+    def _is_even(self, group: Group, split: Split, trial: Trial | None = None) -> bool:
+        """Does ``split`` cut the group's dims into equal shards (on ``trial``'s inputs,
+        which may be lengthened; default the example's)?"""
+        leaves = (trial or self.trials[0]).leaves
+        return all(split.is_even(self.ops.shape(leaves[i])[d]) for i, d, _ in group.dims)
+
+    def _valid_combines(self, group: Group, trial: Trial, split: Split, candidates=None,
+                        locs: list[list[Any]] | None = None) -> list[list] | None:
+        locs = self._locals(group, trial, split) if locs is None else locs
+        if locs is None or locs is UNINFORMATIVE:
+            return locs
+        if trial.nonfinite and not trial.special:
+            return UNINFORMATIVE  # one NaN/inf value throughout (out-of-domain blind data): every reduce holds
+        if trial.one_value is not None and all(one_values(self.ops, loc) == trial.one_value for loc in locs):
+            # blind data that leaves every output, global and on every shard, one value
+            # throughout (eq of unequal random data: all False) holds for any cut: it proves nothing
+            return UNINFORMATIVE
+        even = self._is_even(group, split, trial)
+        # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
+        # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
+        max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
+        # argreduce reads the cut inputs' values: exploring integer outputs, or verifying one
+        if candidates is None:
+            reads = any(self.ops.dtype_kind(o) == INT for o in trial.outputs)
+        else:
+            reads = any(isinstance(c, ArgReduce) for opts in candidates for c in opts)
+        cut = self._cut_inputs(group, trial, split) if reads else None
+        # with every size pinned a block count of any length is too (a view of [5, 5, 5] as
+        # [25, 5] cut along dim 1 interleaves 5 blocks)
+        all_pinned = candidates is None and not self._resizable_dims()
+        out = []
+        for j, glob in enumerate(trial.outputs):
+            shards = [loc[j] for loc in locs]
+            if candidates is not None:  # verifying: what exploring kept (joints of parts included)
+                cands = candidates[j]
+            else:
+                max_block = max((self.config.max_block, *self.ops.shape(glob))) if all_pinned else self.config.max_block
+                cands = fit_partial(group, candidate_combines(self.ops, shards, glob, even, max_halo, max_block, cut))
+                if any(h for _, _, h in group.dims):  # outputs an input halo computes on both
+                    cands = [c for c in cands if not (isinstance(c, Gather) and c.overlap)]  # sides are dropped
+            if self.case.random:  # each element drawn once, on one rank
+                replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
+                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap)
+                         or (replicated and c == Identity())]
+            valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob, cut)]
+            if not even:  # avg is only meaningful on equal shards: keep it untested here
+                valid += [c for c in cands if c == Reduce("avg")]
+            if not valid:
+                # on unequal shards avg was never a candidate (it is one where identity is, Partial
+                # inputs aside): the caller may cut evenly
+                untried = not even and candidates is None and not group.partial and Identity() in cands
+                return AVG_UNTRIED if untried else None
+            out.append(valid)
+        return out
+
+    def _cut_inputs(self, group: Group, trial: Trial, split: Split) -> dict[int, CutInput]:
+        """The group's inputs cut without a halo, whose values an argreduce reads."""
+        out = {}
+        for i, d, halo in group.dims:
+            bounds = split.bounds(self.ops.shape(trial.leaves[i])[d])
+            if not halo and bounds:
+                out[i] = CutInput(shard_with_halo(self.ops, trial.leaves[i], d, bounds, 0), d, [s for s, _ in bounds])
+        return out
+
+    def _even_split(self, group: Group) -> Split | None:
+        """Equal shards for the group's dim (its smallest divisor), within MAX_EVEN_SHARDS."""
+        i, d, _ = group.dims[0]
+        size = self.ops.shape(self.trials[0].leaves[i])[d]
+        n = next((k for k in range(2, min(size, MAX_EVEN_SHARDS) + 1) if size % k == 0), None)
+        return Split(n) if n else None
+
+    def _fitting(self, group: Group, trial: Trial, split: Split) -> Split:
+        """``split``, or two shards (skewed where they fit) where the group's shortest cut dim
+        on ``trial`` is too short for it (a joint of parts cuts dims of several lengths)."""
+        size = min(self.ops.shape(trial.leaves[i])[d] for i, d, _ in group.dims)
+        if split.bounds(size) is None:
+            return Split(2, skew=True) if Split(2, skew=True).bounds(size) else Split(2)
+        return split

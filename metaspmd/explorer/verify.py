@@ -1,0 +1,273 @@
+"""Exploring a group on the example and verifying what it found on the fresh trials, with
+the checks random data alone cannot make: avg on equal shards, order picks on ties,
+reduces on three shards, Partial inputs on special values and on parts that cancel."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from .. import pytree
+from ..combine import Split, holds
+from ..spec import ArgReduce, Gather, Group, Identity, OutputCombine, Reduce
+from ..tensor_ops import FLOAT
+from .common import (
+    AVG_UNTRIED, EXPLORE_SPLIT, PARTIAL_SPREADS, SPECIAL_SPLITS, TRIAL_SPLITS, UNINFORMATIVE, halo_room,
+    order_dependent, picks_by_order, reduces_values, sized_gather,
+)
+
+
+class Verifier:
+    """Explores and verifies one group (a part of ``Explorer``)."""
+
+    def _explore(self, group: Group, candidates: list[list] | None = None) -> list[list] | None:
+        """The combines (of ``candidates``, if given: a derived rule's) that rebuild every
+        output on the example: cut in two, or evenly when only a reduce(avg) could (the mean
+        of an odd number of rows). Where the example's shards are all equal (a bool sample
+        of all False, t of [-9, -9]), the first trial whose shards differ proposes instead;
+        the verification still needs two such trials. Special-value trials propose last,
+        held to the same standard (no equal shards): where random data leaves an op one
+        value (ne of random integers and 1), only they show it."""
+        ordered = ([t for t in self.trials if not t.special]
+                   + [dataclasses.replace(t, special=False) for t in self.trials if t.special])
+        for trial in ordered:
+            found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
+            if found is AVG_UNTRIED:
+                split = self._even_split(group)
+                found = self._valid_combines(group, trial, split) if split else None
+            if found is not UNINFORMATIVE:
+                return None if found is AVG_UNTRIED else found
+        return UNINFORMATIVE
+
+    def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
+        """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
+        alive = [list(opts) for opts in found]
+        avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
+        counts, uneven, informative = set(), False, 0
+        # a proportional cut is new ground, and its windows at shard boundaries are few: every
+        # trial on every split (a bool window op held on one split in five)
+        randoms = [t for t in self.trials[1:] if not t.special]
+        pairs = (itertools.product(randoms, TRIAL_SPLITS) if group.follow
+                 else zip(randoms, itertools.cycle(TRIAL_SPLITS)))
+        # Special values are few and placed at random: whether a shard misses the one that
+        # decides (isin's planted element, unique_dim_consecutive's tie) depends on the split,
+        # so every special trial runs on every split. Beside Partial(sum) inputs on two shards
+        # only: the parts r and -r of a zero (the all-zero patterns) cancel exactly through a
+        # linear op, where more parts round at their own size, which a zero cannot excuse.
+        splits = SPECIAL_SPLITS if group.partial and group.partial_op == "sum" else TRIAL_SPLITS
+        pairs = itertools.chain(pairs, itertools.product([t for t in self.trials[1:] if t.special], splits))
+
+        def reserve():
+            # a tiny sample (two bools) leaves most trials' shards equal: where one differed,
+            # draw more until a second does (where none did, the data cannot tell its shards
+            # apart, a broadcast dim, and more of it would not either)
+            if informative == 1:
+                for trial, split in zip(self._reserve_trials(), itertools.cycle(TRIAL_SPLITS)):
+                    yield trial, split
+                    if informative >= 2:
+                        return
+
+        for trial, split in itertools.chain(pairs, reserve()):
+            if group.dims:
+                split = self._fitting(group, trial, split)
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:  # a degenerate sample (all ones): the other trials decide
+                continue
+            if ok is None:
+                return None
+            even = self._is_even(group, split, trial)
+            alive = [[c for c in opts if c in kept and (even or c != Reduce("avg"))] + ([Reduce("avg")] if not even and Reduce("avg") in kept else [])
+                     for opts, kept in zip(alive, ok)]
+            if self._halo_sees_all(group, trial, split):
+                continue  # refutes what fails on it, but proves nothing by passing
+            informative += 1
+            if even:
+                avg_checks += 1
+            counts.add(split.n)
+            uneven |= not even
+        if informative < min(2, len(self.trials) - 1):  # at least two trials with distinct shards
+            return None
+        if any(h for _, _, h in group.dims) and max(counts, default=0) < 3:
+            return None  # an input halo on two shards: a broadcast dim passes as one (see below)
+        if any(extend for _, _, _, extend, _ in group.follow) and max(counts, default=0) < 3:
+            return None  # an extended cut overlaps its neighbour: as a halo, three shards
+        if group.dims and any(Reduce("avg") in opts for opts in alive):
+            alive, avg_checks = self._check_avg_evenly(group, alive, avg_checks, counts)
+        if group.dims and any(picks_by_order(c) for opts in alive for c in opts):
+            alive = self._refute_on_ties(group, alive)
+        if self._two_long(group) and any(reduces_values(c) for opts in alive for c in opts):  # only 2 shards fit
+            proven = self._reduces_on_three_shards(group, alive)
+            alive = [[c for c in opts if not reduces_values(c) or c in p] for opts, p in zip(alive, proven)]
+        if group.partial and any(Identity() in opts for opts in alive):
+            alive = self._whole_on_special_values(group, alive)
+        if group.partial:
+            alive = self._where_parts_cancel(group, alive)
+        result = []
+        for opts in alive:
+            if avg_checks < 2:
+                opts = [c for c in opts if c != Reduce("avg")]
+            if max(counts, default=0) < 3:
+                # halo gathers checked on two shards only (a dim of 2): an input broadcast
+                # against a cut one computes every row on each shard, and a halo of 1 picks the
+                # right one from each side; a third shard would have nothing of its own left.
+                # Shard order (reversed gathers, scans) needs a middle shard as well.
+                opts = [c for c in opts if not (isinstance(c, Gather) and (c.halo or c.halo_end or c.overlap))
+                        and not order_dependent(c)]
+            # a reversed gather or a scan that holds beside the plain gather of its dim is an
+            # artifact of data that does not vary along it (zeros, a broadcast row)
+            plain_dims = {c.dim for c in opts if isinstance(c, Gather) and c.plain}
+            opts = [c for c in opts if not (order_dependent(c) and c.dim in plain_dims)]
+            # overlapping zeros (a zero padding) add up as well as they drop: the halo stays
+            dropped = {c.dim for c in opts if isinstance(c, Gather) and not c.overlap}
+            opts = [c for c in opts if not (isinstance(c, Gather) and c.overlap and c.dim in dropped)]
+            if Identity() in opts:  # max/min of identical shards are implied by identity
+                opts = [c for c in opts if c not in (Reduce("max"), Reduce("min"))]
+            if any(isinstance(c, (Identity, Reduce)) for c in opts):  # positions that need no values:
+                opts = [c for c in opts if not isinstance(c, ArgReduce)]  # a plain collective says it
+            if Reduce("sum") in opts:  # the 2-norm equals the sum only where no two shards
+                opts = [c for c in opts if c != Reduce("norm2")]  # overlap: the data never told them apart
+            if {Reduce("sum"), Reduce("max"), Identity()} & set(opts):  # xor too (where no two shards
+                opts = [c for c in opts if c != Reduce("xor")]  # overlap, or zeros): the common one stays
+            if not opts:
+                return None
+            result.append(OutputCombine.of(opts))
+        if any(h for _, _, h in group.dims) or any(sized_gather(c) for o in result for c in o.options):
+            result = self._amounts_on_other_sizes(group, result)
+            if result is None:
+                return None
+        if group.partial and not group.dims and not group.follow:
+            result = self._partials_on_other_sizes(group, result)
+            if result is None:
+                return None
+        if group.dims and not any(h for _, _, h in group.dims):
+            result = self._cuts_on_other_sizes(group, result)
+            if result is None:
+                return None
+        return tuple(result), counts, uneven
+
+    def _check_avg_evenly(self, group: Group, alive: list[list], avg_checks: int, counts: set[int]):
+        """reduce(avg) holds on equal shards only, and no trial split is even on a dim of odd
+        size (mse_loss's mean over 5 rows): check the survivors again on the trials' data cut
+        into equal shards, as many as the dim's smallest divisor. Two random trials prove it,
+        and every special-value trial may refute it (nanmean's shards with unequal NaN
+        counts). Where that cannot run, avg stays unchecked and is dropped; the other
+        combines keep their verdict."""
+        split = self._even_split(group)
+        for trial in self.trials[1:]:
+            proven = avg_checks >= 2
+            if split is None or (proven and not trial.special):
+                continue
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:
+                continue
+            if proven:  # refutes avg alone (the other combines had their verdict)
+                if ok is None and self._locals(group, trial, split) is None:
+                    continue  # the op refuses these values cut so: no verdict
+                held = ok or [()] * len(alive)
+                alive = [[c for c in opts if c != Reduce("avg") or c in kept] for opts, kept in zip(alive, held)]
+                continue
+            if ok is None:
+                break
+            alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+            avg_checks += 1
+            counts.add(split.n)
+        return alive, avg_checks
+
+    def _refute_on_ties(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the combines that pick by order (max, min, argmax, argmin) and fail
+        where values repeat: random floats never do, so the mode of a row is its min and its
+        position argmin's. Two fresh trials again, their float inputs rounded to integers; a
+        trial the op refuses gives no verdict, one no combine of some output survives drops
+        every order pick (the others keep the verdict of the trials before)."""
+        ops = self.ops
+        bases = [t for t in self.trials[1:] if not t.special][:2]
+        for base, split in zip(bases, (Split(3), Split(2, skew=True))):
+            leaves = [ops.from_numpy(np.round(ops.to_numpy(x)), x)
+                      if ops.dtype_kind(x) == FLOAT and self.leaf_names[i] not in self.fixed else x
+                      for i, x in enumerate(base.leaves)]
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
+            try:
+                tied = self._trial(tuple(args), dict(kwargs), index=base.index)
+            except Exception:
+                continue
+            size = ops.shape(tied.leaves[group.dims[0][0]])[group.dims[0][1]]
+            ok = self._valid_combines(group, tied, split if split.bounds(size) else Split(2), alive)
+            if ok is UNINFORMATIVE:
+                continue
+            kept = ok if ok is not None else [[] for _ in alive]
+            alive = [[c for c in opts if not picks_by_order(c) or c in k] for opts, k in zip(alive, kept)]
+        return alive
+
+    def _reduces_on_three_shards(self, group: Group, alive: list[list]) -> list[set]:
+        """Per output, the reduces of ``alive`` that also hold with the cut dims lengthened
+        to three elements by random data and cut in three. On a dim of two each shard holds
+        one element, and a reduce of those tells few functions of a pair apart: every order
+        statistic is the min or the max (the lower median of a pair is its min, at argmin's
+        position), and the mean of a pair is its median (quantile's reduce(avg)). The
+        lengthened call has the same signature, and its evidence is added to, never put in
+        for, the sample's. Only a sum stands where no such trial can speak: the op refuses
+        the lengthened inputs, or indices cut with the data were lengthened by copies of
+        their own values, which a kernel may not take twice (max_unpool's positions)."""
+        sums = [{c for c in opts if c == Reduce("sum")} for opts in alive]
+        trials = self._lengthened_trials(group, extra_evidence=True)
+        if trials is None or trials is self.trials:
+            return sums
+        first = self.trials[0]
+        copied = any(self.leaf_names[i] in self.fixed for i, _, _ in group.dims)  # every cut dim is 2 long
+        proven, informative = [set(opts) for opts in alive], 0
+        for trial in trials[1:]:
+            ok = self._valid_combines(group, trial, Split(3), alive)
+            if ok is UNINFORMATIVE:
+                continue
+            if ok is None:
+                return sums
+            proven = [p & set(k) for p, k in zip(proven, ok)]
+            informative += 1
+        if informative < 2:
+            return sums
+        held = sorted({str(c) for p in proven for c in p if reduces_values(c)})
+        if held:
+            self.widened[group.placements(len(first.leaves))] = [
+                f"{' and '.join(held)} along {self.leaf_names[i]} dim {d}: verified on three shards too, with that dim "
+                f"lengthened from 2 to {halo_room(0)} by {'copies' if self.leaf_names[i] in self.fixed else 'random data'}"
+                for i, d, _ in group.dims]
+        return [p | s for p, s in zip(proven, sums)] if copied else proven
+
+    def _whole_on_special_values(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the identity combines a special-value trial refutes. A Partial input
+        that leaves an output whole on random data can still matter on values random data
+        never hits: heaviside's values are read only where self is 0."""
+        if self._refuters is None:
+            self._refuters = (self._special_trials() or []) if self.case.special is not None else []
+        for trial, split in zip(self._refuters, itertools.cycle(TRIAL_SPLITS)):
+            locs = self._locals(group, trial, split)
+            if locs is None or locs is UNINFORMATIVE:
+                continue  # the op rejects these inputs split this way: no verdict
+            alive = [[c for c in opts if c != Identity() or holds(self.ops, c, [loc[j] for loc in locs], trial.outputs[j])]
+                     for j, opts in enumerate(alive)]
+        return alive
+
+    def _where_parts_cancel(self, group: Group, alive: list[list]) -> list[list]:
+        """``alive`` less the combines that fail where the Partial inputs are zero and their
+        two parts, r and -r, are not: random parts never cancel, and op(r) + op(-r) == op(0)
+        is where linearity shows (unique_consecutive of distinct values is the identity until
+        two of them meet; xlogy(0, y) is 0 whatever log(y) is; nextafter moves each part by
+        its own ulp). Two parts cancel exactly, so a linear op's local outputs do too."""
+        for base in [t for t in self.trials[1:] if not t.special][: len(PARTIAL_SPREADS)]:  # each spread once
+            # a product's parts r and 1/r cancel where the input is one
+            one = 1 if group.partial_op == "prod" else 0
+            leaves = [self.ops.add_scalar(self.ops.zeros_like(x), one) if i in group.partial else x
+                      for i, x in enumerate(base.leaves)]
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
+            try:
+                zero = self._trial(tuple(args), dict(kwargs), index=base.index)
+            except Exception:
+                continue  # the op refuses zeros: no verdict
+            locs = self._locals(group, zero, Split(2))
+            if locs is None or locs is UNINFORMATIVE:
+                continue
+            alive = [[c for c in opts if holds(self.ops, c, [loc[j] for loc in locs], zero.outputs[j])]
+                     for j, opts in enumerate(alive)]
+        return alive
