@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
 from .sweep.failures import clean_reason, describe_exit
+from .sweep.workers import exit_with_parent
 
 
 class ChildFailed(Exception):
@@ -122,6 +123,7 @@ def _serve(conn, tasks: dict, setup: Callable[[], None] | None) -> None:
     faulthandler.disable()
     for crash in _CRASH_SIGNALS:
         signal.signal(crash, signal.SIG_DFL)
+    exit_with_parent()  # a parent killed outright must not leave a hung task running
     if setup is not None:
         setup()
     while True:

@@ -1,4 +1,5 @@
 import random
+import time
 
 import pytest
 
@@ -35,3 +36,20 @@ def fake_world_of():
             dist.init_process_group("fake", rank=0, world_size=size)
 
     return start
+
+
+def _stops_growing(path, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        before = path.stat().st_size
+        time.sleep(0.5)
+        if path.stat().st_size == before:
+            return True
+    return False
+
+
+@pytest.fixture
+def stops_growing():
+    """``stops_growing(path, within=5.0)``: does a file its writer appends to every 0.1 s
+    stop growing (the writer gone) within ``within`` seconds?"""
+    return _stops_growing

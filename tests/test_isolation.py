@@ -3,6 +3,7 @@ alone, and live exploration survives an op that crashes on some of its shards.""
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,3 +68,35 @@ def test_live_exploration_finds_the_rules_of_an_op_that_crashes_on_some_shards(t
     assert stats.live == 1 and not stats.unexplorable
     cuts = {tuple(s.inputs) for s in strategies["add"]}
     assert len(cuts) >= 2  # each dim of both inputs, cut alike
+
+
+_KILLED_PARENT = """
+import sys, time
+from metaspmd.isolation import ForkServer, Isolation
+
+def beat():
+    for _ in range(600):
+        with open(sys.argv[1], "a") as f:
+            f.write(".")
+        time.sleep(0.1)
+
+with ForkServer({0: beat}, Isolation(timeout=600)) as server:
+    server.run(0)
+"""
+
+
+def test_a_hung_task_stops_when_its_parent_is_killed(tmp_path, stops_growing):
+    """SIGKILL leaves the parent no chance to stop its child, which stops itself."""
+    script, beats = tmp_path / "parent.py", tmp_path / "beats"
+    script.write_text(_KILLED_PARENT)
+    proc = subprocess.Popen([sys.executable, str(script), str(beats)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not beats.exists():
+            time.sleep(0.1)
+        assert beats.exists(), "the task never started"
+        assert not stops_growing(beats, within=1.0), "the task stopped on its own"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stops_growing(beats), "the hung task outlived its killed parent"

@@ -205,18 +205,7 @@ def test_interrupt_leaves_only_complete_files(tmp_path):
         load_record(folder / name)
 
 
-def _beats_stopped(beats: Path, within: float = 5.0) -> bool:
-    """Does the beat file stop growing (its writer gone) within ``within`` seconds?"""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        before = beats.stat().st_size
-        time.sleep(0.5)
-        if beats.stat().st_size == before:
-            return True
-    return False
-
-
-def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path):
+def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
     beats = tmp_path / "beats"
     env = dict(os.environ, PYTHONPATH=str(TESTS), FAKE_HANG_BEATS=str(beats))
     proc = subprocess.Popen(
@@ -232,7 +221,7 @@ def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path):
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "interrupted" in err
-    assert _beats_stopped(beats), "the worker in fake.hang outlived the sweep"
+    assert stops_growing(beats), "the worker in fake.hang outlived the sweep"
     names = sorted(p.name for p in folder.iterdir())
     assert "fake.hang.yaml" not in names and len(names) == 12
     for name in names:
@@ -256,7 +245,7 @@ if __name__ == "__main__":
 """
 
 
-def test_a_worker_exits_when_its_parent_is_killed(tmp_path):
+def test_a_worker_exits_when_its_parent_is_killed(tmp_path, stops_growing):
     """SIGKILL leaves a parent no chance to stop its workers: they stop themselves."""
     script, beats = tmp_path / "orphan.py", tmp_path / "beats"
     script.write_text(_ORPHAN)
@@ -266,8 +255,8 @@ def test_a_worker_exits_when_its_parent_is_killed(tmp_path):
         while time.monotonic() < deadline and not beats.exists():
             time.sleep(0.1)
         assert beats.exists(), "the worker never started"
-        assert not _beats_stopped(beats, within=1.0), "the worker stopped on its own"
+        assert not stops_growing(beats, within=1.0), "the worker stopped on its own"
     finally:
         proc.kill()
         proc.wait()
-    assert _beats_stopped(beats), "the worker outlived its killed parent"
+    assert stops_growing(beats), "the worker outlived its killed parent"
