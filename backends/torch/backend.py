@@ -4,7 +4,7 @@ Where an op's examples come from, in order:
 1. OpInfo calls captured for the overload itself (``samples.load_index``);
 2. for in-place (``foo_``) and ``out=`` overloads, the captured calls of the functional
    overload they compute (``catalog.functional_sibling``), kept when they run;
-3. inputs built from the schema (``samples.find_schema_sample``).
+3. inputs built from the schema (``schema_samples.find_schema_sample``).
 
 In-place and ``out=`` overloads are explored as themselves, not mapped to the functional
 op: the case's ``fn`` clones every argument the op writes before calling it (so repeated
@@ -31,9 +31,10 @@ from . import catalog, local_params, model_programs, random_ops, sample_data, vi
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, Captured, build_index, call_signature, find_schema_sample, load_index, regenerate,
-    runs_in_float64, runs_on_fresh_inputs, schema_inputs, to_float64,
+    BASE_SEED, MAX_SIGNATURES, Captured, build_index, call_signature, load_index, regenerate, runs_in_float64,
+    to_float64,
 )
+from .schema_samples import find_schema_sample, runs_on_fresh_inputs, schema_inputs
 from .tensor_ops import TorchOps
 
 OutSpec = Mapping[str, Any]  # out arg name -> dtype, or list of dtypes for Tensor[] outs

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # the OpInfo database needs it
 
 from metaspmd.backends.torch import TorchBackend, get_backend  # noqa: E402
-from metaspmd.backends.torch import catalog, samples, views  # noqa: E402
+from metaspmd.backends.torch import catalog, samples, schema_samples, views  # noqa: E402
 from metaspmd.case import NoSample, OpCase, Skip  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.signature import signature  # noqa: E402
@@ -452,11 +452,11 @@ def test_a_schema_guess_must_run_on_fresh_seeds_too():
             raise RuntimeError("values out of range")
 
     func = torch.ops.aten.quantile.default
-    guess, error = samples.find_schema_sample(run, func)
+    guess, error = schema_samples.find_schema_sample(run, func)
     # the first guess ran on the base seed and one fresh seed, failed on the next; the
     # second ran on all of them
     assert guess is not None and len(calls) == 3 + 1 + samples.FRESH_SEEDS
-    assert guess != next(samples.schema_guesses())
+    assert guess != next(schema_samples.schema_guesses())
 
 
 def test_a_guess_of_0d_tensors_only_is_taken_last():
@@ -464,13 +464,13 @@ def test_a_guess_of_0d_tensors_only_is_taken_last():
     # every tensor 4x6 and fail, the 0-d one runs but leaves no dim to cut; a later guess
     # (the tensors after the first 0-d) runs with gradients of some length
     func = torch.ops.aten._amp_foreach_non_finite_check_and_unscale.default
-    guess, error = samples.find_schema_sample(lambda a, k: func(*a, **k), func)
+    guess, error = schema_samples.find_schema_sample(lambda a, k: func(*a, **k), func)
     assert guess is not None and guess.shape and guess.scalar_tensors, guess
-    args, _ = samples.schema_inputs(func, guess, samples.BASE_SEED)
+    args, _ = schema_samples.schema_inputs(func, guess, samples.BASE_SEED)
     assert [t.dim() for t in args[0]] == [len(guess.shape)] * 2 and args[1].dim() == args[2].dim() == 0
     # where nothing else runs, the 0-d guess stands
     is_nonzero = torch.ops.aten.is_nonzero.default
-    guess, error = samples.find_schema_sample(lambda a, k: is_nonzero(*a, **k), is_nonzero)
+    guess, error = schema_samples.find_schema_sample(lambda a, k: is_nonzero(*a, **k), is_nonzero)
     assert guess is not None and guess.shape == () and error == ""
 
 
@@ -481,7 +481,7 @@ def test_no_cpu_kernel_stops_the_guessing():
         calls.append(1)
         raise NotImplementedError("Could not run 'aten::foo' with arguments from the 'CPU' backend.")
 
-    guess, error = samples.find_schema_sample(run, torch.ops.aten.add.Tensor)
+    guess, error = schema_samples.find_schema_sample(run, torch.ops.aten.add.Tensor)
     assert guess is None and error.startswith("NotImplementedError: Could not run") and len(calls) == 1
 
 
