@@ -24,6 +24,16 @@ _CHANNEL_NAMES = frozenset({
     "invstd", "var",
 })
 _COUNT_INTS = frozenset({"n", "k", "chunks", "sections", "split_size", "repeats", "steps", "window_length", "size", "length"})
+# a fake quantizer's range: with both ends 1 every input quantizes to one level, an output
+# that no data can vary
+_QUANT_RANGE = {"quant_min": 0, "quant_max": 255}
+# a per-tensor quantizer's parameters and observed range: one element each (a longer one is
+# read at [0], a 0-d one refused)
+_QUANT_PARAMS = frozenset({"scale", "zero_point", "running_min", "running_max"})
+# switches a fake quantizer reads as 0 or 1: on in the example, so its rules are explored on
+# the quantizing path, and drawn from {0, 1} on the other seeds, so they hold on both paths
+# (random floats leave them off, truncated to 0, on most draws)
+_SWITCHES = frozenset({"observer_on", "fake_quant_on", "fake_quant_enabled"})
 _UNSUPPORTED = frozenset({"Storage", "Stream", "Dimname", "List[Dimname]", "Optional[List[Dimname]]"})
 # With scalar_tensors: tensor lists of one number per tensor (an optimizer's step counts) are
 # 0-d, foreach's packed scalars hold one per list element, and an optimizer's amsgrad is on
@@ -58,6 +68,7 @@ class _Filler:
     def __init__(self, func, guess: SchemaGuess, seed: int):
         self.func, self.guess = func, guess
         self.gen = torch.Generator().manual_seed(seed)
+        self.example = seed == BASE_SEED
         self.base = func._schema.name.split("::")[1]
         spatial = max(len(guess.shape) - 2, 1)
         self.spatial = spatial if any(k in self.base for k in ("conv", "pool", "upsample", "im2col", "col2im", "reflection", "replication", "pad")) else 1
@@ -89,6 +100,11 @@ class _Filler:
             return torch.randint(0, 2, shape, generator=self.gen).to(torch.bool)
         if name in _SORTED_NAMES and shape:
             return self.data(shape).sort(dim=-1).values
+        if name in _SWITCHES:
+            on = self.example or bool(torch.randint(0, 2, (), generator=self.gen))
+            return torch.full((1,), float(on), dtype=getattr(torch, self.guess.dtype))
+        if name in _QUANT_PARAMS and ("per_tensor" in self.base or "moving_avg_obs" in self.base):
+            shape = (1,)
         if self.guess.channel_vectors and name in _CHANNEL_NAMES and len(shape) >= 2:
             t = self.data((shape[1],))
             return t.abs() + 0.5 if "var" in name or "std" in name else t
@@ -122,6 +138,8 @@ class _Filler:
             return -1
         if name in _COUNT_INTS:
             return 2
+        if name in _QUANT_RANGE:
+            return _QUANT_RANGE[name]
         return 1
 
     def value(self, arg) -> Any:

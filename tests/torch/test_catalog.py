@@ -387,6 +387,29 @@ def test_a_schema_built_sorted_sequence_is_sorted():
     assert str(entry.shard) == "[[S1]]" and not any("shape-determined" in n for n in entry.notes), entry
 
 
+def test_schema_built_fake_quantizers_quantize():
+    # quant_min = quant_max = 1 quantized every input to one level, an output no data could
+    # vary; a per-tensor quantizer's scale and zero point cut along with self were read at
+    # each shard's [0], so a zero point that rounded below one on five draws in five passed
+    # a cut of it as reduce(max); and random switches (observer_on, fake_quant_on) were off
+    # on most draws, so the observer's self cuts held on the path that skips quantizing
+    backend = get_backend(opinfos=(), schema_samples=True)
+    ops = backend.tensor_ops()
+    (case,) = backend.cases("aten._fake_quantize_learnable_per_tensor_affine.default")
+    _, scale, zero_point, quant_min, quant_max = case.args[:5]
+    assert (quant_min, quant_max) == (0, 255) and scale.shape == zero_point.shape == (1,)
+    entry = explore_case(case, ops)
+    assert entry.status == "ok" and all(s.inputs[1:3] == (Replicate(), Replicate()) for s in entry.strategies())
+
+    (case,) = backend.cases("aten.fused_moving_avg_obs_fake_quant.default")
+    observer_on, fake_quant_on = case.args[1:3]
+    assert observer_on.item() == fake_quant_on.item() == 1.0
+    switches = {tuple(t.item() for t in case.fresh(seed)[0][1:3]) for seed in range(1, 5)}
+    assert switches <= {(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)} and len(switches) > 1
+    # each shard's own running min and max give it its own scale: no cut of self holds
+    assert explore_case(case, ops).status == "replicate-only"
+
+
 def test_inplace_case_does_not_mutate_its_inputs(backend):
     case = backend.cases("aten.add_.Tensor")[0]
     before = [x.clone() for x in case.args if isinstance(x, torch.Tensor)]
