@@ -1098,13 +1098,13 @@ RULES = {
         ),
     },
     'aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default': {
-        'self:f[*,*] scale:f[1] zero_point:f[1] fake_quant_enabled:f[1] quant_min=0 quant_max=255': (
+        'self:f[*,*] scale:f[1] zero_point:f[1] fake_quant_enabled:f[] quant_min=0 quant_max=255': (
             ((Shard(0), Replicate(), Replicate(), Replicate()), (Shard(0), Shard(0))),
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Shard(1))),
         ),
     },
     'aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.out': {
-        'self:f[*,*] scale:f[1] zero_point:f[1] fake_quant_enabled:f[1] quant_min=0 quant_max=255': (
+        'self:f[*,*] scale:f[1] zero_point:f[1] fake_quant_enabled:f[] quant_min=0 quant_max=255': (
             ((Shard(0), Replicate(), Replicate(), Replicate()), (Shard(0), Shard(0))),
             ((Shard(1), Replicate(), Replicate(), Replicate()), (Shard(1), Shard(1))),
         ),

@@ -30,10 +30,11 @@ _QUANT_RANGE = {"quant_min": 0, "quant_max": 255}
 # a per-tensor quantizer's parameters and observed range: one element each (a longer one is
 # read at [0], a 0-d one refused)
 _QUANT_PARAMS = frozenset({"scale", "zero_point", "running_min", "running_max"})
-# switches a fake quantizer reads as 0 or 1: on in the example, so its rules are explored on
-# the quantizing path, and drawn from {0, 1} on the other seeds, so they hold on both paths
-# (random floats leave them off, truncated to 0, on most draws)
-_SWITCHES = frozenset({"observer_on", "fake_quant_on", "fake_quant_enabled"})
+# flags an op reads or writes as 0 or 1 (a fake quantizer's switches, AMP's found_inf): 1 in
+# the example, so a quantizer's rules are explored on its quantizing path, and drawn from
+# {0, 1} on the other seeds, so they hold on both paths (random floats truncate to 0 on most
+# draws, and a found_inf above 1 is no flag)
+_FLAGS = frozenset({"observer_on", "fake_quant_on", "fake_quant_enabled", "found_inf"})
 _UNSUPPORTED = frozenset({"Storage", "Stream", "Dimname", "List[Dimname]", "Optional[List[Dimname]]"})
 # With scalar_tensors: tensor lists of one number per tensor (an optimizer's step counts) are
 # 0-d, foreach's packed scalars hold one per list element, and an optimizer's amsgrad is on
@@ -100,9 +101,9 @@ class _Filler:
             return torch.randint(0, 2, shape, generator=self.gen).to(torch.bool)
         if name in _SORTED_NAMES and shape:
             return self.data(shape).sort(dim=-1).values
-        if name in _SWITCHES:
+        if name in _FLAGS:
             on = self.example or bool(torch.randint(0, 2, (), generator=self.gen))
-            return torch.full((1,), float(on), dtype=getattr(torch, self.guess.dtype))
+            return torch.full(shape, float(on), dtype=getattr(torch, self.guess.dtype))
         if name in _QUANT_PARAMS and ("per_tensor" in self.base or "moving_avg_obs" in self.base):
             shape = (1,)
         if self.guess.channel_vectors and name in _CHANNEL_NAMES and len(shape) >= 2:
