@@ -1,4 +1,6 @@
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -53,3 +55,27 @@ def stops_growing():
     """``stops_growing(path, within=5.0)``: does a file its writer appends to every 0.1 s
     stop growing (the writer gone) within ``within`` seconds?"""
     return _stops_growing
+
+
+@pytest.fixture
+def outlives_killed_parent(tmp_path):
+    """``outlives_killed_parent(script)``: run ``script``, Python whose process starts a child
+    that appends to the file named by its first argument every 0.1 s; once the child writes,
+    kill the script's process with SIGKILL, which leaves it no chance to stop the child.
+    Does the child write on?"""
+    def run(script: str) -> bool:
+        path, beats = tmp_path / "parent.py", tmp_path / "beats"
+        path.write_text(script)
+        proc = subprocess.Popen([sys.executable, str(path), str(beats)])
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not beats.exists():
+                time.sleep(0.1)
+            assert beats.exists(), "the child never started"
+            assert not _stops_growing(beats, within=1.0), "the child stopped on its own"
+        finally:
+            proc.kill()
+            proc.wait()
+        return not _stops_growing(beats)
+
+    return run

@@ -245,18 +245,5 @@ if __name__ == "__main__":
 """
 
 
-def test_a_worker_exits_when_its_parent_is_killed(tmp_path, stops_growing):
-    """SIGKILL leaves a parent no chance to stop its workers: they stop themselves."""
-    script, beats = tmp_path / "orphan.py", tmp_path / "beats"
-    script.write_text(_ORPHAN)
-    proc = subprocess.Popen([sys.executable, str(script), str(beats)])
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not beats.exists():
-            time.sleep(0.1)
-        assert beats.exists(), "the worker never started"
-        assert not stops_growing(beats, within=1.0), "the worker stopped on its own"
-    finally:
-        proc.kill()
-        proc.wait()
-    assert stops_growing(beats), "the worker outlived its killed parent"
+def test_a_worker_exits_when_its_parent_is_killed(outlives_killed_parent):
+    assert not outlives_killed_parent(_ORPHAN), "the worker outlived its killed parent"
