@@ -72,6 +72,10 @@ class TensorOps(Protocol):
         magnitudes involved (NaN matches NaN at the same position).
         """
 
+    def opaque(self, x: Any) -> str:
+        """What keeps ``close`` from comparing x (a sparse or quantized tensor), or '' where
+        nothing does: an op whose outputs it cannot compare cannot have a combine verified."""
+
     def one_nonfinite_value(self, x: Any) -> bool:
         """x has elements and every one is NaN, or every one is the same infinity (never for
         integer and bool tensors). A mix of NaN, +inf and -inf still has a pattern to compare."""

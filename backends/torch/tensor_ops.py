@@ -122,6 +122,13 @@ class TorchOps:
             torch.sign(a64) == torch.sign(e64))
         return bool((near | overflow).all())
 
+    def opaque(self, x: Any) -> str:
+        if x.is_quantized:
+            return "a quantized tensor"
+        if x.layout != torch.strided:
+            return f"a tensor of layout {str(x.layout).removeprefix('torch.').lstrip('_')}"
+        return ""
+
     def one_nonfinite_value(self, x) -> bool:
         if x.layout != torch.strided or x.numel() == 0 or not (x.dtype.is_floating_point or x.dtype.is_complex):
             return False
