@@ -120,7 +120,9 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                 notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
             constant = []
         if constant:
-            return entry("replicate-only", f"output {constant[0]} does not vary with the inputs: combines cannot be verified")
+            j = constant[0]  # NaN throughout: the op fails on these inputs rather than ignoring them
+            why = "is NaN or infinite on every trial" if ops.one_nonfinite_value(first.outputs[j]) else "does not vary with the inputs"
+            return entry("replicate-only", f"output {j} {why}: combines cannot be verified")
         if not blind and self._one_signed_inputs():
             # Positive sample data (max_unpool2d's pooled values) lets a max of zero-padded
             # local outputs pass for the scatter: signed blind data refutes it. Added after
