@@ -123,8 +123,6 @@ def error_text(e: BaseException) -> str:
     return text[:200]
 
 
-
-
 # Ops with no tensor input (factories: full, arange, scalar_tensor): nothing to shard; the
 # determinism check in Explorer.run guarantees every rank computes the same, replicated output.
 NO_TENSOR_INPUT = "no tensor input: nothing to shard; every rank computes the same output (replicate)"
