@@ -562,6 +562,11 @@ def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[
         _drop_dispatch_modes(depth)
 
 
+def hand_written(by_source: dict[str, dict[str, int]]) -> Counter:
+    """The counts of ``Report.by_source`` summed over DTensor's hand-written sources."""
+    return sum((Counter(v) for k, v in by_source.items() if k != "decomposition"), Counter())
+
+
 @dataclass
 class Report:
     config: Config
@@ -588,11 +593,29 @@ class Report:
                 if (r.support == "none" or r.support in QUERIED and r.examples and not r.dtensor_runs)
                 and any(e.verdict == "ok" for e in r.extras)]
 
+    def by_source(self) -> dict[str, dict[str, int]]:
+        """DTensor's rules and our misses by where DTensor's rule comes from: its hand-written
+        strategies (``single-dim``, ``op-strategy``) or a composite op's decomposition, which
+        DTensor propagates placements through (``decomposition``)."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.results:
+            if not r.dtensor_rules:
+                continue
+            n = out.setdefault(r.support, Counter())
+            n.update(dtensor_rules=r.dtensor_rules, missed=len(r.misses),
+                     dtensor_false_positives=sum(m.numeric == "wrong" for m in r.misses),
+                     decomposition_only=sum(m.decomposition_only for m in r.misses))
+        return {k: {name: v[name] for name in ("dtensor_rules", "missed", "dtensor_false_positives",
+                                               "decomposition_only")}
+                for k, v in sorted(out.items(), key=lambda kv: QUERIED.index(kv[0]))}
+
     def summary(self) -> dict[str, Any]:
         misses, extras = self.misses(), self.extras()
         wrong = sum(m.numeric == "wrong" for m in misses)
         decomposition_only = sum(m.decomposition_only for m in misses)
         dt = self.total("dtensor_rules")
+        by_source = self.by_source()
+        hand = hand_written(by_source)
         kinds, verdicts = Counter(e.kind for e in extras), Counter(e.verdict for e in extras)
         return {
             "ops": len(self.results),
@@ -608,6 +631,8 @@ class Report:
             "miss_rate_without_false_positives": round((len(misses) - wrong) / dt, 4) if dt else 0.0,
             "decomposition_only": decomposition_only,
             "local_miss_rate": round((len(misses) - wrong - decomposition_only) / dt, 4) if dt else 0.0,
+            "by_source": by_source,
+            "hand_written_miss_rate": round(hand["missed"] / hand["dtensor_rules"], 4) if hand["dtensor_rules"] else 0.0,
             "ours": self.total("ours"),
             "ours_no_placement": self.total("inexpressible"),
             "extras": len(extras),
@@ -669,6 +694,21 @@ def _pct(a: int, b: int) -> str:
     return f"{100 * a / b:.1f}%" if b else "-"
 
 
+# how DTensor comes by a rule (crosscheck_dtensor.dtensor_support): a strategy written for the
+# op by hand, or placements propagated through the op's decomposition
+SOURCES = {
+    "single-dim": "hand-written strategy (single-dim)",
+    "op-strategy": "hand-written strategy (op strategy)",
+    "rule": "hand-written rule",
+    "decomposition": "propagated through the op's decomposition",
+}
+
+
+def _left(counts: dict[str, int]) -> int:
+    """Misses DTensor is not wrong about and that the op on the shards also gives."""
+    return counts["missed"] - counts["dtensor_false_positives"] - counts["decomposition_only"]
+
+
 def format_report(report: Report, limit: int = 50) -> str:
     s, c = report.summary(), report.config.dtensor
     dt, kinds, verdicts = s["dtensor_rules"], s["extras_by_kind"], s["extras_by_verdict"]
@@ -699,11 +739,18 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("  unchecked", verdicts["unchecked"], ""),
         ("ops DTensor cannot run that we cover", s["dtensor_cannot_run_ops"], ""),
     ], ("rules", "count", "share"))
-    local = s["missed"] - s["dtensor_false_positives"] - s["decomposition_only"]
+    local = _left(s)
     lines.append(f"\nmiss rate {_pct(s['missed'], dt)} ({_pct(s['missed'] - s['dtensor_false_positives'], dt)} "
                  f"without DTensor's wrong rules, {_pct(local, dt)} without those and the decomposition-only ones); "
                  f"{s['dtensor_queries']} DTensor queries, "
                  f"{s['truncated_examples']} examples capped; {s['check_seconds']} s checking, {s['seconds']} s in all")
+    lines += ["", "DTensor's rules by where they come from:"]
+    lines += _table([(SOURCES[k], v["dtensor_rules"], v["missed"], _pct(v["missed"], v["dtensor_rules"]),
+                      v["dtensor_false_positives"], v["decomposition_only"], _left(v),
+                      _pct(_left(v), v["dtensor_rules"])) for k, v in s["by_source"].items()],
+                    ("source", "rules", "missed", "share", "DTensor wrong", "decomposition-only", "left", "share"))
+    hand = hand_written(s["by_source"])
+    lines.append(f"miss rate on DTensor's hand-written rules {_pct(hand['missed'], hand['dtensor_rules'])}")
     misses = report.misses()
     if misses:
         lines += ["", "Misses by reason:"]

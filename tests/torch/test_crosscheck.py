@@ -426,6 +426,32 @@ def test_report_prints_totals_and_json_round_trips(report):
     assert s["ops"] == len(OPS) and s["extras_by_verdict"]["failed"] == 0 and s["dtensor_cannot_run_ops"] == 1
     assert s["agree"] + s["missed"] == s["dtensor_rules"]
     assert s["decomposition_only"] <= s["missed"] - s["dtensor_false_positives"]
+    assert sum(v["dtensor_rules"] for v in s["by_source"].values()) == s["dtensor_rules"]
+    assert sum(v["missed"] for v in s["by_source"].values()) == s["missed"]
+    assert "DTensor's rules by where they come from" in text
+
+
+def test_misses_are_counted_by_where_dtensor_takes_the_rule_from():
+    def miss(numeric="holds", decomposition_only=False):
+        return crosscheck.Miss("op", "sig", "(S(0)) -> (S(0))", "why", numeric, decomposition_only=decomposition_only)
+
+    results = [
+        crosscheck.OpResult("aten.a", "single-dim", dtensor_rules=40, misses=[miss(), miss("wrong")]),
+        crosscheck.OpResult("aten.b", "op-strategy", dtensor_rules=60),
+        crosscheck.OpResult("aten.c", "decomposition", dtensor_rules=50,
+                            misses=[miss(decomposition_only=True), miss("wrong"), miss()]),
+        crosscheck.OpResult("aten.d", "none"),
+    ]
+    report = crosscheck.Report(crosscheck.Config(), results)
+    s = report.summary()
+    assert list(s["by_source"]) == ["single-dim", "op-strategy", "decomposition"]
+    assert s["by_source"]["decomposition"] == {"dtensor_rules": 50, "missed": 3, "dtensor_false_positives": 1,
+                                               "decomposition_only": 1}
+    assert s["hand_written_miss_rate"] == 0.02 and s["miss_rate"] == round(5 / 150, 4)
+    text = crosscheck.format_report(report)
+    assert "miss rate on DTensor's hand-written rules 2.0%" in text
+    row = next(line for line in text.splitlines() if line.startswith("propagated through the op's decomposition"))
+    assert row.split()[-6:] == ["3", "6.0%", "1", "1", "1", "2.0%"]
 
 
 def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, monkeypatch, capsys, records):
