@@ -470,6 +470,14 @@ class TorchBackend:
             _ = self.index, self.program_calls
 
     def cases(self, op: str) -> list[OpCase]:
+        cases = self._all_cases(op)
+        func = catalog.resolve(op)
+        kept = [c for c in cases if catalog.keeps_numel(func, c.args, c.kwargs)]
+        if cases and not kept:
+            raise Skip("nondeterministic", catalog.RESIZE_REASON)
+        return kept
+
+    def _all_cases(self, op: str) -> list[OpCase]:
         try:
             func = catalog.resolve(op)
         except KeyError as e:

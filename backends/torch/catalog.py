@@ -8,6 +8,7 @@ same way in their own namespace.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Collection
 
@@ -25,14 +26,20 @@ UNSPECIFIED_VALUES = frozenset({
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
     "_make_dep_token",  # an empty 0-d tensor: a token whose value nothing reads
 })
-# Ops whose output is partly uninitialized memory (resize keeps old data, quantized empties
-# carry scales, _ctc_loss's log_alpha past each target's length): their results cannot be
-# compared at all.
+# Ops whose output is partly uninitialized memory (_resize_output keeps old data, quantized
+# empties carry scales, _ctc_loss's log_alpha past each target's length): their results
+# cannot be compared at all.
 UNINITIALIZED = frozenset({
-    "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "resize", "resize_", "resize_as",
-    "resize_as_", "_resize_output", "_resize_output_", "set", "set_", "empty_quantized",
-    "_nested_tensor_from_mask_left_aligned", "_ctc_loss",
+    "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "_resize_output", "_resize_output_",
+    "set", "set_", "empty_quantized", "_nested_tensor_from_mask_left_aligned", "_ctc_loss",
 })
+# Ops that restride self to a new size (the argument named here, or its shape): to as many
+# elements as self holds they reshape its contiguous data; to any other number the new
+# elements are uninitialized memory, or the kept ones a prefix of the storage. Only calls of
+# the first kind are explored (RESIZE_REASON for an op with no other).
+RESIZING = {"resize": "size", "resize_": "size", "resize_as": "the_template", "resize_as_": "the_template"}
+RESIZE_REASON = ("resizes to another number of elements: the new elements are uninitialized memory, the kept ones a "
+                 "prefix of the storage")
 # Random ops the nondeterministic_seeded tag misses (they take a Generator or draw from it).
 RANDOM = frozenset({
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
@@ -193,7 +200,7 @@ def positional_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
 
 # ops whose dims map by their sizes (a view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of
 # [4, 3, 2], it cannot): every size of theirs keys their rules
-RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_copy", "view_as", "reshape_as"})
+RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "_reshape_copy", "view_as", "reshape_as", *RESIZING})
 
 
 def is_reshape(func: torch._ops.OpOverload) -> bool:
@@ -231,6 +238,18 @@ def written_arg_names(func: torch._ops.OpOverload) -> tuple[str, ...]:
 def unspecified_values(func: torch._ops.OpOverload) -> bool:
     """True when the op defines only its output's shape and dtype (``empty_like``)."""
     return aten_base(func) in UNSPECIFIED_VALUES
+
+
+def keeps_numel(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Does a call of a RESIZING op keep self's number of elements (a reshape)? True for
+    every other op."""
+    name = RESIZING.get(aten_base(func))
+    if name is None:
+        return True
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args)) | kwargs
+    size = bound[name].shape if name == "the_template" else bound[name]
+    return math.prod(size) == bound["self"].numel()
 
 
 def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:
@@ -438,7 +457,7 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
-    "functional_sibling", "is_core", "overloads_in",
+    "functional_sibling", "is_core", "keeps_numel", "overloads_in",
     "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

@@ -188,6 +188,19 @@ def _reshape(func, x, args, kwargs):
     return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src))
 
 
+def _resize(func, x, args, kwargs):
+    """``resize_`` to as many elements as self holds (the only calls the sweep explores, see
+    ``catalog.RESIZING``) restrides its data as contiguous: on contiguous data, a reshape.
+    Both the probe and every shard run it on a copy, as the sweep runs in-place ops."""
+    rule = _reshape(func, x.clone(), (x.clone(), *args[1:]), kwargs)
+    reshape = rule.fn
+
+    def fn(self, *args, **kwargs):
+        return reshape(self.clone(), *args, **kwargs)
+
+    return ViewRule(fn, rule.candidates, ("a reshape of contiguous data: the call keeps self's number of elements",))
+
+
 def _flatten_like(func, x, args, kwargs):
     # flatten/unflatten take dims, not the sizes of the other dims: a shard runs the op as is,
     # but unflatten's explicit sizes pin the dim it splits. Where one of them is not 1
@@ -391,6 +404,7 @@ _SPLIT_DIM = {"hsplit": lambda rank: 1 if rank > 1 else 0, "vsplit": lambda rank
 
 _BY_BASE: dict[str, Callable] = {
     "view": _reshape, "_unsafe_view": _reshape, "reshape": _reshape, "_reshape_copy": _reshape,
+    "resize": _resize, "resize_": _resize,
     "flatten": _flatten_like, "unflatten": _flatten_like,
     "permute": _permute_like, "transpose": _permute_like, "t": _permute_like, "swapaxes": _permute_like,
     "swapdims": _permute_like, "movedim": _permute_like, "moveaxis": _permute_like, "adjoint": _permute_like,
@@ -418,22 +432,24 @@ _BY_BASE: dict[str, Callable] = {
 
 
 # op -> the view it runs with other's shape as the size
-_SHAPE_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand"}
-SHAPE_OF_OTHER_NOTE = ("other is read for its global shape only: a shard runs {base}(self, other's shape) with the "
-                       "size rewritten from self's local shape")
+_SHAPE_OF_OTHER = {"view_as": "view", "reshape_as": "reshape", "expand_as": "expand", "resize_as": "resize",
+                   "resize_as_": "resize_"}
+SHAPE_OF_OTHER_NOTE = ("{other} is read for its global shape only: a shard runs {base}(self, {other}'s shape) with "
+                       "the size rewritten from self's local shape")
 
 
 def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
     b = bound_args(func, args, kwargs)
     base_name = _SHAPE_OF_OTHER[view_base(func)]
     base = getattr(torch.ops.aten, base_name).default
-    size = list(b["other"].shape)
+    other = "the_template" if "the_template" in b else "other"  # resize_as_ names it so
+    size = list(b[other].shape)
     inner = _BY_BASE[base_name](base, b["self"], (b["self"], size), {})
 
     def fn(self, other):  # other's shard is never read: its global shape is the size
         return inner.fn(self, size)
 
-    return ViewRule(fn, None, (SHAPE_OF_OTHER_NOTE.format(base=base_name),))
+    return ViewRule(fn, None, (SHAPE_OF_OTHER_NOTE.format(other=other, base=base_name),))
 
 
 # Handlers whose shards may run the op with arguments rewritten from the local shard (sizes,
@@ -441,7 +457,7 @@ def _shape_of_other(func, args: tuple, kwargs: dict) -> ViewRule:
 # call's own arguments, as DTensor does for a rule installed with register_sharding, gets
 # wrong shapes from a cut input there. Partial and replicated inputs keep their global
 # shape, so the call's own arguments are the rewritten ones for them.
-_REWRITING = frozenset({_reshape, _flatten_like, _squeeze, _expand, _sum_to_size, _as_strided, _select_backward,
+_REWRITING = frozenset({_reshape, _resize, _flatten_like, _squeeze, _expand, _sum_to_size, _as_strided, _select_backward,
                         _slice_backward, _upsample_backward})
 
 

@@ -754,6 +754,44 @@ def test_view_as_reads_other_for_its_global_shape_only():
     assert expand_as.fn(torch.randn(2, 1), torch.randn(1, 1, 1)).shape == (3, 2, 5)
 
 
+def test_resize_to_as_many_elements_is_a_reshape_of_a_copy():
+    """resize_ of [4, 6, 5] to [24, 5] restrides the data: a reshape, each shard's size
+    rewritten from its own; it runs on a copy, and its signature pins every size."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    func = torch.ops.aten.resize_.default
+    x = torch.randn(4, 6, 5, dtype=torch.float64)
+    before = x.clone()
+    case = torch_case(func, (x, [24, 5]), {}, make_runner(func))
+    assert _gather_rules(views.ViewRule(case.fn, case.candidates)) == {0: 0, 2: 1}
+    assert _gather_rules(views.ViewRule(case.fn, case.candidates), block=True) == {1: (0, 4)}
+    assert torch.equal(case.fn(x[:2], [24, 5]), x[:2].reshape(12, 5)) and torch.equal(x, before)
+    entry = explore_case(case, get_backend(opinfos=()).tensor_ops())
+    assert entry.status == "derived" and entry.signature == "self:f[4,6,5] size=[24,5]"
+    assert str(entry.shard) == "[[S1, S2, S3]]"
+    resize_as = _rule_for(torch.ops.aten.resize_as_.default, x, torch.randn(24, 5))
+    assert torch.equal(resize_as.fn(x[:, :3].contiguous(), torch.randn(1, 1)), x[:, :3].reshape(12, 5))
+
+
+def test_a_resize_to_another_number_of_elements_is_not_explored(monkeypatch):
+    """Grown, the new elements are uninitialized memory; shrunk, what is kept is a prefix of
+    the storage, which no shard holds: such calls are dropped, an op left with none is
+    nondeterministic."""
+    func, x = torch.ops.aten.resize_.default, torch.randn(4, 6)
+    assert catalog.keeps_numel(func, (x, [6, 4]), {}) and catalog.keeps_numel(torch.ops.aten.mm.default, (x, x), {})
+    assert not catalog.keeps_numel(func, (x, [5, 6]), {}) and not catalog.keeps_numel(func, (x, [3, 6]), {})
+    assert not catalog.keeps_numel(torch.ops.aten.resize_as_.default, (x, torch.randn(7)), {})
+    backend = get_backend(opinfos=())
+    grown = OpCase("aten.resize_.default", func, (x, [5, 6]), {}, ("self", "size"))
+    same = OpCase("aten.resize_.default", func, (x, [6, 4]), {}, ("self", "size"))
+    monkeypatch.setattr(backend, "_all_cases", lambda op: [grown, same])
+    assert backend.cases("aten.resize_.default") == [same]
+    monkeypatch.setattr(backend, "_all_cases", lambda op: [grown])
+    with pytest.raises(Skip, match="uninitialized memory") as skip:
+        backend.cases("aten.resize_.default")
+    assert skip.value.status == "nondeterministic"
+
+
 def test_view_as_explores_other_as_a_part_of_its_own(backend):
     """Other's placement is free: (R, S(k)) -> R and every joint with self's strategies."""
     case = next(c for c in backend.cases("aten.view_as.default") if c.args[0].dtype.is_floating_point)
