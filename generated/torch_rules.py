@@ -23702,6 +23702,7 @@ RULES = {
     },
     'aten.native_group_norm.default': {
         'input:f[*,*,*] weight:f[*] bias:f[*] N=2 C=6 HxW=3 group=2 eps=-0.5': (
+            ((Shard(0), Replicate(), Replicate()), (Shard(0), Shard(0), Shard(0))),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'input:f[1,*,*] weight:f[*] bias:f[*] N=1 C=6 HxW=3 group=2 eps=0.5': (
@@ -23713,6 +23714,7 @@ RULES = {
     },
     'aten.native_group_norm.out': {
         'input:f[*,*,*] weight:f[*] bias:f[*] N=2 C=6 HxW=3 group=2 eps=-0.5': (
+            ((Shard(0), Replicate(), Replicate()), (Shard(0), Shard(0), Shard(0))),
             ((Replicate(), Partial('sum'), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'input:f[1,*,*] weight:f[*] bias:f[*] N=1 C=6 HxW=3 group=2 eps=0.5': (
@@ -23724,10 +23726,12 @@ RULES = {
     },
     'aten.native_group_norm_backward.default': {
         'grad_out:f[*,*,*] input:f[*,*,*] mean:f[*,*] rstd:f[*,*] weight:f[*] N=2 C=6 HxW=3 group=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_out:f[*,*,*] input:f[*,*,*] mean:f[*,1] rstd:f[*,1] weight:f[*] N=5 C=5 HxW=5 group=1 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
@@ -23738,10 +23742,12 @@ RULES = {
     },
     'aten.native_group_norm_backward.out': {
         'grad_out:f[*,*,*] input:f[*,*,*] mean:f[*,*] rstd:f[*,*] weight:f[*] N=2 C=6 HxW=3 group=2 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),
         'grad_out:f[*,*,*] input:f[*,*,*] mean:f[*,1] rstd:f[*,1] weight:f[*] N=5 C=5 HxW=5 group=1 output_mask=[True,True,True]': (
+            ((Shard(0), Shard(0), Shard(0), Shard(0), Replicate()), (Shard(0), Partial('sum'), Partial('sum'))),
             ((Partial('sum'), Replicate(), Replicate(), Replicate(), Replicate()), (Partial('sum'), Partial('sum'), Partial('sum'))),
             ((Replicate(), Replicate(), Replicate(), Replicate(), Partial('sum')), (Partial('sum'), Replicate(), Replicate())),
         ),

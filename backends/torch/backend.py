@@ -344,6 +344,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
                 candidates = tuple(c for c in candidates if not any(getattr(p, "local", False) for p in c[0]))
             if view is not func:
                 notes += (f"derived as {catalog.op_name(view)}, whose result the out= tensor takes",)
+    fn = views.local_sizes(func, fn)
     if catalog.trusts_matching_shapes(func):
         unread = catalog.unread_arg_names(func, args, kwargs)
         unread_at = [i for i, n in enumerate(names[: len(args)]) if n in unread] + sorted(unread)

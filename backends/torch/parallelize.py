@@ -31,7 +31,7 @@ from .capture import Captured, capture
 from .dtensor_rules import dtensor_has_rule
 from .rules_at_runtime import node_call
 from .tensor_ops import TorchOps
-from .views import derive, is_view_like, shards_rewrite_call
+from .views import derive, is_view_like, local_sizes, shards_rewrite_call
 
 
 def to_dtensor_placements(ps: planner.Placements) -> tuple:
@@ -284,9 +284,12 @@ def _run_local(target, args, kwargs, placements, mesh, node: torch.fx.Node):
 def _shard_fn(target, args, kwargs) -> Callable:
     """What each shard runs: the op, or for a view whose shards take sizes from the local
     shard (``as_strided`` of a cut dim), the derived rule's function, which its rules were
-    verified with; called with the global sizes, a shard reads past its own storage."""
+    verified with; called with the global sizes, a shard reads past its own storage. An op
+    that restates its input's sizes (group norm's N) takes them from the local input."""
     if not shards_rewrite_call(target):
         return target
+    if not is_view_like(target):  # sizes restated in the arguments (group norm's N)
+        return local_sizes(target, target)
 
     def meta(x):  # the global tensor as the rule derives from it: shape, strides, dtype
         if isinstance(x, torch.Tensor):

@@ -19,6 +19,7 @@ runtime would before calling the op on a shard.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -471,10 +472,36 @@ def _handler(func) -> Callable | None:
     return _BY_BASE.get(base)
 
 
+# Ops that restate their input's sizes as arguments (group norm's N, C and HxW, which the
+# kernel checks against the input): a shard takes them from its local input, as DTensor's
+# scalar shape adjuster does for native_group_norm. Argument name -> the input whose sizes
+# it restates: "N" its dim 0, "C" its dim 1, "HxW" the product of the rest.
+_SIZES_OF_INPUT = {"native_group_norm": "input", "native_group_norm_backward": "input"}
+
+
+def local_sizes(func, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a call of ``func``) with the sizes ``func`` restates (``_SIZES_OF_INPUT``)
+    taken from its local input; ``fn`` itself for every other op. Cuts that the restated
+    sizes do not survive (a channel cut through a group) are left for numerics to refuse."""
+    source = _SIZES_OF_INPUT.get(catalog.aten_base(func))
+    if source is None:
+        return fn
+
+    def fn_local(*args, **kwargs):
+        x = bound_args(func, args, kwargs)[source]
+        for name, size in (("N", x.shape[0]), ("C", x.shape[1]), ("HxW", math.prod(x.shape[2:]))):
+            args, kwargs = _with_arg(func, tuple(args), dict(kwargs), name, size)
+        return fn(*args, **kwargs)
+
+    return fn_local
+
+
 def shards_rewrite_call(func) -> bool:
     """May a shard of ``func`` run with arguments other than the call's? (Then its derived
-    rules cut inputs only where the runtime rewrites them as ``ViewRule.fn`` does.)"""
-    return view_base(func) in _SHAPE_OF_OTHER or _handler(func) in _REWRITING
+    rules cut inputs only where the runtime rewrites them as ``ViewRule.fn`` or
+    ``local_sizes`` does.)"""
+    return (view_base(func) in _SHAPE_OF_OTHER or _handler(func) in _REWRITING
+            or catalog.aten_base(func) in _SIZES_OF_INPUT)
 
 
 def view_base(func) -> str:
@@ -508,5 +535,5 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
         return None  # an unusual call: let the explorer treat it as an ordinary op
 
 
-__all__ = ["ViewRule", "derive", "is_view_like", "reshape_block_mapping", "reshape_groups", "reshape_mapping",
-           "shards_rewrite_call", "view_base"]
+__all__ = ["ViewRule", "derive", "is_view_like", "local_sizes", "reshape_block_mapping", "reshape_groups",
+           "reshape_mapping", "shards_rewrite_call", "view_base"]

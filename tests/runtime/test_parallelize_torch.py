@@ -337,6 +337,25 @@ def test_a_view_whose_shards_rewrite_sizes_runs_its_derived_function(fake_world,
     assert p.plan.strategy(strided.name).label != "R", p.explain()
 
 
+def test_group_norm_cut_by_the_batch_runs_with_each_shards_own_sizes(fake_world, cache):
+    """native_group_norm and its backward restate the input's sizes (N, C, HxW) and check
+    them; under a budget both are cut by the batch, and each shard runs them with its own N
+    (DTensor adjusts the forward's itself, not the backward's)."""
+    class Normed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+            self.norm = torch.nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            return self.norm(self.conv(x)).relu()
+
+    torch.manual_seed(0)
+    p = run_planned(Normed(), torch.randn(8, 4, 8, 8), cache, memory_budget=50_000)
+    norms = [n for n in p.captured.ir.op_list if "group_norm" in n.op]
+    assert len(norms) == 2 and all(p.plan.strategy(n.name).label != "R" for n in norms), p.explain()
+
+
 def test_an_integer_becomes_partial_by_its_first_device_not_by_division(fake_world):
     """Replicate -> Partial(sum) divides a float by the axis size; an integer does not
     divide, so the first device of the axis keeps it and the others hold zeros."""

@@ -792,6 +792,31 @@ def test_a_resize_to_another_number_of_elements_is_not_explored(monkeypatch):
     assert skip.value.status == "nondeterministic"
 
 
+def test_group_norm_shards_take_its_sizes_from_their_own_input():
+    """native_group_norm restates its input's sizes (N, C, HxW), and its kernel checks them:
+    a shard of the batch runs it with its own N, as DTensor's scalar shape adjuster does, and
+    the batch cut is found forward and backward."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    f64 = dict(dtype=torch.float64)
+    x, w, b = torch.randn(4, 6, 5, **f64), torch.randn(6, **f64), torch.randn(6, **f64)
+    forward, backward = torch.ops.aten.native_group_norm.default, torch.ops.aten.native_group_norm_backward.default
+    args = (x, w, b, 4, 6, 5, 2, 1e-5)
+    out, mean, rstd = forward(*args)
+    local = views.local_sizes(forward, forward)(x[:3], *args[1:])
+    assert all(torch.allclose(got, want[:3]) for got, want in zip(local, (out, mean, rstd)))
+    assert views.shards_rewrite_call(forward) and views.local_sizes(torch.ops.aten.mm.default, forward) is forward
+    ops = get_backend(opinfos=()).tensor_ops()
+    batch = (ShardIn(0), Replicate(), Replicate())
+    entry = explore_case(torch_case(forward, args, {}, make_runner(forward)), ops)
+    assert [str(o) for s in entry.all_strategies() if s.inputs == batch for o in s.outputs] == ["gather(dim=0)"] * 3
+    grad_args = (torch.randn_like(x), x, mean, rstd, w, 4, 6, 5, 2, [True, True, True])
+    entry = explore_case(torch_case(backward, grad_args, {}, make_runner(backward)), ops)
+    batch = (ShardIn(0),) * 4 + (Replicate(),)
+    assert [str(o) for s in entry.all_strategies() if s.inputs == batch for o in s.outputs] == [
+        "gather(dim=0)", "reduce(sum)", "reduce(sum)"]
+
+
 def test_view_as_explores_other_as_a_part_of_its_own(backend):
     """Other's placement is free: (R, S(k)) -> R and every joint with self's strategies."""
     case = next(c for c in backend.cases("aten.view_as.default") if c.args[0].dtype.is_floating_point)
