@@ -932,6 +932,25 @@ def test_a_gather_along_a_cut_dim_masks_element_by_element():
     assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"] and combines(e)[rows] == ["reduce(sum)"]
 
 
+@pytest.mark.parametrize("func, extra", [(aten.scatter.src, "src"), (aten.scatter_add.default, "src"),
+                                         (aten.index_add.default, "source")])
+def test_a_scatter_into_cut_rows_keeps_the_writes_that_land_there(func, extra):
+    """Each shard of self's rows takes the positions less its first row; those outside write
+    to a spare row past its end, which is cut off: the output is the rows gathered. The
+    kernel alone raises on foreign positions."""
+    from metaspmd.backends.torch.dropping import dropping_form
+
+    self, src = randn(6, 4), randn(4, 4)
+    index = torch.tensor([5, 0, 3, 3]) if func == aten.index_add.default else torch.tensor([[0, 5, 2, 3], [4, 1, 1, 5],
+                                                                                              [2, 2, 0, 4], [3, 0, 5, 1]])
+    names = ("self", "dim", "index", extra)
+    e = explore(func, [self, 0, index, src], names, fixed=frozenset({"index"}), dropping=dropping_form(func, func))
+    rows = e.shard.inputs[0][0].label
+    assert rows and [str(o) for o in e.offset.inputs[1]] == [f"{rows}(drop)"] and combines(e)[rows] == ["gather(dim=0)"]
+    plain = explore(func, [self, 0, index, src], names, fixed=frozenset({"index"}))
+    assert plain.offset is None and plain.shard.inputs[0][0].label is None
+
+
 def test_per_channel_vectors_are_cut_with_the_channel_dim_among_many_inputs():
     # Two [N, C, L] tensors and five [C] vectors, every dim of one size: too many inputs to
     # try every combination of dims, so the inputs of each rank share one dim each; the

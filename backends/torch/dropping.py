@@ -5,7 +5,9 @@ A shard holding rows [a, b) of a table receives the positions less a. Those outs
 must read zero, so that the shards' outputs sum to the lookup; the kernels instead raise on
 them (``embedding``: "index out of range"). The dropping form looks the valid ones up and
 zeroes the others: DTensor's ``_MaskPartial``, here found and verified like any rule.
-``gather`` masks element by element (its output has the index's shape).
+``gather`` masks element by element (its output has the index's shape). The scatters write
+rows by position: a shard of self's rows keeps the writes that land in them, and its output
+is its rows of the global one.
 """
 
 from __future__ import annotations
@@ -52,6 +54,24 @@ def _gather(runner: Callable[..., Any]) -> Callable[..., Any]:
     return _along_dim(runner, elementwise=True)
 
 
+def _scatter(runner: Callable[..., Any]) -> Callable[..., Any]:
+    """``scatter`` and its kin, ``index_add``/``index_copy``/``index_fill`` (positions along
+    ``dim`` to write): positions outside the shard write to one extra slot past its end,
+    which is cut off, so each shard takes exactly the writes that land in its rows."""
+    def drop(self, dim, index, *rest, **kwargs):
+        if not self.dim() or not isinstance(dim, int):  # a 0-d self has no rows; a named dim, no cut
+            return runner(self, dim, index, *rest, **kwargs)
+        d = dim % self.dim()
+        size = self.shape[d]
+        spare = torch.zeros([*self.shape[:d], 1, *self.shape[d + 1:]], dtype=self.dtype)
+        valid = (index >= 0) & (index < size)
+        out = runner(torch.cat([self, spare], d), dim, torch.where(valid, index, size), *rest, **kwargs)
+        return out.narrow(d, 0, size)
+
+    return drop
+
+
+_SCATTERS = ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy", "index_fill")
 # Out= overloads too: their runner returns the out tensors it filled.
 _FORMS = {
     f"aten.{name}.{overload}": form
@@ -63,6 +83,8 @@ _FORMS = {
 def dropping_form(func: torch._ops.OpOverload, runner: Callable[..., Any]) -> Callable[..., Any] | None:
     """The dropping form of ``func`` run through ``runner``, or None where it has none."""
     form = _FORMS.get(catalog.op_name(func))
+    if form is None and catalog.aten_base(func).rstrip("_") in _SCATTERS:  # in-place and out= too
+        form = _scatter
     return form(runner) if form is not None else None
 
 
