@@ -41,15 +41,18 @@ from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 15  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 16  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
 # Kept beyond those, explored only where none of them gives a strategy: OpInfo's var samples
 # that come first all reduce every dim; one that keeps a dim has rules.
 RESERVE_SIGNATURES = 4
-MAX_CANDIDATES = 32  # seen per overload and dtype-kind pattern, before choosing
+MAX_CANDIDATES = 32  # seen per overload and dtype-kind pattern, before choosing (empty calls aside)
 MAX_SAMPLES = 64  # per OpInfo and pass: bounds capture and regeneration time
+# Samples with an empty tensor do not count toward MAX_SAMPLES (unfold's first 81 all have an
+# empty batch, which no cut can tell apart), up to this many samples generated in all.
+MAX_SAMPLES_SCANNED = 4 * MAX_SAMPLES
 
 # (mode, dtype) passes, in order of preference: earlier passes fill the index first.
 PASSES = (
@@ -160,6 +163,11 @@ def shapes_of(args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[int, ...]]:
     out = []
     tree_map(lambda x: out.append(tuple(x.shape)) if isinstance(x, torch.Tensor) else None, (list(args), dict(kwargs)))
     return out
+
+
+def _has_empty(args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    """Has the call an empty tensor (whose shards cannot differ)?"""
+    return any(0 in shape for shape in shapes_of(args, kwargs))
 
 
 def _kinds(args: tuple, kwargs: Mapping[str, Any]) -> str:
@@ -278,19 +286,26 @@ def quiet():
         yield
 
 
-def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int) -> Iterator[tuple[int, Any]]:
-    """(index, sample) for the first ``upto`` samples, generated under ``seed``. Python's
-    and numpy's generators are seeded too: some OpInfos draw scalars from them (huber_loss's
-    delta, clamp's bounds), and an unseeded draw would change the registry run to run."""
+def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int,
+                scanned: int | None = None) -> Iterator[tuple[int, Any]]:
+    """(index, sample) for the first ``upto`` samples, generated under ``seed``; with
+    ``scanned``, samples with an empty tensor are yielded without counting toward ``upto``,
+    among the first ``scanned``. Python's and numpy's generators are seeded too: some
+    OpInfos draw scalars from them (huber_loss's delta, clamp's bounds), and an unseeded
+    draw would change the registry run to run."""
     torch.manual_seed(seed)
     random.seed(seed)
     numpy.random.seed(seed)
     it = _sample_iter(info, mode, dtype)
-    for k in range(upto):
+    counted = 0
+    for k in range(upto if scanned is None else scanned):
+        if counted >= upto:
+            return
         try:
             sample = next(it)
         except StopIteration:
             return
+        counted += scanned is None or not _has_empty((sample.input, *sample.args), sample.kwargs)
         yield k, sample
 
 
@@ -310,13 +325,16 @@ class _Pool:
         ref = ref_of(name, sig)  # counts occurrences even for calls already pooled
         seen = self.by_op.setdefault(name, {})
         key = (name, _kinds(args, kwargs))
-        if sig in seen or self.per_kinds.get(key, 0) >= MAX_CANDIDATES:
+        # calls with an empty tensor take no place from the others (unfold's empty batches
+        # come first), and rank last when chosen
+        counts = not _has_empty(args, kwargs)
+        if sig in seen or counts and self.per_kinds.get(key, 0) >= MAX_CANDIDATES:
             return None
         call = Captured(name, sig, *_captured_values(args, kwargs, BASE_SEED), ref)
 
         def commit() -> None:
             if sig not in seen:
-                self.per_kinds[key] = self.per_kinds.get(key, 0) + 1
+                self.per_kinds[key] = self.per_kinds.get(key, 0) + counts
                 seen[sig] = call
 
         return commit
@@ -381,15 +399,17 @@ def _spares(candidates: list[Captured], chosen: list[Captured], limit: int) -> l
 
 def _choose(candidates: list[Captured], limit: int) -> list[Captured]:
     """Up to ``limit`` signatures, richest first, then variety: a new dtype-kind pattern, then
-    a new tensor structure, then the rest in rank order."""
+    a new tensor structure, then the rest in rank order. A call with an empty tensor brings
+    no variety (its shards cannot differ): it comes in with the rest."""
     ranked = [c for _, c in sorted(enumerate(candidates), key=lambda ic: _rank_key(ic[1], ic[0]))]
     chosen: list[Captured] = ranked[:1]
-    for facet in (lambda c: _kinds(c.args, c.kwargs), _structure, lambda c: c.signature):
+    facets = (lambda c: _kinds(c.args, c.kwargs), _structure, lambda c: c.signature)
+    for facet in facets:
         seen = {facet(c) for c in chosen}
         for c in ranked:
             if len(chosen) >= limit:
                 return chosen
-            if facet(c) not in seen:
+            if facet(c) not in seen and (facet is facets[-1] or not _has_empty(c.args, c.kwargs)):
                 seen.add(facet(c))
                 chosen.append(c)
     return chosen
@@ -414,7 +434,7 @@ def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collectio
             continue
         dname = str(dtype).removeprefix("torch.")
         try:
-            for k, sample in _samples_of(info, mode, dtype, BASE_SEED, MAX_SAMPLES):
+            for k, sample in _samples_of(info, mode, dtype, BASE_SEED, MAX_SAMPLES, MAX_SAMPLES_SCANNED):
                 counts: dict[tuple[str, str], int] = {}
 
                 def ref_of(name: str, sig: str, k=k, counts=counts) -> SampleRef:

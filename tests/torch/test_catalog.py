@@ -315,6 +315,20 @@ def test_composite_overloads_are_captured_from_their_opinfos():
     assert [a.shape for a in args] == [a.shape for a in call.args] and not torch.equal(args[0], call.args[0])
 
 
+def test_samples_with_an_empty_tensor_do_not_crowd_out_the_others():
+    """unfold's first 81 OpInfo samples have an empty batch, more than MAX_SAMPLES: they once
+    filled im2col's whole index, where no cut can be told apart. They count toward no cap,
+    and the signatures chosen first are the non-empty ones."""
+    index = samples.build_index(opinfos=("nn.functional.unfold",))
+    calls = index["aten.im2col.default"]
+    chosen = calls[: samples.MAX_SIGNATURES]
+    assert all(0 not in c.args[0].shape for c in chosen), [c.signature for c in calls]
+    assert any(c.ref.sample >= samples.MAX_SAMPLES for c in chosen)
+    backend = get_backend(opinfos=("nn.functional.unfold",))
+    entry = explore_case(backend.cases("aten.im2col.default")[0], backend.tensor_ops())
+    assert any(s.inputs == (ShardIn(0),) for s in entry.all_strategies())  # the batch cut
+
+
 def test_uniform_masks_are_drawn_anew_so_rules_see_both_branches():
     """OpInfo's _unsafe_masked_index samples mask with True throughout. Rules verified on
     that mask alone held for one branch of ``where(mask, self[indices], fill)``: a Partial
