@@ -5300,8 +5300,10 @@ RULES = {
     'aten._pdist_backward.default': {
         'grad:f[*] self:f[*,*] p=1.0 pdist:f[*]': (
             ((Replicate(), Shard(1), Replicate()), (Shard(1),)),
+            ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Replicate(),)),
             ((Replicate(), Shard(1), Partial('sum')), (Shard(1),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'grad:f[*] self:f[*,*] p=10.0 pdist:f[*]': (
             ((Replicate(), Shard(1), Replicate()), (Shard(1),)),
@@ -5322,6 +5324,8 @@ RULES = {
             ((Replicate(), Shard(1), Replicate()), (Shard(1),)),
             ((Partial('sum'), Replicate(), Replicate()), (Partial('sum'),)),
             ((Replicate(), Replicate(), Partial('sum')), (Replicate(),)),
+            ((Replicate(), Shard(1), Partial('sum')), (Shard(1),)),
+            ((Partial('sum'), Replicate(), Partial('sum')), (Partial('sum'),)),
         ),
         'grad:f[*] self:f[*,*] p=10.0 pdist:f[*]': (
             ((Replicate(), Shard(1), Replicate()), (Shard(1),)),

@@ -227,6 +227,19 @@ def batches_alike(fn: Callable[..., Any], names: tuple[str, ...], core: Mapping[
     return fn_checked
 
 
+def pairs_of_rows(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (pdist's backward) that refuses a grad or pdist without one element per pair
+    of self's rows: the kernel reads them by that count, past the end of a shorter one."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        rows = items["self"].shape[0]
+        if any(items[name].numel() != rows * (rows - 1) // 2 for name in ("grad", "pdist")):
+            raise ValueError("grad and pdist must hold one element per pair of self's rows")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
     """``fn`` (a reflection pad's backward) that refuses a local ``self`` no longer than its
     padding: the forward refuses one, the backward kernel reads past its buffer."""
@@ -356,6 +369,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = batches_alike(fn, names, catalog.batch_tied(func))
     if catalog.reflects(func):
         fn = padding_within(fn, names)
+    if catalog.reads_pairs(func):
+        fn = pairs_of_rows(fn, names)
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,

@@ -396,6 +396,12 @@ def reflects(func: torch._ops.OpOverload) -> bool:
     return base.startswith("reflection_pad") and base.endswith("_backward")
 
 
+def reads_pairs(func: torch._ops.OpOverload) -> bool:
+    """pdist's backward, whose kernel reads grad and pdist by the number of pairs of self's
+    rows without checking their length (cut apart from self, it reads past their end)."""
+    return aten_base(func) == "_pdist_backward"
+
+
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
     """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
     return INDEXED_DIMS.get(aten_base(func), {})

@@ -744,6 +744,22 @@ def test_batch_norm_backward_in_training_reads_no_running_stats():
                 fn(*cut)
 
 
+def test_pdist_backward_refuses_pairs_cut_apart_from_the_rows():
+    """_pdist_backward reads grad and pdist by the number of pairs of self's rows, unchecked:
+    with them cut and self whole it read past their end, and the rules found changed from
+    run to run. Such shards are refused; a cut of self's columns stays."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._pdist_backward.default
+    x = torch.randn(5, 4, dtype=torch.float64)
+    pdist = torch.pdist(x, 1.0)
+    grad = torch.randn_like(pdist)
+    fn = torch_case(func, (grad, x, 1.0, pdist), {}, func).fn
+    with pytest.raises(ValueError, match="one element per pair"):
+        fn(grad[:5], x, 1.0, pdist[:5])
+    assert fn(grad, x[:, :2].contiguous(), 1.0, pdist).shape == (5, 2)
+
+
 def test_sum_to_size_gathers_kept_dims_and_sums_the_rest():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     rule = _rule_for(torch.ops.aten.sum_to_size.default, x, [4, 1])
