@@ -7,8 +7,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .spec import ARG_REDUCE_OPS, ArgReduce, Combine, Gather, Identity, Reduce, Scan, ShardIn
+from .spec import ARG_REDUCE_OPS, ArgReduce, Combine, Gather, GatherPositions, Identity, Reduce, Scan, ShardIn
 from .tensor_ops import BOOL, COMPLEX, FLOAT, INT, TensorOps
+
+# The longest last dim of an integer output tried as rows of positions, one element per dim of
+# the cut input (nonzero of a tensor of up to this many dims).
+MAX_POSITION_VECTOR = 8
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,11 @@ def candidate_combines(
         if total == gshape[d] and total > 0:  # kept only where no plain gather holds
             out.append(Gather(d, reverse=True))
             out += [Scan(d, op, reverse) for reverse in (False, True) for op in scan_ops_for(ops.dtype_kind(global_))]
+            if cut and ops.dtype_kind(global_) == INT:  # positions along the cut dim (nonzero)
+                if len(gshape) == 1:
+                    out.append(GatherPositions(d))
+                elif d < len(gshape) - 1:  # rows of positions, one element per dim of the input
+                    out += [GatherPositions(d, c) for c in range(min(gshape[-1], MAX_POSITION_VECTOR))]
         if total == gshape[d] and max_block > 1:
             for block in range(2, max_block + 1):
                 if all(s[d] % block == 0 and s[d] > 0 for s in lshapes):
@@ -286,6 +295,27 @@ def _arg_reduce(ops: TensorOps, combine: ArgReduce, locals_: Sequence[Any], cut:
     return ops.from_numpy(best_position, locals_[0])
 
 
+def _gather_positions(ops: TensorOps, combine: GatherPositions, locals_: Sequence[Any],
+                      cut: Mapping[int, CutInput] | None) -> Any:
+    """Each shard's positions moved by its start along the cut dim, then concatenated."""
+    starts = {tuple(c.starts) for c in (cut or {}).values()}
+    if len(starts) != 1:
+        raise ValueError(f"{combine} needs one start per shard")
+    pieces = []
+    for local, start in zip(locals_, next(iter(starts))):
+        positions = np.array(ops.to_numpy(local))
+        if positions.dtype.kind not in "iu":
+            raise ValueError("positions are integers")
+        if combine.component is None:
+            positions += start
+        elif positions.ndim and combine.component < positions.shape[-1]:
+            positions[..., combine.component] += start
+        else:
+            raise ValueError(f"no element {combine.component} in the last dim of {positions.shape}")
+        pieces.append(ops.from_numpy(positions, local))
+    return ops.concat(pieces, combine.dim)
+
+
 def _overlap_add(ops: TensorOps, combine: Gather, locals_: Sequence[Any]) -> Any:
     """Concatenate with each shard's first ``overlap`` elements added onto the last ones
     of the output so far."""
@@ -303,9 +333,12 @@ def _overlap_add(ops: TensorOps, combine: Gather, locals_: Sequence[Any]) -> Any
 def apply_combine(ops: TensorOps, combine: Combine, locals_: Sequence[Any],
                   cut: Mapping[int, CutInput] | None = None) -> Any:
     """The global output that ``combine`` builds from the local outputs (and, for an
-    argreduce, from the values of the cut input it names)."""
+    argreduce, from the values of the cut input it names; for positions, from the shards'
+    starts)."""
     if isinstance(combine, ArgReduce):
         return _arg_reduce(ops, combine, locals_, cut)
+    if isinstance(combine, GatherPositions):
+        return _gather_positions(ops, combine, locals_, cut)
     if isinstance(combine, Scan):
         return _scan(ops, combine, locals_)
     if isinstance(combine, Identity):

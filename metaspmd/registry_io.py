@@ -20,7 +20,7 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    ArgReduce, CombineSpec, DimLabel, IndependentSpec, Layer, OffsetIn, OffsetSpec, OutputCombine, PartialIn,
+    ArgReduce, CombineSpec, DimLabel, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec, OutputCombine, PartialIn,
     PartialSpec, ShardSpec, SpecError, check_label, label_number,
 )
 
@@ -284,6 +284,10 @@ class _Reader:
                     self.fail(f["combine"],
                               f"{label}: {c} reads input {c.input}, which {label} does not cut plainly "
                               "(without a halo or proportion)")
+            positions = [c for o in outs for c in o.options if isinstance(c, GatherPositions)]
+            if positions and not any(d.label == label and d.plain for row in shard.inputs for d in row):
+                self.fail(f["combine"], f"{label}: {positions[0]} moves positions by each shard's start, "
+                                        f"and {label} cuts no dim plainly")
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
             self.fail(f["shard"], f"label {label} has no combine")

@@ -38,6 +38,7 @@ _GATHER_RE = re.compile(
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
 _SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
 _ARG_REDUCE_RE = re.compile(r"^argreduce\(([a-z]+), input=(0|[1-9][0-9]*)\)$")
+_POSITIONS_RE = re.compile(r"^gather\(dim=(0|[1-9][0-9]*), positions(?:=(0|[1-9][0-9]*))?\)$")
 ARG_REDUCE_OPS = ("max", "min")
 
 
@@ -176,7 +177,27 @@ class ArgReduce:
         return f"argreduce({self.op}, input={self.input})"
 
 
-Combine = Union[Gather, Reduce, Identity, Scan, ArgReduce]
+@dataclass(frozen=True)
+class GatherPositions:
+    """Concatenate along ``dim`` local outputs that hold positions along the cut dim
+    (``nonzero``'s row numbers): each shard's positions, in element ``component`` of the
+    last dim (every element where None), move by the shard's start first. The output's
+    length depends on the data, so no framework placement says this.
+    """
+
+    dim: int
+    component: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dim < 0 or (self.component is not None and self.component < 0):
+            raise SpecError(f"bad gather(dim={self.dim}, positions={self.component})")
+
+    def __str__(self) -> str:
+        positions = "positions" if self.component is None else f"positions={self.component}"
+        return f"gather(dim={self.dim}, {positions})"
+
+
+Combine = Union[Gather, Reduce, Identity, Scan, ArgReduce, GatherPositions]
 
 
 def parse_combine(text: str) -> Combine:
@@ -201,9 +222,12 @@ def parse_combine(text: str) -> Combine:
     m = _ARG_REDUCE_RE.match(s)
     if m:
         return ArgReduce(m[1], int(m[2]))
+    m = _POSITIONS_RE.match(s)
+    if m:
+        return GatherPositions(int(m[1]), None if m[2] is None else int(m[2]))
     raise SpecError(
         f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, overlap=K][, reverse=true]), "
-        "reduce(OP), scan(dim=D, op=OP[, reverse=true]), argreduce(OP, input=I) or identity)"
+        "gather(dim=D, positions[=C]), reduce(OP), scan(dim=D, op=OP[, reverse=true]), argreduce(OP, input=I) or identity)"
     )
 
 
@@ -217,6 +241,8 @@ def combine_order(c: Combine) -> tuple:
         return (3, c.dim, 0, 0, 0, c.reverse, SCAN_OPS.index(c.op))
     if isinstance(c, ArgReduce):
         return (4, c.input, 0, 0, 0, 0, ARG_REDUCE_OPS.index(c.op))
+    if isinstance(c, GatherPositions):  # no placement either
+        return (5, c.dim, -1 if c.component is None else c.component, 0, 0, 0, 0)
     return (2, 0, 0, 0, 0, 0, REDUCE_OPS.index(c.op))
 
 
@@ -853,7 +879,7 @@ def _layer(ranks: tuple[int, ...], items: list, n: int) -> Layer:
 
 
 __all__ = [
-    "Combine", "CombineSpec", "DimLabel", "Gather", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
+    "Combine", "CombineSpec", "DimLabel", "Gather", "GatherPositions", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
     "N", "OffsetIn", "OffsetSpec", "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce",
     "Layer", "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "drops", "joint",
     "joint_strategies",

@@ -1,4 +1,5 @@
-"""Combines that read more than the local outputs: argreduce takes the input's values."""
+"""Combines that read more than the local outputs: argreduce takes the input's values,
+positions their shards' starts."""
 
 import sys
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from metaspmd.combine import CutInput, apply_combine, holds
-from metaspmd.spec import ArgReduce
+from metaspmd.spec import ArgReduce, GatherPositions
 
 sys.path.insert(0, str(Path(__file__).parent))  # the fake backend's numpy TensorOps
 from fake_backend.numpy_ops import NumpyOps  # noqa: E402
@@ -77,3 +78,21 @@ def test_partial_factors_multiply_to_the_input():
         parts = partial_factors(ops, x, n, seed=n, spread=8.0)
         assert len(parts) == n and np.allclose(np.prod(parts, axis=0), x)
         assert not any(np.allclose(p, x) for p in parts[:-1])
+
+
+def test_positions_move_by_their_shards_start_before_the_gather():
+    """nonzero of rows cut in three: each shard's row numbers (element 0 of every row of
+    positions) plus its first row, concatenated; the other elements and an unknown start
+    are left alone or refused."""
+    ops = NumpyOps()
+    x = np.array([[0, 1], [2, 0], [0, 0], [3, 4], [0, 5]])
+    bounds = [(0, 2), (2, 2), (4, 1)]
+    shards = [x[s:s + n] for s, n in bounds]
+    cut = {0: CutInput(shards, 0, [s for s, _ in bounds])}
+    locals_ = [np.argwhere(s) for s in shards]
+    assert holds(ops, GatherPositions(0, 0), locals_, np.argwhere(x), cut)
+    assert not holds(ops, GatherPositions(0, 1), locals_, np.argwhere(x), cut)
+    assert not holds(ops, GatherPositions(0), locals_, np.argwhere(x), cut)  # every element moved
+    assert not holds(ops, GatherPositions(0, 0), locals_, np.argwhere(x))  # no starts given
+    flat = [np.flatnonzero(s[:, 1]) for s in shards]
+    assert np.array_equal(apply_combine(ops, GatherPositions(0), flat, cut), np.flatnonzero(x[:, 1]))

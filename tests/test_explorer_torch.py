@@ -951,6 +951,18 @@ def test_a_scatter_into_cut_rows_keeps_the_writes_that_land_there(func, extra):
     assert plain.offset is None and plain.shard.inputs[0][0].label is None
 
 
+def test_nonzero_of_cut_rows_gathers_row_numbers_moved_by_each_shards_start():
+    """nonzero's output length depends on the data, but its rows come in row-major order:
+    cut by rows, each shard's row numbers plus its first row, concatenated, are the global
+    ones. Cut by columns the shards' rows interleave, and no combine holds."""
+    x = torch.tensor([[0, 1, 1], [1, 0, 0], [0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    e = explore(aten.nonzero.default, [x], ("self",))
+    rows, columns = e.shard.inputs[0]
+    assert rows.label and combines(e)[rows.label] == ["gather(dim=0, positions=0)"] and columns.label is None
+    where = explore(aten.nonzero_numpy.default, [x], ("self",))
+    assert list(combines(where).values()) == [["gather(dim=0, positions)", "gather(dim=0)"]]
+
+
 def test_per_channel_vectors_are_cut_with_the_channel_dim_among_many_inputs():
     # Two [N, C, L] tensors and five [C] vectors, every dim of one size: too many inputs to
     # try every combination of dims, so the inputs of each rank share one dim each; the

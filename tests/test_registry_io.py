@@ -72,6 +72,16 @@ def test_argreduce_must_read_an_input_its_label_cuts():
             loads_record(MM.replace(old, new), "mm.yaml")
 
 
+def test_positions_must_move_by_the_start_of_a_cut():
+    text = MM.replace("S1: gather(dim=0)", "S1: 'gather(dim=0, positions=1)'")
+    assert "gather(dim=0, positions=1)" in str(loads_record(text, "mm.yaml").entries[0].combine)
+    partial_only = MM.replace("  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}",
+                              "  partial: [[S4(sum)], []]\n"
+                              "  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1), S4: 'gather(dim=0, positions)'}")
+    with pytest.raises(RegistryError, match=r"mm.yaml:10: S4: gather\(dim=0, positions\) moves positions .* cuts no dim"):
+        loads_record(partial_only, "mm.yaml")
+
+
 def test_loads_hand_written_file():
     r = loads_record(MM, "mm.yaml")
     assert str(r.entries[0].shard) == "[[S1, S2], [S2, S3]]"

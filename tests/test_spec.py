@@ -14,6 +14,7 @@ from metaspmd.spec import (
     "reduce(sum)", "reduce(max)", "reduce(min)", "reduce(prod)", "reduce(avg)", "reduce(norm2)", "identity",
     "gather(dim=1, reverse=true)", "scan(dim=0, op=sum)", "scan(dim=2, op=logsumexp, reverse=true)",
     "reduce(xor)", "argreduce(max, input=0)", "argreduce(min, input=3)", "gather(dim=2, overlap=4)",
+    "gather(dim=0, positions)", "gather(dim=1, positions=2)",
 ])
 def test_combine_round_trip(text):
     c = parse_combine(text)
@@ -27,7 +28,8 @@ def test_combine_round_trip(text):
                                   "gather(dim=0, halo=1, reverse=true)", "gather(dim=0, reverse=false)", "gather(dim=0, reverse)",
                                   "gather(dim=0, overlap=0)", "gather(dim=0, halo=1, overlap=1)",
                                   "gather(dim=0, overlap=1, reverse=true)", "gather(dim=0, block=2, overlap=1)",
-                                  "scan(dim=0)", "scan(dim=0, op=avg)", "scan(op=sum, dim=0)", "scan(dim=0, op=sum, reverse=false)"])
+                                  "scan(dim=0)", "scan(dim=0, op=avg)", "scan(op=sum, dim=0)", "scan(dim=0, op=sum, reverse=false)",
+                                  "gather(dim=0, positions=-1)", "gather(dim=0, positions=)", "gather(dim=0, positions, block=2)"])
 def test_bad_combine_rejected(text):
     with pytest.raises(SpecError):
         parse_combine(text)

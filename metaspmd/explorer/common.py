@@ -13,7 +13,7 @@ from ..combine import Split
 from ..rules import Example, RuleEntry, TensorArg
 from ..signature import arg_items
 from ..spec import (
-    N, ArgReduce, CombineSpec, Gather, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec,
+    N, ArgReduce, CombineSpec, Gather, GatherPositions, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec,
     Reduce, Scan, ShardIn, ShardSpec, Tables,
 )
 from ..tensor_ops import TensorOps
@@ -154,7 +154,7 @@ def reduces_values(c) -> bool:
 
 def order_dependent(c) -> bool:
     """A combine that depends on the order of the shards beyond a plain gather."""
-    return isinstance(c, Scan) or (isinstance(c, Gather) and c.reverse)
+    return isinstance(c, (Scan, GatherPositions)) or (isinstance(c, Gather) and c.reverse)
 
 
 def no_strategy(ranks) -> Tables:

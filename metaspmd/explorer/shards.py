@@ -9,7 +9,7 @@ from ..combine import (
     CutInput, Split, candidate_combines, follower_ranges, follower_shards, holds, offset_positions, partial_parts,
     shard_with_halo,
 )
-from ..spec import ArgReduce, Gather, Group, Identity, Reduce
+from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
     AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, fit_partial, flat_along, one_values,
@@ -107,11 +107,12 @@ class Shards:
         # output halos: twice the input halo (convolution), or 2 with none (padding ops pad
         # every shard: constant_pad_nd's (1, 2) is dropped as halo=(1, 2))
         max_halo = max(2, 2 * max((h for _, _, h in group.dims), default=0))
-        # argreduce reads the cut inputs' values: exploring integer outputs, or verifying one
+        # argreduce reads the cut inputs' values, positions their starts: exploring integer
+        # outputs, or verifying one
         if candidates is None:
             reads = any(self.ops.dtype_kind(o) == INT for o in trial.outputs)
         else:
-            reads = any(isinstance(c, ArgReduce) for opts in candidates for c in opts)
+            reads = any(isinstance(c, (ArgReduce, GatherPositions)) for opts in candidates for c in opts)
         cut = self._cut_inputs(group, trial, split) if reads else None
         # with every size pinned a block count of any length is too (a view of [5, 5, 5] as
         # [25, 5] cut along dim 1 interleaves 5 blocks)
