@@ -472,10 +472,10 @@ def _handler(func) -> Callable | None:
     return _BY_BASE.get(base)
 
 
-# Ops that restate their input's sizes as arguments (group norm's N, C and HxW, which the
+# Ops that restate an input's sizes as arguments (group norm's N, C and HxW, which the
 # kernel checks against the input): a shard takes them from its local input, as DTensor's
-# scalar shape adjuster does for native_group_norm. Argument name -> the input whose sizes
-# it restates: "N" its dim 0, "C" its dim 1, "HxW" the product of the rest.
+# scalar shape adjuster does for native_group_norm. Op -> the input whose sizes they restate:
+# N its dim 0, C its dim 1, HxW the product of the rest.
 _SIZES_OF_INPUT = {"native_group_norm": "input", "native_group_norm_backward": "input"}
 
 

@@ -469,7 +469,7 @@ def test_fused_optimizer_gets_zero_d_steps_and_a_guarded_call():
     # one list beside whole others must be refused, not run (it corrupts the heap)
     backend = get_backend(opinfos=(), schema_samples=True)
     (case,) = backend.cases("aten._fused_adam.default")
-    params, steps = case.args[0], case.args[5]
+    steps = case.args[5]
     assert [t.shape for t in steps] == [(), ()] and case.kwargs["amsgrad"] is True
     grads_cut = list(case.args)
     grads_cut[1] = [g[:2] for g in case.args[1]]
