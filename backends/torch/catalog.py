@@ -14,7 +14,7 @@ from typing import Collection
 
 import torch
 
-from metaspmd.signature import ALL_DIMS
+from metaspmd.signature import ALL_DIMS, arg_items
 
 NAMESPACE = "aten"
 
@@ -246,8 +246,7 @@ def keeps_numel(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     name = RESIZING.get(aten_base(func))
     if name is None:
         return True
-    names = [a.name for a in func._schema.arguments]
-    bound = dict(zip(names, args)) | kwargs
+    bound = dict(arg_items(positional_names(func), args, kwargs))
     size = bound[name].shape if name == "the_template" else bound[name]
     return math.prod(size) == bound["self"].numel()
 
