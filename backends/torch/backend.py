@@ -28,6 +28,7 @@ from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
 
 from . import catalog, local_params, model_programs, random_ops, sample_data, views
+from .composite_calls import composite_names
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
 from .samples import (
@@ -240,6 +241,21 @@ def pairs_of_rows(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..
     return fn_checked
 
 
+def hidden_states_alike(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (a recurrent layer) that refuses hidden states (an LSTM's h0 and c0) of two
+    shapes, or with other than one per layer and direction in dim 0: the kernel walks them
+    by the layer count and reads c0 by h0's sizes, past the end of a shorter one."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        hx = items["hx"] if isinstance(items["hx"], (list, tuple)) else [items["hx"]]
+        states = items["num_layers"] * (2 if items["bidirectional"] else 1)
+        if len({tuple(h.shape) for h in hx}) != 1 or hx[0].dim() < 1 or hx[0].shape[0] != states:
+            raise ValueError("hidden states of two shapes, or not one per layer and direction")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
     """``fn`` (a reflection pad's backward) that refuses a local ``self`` no longer than its
     padding: the forward refuses one, the backward kernel reads past its buffer."""
@@ -371,6 +387,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = padding_within(fn, names)
     if catalog.reads_pairs(func):
         fn = pairs_of_rows(fn, names)
+    if catalog.recurrent_layer(func):
+        fn = hidden_states_alike(fn, names)
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
@@ -580,9 +598,12 @@ class TorchBackend:
     def _with_model_calls(self, func, op: str, cases: list[OpCase]) -> list[OpCase]:
         """``cases`` and, at up to MAX_MODEL_SIGNATURES signatures no primary case has, the
         model programs' calls of ``op``: a spare OpInfo case of such a signature becomes
-        primary (it regenerates), else the program's call is added."""
+        primary (it regenerates), else the program's call is added. A composite op's calls
+        only where it has no OpInfo case."""
         calls = self.program_calls.get(op, ())
         if not calls:  # most ops: no signature to compute
+            return cases
+        if cases and op in composite_names():  # see model_programs: only where OpInfo reaches none
             return cases
         cases = list(cases)
         primary = {call_signature(func, c.args, c.kwargs) for c in cases if not c.reserve}

@@ -102,6 +102,13 @@ SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples
 RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
 RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as on the whole: they cannot refute "
                      "a combine that rank deficiency breaks (the ranks of row blocks do not add up)")
+# oneDNN's recurrent layer hands its backward an opaque workspace (bytes laid out for the
+# whole call's sizes) among its results: a shard's workspace is no piece of the whole one,
+# and the backward, given tensors cut unlike its workspace, corrupts the heap. lstm runs
+# it on CPU in float32, and has rules of its own.
+OPAQUE_WORKSPACE = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"})
+OPAQUE_WORKSPACE_REASON = ("oneDNN's recurrent layer and its backward pass an opaque workspace laid out for the "
+                           "whole call's sizes: a shard's is no piece of it, so no combine of it can be checked")
 # Ops that treat values apart that random floats never hold, so their cases verify on
 # special values too: equal elements (unique_consecutive merges equal neighbours), and
 # NaN, which the NaN-skipping ops skip (the mean of shards' nanmeans is the global one
@@ -341,6 +348,15 @@ def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
             or base.rstrip("_") in FUSED_OPTIMIZERS)
 
 
+# Recurrent layers walk the hidden states by the layer count and read the cell state by
+# the hidden state's sizes: an LSTM's h0 with more layers than its c0 reads past c0 (SIGSEGV).
+RECURRENT_LAYERS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
+
+
+def recurrent_layer(func: torch._ops.OpOverload) -> bool:
+    return aten_base(func) in RECURRENT_LAYERS
+
+
 def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
     """Tensor arguments this call never reads, whatever their shape: batch norm's backward
     kernels read the running statistics in eval mode only (in training, running stats of any
@@ -412,7 +428,7 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
     """Why no sharding rule can describe the op (a query of the tensor object, a comparison
-    of shapes its samples hold equal, a matrix rank), or None."""
+    of shapes its samples hold equal, a matrix rank, an opaque workspace), or None."""
     base = aten_base(func)
     if base in OBJECT_QUERIES:
         return OBJECT_QUERY_REASON
@@ -420,6 +436,8 @@ def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
         return SHAPE_COMPARISON_REASON
     if base in RANK_QUERIES:
         return RANK_QUERY_REASON
+    if base in OPAQUE_WORKSPACE:
+        return OPAQUE_WORKSPACE_REASON
     return None
 
 
@@ -463,6 +481,6 @@ __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
     "functional_sibling", "is_core", "keeps_numel", "overloads_in",
-    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "resolve", "split_name",
+    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "recurrent_layer", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

@@ -28,6 +28,7 @@ OnCall = Callable[[Any, tuple, dict], Callable[[], None] | None]
 _CIA = torch._C.DispatchKey.CompositeImplicitAutograd
 _AUTOGRAD_KEYS = (_CIA, torch._C.DispatchKey.Autograd)
 _ACTIVE: list["CompositeRecorder"] = []  # the recorders entered, innermost last
+_DEPTH = [0]  # composite calls running now, one within another
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,10 +39,13 @@ def composite_names() -> frozenset[str]:
 class CompositeRecorder:
     """Within ``composite_kernels``: hands every composite call to ``on_call(func, args,
     kwargs)`` before running it; what that returns, if anything, is called once the call
-    has succeeded (as the dispatch-mode recorder of ``samples`` does)."""
+    has succeeded (as the dispatch-mode recorder of ``samples`` does). With ``outermost``,
+    only calls made outside any other composite op's decomposition: the calls a program
+    makes, not ``matmul``'s ``resolve_conj`` of its own unwritten output."""
 
-    def __init__(self, on_call: OnCall):
+    def __init__(self, on_call: OnCall, outermost: bool = False):
         self.on_call = on_call
+        self.outermost = outermost
 
     def __enter__(self) -> "CompositeRecorder":
         _ACTIVE.append(self)
@@ -54,7 +58,7 @@ class CompositeRecorder:
 def _offer(func, args: tuple, kwargs: dict) -> Callable[[], None] | None:
     """The innermost recorder's ``on_call``, with every recorder deaf meanwhile: the
     composite ops that snapshotting the inputs calls are no calls of the sample."""
-    if not _ACTIVE:
+    if not _ACTIVE or _ACTIVE[-1].outermost and _DEPTH[0]:
         return None
     entered = _ACTIVE[:]
     _ACTIVE.clear()
@@ -67,7 +71,11 @@ def _offer(func, args: tuple, kwargs: dict) -> Callable[[], None] | None:
 def _recording_kernel(func) -> Callable:
     def run(*args, **kwargs):
         commit = _offer(func, args, kwargs)
-        out = func._op_dk(_CIA, *args, **kwargs)
+        _DEPTH[0] += 1
+        try:
+            out = func._op_dk(_CIA, *args, **kwargs)
+        finally:
+            _DEPTH[0] -= 1
         if commit is not None:
             commit()
         return out

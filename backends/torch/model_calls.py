@@ -4,6 +4,11 @@ A module swept with ``tools/sweep.py --kernels`` may list models in ``METASPMD_M
 zero-argument callables, each returning ``(model, inputs)``. Each model runs forward and
 backward under a dispatch mode that records every call of the module's ops, so the sweep
 explores them at the signatures the model uses, without examples written by hand.
+
+A dispatch mode never sees a CompositeImplicitAutograd overload (``lstm``, ``lstm_cell``):
+it decomposes above the Python key. With ``composite``, each model's forward runs a second
+time, rebuilt under the same seed, with the calls of those overloads that the model itself
+makes recorded (``composite_calls``), not those within another one's decomposition.
 """
 
 from __future__ import annotations
@@ -15,32 +20,55 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import catalog
-from .samples import BASE_SEED, call_signature
+from .composite_calls import CompositeRecorder, composite_kernels, composite_names
+from .samples import BASE_SEED, call_signature, filled_memory
 
 MODELS_ATTR = "METASPMD_MODELS"
 
 Call = tuple[tuple, dict]
 
 
-class _Recorder(TorchDispatchMode):
-    """Records the first call per signature of each op in ``namespaces``, with detached
-    copies of its arguments (a model of many layers repeats its calls)."""
+class _Calls:
+    """The first call per signature of each op in ``namespaces`` (a model of many layers
+    repeats its calls), with detached copies of its arguments."""
 
     def __init__(self, namespaces: frozenset[str]):
-        super().__init__()
         self.namespaces = namespaces
         self.calls: list[tuple[Any, Call]] = []
         self._seen: set[tuple[Any, str]] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def record(self, func, args: tuple, kwargs: dict) -> None:
         if func.namespace in self.namespaces:
             key = (func, call_signature(func, args, kwargs))
             if key not in self._seen:
                 self._seen.add(key)
                 copy = tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, (tuple(args), dict(kwargs)))
                 self.calls.append((func, copy))
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the calls that reach the Python dispatch key into ``calls``."""
+
+    def __init__(self, calls: _Calls):
+        super().__init__()
+        self.found = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.found.record(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _composite_recorder(calls: _Calls) -> CompositeRecorder:
+    """Records the model's own calls of composite overloads (within ``composite_kernels``)
+    into ``calls``."""
+    names = composite_names()
+
+    def on_call(func, args, kwargs) -> None:  # recorded at once: no commit to run after the call
+        if catalog.op_name(func) in names:
+            calls.record(func, args, kwargs)
+
+    return CompositeRecorder(on_call, outermost=True)
 
 
 def _run_forward_and_backward(model: Callable[..., Any], inputs: Sequence[Any]) -> None:
@@ -50,28 +78,41 @@ def _run_forward_and_backward(model: Callable[..., Any], inputs: Sequence[Any]) 
         sum(t.float().sum() for t in grads).backward()
 
 
+def _recorded(make: Callable[[], tuple[Any, Sequence[Any]]], seed: int, calls: _Calls, composite: bool) -> None:
+    """Build the model under ``seed`` and run it, recording into ``calls`` its plain calls,
+    forward and backward, or with ``composite`` the composite calls of its forward (the
+    backward's are autograd's own, made on buffers it has not written yet)."""
+    with torch.random.fork_rng(devices=[]), filled_memory():
+        torch.manual_seed(seed)
+        model, inputs = make()
+        if composite:
+            with composite_kernels(), _composite_recorder(calls):
+                model(*inputs)
+        else:
+            with _Recorder(calls):
+                _run_forward_and_backward(model, tuple(inputs))
+
+
 def model_calls(models: Sequence[Callable[[], tuple[Any, Sequence[Any]]]], namespaces: frozenset[str],
-                where: str) -> dict[str, list[Call]]:
+                where: str, composite: bool = False) -> dict[str, list[Call]]:
     """The calls ``models`` make, forward and backward, of ops in ``namespaces``, by catalog
-    name. Each model is built and run under its own seed, so every worker of a sweep
-    records the same calls. ``where`` names the module in errors."""
+    name; with ``composite``, the forward's calls of composite overloads too, after the others. Each model is
+    built and run under its own seed, so every worker of a sweep records the same calls.
+    ``where`` names the module in errors."""
     calls: dict[str, list[Call]] = {}
     for k, make in enumerate(models):
         label = f"{where}: {MODELS_ATTR}[{k}]"
         if not callable(make):
             raise ValueError(f"{label} is not callable: give a function that returns (model, inputs)")
-        recorder = _Recorder(namespaces)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(BASE_SEED + k)
-            try:
-                model, inputs = make()
-                with recorder:
-                    _run_forward_and_backward(model, tuple(inputs))
-            except Exception as e:
-                raise ValueError(f"{label} failed: {type(e).__name__}: {e}") from e
-        if not recorder.calls:
+        found = _Calls(namespaces)
+        try:
+            for pass_composite in (False, True) if composite else (False,):
+                _recorded(make, BASE_SEED + k, found, pass_composite)
+        except Exception as e:
+            raise ValueError(f"{label} failed: {type(e).__name__}: {e}") from e
+        if not found.calls:
             raise ValueError(f"{label} calls no op of {', '.join(sorted(namespaces))}")
-        for func, call in recorder.calls:
+        for func, call in found.calls:
             calls.setdefault(catalog.op_name(func), []).append(call)
     return calls
 

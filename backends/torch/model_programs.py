@@ -7,7 +7,9 @@ softmax over the last dim of rank-4 attention scores. A runtime looks rules up b
 signature, so those calls missed the table and were explored live. Each program here is
 built under a fixed seed and run forward and backward under the recorder that also serves
 ``--kernels`` models (``model_calls``); its calls of a signature no OpInfo sample has are
-explored beside the OpInfo ones. Sizes are small and distinct, so every dim is ``*`` and
+explored beside the OpInfo ones. A composite overload's calls are explored only where no
+OpInfo sample reaches it: DTensor and a captured graph see its decomposition, never the
+op itself, so a model's signature of it serves no lookup. Sizes are small and distinct, so every dim is ``*`` and
 no two dims are the same size by accident.
 """
 
@@ -84,8 +86,38 @@ def _language_model() -> tuple[nn.Module, tuple]:
     return _LanguageModel(), (torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T)))
 
 
+RB, RH = 3, 5  # the recurrent program's batch and hidden width: unlike its layer counts (1, 2)
+
+
+class _Recurrent(nn.Module):
+    """LSTM, GRU and Elman layers and cells, which no OpInfo sample calls: a 2-layer LSTM,
+    a bidirectional batch-first GRU, tanh and ReLU RNNs, then one step of each cell. No
+    dropout between layers, so no call draws random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.gru = nn.LSTM(D, RH, num_layers=2), nn.GRU(RH, RH, bidirectional=True, batch_first=True)
+        self.tanh_rnn, self.relu_rnn = nn.RNN(2 * RH, RH), nn.RNN(RH, RH, nonlinearity="relu")
+        self.lstm_cell, self.gru_cell = nn.LSTMCell(RH, RH), nn.GRUCell(RH, RH)
+        self.tanh_cell, self.relu_cell = nn.RNNCell(RH, RH), nn.RNNCell(RH, RH, nonlinearity="relu")
+
+    def forward(self, x):  # x: [T, RB, D]
+        y, _ = self.lstm(x)
+        y, _ = self.gru(y.transpose(0, 1))
+        y, _ = self.tanh_rnn(y.transpose(0, 1))
+        y, h = self.relu_rnn(y)
+        h, c = self.lstm_cell(y[-1], (h[0], y[0]))
+        h = self.gru_cell(h, c)
+        return self.relu_cell(self.tanh_cell(h), h)
+
+
+def _recurrent() -> tuple[nn.Module, tuple]:
+    return _Recurrent(), (torch.randn(T, RB, D, requires_grad=True),)
+
+
 MODEL_PROGRAMS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "transformer": _transformer, "mlp": _mlp, "convnet": _convnet, "language_model": _language_model,
+    "recurrent": _recurrent,
 }
 
 
@@ -95,9 +127,10 @@ SIZE_ARGS = frozenset({"size", "shape", "sizes", "split_size", "split_sizes"})
 
 
 def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
-    """The programs' ATen calls, forward and backward, by overload name: the first call of
-    each signature, in program order, those of size-naming ops and factories left out."""
-    calls = model_calls(list(MODEL_PROGRAMS.values()), frozenset({catalog.NAMESPACE}), __name__)
+    """The programs' ATen calls, forward and backward, composite overloads' included, by
+    overload name: the first call of each signature, in program order, those of
+    size-naming ops and factories left out."""
+    calls = model_calls(list(MODEL_PROGRAMS.values()), frozenset({catalog.NAMESPACE}), __name__, composite=True)
     return {
         op: found for op, found in calls.items()
         if not SIZE_ARGS & {a.name for a in catalog.resolve(op)._schema.arguments}

@@ -8,14 +8,15 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
   are compared on shapes and dtypes (outputs zeroed).
 - **ops with a deterministic limit** (``bernoulli(p)``, ``native_dropout`` and ``dropout``
   with p in {0, 1}, ``normal(mean, std=0)``, ``rrelu`` with lower = upper, attention with
-  dropout_p = 0, ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary
-  deterministic ops, and the explorer finds how their values depend on the inputs' values,
-  element by element.
+  dropout_p = 0, ``lstm``/``gru``/``rnn_*`` with dropout = 0, ``multinomial`` of one-hot
+  rows with replacement): run in that limit, they are ordinary deterministic ops, and the
+  explorer finds how their values depend on the inputs' values, element by element.
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
   a fixed seed, as ranks sharing a generator seed do.
 
 A call already at its limit in a scalar argument (``dropout(p=0)``, attention with
-``dropout_p=0``) draws nothing: it is explored as a deterministic op, Partial included.
+``dropout_p=0``, an LSTM with ``dropout=0``) draws nothing: it is explored as a
+deterministic op, Partial included.
 
 Every element of these ops is drawn independently, so only gathers rebuild their outputs
 (``OpCase.random``): a reduce or Partial would add draws together and identity would need
@@ -84,6 +85,10 @@ def _dropout_limit(func, args, kwargs):
     return _replace(func, args, kwargs, p=1.0 if p > 0.5 else 0.0)
 
 
+def _recurrent_limit(func, args, kwargs):
+    return _replace(func, args, kwargs, dropout=0.0)
+
+
 def _attention_limit(func, args, kwargs):
     return _replace(func, args, kwargs, dropout_p=0.0)
 
@@ -129,6 +134,9 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.scaled_dot_product_attention.default": ("dropout_p = 0", _attention_limit),
     "aten._scaled_dot_product_attention_math.default": ("dropout_p = 0", _attention_limit),
     "aten._scaled_dot_product_flash_attention_for_cpu.default": ("dropout_p = 0", _attention_limit),
+    # dropout between the layers of a multi-layer recurrent net, drawn in training only
+    **{f"aten.{net}.{form}": ("dropout = 0", _recurrent_limit)
+       for net in ("lstm", "gru", "rnn_tanh", "rnn_relu") for form in ("input", "data")},
     "aten.normal.Tensor_Tensor": ("std = 0", _normal_limit),
     "aten.normal.Tensor_Tensor_out": ("std = 0", _normal_limit),
     "aten.normal.Tensor_float": ("std = 0", _normal_limit),
@@ -145,10 +153,10 @@ LIMITS: dict[str, tuple[str, Callable]] = {
 }
 
 
-# Limits on a scalar argument (dropout's p, attention's dropout_p): a call already at its
+# Limits on a scalar argument (dropout's p, attention's dropout_p, a recurrent net's dropout): a call already at its
 # limit draws nothing, and its signature holds the scalar, so every call a rule found there
 # covers draws nothing too. Tensor-valued limits (bernoulli's p) are not read off a signature.
-SCALAR_LIMIT_ARGS = ("p", "dropout_p")
+SCALAR_LIMIT_ARGS = ("p", "dropout_p", "dropout")
 NO_DRAWS_NOTE = "random op called at its deterministic limit ({}): draws nothing, explored as a deterministic op"
 
 

@@ -116,7 +116,7 @@ def _snapshot(x: Any) -> Any:
 
 def _set(x: Any, gen: torch.Generator) -> Any:
     """``x`` with float tensors that are NaN throughout, what torch.empty gives under
-    _filled_memory, refilled from ``gen``: an output buffer the op overwrites (copy_'s self,
+    filled_memory, refilled from ``gen``: an output buffer the op overwrites (copy_'s self,
     rrelu_with_noise's noise) must still differ from shard to shard to tell dims apart."""
     if isinstance(x, torch.Tensor):
         if x.is_floating_point() and x.numel() and bool(torch.isnan(x).all()):
@@ -252,7 +252,7 @@ def _run_sample(info, mode: str, sample, recorder: _Recorder | CompositeRecorder
 
 
 @contextlib.contextmanager
-def _filled_memory():
+def filled_memory():
     """Uninitialised memory filled (NaN, the largest integer) rather than left as it was:
     copy_, fill_ and bernoulli_ get their self from torch.empty, and garbage there made the
     samples' ranking (_low_entropy) differ from one build of the index to the next."""
@@ -463,7 +463,7 @@ def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tup
         return None
 
     composite = op in composite_names()
-    with torch.random.fork_rng(devices=[]), quiet(), _filled_memory(), _one_thread(), _composite_kernels_if(composite):
+    with torch.random.fork_rng(devices=[]), quiet(), filled_memory(), _one_thread(), _composite_kernels_if(composite):
         for k, sample in _samples_of(info, ref.mode, dtype, seed, ref.sample + 1):
             if k == ref.sample:
                 try:
@@ -603,7 +603,7 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
 
     pool = _Pool()
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]), quiet(), _filled_memory(), _one_thread():
+    with torch.random.fork_rng(devices=[]), quiet(), filled_memory(), _one_thread():
         for composite in (False, True):
             with _composite_kernels_if(composite):
                 for mode, dtype in PASSES:

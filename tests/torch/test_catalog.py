@@ -1016,10 +1016,10 @@ def test_ops_that_crash_on_special_values_get_none():
 def test_unset_buffers_are_filled_alike_on_every_build():
     """torch.empty's garbage in copy_'s self changed which samples ranked first from one
     index build to the next: the build fills it (NaN), then with seeded random values."""
-    from metaspmd.backends.torch.samples import _captured_values, _filled_memory
+    from metaspmd.backends.torch.samples import _captured_values, filled_memory
 
     before = torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()
-    with _filled_memory():
+    with filled_memory():
         buffer = torch.empty(3, 4, dtype=torch.float64)
     assert torch.isnan(buffer).all()
     assert (torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()) == before
@@ -1122,3 +1122,27 @@ def test_a_module_without_custom_ops_or_with_a_wrong_example_or_model_says_so(tm
                            "METASPMD_MODELS = [lambda: (torch.nn.Linear(2, 2), (torch.ones(2),))]")
     with pytest.raises(ValueError, match=r"unused_model.py: METASPMD_MODELS\[0\] calls no op of metaspmd_unused_ns"):
         TorchBackend(kernels=unused)
+
+
+def test_a_recurrent_layer_refuses_hidden_states_cut_apart():
+    """lstm reads c0 by h0's sizes, unchecked: an h0 with more layers than c0 crashed the
+    process (SIGSEGV). Hidden states of two shapes, or not one per layer and direction,
+    are refused; a batch cut of all of them runs."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten.lstm.input
+    x, h0, c0 = torch.randn(4, 3, 2, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64)
+    params = [torch.randn(*s, dtype=torch.float64) for s in ((20, 2), (20, 5), (20,), (20,), (20, 5), (20, 5), (20,), (20,))]
+    rest = (params, True, 2, 0.0, True, False, False)
+    fn = torch_case(func, (x, [h0, c0], *rest), {}, func).fn
+    with pytest.raises(ValueError, match="hidden states"):
+        fn(x, [torch.cat([h0, h0, h0]), c0], *rest)
+    with pytest.raises(ValueError, match="hidden states"):
+        fn(x, [h0[:1], c0[:1]], *rest)
+    out, hy, cy = fn(x[:, :2], [h0[:, :2], c0[:, :2]], *rest)
+    assert out.shape == (4, 2, 5) and hy.shape == cy.shape == (2, 2, 5)
+
+
+def test_onednn_recurrent_layers_have_no_rule_for_their_opaque_workspace():
+    reason = catalog.no_rule_reason(torch.ops.aten.mkldnn_rnn_layer_backward.default)
+    assert reason == catalog.no_rule_reason(torch.ops.aten.mkldnn_rnn_layer.default) and "workspace" in reason

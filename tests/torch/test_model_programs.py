@@ -63,3 +63,22 @@ def test_ops_whose_arguments_name_the_programs_sizes_are_left_out(backend):
     assert "aten.view.default" not in calls and "aten.expand.default" not in calls  # size=[2, 6, 8]
     assert "aten.ones.default" not in calls  # a factory: no tensor input
     assert "aten.native_layer_norm.default" in calls and "aten.t.default" in calls
+
+
+def test_composite_overloads_are_recorded_and_explored_only_where_opinfo_reaches_none(backend):
+    """The recurrent program's lstm and lstm_cell decompose above the dispatch mode; they
+    are recorded by the composite pass. linear, which it calls too, has OpInfo samples: a
+    composite op never reaches DTensor or a captured graph, so its program calls are left
+    out there."""
+    calls = backend.program_calls
+    assert {"aten.lstm.input", "aten.lstm_cell.default", "aten.gru_cell.default"} <= calls.keys()
+    assert "aten.mkldnn_rnn_layer.default" in calls  # the CPU kernel lstm runs, seen by the plain pass
+    func = torch.ops.aten.lstm.input
+    (args, kwargs), = calls["aten.lstm.input"]
+    assert args[5] == 0.0 and call_signature(func, args, kwargs).startswith("input:f[*,*,*] hx:[f[*,*,*],f[*,*,*]]")
+    linear = torch.ops.aten.linear.default
+    assert "aten.linear.default" in calls
+    opinfo_case = backend._example_case(linear, (torch.randn(3, 4), torch.randn(2, 4)), {})
+    assert backend._with_model_calls(linear, "aten.linear.default", [opinfo_case]) == [opinfo_case]
+    added = backend._with_model_calls(func, "aten.lstm.input", [])
+    assert [call_signature(func, c.args, c.kwargs) for c in added] == [call_signature(func, args, kwargs)]

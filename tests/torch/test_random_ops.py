@@ -142,3 +142,21 @@ def test_the_sharded_dim_of_a_fill_is_any_dim():
     e = explore_case(torch_case(aten.randn_like.default, (x,), {}, aten.randn_like.default), TorchOps())
     placed = {p.dim for s in e.strategies() for p in s.inputs if isinstance(p, ShardIn)}
     assert placed == {0, 1, 2}
+
+
+def test_a_recurrent_layer_without_dropout_is_explored_and_cut_along_its_batch():
+    """lstm is tagged random for its dropout between layers; at dropout = 0 it draws
+    nothing and is explored as a deterministic op: input, h0 and c0 cut along the batch
+    (dim 1), the weights whole, every output gathered along it. The time dim, walked in
+    order, is never cut."""
+    func = aten.lstm.input
+    torch.manual_seed(0)
+    x, h0, c0 = torch.randn(4, 3, 2, dtype=F64), torch.randn(1, 3, 5, dtype=F64), torch.randn(1, 3, 5, dtype=F64)
+    params = [torch.randn(20, 2, dtype=F64), torch.randn(20, 5, dtype=F64), torch.randn(20, dtype=F64), torch.randn(20, dtype=F64)]
+    call = (x, [h0, c0], params, True, 1, 0.0, True, False, False)
+    assert random_ops.draws_nothing(func, call, {}) and not random_ops.draws_nothing(func, (*call[:5], 0.5, *call[6:]), {})
+    e = explore_case(torch_case(func, call, {}, func), TorchOps())
+    assert e.status == "ok" and random_ops.NO_DRAWS_NOTE.format("dropout = 0") in e.notes
+    xs, hs, cs, *weights = e.shard.inputs  # tensor leaves, in order
+    assert not any(d.label for w in weights for d in w) and not xs[0].label and xs[1].label and xs[1].label == hs[1].label == cs[1].label
+    assert {str(c) for c in _combines(e)} == {"gather(dim=1)"}
