@@ -241,6 +241,21 @@ def pairs_of_rows(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..
     return fn_checked
 
 
+def pair_grid(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (cdist's backward) that refuses grad or cdist not shaped (batch, x1's rows,
+    x2's rows), or x1 and x2 of two batches or widths: the kernel reads them by those
+    sizes, past the end of a shorter one."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        x1, x2 = items["x1"].shape, items["x2"].shape
+        grid = (*x1[:-2], x1[-2], x2[-2])
+        if x1[:-2] != x2[:-2] or x1[-1] != x2[-1] or any(tuple(items[n].shape) != grid for n in ("grad", "cdist")):
+            raise ValueError("grad and cdist must be x1's rows by x2's rows, x1 and x2 of one batch and width")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 def hidden_states_alike(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
     """``fn`` (a recurrent layer) that refuses hidden states (an LSTM's h0 and c0) of two
     shapes, or with other than one per layer and direction in dim 0: the kernel walks them
@@ -374,7 +389,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
             if view is not func:
                 notes += (f"derived as {catalog.op_name(view)}, whose result the out= tensor takes",)
     fn = views.local_sizes(func, fn)
-    if catalog.trusts_matching_shapes(func):
+    if catalog.trusts_matching_shapes(func) and not catalog.reads_pair_grid(func):  # that has an exact guard
         unread = catalog.unread_arg_names(func, args, kwargs)
         unread_at = [i for i, n in enumerate(names[: len(args)]) if n in unread] + sorted(unread)
         channels = "batch_norm" in catalog.op_name(func)
@@ -387,6 +402,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = padding_within(fn, names)
     if catalog.reads_pairs(func):
         fn = pairs_of_rows(fn, names)
+    if catalog.reads_pair_grid(func):
+        fn = pair_grid(fn, names)
     if catalog.recurrent_layer(func):
         fn = hidden_states_alike(fn, names)
     return OpCase(

@@ -417,6 +417,12 @@ def reads_pairs(func: torch._ops.OpOverload) -> bool:
     return aten_base(func) == "_pdist_backward"
 
 
+def reads_pair_grid(func: torch._ops.OpOverload) -> bool:
+    """cdist's backward, whose kernel reads grad and cdist as a grid of x1's rows by x2's
+    rows, and x2 by x1's width, without checking their sizes."""
+    return aten_base(func) == "_cdist_backward"
+
+
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
     """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
     return INDEXED_DIMS.get(aten_base(func), {})

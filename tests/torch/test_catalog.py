@@ -1146,3 +1146,22 @@ def test_a_recurrent_layer_refuses_hidden_states_cut_apart():
 def test_onednn_recurrent_layers_have_no_rule_for_their_opaque_workspace():
     reason = catalog.no_rule_reason(torch.ops.aten.mkldnn_rnn_layer_backward.default)
     assert reason == catalog.no_rule_reason(torch.ops.aten.mkldnn_rnn_layer.default) and "workspace" in reason
+
+
+def test_cdist_backward_refuses_a_grid_unlike_its_rows():
+    """_cdist_backward reads grad and cdist as x1's rows by x2's rows, unchecked. Its own
+    guard refuses grids of other sizes; the shared guard it replaces kept x1's rows whole
+    beside a cut grad, so it had batch cuts only."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._cdist_backward.default
+    x1, x2 = torch.randn(5, 3, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    cdist = torch.cdist(x1, x2, p=2.0)
+    grad = torch.randn_like(cdist)
+    fn = torch_case(func, (grad, x1, x2, 2.0, cdist), {}, func).fn
+    with pytest.raises(ValueError, match="x1's rows by x2's rows"):
+        fn(grad[:, :3], x1, x2, 2.0, cdist[:, :3])
+    with pytest.raises(ValueError, match="x1's rows by x2's rows"):
+        fn(grad, x1[:, :2], x2, 2.0, cdist)
+    rows = fn(grad[:2], x1[:2], x2, 2.0, cdist[:2])
+    assert torch.allclose(rows, func(grad, x1, x2, 2.0, cdist)[:2])
