@@ -31004,6 +31004,8 @@ RULES = {
     },
     'aten.squeeze_.default': {
         'self:f[*,1,*,1]': (
+            ((Shard(0),), (Shard(0),)),
+            ((Shard(2),), (Shard(1),)),
             ((Partial('sum'),), (Partial('sum'),)),
         ),
         'self:f[1,1,1,1]': (

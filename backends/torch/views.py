@@ -246,11 +246,13 @@ def _squeeze(func, x, args, kwargs):
     removed = sorted(d for d in targets if x.shape[d] == 1)
     mapping = {d: d - sum(r < d for r in removed) for d in range(rank) if d not in removed}
     # A shard of size 1 must not be squeezed: shards squeeze exactly the globally removed dims.
+    # squeeze_ restrides self in place: it runs on a copy, as the sweep runs in-place ops.
     base = catalog.aten_base(func)
     by_dims = getattr(getattr(torch.ops.aten, base), "dims")
+    own = (lambda t: t.clone()) if base.endswith("_") else (lambda t: t)
 
     def fn(*args, **kwargs):
-        return by_dims(args[0], removed)
+        return by_dims(own(args[0]), removed)
 
     return ViewRule(fn, _single(mapping, tuple(x.shape)))
 
@@ -410,7 +412,7 @@ _BY_BASE: dict[str, Callable] = {
     "permute": _permute_like, "transpose": _permute_like, "t": _permute_like, "swapaxes": _permute_like,
     "swapdims": _permute_like, "movedim": _permute_like, "moveaxis": _permute_like, "adjoint": _permute_like,
     "numpy_T": _permute_like, "mT": _permute_like,
-    "unsqueeze": _unsqueeze, "squeeze": _squeeze, "expand": _expand, "broadcast_to": _expand,
+    "unsqueeze": _unsqueeze, "squeeze": _squeeze, "squeeze_": _squeeze, "expand": _expand, "broadcast_to": _expand,
     "sum_to_size": _sum_to_size,
     "select": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),
     "unbind": lambda f, x, a, k: _index_dim(f, x, a, k, drops=True),

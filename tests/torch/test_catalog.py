@@ -1165,3 +1165,14 @@ def test_cdist_backward_refuses_a_grid_unlike_its_rows():
         fn(grad, x1[:, :2], x2, 2.0, cdist)
     rows = fn(grad[:2], x1[:2], x2, 2.0, cdist[:2])
     assert torch.allclose(rows, func(grad, x1, x2, 2.0, cdist)[:2])
+
+
+def test_in_place_squeeze_is_derived_and_keeps_a_one_row_shard():
+    """squeeze_ of every size-1 dim: a shard one row long must keep that row, so shards
+    squeeze the globally removed dims only, each on a copy (the call restrides self in
+    place, and the explorer calls the rule's function on the example's own tensor)."""
+    x = torch.randn(5, 1, 4, 1)
+    rule = _rule_for(torch.ops.aten.squeeze_.default, x)
+    assert _gather_rules(rule) == {0: 0, 2: 1}
+    shard = x[:1]
+    assert rule.fn(shard).shape == (1, 4) and shard.shape == (1, 1, 4, 1)
