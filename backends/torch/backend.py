@@ -241,6 +241,21 @@ def pairs_of_rows(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..
     return fn_checked
 
 
+def packed_rows(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (``_pad_packed_sequence``) that refuses data without one row per step and
+    sequence that batch_sizes counts, or batch_sizes that ever grow (sequences sorted
+    longest first, as packing leaves them): the kernel trusts both, and reads and writes
+    past its buffers otherwise (a reordered batch_sizes aborted it)."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        sizes = items["batch_sizes"]
+        if items["data"].shape[0] != int(sizes.sum()) or bool((sizes[1:] > sizes[:-1]).any()):
+            raise ValueError("data must hold as many rows as batch_sizes adds up to, batch_sizes never growing")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 def pair_grid(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
     """``fn`` (cdist's backward) that refuses grad or cdist not shaped (batch, x1's rows,
     x2's rows), or x1 and x2 of two batches or widths: the kernel reads them by those
@@ -404,6 +419,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = pairs_of_rows(fn, names)
     if catalog.reads_pair_grid(func):
         fn = pair_grid(fn, names)
+    if catalog.reads_packed_rows(func):
+        fn = packed_rows(fn, names)
     if catalog.recurrent_layer(func):
         fn = hidden_states_alike(fn, names)
     return OpCase(

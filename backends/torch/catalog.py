@@ -338,14 +338,17 @@ SHAPE_SAFE_BACKWARD = frozenset({
 # Fused optimizer steps walk every tensor list by the parameters' sizes: a gradient cut
 # beside a whole parameter corrupts the heap (SIGABRT).
 FUSED_OPTIMIZERS = frozenset({"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"})
+# Weight norm walks g by v's size along dim: a v cut there beside a whole g aborts (SIGABRT).
+WEIGHT_NORMS = frozenset({"_weight_norm", "_weight_norm_interface"})
 
 
 def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
     """Kernels that size one input by another without checking (backward ops, batch norm,
-    fused optimizers): inconsistent shards crash them, so their local calls are guarded."""
+    fused optimizers, weight norm): inconsistent shards crash them, so their local calls
+    are guarded."""
     base = aten_base(func)
     return (("backward" in base and base not in SHAPE_SAFE_BACKWARD) or "batch_norm" in base
-            or base.rstrip("_") in FUSED_OPTIMIZERS)
+            or base.rstrip("_") in FUSED_OPTIMIZERS or base in WEIGHT_NORMS)
 
 
 # Recurrent layers walk the hidden states by the layer count and read the cell state by
@@ -415,6 +418,12 @@ def reads_pairs(func: torch._ops.OpOverload) -> bool:
     """pdist's backward, whose kernel reads grad and pdist by the number of pairs of self's
     rows without checking their length (cut apart from self, it reads past their end)."""
     return aten_base(func) == "_pdist_backward"
+
+
+def reads_packed_rows(func: torch._ops.OpOverload) -> bool:
+    """Unpacking a packed sequence, whose kernel reads data's rows by batch_sizes (one step
+    of that many rows per entry) without checking their count."""
+    return aten_base(func) == "_pad_packed_sequence"
 
 
 def reads_pair_grid(func: torch._ops.OpOverload) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import catalog
 
@@ -28,7 +29,7 @@ OnCall = Callable[[Any, tuple, dict], Callable[[], None] | None]
 _CIA = torch._C.DispatchKey.CompositeImplicitAutograd
 _AUTOGRAD_KEYS = (_CIA, torch._C.DispatchKey.Autograd)
 _ACTIVE: list["CompositeRecorder"] = []  # the recorders entered, innermost last
-_DEPTH = [0]  # composite calls running now, one within another
+_DEPTH = [0]  # calls running now, one within another (composite ones; with _Running, all)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,22 +37,36 @@ def composite_names() -> frozenset[str]:
     return frozenset(catalog.op_name(func) for func in catalog.composite_implicit_overloads())
 
 
+class _Running(TorchDispatchMode):
+    """Counts every op that reaches the Python dispatch key as running while it runs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        _DEPTH[0] += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            _DEPTH[0] -= 1
+
+
 class CompositeRecorder:
     """Within ``composite_kernels``: hands every composite call to ``on_call(func, args,
     kwargs)`` before running it; what that returns, if anything, is called once the call
     has succeeded (as the dispatch-mode recorder of ``samples`` does). With ``outermost``,
-    only calls made outside any other composite op's decomposition: the calls a program
-    makes, not ``matmul``'s ``resolve_conj`` of its own unwritten output."""
+    only calls made while no other op runs: the calls a program makes, not ``matmul``'s
+    ``resolve_conj`` of its own unwritten output, nor one an attention kernel makes."""
 
     def __init__(self, on_call: OnCall, outermost: bool = False):
         self.on_call = on_call
         self.outermost = outermost
+        self._running = _Running() if outermost else contextlib.nullcontext()
 
     def __enter__(self) -> "CompositeRecorder":
         _ACTIVE.append(self)
+        self._running.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._running.__exit__(*exc)
         _ACTIVE.remove(self)
 
 

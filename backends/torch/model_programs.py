@@ -115,9 +115,42 @@ def _recurrent() -> tuple[nn.Module, tuple]:
     return _Recurrent(), (torch.randn(T, RB, D, requires_grad=True),)
 
 
-MODEL_PROGRAMS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
+class _Layers(nn.Module):
+    """Layers whose CPU kernels no OpInfo sample calls: a weight-normed linear layer
+    (``_weight_norm_interface``) and an LSTM over a packed batch of sequences of lengths 6,
+    6 and 4 (``_pack_padded_sequence``, ``lstm.data``, ``_pad_packed_sequence``): every step
+    has two sequences or more, so no call is one row by accident."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.utils.parametrizations.weight_norm(nn.Linear(D, V))
+        self.lstm = nn.LSTM(V, RH)
+
+    def forward(self, x):  # x: [T, RB, D]
+        packed = nn.utils.rnn.pack_padded_sequence(self.linear(x), torch.tensor([T, T, 4]))
+        return nn.utils.rnn.pad_packed_sequence(self.lstm(packed)[0])[0]
+
+
+def _layers() -> tuple[nn.Module, tuple]:
+    return _Layers(), (torch.randn(T, RB, D, requires_grad=True),)
+
+
+def _inference() -> tuple[Callable, tuple]:
+    """The inference fast paths of a transformer encoder layer and of multi-head attention
+    (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``): taken in eval
+    mode with nothing requiring grad, so this program runs forward only."""
+    layer = nn.TransformerEncoderLayer(D, H, 3 * D, batch_first=True).eval().requires_grad_(False)
+    attention = nn.MultiheadAttention(D, H, batch_first=True).eval().requires_grad_(False)
+    def run(x):
+        y = layer(x)
+        return attention(y, y, y, need_weights=False)[0]
+
+    return run, (torch.randn(B, T, D),)
+
+
+MODEL_PROGRAMS: dict[str, Callable[[], tuple[Callable, tuple]]] = {
     "transformer": _transformer, "mlp": _mlp, "convnet": _convnet, "language_model": _language_model,
-    "recurrent": _recurrent,
+    "recurrent": _recurrent, "layers": _layers, "inference": _inference,
 }
 
 

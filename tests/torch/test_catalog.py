@@ -1176,3 +1176,35 @@ def test_in_place_squeeze_is_derived_and_keeps_a_one_row_shard():
     assert _gather_rules(rule) == {0: 0, 2: 1}
     shard = x[:1]
     assert rule.fn(shard).shape == (1, 4) and shard.shape == (1, 1, 4, 1)
+
+
+def test_unpacking_a_packed_sequence_refuses_batch_sizes_it_cannot_trust():
+    """_pad_packed_sequence reads data's rows by batch_sizes, sorted longest first, without
+    checking: a reordered batch_sizes aborted the process. Such calls, and data of another
+    row count, are refused; a cut of the feature dim runs."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._pad_packed_sequence.default
+    sizes = torch.tensor([3, 3, 2, 1])
+    data = torch.randn(9, 4, dtype=torch.float64)
+    fn = torch_case(func, (data, sizes, False, 0.0, 4), {}, func).fn
+    with pytest.raises(ValueError, match="batch_sizes"):
+        fn(data, torch.tensor([1, 2, 3, 3]), False, 0.0, 4)
+    with pytest.raises(ValueError, match="batch_sizes"):
+        fn(data[:5], sizes, False, 0.0, 4)
+    padded, lengths = fn(data[:, :2], sizes, False, 0.0, 4)
+    assert torch.equal(padded, func(data, sizes, False, 0.0, 4)[0][..., :2]) and lengths.tolist() == [4, 3, 2]
+
+
+def test_weight_norm_refuses_v_cut_beside_a_whole_g():
+    """_weight_norm_interface walks g by v's size along dim, unchecked (SIGABRT when v
+    alone was cut): the shared shape guard keeps them cut alike."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._weight_norm_interface.default
+    v, g = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 1, dtype=torch.float64)
+    fn = torch_case(func, (v, g, 0), {}, func).fn
+    with pytest.raises(ValueError, match="inconsistent shards"):
+        fn(v[:3], g, 0)
+    w, norms = fn(v[:3], g[:3], 0)
+    assert torch.allclose(w, func(v, g, 0)[0][:3])

@@ -82,3 +82,14 @@ def test_composite_overloads_are_recorded_and_explored_only_where_opinfo_reaches
     assert backend._with_model_calls(linear, "aten.linear.default", [opinfo_case]) == [opinfo_case]
     added = backend._with_model_calls(func, "aten.lstm.input", [])
     assert [call_signature(func, c.args, c.kwargs) for c in added] == [call_signature(func, args, kwargs)]
+
+
+def test_programs_reach_kernels_no_opinfo_sample_calls(backend):
+    """The layers program (weight norm, a packed-sequence LSTM) and the inference program
+    (eval mode, nothing requiring grad: the encoder layer's and attention's fast paths)."""
+    calls = backend.program_calls
+    assert {"aten._weight_norm_interface.default", "aten._weight_norm_interface_backward.default",
+            "aten._pack_padded_sequence.default", "aten._pad_packed_sequence.default", "aten.lstm.data",
+            "aten._transformer_encoder_layer_fwd.default", "aten._native_multi_head_attention.default"} <= calls.keys()
+    (args, kwargs), = calls["aten._weight_norm_interface.default"]
+    assert [tuple(t.shape) for t in args[:2]] == [(model_programs.V, model_programs.D), (model_programs.V, 1)]
