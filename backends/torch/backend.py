@@ -659,7 +659,8 @@ class TorchBackend:
         return cases
 
     def _sibling_cases(self, func, op: str) -> list[OpCase]:
-        """Cases for an in-place or out overload from its functional overload's samples."""
+        """Cases for an in-place or out overload from its functional overload's samples: its
+        OpInfo samples, or where it has none, the model programs' calls of it."""
         sibling = catalog.functional_sibling(op)
         if sibling is None:
             return []
@@ -670,6 +671,11 @@ class TorchBackend:
             if call.float64:
                 args, kwargs = to_float64((args, kwargs))
             calls.append((args, kwargs, self._fresh_for(sib_func, call), reserve))
+        if not calls:
+            for args, kwargs in self.program_calls.get(sibling, ())[: model_programs.MAX_MODEL_SIGNATURES]:
+                if runs_in_float64(sib_func, args, kwargs):
+                    args, kwargs = to_float64((args, kwargs))
+                calls.append((tuple(args), dict(kwargs), None, False))
         return self._cases_from_sibling(func, sib_func, calls)
 
     def _sibling_schema_cases(self, func, op: str) -> list[OpCase]:

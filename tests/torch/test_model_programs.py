@@ -93,3 +93,11 @@ def test_programs_reach_kernels_no_opinfo_sample_calls(backend):
             "aten._transformer_encoder_layer_fwd.default", "aten._native_multi_head_attention.default"} <= calls.keys()
     (args, kwargs), = calls["aten._weight_norm_interface.default"]
     assert [tuple(t.shape) for t in args[:2]] == [(model_programs.V, model_programs.D), (model_programs.V, 1)]
+
+
+def test_an_out_overload_takes_its_functional_ops_program_calls_where_opinfo_has_none(backend):
+    func = torch.ops.aten._weight_norm_interface.default
+    (args, kwargs), = backend.program_calls["aten._weight_norm_interface.default"]
+    cases = backend.cases("aten._weight_norm_interface.out")
+    assert len(cases) == 1 and [tuple(t.shape) for t in cases[0].args[:2]] == [tuple(t.shape) for t in args[:2]]
+    assert cases[0].args[0].dtype == torch.float64 and call_signature(func, args, kwargs).startswith("v:f[*,*] g:f[*,1]")
