@@ -357,6 +357,7 @@ RECURRENT_LAYERS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 
 
 def recurrent_layer(func: torch._ops.OpOverload) -> bool:
+    """lstm, gru, rnn_tanh or rnn_relu (see RECURRENT_LAYERS)."""
     return aten_base(func) in RECURRENT_LAYERS
 
 

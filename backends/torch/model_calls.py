@@ -8,7 +8,8 @@ explores them at the signatures the model uses, without examples written by hand
 A dispatch mode never sees a CompositeImplicitAutograd overload (``lstm``, ``lstm_cell``):
 it decomposes above the Python key. With ``composite``, each model's forward runs a second
 time, rebuilt under the same seed, with the calls of those overloads that the model itself
-makes recorded (``composite_calls``), not those within another one's decomposition.
+makes recorded (``composite_calls``), not those another op makes while it runs. Both runs
+fill uninitialized memory, as the sample index does, so every run records the same calls.
 """
 
 from __future__ import annotations
@@ -96,9 +97,9 @@ def _recorded(make: Callable[[], tuple[Any, Sequence[Any]]], seed: int, calls: _
 def model_calls(models: Sequence[Callable[[], tuple[Any, Sequence[Any]]]], namespaces: frozenset[str],
                 where: str, composite: bool = False) -> dict[str, list[Call]]:
     """The calls ``models`` make, forward and backward, of ops in ``namespaces``, by catalog
-    name; with ``composite``, the forward's calls of composite overloads too, after the others. Each model is
-    built and run under its own seed, so every worker of a sweep records the same calls.
-    ``where`` names the module in errors."""
+    name; with ``composite``, the forward's calls of composite overloads too, after the
+    others. Each model is built and run under its own seed, so every worker of a sweep
+    records the same calls. ``where`` names the module in errors."""
     calls: dict[str, list[Call]] = {}
     for k, make in enumerate(models):
         label = f"{where}: {MODELS_ATTR}[{k}]"

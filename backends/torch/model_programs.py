@@ -9,8 +9,8 @@ built under a fixed seed and run forward and backward under the recorder that al
 ``--kernels`` models (``model_calls``); its calls of a signature no OpInfo sample has are
 explored beside the OpInfo ones. A composite overload's calls are explored only where no
 OpInfo sample reaches it: DTensor and a captured graph see its decomposition, never the
-op itself, so a model's signature of it serves no lookup. Sizes are small and distinct, so every dim is ``*`` and
-no two dims are the same size by accident.
+op itself, so a model's signature of it serves no lookup. Sizes are small and distinct,
+so every dim is ``*`` and no two dims are the same size by accident.
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def _inference() -> tuple[Callable, tuple]:
     mode with nothing requiring grad, so this program runs forward only."""
     layer = nn.TransformerEncoderLayer(D, H, 3 * D, batch_first=True).eval().requires_grad_(False)
     attention = nn.MultiheadAttention(D, H, batch_first=True).eval().requires_grad_(False)
+
     def run(x):
         y = layer(x)
         return attention(y, y, y, need_weights=False)[0]

@@ -153,9 +153,10 @@ LIMITS: dict[str, tuple[str, Callable]] = {
 }
 
 
-# Limits on a scalar argument (dropout's p, attention's dropout_p, a recurrent net's dropout): a call already at its
-# limit draws nothing, and its signature holds the scalar, so every call a rule found there
-# covers draws nothing too. Tensor-valued limits (bernoulli's p) are not read off a signature.
+# Limits on a scalar argument (dropout's p, attention's dropout_p, a recurrent net's
+# dropout): a call already at its limit draws nothing, and its signature holds the scalar,
+# so every call a rule found there covers draws nothing too. Tensor-valued limits
+# (bernoulli's p) are not read off a signature.
 SCALAR_LIMIT_ARGS = ("p", "dropout_p", "dropout")
 NO_DRAWS_NOTE = "random op called at its deterministic limit ({}): draws nothing, explored as a deterministic op"
 
