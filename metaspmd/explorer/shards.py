@@ -94,6 +94,8 @@ class Shards:
 
     def _valid_combines(self, group: Group, trial: Trial, split: Split, candidates=None,
                         locs: list[list[Any]] | None = None) -> list[list] | None:
+        if candidates is not None and len(candidates) != len(trial.outputs):
+            return UNINFORMATIVE  # a lengthened call with other outputs (unbind along a longer dim)
         locs = self._locals(group, trial, split) if locs is None else locs
         if locs is None or locs is UNINFORMATIVE:
             return locs

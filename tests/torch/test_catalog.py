@@ -1208,3 +1208,15 @@ def test_weight_norm_refuses_v_cut_beside_a_whole_g():
         fn(v[:3], g, 0)
     w, norms = fn(v[:3], g[:3], 0)
     assert torch.allclose(w, func(v, g, 0)[0][:3])
+
+
+def test_unbind_of_a_dim_of_two_is_derived_not_failed():
+    """The check of reduces on three shards lengthens the cut dim to three: unbind along it
+    then gives three outputs, which cannot speak to the two of the example (it raised
+    IndexError, and the entry failed). Such a trial is uninformative."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    func = torch.ops.aten.unbind.int
+    e = explore_case(torch_case(func, (torch.randn(2, 3, 5, dtype=torch.float64),), {}, make_runner(func)),
+                     get_backend(opinfos=()).tensor_ops())
+    assert e.status == "derived" and [str(c) for c in e.combine.as_dict()["S2"]] == ["gather(dim=0)", "gather(dim=0)"]
