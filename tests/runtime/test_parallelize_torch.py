@@ -356,6 +356,25 @@ def test_group_norm_cut_by_the_batch_runs_with_each_shards_own_sizes(fake_world,
     assert len(norms) == 2 and all(p.plan.strategy(n.name).label != "R" for n in norms), p.explain()
 
 
+def test_an_lstm_model_under_a_budget_shards_and_matches_one_device(fake_world, cache):
+    """A two-layer LSTM under a linear head: the captured graph runs the LSTM step by step
+    (linear, sigmoid, tanh, cat and stack of each step), and under a budget below the
+    replicated plan's memory those nodes are cut, with outputs and gradients as on one
+    device."""
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = torch.nn.LSTM(16, 32, num_layers=2), torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0]).relu()
+
+    torch.manual_seed(0)
+    p = run_planned(Tagger(), torch.randn(5, 8, 16), cache, memory_budget=900_000)
+    assert p.plan.memory <= 900_000
+    assert sum(n.strategy.label != "R" for n in p.plan.nodes) > 100, p.explain()
+
+
 def test_an_integer_becomes_partial_by_its_first_device_not_by_division(fake_world):
     """Replicate -> Partial(sum) divides a float by the axis size; an integer does not
     divide, so the first device of the axis keeps it and the others hold zeros."""
