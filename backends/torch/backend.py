@@ -299,6 +299,12 @@ def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[.
     return fn_checked
 
 
+# catalog.EXACT_GUARDS's conditions, by name
+EXACT_GUARDS: dict[str, Callable[[Callable[..., Any], tuple[str, ...]], Callable[..., Any]]] = {
+    "pairs": pairs_of_rows, "pair_grid": pair_grid, "packed_rows": packed_rows, "hidden_states": hidden_states_alike,
+}
+
+
 # The operands of ops on integer or bool data (bitwise_and, aminmax, mm, an integer
 # convolution's weight, the tensors a cat joins): refilled like float data, whereas other
 # integer arguments (index, indices, mask, offsets, target) stay in range.
@@ -404,7 +410,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
             if view is not func:
                 notes += (f"derived as {catalog.op_name(view)}, whose result the out= tensor takes",)
     fn = views.local_sizes(func, fn)
-    if catalog.trusts_matching_shapes(func) and not catalog.reads_pair_grid(func):  # that has an exact guard
+    guard = catalog.exact_guard(func)
+    if catalog.trusts_matching_shapes(func) and guard is None:  # an exact guard replaces the shared one
         unread = catalog.unread_arg_names(func, args, kwargs)
         unread_at = [i for i, n in enumerate(names[: len(args)]) if n in unread] + sorted(unread)
         channels = "batch_norm" in catalog.op_name(func)
@@ -415,14 +422,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = batches_alike(fn, names, catalog.batch_tied(func))
     if catalog.reflects(func):
         fn = padding_within(fn, names)
-    if catalog.reads_pairs(func):
-        fn = pairs_of_rows(fn, names)
-    if catalog.reads_pair_grid(func):
-        fn = pair_grid(fn, names)
-    if catalog.reads_packed_rows(func):
-        fn = packed_rows(fn, names)
-    if catalog.recurrent_layer(func):
-        fn = hidden_states_alike(fn, names)
+    if guard is not None:
+        fn = EXACT_GUARDS[guard](fn, names)
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,

@@ -351,16 +351,6 @@ def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
             or base.rstrip("_") in FUSED_OPTIMIZERS or base in WEIGHT_NORMS)
 
 
-# Recurrent layers walk the hidden states by the layer count and read the cell state by
-# the hidden state's sizes: an LSTM's h0 with more layers than its c0 reads past c0 (SIGSEGV).
-RECURRENT_LAYERS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
-
-
-def recurrent_layer(func: torch._ops.OpOverload) -> bool:
-    """lstm, gru, rnn_tanh or rnn_relu (see RECURRENT_LAYERS)."""
-    return aten_base(func) in RECURRENT_LAYERS
-
-
 def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
     """Tensor arguments this call never reads, whatever their shape: batch norm's backward
     kernels read the running statistics in eval mode only (in training, running stats of any
@@ -415,22 +405,25 @@ def reflects(func: torch._ops.OpOverload) -> bool:
     return base.startswith("reflection_pad") and base.endswith("_backward")
 
 
-def reads_pairs(func: torch._ops.OpOverload) -> bool:
-    """pdist's backward, whose kernel reads grad and pdist by the number of pairs of self's
-    rows without checking their length (cut apart from self, it reads past their end)."""
-    return aten_base(func) == "_pdist_backward"
+# Kernels that read inputs by another input's sizes or values, unchecked, each with the
+# exact condition its local inputs must meet (backend.EXACT_GUARDS checks it), which
+# replaces the shared shape guard where that applies:
+# - pairs: pdist's backward reads grad and pdist by the number of pairs of self's rows;
+# - pair_grid: cdist's backward reads grad and cdist as x1's rows by x2's rows, and x2 by
+#   x1's width (the shared guard kept x1's rows whole beside a cut grad);
+# - packed_rows: unpacking a packed sequence reads data's rows by batch_sizes, one step of
+#   that many rows per entry, sorted longest first;
+# - hidden_states: a recurrent layer walks its hidden states by the layer count and reads
+#   c0 by h0's sizes (an h0 with more layers than c0 read past c0: SIGSEGV).
+EXACT_GUARDS = {
+    "_pdist_backward": "pairs", "_cdist_backward": "pair_grid", "_pad_packed_sequence": "packed_rows",
+    **dict.fromkeys(("lstm", "gru", "rnn_tanh", "rnn_relu"), "hidden_states"),
+}
 
 
-def reads_packed_rows(func: torch._ops.OpOverload) -> bool:
-    """Unpacking a packed sequence, whose kernel reads data's rows by batch_sizes (one step
-    of that many rows per entry) without checking their count."""
-    return aten_base(func) == "_pad_packed_sequence"
-
-
-def reads_pair_grid(func: torch._ops.OpOverload) -> bool:
-    """cdist's backward, whose kernel reads grad and cdist as a grid of x1's rows by x2's
-    rows, and x2 by x1's width, without checking their sizes."""
-    return aten_base(func) == "_cdist_backward"
+def exact_guard(func: torch._ops.OpOverload) -> str | None:
+    """The name of the exact condition on the op's local inputs (see EXACT_GUARDS), or None."""
+    return EXACT_GUARDS.get(aten_base(func))
 
 
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
@@ -497,6 +490,6 @@ __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
     "functional_sibling", "is_core", "keeps_numel", "overloads_in",
-    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "recurrent_layer", "resolve", "split_name",
+    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]
