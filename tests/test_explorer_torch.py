@@ -405,6 +405,21 @@ def test_integer_partial_inputs_where_every_output_is_an_integer():
     assert explore(aten.div.Tensor, [ints(4, 6), ints(4, 6) + 100], ("self", "other")).partial.is_empty()
 
 
+def test_an_integer_input_no_output_reads_may_be_partial_beside_float_outputs():
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    # expand_as reads other's shape only: no sum of its parts can show, wrap-around included
+    e = explore(aten.expand_as.default, [randn(4, 1), torch.randint(-50, 50, (4, 6))], ("self", "other"),
+                special=with_special_values)
+    rules = {s.inputs: [str(o.first) for o in s.outputs] for s in e.strategies()}
+    assert rules[Replicate(), PartialInput()] == ["identity"]
+    assert rules[PartialInput(), PartialInput()] == ["reduce(sum)"]
+    # mul reads it: no integer Partial beside a float output
+    e = explore(aten.mul.Tensor, [randn(4, 6), torch.randint(-50, 50, (4, 6))], ("self", "other"),
+                special=with_special_values)
+    assert e.strategies() and not any(s.inputs[1] == PartialInput() for s in e.strategies())
+
+
 def test_a_degenerate_example_lets_a_later_trial_propose():
     # all False: every shard of the example is equal, so the example proves nothing and
     # proposes nothing; a blind bool trial whose shards differ proposes, the others verify

@@ -274,7 +274,8 @@ def _static_reason(inputs: Key, outputs: Key, entry: RuleEntry | None, mine: lis
         if m and kind not in (FLOAT, COMPLEX, INT):
             return "the explorer tries Partial inputs on float and integer tensors only"
         if m and kind == INT and not all(r.dtype.startswith(("int", "uint")) for r in entry.results):
-            return "the explorer tries integer Partial inputs only where every output is an integer"
+            return ("the explorer tries integer Partial inputs only where every output is an integer, "
+                    "or where no output reads them")
     sharded = [(query.tensors[i], int(m[1])) for i, k in enumerate(inputs) if (m := SHARD_RE.match(k))]
     if any(t.numel() == 0 for t, _ in sharded):
         return "a sharded input of the example is empty: its shards cannot differ, so the explorer skips it"

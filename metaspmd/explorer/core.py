@@ -43,6 +43,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
         self._resized: dict[tuple, tuple[list[Trial], list[Trial] | None, dict]] = {}
         self._reproduced: dict[int, bool] = {}  # by id of a resized trial (held in _resized)
         self.shared: set[int] = set()  # inputs every independent part reads (_independent_parts)
+        self._unread: list[int] | None = None  # inputs no output reads (_unread_inputs), found once
 
     def run(self) -> RuleEntry:
         case, ops = self.case, self.ops

@@ -87,18 +87,25 @@ class Groups:
         # float: parts whose integer sum wraps around (hash-like arithmetic that overflows
         # on purpose) do not sum as floats to the float of their sum, though the trials'
         # parts never wrap; and an int reinterpreted as a float (a bitcast) is linear on
-        # small non-negative values.
+        # small non-negative values. Unless no output reads the input's values at all
+        # (``expand_as``'s other): then no sum of its parts can show.
         first = self.trials[0]
-        kinds = (FLOAT, COMPLEX) + ((INT,) if all(self.ops.dtype_kind(o) == INT for o in first.outputs) else ())
-        summable = [
-            i for i, x in enumerate(first.leaves)
-            if i not in exclude and self.ops.dtype_kind(x) in kinds and self.leaf_names[i] not in self.fixed
-        ]
+        exact = all(self.ops.dtype_kind(o) == INT for o in first.outputs)
+        ints = [i for i in self._summable_inputs(ints=True) if self.ops.dtype_kind(first.leaves[i]) == INT]
+        allowed = set(ints) if exact or not ints else set(self._unread_inputs())
+        summable = [i for i in self._summable_inputs(ints=True) if i not in exclude and (i not in ints or i in allowed)]
         if not summable:
             return []
         if len(summable) <= self.config.max_partial_inputs:
             return [c for r in range(1, len(summable) + 1) for c in itertools.combinations(summable, r)]
         return [(i,) for i in summable] + [tuple(summable)]
+
+    def _summable_inputs(self, ints: bool) -> list[int]:
+        """The inputs a Partial(sum) may hold: float and complex data, and integers where
+        ``ints``; not the fixed ones (indices, offsets)."""
+        kinds = (FLOAT, COMPLEX) + ((INT,) if ints else ())
+        return [i for i, x in enumerate(self.trials[0].leaves)
+                if self.ops.dtype_kind(x) in kinds and self.leaf_names[i] not in self.fixed]
 
     def _offset_groups(self, group: Group, drop: bool = False) -> list[Group]:
         """``group`` with one integer input beside it offset by each shard's start (gather

@@ -106,7 +106,10 @@ class IndependentParts:
         if (self.case.random or self.case.special is None or len(self.trials) < 3 or not first.outputs
                 or len(first.leaves) < 2):
             return []
-        summable = sorted({i for ps in self._partial_sets_in(set()) for i in ps})
+        if self._unread is not None:
+            return self._unread
+        self._unread = []
+        summable = self._summable_inputs(ints=True)
         pool = self.trials[1:]
         candidates = [i for i in summable if not self._reads(i, first, pool)]  # one call each, most inputs stop here
         # the entry's own special-value trials where it has them (the same seeds), else drawn now
@@ -116,7 +119,8 @@ class IndependentParts:
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
         dims = self._resizable_dims() if candidates else []
         resized = (self._resized_trials(dims) or []) if dims else []
-        return [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
+        self._unread = [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
+        return self._unread
 
     def _reads(self, i: int, base: Trial, pool: Sequence[Trial]) -> bool:
         """Does some output of ``base`` change, by a bit, when input ``i`` takes the data of
