@@ -32,8 +32,10 @@ class OpCase:
     until neighbours across a shard boundary are equal; ``nanmean`` skips NaN, so the mean
     of its shards' means passes until their NaN counts differ.
 
-    ``candidates``: strategies to verify instead of exploring (rules derived from shape
-    arithmetic for view-like ops); each is (input placements, output combines).
+    ``candidates``: strategies to verify instead of exploring, each (input placements,
+    output combines): rules derived from shape arithmetic for view-like ops (status
+    ``derived``), or, where ``candidates_derived`` is False, a rule table's rules for a
+    neighbouring signature (status ``ok``: verified here like any explored rule).
 
     ``random``: the op draws every output element once at random (``fn`` runs it where its
     values can be compared, e.g. in a deterministic limit): only gathers rebuild its outputs
@@ -81,6 +83,7 @@ class OpCase:
     fresh: Callable[[int], Args] | None = None
     fixed: frozenset[str] = frozenset()
     candidates: tuple[tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]], ...] | None = None
+    candidates_derived: bool = True
     deterministic: bool = True
     special: Callable[[tuple, dict, int, int], Args] | None = None
     special_always: bool = False

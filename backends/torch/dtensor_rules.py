@@ -181,6 +181,32 @@ def _lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple | Non
     return found
 
 
+def _is_flag(value: str) -> bool:
+    return value in ("True", "False") or (value[:1] == "[" and all(v in ("True", "False") for v in value[1:-1].split(",")))
+
+
+def _structure(items: list[tuple[str, str, str]]) -> tuple:
+    """What a signature says of its tensor arguments (dtype kind and shape pattern, the
+    optional ones left out) and of its flags (``keepdim``, ``output_mask``), which can
+    change the outputs' number and ranks."""
+    return tuple((name, value) for name, sep, value in items if sep == ":" or value == "None" or _is_flag(value))
+
+
+def neighbour_rules(op: torch._ops.OpOverload, sig: str) -> tuple:
+    """The table's rules for the op at its neighbouring signature: the same tensor
+    arguments and flags, other values elsewhere (a layer norm's ``normalized_shape``, a
+    scalar operand); of several, the one with the most arguments equal to this one's.
+    Candidates to verify at a call the table misses; () where there is none."""
+    info = op_info(op)
+    mine = split_signature(normalize(sig, info.defaults))
+    best, most = (), -1
+    for other, rules in (info.entries or {}).items():
+        theirs = split_signature(normalize(other, info.defaults))
+        if _structure(theirs) == _structure(mine) and len(set(theirs) & set(mine)) > most:
+            best, most = rules, len(set(theirs) & set(mine))
+    return best
+
+
 def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
     p = DTensor._op_dispatcher.sharding_propagator
     return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules

@@ -92,11 +92,16 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
 
 
 def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
-    """One call's signature, the table's rules for it (None: the table lacks them), and
-    the case live exploration would verify."""
+    """One call's signature, the table's rules for it (None: the table lacks them), the
+    case live exploration would verify, and the table's rules at neighbouring signatures."""
     sig = call_signature(fn, tuple(args), dict(kwargs))
     found = dtensor_rules.lookup(fn, tuple(args), dict(kwargs))
-    return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs))
+
+    def neighbours() -> tuple:
+        return tuple((s.inputs, s.outputs) for s in to_strategies(dtensor_rules.neighbour_rules(fn, sig)))
+
+    return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs),
+                    neighbours if found is None else None)
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:

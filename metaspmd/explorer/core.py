@@ -174,8 +174,12 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
         if case.candidates is not None:
             for placements, outs in case.candidates:
                 group = group_of(placements)
-                accept(group, self._explore(group, [fit_partial(group, o.options) for o in outs]))
-            status = "derived"
+                # beside a cut, a Partial input keeps only reduces and identity, unless no
+                # output reads it (a joint of independent parts)
+                unread = group.dims and group.partial and set(group.partial) <= set(self._unread_inputs())
+                accept(group, self._explore(group, [list(o.options) if unread else fit_partial(group, o.options)
+                                                    for o in outs]))
+            status = "derived" if case.candidates_derived else "ok"
         else:
             shapes = [ops.shape(x) for x in first.leaves]
             for group in self._part_groups(shapes, parts):

@@ -390,3 +390,16 @@ def test_an_integer_becomes_partial_by_its_first_device_not_by_division(fake_wor
         summed = partial.full_tensor()._local_tensors
     assert torch.equal(ranks[0], x) and all(not ranks[r].any() for r in range(1, WORLD))
     assert all(torch.equal(summed[r], x) for r in range(WORLD))
+
+
+def test_a_layer_norm_of_a_width_the_table_lacks_runs_on_its_neighbours_verified_rules(fake_world, cache):
+    """The table has native_layer_norm and its backward at the sweep's widths, not at 40:
+    the neighbouring signature's rules are verified at the call, and under a budget of a
+    third of the replicated plan's memory (2.79 MiB) the plan cuts the norm, with outputs
+    and gradients as on one device."""
+    model = torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.LayerNorm(40), torch.nn.Linear(40, 8))
+    torch.manual_seed(0)
+    p = run_planned(model, torch.randn(256, 6, 40), cache, memory_budget=1_000_000)
+    assert p.stats.neighbour >= 2, p.stats  # the norm and its backward
+    norm = next(n for n in p.captured.ir.op_list if n.op == "aten.native_layer_norm.default")
+    assert p.plan.strategy(norm.name).label != "R", p.explain()

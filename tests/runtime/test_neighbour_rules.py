@@ -1,0 +1,54 @@
+"""A call the table misses only by a non-tensor argument (a layer norm of another width)
+verifies its neighbouring signature's table rules first, and is explored from scratch
+where one of them fails there."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from metaspmd.backends.torch import dtensor_rules  # noqa: E402
+from metaspmd.backends.torch.rules_at_runtime import call_of  # noqa: E402
+from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
+from metaspmd.resolve import NEIGHBOUR_NOTE, NodeCall, explore_call  # noqa: E402
+from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn  # noqa: E402
+
+aten = torch.ops.aten
+OPS = TorchOps()
+
+
+def layer_norm_call(width: int):
+    x, w, b = torch.randn(2, 6, width), torch.randn(width), torch.randn(width)
+    return aten.native_layer_norm.default, (x, [width], w, b, 1e-5), {}
+
+
+def test_a_layer_norm_of_a_width_the_table_lacks_takes_its_neighbours_rules_verified():
+    fn, args, kwargs = layer_norm_call(40)
+    call = call_of(fn, args, kwargs)
+    assert call.table_rules is None and "normalized_shape=[40]" in call.signature
+    neighbours = call.neighbours()
+    # the sweep's normalized_shape=[8] rules: the batch and sequence cuts, and more
+    assert {p for p, _ in neighbours} >= {(ShardIn(0), Replicate(), Replicate()), (ShardIn(1), Replicate(), Replicate())}
+    entry = explore_call(call, OPS)
+    assert entry.status == "ok" and NEIGHBOUR_NOTE in entry.notes
+    assert {s.inputs for s in entry.all_strategies()} >= {p for p, _ in neighbours}
+
+
+def test_a_neighbour_rule_that_fails_at_the_call_sends_it_to_exploration():
+    fn, args, kwargs = layer_norm_call(40)
+    call = call_of(fn, args, kwargs)
+    # a cut of the normalized dim is no rule of a layer norm: the neighbours are not trusted
+    wrong = ((ShardIn(2), Replicate(), Replicate()), (OutputCombine((Gather(2),)),) * 3)
+    seeded = NodeCall(call.signature, None, call.case, lambda: call.neighbours() + (wrong,))
+    entry = explore_call(seeded, OPS)
+    assert entry.status == "ok" and NEIGHBOUR_NOTE not in entry.notes
+    assert (ShardIn(0), Replicate(), Replicate()) in {s.inputs for s in entry.all_strategies()}
+    assert wrong[0] not in {s.inputs for s in entry.all_strategies()}
+
+
+def test_no_neighbour_across_flags_or_tensor_patterns():
+    # output_mask decides which outputs exist: [False, True, True] takes no [True, True, True] rules
+    sig = ("grad_out:f[*,*,*] input:f[*,*,*] normalized_shape=[40] mean:f[*,*,1] rstd:f[*,*,1] weight:f[*] "
+           "bias:f[*] output_mask=[False,True,True]")
+    assert dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig) == ()
+    assert dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig.replace("False", "True"))
+    assert dtensor_rules.neighbour_rules(aten.native_layer_norm.default, "input:f[*,*,*,*,*,*,*] normalized_shape=[3]") == ()
