@@ -46,9 +46,12 @@ def test_a_neighbour_rule_that_fails_at_the_call_sends_it_to_exploration():
 
 
 def test_no_neighbour_across_flags_or_tensor_patterns():
-    # output_mask decides which outputs exist: [False, True, True] takes no [True, True, True] rules
+    # output_mask decides which outputs exist: [True, False, True] takes no rules of the
+    # table's [True, True, True] or [False, True, True]
     sig = ("grad_out:f[*,*,*] input:f[*,*,*] normalized_shape=[40] mean:f[*,*,1] rstd:f[*,*,1] weight:f[*] "
-           "bias:f[*] output_mask=[False,True,True]")
+           "bias:f[*] output_mask=[True,False,True]")
     assert dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig) == ()
-    assert dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig.replace("False", "True"))
+    for mask in ("[True,True,True]", "[False,True,True]"):
+        rules = dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig.replace("[True,False,True]", mask))
+        assert rules and all(len(outs) == mask.count("True") for _, outs in rules)
     assert dtensor_rules.neighbour_rules(aten.native_layer_norm.default, "input:f[*,*,*,*,*,*,*] normalized_shape=[3]") == ()
