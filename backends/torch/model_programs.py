@@ -20,10 +20,12 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import catalog
-from .model_calls import model_calls
+from .capture import capture
+from .model_calls import model_calls, unique_calls
+from .samples import BASE_SEED, filled_memory
 
 B, T, D, H, V = 2, 6, 8, 2, 10  # batch, sequence, width, heads, vocabulary
 MAX_MODEL_SIGNATURES = 4  # explored per overload beyond its OpInfo ones
@@ -162,11 +164,42 @@ MODEL_PROGRAMS: dict[str, Callable[[], tuple[Callable, tuple]]] = {
 SIZE_ARGS = frozenset({"size", "shape", "sizes", "split_size", "split_sizes"})
 
 
+# Programs whose captured graphs are left out, and why
+UNCAPTURED = {
+    "layers": "pad_packed_sequence reads batch_sizes' values, which a trace has none of",
+    "recurrent": "three seconds of tracing per sweep and test run for one signature (sigmoid of a [batch, hidden] gate)",
+}
+
+
+def captured_calls() -> dict[str, list[tuple[tuple, dict]]]:
+    """The calls of each program's graph as the runtime captures it (``capture``: forward
+    and backward, functionalized, without oneDNN), by overload name, in program order:
+    a graph calls some ops eager code never does (``_native_batch_norm_legit_functional``
+    where eager BatchNorm calls ``native_batch_norm``; an LSTM's per-step ``sigmoid``)."""
+    calls: dict[str, list[tuple[tuple, dict]]] = {}
+    for k, (name, make) in enumerate(MODEL_PROGRAMS.items()):
+        if name in UNCAPTURED:
+            continue
+        with torch.random.fork_rng(devices=[]), filled_memory():
+            torch.manual_seed(BASE_SEED + k)
+            model, inputs = make()
+            captured = capture(model, tuple(inputs), backward=isinstance(model, nn.Module))
+        for node in captured.ir.op_list:
+            calls.setdefault(node.op, []).append(tree_map(_detached, captured.values[node.name]))
+    return calls
+
+
+def _detached(x):
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
 def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
-    """The programs' ATen calls, forward and backward, composite overloads' included, by
-    overload name: the first call of each signature, in program order, those of
-    size-naming ops and factories left out."""
+    """The programs' ATen calls, forward and backward, composite overloads' included, then
+    those of their captured graphs, by overload name: the first call of each signature, in
+    that order, those of size-naming ops and factories left out."""
     calls = model_calls(list(MODEL_PROGRAMS.values()), frozenset({catalog.NAMESPACE}), __name__, composite=True)
+    for op, found in captured_calls().items():
+        calls[op] = unique_calls(catalog.resolve(op), calls.get(op, []) + found)
     return {
         op: found for op, found in calls.items()
         if not SIZE_ARGS & {a.name for a in catalog.resolve(op)._schema.arguments}
@@ -174,5 +207,5 @@ def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
     }
 
 
-__all__ = ["MAX_MODEL_SIGNATURES", "MODEL_PROGRAMS", "SIZE_ARGS", "program_calls"]
+__all__ = ["MAX_MODEL_SIGNATURES", "MODEL_PROGRAMS", "SIZE_ARGS", "UNCAPTURED", "captured_calls", "program_calls"]
 

@@ -34,6 +34,21 @@ def test_programs_give_the_same_calls_on_every_run():
             assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in leaves), op
 
 
+def test_a_captured_graph_gives_the_calls_eager_code_never_makes(backend):
+    """A captured ConvNet trains its BatchNorm with the functional kernel, which no eager
+    program calls: its signature comes from the programs' captured graphs, and its
+    channel cut is explored."""
+    op = "aten._native_batch_norm_legit_functional.default"
+    func = torch.ops.aten._native_batch_norm_legit_functional.default
+    assert op in model_programs.captured_calls() and op not in model_programs.model_calls(
+        list(model_programs.MODEL_PROGRAMS.values()), frozenset({"aten"}), "test", composite=True)
+    sig = ("input:f[*,*,*,*] weight:f[*] bias:f[*] running_mean:f[*] running_var:f[*] training=True "
+           "momentum=0.1 eps=1e-05")
+    assert sig in _signatures(func, backend.cases(op))
+    entry = next(e for e in explore_op(backend, op).entries if e.signature == sig)
+    assert entry.status == "ok" and [str(s.inputs[0]) for s in entry.strategies()] == ["S(1)"]
+
+
 def test_a_model_signature_joins_the_opinfo_ones(backend):
     """gelu of rank-3 activations: its OpInfo samples are matrices."""
     func = torch.ops.aten.gelu.default
