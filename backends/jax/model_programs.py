@@ -35,6 +35,16 @@ def _mlp_block(g, b, w1, b1, w2, b2, x):
     return (x + jax.nn.gelu(_layer_norm(x, g, b) @ w1 + b1) @ w2 + b2).sum()
 
 
+def _norm_by_division(g, b, w1, b1, w2, b2, x):
+    """The MLP block with its layer norm written as hand-written models often write it,
+    dividing by a square root (``x:f[*,*,*] y:f[*,*,1]`` division, ``sqrt`` of the
+    statistics, and their gradients) rather than multiplying by ``rsqrt``."""
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    h = (x - mu) / jnp.sqrt(var + 1e-5) * g + b
+    return (x + jax.nn.gelu(h @ w1 + b1) @ w2 + b2).sum()
+
+
 def _attention(g, b, wqkv, wo, x, heads=2):
     """Pre-norm causal self-attention: (batch, heads, seq, seq) scores, a masked softmax."""
     n, t, d = x.shape
@@ -83,6 +93,8 @@ _MODELS = {
     "attention": (_attention, (_ones_plus(D), _normal(D), _normal(D, 3 * D), _normal(D, D)), (_normal(2, 6, D),)),
     "lm_loss": (_lm_loss, (_normal(VOCAB, D), _normal(D, D)), (_ids(2, 6, vocab=VOCAB), _ids(2, 6, vocab=VOCAB))),
     "cnn": (_cnn, (_normal(4, 3, 3, 3), _normal(6, 4, 3, 3), _normal(6, 5)), (_normal(2, 3, 8, 8),)),
+    "norm_by_division": (_norm_by_division, (_ones_plus(D), _normal(D), _normal(D, HIDDEN), _normal(HIDDEN),
+                                             _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
 }
 
 
