@@ -65,7 +65,7 @@ class NodeCall:
 NEIGHBOUR_NOTE = "the table's rules of a signature with other non-tensor arguments, verified at this call"
 
 
-def explore_call(call: NodeCall, ops: TensorOps, config: ExploreConfig = ExploreConfig()) -> RuleEntry:
+def explore_call(call: NodeCall, ops: TensorOps) -> RuleEntry:
     """A missed call's verified rules: its neighbours' where every one holds here (the
     same structure), else explored from scratch. A view-like op's case brings candidates
     of its own, derived from its sizes: those stand."""
@@ -74,10 +74,10 @@ def explore_call(call: NodeCall, ops: TensorOps, config: ExploreConfig = Explore
     if candidates:
         seeded = dataclasses.replace(case, candidates=candidates, candidates_derived=False,
                                      notes=case.notes + (NEIGHBOUR_NOTE,))
-        entry = explore_case(seeded, ops, config=config)
+        entry = explore_case(seeded, ops)
         if {p for p, _ in candidates} <= {s.inputs for s in entry.all_strategies()}:
             return entry
-    return explore_case(case, ops, config=config)
+    return explore_case(case, ops)
 
 
 def resolve(

@@ -90,10 +90,11 @@ class Groups:
         # small non-negative values. Unless no output reads the input's values at all
         # (``expand_as``'s other): then no sum of its parts can show.
         first = self.trials[0]
-        exact = all(self.ops.dtype_kind(o) == INT for o in first.outputs)
-        ints = [i for i in self._summable_inputs(ints=True) if self.ops.dtype_kind(first.leaves[i]) == INT]
-        allowed = set(ints) if exact or not ints else set(self._unread_inputs())
-        summable = [i for i in self._summable_inputs(ints=True) if i not in exclude and (i not in ints or i in allowed)]
+        summable = [i for i in self._summable_inputs(ints=True) if i not in exclude]
+        ints = [i for i in summable if self.ops.dtype_kind(first.leaves[i]) == INT]
+        if ints and not all(self.ops.dtype_kind(o) == INT for o in first.outputs):
+            unread = set(self._unread_inputs())
+            summable = [i for i in summable if i not in ints or i in unread]
         if not summable:
             return []
         if len(summable) <= self.config.max_partial_inputs:

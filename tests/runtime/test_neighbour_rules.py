@@ -6,11 +6,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from metaspmd.backends.torch import dtensor_rules  # noqa: E402
-from metaspmd.backends.torch.rules_at_runtime import call_of  # noqa: E402
-from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
-from metaspmd.resolve import NEIGHBOUR_NOTE, NodeCall, explore_call  # noqa: E402
-from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn  # noqa: E402
+from metaspmd.backends.torch import dtensor_rules
+from metaspmd.backends.torch.rules_at_runtime import call_of
+from metaspmd.backends.torch.tensor_ops import TorchOps
+
+from metaspmd.resolve import NEIGHBOUR_NOTE, NodeCall, explore_call
+from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn
 
 aten = torch.ops.aten
 OPS = TorchOps()
