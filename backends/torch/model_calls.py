@@ -14,7 +14,8 @@ fill uninitialized memory, as the sample index does, so every run records the sa
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,7 +30,7 @@ MODELS_ATTR = "METASPMD_MODELS"
 Call = tuple[tuple, dict]
 
 
-class _Calls:
+class Calls:
     """The first call per signature of each op in ``namespaces`` (a model of many layers
     repeats its calls), with detached copies of its arguments."""
 
@@ -50,7 +51,7 @@ class _Calls:
 class _Recorder(TorchDispatchMode):
     """Records the calls that reach the Python dispatch key into ``calls``."""
 
-    def __init__(self, calls: _Calls):
+    def __init__(self, calls: Calls):
         super().__init__()
         self.found = calls
 
@@ -60,7 +61,7 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _composite_recorder(calls: _Calls) -> CompositeRecorder:
+def _composite_recorder(calls: Calls) -> CompositeRecorder:
     """Records the model's own calls of composite overloads (within ``composite_kernels``)
     into ``calls``."""
     names = composite_names()
@@ -79,13 +80,20 @@ def _run_forward_and_backward(model: Callable[..., Any], inputs: Sequence[Any]) 
         sum(t.float().sum() for t in grads).backward()
 
 
-def _recorded(make: Callable[[], tuple[Any, Sequence[Any]]], seed: int, calls: _Calls, composite: bool) -> None:
+@contextlib.contextmanager
+def built(make: Callable[[], tuple[Any, Sequence[Any]]], seed: int) -> Iterator[tuple[Any, Sequence[Any]]]:
+    """``make()``'s (model, inputs), built under ``seed`` and used with uninitialized memory
+    filled, as the sample index is: every run, in any worker, records the same calls."""
+    with torch.random.fork_rng(devices=[]), filled_memory():
+        torch.manual_seed(seed)
+        yield make()
+
+
+def _recorded(make: Callable[[], tuple[Any, Sequence[Any]]], seed: int, calls: Calls, composite: bool) -> None:
     """Build the model under ``seed`` and run it, recording into ``calls`` its plain calls,
     forward and backward, or with ``composite`` the composite calls of its forward (the
     backward's are autograd's own, made on buffers it has not written yet)."""
-    with torch.random.fork_rng(devices=[]), filled_memory():
-        torch.manual_seed(seed)
-        model, inputs = make()
+    with built(make, seed) as (model, inputs):
         if composite:
             with composite_kernels(), _composite_recorder(calls):
                 model(*inputs)
@@ -105,7 +113,7 @@ def model_calls(models: Sequence[Callable[[], tuple[Any, Sequence[Any]]]], names
         label = f"{where}: {MODELS_ATTR}[{k}]"
         if not callable(make):
             raise ValueError(f"{label} is not callable: give a function that returns (model, inputs)")
-        found = _Calls(namespaces)
+        found = Calls(namespaces)
         try:
             for pass_composite in (False, True) if composite else (False,):
                 _recorded(make, BASE_SEED + k, found, pass_composite)
@@ -129,4 +137,4 @@ def unique_calls(func, calls: Sequence[Call]) -> list[Call]:
     return out
 
 
-__all__ = ["MODELS_ATTR", "model_calls", "unique_calls"]
+__all__ = ["MODELS_ATTR", "Calls", "built", "model_calls", "unique_calls"]

@@ -20,12 +20,12 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 from . import catalog
 from .capture import capture
-from .model_calls import model_calls, unique_calls
-from .samples import BASE_SEED, filled_memory
+from .model_calls import Calls, built, model_calls, unique_calls
+from .samples import BASE_SEED
 
 B, T, D, H, V = 2, 6, 8, 2, 10  # batch, sequence, width, heads, vocabulary
 MAX_MODEL_SIGNATURES = 4  # explored per overload beyond its OpInfo ones
@@ -180,17 +180,14 @@ def captured_calls() -> dict[str, list[tuple[tuple, dict]]]:
     for k, (name, make) in enumerate(MODEL_PROGRAMS.items()):
         if name in UNCAPTURED:
             continue
-        with torch.random.fork_rng(devices=[]), filled_memory():
-            torch.manual_seed(BASE_SEED + k)
-            model, inputs = make()
+        with built(make, BASE_SEED + k) as (model, inputs):  # as model_calls builds program k
             captured = capture(model, tuple(inputs), backward=isinstance(model, nn.Module))
+        found = Calls(frozenset({catalog.NAMESPACE}))
         for node in captured.ir.op_list:
-            calls.setdefault(node.op, []).append(tree_map(_detached, captured.values[node.name]))
+            found.record(node.fn, *captured.values[node.name])
+        for func, call in found.calls:
+            calls.setdefault(catalog.op_name(func), []).append(call)
     return calls
-
-
-def _detached(x):
-    return x.detach().clone() if isinstance(x, torch.Tensor) else x
 
 
 def program_calls() -> dict[str, list[tuple[tuple, dict]]]:
