@@ -154,6 +154,9 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
     assert bad.returncode == 1
     assert "changed  fake.add" in bad.stdout and "added    fake.sum" in bad.stdout
+    # The changed file's diff is printed under its name: the edit, and what the sweep gives.
+    assert "    -  combine: {S1: gather(dim=1), S2" in bad.stdout, bad.stdout
+    assert "    +  combine: {S1: gather(dim=0), S2" in bad.stdout, bad.stdout
     assert "removed" not in bad.stdout  # an --ops subset says nothing about other files
     assert files(tmp_path) == edited
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 import time
 from collections import Counter
@@ -16,13 +17,15 @@ from .workers import Outcome, WorkerPool
 @dataclass(frozen=True)
 class OpResult:
     """One op in a sweep report. ``change`` is set in check mode: 'added', 'changed' or
-    'unchanged' against the registry file."""
+    'unchanged' against the registry file; ``diff`` is a changed file's unified diff, so a
+    check that fails once (in CI, say) shows what would change without a rerun."""
 
     op: str
     status: str
     reason: str
     seconds: float
     change: str = ""
+    diff: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,12 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         def on_outcome(outcome: Outcome) -> None:
             nonlocal failed
             record = outcome.record
-            change = ""
+            change, diff = "", ""
             if config.check:
-                change = _compare(registry_io, config.out_root, record)
+                change, diff = _compare(registry_io, config.out_root, record)
             else:
                 registry_io.write_record(config.out_root, record)
-            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change)
+            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff)
             if record.status == "failed":
                 failed += 1
                 bar.set_postfix(failed=failed, refresh=False)
@@ -126,11 +129,16 @@ def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> 
         raise SweepError(f"{len(bad)} op name(s) not usable as registry file names: {', '.join(bad[:5])}")
 
 
-def _compare(registry_io, root: Path, record: OpRecord) -> str:
+def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
+    """('added' | 'changed' | 'unchanged', the unified diff of a changed file)."""
     path = registry_io.record_path(root, record.backend, record.op)
     if not path.is_file():
-        return "added"
-    return "unchanged" if path.read_text(encoding="utf-8") == registry_io.dump_record(record) else "changed"
+        return "added", ""
+    old, new = path.read_text(encoding="utf-8"), registry_io.dump_record(record)
+    if old == new:
+        return "unchanged", ""
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), f"registry/{path.name}", "sweep", lineterm="", n=1)
+    return "changed", "\n".join(lines)
 
 
 def _stale_files(registry_io, root: Path, backend: str, ops: list[str]) -> tuple[str, ...]:

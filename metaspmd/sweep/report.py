@@ -10,7 +10,6 @@ from .engine import SweepReport
 SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "skipped", "failed")
 
 
-
 def format_summary(report: SweepReport) -> str:
     counts = report.counts()
     failed = [r for r in report.results if r.status == "failed"]
@@ -31,8 +30,20 @@ def format_summary(report: SweepReport) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+# Diff lines shown per changed file; the rest is counted, so one large change cannot bury the others.
+DIFF_LINES = 40
+
+
 def format_changes(report: SweepReport) -> str:
-    return "\n".join(f"{kind:<8} {name}" for kind, name in report.changes())
+    diffs = {r.op: r.diff for r in report.results if r.diff}
+    out = []
+    for kind, name in report.changes():
+        out.append(f"{kind:<8} {name}")
+        lines = diffs.get(name, "").splitlines()
+        out += [f"    {line}" for line in lines[:DIFF_LINES]]
+        if len(lines) > DIFF_LINES:
+            out.append(f"    ... {len(lines) - DIFF_LINES} more diff line(s)")
+    return "\n".join(out)
 
 
 def timings_json(report: SweepReport, jobs: int) -> str:
