@@ -123,6 +123,13 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
     assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
 
 
+def test_a_killed_worker_leaks_no_semaphore(tmp_path):
+    # fake.hang opens a progress bar, then hangs until the time limit kills its worker.
+    run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.add", "--timeout", "1", "--jobs", "1")
+    assert run.returncode == 0, run.stderr
+    assert "leaked semaphore" not in run.stderr, run.stderr
+
+
 def test_backend_preparation_is_outside_the_op_time_limit(tmp_path):
     report = sweep(tmp_path, jobs=2, timeout=1.0, patterns=("fake.add", "fake.sum"),
                    backend_options=(("prepare_seconds", "1.5"),))
@@ -165,6 +172,22 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     assert ("removed", "fake.retired.yaml") in full.changes()
     assert ("added", "fake.hang") in full.changes()
     assert files(tmp_path) == edited
+
+
+def test_changes_name_the_worker_history_to_replay():
+    from metaspmd.sweep import OpResult, SweepReport, format_changes
+
+    report = SweepReport("fake", (
+        OpResult("fake.add", "ok", "", 0.1, "changed", "-a\n+b", after=("fake.abort", "fake.abs")),
+        OpResult("fake.sum", "ok", "", 0.1, "added", after=("fake.add",)),
+    ), check=True)
+    assert format_changes(report).splitlines() == [
+        "changed  fake.add",
+        "    explored after fake.abort, fake.abs in its worker (replay: --jobs 1 --ops fake.abort,fake.abs,fake.add)",
+        "    -a",
+        "    +b",
+        "added    fake.sum",
+    ]
 
 
 def test_resume_skips_ops_whose_file_loads(tmp_path):

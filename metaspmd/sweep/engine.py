@@ -18,7 +18,8 @@ from .workers import Outcome, WorkerPool
 class OpResult:
     """One op in a sweep report. ``change`` is set in check mode: 'added', 'changed' or
     'unchanged' against the registry file; ``diff`` is a changed file's unified diff, so a
-    check that fails once (in CI, say) shows what would change without a rerun."""
+    check that fails once (in CI, say) shows what would change without a rerun, and
+    ``after`` the order to replay it in, should it depend on what its worker ran before."""
 
     op: str
     status: str
@@ -26,6 +27,7 @@ class OpResult:
     seconds: float
     change: str = ""
     diff: str = ""
+    after: tuple[str, ...] = ()  # the ops its worker explored just before it
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ def run_sweep(config: SweepConfig) -> SweepReport:
                 change, diff = _compare(registry_io, config.out_root, record)
             else:
                 registry_io.write_record(config.out_root, record)
-            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff)
+            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff,
+                                          outcome.after)
             if record.status == "failed":
                 failed += 1
                 bar.set_postfix(failed=failed, refresh=False)

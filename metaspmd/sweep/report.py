@@ -35,11 +35,18 @@ DIFF_LINES = 40
 
 
 def format_changes(report: SweepReport) -> str:
-    diffs = {r.op: r.diff for r in report.results if r.diff}
+    by_op = {r.op: r for r in report.results}
     out = []
     for kind, name in report.changes():
         out.append(f"{kind:<8} {name}")
-        lines = diffs.get(name, "").splitlines()
+        if kind != "changed":
+            continue
+        result = by_op[name]
+        if result.after:
+            # Ops go to workers in name order, so these --ops replay the worker's sequence.
+            replay = ",".join((*result.after, name))
+            out.append(f"    explored after {', '.join(result.after)} in its worker (replay: --jobs 1 --ops {replay})")
+        lines = result.diff.splitlines()
         out += [f"    {line}" for line in lines[:DIFF_LINES]]
         if len(lines) > DIFF_LINES:
             out.append(f"    ... {len(lines) - DIFF_LINES} more diff line(s)")

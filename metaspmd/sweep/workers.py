@@ -37,6 +37,8 @@ from .failures import describe_exception, describe_exit, failed_record
 # Loading a backend (importing a framework, scanning its op database) and listing its ops
 # are not op work, so the per-op limit does not apply; this only stops a stuck start.
 STARTUP_TIMEOUT = 600.0
+# Ops a worker explored before an op, reported with it (Outcome.after).
+HISTORY = 3
 
 # --------------------------------------------------------------------------- worker side
 
@@ -69,6 +71,16 @@ def silence_output() -> None:
     os.close(devnull)
 
 
+def unshared_progress_lock() -> None:
+    """Give tqdm a lock of this process only. tqdm makes a named, cross-process semaphore
+    for its first bar, a disabled one too (torch.fx's Interpreter opens one per run), and
+    a worker killed before it exits (still loading when the sweep ends) cannot unlink it:
+    the resource tracker then warns of a leak at exit. A worker's bars are never shown."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def exit_with_parent(interval: float = 0.5) -> None:
     """Exit this worker process soon after its parent dies, whatever it is running.
 
@@ -92,6 +104,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent()
+    unshared_progress_lock()
     _limit_threads(threads)
     if not show_output:
         silence_output()
@@ -145,6 +158,7 @@ class _Worker:
     ready: bool = False
     op: str | None = None
     started: float = 0.0
+    history: list[str] = field(default_factory=list)  # the ops it explored, in order
 
     @property
     def busy(self) -> bool:
@@ -159,11 +173,14 @@ class _Worker:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One op as the pool finished it: its record and exploration time."""
+    """One op as the pool finished it: its record, exploration time, and the ops its worker
+    explored before it (the last few), so that a result that depends on a worker's history
+    can be replayed in that order."""
 
     op: str
     record: OpRecord
     seconds: float
+    after: tuple[str, ...] = ()
 
 
 class WorkerPool:
@@ -334,7 +351,9 @@ class WorkerPool:
 
     def _finish(self, worker: _Worker, record: OpRecord, seconds: float, on_outcome) -> None:
         op, worker.op = worker.op, None
-        on_outcome(Outcome(op, record, seconds))
+        after = tuple(worker.history[-HISTORY:])
+        worker.history.append(op)
+        on_outcome(Outcome(op, record, seconds, after))
 
     def _replace(self, worker: _Worker) -> None:
         self._retire(worker)

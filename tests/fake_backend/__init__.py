@@ -13,6 +13,7 @@ import sys
 import time
 
 import numpy as np
+import tqdm
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import explore_op as _explore_op
@@ -41,6 +42,9 @@ def _report_threads():
 
 
 def _hang():
+    # A disabled progress bar first, as torch.fx's Interpreter opens: its lock must not leak
+    # when the worker is killed.
+    tqdm.tqdm(disable=True).close()
     # a beat every 0.1 s into $FAKE_HANG_BEATS, if set: tests see whether the hung worker lives on
     beats = os.environ.get("FAKE_HANG_BEATS")
     for _ in range(36000):
