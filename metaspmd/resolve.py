@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -87,12 +88,15 @@ def resolve(
     backend: str,
     cache: RuleCache,
     isolation: Isolation | None = None,
+    threads: int = 1,
 ) -> tuple[dict[str, tuple[Strategy, ...]], ResolveStats]:
     """node name -> verified strategies (empty: replicate only), and where they came from.
 
     With ``isolation``, live exploration runs in a forked child: an op that crashes or
     hangs it leaves its node replicated, with the reason, instead of taking the caller
-    down."""
+    down. Without it, up to ``threads`` calls are explored at once, for a framework whose
+    ops are thread-safe and compile outside the GIL (JAX): each exploration is seeded on
+    its own, so the entries are the same as one at a time."""
     stats = ResolveStats()
     calls = {node.name: call_of(node) for node in ir.op_list}
     entries: dict[str, RuleEntry] = {}
@@ -105,7 +109,7 @@ def resolve(
                 entries[node.name] = hit
             else:
                 unseen.setdefault((node.op, call.signature), call)
-    explored = _explore(unseen, ops, isolation, stats)
+    explored = _explore(unseen, ops, isolation, stats, threads)
     counted: set[tuple[str, str]] = set()
     out: dict[str, tuple[Strategy, ...]] = {}
     for node in ir.op_list:
@@ -149,7 +153,16 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
 
 
 def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation: Isolation | None,
-             stats: ResolveStats) -> dict[tuple[str, str], RuleEntry]:
+             stats: ResolveStats, threads: int = 1) -> dict[tuple[str, str], RuleEntry]:
+    if isolation is None and threads > 1 and len(unseen) > 1:
+        with ThreadPoolExecutor(min(threads, len(unseen)), thread_name_prefix="metaspmd-explore") as pool:
+            try:
+                futures = {key: pool.submit(_timed, lambda call=call: explore_call(call, ops), stats)
+                           for key, call in unseen.items()}
+                return {key: future.result() for key, future in futures.items()}
+            except BaseException:  # Ctrl-C or a failed exploration: start nothing more
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     if isolation is None or not unseen:
         return {key: _timed(lambda: explore_call(call, ops), stats) for key, call in unseen.items()}
     tasks = {key: (lambda call=call: explore_call(call, ops)) for key, call in unseen.items()}

@@ -1,0 +1,68 @@
+"""Live exploration of a graph's table misses: several calls explored at once on threads
+give the entries that one at a time gives."""
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+
+from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.case import OpCase  # noqa: E402
+from metaspmd.ir import MetaIR, MetaOp, MetaVar  # noqa: E402
+from metaspmd.registry_io import dump_record  # noqa: E402
+from metaspmd.resolve import NodeCall, resolve  # noqa: E402
+from metaspmd.rules import make_record  # noqa: E402
+
+
+RAN_ON: set[str] = set()  # the threads the ops ran on
+
+
+def add(a, b):
+    RAN_ON.add(threading.current_thread().name)
+    return np.add(a, b)
+
+
+def values(*shapes) -> tuple:
+    rng = np.random.default_rng(0)  # the same example values on every exploration
+    return tuple(rng.standard_normal(shape) for shape in shapes)
+
+
+x, w, v = MetaVar("x", (6, 4)), MetaVar("w", (4, 5)), MetaVar("v", (6, 4))
+y, s, t = MetaVar("y", (6, 5)), MetaVar("s", (6, 4)), MetaVar("t", (4,))
+IR = MetaIR((x, w, v), (
+    MetaOp("mm", "matmul", (x, w), {}, (y,)),
+    MetaOp("add", "add", (x, v), {}, (s,)),
+    MetaOp("sum", "sum", (s,), {}, (t,)),
+    MetaOp("add_again", "add", (x, v), {}, (MetaVar("s2", (6, 4)),)),  # the same call: explored once
+), (y, t))
+CALLS = {
+    "matmul": NodeCall("self:f[*,*] other:f[*,*]", None, lambda: OpCase(
+        "matmul", np.matmul, values((6, 4), (4, 5)), {}, ("self", "other"))),
+    "add": NodeCall("self:f[*,*] other:f[*,*]", None, lambda: OpCase(
+        "add", add, values((6, 4), (6, 4)), {}, ("self", "other"))),
+    "sum": NodeCall("self:f[*,*] axis=0", None, lambda: OpCase(
+        "sum", np.sum, values((6, 4)), {"axis": 0}, ("self",))),
+}
+
+
+def entries(cache: RuleCache) -> dict[str, str]:
+    return {op: dump_record(make_record(op, "numpy", [cache.get("numpy", op, call.signature)]))
+            for op, call in CALLS.items()}
+
+
+def test_threads_explore_the_same_entries_as_one_at_a_time(tmp_path):
+    found = {}
+    for threads in (1, 3):
+        RAN_ON.clear()
+        cache = RuleCache(tmp_path / str(threads))
+        strategies, stats = resolve(IR, lambda node: CALLS[node.op], NumpyOps(), "numpy", cache, threads=threads)
+        assert (stats.live, stats.cache, len(stats.live_seconds)) == (3, 1, 3)
+        assert strategies["add"] == strategies["add_again"] and strategies["mm"]
+        found[threads] = (strategies, entries(cache))
+        assert (RAN_ON == {threading.current_thread().name}) == (threads == 1), RAN_ON
+    assert found[1] == found[3]
