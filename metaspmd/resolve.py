@@ -44,9 +44,11 @@ class ResolveStats:
     unexplorable: dict[str, str] = field(default_factory=dict)  # node -> reason
 
     def __str__(self) -> str:
+        # derived and neighbour entries come from the cache or live exploration, either one
+        rest = [f"{self.derived} derived from shape arithmetic"] if self.derived else []
+        rest += [f"{self.neighbour} a neighbouring signature's rules, verified"] if self.neighbour else []
         return (f"{self.table} nodes from the table, {self.cache} from the cache, {self.live} explored live"
-                + (f" ({self.derived} of those derived)" if self.derived else "")
-                + (f" ({self.neighbour} of those a neighbour's rules, verified)" if self.neighbour else "")
+                + (f" (of the {self.cache + self.live} not from the table: {', '.join(rest)})" if rest else "")
                 + (f", {len(self.unexplorable)} replicated (no rule)" if self.unexplorable else ""))
 
 
