@@ -261,8 +261,9 @@ class JaxBackend:
         if not out:
             raise NoSample("no program call runs: " + (errors[0] if errors else "none found"))
         if prim not in SIZED_PARAMS and prim not in FEW_CASES:
-            models = [(sig, o) for sig, o in choose(everything)
-                      if is_model(programs.programs()[o.program]) and sig not in chosen]
+            # ranked among the models' own calls: a signature a harness calls too keeps its place
+            calls = [o for o in everything if is_model(programs.programs()[o.program])]
+            models = [(sig, o) for sig, o in choose(calls) if sig not in chosen]
             out += self._built(op, models, self.model_cases)[0]
         return out
 

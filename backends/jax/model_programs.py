@@ -38,11 +38,16 @@ def _mlp_block(g, b, w1, b1, w2, b2, x):
 def _norm_by_division(g, b, w1, b1, w2, b2, x):
     """The MLP block with its layer norm written as hand-written models often write it,
     dividing by a square root (``x:f[*,*,*] y:f[*,*,1]`` division, ``sqrt`` of the
-    statistics, and their gradients) rather than multiplying by ``rsqrt``."""
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    h = (x - mu) / jnp.sqrt(var + 1e-5) * g + b
-    return (x + jax.nn.gelu(h @ w1 + b1) @ w2 + b2).sum()
+    statistics) rather than multiplying by ``rsqrt``; applied twice, as stacked blocks
+    are, so that the second norm's input depends on the parameters and the gradient runs
+    through its statistics too (``x:f[*,*,1]`` products, ``neg``, ``integer_pow -2``)."""
+    def block(x):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        h = (x - mu) / jnp.sqrt(var + 1e-5) * g + b
+        return x + jax.nn.gelu(h @ w1 + b1) @ w2 + b2
+
+    return block(block(x)).sum()
 
 
 def _attention(g, b, wqkv, wo, x, heads=2):

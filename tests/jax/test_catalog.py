@@ -62,6 +62,16 @@ def test_model_programs_add_the_signatures_models_have(backend, ops):
     assert len(backend.cases("jax.reshape")) <= MAX_CASES
 
 
+def test_model_signatures_include_those_a_harness_calls_too(backend, ops):
+    """A causal mask selects between boolean masks, which one harness also does: the
+    signature is ranked among the models' own calls, not lost to the harness's call."""
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in backend.cases("jax.select_n")]
+    assert "which:b[*,*] cases:[b[*,*],b[*,*]]" in sigs
+    # the gradient through a layer norm's statistics (the stacked division-norm program)
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs) for c in backend.cases("jax.integer_pow")]
+    assert "x:f[*,*,1] y=-2" in sigs
+
+
 def test_sample_covers_a_primitive_the_harnesses_miss(backend, ops):
     (case,) = backend.cases("jax.tile")[:1]
     out = case.fn(*case.args, **case.kwargs)
