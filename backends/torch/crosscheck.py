@@ -522,7 +522,12 @@ def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True, w
         torch.set_num_threads(1)
         silence_output()
         exit_with_parent()
-    _WORKER["backend"] = get_backend(**backend_options)
+    backend = get_backend(**backend_options)
+    # The sample index and the model programs' calls, before any op and outside its time
+    # limit, as sweep workers make them: made inside a worker's first check, they once
+    # came out short, and five ops had fewer examples in one run than in the next.
+    backend.prepare()
+    _WORKER["backend"] = backend
     _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
 
 

@@ -166,6 +166,23 @@ def test_modes_left_by_an_interrupted_query_are_dropped():
     assert torch._C._len_torch_dispatch_stack() == depth
 
 
+def test_a_worker_prepares_its_backend_before_any_op(monkeypatch):
+    # The model programs' calls, made inside a worker's first check, once came out short:
+    # they are made before any op, as sweep workers make them.
+    import metaspmd.backends.torch as torch_backend
+
+    class Backend:
+        prepared = False
+
+        def prepare(self):
+            self.prepared = True
+
+    monkeypatch.setattr(torch_backend, "get_backend", lambda **options: Backend())
+    monkeypatch.setattr(crosscheck, "_WORKER", {})
+    crosscheck._init_worker({}, None, quiet=False, worker=False)
+    assert crosscheck._WORKER["backend"].prepared
+
+
 def test_answers_are_cached_per_op(tmp_path):
     cache = AnswerCache(tmp_path)
     answer = DTensorAnswer({("S(0)", "R"): ("S(0)",)}, queried=7, truncated=True)
