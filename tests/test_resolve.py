@@ -7,17 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from metaspmd.cache import RuleCache
+from metaspmd.case import OpCase
+from metaspmd.ir import MetaIR, MetaOp, MetaVar
+from metaspmd.registry_io import dump_record
+from metaspmd.resolve import NodeCall, resolve
+from metaspmd.rules import make_record
+
 np = pytest.importorskip("numpy")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_backend.numpy_ops import NumpyOps  # noqa: E402
-
-from metaspmd.cache import RuleCache  # noqa: E402
-from metaspmd.case import OpCase  # noqa: E402
-from metaspmd.ir import MetaIR, MetaOp, MetaVar  # noqa: E402
-from metaspmd.registry_io import dump_record  # noqa: E402
-from metaspmd.resolve import NodeCall, resolve  # noqa: E402
-from metaspmd.rules import make_record  # noqa: E402
-
+from fake_backend.numpy_ops import NumpyOps
 
 RAN_ON: set[str] = set()  # the threads the ops ran on
 
