@@ -29,8 +29,9 @@ from .rules_at_runtime import node_call, without_literals
 from .tensor_ops import JaxOps
 
 # Calls explored live at once: most of an exploration is XLA compiles, which release the
-# GIL (the GPT block's cold parallelize: 14.3 s on one thread, 10.5 s on two cores).
-EXPLORE_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+# GIL (the GPT block's cold parallelize: 14.3 s on one thread, 10.5 s on two cores). One
+# per core, at most 8: each holds its own compiles in memory.
+EXPLORE_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def planner_mesh(mesh: Mesh) -> planner.Mesh:
