@@ -160,7 +160,7 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     edited = files(tmp_path)
     bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
     assert bad.returncode == 1
-    assert "changed  fake.add" in bad.stdout and "added    fake.sum" in bad.stdout
+    assert "changed  fake.add  (now ok)" in bad.stdout and "added    fake.sum" in bad.stdout
     # The changed file's diff is printed under its name: the edit, and what the sweep gives.
     assert "    -  combine: {S1: gather(dim=1), S2" in bad.stdout, bad.stdout
     assert "    +  combine: {S1: gather(dim=0), S2" in bad.stdout, bad.stdout
@@ -178,11 +178,11 @@ def test_changes_name_the_worker_history_to_replay():
     from metaspmd.sweep import OpResult, SweepReport, format_changes
 
     report = SweepReport("fake", (
-        OpResult("fake.add", "ok", "", 0.1, "changed", "-a\n+b", after=("fake.abort", "fake.abs")),
+        OpResult("fake.add", "failed", "crashed: SIGSEGV", 0.1, "changed", "-a\n+b", after=("fake.abort", "fake.abs")),
         OpResult("fake.sum", "ok", "", 0.1, "added", after=("fake.add",)),
     ), check=True)
     assert format_changes(report).splitlines() == [
-        "changed  fake.add",
+        "changed  fake.add  (now failed: crashed: SIGSEGV)",
         "    explored after fake.abort, fake.abs in its worker (replay: --jobs 1 --ops fake.abort,fake.abs,fake.add)",
         "    -a",
         "    +b",

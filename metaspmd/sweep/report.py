@@ -42,6 +42,7 @@ def format_changes(report: SweepReport) -> str:
         if kind != "changed":
             continue
         result = by_op[name]
+        out[-1] += f"  (now {result.status}{': ' + result.reason if result.reason else ''})"
         if result.after:
             # Ops go to workers in name order, so these --ops replay the worker's sequence.
             replay = ",".join((*result.after, name))
