@@ -96,9 +96,10 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
     # One worker: after the timeout and each crash, a fresh worker must take the next ops.
     report = sweep(tmp_path, jobs=1, timeout=1.5)
     by_op = {r.op: r for r in report.results}
-    assert len(by_op) == 13 and report.backend == "fake"
+    assert len(by_op) == 14 and report.backend == "fake"
     expected = {
         "fake.add": ("ok", ""),
+        "fake.once": ("ok", ""),
         "fake.matmul": ("ok", ""),
         "fake.sum": ("ok", ""),
         "fake.nosample": ("no-sample", "no sample input"),
@@ -118,8 +119,12 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         assert (by_op[op].status, by_op[op].reason) == (status, reason), op
     assert load_record(record_path(tmp_path, "fake", "fake.matmul")).entries[0].combine.as_dict()
     assert 1.4 < by_op["fake.hang"].seconds < 10
+    # each crash and timeout had a second try, in a fresh worker, which failed alike
+    assert {op: r.retried for op, r in by_op.items() if r.retried} == {
+        "fake.hang": "timeout after 1.5s", "fake.segv": "crashed: SIGSEGV", "fake.abort": "crashed: SIGABRT"}
     summary = format_summary(report)
-    assert "with rules (ok)   3" in summary and "failed            7  (timeouts 1, crashes 2)" in summary
+    assert "with rules (ok)   4" in summary and "failed            7  (timeouts 1, crashes 2)" in summary
+    assert "retried           3  (passed on the second try 0: -)" in summary
     assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
 
 
@@ -128,6 +133,16 @@ def test_a_killed_worker_leaks_no_semaphore(tmp_path):
     run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.add", "--timeout", "1", "--jobs", "1")
     assert run.returncode == 0, run.stderr
     assert "leaked semaphore" not in run.stderr, run.stderr
+
+
+def test_an_op_that_crashes_once_passes_on_its_second_try(tmp_path, monkeypatch):
+    # a worker killed once (for memory, say) must not leave a failed record in the registry
+    monkeypatch.setenv("FAKE_ONCE_MARK", str(tmp_path / "crashed"))
+    report = sweep(tmp_path / "out", jobs=2, patterns=("fake.add", "fake.once", "fake.sum"))
+    once = next(r for r in report.results if r.op == "fake.once")
+    assert (once.status, once.retried) == ("ok", "crashed: SIGSEGV") and (tmp_path / "crashed").exists()
+    assert load_record(record_path(tmp_path / "out", "fake", "fake.once")).status == "ok"
+    assert "retried           1  (passed on the second try 1: fake.once)" in format_summary(report)
 
 
 def test_backend_preparation_is_outside_the_op_time_limit(tmp_path):
@@ -220,13 +235,13 @@ def test_interrupt_leaves_only_complete_files(tmp_path):
     )
     folder = tmp_path / "fake"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 12:  # all but fake.hang
+    while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 13:  # all but fake.hang
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     names = sorted(p.name for p in folder.iterdir())
-    assert "fake.hang.yaml" not in names and len(names) == 12
+    assert "fake.hang.yaml" not in names and len(names) == 13
     for name in names:
         load_record(folder / name)
 
@@ -240,7 +255,7 @@ def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
     )
     folder = tmp_path / "fake"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (len(list(folder.glob("*.yaml"))) < 12 or not beats.exists()):
+    while time.monotonic() < deadline and (len(list(folder.glob("*.yaml"))) < 13 or not beats.exists()):
         time.sleep(0.1)
     assert beats.exists(), "fake.hang never ran"
     proc.terminate()
@@ -249,7 +264,7 @@ def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
     assert "interrupted" in err
     assert stops_growing(beats), "the worker in fake.hang outlived the sweep"
     names = sorted(p.name for p in folder.iterdir())
-    assert "fake.hang.yaml" not in names and len(names) == 12
+    assert "fake.hang.yaml" not in names and len(names) == 13
     for name in names:
         load_record(folder / name)
 

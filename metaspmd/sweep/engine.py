@@ -28,6 +28,7 @@ class OpResult:
     change: str = ""
     diff: str = ""
     after: tuple[str, ...] = ()  # the ops its worker explored just before it
+    retried: str = ""  # why a first try failed (a crash, a time limit), where it had a second
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def run_sweep(config: SweepConfig) -> SweepReport:
             else:
                 registry_io.write_record(config.out_root, record)
             results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff,
-                                          outcome.after)
+                                          outcome.after, outcome.retried)
             if record.status == "failed":
                 failed += 1
                 bar.set_postfix(failed=failed, refresh=False)

@@ -181,6 +181,7 @@ class Outcome:
     record: OpRecord
     seconds: float
     after: tuple[str, ...] = ()
+    retried: str = ""  # why its first try failed, where a crash or time limit sent it round again
 
 
 class WorkerPool:
@@ -188,7 +189,9 @@ class WorkerPool:
 
     ``run(ops, on_outcome)`` explores ops, at most one per worker at a time, and calls
     ``on_outcome`` in the parent as each finishes. A worker past the time limit is killed;
-    a worker that dies is replaced; either way its op gets a 'failed' record.
+    a worker that dies is replaced; either way its op is tried once more (a worker killed
+    for memory, or an op slowed past the limit on a loaded machine, fails once only), and
+    gets a 'failed' record if it fails again.
     """
 
     def __init__(self, config: SweepConfig):
@@ -196,6 +199,7 @@ class WorkerPool:
         self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe with threaded frameworks
         self._workers: list[_Worker] = []
         self._pending: deque[str] = deque()
+        self._retried: dict[str, str] = {}  # op -> why its first try failed
         self._module = backend_module(config.backend)
         self.backend_name: str | None = None
 
@@ -320,8 +324,7 @@ class WorkerPool:
             if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
                 raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
             for w in [w for w in self._workers if w.busy and now - w.started >= self.config.timeout]:
-                reason = f"timeout after {self.config.timeout:g}s"
-                self._finish(w, failed_record(self.backend_name, w.op, reason), now - w.started, on_outcome)
+                self._failed(w, f"timeout after {self.config.timeout:g}s", now - w.started, on_outcome)
                 self._replace(w)
 
     def _service(self, worker: _Worker, on_outcome) -> None:
@@ -344,16 +347,24 @@ class WorkerPool:
         if not worker.ready:
             self._handle_startup(worker, None)  # raises
         if worker.busy:
-            reason = describe_exit(worker.proc.exitcode)
-            self._finish(worker, failed_record(self.backend_name, worker.op, reason),
-                         time.monotonic() - worker.started, on_outcome)
+            self._failed(worker, describe_exit(worker.proc.exitcode), time.monotonic() - worker.started, on_outcome)
         self._replace(worker)
+
+    def _failed(self, worker: _Worker, reason: str, seconds: float, on_outcome) -> None:
+        """The op of a worker that timed out or died: next in line for a second try, or,
+        after one, recorded as failed."""
+        if worker.op not in self._retried:
+            self._retried[worker.op] = reason
+            self._pending.appendleft(worker.op)
+            worker.op = None
+            return
+        self._finish(worker, failed_record(self.backend_name, worker.op, reason), seconds, on_outcome)
 
     def _finish(self, worker: _Worker, record: OpRecord, seconds: float, on_outcome) -> None:
         op, worker.op = worker.op, None
         after = tuple(worker.history[-HISTORY:])
         worker.history.append(op)
-        on_outcome(Outcome(op, record, seconds, after))
+        on_outcome(Outcome(op, record, seconds, after, self._retried.get(op, "")))
 
     def _replace(self, worker: _Worker) -> None:
         self._retire(worker)

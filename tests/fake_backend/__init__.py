@@ -54,6 +54,16 @@ def _hang():
         time.sleep(0.1)
 
 
+def _once():
+    # With $FAKE_ONCE_MARK set, crashes its worker the first time (leaving the mark), as a
+    # worker killed for memory on a loaded machine would; then explores like fake.add.
+    mark = os.environ.get("FAKE_ONCE_MARK")
+    if mark and not os.path.exists(mark):
+        open(mark, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [_case("fake.once", np.add, [(4, 6), (4, 6)], ("self", "other"))]
+
+
 def _segfault():
     os.kill(os.getpid(), signal.SIGSEGV)
     time.sleep(10)
@@ -74,6 +84,7 @@ _OPS = {
     "fake.exit": lambda: sys.exit(3),
     "fake.hang": _hang,
     "fake.segv": _segfault,
+    "fake.once": _once,
     "fake.abort": os.abort,
 }
 
