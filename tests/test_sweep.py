@@ -16,14 +16,14 @@ import pytest
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.sweep import (
     SweepConfig, SweepError, clean_reason, describe_exit, format_summary, run_sweep, select_ops, split_patterns,
-    worker_threads,
+    WORKER_THREADS,
 )
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 TOOL = REPO / "tools" / "sweep.py"
 BACKEND = "fake_backend"
-# Every op but fake.hang (slow) and fake.threads (its record depends on --jobs by design).
+# Every op but fake.hang (slow), fake.threads (it reports its worker's thread limit) and fake.once.
 FAST_OPS = ("fake.a*", "fake.e*", "fake.matmul", "fake.nosample", "fake.r*", "fake.s*")
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,9 +70,11 @@ def test_failure_reasons_carry_no_paths_or_addresses():
     assert describe_exit(3) == "crashed: exit code 3"
 
 
-def test_workers_share_the_cores():
-    assert [worker_threads(jobs, cpus=2) for jobs in (1, 2, 3)] == [2, 1, 1]
-    assert worker_threads(4, cpus=16) == 4
+def test_workers_run_ops_on_one_thread_whatever_the_environment(tmp_path, monkeypatch):
+    # a kernel's sums differ in the last bits with its thread count: one thread, always
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    report = sweep(tmp_path, jobs=1, patterns=("fake.threads",))
+    assert WORKER_THREADS == 1 and report.results[0].reason == "cases: ValueError: OMP_NUM_THREADS=1"
 
 
 def test_engine_imports_no_framework():
@@ -108,7 +110,7 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         "fake.raise": ("failed", "cases: ValueError: no kernel for this dtype"),
         "fake.escape": ("failed", "RuntimeError: explorer bug at 0x… in explorer.py"),
         "fake.exit": ("failed", "SystemExit: 3"),
-        "fake.threads": ("failed", f"cases: ValueError: OMP_NUM_THREADS={worker_threads(1)}"),
+        "fake.threads": ("failed", "cases: ValueError: OMP_NUM_THREADS=1"),
         "fake.hang": ("failed", "timeout after 1.5s"),
         "fake.segv": ("failed", "crashed: SIGSEGV"),
         "fake.abort": ("failed", "crashed: SIGABRT"),

@@ -46,16 +46,18 @@ HISTORY = 3
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TVM_NUM_THREADS")
 
 
-def worker_threads(jobs: int, cpus: int | None = None) -> int:
-    """Threads per worker so that the workers together use each core once."""
-    return max(1, (cpus or os.cpu_count() or 1) // jobs)
+# Ops run on one thread in every worker, whatever --jobs is (its default, the CPU count,
+# uses every core). A parallel kernel's sums differ in the last bits with its thread count
+# (the sample index is built on one thread for that reason), so a check at a tolerance's
+# edge could go another way with --jobs below the core count, or on a machine with more
+# cores. Pools of a thread per core also oversubscribe: measured on 2 cores, 2 torch
+# workers with default pools ran ops 6x slower than 1 worker.
+WORKER_THREADS = 1
 
 
-def _limit_threads(threads: int) -> None:
-    # Workers that each spin up a thread per core oversubscribe the machine: measured on
-    # 2 cores, 2 torch workers with default pools ran ops 6x slower than 1 worker.
+def _limit_threads() -> None:
     for var in THREAD_ENV:
-        os.environ.setdefault(var, str(threads))
+        os.environ[var] = str(WORKER_THREADS)
 
 
 def silence_output() -> None:
@@ -100,12 +102,12 @@ def exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="metaspmd-exit-with-parent", daemon=True).start()
 
 
-def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool, threads: int) -> None:
+def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent()
     unshared_progress_lock()
-    _limit_threads(threads)
+    _limit_threads()
     if not show_output:
         silence_output()
     else:
@@ -210,7 +212,7 @@ class WorkerPool:
         c = self.config
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self._module, c.backend_options, c.explorer, c.worker_output, worker_threads(c.jobs)),
+            args=(child, self._module, c.backend_options, c.explorer, c.worker_output),
             # Not a daemon: ops may start processes of their own; close() reaps workers.
             daemon=False,
             name="metaspmd-sweep-worker",
