@@ -27,9 +27,8 @@ def format_summary(report: SweepReport) -> str:
         rows.append((status if status != "ok" else "with rules (ok)", value))
     retried = [r for r in report.results if r.retried]
     if retried:  # a crash or time limit that a second try got past was the machine's, not the op's
-        passed = sum(r.status != "failed" for r in retried)
-        rows.append(("retried", f"{len(retried)}  (passed on the second try {passed}: "
-                                f"{', '.join(r.op for r in retried if r.status != 'failed') or '-'})"))
+        passed = [r.op for r in retried if r.status != "failed"]
+        rows.append(("retried", f"{len(retried)}  (passed on the second try {len(passed)}: {', '.join(passed) or '-'})"))
     rows += [("wall time", f"{report.wall_s:.1f} s"), ("ops/s", f"{report.ops_per_s:.2f}")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
