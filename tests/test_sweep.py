@@ -16,8 +16,8 @@ import pytest
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.sweep import (
     SweepConfig, SweepError, clean_reason, describe_exit, format_summary, run_sweep, select_ops, split_patterns,
-    WORKER_THREADS,
 )
+from metaspmd.sweep.workers import WORKER_THREADS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

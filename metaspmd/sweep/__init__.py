@@ -19,10 +19,10 @@ from .config import (
 from .engine import OpResult, SweepReport, run_sweep
 from .failures import clean_reason, describe_exception, describe_exit, failed_record
 from .report import format_changes, format_summary, timings_json
-from .workers import WORKER_THREADS, Outcome, WorkerPool
+from .workers import Outcome, WorkerPool
 
 __all__ = [
-    "DEFAULT_EXPLORER", "DEFAULT_TIMEOUT", "WORKER_THREADS", "OpResult", "Outcome", "SweepConfig", "SweepError",
+    "DEFAULT_EXPLORER", "DEFAULT_TIMEOUT", "OpResult", "Outcome", "SweepConfig", "SweepError",
     "SweepReport", "WorkerPool", "backend_module", "clean_reason", "describe_exception",
     "describe_exit", "failed_record", "format_changes", "format_summary", "load_backend",
     "run_sweep", "select_ops", "split_patterns", "timings_json",
