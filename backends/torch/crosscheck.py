@@ -245,6 +245,7 @@ class OpResult:
     inexpressible: int = 0  # our rules without a DTensor placement (halo, overlap, proportional, ...)
     agree: int = 0
     truncated: int = 0  # examples whose enumeration hit the cap
+    clocked: int = 0  # of those, the ones the clock stopped (DTensorAnswer.clocked)
     dtensor_runs: int = 0  # examples DTensor can run at all
     queries: int = 0
     misses: list[Miss] = field(default_factory=list)
@@ -440,6 +441,7 @@ def _dtensor_side(result: OpResult, func, case: OpCase, sig: str, out: Any, mine
         return None, {}, True
     result.queries += answer.queried
     result.truncated += answer.truncated
+    result.clocked += answer.clocked
     if not answer.runs:
         result.notes.append(f"{sig}: DTensor cannot run this call, not even on replicated inputs")
         return query, {}, False
@@ -646,6 +648,7 @@ class Report:
             "extras_by_verdict": {k: verdicts[k] for k in VERDICTS},
             "dtensor_cannot_run_ops": len(self.dtensor_cannot_run()),
             "truncated_examples": self.total("truncated"),
+            "clocked_examples": self.total("clocked"),
             "dtensor_queries": self.total("queries"),
             "check_seconds": round(sum(r.seconds for r in self.results), 1),
             "seconds": round(self.seconds, 1),
@@ -749,7 +752,9 @@ def format_report(report: Report, limit: int = 50) -> str:
     lines.append(f"\nmiss rate {_pct(s['missed'], dt)} ({_pct(s['missed'] - s['dtensor_false_positives'], dt)} "
                  f"without DTensor's wrong rules, {_pct(local, dt)} without those and the decomposition-only ones); "
                  f"{s['dtensor_queries']} DTensor queries, "
-                 f"{s['truncated_examples']} examples capped; {s['check_seconds']} s checking, {s['seconds']} s in all")
+                 f"{s['truncated_examples']} examples capped, {s['clocked_examples']} of them by the clock "
+                 f"(--max-seconds; how far those got depends on the machine's speed and load); "
+                 f"{s['check_seconds']} s checking, {s['seconds']} s in all")
     lines += ["", "DTensor's rules by where they come from:"]
     lines += _table([(SOURCES[k], v["dtensor_rules"], v["missed"], _pct(v["missed"], v["dtensor_rules"]),
                       v["dtensor_false_positives"], v["decomposition_only"], _left(v),

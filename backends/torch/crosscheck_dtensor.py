@@ -135,6 +135,10 @@ def placement(key: str):
     m = PARTIAL_RE.match(key)
     if m:
         return Partial(m[1])
+    if key == NORM2:  # asked of out= tensors where our rule reduces by norm2 (_euclidean_dist.out)
+        from torch.distributed.tensor._ops._math_ops import _NormPartial
+
+        return _NormPartial(2)
     raise ValueError(f"not a placement: {key!r}")
 
 
@@ -357,6 +361,9 @@ class DTensorAnswer:
     queried: int = 0
     truncated: bool = False  # the cap stopped the enumeration
     runs: bool = True  # DTensor runs the call at all (replicated inputs, or any accepted tuple)
+    # The clock (QueryConfig.max_seconds) stopped it: how far it got depends on the
+    # machine's speed and load, so a slower run asks fewer tuples and counts fewer rules.
+    clocked: bool = False
 
 
 def _combos(options: list[list[str]], max_sharded: int | None = None) -> Iterator[tuple[str, ...]]:
@@ -430,8 +437,9 @@ def dtensor_answer(query: DTensorQuery, config: QueryConfig) -> DTensorAnswer:
             answer.accepted.setdefault(inputs, outs)
         if time.monotonic() > deadline:
             break
-    answer.truncated = next(combos, None) is not None or (
-        max_sharded is not None and max_sharded < sum(len(o) > 1 for o in options))
+    left = next(combos, None) is not None
+    answer.clocked = left and answer.queried <= config.max_combos  # queried counts the all-R question too
+    answer.truncated = left or (max_sharded is not None and max_sharded < sum(len(o) > 1 for o in options))
     return answer
 
 
@@ -461,14 +469,18 @@ class AnswerCache:
         got = self._data.get(key)
         try:
             accepted = {tuple(i): tuple(o) for i, o in got["accepted"]}
-            return DTensorAnswer(accepted, int(got["queried"]), bool(got["truncated"]), bool(got["runs"]))
+            truncated = bool(got["truncated"])
+            # An answer cached before "clocked" was kept: a whole one was not; a capped one is asked again
+            clocked = bool(got["clocked"]) if "clocked" in got or truncated else False
+            return DTensorAnswer(accepted, int(got["queried"]), truncated, bool(got["runs"]), clocked)
         except (KeyError, TypeError, ValueError):
             return None
 
     def put(self, op: str, key: str, answer: DTensorAnswer) -> None:
         self._load(op)
         self._data[key] = {"accepted": sorted([list(i), list(o)] for i, o in answer.accepted.items()),
-                           "queried": answer.queried, "truncated": answer.truncated, "runs": answer.runs}
+                           "queried": answer.queried, "truncated": answer.truncated, "runs": answer.runs,
+                           "clocked": answer.clocked}
         self._dirty = True
 
     def flush(self) -> None:

@@ -13,7 +13,8 @@ pytest.importorskip("expecttest")  # the OpInfo database needs it
 from metaspmd.backends.torch import crosscheck, crosscheck_numerics, get_backend  # noqa: E402
 from metaspmd.backends.torch.backend import make_runner  # noqa: E402
 from metaspmd.backends.torch.crosscheck_dtensor import (  # noqa: E402
-    AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, canonical_names, dtensor_answer, dtensor_support,
+    NORM2, AnswerCache, DTensorAnswer, DTensorQuery, QueryConfig, canonical_names, dtensor_answer, dtensor_support,
+    placement,
 )
 from metaspmd.backends.torch.crosscheck_numerics import (  # noqa: E402
     FreshInputs, Trial, check_foreign_rule, chunk_bounds, partial_parts, reverify, run_trial,
@@ -152,6 +153,30 @@ def test_a_call_dtensor_cannot_run_is_asked_once(backend):
     assert not answer.runs and answer.queried == 1 and answer.accepted == {}
 
 
+def test_the_answer_says_whether_the_clock_or_the_count_stopped_it(backend):
+    """A clock-stopped enumeration depends on the machine's speed: the report counts those apart."""
+    case = _case(MM, torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64))
+    query = DTensorQuery(MM, case, backend.tensor_ops(), 2, case.call(case.args, {}))
+    by_count = dtensor_answer(query, QueryConfig(max_combos=2, exhaustive=True))
+    assert by_count.truncated and not by_count.clocked and by_count.queried == 3
+    by_clock = dtensor_answer(query, QueryConfig(max_seconds=0.0, exhaustive=True))
+    assert by_clock.truncated and by_clock.clocked and by_clock.queried == 2
+    whole = dtensor_answer(query, QueryConfig(exhaustive=True))
+    assert not whole.truncated and not whole.clocked
+
+
+def test_an_out_tensor_can_be_offered_as_a_norm_partial(backend):
+    """Our reduce(norm2) of an out= overload's result is asked of DTensor as _NormPartial(2),
+    not an error that stops the op's check (_euclidean_dist.out's (S(1), S(1)) rule)."""
+    assert str(placement(NORM2)) == NORM2
+    func = torch.ops.aten._euclidean_dist.out
+    case = _case(func, torch.randn(5, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64),
+                 out_spec={"out": torch.float64})
+    query = DTensorQuery(func, case, backend.tensor_ops(), 2, case.call(case.args, {}))
+    assert query.accepts(("S(1)", "S(1)", NORM2)) is None  # DTensor would all-gather the inputs
+    assert query.accepts(("S(0)", "R", "S(0)")) == ("S(0)",)
+
+
 def test_modes_left_by_an_interrupted_query_are_dropped():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -185,13 +210,19 @@ def test_a_worker_prepares_its_backend_before_any_op(monkeypatch):
 
 def test_answers_are_cached_per_op(tmp_path):
     cache = AnswerCache(tmp_path)
-    answer = DTensorAnswer({("S(0)", "R"): ("S(0)",)}, queried=7, truncated=True)
+    answer = DTensorAnswer({("S(0)", "R"): ("S(0)",)}, queried=7, truncated=True, clocked=True)
     cache.put("aten.mm.default", "k1", answer)
     assert cache.get("aten.mm.default", "other") is None
     cache.flush()
     again = AnswerCache(tmp_path)
     assert again.get("aten.mm.default", "k1") == answer
     assert again.get("aten.add.Tensor", "k1") is None
+    # written before the clock was recorded: a whole answer is kept, a capped one asked again
+    older = {"accepted": [], "queried": 3, "runs": True}
+    (tmp_path / "aten.abs.default.json").write_text(
+        json.dumps({"whole": {**older, "truncated": False}, "capped": {**older, "truncated": True}}), encoding="utf-8")
+    assert AnswerCache(tmp_path).get("aten.abs.default", "whole") == DTensorAnswer({}, 3, False, True, False)
+    assert AnswerCache(tmp_path).get("aten.abs.default", "capped") is None
     (tmp_path / "aten.add.Tensor.json").write_text("{not json", encoding="utf-8")
     assert AnswerCache(tmp_path).get("aten.add.Tensor", "k1") is None  # unreadable: a miss, not an error
 
