@@ -470,9 +470,10 @@ class AnswerCache:
         try:
             accepted = {tuple(i): tuple(o) for i, o in got["accepted"]}
             truncated = bool(got["truncated"])
-            # An answer cached before "clocked" was kept: a whole one was not; a capped one is asked again
-            clocked = bool(got["clocked"]) if "clocked" in got or truncated else False
-            return DTensorAnswer(accepted, int(got["queried"]), truncated, bool(got["runs"]), clocked)
+            if "clocked" not in got and truncated:
+                return None  # capped before the clock was recorded: asked again
+            return DTensorAnswer(accepted, int(got["queried"]), truncated, bool(got["runs"]),
+                                 bool(got.get("clocked", False)))
         except (KeyError, TypeError, ValueError):
             return None
 
