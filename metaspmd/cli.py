@@ -1,0 +1,327 @@
+"""The ``metaspmd`` command: one entry point for the repository's command lines.
+
+    metaspmd sweep --backend torch --ops 'aten.mm*' --jobs 2
+    metaspmd codegen --check
+    metaspmd diff main HEAD --fail-on-loss
+    metaspmd coverage --list-misses
+    metaspmd crosscheck --backend jax
+
+Each subcommand is a function here (``sweep``, ``codegen``, ``diff``, ``coverage``,
+``crosscheck``) taking its argument list and returning the exit status; ``tools/*.py`` are
+wrappers that call the same functions. This module imports no framework: each command
+imports what it needs when it runs (the jax cross-check must set up XLA's CPU devices
+before jax starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+# The checkout's root: default registry/ and generated/ folders (the package is installed
+# editable from the repository, which holds them).
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = ROOT / "registry"
+
+
+def _argv(argv: Sequence[str] | None) -> list[str]:
+    return sys.argv[1:] if argv is None else list(argv)
+
+
+# --------------------------------------------------------------------------- sweep
+
+SWEEP_DOC = """Explore every op of a backend and write its rule files (registry/<backend>/<op>.yaml).
+
+    metaspmd sweep --backend torch --ops 'aten.mm*,aten.add.*' --jobs 2
+    metaspmd sweep --backend torch --check      # exit 1 when the registry is stale
+
+Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
+2 usage error (unknown backend, no op matched), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+"""
+
+
+def _stop_on_sigterm(signum, frame):
+    # a CI time limit or `timeout` stops the sweep as Ctrl-C does: the workers are killed
+    # and only complete files remain
+    raise KeyboardInterrupt(signum)
+
+
+def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    import os
+    import signal
+
+    from metaspmd.sweep import (
+        DEFAULT_TIMEOUT, SweepConfig, SweepError, format_changes, format_summary, run_sweep, split_patterns,
+        timings_json,
+    )
+
+    p = argparse.ArgumentParser(prog=prog, description=SWEEP_DOC.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=SWEEP_DOC.split("\n\n", 1)[1])
+    p.add_argument("--backend", required=True,
+                   help="torch, jax, tvm (module metaspmd.backends.<name>), or a dotted module path with get_backend()")
+    p.add_argument("--ops", action="append", default=[], metavar="GLOB",
+                   help="only ops matching these globs (comma-separated or repeated); default: all")
+    p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPU count)")
+    p.add_argument("--out", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; list ops whose file would change and exit 1 if any")
+    p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"per-op time limit; the op's worker is killed past it (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--kernels", metavar="MODULE",
+                   help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
+                        "TE kernels (tvm) or custom ops (torch)")
+    p.add_argument("--timings", type=Path, metavar="FILE", help="write per-op exploration times here (json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--worker-output", action="store_true",
+                   help="let workers print to stderr (hidden by default: framework warnings bury the progress bar)")
+    args = p.parse_args(_argv(argv))
+
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    options = (("kernels", args.kernels),) if args.kernels else ()
+    try:
+        config = SweepConfig(
+            backend=args.backend, out_root=args.out, patterns=split_patterns(args.ops), jobs=args.jobs,
+            timeout=args.timeout, check=args.check, resume=args.resume, backend_options=options,
+            progress=not args.no_progress, worker_output=args.worker_output,
+        )
+        report = run_sweep(config)
+    except SweepError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print("sweep: interrupted; files written so far are complete", file=sys.stderr)
+        return 128 + signal.SIGTERM if e.args == (signal.SIGTERM,) else 130
+    if args.timings:
+        args.timings.write_text(timings_json(report, args.jobs), encoding="utf-8")
+    if args.check and report.changes():
+        print(format_changes(report))
+    print(format_summary(report))
+    if args.check:
+        n = len(report.changes())
+        print(f"check: {n} file(s) would change" if n else "check: registry is up to date")
+        return 1 if n else 0
+    return 0
+
+
+# --------------------------------------------------------------------------- codegen
+
+CODEGEN_DOC = """Write the static rule tables in generated/ from the registry (jinja2 templates).
+
+    metaspmd codegen                 # every backend with a table: torch, jax
+    metaspmd codegen --check         # exit 1 if generated/ is stale (CI)
+"""
+
+
+def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    from metaspmd.codegen.generator import TARGETS, generate
+    from metaspmd.registry_io import RegistryError
+
+    p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all")
+    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--out", type=Path, default=ROOT / "generated",
+                   help="output folder (default: the repository's generated/)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
+    args = p.parse_args(_argv(argv))
+    backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
+    stale = []
+    for backend in backends:
+        try:
+            text = generate(args.registry, backend)
+        except RegistryError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        path = args.out / TARGETS[backend]
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            print(f"{path.name}: up to date")
+            continue
+        if args.check:
+            stale.append(path.name)
+            print(f"{path.name}: STALE (run metaspmd codegen)")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"{path.name}: written ({len(text.splitlines())} lines)")
+    return 1 if stale else 0
+
+
+# --------------------------------------------------------------------------- diff
+
+DIFF_DOC = """Markdown summary of rule changes between two registries, for code review.
+
+    metaspmd diff main HEAD                  # git revisions (their registry/)
+    metaspmd diff old_registry/ registry/    # registry folders
+    metaspmd diff main HEAD --fail-on-loss   # exit 1 when a rule or op is lost
+"""
+
+
+def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    from metaspmd.registry_io import RegistryError
+    from metaspmd.rule_diff import diff as diff_registries, load_side, to_markdown
+
+    p = argparse.ArgumentParser(prog=prog, description=DIFF_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", help="git revision or registry folder")
+    p.add_argument("head", help="git revision or registry folder")
+    p.add_argument("--fail-on-loss", action="store_true", help="exit 1 when any rule or op is lost")
+    args = p.parse_args(_argv(argv))
+    try:
+        base, head = load_side(args.base, ROOT), load_side(args.head, ROOT)
+    except (RegistryError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    d = diff_registries(base, head)
+    sys.stdout.write(to_markdown(d, args.base, args.head))
+    return 1 if args.fail_on_loss and d.has_loss else 0
+
+
+# --------------------------------------------------------------------------- coverage
+
+COVERAGE_DOC = """How much of the torch registry has verified rules: every overload, the overloads OpInfo
+samples reach, and the core ATen ops (torch.Tag.core), with each miss and its reason.
+
+    metaspmd coverage                    # table and the core ops without rules
+    metaspmd coverage --list-misses      # also every OpInfo-reached miss
+    metaspmd coverage --min-reached 95   # exit 1 below 95% of OpInfo-reached overloads
+
+An overload counts as covered when its file's status is ok (verified rules) or derived
+(shape arithmetic or no tensor input, verified the same way).
+"""
+
+COVERED = ("ok", "derived")
+
+
+def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    from collections import Counter
+
+    from metaspmd.registry_io import RegistryError, load_registry
+
+    p = argparse.ArgumentParser(prog=prog, description=COVERAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--list-misses", action="store_true", help="list every OpInfo-reached overload without rules")
+    p.add_argument("--min-reached", type=float, metavar="PCT", help="exit 1 when OpInfo-reached coverage is below PCT")
+    p.add_argument("--min-core", type=float, metavar="PCT", help="exit 1 when core-op coverage is below PCT")
+    args = p.parse_args(_argv(argv))
+
+    from metaspmd.backends.torch import catalog
+    from metaspmd.backends.torch.samples import load_index
+
+    def reason(record) -> str:
+        reasons = Counter(e.reason for e in record.entries if e.reason)
+        return reasons.most_common(1)[0][0] if reasons else record.reason
+
+    def is_core(name: str) -> bool:
+        try:
+            return catalog.is_core(catalog.resolve(name))
+        except Exception:  # noqa: BLE001 - an overload torch lists but cannot resolve
+            return False
+
+    try:
+        records = load_registry(args.registry, "torch")
+    except RegistryError as e:
+        print(f"coverage: error: {e}", file=sys.stderr)
+        return 2
+    overloads = set(catalog.all_overloads())
+    reached = set(load_index()) & overloads
+    core = {name for name in overloads if is_core(name)}
+
+    def status(name: str) -> str:
+        r = records.get(name)
+        return r.status if r is not None else "missing"
+
+    def row(label: str, names: set[str]) -> tuple[str, int, int, str]:
+        hit = sum(status(n) in COVERED for n in names)
+        return label, len(names), hit, f"{100 * hit / max(1, len(names)):.1f}%"
+
+    rows = [row("all overloads", overloads), row("reached by OpInfo", reached), row("core ops", core)]
+    print(f"{'set':<20} {'overloads':>9} {'covered':>8} {'share':>7}")
+    for label, n, hit, pct in rows:
+        print(f"{label:<20} {n:>9} {hit:>8} {pct:>7}")
+    print("\nstatus of OpInfo-reached misses:", dict(Counter(status(n) for n in reached if status(n) not in COVERED)))
+
+    shown = sorted(core | reached) if args.list_misses else sorted(core)
+    misses = [n for n in shown if status(n) not in COVERED]
+    if misses:
+        print(f"\n{'op':<48} {'status':<16} reason")
+        for n in misses:
+            print(f"{n:<48} {status(n):<16} {reason(records[n]) if n in records else ''}"[:200])
+    failed = (args.min_reached is not None and 100 * rows[1][2] / max(1, rows[1][1]) < args.min_reached) or (
+        args.min_core is not None and 100 * rows[2][2] / max(1, rows[2][1]) < args.min_core)
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- crosscheck
+
+CROSSCHECK_DOC = """Cross-check a backend's rules against its framework's own sharding rules.
+
+    metaspmd crosscheck --backend jax --ops 'jax.dot_general,jax.add'
+    metaspmd crosscheck --backend torch
+
+Dispatches to metaspmd.backends.<backend>.crosscheck.main(argv) with the remaining
+arguments; rules are read from the repository's registry unless --registry says
+otherwise. The backend module must not be imported before it runs: the jax check asks
+XLA for several CPU devices, which only works before jax starts.
+"""
+
+
+def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    import importlib
+
+    p = argparse.ArgumentParser(prog=prog, description=CROSSCHECK_DOC.split("\n\n")[0], add_help=False,
+                                epilog="--backend NAME --help lists the backend's own options.")
+    p.add_argument("--backend", required=True, help="torch or jax (module metaspmd.backends.<name>.crosscheck)")
+    argv = _argv(argv)
+    if not any(a == "--backend" or a.startswith("--backend=") for a in argv) and {"-h", "--help"} & set(argv):
+        p.print_help()
+        return 0
+    args, rest = p.parse_known_args(argv)
+    try:
+        module = importlib.import_module(f"metaspmd.backends.{args.backend}.crosscheck")
+    except ModuleNotFoundError as e:
+        print(f"crosscheck: no cross-check for backend {args.backend!r} ({e})", file=sys.stderr)
+        return 2
+    if not any(a == "--registry" or a.startswith("--registry=") for a in rest) and "-h" not in rest and "--help" not in rest:
+        rest += ["--registry", str(REGISTRY)]
+    return module.main(rest)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+COMMANDS: dict[str, tuple[Callable[..., int], str]] = {
+    "sweep": (sweep, "explore a backend's ops and write (or --check) their rule files in registry/"),
+    "codegen": (codegen, "write (or --check) the static rule tables in generated/ from the registry"),
+    "diff": (diff, "markdown summary of rule changes between two git revisions or registry folders"),
+    "coverage": (coverage, "share of torch overloads (all, OpInfo-reached, core) with verified rules"),
+    "crosscheck": (crosscheck, "compare our rules with DTensor's (torch) or Shardy's (jax) own rules"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: metaspmd COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items()]
+    lines += ["", "metaspmd COMMAND --help shows the command's own options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = _argv(argv)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"metaspmd: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return COMMANDS[name][0](rest, prog=f"metaspmd {name}")
+
+
+if __name__ == "__main__":  # guard needed: spawned sweep workers re-import the main module
+    sys.exit(main())
