@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .programs import Program
+from .program import Program
 
 PREFIX = "model/"
 

@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
 
+from .program import Program  # re-exported: defined in a leaf module, see there
+
 # Call-like primitives whose body runs as it is: traced through, not cataloged as calls.
 INLINED = {"jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
            "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "checkpoint": "jaxpr",
            "remat2": "jaxpr"}
-
-
-@dataclass(frozen=True)
-class Program:
-    """A function and its argument maker: ``fun(*make_args(seed))`` runs it."""
-
-    name: str  # 'harness/<group>/<name>' or 'sample/<primitive>/<k>'
-    fun: Callable[..., Any] = field(compare=False)
-    make_args: Callable[[int], Sequence[Any]] = field(compare=False)
 
 
 @dataclass(frozen=True)

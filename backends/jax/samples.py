@@ -18,7 +18,7 @@ from jax._src.lax import linalg as lax_linalg
 from jax._src.lax import windowed_reductions
 from jax._src.random import philox2x32, philox4x32, threefry2x32, threefry4x32
 
-from .programs import Program
+from .program import Program
 
 Rng = np.random.RandomState
 
