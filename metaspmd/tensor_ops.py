@@ -6,10 +6,89 @@ functions talk to tensors only through it, so the core never imports a framework
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 # Dtype kinds: the only dtype facts the core reasons about.
 FLOAT, COMPLEX, INT, BOOL, OTHER = "f", "c", "i", "b", "o"
+
+# (rtol, atol relative to the largest finite magnitude of the expected value) per dtype
+# name; every other floating dtype (float16, bfloat16, float8 kinds, complex32) is low.
+TOLERANCES = {
+    "float64": (1e-7, 1e-9),
+    "complex128": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-5),
+    "complex64": (1e-4, 1e-5),
+}
+LOW_TOLERANCE = (2e-2, 1e-2)
+_INEXACT = ("float", "bfloat", "complex")  # dtype names compared within a tolerance
+
+
+@functools.lru_cache(maxsize=None)
+def largest_finite(dtype: str) -> float | None:
+    """The largest finite value of the real floating dtype ``dtype``, or None where neither
+    numpy nor ml_dtypes (bfloat16, float8 kinds) knows it."""
+    try:
+        return float(np.finfo(dtype).max)
+    except (TypeError, ValueError):
+        pass
+    try:
+        import ml_dtypes  # numpy's extension dtypes, not a framework
+
+        return float(ml_dtypes.finfo(getattr(ml_dtypes, dtype)).max)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
+    """Are two arrays of one shape equal, the soundness test every rule rests on?
+
+    ``dtype`` is ``actual``'s dtype name in its framework (its values may have been widened
+    to reach numpy: bfloat16 as float32). Integer and bool values compare exactly; floating
+    ones within ``TOLERANCES`` scaled to the largest finite magnitude expected, NaN matching
+    NaN at the same position.
+    """
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.shape != e.shape:
+        return False
+    if not dtype.startswith(_INEXACT):
+        return bool(np.array_equal(a, e.astype(a.dtype)))
+    if a.size == 0:
+        return True
+    rtol, atol_rel = TOLERANCES.get(dtype, LOW_TOLERANCE)
+    wide = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(e) else np.float64
+    a64, e64 = a.astype(wide), e.astype(wide)
+    finite = np.isfinite(e64)
+    scale = float(np.abs(e64[finite]).max()) if finite.any() else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        near = np.isclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True)
+    if near.all():
+        return True
+    largest = None if wide is np.complex128 else largest_finite(dtype)
+    if largest is None:
+        return False
+    # A kernel that passes through twice its result (sinh as (e^x - e^-x) / 2) overflows
+    # on one code path and not on another: AVX2 lanes give sinh(89) = inf in float32, the
+    # scalar tail 2.2e38, so where a shard boundary falls moves the overflow. A value
+    # within a factor 2 of the largest finite one equals the infinity of its sign.
+    edge = largest / 2
+    overflow = ((np.isinf(a64) & (np.abs(e64) >= edge)) | (np.isinf(e64) & (np.abs(a64) >= edge))) & (
+        np.sign(a64) == np.sign(e64))
+    return bool((near | overflow).all())
+
+
+def close_tensors(ops: "TensorOps", actual: Any, expected: Any) -> bool:
+    """``TensorOps.close`` for any backend whose tensors reach numpy: both tensors, of one
+    shape and dtype kind, comparable (not ``opaque``), and ``close`` as arrays."""
+    if not (ops.is_tensor(actual) and ops.is_tensor(expected)):
+        return False
+    if ops.shape(actual) != ops.shape(expected) or ops.dtype_kind(actual) != ops.dtype_kind(expected):
+        return False
+    if ops.opaque(actual) or ops.opaque(expected):
+        return False
+    return close(ops.to_numpy(actual), ops.to_numpy(expected), ops.dtype_name(actual))
 
 
 @runtime_checkable
@@ -66,11 +145,9 @@ class TensorOps(Protocol):
         """Elementwise exclusive or of integer or bool tensors (used for reduce(xor))."""
 
     def close(self, actual: Any, expected: Any) -> bool:
-        """Same shape and dtype kind, and equal values.
-
-        Exact for integer and bool tensors; for floating tensors a tolerance scaled to the
-        magnitudes involved (NaN matches NaN at the same position).
-        """
+        """Same shape and dtype kind, and equal values: ``close_tensors``, the one
+        comparison every backend makes (exact for integer and bool tensors; for floating
+        tensors a tolerance scaled to the magnitudes involved, NaN matching NaN)."""
 
     def opaque(self, x: Any) -> str:
         """What keeps ``close`` from comparing x (a sparse or quantized tensor), or '' where
