@@ -32,7 +32,7 @@ from .composite_calls import composite_names
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, Captured, build_index, call_signature, load_index, regenerate, runs_in_float64,
+    BASE_SEED, MAX_SIGNATURES, SampleCall, build_index, call_signature, load_index, regenerate, runs_in_float64,
     to_float64,
 )
 from .schema_samples import find_schema_sample, runs_on_fresh_inputs, schema_inputs
@@ -487,7 +487,7 @@ class TorchBackend:
         self.max_signatures = max_signatures
         self.schema_samples = schema_samples
         self.opinfos = None if opinfos is None else frozenset(opinfos)
-        self._index: dict[str, tuple[Captured, ...]] | None = None
+        self._index: dict[str, tuple[SampleCall, ...]] | None = None
         self.model_programs = model_programs
         self._program_calls: dict[str, list[tuple[tuple, dict]]] | None = None
         self._ops = _OPS
@@ -516,7 +516,7 @@ class TorchBackend:
         return catalog.resolve(op)
 
     @property
-    def index(self) -> dict[str, tuple[Captured, ...]]:
+    def index(self) -> dict[str, tuple[SampleCall, ...]]:
         if self._index is None:
             if self.opinfos is not None:
                 self._index = build_index(self.max_signatures, opinfos=self.opinfos)
@@ -599,7 +599,7 @@ class TorchBackend:
             args, kwargs = to_float64((args, kwargs))
         return self._case(func, tuple(args), dict(kwargs), make_runner(func), None)
 
-    def _captured_case(self, func, call: Captured, source: Captured | None = None) -> OpCase:
+    def _captured_case(self, func, call: SampleCall, source: SampleCall | None = None) -> OpCase:
         spec, kwargs = _out_spec_from_kwargs(func, call.kwargs)
         args = tuple(call.args)
         if call.float64:
@@ -607,7 +607,7 @@ class TorchBackend:
             spec = _float64_spec(spec)
         return self._case(func, args, kwargs, make_runner(func, spec), self._fresh_for(func, call))
 
-    def _fresh_for(self, func, call: Captured) -> Callable[[int], tuple] | None:
+    def _fresh_for(self, func, call: SampleCall) -> Callable[[int], tuple] | None:
         if not call.regenerable:
             return None
         outs = set(catalog.out_arg_names(func))
@@ -622,7 +622,7 @@ class TorchBackend:
 
         return fresh
 
-    def _calls(self, op: str) -> list[tuple[Captured, bool]]:
+    def _calls(self, op: str) -> list[tuple[SampleCall, bool]]:
         """The index's calls of ``op``, each with whether it is a spare (beyond max_signatures)."""
         return [(c, k >= self.max_signatures) for k, c in enumerate(self.index.get(op, ()))]
 

@@ -80,8 +80,9 @@ class SampleRef:
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compare fields explicitly
-class Captured:
-    """One recorded ATen call: the op's example inputs and their origin."""
+class SampleCall:
+    """One ATen call recorded from an OpInfo sample: the op's example inputs and their origin
+    (not ``capture.Captured``, a model's traced graph)."""
 
     op: str
     signature: str
@@ -313,7 +314,7 @@ def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int,
 class _Pool:
     """Candidate calls per overload, in discovery order."""
 
-    by_op: dict[str, dict[str, Captured]] = field(default_factory=dict)
+    by_op: dict[str, dict[str, SampleCall]] = field(default_factory=dict)
     per_kinds: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def offer(self, func, args: tuple, kwargs: dict, ref_of: Callable[[str, str], SampleRef]) -> Callable[[], None] | None:
@@ -330,7 +331,7 @@ class _Pool:
         counts = not _has_empty(args, kwargs)
         if sig in seen or counts and self.per_kinds.get(key, 0) >= MAX_CANDIDATES:
             return None
-        call = Captured(name, sig, *_captured_values(args, kwargs, BASE_SEED), ref)
+        call = SampleCall(name, sig, *_captured_values(args, kwargs, BASE_SEED), ref)
 
         def commit() -> None:
             if sig not in seen:
@@ -340,7 +341,7 @@ class _Pool:
         return commit
 
 
-def _direct(c: Captured) -> bool:
+def _direct(c: SampleCall) -> bool:
     """Did the call come from the OpInfo written for this op (not from a composite's internals)?"""
     base = c.op.split(".")[1].strip("_")
     return c.ref.opinfo.split(".")[-1].strip("_") in (base, base.removeprefix("native_"))
@@ -360,7 +361,7 @@ def _low_entropy(args: tuple, kwargs: Mapping[str, Any]) -> bool:
     return any(x.numel() >= 4 and distinct(x) < x.numel() / 2 for x in _float_leaves((list(args), dict(kwargs))))
 
 
-def _rank_key(c: Captured, discovered: int) -> tuple:
+def _rank_key(c: SampleCall, discovered: int) -> tuple:
     """Non-empty, varied inputs with a few shardable (size > 1) dims, from the op's own
     OpInfo, first; beyond three such dims, more is not better (exotic high-rank calls),
     fewer size-1 dims is."""
@@ -371,24 +372,24 @@ def _rank_key(c: Captured, discovered: int) -> tuple:
             -min(richness, 3), ones, discovered)
 
 
-def _structure(c: Captured) -> str:
+def _structure(c: SampleCall) -> str:
     """The tensor part of a signature: calls that differ only in non-tensor values share it."""
     return " ".join(part for part in c.signature.split(" ") if ":" in part)
 
 
-def _arguments(c: Captured) -> str:
+def _arguments(c: SampleCall) -> str:
     """The non-tensor part of a signature (argmax's dim=1 beside its flattening dim=None)."""
     return " ".join(part for part in c.signature.split(" ") if ":" not in part)
 
 
-def _spares(candidates: list[Captured], chosen: list[Captured], limit: int) -> list[Captured]:
+def _spares(candidates: list[SampleCall], chosen: list[SampleCall], limit: int) -> list[SampleCall]:
     """Up to ``limit`` more signatures, for where ``chosen`` gives no strategy: new non-tensor
     arguments first (every argmax call the first pick holds flattens), then the rest, each
     part richest first."""
     ranked = [c for _, c in sorted(enumerate(candidates), key=lambda ic: _rank_key(ic[1], ic[0]))]
     taken = {c.signature for c in chosen}
     seen = {_arguments(c) for c in chosen}
-    spares: list[Captured] = []
+    spares: list[SampleCall] = []
     for c in ranked:
         if c.signature not in taken and _arguments(c) not in seen:
             seen.add(_arguments(c))
@@ -397,12 +398,12 @@ def _spares(candidates: list[Captured], chosen: list[Captured], limit: int) -> l
     return spares[:limit]
 
 
-def _choose(candidates: list[Captured], limit: int) -> list[Captured]:
+def _choose(candidates: list[SampleCall], limit: int) -> list[SampleCall]:
     """Up to ``limit`` signatures, richest first, then variety: a new dtype-kind pattern, then
     a new tensor structure, then the rest in rank order. A call with an empty tensor brings
     no variety (its shards cannot differ): it comes in with the rest."""
     ranked = [c for _, c in sorted(enumerate(candidates), key=lambda ic: _rank_key(ic[1], ic[0]))]
-    chosen: list[Captured] = ranked[:1]
+    chosen: list[SampleCall] = ranked[:1]
     facets = (lambda c: _kinds(c.args, c.kwargs), _structure, lambda c: c.signature)
     for facet in facets:
         seen = {facet(c) for c in chosen}
@@ -473,7 +474,7 @@ def _regenerated_calls(ref: SampleRef, op: str, sig: str, seed: int) -> list[tup
     return found
 
 
-def regenerate(call: Captured, seed: int) -> tuple[tuple, dict] | None:
+def regenerate(call: SampleCall, seed: int) -> tuple[tuple, dict] | None:
     """The same call rebuilt from its OpInfo sample under ``seed``; None if it cannot be."""
     calls = _regenerated_calls(call.ref, call.op, call.signature, seed)
     want = shapes_of(call.args, call.kwargs)
@@ -552,7 +553,7 @@ def with_varied_masks(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(varied[0]), varied[1]
 
 
-def _varied(call: Captured, func, floats: bool, masks: bool) -> Captured | None:
+def _varied(call: SampleCall, func, floats: bool, masks: bool) -> SampleCall | None:
     """The call with seeded new values where its own carry too little to tell strategies
     apart: every floating input (``floats``), uniform bool masks (``masks``). None if the
     op rejects it. Not regenerable: its sample's generator would only repeat the old values."""
@@ -571,11 +572,11 @@ def _varied(call: Captured, func, floats: bool, masks: bool) -> Captured | None:
             func(*_snapshot(tuple(args)), **_snapshot(dict(kwargs)))
     except Exception:
         return None
-    return Captured(call.op, call.signature, tuple(args), kwargs, call.ref, False,
+    return SampleCall(call.op, call.signature, tuple(args), kwargs, call.ref, False,
                     runs_in_float64(func, tuple(args), kwargs))
 
 
-def _finish(call: Captured, func) -> Captured:
+def _finish(call: SampleCall, func) -> SampleCall:
     """Check regeneration (seed 1 must give the same shapes, other values) and float64.
 
     A call whose floating inputs are mostly repeated values (a composite's saturated
@@ -592,11 +593,11 @@ def _finish(call: Captured, func) -> Captured:
     regen = fresh is not None and (_tensors_differ(fresh, (call.args, dict(call.kwargs))) or not _float_leaves(
         (list(call.args), dict(call.kwargs))
     ))
-    return Captured(call.op, call.signature, call.args, call.kwargs, call.ref, regen, runs_in_float64(func, call.args, call.kwargs))
+    return SampleCall(call.op, call.signature, call.args, call.kwargs, call.ref, regen, runs_in_float64(func, call.args, call.kwargs))
 
 
 def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None] | None = None,
-                opinfos: Collection[str] | None = None) -> dict[str, tuple[Captured, ...]]:
+                opinfos: Collection[str] | None = None) -> dict[str, tuple[SampleCall, ...]]:
     """Capture every OpInfo sample (or those of the OpInfos named in ``opinfos``) and keep
     up to ``max_signatures`` calls per overload, and ``RESERVE_SIGNATURES`` more after them."""
     from .catalog import resolve
@@ -656,7 +657,7 @@ def _decode(x: Any) -> Any:
     return x
 
 
-def _encode_index(index: Mapping[str, tuple[Captured, ...]]) -> dict:
+def _encode_index(index: Mapping[str, tuple[SampleCall, ...]]) -> dict:
     return {
         op: [
             {
@@ -670,10 +671,10 @@ def _encode_index(index: Mapping[str, tuple[Captured, ...]]) -> dict:
     }
 
 
-def _decode_index(raw: Mapping) -> dict[str, tuple[Captured, ...]]:
+def _decode_index(raw: Mapping) -> dict[str, tuple[SampleCall, ...]]:
     return {
         op: tuple(
-            Captured(op, c["signature"], _decode(c["args"]), _decode(c["kwargs"]), SampleRef(*c["ref"]), c["regenerable"], c["float64"])
+            SampleCall(op, c["signature"], _decode(c["args"]), _decode(c["kwargs"]), SampleRef(*c["ref"]), c["regenerable"], c["float64"])
             for c in calls
         )
         for op, calls in raw.items()
@@ -693,7 +694,7 @@ def cache_path(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
 
 
 def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATURES, rebuild: bool = False,
-               log: Callable[[str], None] | None = None) -> dict[str, tuple[Captured, ...]]:
+               log: Callable[[str], None] | None = None) -> dict[str, tuple[SampleCall, ...]]:
     """The cached index, building it first when missing (one builder at a time)."""
     path = cache_path(cache_dir, max_signatures)
     if path.exists() and not rebuild:
@@ -730,7 +731,7 @@ def _build_in_child(path: Path, max_signatures: int, log: Callable[[str], None] 
         raise RuntimeError(f"building the sample index {path} failed (exit status {child.returncode})")
 
 
-def write_index(path: Path, index: Mapping[str, tuple[Captured, ...]]) -> None:
+def write_index(path: Path, index: Mapping[str, tuple[SampleCall, ...]]) -> None:
     """Atomic write: readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -738,11 +739,11 @@ def write_index(path: Path, index: Mapping[str, tuple[Captured, ...]]) -> None:
     os.replace(tmp, path)
 
 
-def read_index(path: Path) -> dict[str, tuple[Captured, ...]]:
+def read_index(path: Path) -> dict[str, tuple[SampleCall, ...]]:
     return _decode_index(torch.load(path, weights_only=True))
 
 
 __all__ = [
-    "BASE_SEED", "Captured", "MAX_SIGNATURES", "RESERVE_SIGNATURES", "SampleRef", "build_index", "cache_path",
+    "BASE_SEED", "MAX_SIGNATURES", "RESERVE_SIGNATURES", "SampleCall", "SampleRef", "build_index", "cache_path",
     "call_signature", "default_cache_dir", "load_index", "read_index", "regenerate", "to_float64", "write_index",
 ]

@@ -284,7 +284,7 @@ def test_samples_do_not_search_the_stack_for_a_running_unittest(monkeypatch):
 
 
 def test_cache_round_trip(tmp_path):
-    call = samples.Captured(
+    call = samples.SampleCall(
         "aten.clone.default", "self:f[*,*] memory_format=torch.contiguous_format",
         (torch.randn(3, 4),), {"memory_format": torch.contiguous_format},
         samples.SampleRef("clone", "", "float32", "forward", 2, 0), True, True,
