@@ -582,14 +582,15 @@ def test_an_input_read_only_where_another_is_zero_is_read():
 def test_shards_of_data_the_same_along_the_cut_prove_nothing():
     # flip along a dim whose rows are all equal: an uneven split gives shards that differ in
     # length only, on which a plain gather passed for the flip (unsound on any other data)
+    from metaspmd.explorer.common import Context
     from metaspmd.explorer.core import Explorer
+    from metaspmd.explorer.trials import Trials
 
     def rows(k):
         return torch.randn(1, 3, dtype=F64, generator=torch.Generator().manual_seed(k)).expand(5, 3).clone()
 
-    case = OpCase("test", aten.flip.default, (rows(0), [0]), {}, ("self", "dims"))
-    e = Explorer(case, OPS, ExploreConfig(), 0)
-    e.trials = [e._trial((rows(k), [0]), {}, index=k) for k in range(4)]
+    context = Context.of(OpCase("test", aten.flip.default, (rows(0), [0]), {}, ("self", "dims")), OPS)
+    e = Explorer(context, [Trials(context)._trial((rows(k), [0]), {}, index=k) for k in range(4)])
     assert e._verify(Group(((0, 0, 0),)), [[Gather(0)]]) is None
 
 

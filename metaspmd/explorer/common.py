@@ -1,13 +1,15 @@
-"""The explorer's settings, trial record and small helpers, shared by its parts."""
+"""The explorer's settings, the records its stages pass on (context, trial, memo) and
+small helpers, shared by its parts."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import pytree
 from ..case import OpCase
 from ..combine import Split
 from ..rules import Example, RuleEntry, TensorArg
@@ -71,7 +73,32 @@ class ExploreConfig:
     isolate_calls: Callable[[Callable[[], Any]], Any] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
+class Context:
+    """What every stage reads, fixed for one example call: the case, its backend's ops,
+    the settings, the seed, each tensor leaf's argument name, and the arguments that keep
+    their values when inputs are refilled."""
+
+    case: OpCase
+    ops: TensorOps
+    config: ExploreConfig
+    seed: int
+    leaf_names: tuple[str, ...]
+    fixed: frozenset[str]
+
+    @classmethod
+    def of(cls, case: OpCase, ops: TensorOps, config: ExploreConfig = ExploreConfig(), seed: int = 0) -> Context:
+        names: list[str] = []
+        for name, value in arg_items(case.arg_names, case.args, case.kwargs):
+            names += [name] * len(pytree.leaves(value, ops.is_tensor))
+        # Integer and bool arguments stay fixed (indices, offsets) so that blind refills keep
+        # them in range, unless they are all the op has (bitwise_and_ on bools): then they
+        # are the data, and fixing them all would leave nothing to vary.
+        fixed = case.index.fixed if set(names) - case.index.fixed else frozenset()
+        return cls(case, ops, config, seed, tuple(names), fixed)
+
+
+@dataclass(frozen=True)
 class Trial:
     """One set of inputs and the op's global outputs on them."""
 
@@ -85,6 +112,20 @@ class Trial:
     nonfinite: bool = False  # every output one NaN/inf value throughout (out-of-domain data): proves nothing
     # blind data only: per output, the one value it holds throughout (eq of unequal random data: all False)
     one_value: tuple | None = None
+
+
+@dataclass
+class Memo:
+    """What the search draws or works out once and keeps for every later group: a cache,
+    so mutable, and never reset while the search runs."""
+
+    refuters: list[Trial] | None = None  # special-value trials (_whole_on_special_values)
+    reserve: list[Trial] = field(default_factory=list)  # more fresh trials (_reserve_trials)
+    # resized trials and the amounts taken, by (ids of the trials, amounts asked); the
+    # trials are held, so ids stay theirs
+    resized: dict[tuple, tuple[list[Trial], list[Trial] | None, dict]] = field(default_factory=dict)
+    reproduced: dict[int, bool] = field(default_factory=dict)  # by id of a resized trial (held in resized)
+    unread: list[int] | None = None  # inputs no output reads (_unread_inputs)
 
 
 def flat_along(ops: TensorOps, x: Any, d: int) -> bool:

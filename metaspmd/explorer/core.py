@@ -1,19 +1,25 @@
-"""The explorer of one example call (``Explorer.run``: trials, search, entry) and the
-public entry points: ``explore_case``, ``explore_op``, ``holds_at_other_sizes``."""
+"""The search stage (``Explorer``: every group explored and verified on the baseline's
+trials) and the public entry points: ``explore_case`` runs the stages in turn (context,
+baseline, search, entry), ``explore_op`` every case of an op, ``holds_at_other_sizes``
+one rule."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from .. import pytree
 from ..case import Backend, NoSample, OpCase, Skip
-from ..rules import OpRecord, RuleEntry, TensorArg, Verification, make_record
+from ..rules import OpRecord, RuleEntry, Verification, make_record
 from ..signature import signature
-from ..spec import Combine, Group, InputPlacement, OutputCombine, Replicate, tables_from_strategies
+from ..spec import (
+    Combine, Group, IndependentSpec, InputPlacement, OutputCombine, Replicate, tables_from_strategies,
+)
 from ..tensor_ops import TensorOps
+from .baseline import Baseline, Verdict, draw_baseline
 from .common import (
-    EXPLORE_SPLIT, NO_TENSOR_INPUT, TRIAL_SPLITS, UNINFORMATIVE, ExploreConfig, Trial, cuts_a_dim, error_text,
-    example_of, example_value, fit_partial, group_of, halo_gathers_only, no_strategy,
+    EXPLORE_SPLIT, TRIAL_SPLITS, UNINFORMATIVE, Context, ExploreConfig, Memo, Trial, cuts_a_dim, error_text,
+    example_of, fit_partial, group_of, halo_gathers_only, no_strategy,
 )
 from .groups import Groups
 from .independence import IndependentParts
@@ -23,138 +29,77 @@ from .trials import Trials
 from .verify import Verifier
 from .widening import Widening
 
+Strategy = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
+
+
+@dataclass(frozen=True)
+class Search:
+    """One pass over the groups (within independent parts, or across all inputs): the
+    strategies that held, the shard counts tried, whether a split was uneven, the status."""
+
+    strategies: tuple[Strategy, ...]
+    counts: frozenset[int]
+    uneven: bool
+    status: str
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the search stage found for the call: the strategies the entry lists, how they
+    were verified (trials besides the example, shard counts, unevenness), its status, the
+    independent parts' labels, and notes on dims lengthened to verify kept strategies."""
+
+    strategies: tuple[Strategy, ...]
+    trials: int
+    counts: frozenset[int]
+    uneven: bool
+    status: str
+    independent: IndependentSpec | None = None
+    notes: tuple[str, ...] = ()
+
 
 class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, IndependentParts):
-    """Explores and verifies one example call. Each base class is one part of the work, on
-    the state set here and in ``run``: ``trials`` (the example first, then the fresh,
-    blind and special-value ones), ``leaf_names``, ``fixed`` and ``widened``."""
+    """The search stage of one example call, on the baseline's trials. Each base class is
+    one part of the work, on the state set here: the ``Context`` fields (``Trials``),
+    ``trials`` (swapped only inside ``Widening._on_trials``), ``memo`` (draws and answers
+    kept across groups) and ``widened`` (notes on strategies verified on lengthened dims,
+    by placements)."""
 
-    def __init__(self, case: OpCase, ops: TensorOps, config: ExploreConfig, seed: int):
-        self.case, self.ops, self.config, self.seed = case, ops, config, seed
-        self.leaf_names = self._leaf_names()
-        # Integer and bool arguments stay fixed (indices, offsets) so that blind refills keep
-        # them in range, unless they are all the op has (bitwise_and_ on bools): then they
-        # are the data, and fixing them all would leave nothing to vary.
-        self.fixed = case.fixed if set(self.leaf_names) - case.fixed else frozenset()
-        self._refuters: list[Trial] | None = None  # special-value trials, drawn when first needed
-        self._reserve: list[Trial] = []  # more fresh trials, drawn when first needed
-        # resized trials and the amounts taken, by (ids of the trials, amounts asked); the
-        # trials are held, so ids stay theirs
-        self._resized: dict[tuple, tuple[list[Trial], list[Trial] | None, dict]] = {}
-        self._reproduced: dict[int, bool] = {}  # by id of a resized trial (held in _resized)
-        self.shared: set[int] = set()  # inputs every independent part reads (_independent_parts)
-        self._unread: list[int] | None = None  # inputs no output reads (_unread_inputs), found once
+    def __init__(self, context: Context, trials: Sequence[Trial]):
+        super().__init__(context)
+        self.trials = list(trials)
+        self.memo = Memo()
+        self.widened: dict[tuple, list[str]] = {}
 
-    def run(self) -> RuleEntry:
-        case, ops = self.case, self.ops
-        sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
-        example = example_of(ops, case)
-        ranks = tuple(len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor))
-
-        results: tuple[TensorArg, ...] = ()
-
-        def entry(status: str, reason: str = "", tables=None, verified=None, notes=(), independent=None) -> RuleEntry:
-            if tables is None:
-                tables = no_strategy(ranks)
-            return RuleEntry(sig, status, tables.shard, tables.partial, tables.combine, example, verified, reason,
-                             tuple(case.notes) + tuple(notes), results, independent, tables.offset, tables.more)
-
-        try:
-            first = self._trial(tuple(case.args), dict(case.kwargs))
-            again = self._trial(tuple(case.args), dict(case.kwargs))
-        except Exception as e:
-            return entry("failed", error_text(e))
-        # an output close() cannot compare (a sparse tensor) makes no op nondeterministic
-        opaque = next(((j, what) for j, x in enumerate(first.outputs) if (what := ops.opaque(x))), None)
-        if opaque is None and (len(first.outputs) != len(again.outputs)
-                               or not all(ops.close(a, b) for a, b in zip(again.outputs, first.outputs))):
-            return entry("failed", "nondeterministic: two identical calls differ")
-        results = tuple(example_value(ops, x) for x in first.outputs)
-        if opaque is not None:
-            return entry("replicate-only", f"output {opaque[0]} is {opaque[1]}, which no combine compares")
-        if not first.outputs:
-            return entry("replicate-only", "no tensor output")
-        if not ranks:
-            return entry("derived", NO_TENSOR_INPUT)
-        self.trials = [first]
-        try:
-            for k in range(1, len(TRIAL_SPLITS) + 1):
-                self.trials.append(self._fresh_trial(k))
-        except Exception as e:
-            return entry("failed", "fresh inputs: " + error_text(e))
-        notes_extra: list[str] = []
-        self.widened: dict[tuple, list[str]] = {}  # placements verified on lengthened dims: notes
-        constant = self._constant_outputs()
-        blind = bool(constant or self._empty_outputs() or self._integer_data() or self._constant_inputs()
-                     or self._flat_along_a_dim())
-        if blind:
-            # The sample's data leaves an output constant or empty (nonzero of all zeros), or
-            # is integers from a narrow range, whose ties let argmin's local indices pass for
-            # the global one, or repeats an input on every trial (scatter_add's zero self,
-            # under which a replicated self passes for a Partial one), or is the same along a
-            # dim (an expanded sample, whose shards there are equal): blind data joins in
-            # where the op takes it.
-            self.trials = self.trials + self._blind_trials()
-            constant = self._constant_outputs()
-        # A whole-tensor predicate (equal, allclose) also gets them where it varies: the
-        # sample's data is alike on every shard (allclose's other is self plus the same
-        # small noise everywhere), and identity is refuted only where shards disagree. So
-        # does an op that blind data leaves one value throughout (ne of random integers and
-        # 1: all True), where the sample may be no better (all zero): special values plant the 1.
-        wanted = constant or self._whole_tensor_predicates() or case.special_always or self._one_valued_blind()
-        special = self._special_trials() if wanted and case.special is not None else None
-        if special is not None:
-            # Verified on the random trials and the special-value ones alike: an output
-            # that is constant on random data (aminmax's min of many integers) still refutes
-            # combines there once its shards differ.
-            self.trials = self.trials + special
-            # Constant under random and every special-value pattern alike (all zero, all
-            # NaN, lone nonzero, ...): the output depends on shapes and non-tensor arguments
-            # only (full_like, fill), so every combine that rebuilds it from local outputs
-            # holds for any data.
-            still = self._constant_outputs()
-            if still:  # or constant because an index never varied (index_fill's covers every column)
-                self.trials = self.trials + self._resampled_index_trials()
-                still = self._constant_outputs()
-            if still:
-                which = ", ".join(map(str, still))
-                notes_extra.append(f"output {which} constant under random and special-value inputs: shape-determined")
-            constant = []
-        if constant:
-            j = constant[0]  # NaN throughout: the op fails on these inputs rather than ignoring them
-            why = "is NaN or infinite on every trial" if ops.one_nonfinite_value(first.outputs[j]) else "does not vary with the inputs"
-            return entry("replicate-only", f"output {j} {why}: combines cannot be verified")
-        if not blind and self._one_signed_inputs():
-            # Positive sample data (max_unpool2d's pooled values) lets a max of zero-padded
-            # local outputs pass for the scatter: signed blind data refutes it. Added after
-            # the special values are settled: they verify, and call in nothing.
-            self.trials = self.trials + self._blind_trials()
-
+    def search(self, ranks: tuple[int, ...]) -> Found:
+        """Every group explored and verified, within independent parts where the inputs
+        split into them, and the strategies found beside inputs no output reads."""
+        case = self.case
         parts = self._independent_parts() if case.candidates is None else None
-        found, counts, uneven, status = whole = self._search(ranks, None)
+        whole = self._search(ranks, None)
+        found, counts, uneven, status = list(whole.strategies), whole.counts, whole.uneven, whole.status
         independent = None
         if parts is not None:
-            split = self._search(ranks, parts[0])
+            split = self._search(ranks, parts.inputs)
             # the strategies that place a shared input come from the search across parts
-            coupling = [s for s in whole[0] if any(not isinstance(s[0][i], Replicate) for i in self.shared)]
-            spec = self._independent_spec(ranks, split[0] + coupling, whole[0], parts)
+            coupling = [s for s in whole.strategies if any(not isinstance(s[0][i], Replicate) for i in parts.shared)]
+            spec = self._independent_spec(ranks, list(split.strategies) + coupling, list(whole.strategies), parts)
             if spec is not None:  # else coupled after all, or nothing to gain: the search across parts stands
-                found, status = split[0] + coupling, split[3]
-                counts, uneven = split[1] | whole[1], split[2] or whole[2]  # the coupling strategies' trials too
+                found, status = list(split.strategies) + coupling, split.status
+                counts, uneven = split.counts | whole.counts, split.uneven or whole.uneven  # the coupling strategies' trials too
                 independent = spec
         if not found:
-            return entry("replicate-only", "no strategy holds")
+            return Found((), 0, counts, uneven, status)
         if independent is None and self.config.partial and case.candidates is None:
             found = found + self._beside_unread(found)  # independent parts give these as joints
-        tables = tables_from_strategies(ranks, found)
-        verification = Verification(len(self.trials) - 1 + len(self._reserve), tuple(sorted(counts)), uneven)
         kept = {placements for placements, _ in found}
-        notes_extra += list(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
-        return entry(status, "", tables, verification, tuple(notes_extra), independent)
+        notes = tuple(dict.fromkeys(n for p, ns in self.widened.items() if p in kept for n in ns))
+        return Found(tuple(found), len(self.trials) - 1 + len(self.memo.reserve), counts, uneven, status,
+                     independent, notes)
 
-    def _search(self, ranks: tuple[int, ...], parts: list[set[int]] | None) -> tuple[list, set[int], bool, str]:
+    def _search(self, ranks: tuple[int, ...], parts: Sequence[frozenset[int]] | None) -> Search:
         """Explore and verify every group, within each of ``parts`` (inputs of independent
-        parts) if given: (found strategies, shard counts, uneven, status)."""
+        parts) if given."""
         case, ops, first = self.case, self.ops, self.trials[0]
         found, counts, uneven = [], set(), False
 
@@ -165,10 +110,9 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
             verified = self._verify(group, combines)
             if verified is None:
                 return False
-            outs, used, unev = verified
-            found.append((group.placements(len(ranks)), outs))
-            counts.update(used)
-            uneven |= unev
+            found.append((group.placements(len(ranks)), verified.combines))
+            counts.update(verified.counts)
+            uneven |= verified.uneven
             return True
 
         if case.candidates is not None:
@@ -193,18 +137,18 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                         if not accept(local, self._explore(local)):
                             found.append(halo)
                     continue
-                if self.config.partial and not case.random and any(
+                if self.config.partial and not case.randomness.random and any(
                     accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
                 ):
                     continue
-                if self.config.offset and case.bounds_checked and not case.random and any(
+                if self.config.offset and case.index.bounds_checked and not case.randomness.random and any(
                     accept(g, self._explore(g)) for g in self._offset_groups(group)
                 ):
                     continue
                 # an op that clamps positions (a CLIP gather) reads a shard's edge for those
                 # outside it, one that refuses them (torch's embedding) raises: clamped first
                 # as the op would, then offset, its dropping form reads zero there
-                if self.config.offset and case.dropping is not None and not case.random and any(
+                if self.config.offset and case.index.dropping is not None and not case.randomness.random and any(
                     accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
                 ):
                     continue
@@ -218,25 +162,55 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                     continue
                 # not beside index inputs: their positions address the dims a follower cuts
                 # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
-                if self.config.follow and not case.random and not self.fixed and not any(h for _, _, h in group.dims):
+                if self.config.follow and not case.randomness.random and not self.fixed and not any(h for _, _, h in group.dims):
                     follow = self._follow_groups(group, parts)
                     any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(follow, accept, len(ranks))
             status = "ok"
-        if self.config.partial and (not case.random or case.value_free):
+        if self.config.partial and (not case.randomness.random or case.randomness.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
             # candidates only move shards) pass Partial through; fills ignore them.
             for p in self._partial_sets(set(), parts):
                 g = Group((), p)
                 accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
-        return found, counts, uneven, status
+        return Search(tuple(found), frozenset(counts), uneven, status)
 
 
 def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreConfig = ExploreConfig()) -> RuleEntry:
     """Explore and verify one example call. Op errors become a 'failed' entry, never an exception."""
     try:
-        return Explorer(case, ops, config, seed).run()
+        context = Context.of(case, ops, config, seed)
+        base = draw_baseline(context)
+        found = None if isinstance(base, Verdict) else Explorer(context, base.trials).search(_ranks(ops, case))
+        return entry_of(context, base, found)
     except Exception as e:  # a bug in a sample or a wrapper must not stop a sweep
         return failed_entry(case, ops, "explorer: " + error_text(e))
+
+
+def entry_of(context: Context, base: Baseline | Verdict, found: Found | None) -> RuleEntry:
+    """The entry stage: the call's entry from the baseline's verdict, or from what the
+    search found on the baseline's trials."""
+    case, ops = context.case, context.ops
+    sig = signature(ops, case.arg_names, case.args, case.kwargs, case.sizes.exact_sizes)
+    ranks = _ranks(ops, case)
+    example = example_of(ops, case)
+
+    def entry(status: str, reason: str, results, tables=None, verified=None, notes=(), independent=None) -> RuleEntry:
+        if tables is None:
+            tables = no_strategy(ranks)
+        return RuleEntry(sig, status, tables.shard, tables.partial, tables.combine, example, verified, reason,
+                         tuple(case.notes) + tuple(notes), results, independent, tables.offset, tables.more)
+
+    if isinstance(base, Verdict):
+        return entry(base.status, base.reason, base.results)
+    if found is None or not found.strategies:
+        return entry("replicate-only", "no strategy holds", base.results)
+    tables = tables_from_strategies(ranks, list(found.strategies))
+    verification = Verification(found.trials, tuple(sorted(found.counts)), found.uneven)
+    return entry(found.status, "", base.results, tables, verification, base.notes + found.notes, found.independent)
+
+
+def _ranks(ops: TensorOps, case: OpCase) -> tuple[int, ...]:
+    return tuple(len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor))
 
 
 def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[InputPlacement],
@@ -252,9 +226,10 @@ def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[Inpu
         raise ValueError("a rule with a halo or a proportional cut is checked at other sizes by the explorer alone")
     if not group.dims and not group.partial:
         return True
-    ex = Explorer(case, ops, ExploreConfig(), seed)
-    ex.trials = [ex._trial(tuple(case.args), dict(case.kwargs))]
-    ex.trials += [ex._fresh_trial(k) for k in range(1, len(TRIAL_SPLITS) + 1)]
+    context = Context.of(case, ops, ExploreConfig(), seed)
+    runner = Trials(context)
+    first = runner._trial(tuple(case.args), dict(case.kwargs))
+    ex = Explorer(context, [first] + [runner._fresh_trial(k, first) for k in range(1, len(TRIAL_SPLITS) + 1)])
     outs = [OutputCombine.of([c]) for c in combines]
     held = ex._cuts_on_other_sizes(group, outs) if group.dims else ex._partials_on_other_sizes(group, outs)
     return held is not None
@@ -262,9 +237,8 @@ def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[Inpu
 
 def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:
     """The entry of an example call that could not be explored: no strategy, and why."""
-    sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
-    ranks = [len(ops.shape(x)) for x in pytree.leaves((case.args, case.kwargs), ops.is_tensor)]
-    none = no_strategy(ranks)
+    sig = signature(ops, case.arg_names, case.args, case.kwargs, case.sizes.exact_sizes)
+    none = no_strategy(_ranks(ops, case))
     return RuleEntry(sig, "failed", none.shard, none.partial, none.combine, example_of(ops, case), None, reason)
 
 
@@ -283,7 +257,7 @@ def explore_op(backend: Backend, op: str, config: ExploreConfig = ExploreConfig(
     ops = backend.tensor_ops()
     entries: dict[str, RuleEntry] = {}
     for case in cases:
-        if not case.deterministic:
+        if not case.randomness.deterministic:
             return OpRecord(op, backend.name, "nondeterministic", (), "the op is marked nondeterministic")
         if case.reserve and any(e.status in ("ok", "derived") for e in entries.values()):
             continue

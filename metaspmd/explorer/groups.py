@@ -144,7 +144,7 @@ class Groups:
             out += [Group(group.dims, follow=((i, d0, scale, size - scale * m, False),)) for scale in range(1, MAX_SCALE + 1)
                     if 0 <= size - scale * m <= MAX_EXTEND and (scale, size - scale * m) != (1, 0)]
             # in proportion to the dim as the op pads it, the outer shards padding it alone
-            padded = size + sum(self.case.padding(i, d0) or (0, 0)) if self.config.local and self.case.padding else size
+            padded = size + sum(self.case.local.padding(i, d0) or (0, 0)) if self.config.local and self.case.local.padding else size
             out += [Group(group.dims, follow=((i, d0, scale, padded - scale * m, True),)) for scale in range(1, MAX_SCALE + 1)
                     if padded > size and 0 <= padded - scale * m <= MAX_EXTEND]
         return out
@@ -153,9 +153,9 @@ class Groups:
         """Has the op params to re-base along each of the group's cut dims (not padding: a
         padded dim is read past its ends, which a proportional cut's ranges say)?"""
         case, first = self.case, self.trials[0]
-        if case.localize is None or case.random or not group.dims or group.partial or group.offset:
+        if case.local.localize is None or case.randomness.random or not group.dims or group.partial or group.offset:
             return False
-        if case.padding is not None and any(case.padding(i, d) for i, d, _ in group.dims):
+        if case.local.padding is not None and any(case.local.padding(i, d) for i, d, _ in group.dims):
             return False
         whole = {i: (d, 0, self.ops.shape(first.leaves[i])[d], self.ops.shape(first.leaves[i])[d]) for i, d, _ in group.dims}
-        return all(h == 0 for _, _, h in group.dims) and case.localize(whole) is not None
+        return all(h == 0 for _, _, h in group.dims) and case.local.localize(whole) is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..rules import Example, RuleEntry
@@ -15,23 +16,33 @@ from ..spec import (
 from .common import Trial, bitwise_equal, group_of
 
 
+@dataclass(frozen=True)
+class Parts:
+    """Independent parts: per part, its inputs and the outputs they change; and the inputs
+    every output reads (in no part: replicated, they leave the parts independent)."""
+
+    inputs: tuple[frozenset[int], ...]
+    outputs: tuple[frozenset[int], ...]
+    shared: frozenset[int] = frozenset()
+
+
 class IndependentParts:
     """Finds independent parts and unread inputs (a part of ``Explorer``)."""
 
-    def _independent_parts(self) -> tuple[list[set[int]], list[set[int]]] | None:
+    def _independent_parts(self) -> Parts | None:
         """Inputs and outputs split into parts whose outputs change with their own inputs
         only (one per element of a ``_foreach`` list), found by replacing one input at a time
-        with its data from each other trial: (inputs, outputs) per part; None when the op does not
+        with its data from each other trial; None when the op does not
         split that way or an input's effect cannot be seen (an input whose data is the same on
         every trial). Fixed index inputs, which keep their values, join every output.
 
         Inputs whose values change no output (``type_as``'s other) form a part of their own,
         with no outputs: its labels must leave every output whole, which only running the
         op on their shards can show (``view_as`` reads other's shape, and fails there).
-        Inputs that every output reads are in no part (``self.shared``; see below)."""
+        Inputs that every output reads are in no part (``Parts.shared``; see below)."""
         first = self.trials[0]
         n_in, n_out = len(first.leaves), len(first.outputs)
-        if n_in < 2 or n_out < 1 or self.case.random or len(self.trials) < 3:
+        if n_in < 2 or n_out < 1 or self.case.randomness.random or len(self.trials) < 3:
             return None
         root = list(range(n_in + n_out))
 
@@ -77,7 +88,6 @@ class IndependentParts:
         if n_out > 1 and not free and len({find(n_in + j) for j in range(n_out)}) == 1:
             shared = {i for i, changed in changes.items() if len(changed) == n_out}
             join(shared)
-        self.shared = shared
         by_root: dict[int, tuple[set[int], set[int]]] = {}
         for x in range(n_in + n_out):
             if x in free or x in shared:
@@ -91,7 +101,7 @@ class IndependentParts:
         parts = sorted(by_root.values(), key=lambda p: min(p[0]))
         if len(parts) < 2:
             return None
-        return [p[0] for p in parts], [p[1] for p in parts]
+        return Parts(tuple(frozenset(p[0]) for p in parts), tuple(frozenset(p[1]) for p in parts), frozenset(shared))
 
     def _unread_inputs(self) -> list[int]:
         """Summable inputs whose values no output reads (``nll_loss_backward``'s
@@ -103,12 +113,12 @@ class IndependentParts:
         place no window at the example's sizes, and do at others). None where the op has no
         special values."""
         first = self.trials[0]
-        if (self.case.random or self.case.special is None or len(self.trials) < 3 or not first.outputs
+        if (self.case.randomness.random or self.case.specials.special is None or len(self.trials) < 3 or not first.outputs
                 or len(first.leaves) < 2):
             return []
-        if self._unread is not None:
-            return self._unread
-        self._unread = []
+        if self.memo.unread is not None:
+            return self.memo.unread
+        self.memo.unread = []
         summable = self._summable_inputs(ints=True)
         pool = self.trials[1:]
         candidates = [i for i in summable if not self._reads(i, first, pool)]  # one call each, most inputs stop here
@@ -119,8 +129,8 @@ class IndependentParts:
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
         dims = self._resizable_dims() if candidates else []
         resized = (self._resized_trials(dims) or []) if dims else []
-        self._unread = [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
-        return self._unread
+        self.memo.unread = [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
+        return self.memo.unread
 
     def _reads(self, i: int, base: Trial, pool: Sequence[Trial]) -> bool:
         """Does some output of ``base`` change, by a bit, when input ``i`` takes the data of
@@ -164,13 +174,13 @@ class IndependentParts:
                 if new in have:
                     continue
                 verified = self._verify(group_of(new), [list(o.options) for o in outs])
-                if verified is not None and all(o.first in v.options for o, v in zip(outs, verified[0])):
-                    out.append((new, verified[0]))
+                if verified is not None and all(o.first in v.options for o, v in zip(outs, verified.combines)):
+                    out.append((new, verified.combines))
                     have.add(new)
         return out
 
     def _independent_spec(self, ranks: tuple[int, ...], found: list, whole: list,
-                          parts: tuple[list[set[int]], list[set[int]]]) -> IndependentSpec | None:
+                          parts: Parts) -> IndependentSpec | None:
         """The labels of each part, once every label keeps the outputs of the other parts
         whole (identity), every joint strategy verifies on the trials, and every strategy the
         search across parts found (``whole``) is among the singles and joints; None when one
@@ -184,16 +194,16 @@ class IndependentParts:
         part_of = {}
         for s in entry.strategies():
             touched = {i for i, p in enumerate(s.inputs) if not isinstance(p, Replicate)}
-            if touched & self.shared:
+            if touched & parts.shared:
                 continue  # a label that couples the parts: it takes no joint
-            k = next((k for k, p in enumerate(parts[0]) if touched <= p), None)
+            k = next((k for k, p in enumerate(parts.inputs) if touched <= p), None)
             if k is None:
                 return None
-            others = set(range(len(s.outputs))) - parts[1][k]
+            others = set(range(len(s.outputs))) - parts.outputs[k]
             if any(Identity() not in s.outputs[j].options for j in others):
                 return None
             part_of[s.label] = k
-        labels = [[lab for lab in part_of if part_of[lab] == k] for k in range(len(parts[0]))]
+        labels = [[lab for lab in part_of if part_of[lab] == k] for k in range(len(parts.inputs))]
         labels = [part for part in labels if part]
         if len(labels) < 2:
             return None
@@ -204,16 +214,16 @@ class IndependentParts:
             if verified is None:
                 return None
             # reduce(avg) is checked on its own label's equal shards; a joint mixes dim sizes
-            lost = {c for o, kept in zip(s.outputs, verified[0]) for c in o.options if c not in kept.options}
+            lost = {c for o, kept in zip(s.outputs, verified.combines) for c in o.options if c not in kept.options}
             if lost - {Reduce("avg")}:
                 return None
         singles = {s.inputs: s for s in entry.strategies()}
         for placements, outs in whole:
-            if any(not isinstance(placements[i], Replicate) for i in self.shared):
+            if any(not isinstance(placements[i], Replicate) for i in parts.shared):
                 continue  # among the singles: the caller adds what couples the parts
             # each part's share of the placements must be one of its labels (checked part by
             # part: the joints offered are capped at JOINT_LIMIT, the whole search is not)
-            shares = [tuple(p if i in part else Replicate() for i, p in enumerate(placements)) for part in parts[0]]
+            shares = [tuple(p if i in part else Replicate() for i, p in enumerate(placements)) for part in parts.inputs]
             chosen = [singles.get(share) for share in shares if any(not isinstance(p, Replicate) for p in share)]
             mine = None if not chosen or None in chosen else chosen[0] if len(chosen) == 1 else joint(chosen)
             if mine is None or any(o.first not in m.options for o, m in zip(outs, mine.outputs)):

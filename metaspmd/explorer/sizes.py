@@ -39,7 +39,7 @@ class OtherSizes:
         source has self's width. The combines must also hold on the trials with every
         unpinned dim lengthened, the group's cut dims by one common amount (they are cut at
         the same bounds); where the op sizes one input by another unchecked
-        (``OpCase.trusts_shapes``: backward kernels), dims of one length by one amount, so
+        (``Sizes.trusts_shapes``: backward kernels), dims of one length by one amount, so
         the call stays one the op is defined for. An index cut with the data (gather's,
         along a dim it does not gather) is lengthened with it by copies of its own
         positions, unless they are distinct along the cut (unpooling's: copies would write
@@ -55,7 +55,7 @@ class OtherSizes:
         if not dims:
             return outs
         amounts = self._own_amounts(dims)
-        if self.case.trusts_shapes:
+        if self.case.sizes.trusts_shapes:
             by_length: dict[int, int] = {}
             for i, d in dims:
                 by_length.setdefault(self.ops.shape(first.leaves[i])[d], amounts[i, d])
@@ -74,7 +74,7 @@ class OtherSizes:
 
     def _amounts_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
         """Block counts and halos are read off sizes, which the signature leaves out unless
-        the case pins them (``OpCase.exact_sizes``): flatten's dims in front of the cut; cat's
+        the case pins them (``Sizes.exact_sizes``): flatten's dims in front of the cut; cat's
         inputs, which must be of equal length; a convolution kernel's extent. A block, halo or
         overlap gather, and every combine of a group with an input halo, stays only where it
         also rebuilds the outputs with every unpinned input dim of 2 or more lengthened by
@@ -137,22 +137,22 @@ class OtherSizes:
     def _reproduces(self, trial: Trial) -> bool:
         """Does the op give ``trial``'s outputs again on copies of its inputs? (Within the
         usual tolerance: a kernel's threads may sum in another order; garbage differs more.)"""
-        if id(trial) not in self._reproduced:
+        if id(trial) not in self.memo.reproduced:
             try:
                 outputs, _ = self._call([self.ops.clone(x) for x in trial.leaves], trial)
                 same = len(outputs) == len(trial.outputs) and all(
                     self.ops.close(a, b) for a, b in zip(outputs, trial.outputs))
             except Exception:
                 same = False
-            self._reproduced[id(trial)] = same
-        return self._reproduced[id(trial)]
+            self.memo.reproduced[id(trial)] = same
+        return self.memo.reproduced[id(trial)]
 
     def _resizable_dims(self) -> list[tuple[int, int]]:
         """(leaf, dim) of every input dim of 2 or more whose size the signature leaves out."""
         out = []
         for i, x in enumerate(self.trials[0].leaves):
             shape = self.ops.shape(x)
-            pinned = pinned_dims(self.case.exact_sizes.get(self.leaf_names[i]), len(shape))
+            pinned = pinned_dims(self.case.sizes.exact_sizes.get(self.leaf_names[i]), len(shape))
             out += [(i, d) for d, size in enumerate(shape) if size >= 2 and d not in pinned]
         return out
 
@@ -183,19 +183,19 @@ class OtherSizes:
     def _resized_and_taken(self, amounts: dict[tuple[int, int], int]) -> tuple[list[Trial] | None, dict]:
         """``_resized_by(amounts)`` and the amounts its trials were lengthened by."""
         key = (tuple(id(t) for t in self.trials), tuple(sorted(amounts.items())))
-        if key not in self._resized:
-            taken, trials = amounts, self._rebuilt_trials(self._lengthened_by(amounts))
+        if key not in self.memo.resized:
+            taken, trials = amounts, self._rebuilt_trials(self._lengthened_by(amounts), self.trials)
             if trials is None:
                 taken = self._tied_amounts(amounts)
-                trials = self._rebuilt_trials(self._lengthened_by(taken))
-            self._resized[key] = (self.trials, trials, taken)
-        return self._resized[key][1:]
+                trials = self._rebuilt_trials(self._lengthened_by(taken), self.trials)
+            self.memo.resized[key] = (self.trials, trials, taken)
+        return self.memo.resized[key][1:]
 
     def _tied_amounts(self, own: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
         """``own`` with the dims the op refuses to lengthen alone lengthened by 1 together,
         or, where it refuses that, in the pairs it takes (each probed on the example)."""
         def takes(amounts: dict[tuple[int, int], int]) -> bool:
-            return self._rebuilt_trials(self._lengthened_by(amounts), self.trials[0]) is not None
+            return self._rebuilt_trials(self._lengthened_by(amounts), [self.trials[0]]) is not None
 
         tied = [k for k in own if not takes({k: own[k]})]
         amounts = {k: by for k, by in own.items() if k not in tied}
@@ -232,11 +232,11 @@ class OtherSizes:
     def _may_index(self, i: int) -> bool:
         """Could integer input ``i`` index a dim (a kernel trusts its indices)? One the case
         fixes, or one beside a tensor of another kind: integer inputs alone are data
-        (addmm of integers), and so are fill or init values (``OpCase.values``)."""
+        (addmm of integers), and so are fill or init values (``IndexFlags.values``)."""
         leaves, name = self.trials[0].leaves, self.leaf_names[i]
-        if self.ops.dtype_kind(leaves[i]) != INT or name in self.case.values:
+        if self.ops.dtype_kind(leaves[i]) != INT or name in self.case.index.values:
             return False
-        return name in self.case.fixed or any(self.ops.dtype_kind(x) != INT for x in leaves)
+        return name in self.case.index.fixed or any(self.ops.dtype_kind(x) != INT for x in leaves)
 
     def _distinct_along(self, i: int, d: int) -> bool:
         """Are input ``i``'s values distinct along dim ``d`` (no repeat in any of its lines

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -14,9 +16,19 @@ from ..combine import Split, holds
 from ..spec import ArgReduce, Gather, Group, Identity, OutputCombine, Reduce
 from ..tensor_ops import FLOAT
 from .common import (
-    AVG_UNTRIED, EXPLORE_SPLIT, PARTIAL_SPREADS, SPECIAL_SPLITS, TRIAL_SPLITS, UNINFORMATIVE, halo_room,
-    order_dependent, picks_by_order, reduces_values, sized_gather,
+    AVG_UNTRIED, EXPLORE_SPLIT, FIRST_RESERVE_TRIAL, PARTIAL_SPREADS, RESERVE_TRIALS, SPECIAL_SPLITS, TRIAL_SPLITS,
+    UNINFORMATIVE, Trial, halo_room, order_dependent, picks_by_order, reduces_values, sized_gather,
 )
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What held of a group on the trials: per output, the combines that rebuild it; the
+    shard counts tried; whether an uneven split was among them."""
+
+    combines: tuple[OutputCombine, ...]
+    counts: frozenset[int]
+    uneven: bool
 
 
 class Verifier:
@@ -41,8 +53,8 @@ class Verifier:
                 return None if found is AVG_UNTRIED else found
         return UNINFORMATIVE
 
-    def _verify(self, group: Group, found: list[list]) -> tuple[tuple[OutputCombine, ...], set[int], bool] | None:
-        """Re-check ``found`` on the fresh trials; the surviving combines, shard counts, unevenness."""
+    def _verify(self, group: Group, found: list[list]) -> Verified | None:
+        """Re-check ``found`` on the fresh trials: what survives, or None where an output keeps nothing."""
         alive = [list(opts) for opts in found]
         avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
         counts, uneven, informative = set(), False, 0
@@ -145,7 +157,19 @@ class Verifier:
             result = self._cuts_on_other_sizes(group, result)
             if result is None:
                 return None
-        return tuple(result), counts, uneven
+        return Verified(tuple(result), frozenset(counts), uneven)
+
+    def _reserve_trials(self) -> Iterator[Trial]:
+        """Up to ``RESERVE_TRIALS`` more fresh trials, drawn when first needed and kept for
+        the other groups; fewer where the op rejects fresh inputs."""
+        reserve = self.memo.reserve
+        for n in range(RESERVE_TRIALS):
+            if n == len(reserve):
+                try:
+                    reserve.append(self._fresh_trial(FIRST_RESERVE_TRIAL + n, self.trials[0]))
+                except Exception:
+                    return
+            yield reserve[n]
 
     def _check_avg_evenly(self, group: Group, alive: list[list], avg_checks: int, counts: set[int]):
         """reduce(avg) holds on equal shards only, and no trial split is even on a dim of odd
@@ -239,9 +263,9 @@ class Verifier:
         """``alive`` less the identity combines a special-value trial refutes. A Partial input
         that leaves an output whole on random data can still matter on values random data
         never hits: heaviside's values are read only where self is 0."""
-        if self._refuters is None:
-            self._refuters = (self._special_trials() or []) if self.case.special is not None else []
-        for trial, split in zip(self._refuters, itertools.cycle(TRIAL_SPLITS)):
+        if self.memo.refuters is None:
+            self.memo.refuters = (self._special_trials() or []) if self.case.specials.special is not None else []
+        for trial, split in zip(self.memo.refuters, itertools.cycle(TRIAL_SPLITS)):
             locs = self._locals(group, trial, split)
             if locs is None or locs is UNINFORMATIVE:
                 continue  # the op rejects these inputs split this way: no verdict

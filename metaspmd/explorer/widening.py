@@ -3,6 +3,7 @@ proportional cut to be told apart on three shards, the trials with those dims le
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..combine import Split, follower_ranges
@@ -18,7 +19,7 @@ class Widening:
         """The trials to try a group on where its cut dims need room for three shards whose
         halos do not reach both ends (a middle shard that sees the whole input proves
         nothing): the sample's own where they have it, else, where the op takes it
-        (``OpCase.widen``), the same trials with those dims lengthened by fresh random data;
+        (``Sizes.widen``), the same trials with those dims lengthened by fresh random data;
         None where neither works. ``extra_evidence``: the lengthened trials only add to the
         sample's own (order picks on a dim of two), so any op that runs on them may have them."""
         ops, first = self.ops, self.trials[0]
@@ -27,7 +28,7 @@ class Widening:
         if all(ops.shape(first.leaves[i])[d] >= wide for i, d, _ in group.dims):
             return self.trials
         inside = {i for i, _, _ in group.dims}
-        if not (self.case.widen or extra_evidence) or any(
+        if not (self.case.sizes.widen or extra_evidence) or any(
             (i in inside and self.leaf_names[i] in self.fixed and not extra_evidence)
             or (i not in inside and self._may_index(i))
             for i in range(len(first.leaves))
@@ -44,7 +45,7 @@ class Widening:
                     x = self._lengthen(x, d, wide, 31 * trial.index + i, copies=self.leaf_names[i] in self.fixed)
             return x
 
-        return self._rebuilt_trials(wider)
+        return self._rebuilt_trials(wider, self.trials)
 
     def _two_long(self, group: Group) -> bool:
         """Is every cut dim two elements long, one per shard?"""
@@ -63,7 +64,7 @@ class Widening:
             i0, d0, _ = group.dims[0]
             reference = split.bounds(self.ops.shape(trial.leaves[i0])[d0]) or []
             ranges = follower_ranges(self.ops, trial.leaves, group.placements(len(trial.leaves)), reference,
-                                     self.case.padding) or {}
+                                     self.case.local.padding) or {}
             for i, d, _, extend, _ in group.follow:
                 size = self.ops.shape(trial.leaves[i])[d]
                 if extend and any(min(stop, size) - max(start, 0) >= size for start, stop in ranges.get(i, ())):
@@ -84,6 +85,15 @@ class Widening:
                     self.widened[g.placements(n_inputs)] = self._widened_notes(g)
                 return True
         return False
+
+    @contextlib.contextmanager
+    def _on_trials(self, trials: list[Trial]):
+        """The search on ``trials`` instead of the sample's, for the ``with`` block only."""
+        saved, self.trials = self.trials, trials
+        try:
+            yield
+        finally:
+            self.trials = saved
 
     def _accepted_on(self, group: Group, trials: list[Trial], accept) -> bool:
         """``accept`` of ``group`` explored and verified on ``trials`` instead of the sample's."""
@@ -112,10 +122,10 @@ class Widening:
         ops, first = self.ops, self.trials[0]
         i0, d0, _ = group.dims[0]
         grow = FOLLOW_ROOM - ops.shape(first.leaves[i0])[d0]
-        if grow <= 0 or not self.case.widen or any(0 in ops.shape(o) for o in first.outputs):
+        if grow <= 0 or not self.case.sizes.widen or any(0 in ops.shape(o) for o in first.outputs):
             return None
         cut = {i0: (d0, grow)} | {i: (d, scale * grow) for i, d, scale, _, _ in group.follow}
-        if any(i not in cut and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.values
+        if any(i not in cut and ops.dtype_kind(x) == INT and self.leaf_names[i] not in self.case.index.values
                for i, x in enumerate(first.leaves)):
             return None  # integer inputs beside the group: indices into the dims
 
@@ -125,7 +135,7 @@ class Widening:
             d, by = cut[i]
             return self._lengthen(x, d, ops.shape(x)[d] + by, trial.index * 31 + i)
 
-        return self._rebuilt_trials(longer)
+        return self._rebuilt_trials(longer, self.trials)
 
     def _widened_notes(self, group: Group) -> list[str]:
         first, halo = self.trials[0], group.dims[0][2]
