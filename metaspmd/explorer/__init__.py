@@ -19,9 +19,17 @@ Soundness guards: an op whose global output differs between two identical calls 
 nondeterministic; an output that does not change across fresh inputs cannot tell combines
 apart, so the entry gets no strategy; shards of an input must really differ.
 
-The parts: ``core`` (the run and the public entry points), ``trials``, ``groups``,
-``shards``, ``verify``, ``sizes`` (rules at other sizes), ``widening`` and
-``independence``; ``common`` holds what they share.
+The stages, each taking and returning explicit records (``explore_case`` runs them in turn):
+``Context.of`` (the case, ops, settings, seed and leaf names, fixed for the call);
+``baseline.draw_baseline`` (a frozen ``Baseline`` of the trials to judge rules on, or a
+``Verdict`` that ends the call: failed, nondeterministic, nothing to shard);
+``core.Explorer(context, trials).search`` (a frozen ``Found``: the strategies that held and
+how they were verified; each group's verification gives a ``verify.Verified``); and
+``core.entry_of`` (the registry entry).
+
+The search's parts: ``trials`` (running the op), ``groups``, ``shards``, ``verify``,
+``sizes`` (rules at other sizes), ``widening`` and ``independence``; ``common`` holds what
+they share.
 """
 
 from .common import SPECIAL_TRIALS, ExploreConfig
