@@ -3,7 +3,8 @@
 Writing is deterministic (fixed key order, entries sorted by signature, no timestamps or
 paths) and atomic (temp file + rename). Reading composes the YAML with a safe loader
 (libyaml's when available), refuses any non-standard tag (``!!python/object`` and
-friends), validates every field against the rule model, and reports ``file:line``.
+friends) and any anchor or alias, validates every field against the rule model, and
+reports ``file:line``.
 """
 
 from __future__ import annotations
@@ -381,9 +382,26 @@ def _count_tensors(v: Any) -> int:
     return len(_tensors(v))
 
 
+def _refuse_anchors(text: str, filename: str) -> None:
+    """Fail on the first anchor or alias. An alias makes the composed document a graph:
+    a recursive one (``&a [*a]``) sends the reader into endless recursion, and nested ones
+    (a "billion laughs") expand exponentially. The dumper writes none, so a rule file
+    never needs one."""
+    if "&" not in text:  # no anchor, so no alias either (an undefined one fails composing)
+        return
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise RegistryError(f"{filename}:{event.start_mark.line + 1}: alias *{event.anchor} is not allowed "
+                                "in a registry file (write the value out)")
+        if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+            raise RegistryError(f"{filename}:{event.start_mark.line + 1}: anchor &{event.anchor} is not allowed "
+                                "in a registry file (write the value out)")
+
+
 def loads_record(text: str, filename: str = "<string>") -> OpRecord:
     reader = _Reader(filename)
     try:
+        _refuse_anchors(text, filename)
         root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -391,12 +409,21 @@ def loads_record(text: str, filename: str = "<string>") -> OpRecord:
         raise RegistryError(f"{filename}:{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if root is None:
         raise RegistryError(f"{filename}:1: empty file")
-    return reader.record(root)
+    try:
+        return reader.record(root)
+    except RecursionError:  # the reader recurses once per level of nesting
+        raise RegistryError(f"{filename}:1: values nest too deeply for a registry file") from None
 
 
 def load_record(path: str | os.PathLike) -> OpRecord:
     path = Path(path)
-    return loads_record(path.read_text(encoding="utf-8"), str(path))
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise RegistryError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    return loads_record(text, str(path))
 
 
 def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:

@@ -119,3 +119,46 @@ def test_empty_and_unsafe_names():
         loads_record(MM.replace("op: aten.mm.default", "op: ../../etc/passwd"), "f.yaml")
     with pytest.raises(RegistryError):
         write_record("/nonexistent", OpRecord("../x", "torch", "ok"))
+
+
+def test_a_recursive_alias_is_refused_with_file_and_line():
+    """``&e`` on the example and ``*e`` inside it: composing gives a cycle, which the reader
+    would follow until the stack ran out."""
+    text = MM.replace("  example:\n", "  example: &e\n").replace("    mat2: {shape: [4, 5], dtype: float64}\n",
+                                                               "    mat2: {shape: [4, 5], dtype: float64}\n    loop: *e\n")
+    with pytest.raises(RegistryError, match=r"^mm.yaml:10: anchor &e is not allowed"):
+        loads_record(text, "mm.yaml")
+
+
+def test_an_alias_bomb_is_refused_before_it_expands():
+    """Nine levels of ten aliases each: 10**9 notes if the reader expanded them."""
+    levels = ["    - &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"    - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    text = MM.replace("  verified:", "  notes:\n" + "\n".join(levels) + "\n  verified:")
+    with pytest.raises(RegistryError, match=r"^bomb.yaml:14: anchor &a0 is not allowed"):
+        loads_record(text, "bomb.yaml")
+
+
+def test_an_alias_is_refused_by_its_line():
+    """The anchor hides in a comment, so the first thing refused is the alias itself."""
+    text = MM.replace("status: ok\nentries", "status: *s  # &s\nentries")
+    with pytest.raises(RegistryError, match=r"^a.yaml:4: alias \*s is not allowed"):
+        loads_record(text, "a.yaml")
+
+
+def test_an_ampersand_in_text_is_not_an_anchor():
+    text = MM.replace("  verified:", "  reason: 'gather & reduce'\n  notes: [a & b, '&c']\n  verified:")
+    assert loads_record(text, "mm.yaml").entries[0].notes == ("a & b", "&c")
+
+
+def test_deep_nesting_is_an_error_not_a_crash():
+    text = MM.replace("  verified:", "  notes: " + "[" * 5000 + "]" * 5000 + "\n  verified:")
+    with pytest.raises(RegistryError, match=r"^deep.yaml:1: values nest too deeply"):
+        loads_record(text, "deep.yaml")
+
+
+def test_bad_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "aten.mm.default.yaml"
+    path.write_bytes(MM.encode().replace(b"uneven: true", b"uneven: \xff\xfe"))
+    with pytest.raises(RegistryError, match=rf"^{path}:13: not valid UTF-8 \(byte 0xff"):
+        load_record(path)
