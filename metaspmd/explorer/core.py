@@ -86,7 +86,8 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
             spec = self._independent_spec(ranks, list(split.strategies) + coupling, list(whole.strategies), parts)
             if spec is not None:  # else coupled after all, or nothing to gain: the search across parts stands
                 found, status = list(split.strategies) + coupling, split.status
-                counts, uneven = split.counts | whole.counts, split.uneven or whole.uneven  # the coupling strategies' trials too
+                # the coupling strategies' trials too
+                counts, uneven = split.counts | whole.counts, split.uneven or whole.uneven
                 independent = spec
         if not found:
             return Found((), 0, counts, uneven, status)
@@ -162,7 +163,8 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                     continue
                 # not beside index inputs: their positions address the dims a follower cuts
                 # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
-                if self.config.follow and not case.randomness.random and not self.fixed and not any(h for _, _, h in group.dims):
+                if (self.config.follow and not case.randomness.random and not self.fixed
+                        and not any(h for _, _, h in group.dims)):
                     follow = self._follow_groups(group, parts)
                     any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(follow, accept, len(ranks))
             status = "ok"

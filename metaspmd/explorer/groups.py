@@ -144,7 +144,8 @@ class Groups:
             out += [Group(group.dims, follow=((i, d0, scale, size - scale * m, False),)) for scale in range(1, MAX_SCALE + 1)
                     if 0 <= size - scale * m <= MAX_EXTEND and (scale, size - scale * m) != (1, 0)]
             # in proportion to the dim as the op pads it, the outer shards padding it alone
-            padded = size + sum(self.case.local.padding(i, d0) or (0, 0)) if self.config.local and self.case.local.padding else size
+            pad = self.case.local.padding
+            padded = size + sum(pad(i, d0) or (0, 0)) if self.config.local and pad else size
             out += [Group(group.dims, follow=((i, d0, scale, padded - scale * m, True),)) for scale in range(1, MAX_SCALE + 1)
                     if padded > size and 0 <= padded - scale * m <= MAX_EXTEND]
         return out

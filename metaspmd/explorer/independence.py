@@ -113,8 +113,8 @@ class IndependentParts:
         place no window at the example's sizes, and do at others). None where the op has no
         special values."""
         first = self.trials[0]
-        if (self.case.randomness.random or self.case.specials.special is None or len(self.trials) < 3 or not first.outputs
-                or len(first.leaves) < 2):
+        if (self.case.randomness.random or self.case.specials.special is None or len(self.trials) < 3
+                or not first.outputs or len(first.leaves) < 2):
             return []
         if self.memo.unread is not None:
             return self.memo.unread
