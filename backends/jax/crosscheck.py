@@ -32,10 +32,8 @@ from typing import Any, Sequence
 
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
-from metaspmd.combine import (
-    CutInput, Split, follower_ranges, follower_shards, holds, offset_positions, partial_parts, reduce_ops_for,
-    scan_ops_for, shard_with_halo,
-)
+from metaspmd.check import cut_inputs, shard_inputs, surviving
+from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.signature import signature
@@ -213,9 +211,8 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
     fails on a shard. Trials whose shards happen to be equal still count: a combine that
     fails on them is wrong all the same."""
 
-    fn, on_shard = _flat_fn(case, ops), _flat_fn(case, ops, drops(placements))
+    fn = _flat_fn(case, ops)
     alive = [list(o.options) for o in outputs]
-    sharded = [(i, p) for i, p in enumerate(placements) if isinstance(p, ShardIn)]
     avg_checked = False
     for seed in REVERIFY_SEEDS:
         args, kwargs = case.fresh(seed) if case.fresh is not None else (case.args, case.kwargs)
@@ -226,44 +223,30 @@ def surviving_combines(case, ops, placements, outputs) -> list[list] | str:
         for split in (Split(2), Split(3), Split(4), Split(2, skew=True)):
             # each sharded input cut by its own size (a joint of independent parts mixes
             # sizes), except those that follow the first plain one in proportion
-            sizes = {i: ops.shape(leaves[i])[p.dim] for i, p in sharded if not p.follows}
-            bounds = {i: split.bounds(size) for i, size in sizes.items()}
-            if any(b is None for b in bounds.values()):
+            cut = cut_inputs(ops, leaves, placements, split.n, split.bounds)
+            if cut.why:
                 continue
-            if any(length <= p.halo for i, p in sharded if p.halo for _, length in bounds[i]):
+            if any(length <= placements[i].halo for i, b in cut.bounds.items() for _, length in b):
                 continue  # a halo rule's domain: every shard holds more than its halo (as explored)
-            reference = next((bounds[i] for i, p in sharded if p.plain), None)
-            parts = follower_shards(ops, leaves, placements, reference, case.padding) if reference else {}
-            if parts is None:
-                return "a proportional cut does not fit its plain cut's length"
+
+            def parts(i, x, op):
+                return partial_parts(ops, x, op, split.n, seed * 10 + split.n + i)
+
             # params re-based to each shard where the cut is local (a slice of the cut dim, a
             # padded window op's operand): each shard's range, past the dim where the op pads
-            ranges = {i: [(s, s + n) for s, n in bounds[i]] for i, p in sharded if p.local and not p.follows}
-            ranges |= {i: r for i, r in (follower_ranges(ops, leaves, placements, reference, case.padding) or {}).items()
-                       if placements[i].local}
-            cuts = [{i: (placements[i].dim, *r[k], ops.shape(leaves[i])[placements[i].dim]) for i, r in ranges.items()}
-                    for k in range(split.n)]
-            for i, p in enumerate(placements):
-                if isinstance(p, ShardIn) and not p.follows:
-                    parts[i] = shard_with_halo(ops, leaves[i], p.dim, bounds[i], p.halo)
-                elif isinstance(p, PartialInput):
-                    parts[i] = partial_parts(ops, leaves[i], p.op, split.n, seed * 10 + split.n + i)
-                elif isinstance(p, IndexOffset):  # offsets follow the (one) cut dim's shards
-                    starts = [start for start, _ in bounds[sharded[0][0]]]
-                    parts[i] = offset_positions(ops, whole[i], starts, p.component)
-            runs = [_flat_fn(case, ops, drops(placements), cut) if cut else on_shard for cut in cuts]
+            sharded = shard_inputs(ops, leaves, placements, cut, parts, case.padding, whole)
+            if isinstance(sharded, str):
+                return sharded
             try:
-                local = [runs[k](*[parts[i][k] if i in parts else x for i, x in enumerate(whole)]) for k in range(split.n)]
+                local = sharded.run(lambda xs, params: _flat_fn(case, ops, drops(placements), params or None)(*xs))
             except Exception as e:  # noqa: BLE001
                 return f"seed {seed}, {split.n} shards: the op fails on a shard ({type(e).__name__})"
             if any(len(loc) != len(expected) for loc in local):  # unstack on its own axis: no combine
                 return [[] for _ in outputs]
-            even = all(split.is_even(size) for size in sizes.values())
+            even = all(split.is_even(ops.shape(leaves[i])[placements[i].dim]) for i in cut.bounds)
             avg_checked |= even
-            cut = {i: CutInput(parts[i], p.dim, [start for start, _ in bounds[i]]) for i, p in sharded if p.plain}
-            for j, exp in enumerate(expected):
-                shards = [loc[j] for loc in local]
-                alive[j] = [c for c in alive[j] if (c == Reduce("avg") and not even) or holds(ops, c, shards, exp, cut)]
+            kept = surviving(ops, alive, local, expected, sharded.cut)
+            alive = [[c for c in opts if (c == Reduce("avg") and not even) or c in ok] for opts, ok in zip(alive, kept)]
     if not avg_checked:  # reduce(avg) means something on equal shards only: unproven here
         alive = [[c for c in opts if c != Reduce("avg")] for opts in alive]
     return alive

@@ -20,11 +20,12 @@ import torch
 
 from metaspmd import pytree
 from metaspmd.case import OpCase
-from metaspmd.combine import CutInput, Split, follower_shards, holds, offset_positions, partial_summands, shard_with_halo
+from metaspmd.check import cut_inputs, shard_inputs, surviving
+from metaspmd.combine import Split, partial_summands
 from metaspmd.combine import partial_parts as reduced_parts
 from metaspmd.explorer import SPECIAL_TRIALS
 from metaspmd.signature import arg_items
-from metaspmd.spec import Combine, IndexOffset, InputPlacement, PartialInput, Reduce, ShardIn, drops
+from metaspmd.spec import Combine, InputPlacement, PartialInput, Reduce, ShardIn, drops
 from metaspmd.tensor_ops import TensorOps
 
 
@@ -140,49 +141,30 @@ def run_trial(inputs: FreshInputs, placements: Sequence[InputPlacement], combine
     if len(want) != len(combines):
         raise ValueError(f"{len(want)} outputs, the rule combines {len(combines)}")
     n = trial.n
-    per_input: dict[int, list] = {}
-    starts: list[int] = []
-    reference: list[tuple[int, int]] = []  # the first plain cut, which proportional cuts follow
-    cut: dict[int, CutInput] = {}
-    cuts: list[dict] = [{} for _ in range(n)]  # local params: each shard's part, to re-base them to
-    for i, p in enumerate(placements):
-        if isinstance(p, ShardIn) and not p.follows:
-            size = ops.shape(leaves[i])[p.dim]
-            bounds = chunk_bounds(size, n) if trial.chunked else Split(n).bounds(size)
-            if bounds is None:
-                raise ValueError(f"a dim of size {size} cannot be cut in {n}")
-            per_input[i] = shard_with_halo(ops, leaves[i], p.dim, bounds, p.halo)
-            for k, (start, length) in enumerate(bounds if p.local else ()):
-                cuts[k][i] = (p.dim, start, start + length, size)
-            starts = starts or [start for start, _ in bounds]
-            if not p.halo:
-                reference = reference or bounds
-                cut[i] = CutInput(per_input[i], p.dim, [start for start, _ in bounds])
-        elif isinstance(p, PartialInput):
-            per_input[i] = partial_parts(ops, leaves[i], p.op, n, trial.seed * 31 + i, aligned=bool(trial.special))
-    followers = follower_shards(ops, leaves, placements, reference) if reference else {}
-    if followers is None:
-        raise ValueError("a proportional cut does not fit its plain cut's length")
-    per_input.update(followers)
+    bounds = (lambda size: chunk_bounds(size, n)) if trial.chunked else Split(n).bounds
+    cut = cut_inputs(ops, leaves, placements, n, bounds)
+
+    def parts(i: int, x: torch.Tensor, op: str) -> list[torch.Tensor]:
+        return partial_parts(ops, x, op, n, trial.seed * 31 + i, aligned=bool(trial.special))
+
     # an offset marked drop: positions as the op would clamp them, shards run its dropping form
     drop = drops(placements)
     whole = case.positions_in_range(leaves) if drop else leaves
-    for i, p in enumerate(placements):
-        if isinstance(p, IndexOffset):
-            per_input[i] = offset_positions(ops, whole[i], starts, p.component)
+    sharded = shard_inputs(ops, leaves, placements, cut, parts, case.padding, whole)
+    if isinstance(sharded, str):
+        raise ValueError(sharded)
     locals_ = []
-    for k in range(n):
-        local = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
-        a, kw = pytree.replace((args, kwargs), ops.is_tensor, local)
+    for k, (local, params) in enumerate(zip(sharded.inputs, sharded.local)):
+        a, kw = pytree.replace((args, kwargs), ops.is_tensor, list(local))
         try:
-            got = pytree.leaves(case.call(a, kw, drop, cuts[k]), ops.is_tensor)
+            got = pytree.leaves(case.call(a, kw, drop, params), ops.is_tensor)
         except Exception as e:
             return Failure(f"shard {k + 1} of {n} fails: {type(e).__name__}", crashed=True)
         if len(got) != len(want):
             return Failure(f"shard {k + 1} of {n} gives {len(got)} outputs", crashed=True)
         locals_.append(got)
-    for j, c in enumerate(combines):
-        if not holds(ops, c, [loc[j] for loc in locals_], want[j], cut):
+    for j, (c, kept) in enumerate(zip(combines, surviving(ops, [[c] for c in combines], locals_, want, sharded.cut))):
+        if not kept:
             return Failure(f"output {j}: {c} does not rebuild it from {n} shards")
     return None
 

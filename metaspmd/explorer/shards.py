@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..combine import (
-    CutInput, Split, candidate_combines, follower_ranges, follower_shards, holds, offset_positions, partial_parts,
-    shard_with_halo,
-)
+from ..check import cut_inputs, shard_inputs
+from ..combine import CutInput, Split, candidate_combines, holds, partial_parts
 from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
@@ -22,69 +20,51 @@ class Shards:
     def _locals(self, group: Group, trial: Trial, split: Split) -> list[list[Any]] | None:
         """Local outputs per shard, or None when the group cannot run this way."""
         ops = self.ops
-        n = split.n
-        per_input: dict[int, list[Any]] = {}
-        cuts: list[dict[int, tuple[int, int, int, int]]] = [{} for _ in range(n)]  # a local group's shards
-        if group.dims:
-            # an empty input has no data to differ, only a shape to cut: beside a full one
-            # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
-            full = [i for i, _, _ in group.dims if 0 not in ops.shape(trial.leaves[i])]
-            for i, d, halo in group.dims:
-                bounds = split.bounds(ops.shape(trial.leaves[i])[d])  # joint groups mix dim sizes
-                if bounds is None:
-                    return None
-                shards = shard_with_halo(ops, trial.leaves[i], d, bounds, halo)
-                if (not trial.special and (i in full or not full)
-                        and all(ops.close(shards[0], s) for s in shards[1:])):
-                    return UNINFORMATIVE  # identical shards prove nothing (the special trials'
-                    # all-zero input is meant to be uniform; the other trials need distinct shards)
-                per_input[i] = shards
-                if group.local:
-                    for k, (start, length) in enumerate(bounds):
-                        cuts[k][i] = (d, start, start + length, ops.shape(trial.leaves[i])[d])
-            if not trial.special and full and all(
-                    flat_along(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
-                # every cut input the same along its cut dim: shards differ in length at most
-                # (an uneven split, a halo), and a gather passes for any reordering there
-                return UNINFORMATIVE
-        if group.follow:
-            i0, d0, _ = group.dims[0]
-            placements, reference = group.placements(len(trial.leaves)), split.bounds(ops.shape(trial.leaves[i0])[d0])
-            followers = follower_shards(ops, trial.leaves, placements, reference, self.case.padding)
-            if followers is None:
-                return None
-            for i, spans in follower_ranges(ops, trial.leaves, placements, reference, self.case.padding).items():
-                if placements[i].local:  # the op pads only the part of a shard's range past the dim
-                    for k, (start, stop) in enumerate(spans):
-                        cuts[k][i] = (placements[i].dim, start, stop, ops.shape(trial.leaves[i])[placements[i].dim])
-            if not trial.special and any(all(ops.close(s[0], t) for t in s[1:]) for s in followers.values()):
-                return UNINFORMATIVE
-            per_input.update(followers)
-        # positions clamped first where the shards drop those out of range (every position
-        # input: dynamic_update_slice takes one per dim, and only the cut dim's is offset)
-        whole = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
-        if group.offset:  # the cut dims share one size, so one start per shard
-            cut, d, _ = group.dims[0]
-            starts = [start for start, _ in split.bounds(ops.shape(trial.leaves[cut])[d])]
-            for i, component in group.offset:
-                per_input[i] = offset_positions(ops, whole[i], starts, component)
-        for i in group.partial:
+        placements = group.placements(len(trial.leaves))
+        cut = cut_inputs(ops, trial.leaves, placements, split.n, split.bounds)
+        # an empty input has no data to differ, only a shape to cut: beside a full one
+        # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
+        full = [i for i, _, _ in group.dims if 0 not in ops.shape(trial.leaves[i])]
+        for i, shards in cut.shards.items():  # judged in order, up to where the cutting stopped
+            if (not trial.special and (i in full or not full)
+                    and all(ops.close(shards[0], s) for s in shards[1:])):
+                return UNINFORMATIVE  # identical shards prove nothing (the special trials'
+                # all-zero input is meant to be uniform; the other trials need distinct shards)
+        if cut.why:
+            return None
+        if group.dims and not trial.special and full and all(
+                flat_along(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
+            # every cut input the same along its cut dim: shards differ in length at most
+            # (an uneven split, a halo), and a gather passes for any reordering there
+            return UNINFORMATIVE
+
+        def parts(i: int, x: Any, op: str) -> list[Any]:
             # special values meet parts of x's own sign (inf times parts of both signs is NaN:
             # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
-            per_input[i] = partial_parts(ops, trial.leaves[i], group.partial_op, n,
-                                         self.seed * 1000 + 100 * trial.index + 17 * i + n, spread, trial.special)
-        result = []
-        for k in range(n):
-            leaves = [per_input[i][k] if i in per_input else x for i, x in enumerate(whole)]
-            try:
-                tensors, others = self._call(leaves, trial, group.drop, cuts[k])
-            except Exception:
-                return None
+            return partial_parts(ops, x, op, split.n, self.seed * 1000 + 100 * trial.index + 17 * i + split.n,
+                                 spread, trial.special)
+
+        # positions clamped first where the shards drop those out of range (every position
+        # input: dynamic_update_slice takes one per dim, and only the cut dim's is offset)
+        whole = self.case.positions_in_range(trial.leaves) if group.drop else trial.leaves
+        sharded = shard_inputs(ops, trial.leaves, placements, cut, parts, self.case.padding, whole)
+        if isinstance(sharded, str):
+            return None
+        if not trial.special and any(all(ops.close(sharded.pieces[i][0], t) for t in sharded.pieces[i][1:])
+                                     for i, *_ in group.follow):
+            return UNINFORMATIVE
+
+        def run(leaves: list[Any], local) -> list[Any]:
+            tensors, others = self._call(leaves, trial, group.drop, local)
             if len(tensors) != len(trial.outputs) or others != trial.others:
-                return None
-            result.append(tensors)
-        return result
+                raise ValueError("the shard's call gives other outputs")  # stops at the first such shard
+            return tensors
+
+        try:
+            return sharded.run(run)
+        except Exception:
+            return None
 
     def _is_even(self, group: Group, split: Split, trial: Trial | None = None) -> bool:
         """Does ``split`` cut the group's dims into equal shards (on ``trial``'s inputs,
@@ -146,12 +126,8 @@ class Shards:
 
     def _cut_inputs(self, group: Group, trial: Trial, split: Split) -> dict[int, CutInput]:
         """The group's inputs cut without a halo, whose values an argreduce reads."""
-        out = {}
-        for i, d, halo in group.dims:
-            bounds = split.bounds(self.ops.shape(trial.leaves[i])[d])
-            if not halo and bounds:
-                out[i] = CutInput(shard_with_halo(self.ops, trial.leaves[i], d, bounds, 0), d, [s for s, _ in bounds])
-        return out
+        placements = group.placements(len(trial.leaves))
+        return cut_inputs(self.ops, trial.leaves, placements, split.n, split.bounds).values(placements)
 
     def _even_split(self, group: Group) -> Split | None:
         """Equal shards for the group's dim (its smallest divisor), within MAX_EVEN_SHARDS."""
