@@ -5,16 +5,41 @@ In memory for the process, and persisted under the user's cache directory
 per key. Writes go through a temp file and an atomic rename, so concurrent writers (two
 processes exploring the same op) never leave a torn file: the last complete one wins,
 and both hold the same verified rule.
+
+Versioned as the OpInfo sample index is: the files live in a folder named after the
+verifier and schema versions (``rules-v<VERIFIER_VERSION>-s<SCHEMA_VERSION>``) and, inside
+it, one per backend and framework version (``torch-2.13.0_cpu``), so a rule found before a
+soundness fix, or under another build of the framework, is never read back. The core
+imports no framework: the framework version is the installed distribution named like the
+backend (package metadata), unless the backend registers its own with
+``register_framework_version`` or the caller passes ``framework_versions``.
+
+A file that cannot be read as a record (bad UTF-8, an alias, a hand edit) is a miss with a
+warning naming it: the op is explored again and the file rewritten. A cache folder that
+cannot be used (read-only, not a folder) turns persistence off with one warning; what
+was explored stays in memory for the process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
+import re
+import warnings
 from pathlib import Path
+from typing import Callable, Mapping
 
+from . import rules
 from .registry_io import RegistryError, dump_record, load_record, record_path, write_text_atomic
 from .rules import OpRecord, RuleEntry, make_record
+
+_FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+class RuleCacheWarning(UserWarning):
+    """The on-disk rule cache could not be used as it is (an unreadable entry, an unwritable folder)."""
 
 
 def default_cache_dir() -> Path:
@@ -22,15 +47,44 @@ def default_cache_dir() -> Path:
     return Path(base) / "metaspmd"
 
 
+def register_framework_version(backend: str, version: Callable[[], str]) -> None:
+    """Let a backend name the framework build its rules depend on, where the distribution
+    named like the backend does not (another package name, a compiler of its own)."""
+    _FRAMEWORK_VERSIONS[backend] = version
+
+
+def framework_version(backend: str) -> str:
+    provider = _FRAMEWORK_VERSIONS.get(backend)
+    if provider is not None:
+        return provider()
+    try:
+        return importlib.metadata.version(backend)  # metadata only: imports nothing
+    except importlib.metadata.PackageNotFoundError:
+        return "unversioned"  # no package of that name (a test's fake backend)
+
+
 class RuleCache:
-    def __init__(self, root: str | os.PathLike | None = None, persist: bool = True):
+    def __init__(self, root: str | os.PathLike | None = None, persist: bool = True, *,
+                 framework_versions: Mapping[str, str] | None = None):
+        """``framework_versions``: backend -> framework version, instead of ``framework_version``'s."""
         self.root = Path(root) if root is not None else default_cache_dir()
         self.persist = persist
         self._memory: dict[tuple[str, str, str], RuleEntry] = {}
+        self._pinned = dict(framework_versions or {})
+        self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
+        # Read at construction, not import, so a bump in a running test takes effect.
+        self._folder = self.root / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}"
 
-    def _path(self, backend: str, op: str, signature: str) -> Path:
+    def _backend_folder(self, backend: str) -> str:
+        if backend not in self._versions:
+            version = self._pinned[backend] if backend in self._pinned else framework_version(backend)
+            self._versions[backend] = f"{backend}-{_UNSAFE.sub('_', version)}"
+        return self._versions[backend]
+
+    def path(self, backend: str, op: str, signature: str) -> Path:
+        """Where the entry of (op, signature) lives on disk."""
         digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
-        folder = record_path(self.root, backend, op).with_suffix("")
+        folder = record_path(self._folder, self._backend_folder(backend), op).with_suffix("")
         return folder / f"{digest}.yaml"
 
     def get(self, backend: str, op: str, signature: str) -> RuleEntry | None:
@@ -39,24 +93,48 @@ class RuleCache:
             return self._memory[key]
         if not self.persist:
             return None
-        path = self._path(backend, op, signature)
+        path = self.path(backend, op, signature)
         try:
             record = load_record(path)
-        except (OSError, RegistryError):
-            return None  # absent, or written by an incompatible version: explore again
+        except FileNotFoundError:
+            return None
+        except RegistryError as e:  # its message names the file and line
+            warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {e}",
+                          RuleCacheWarning, stacklevel=2)
+            return None
+        except OSError as e:
+            self._memory_only(e)
+            return None
+        if (record.op, record.backend) != (op, backend):
+            warnings.warn(f"rule cache: {path} holds {record.backend} {record.op}, not {backend} {op}; "
+                          "exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
+            return None
         entry = record.entry(signature)
         if entry is not None:
             self._memory[key] = entry
         return entry
 
     def put(self, backend: str, op: str, entry: RuleEntry) -> None:
-        self._memory[(backend, op, entry.signature)] = entry
+        self._memory[(backend, op, entry.signature)] = entry  # first: a failed write loses nothing
         if self.persist:
             record: OpRecord = make_record(op, backend, [entry])
-            write_text_atomic(self._path(backend, op, entry.signature), dump_record(record))
+            try:
+                write_text_atomic(self.path(backend, op, entry.signature), dump_record(record))
+            except OSError as e:
+                self._memory_only(e)
 
     def remember(self, backend: str, op: str, entry: RuleEntry) -> None:
         """Keep a freshly explored entry, unless it failed: a failure may be the
         environment's (a crash, a time limit), so the next run explores again."""
         if entry.status != "failed":
             self.put(backend, op, entry)
+
+    def _memory_only(self, error: OSError) -> None:
+        """The folder cannot be used: say so once, and keep rules in memory from now on."""
+        if self.persist:
+            self.persist = False
+            warnings.warn(f"rule cache: cannot use {self.root} ({error}); keeping explored rules in memory "
+                          "for this process only", RuleCacheWarning, stacklevel=3)
+
+
+__all__ = ["RuleCache", "RuleCacheWarning", "default_cache_dir", "framework_version", "register_framework_version"]

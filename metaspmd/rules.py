@@ -10,6 +10,10 @@ from .spec import (
 )
 
 SCHEMA_VERSION = 1
+# Bump with every soundness fix of the explorer or verifier, or any change of what an
+# entry means: rules that live exploration cached under an older version are then never
+# trusted, but explored again (the rule cache keys its folders by this number).
+VERIFIER_VERSION = 1
 # Joint strategies of independent parts offered per entry: (labels per part + 1) ** parts
 # grows fast for long lists; the single labels always remain.
 JOINT_LIMIT = 64
@@ -125,5 +129,5 @@ def make_record(op: str, backend: str, entries) -> OpRecord:
 
 __all__ = [
     "ENTRY_STATUSES", "Example", "JOINT_LIMIT", "OP_STATUSES", "OpRecord", "RuleEntry", "SCHEMA_VERSION",
-    "TensorArg", "Verification", "make_record", "summarize_status",
+    "TensorArg", "VERIFIER_VERSION", "Verification", "make_record", "summarize_status",
 ]

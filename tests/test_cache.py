@@ -1,11 +1,30 @@
-"""The live-exploration cache: memory, XDG persistence, concurrent writers."""
+"""The live-exploration cache: memory, XDG persistence, concurrent writers, versioned
+folders, unreadable entries and unusable folders."""
 
 import dataclasses
+import importlib.metadata
 import multiprocessing as mp
+import os
+import sys
+import warnings
+from pathlib import Path
 
-from metaspmd.cache import RuleCache, default_cache_dir
+import pytest
+
+from metaspmd import cache as cache_module
+from metaspmd import rules
+from metaspmd.cache import RuleCache, RuleCacheWarning, default_cache_dir, framework_version, register_framework_version
+from metaspmd.case import OpCase
+from metaspmd.registry_io import load_record
+from metaspmd.resolve import NodeCall, resolve_call
 from metaspmd.rules import Example, RuleEntry, TensorArg
 from metaspmd.spec import CombineSpec, PartialSpec, ShardSpec
+
+np = pytest.importorskip("numpy")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+
+RELU = "aten.relu.default"
 
 
 def entry(sig="self:f[*]"):
@@ -20,21 +39,21 @@ def test_xdg_location(monkeypatch, tmp_path):
 
 def test_remembered_entries_persist_and_failures_do_not(tmp_path):
     cache = RuleCache(tmp_path)
-    assert cache.get("torch", "aten.relu.default", "self:f[*]") is None
-    cache.remember("torch", "aten.relu.default", entry())
-    assert cache.get("torch", "aten.relu.default", "self:f[*]") == entry()
+    assert cache.get("torch", RELU, "self:f[*]") is None
+    cache.remember("torch", RELU, entry())
+    assert cache.get("torch", RELU, "self:f[*]") == entry()
     fresh = RuleCache(tmp_path)  # a new process sees the persisted entry
-    assert fresh.get("torch", "aten.relu.default", "self:f[*]") == entry()
-    assert fresh.get("torch", "aten.relu.default", "self:f[*,*]") is None
+    assert fresh.get("torch", RELU, "self:f[*]") == entry()
+    assert fresh.get("torch", RELU, "self:f[*,*]") is None
     failed = dataclasses.replace(entry("self:f[*,*,*]"), status="failed", reason="crashed: SIGFPE")
-    cache.remember("torch", "aten.relu.default", failed)
-    assert cache.get("torch", "aten.relu.default", "self:f[*,*,*]") is None
+    cache.remember("torch", RELU, failed)
+    assert cache.get("torch", RELU, "self:f[*,*,*]") is None
 
 
 def _writer(root, n):
     cache = RuleCache(root)
     for _ in range(n):
-        cache.put("torch", "aten.relu.default", entry())
+        cache.put("torch", RELU, entry())
 
 
 def test_concurrent_writers_leave_a_whole_file(tmp_path):
@@ -44,5 +63,96 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
     for p in procs:
         p.join()
     assert all(p.exitcode == 0 for p in procs)
-    assert RuleCache(tmp_path).get("torch", "aten.relu.default", "self:f[*]") == entry()
+    assert RuleCache(tmp_path).get("torch", RELU, "self:f[*]") == entry()
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_entries_are_keyed_by_verifier_and_framework_version(tmp_path, monkeypatch):
+    """A rule found under another framework build, or before a verifier fix, is not read."""
+    on_213 = RuleCache(tmp_path, framework_versions={"torch": "2.13.0+cpu"})
+    on_213.put("torch", RELU, entry())
+    expected = tmp_path / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}" / "torch-2.13.0_cpu" / RELU
+    assert on_213.path("torch", RELU, "self:f[*]").parent == expected and load_record(on_213.path("torch", RELU, "self:f[*]"))
+    assert RuleCache(tmp_path, framework_versions={"torch": "2.13.0+cpu"}).get("torch", RELU, "self:f[*]") == entry()
+    assert RuleCache(tmp_path, framework_versions={"torch": "2.12.0"}).get("torch", RELU, "self:f[*]") is None
+    monkeypatch.setattr(rules, "VERIFIER_VERSION", rules.VERIFIER_VERSION + 1)  # a soundness fix
+    after_fix = RuleCache(tmp_path, framework_versions={"torch": "2.13.0+cpu"})
+    assert after_fix.get("torch", RELU, "self:f[*]") is None
+    assert after_fix.path("torch", RELU, "self:f[*]").parent != expected
+
+
+def test_the_framework_version_comes_from_package_metadata_or_the_backend(tmp_path, monkeypatch):
+    assert framework_version("numpy") == importlib.metadata.version("numpy")
+    assert framework_version("no-such-framework") == "unversioned"
+    assert f"numpy-{importlib.metadata.version('numpy')}" in RuleCache(tmp_path).path("numpy", "add", "s").parts
+    monkeypatch.setattr(cache_module, "_FRAMEWORK_VERSIONS", {})  # registrations end with the test
+    register_framework_version("fakefw", lambda: "1.0+local")
+    assert "fakefw-1.0_local" in RuleCache(tmp_path).path("fakefw", "add", "s").parts
+
+
+EXPLORED: list[str] = []
+
+
+def _add(a, b):
+    EXPLORED.append("add")
+    return np.add(a, b)
+
+
+ADD = NodeCall("self:f[*,*] other:f[*,*]", None, lambda: OpCase(
+    "add", _add, tuple(np.random.default_rng(0).standard_normal((2, 6, 4))), {}, ("self", "other")))
+
+
+@pytest.mark.parametrize("damage", [
+    b"schema: 1\nop: add\n\xff\xfe not text\n",  # bad UTF-8
+    b"schema: 1\nop: add\nbackend: numpy\nstatus: ok\nentries: &e [*e]\n",  # a recursive alias
+    b"schema: 1\nop: add\nbackend: num",  # torn by hand
+])
+def test_an_unreadable_entry_is_explored_again_and_rewritten(tmp_path, damage):
+    first = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
+    assert first.status == "ok" and load_record(path).entry(ADD.signature) == first
+    path.write_bytes(damage)
+    EXPLORED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    assert again == first and EXPLORED  # explored again, not read
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    assert len(ours) == 1 and str(path) in ours[0], ours  # one warning, naming the file
+    assert load_record(path).entry(ADD.signature) == first  # rewritten
+    EXPLORED.clear()
+    assert resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path)) == first and not EXPLORED
+
+
+def test_an_unusable_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_path):
+    root = tmp_path / "not-a-folder"
+    root.write_text("a file where the cache folder should be")
+    cache = RuleCache(root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache.remember("torch", RELU, entry())  # the write fails first
+        cache.remember("torch", RELU, entry("self:f[*,*]"))
+        assert cache.get("torch", RELU, "self:f[*,*,*]") is None
+    assert [w.category for w in caught] == [RuleCacheWarning] and str(root) in str(caught[0].message)
+    assert cache.get("torch", RELU, "self:f[*]") == entry()  # nothing explored is lost
+    assert cache.get("torch", RELU, "self:f[*,*]") == entry("self:f[*,*]")
+    assert root.read_text() == "a file where the cache folder should be"
+    with warnings.catch_warnings(record=True) as caught:  # a fresh cache that reads first
+        warnings.simplefilter("always")
+        assert RuleCache(root).get("torch", RELU, "self:f[*]") is None
+    assert [w.category for w in caught] == [RuleCacheWarning]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes to a read-only folder")
+def test_a_read_only_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        cache = RuleCache(tmp_path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cache.put("torch", RELU, entry())
+            cache.put("torch", RELU, entry("self:f[*,*]"))
+        assert [w.category for w in caught] == [RuleCacheWarning]
+        assert cache.get("torch", RELU, "self:f[*]") == entry()
+    finally:
+        tmp_path.chmod(0o700)
