@@ -2,8 +2,8 @@
 
 Nothing from a YAML file reaches the output as raw text: every ``{{ }}`` value passes
 through ``_literal``, which renders plain data (str, int, bool, None, tuples of those) with
-``repr`` and refuses anything else, and placement code comes only from validated
-``Placement`` objects (``Code``). A crafted registry file therefore cannot inject code.
+``repr`` and refuses anything else, and rule-model strings come from validated model
+objects. A crafted registry file therefore cannot inject code.
 """
 
 from __future__ import annotations
@@ -14,16 +14,22 @@ from pathlib import Path
 import jinja2
 
 from metaspmd.registry_io import load_registry
+from metaspmd.table import Entry, entry_of
 
-from .model import DTENSOR_MASKS, CodegenError, check_op_name, jax_strategies, placement_rules, shardy_rule
+from .model import CodegenError, check_op_name, shardy_rule
 
 TEMPLATES = Path(__file__).parent / "templates"
 TARGETS = {"torch": "torch_rules.py", "jax": "jax_rules.py"}
+TITLES = {"torch": "PyTorch (ATen)", "jax": "JAX", "tvm": "TVM TE"}
+VERIFIED = ("ok", "derived")  # entry statuses whose strategies (possibly none) were verified
+SHARDY_NOTE = """, and, where
+the strategies fit one, ``shardy``: a Shardy factor rule for
+jax.experimental.custom_partitioning (the rule, its reduction and need-replication factors)"""
 
 
 @dataclass(frozen=True)
 class Code:
-    """Source text built by the generator itself from validated values."""
+    """Text the generator writes itself (a backend's name and title), never registry data."""
 
     text: str
 
@@ -47,54 +53,30 @@ def _env() -> jinja2.Environment:
     )
 
 
-def _placements(ps) -> Code:
-    return Code(", ".join(p.code() for p in ps) + ("," if len(ps) == 1 else ""))
+def _table_entry(op: str, e, backend: str) -> Entry:
+    if backend != "jax":
+        return entry_of(e)
+    sr = shardy_rule(e)
+    return entry_of(e, (sr.rule, sr.reduction_factors, sr.need_replication_factors) if sr else ())
 
 
-def render_torch(records) -> str:
-    ops = []
-    n_entries = 0
-    for op in sorted(records):
-        rules = placement_rules(records[op])
-        if not rules:
-            continue
-        sigs = [(sig, [dict(inputs=_placements(r.inputs), outputs=_placements(r.outputs)) for r in rules[sig]]) for sig in sorted(rules)]
-        n_entries += len(sigs)
-        ops.append((check_op_name(op), sigs))
-    masks = ", ".join(sorted(DTENSOR_MASKS))
-    return _env().get_template("torch_rules.py.j2").render(ops=ops, n_ops=len(ops), n_entries=n_entries, masks=masks)
-
-
-def render_jax(records) -> str:
+def render(records, backend: str) -> str:
+    """The table module of one backend: every verified entry, in the rule model's terms."""
     ops = []
     n_entries = 0
     for op in sorted(records):
         record = records[op]
-        check_op_name(op)
-        sigs = []
-        for e in record.entries:
-            if e.status not in ("ok", "derived"):
-                continue
-            strategies = jax_strategies(e)
-            if not strategies:
-                continue
-            sr = shardy_rule(e)
-            sigs.append((e.signature, dict(
-                strategies=strategies,
-                sharding_rule=sr.rule if sr else None,
-                reduction_factors=sr.reduction_factors if sr else (),
-                need_replication_factors=sr.need_replication_factors if sr else (),
-            )))
+        sigs = [(e.signature, _table_entry(op, e, backend)) for e in record.entries if e.status in VERIFIED]
         if sigs:
             n_entries += len(sigs)
-            ops.append((op, sorted(sigs, key=lambda s: s[0])))
-    return _env().get_template("jax_rules.py.j2").render(ops=ops, n_ops=len(ops), n_entries=n_entries)
-
-
-RENDERERS = {"torch": render_torch, "jax": render_jax}
+            ops.append((check_op_name(op), sorted(sigs, key=lambda s: s[0])))
+    return _env().get_template("rules.py.j2").render(
+        ops=ops, n_ops=len(ops), n_entries=n_entries, backend=Code(backend), title=Code(TITLES[backend]),
+        shardy_note=Code(SHARDY_NOTE if backend == "jax" else ""),
+    )
 
 
 def generate(registry_root: str | Path, backend: str) -> str:
     """The generated module text for one backend (registry errors name file:line)."""
     records = load_registry(registry_root, backend)
-    return RENDERERS[backend](records)
+    return render(records, backend)

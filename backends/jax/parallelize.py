@@ -23,6 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from metaspmd import planner
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats, resolve
+from metaspmd.table import RuleTable
+from metaspmd.target import JAX_PLAN
 
 from .capture import Captured, capture, read_atom
 from .rules_at_runtime import node_call, without_literals
@@ -163,11 +165,12 @@ def parallelize(
 
     With ``params``, ``fn(params, *inputs)`` runs forward and backward: the call returns
     ``(out, grads)`` of ``loss_fn(out)`` (default: the sum of the outputs), and each
-    gradient is planned in its parameter's placement. ``table``: a rule table in the
-    generated module's form (default: metaspmd.generated.jax_rules.RULES).
+    gradient is planned in its parameter's placement. ``table``: the ``RULES`` of a rule
+    table in the generated module's form, used instead of metaspmd.generated.jax_rules.
     """
     captured = capture(fn, tuple(example_inputs), params=params, backward=backward, loss_fn=loss_fn)
-    found, stats = resolve(captured.ir, lambda op: node_call(captured, op, table), JaxOps(), "jax",
+    rules = RuleTable(table) if table is not None else None
+    found, stats = resolve(captured.ir, lambda op: node_call(captured, op, rules), JaxOps(), "jax",
                            cache if cache is not None else RuleCache(), threads=EXPLORE_THREADS)
     strategies = {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
     ties = []
@@ -176,7 +179,7 @@ def parallelize(
         ties = [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
     plan = planner.plan(
         captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit,
-        solver=solver, ties=ties, cost_model=cost_model, finishes=planner.JAX_FINISHES,
+        solver=solver, ties=ties, cost_model=cost_model, target=JAX_PLAN,
     )
     return Parallelized(captured, plan, stats, mesh, params)
 

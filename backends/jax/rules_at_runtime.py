@@ -9,7 +9,7 @@ and drops their slots.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +19,8 @@ from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
-from metaspmd.spec import (
-    ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, ShardIn, Strategy,
-)
+from metaspmd.spec import Replicate, Strategy
+from metaspmd.table import RuleTable
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
 from .backend import clamped_positions, dropping_form, localizer, padding_of
@@ -42,35 +41,17 @@ class Opaque(Exception):
     """Raised by an opaque node's exploration call: the explorer records it as failed."""
 
 
-def _table() -> Mapping[str, Mapping[str, Any]]:
-    from metaspmd.generated.jax_rules import RULES
-
-    return RULES
+_TABLE: RuleTable | None = None
 
 
-def _table_input(dim: int | None, partial: str):
-    if partial.startswith("O"):
-        return IndexOffset.parse(partial)
-    if partial == "local":  # a slice or split of the cut dim (DimLabel.local)
-        return ShardIn(dim, local=True)
-    return PartialInput(partial) if partial else ShardIn(dim) if dim is not None else Replicate()
+def table() -> RuleTable:
+    """The generated JAX table."""
+    global _TABLE
+    if _TABLE is None:
+        from metaspmd.generated.jax_rules import RULES
 
-
-def _table_output(dim: int | None, partial: str):
-    if partial.startswith("arg"):  # 'argmax:I': positions along input I's cut dim
-        op, _, i = partial[3:].partition(":")
-        return ArgReduce(op, int(i))
-    return Reduce(partial) if partial else Gather(dim) if dim is not None else Identity()
-
-
-def to_strategies(rule) -> tuple[Strategy, ...]:
-    """A generated table Rule back into the rule model the planner reads."""
-    out = []
-    for i, s in enumerate(rule.strategies):
-        ins = tuple(_table_input(d, p) for d, p in zip(s.inputs, s.partial_inputs))
-        outs = tuple(OutputCombine((_table_output(d, p),)) for d, p in zip(s.outputs, s.partial_outputs))
-        out.append(Strategy(f"S{i + 1}", ins, outs))
-    return tuple(out)
+        _TABLE = RuleTable(RULES)
+    return _TABLE
 
 
 def without_literals(strategies: Sequence[Strategy], literal_positions: Sequence[int]) -> tuple[Strategy, ...]:
@@ -126,11 +107,11 @@ def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ..
     return names, args, signature(_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
 
 
-def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str, Any]] | None = None) -> NodeCall:
+def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) -> NodeCall:
     operands = captured.values[node.name]
     prim = captured.eqn(node.name).prim.name
     names, args, sig = node_signature(node, operands)
-    rules = (table if table is not None else _table()).get(node.op, {}).get(sig)
+    found = (rules if rules is not None else table()).strategies(node.op, sig)
 
     def case() -> OpCase:
         if prim in OPAQUE:
@@ -161,7 +142,7 @@ def node_call(captured: Captured, node: MetaOp, table: Mapping[str, Mapping[str,
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
                       localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs))
 
-    return NodeCall(sig, to_strategies(rules) if rules is not None else None, case)
+    return NodeCall(sig, found, case)
 
 
-__all__ = ["OPAQUE", "Opaque", "node_call", "node_signature", "to_strategies", "without_literals"]
+__all__ = ["OPAQUE", "Opaque", "node_call", "node_signature", "table", "without_literals"]

@@ -18,32 +18,19 @@ from typing import Any, Callable
 import torch
 import torch.fx
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor keeps it private
 from torch.utils._python_dispatch import _disable_current_modes
 
 from metaspmd import planner
 from metaspmd.cache import RuleCache
-from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import ResolveStats, resolve
 
 from .capture import Captured, capture
-from .dtensor_rules import dtensor_has_rule
-from .rules_at_runtime import node_call
+from .dtensor import dtensor_has_rule, to_dtensor_placements
+from .rules_at_runtime import live_exploration, node_call
 from .tensor_ops import TorchOps
 from .views import derive, is_view_like, local_sizes, shards_rewrite_call
-
-
-def to_dtensor_placements(ps: planner.Placements) -> tuple:
-    out = []
-    for p in ps:
-        if isinstance(p, planner.Shard):
-            out.append(Shard(p.dim))
-        elif isinstance(p, planner.Partial):
-            out.append(Partial(p.op))
-        else:
-            out.append(Replicate())
-    return tuple(out)
 
 
 def planner_mesh(mesh: DeviceMesh) -> planner.Mesh:
@@ -301,16 +288,6 @@ def _shard_fn(target, args, kwargs) -> Callable:
     return rule.fn if rule is not None else target
 
 
-# Live exploration runs in a forked child, with the sweep's per-op time limit; the child
-# must not touch the OpenMP pool the parent already started (it hangs).
-LIVE_EXPLORATION = Isolation(timeout=60.0, setup=lambda: torch.set_num_threads(1))
-
-
-def _live_exploration() -> Isolation | None:
-    # CUDA cannot be used again in a forked child: a process that started it explores in place
-    return LIVE_EXPLORATION if can_fork() and not torch.cuda.is_initialized() else None
-
-
 def parallelize(
     fn_or_module: Callable | torch.nn.Module,
     mesh: DeviceMesh,
@@ -332,7 +309,7 @@ def parallelize(
         captured = capture(fn_or_module, example_inputs, backward=backward, loss_fn=loss_fn)
         strategies, stats = resolve(
             captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache(),
-            isolation=_live_exploration(),
+            isolation=live_exploration(),
         )
     ties = captured.parameter_gradient_ties() if isinstance(fn_or_module, torch.nn.Module) and backward else []
     plan = planner.plan(

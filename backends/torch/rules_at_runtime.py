@@ -3,46 +3,26 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import Partial, Shard
-from torch.distributed.tensor._ops._math_ops import _NormPartial
 
 from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
+from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import NodeCall
-from metaspmd.spec import Gather, Identity, OutputCombine, PartialInput, Reduce, ShardIn, Strategy
-from metaspmd.spec import Replicate as ReplicateIn
 
-from . import dtensor_rules
+from . import table
 from .backend import torch_case
 from .capture import Captured
 from .samples import call_signature, with_varied_masks
 
-
-def _input(p) -> object:
-    if isinstance(p, Shard):
-        return ShardIn(p.dim)
-    if isinstance(p, Partial):
-        return PartialInput(p.reduce_op)
-    return ReplicateIn()
+# Live exploration runs in a forked child, with the sweep's per-op time limit; the child
+# must not touch the OpenMP pool the parent already started (it hangs).
+LIVE_EXPLORATION = Isolation(timeout=60.0, setup=lambda: torch.set_num_threads(1))
 
 
-def _output(p) -> OutputCombine:
-    if isinstance(p, Shard):
-        return OutputCombine((Gather(p.dim),))
-    if isinstance(p, _NormPartial):  # a Partial whose reduce_op reads 'sum'
-        if p.norm_type != 2:
-            raise ValueError(f"no combine for {p}")
-        return OutputCombine((Reduce("norm2"),))
-    if isinstance(p, Partial):
-        return OutputCombine((Reduce(p.reduce_op),))
-    return OutputCombine((Identity(),))
-
-
-def to_strategies(rules) -> tuple[Strategy, ...]:
-    """Table placements back into the rule model the planner reads."""
-    return tuple(
-        Strategy(f"S{i + 1}", tuple(map(_input, ins)), tuple(map(_output, outs))) for i, (ins, outs) in enumerate(rules)
-    )
+def live_exploration() -> Isolation | None:
+    """Where a table miss is explored: in a forked child, or in place in a process that
+    started CUDA, which a forked child cannot use again."""
+    return LIVE_EXPLORATION if can_fork() and not torch.cuda.is_initialized() else None
 
 
 def _float64(tree):
@@ -95,13 +75,12 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
     """One call's signature, the table's rules for it (None: the table lacks them), the
     case live exploration would verify, and the table's rules at neighbouring signatures."""
     sig = call_signature(fn, tuple(args), dict(kwargs))
-    found = dtensor_rules.lookup(fn, tuple(args), dict(kwargs))
+    found = table.lookup(fn, tuple(args), dict(kwargs))
 
     def neighbours() -> tuple:
-        return tuple((s.inputs, s.outputs) for s in to_strategies(dtensor_rules.neighbour_rules(fn, sig)))
+        return tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
 
-    return NodeCall(sig, to_strategies(found) if found is not None else None, lambda: call_case(fn, args, kwargs),
-                    neighbours if found is None else None)
+    return NodeCall(sig, found, lambda: call_case(fn, args, kwargs), neighbours if found is None else None)
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:

@@ -12,16 +12,16 @@ from typing import Iterable, Mapping, Sequence
 
 from .. import spec
 from ..ir import MetaIR
+from ..placement import Placements
+from ..target import DTENSOR_PLAN, Target
 from .beam import solve_beam
 from .choice import MEMORY_RTOL, Infeasible, Solution
 from .cost import CostModel
 from .ilp import least_memory, solve_ilp
 from .mesh import Mesh
-from .placement import Placements
 from .plan import Plan, make_plan
 from .problem import PlannerError, ShardingProblem, build_problem
 from .reduce import Reductions, reduce_problem
-from .strategies import PLACEMENTS_ONLY, Finishes
 
 SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 
@@ -130,7 +130,7 @@ def plan(
     beam_width: int = 8,
     strict: bool = True,
     threads: int = 1,
-    finishes: Finishes = PLACEMENTS_ONLY,
+    target: Target = DTENSOR_PLAN,
 ) -> Plan:
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
@@ -138,12 +138,12 @@ def plan(
     ``memory_budget``: bytes per device; ``ties``: (parameter, gradient, ...) groups, the
     later members delivered in the first one's placement; ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
-    ``strict``: shards must divide evenly; ``finishes``: what the runtime's
-    compiler finishes itself (``JAX_FINISHES``: arg-reductions, index offsets, local params). See build_problem.
+    ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
+    strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``). See build_problem.
     """
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
-        finishes,
+        target,
     )
     return solve(problem, solver, time_limit, reductions, beam_width, threads)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from ..placement import ARG_PARTIAL_OPS, Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
 from .flops import dtype_bytes, flops, numel
 from .mesh import Mesh
-from .placement import ARG_PARTIAL_OPS, Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
 
 
 @dataclass(frozen=True)

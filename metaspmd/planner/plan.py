@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
+from ..placement import Placements, placements_str
 from .choice import Solution
 from .cost import ReshardStep
 from .mesh import Mesh
-from .placement import Placements, placements_str
 from .problem import PlannerError, ShardingProblem
 from .strategies import NodeStrategy
 

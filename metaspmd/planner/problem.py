@@ -12,13 +12,14 @@ import numpy as np
 
 from .. import spec
 from ..ir import MetaIR, MetaOp, MetaVar
+from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
+from ..target import DTENSOR_PLAN, Target, cuts_line_up
 from .choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Tie, TieMember
 from .cost import CostModel
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
-from .placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
 from .strategies import (
-    PLACEMENTS_ONLY, AxisStrategy, Finishes, NodeStrategy, axis_strategies, compose, cuts_line_up, tensor_placements,
+    AxisStrategy, NodeStrategy, axis_strategies, compose, tensor_placements,
 )
 
 
@@ -92,26 +93,26 @@ class ShardingProblem:
         return out
 
 
-def _fills(op: MetaOp, ins: Sequence[MetaVar], finishes: Finishes) -> list[AxisStrategy]:
-    """A fill from scalars the compiler computes in place (``Finishes.fill_ops``): its one
+def _fills(op: MetaOp, ins: Sequence[MetaVar], target: Target) -> list[AxisStrategy]:
+    """A fill from scalars the compiler computes in place (``Target.fill_ops``): its one
     output cut along each dim, the scalars Replicate."""
     outs = [v for v in op.outputs if v.is_tensor]
-    if op.op not in finishes.fill_ops or any(len(v.shape) for v in ins) or len(outs) != 1 or len(op.outputs) != 1:
+    if op.op not in target.fill_ops or any(len(v.shape) for v in ins) or len(outs) != 1 or len(op.outputs) != 1:
         return []
     return [AxisStrategy(f"fill{d}", (REPLICATE,) * len(ins), (Shard(d),)) for d in range(len(outs[0].shape))]
 
 
 def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], ins: Sequence[MetaVar],
-                finishes: Finishes = PLACEMENTS_ONLY) -> list:
+                target: Target = DTENSOR_PLAN) -> list:
     """Rule strategies fitted to the op's outputs: rules may list every output or only the
     tensor ones (non-tensor outputs are then Replicate); then the fills the compiler makes."""
     tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
     n_all, n_in = len(op.outputs), len(ins)
     by_label = {r.label: r for r in rules}
     rules = [r for r in rules if cuts_line_up(r, [v.shape for v in ins], by_label)]
-    fitted = axis_strategies(rules, n_in, n_all, finishes) + _fills(op, ins, finishes)
+    fitted = axis_strategies(rules, n_in, n_all, target, op.op) + _fills(op, ins, target)
     if len(tensor_pos) != n_all:
-        for r in axis_strategies(rules, n_in, len(tensor_pos), finishes):
+        for r in axis_strategies(rules, n_in, len(tensor_pos), target, op.op):
             outs = [REPLICATE] * n_all
             for p, pos in zip(r.outputs, tensor_pos):
                 outs[pos] = p
@@ -169,12 +170,12 @@ def is_alias(op: MetaOp) -> bool:
 
 
 def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequence[spec.Strategy], strict: bool,
-                finishes: Finishes = PLACEMENTS_ONLY):
+                target: Target = DTENSOR_PLAN):
     """An op's node strategies with their compute time and output memory, and whether it
     may follow its producer (shape-preserving and not a contraction)."""
     in_shapes = [v.shape for v in ins]
     out_shapes = [v.shape if v.is_tensor else None for v in op.outputs]
-    rules = _node_rules(op, given, ins, finishes)
+    rules = _node_rules(op, given, ins, target)
     ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
     itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
     t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]
@@ -224,7 +225,7 @@ def build_problem(
     same_placement: Sequence[Sequence[str]] = (),
     output_placements: Mapping[str, Placements] | None = None,
     strict: bool = True,
-    finishes: Finishes = PLACEMENTS_ONLY,
+    target: Target = DTENSOR_PLAN,
 ) -> ShardingProblem:
     """``strategies_by_node``: 1-D rule strategies per op node name (missing: replicate
     only). ``memory_budget``: bytes per device.
@@ -236,8 +237,8 @@ def build_problem(
     parameter and its optimizer states), a hard constraint.
     ``output_placements``: required placements of graph outputs; other graph outputs end
     in their cheapest non-Partial placement (a Partial value is not materialised).
-    ``finishes``: what the runtime's compiler finishes itself (JAX: arg-reductions and
-    index offsets), whose strategies then count.
+    ``target``: what the runtime runs of a rule strategy (``metaspmd.target``; JAX's
+    partitioner finishes arg-reductions, index offsets, local params and halos too).
     """
     cm = cost_model or CostModel(mesh)
     if cm.mesh != mesh:
@@ -281,7 +282,7 @@ def build_problem(
         key = (op.op, tuple((v.shape, v.dtype) for v in ins),
                tuple((v.shape, v.dtype, v.is_tensor) for v in op.outputs), given, repr(op.kwargs))
         if key not in op_cache:  # repeated layers share their strategies and costs
-            op_cache[key] = _op_choices(cm, op, ins, given, strict, finishes) + (len(op_cache),)
+            op_cache[key] = _op_choices(cm, op, ins, given, strict, target) + (len(op_cache),)
         ss, cost, mem, follower, signature = op_cache[key]
         names.append(op.name)
         ops.append(op)

@@ -14,7 +14,10 @@ from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
+from metaspmd import placement as mp  # noqa: E402
+from metaspmd import spec as spec_  # noqa: E402
 from metaspmd.backends.torch import dtensor_rules, get_backend  # noqa: E402
+from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -70,7 +73,7 @@ def _pick(backend, op_name):
         tensors = [a for a in case.args if isinstance(a, torch.Tensor)]
         if any(isinstance(a, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in a) for a in case.args):
             continue
-        for ins, outs in dtensor_rules.lookup(op, case.args, dict(case.kwargs)) or ():
+        for ins, outs in dtensor_rules.dtensor_placements(op, case.args, dict(case.kwargs)):
             if any(isinstance(p, (Shard, Partial)) for p in ins) and all(
                 _no_empty_shard(t.shape[p.dim]) for t, p in zip(tensors, ins) if isinstance(p, Shard)
             ):
@@ -158,7 +161,7 @@ def test_a_norm2_rule_reduces_by_the_2_norm(results):
 
     op = torch.ops.aten._pdist_forward.default
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
-    rules = dtensor_rules.lookup(op, (x, 2.0), {})
+    rules = dtensor_rules.dtensor_placements(op, (x, 2.0), {})
     assert ((Shard(1),), (_NormPartial(2),)) in rules, rules
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))
@@ -177,7 +180,8 @@ def test_a_view_whose_shards_rewrite_sizes_gets_no_cut_from_register(results):
     assert "aten.squeeze_copy.default" in report.installed
     op = torch.ops.aten.squeeze_copy.default
     x = torch.randn(WORLD, 1, 6, 1, generator=torch.Generator().manual_seed(0))
-    assert ((Shard(0),), (Shard(0),)) in dtensor_rules.lookup(op, (x,), {})
+    cut = (mp.Shard(0),)  # the table's row cut, which DTensor would run unrewritten
+    assert any((a.inputs, a.outputs) == (cut, cut) for a in projections(dtensor_rules.lookup(op, (x,), {}), DTENSOR_REGISTER))
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))
         got = op(distribute_tensor(x, mesh, [Shard(0)]))
@@ -189,7 +193,7 @@ def test_a_view_whose_shards_rewrite_sizes_gets_no_cut_from_register(results):
 def test_a_lookup_whose_row_cut_dtensor_masks_is_never_installed(monkeypatch):
     # the table's (Shard(0), Replicate) -> Partial(sum) embedding strategy is DTensor's own,
     # masked one: a DTensor without that rule must not get it unmasked from the table
-    assert "aten.embedding.default" in dtensor_rules.masked_by_dtensor()
+    assert "aten.embedding.default" in DTENSOR_REGISTER.masked_ops
     monkeypatch.setattr(dtensor_rules, "dtensor_has_rule", lambda op: False)
     report = dtensor_rules.register(["aten.embedding.default"])
     assert not report.installed and "masks positions" in report.skipped["aten.embedding.default"]
@@ -246,7 +250,7 @@ def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
     narrow = (spec((4, 6), torch.float32), 0, spec((4, 4), torch.int64))
     sig = signature(dtensor_rules._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
     assert sig == signature(dtensor_rules._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
-    columns = ((Shard(1), Shard(1)), (Shard(1),))
+    columns = spec_.Strategy("S1", (spec_.ShardIn(1), spec_.ShardIn(1)), (spec_.OutputCombine.parse("gather(dim=1)"),))
     strategies = dtensor_rules._sharding_fn(op, {sig: (columns,)})
     assert [ins for _, ins in strategies(*same)] == [[Replicate(), None, Replicate()], [Shard(1), None, Shard(1)]]
     assert [ins for _, ins in strategies(*narrow)] == [[Replicate(), None, Replicate()]]

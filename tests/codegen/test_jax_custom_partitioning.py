@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent('''
     assert len(jax.devices()) == 8
     mesh = Mesh(np.array(jax.devices()), ("x",))
     rule = RULES["jax.dot_general"]["lhs:f[*,*] rhs:f[*,*] dimension_numbers=[[[1],[0]],[[],[]]]"]
-    assert rule.sharding_rule == "s1 s2, s2 s3 -> s1 s3" and rule.reduction_factors == ("s2",)
+    assert rule.shardy[:2] == ("s1 s2, s2 s3 -> s1 s3", ("s2",))
     matmul = partitioned(lambda a, b: jnp.matmul(a, b), rule)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((16, 32)).astype(np.float32)
@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent('''
     # argmax over the sharded dim: each device shares its (value, position) pair; ties and
     # a NaN across devices give the first position, as jnp.argmax does unsharded
     arg_rule = RULES["jax.argmax"]["x:f[*,*] axes=[0] index_dtype='int64'"]
-    assert arg_rule.reduction_factors == ("s1",), arg_rule
+    assert arg_rule.shardy[1] == ("s1",), arg_rule
     argmax = partitioned(lambda x: jnp.argmax(x, axis=0), arg_rule)
     t = np.round(a)
     t[9, 3] = np.nan
@@ -67,9 +67,11 @@ def test_custom_partitioning_with_generated_rule():
 def test_uneven_shards_are_replicated_first():
     """XLA pads an uneven shard: padding would join a psum or win an argmax, so the
     partition takes a strategy only where the axis splits its dims evenly."""
-    from metaspmd.backends.jax.partitioner import _divides
-    from metaspmd.generated.jax_rules import Strategy
+    from metaspmd.backends.jax.partitioner import _divides, _plain
+    from metaspmd.generated.jax_rules import RULES
 
-    chosen = ("x", Strategy((0,), (None,), ("",), ("argmax:0",)))
-    assert _divides(chosen, [(16, 6)], {"x": 4})
-    assert not _divides(chosen, [(10, 6)], {"x": 4})
+    # argmax along the cut dim 0: its positions finish with a (value, position) all-gather
+    (cut,) = [s for s in _plain(RULES["jax.argmax"]["x:f[*,*] axes=[0] index_dtype='int64'"]) if s[0] == (0,)]
+    assert cut[1] is None and cut[2].op == "max"
+    assert _divides(("x", cut), [(16, 6)], {"x": 4})
+    assert not _divides(("x", cut), [(10, 6)], {"x": 4})

@@ -7,7 +7,7 @@ from metaspmd.ir import MetaVar
 from metaspmd.planner.cost import CostModel, Device
 from metaspmd.planner.flops import dtype_bytes, flops
 from metaspmd.planner.mesh import Mesh
-from metaspmd.planner.placement import Partial, Replicate, Shard
+from metaspmd.placement import Partial, Replicate, Shard
 from metaspmd.planner.problem import _edge_factors
 from metaspmd.planner.strategies import tensor_placements
 

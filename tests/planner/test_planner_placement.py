@@ -1,7 +1,7 @@
 import pytest
 
 from metaspmd.planner.mesh import Mesh
-from metaspmd.planner.placement import Partial, Replicate, Shard, is_valid, local_shape, shard_factor
+from metaspmd.placement import Partial, Replicate, Shard, is_valid, local_shape, shard_factor
 
 R = Replicate()
 

@@ -1,7 +1,8 @@
 from metaspmd import spec
 from metaspmd.planner.mesh import Mesh
-from metaspmd.planner.placement import Partial, Replicate, Shard
-from metaspmd.planner.strategies import JAX_FINISHES, axis_strategies, axis_strategy, compose, tensor_placements
+from metaspmd.placement import Partial, Replicate, Shard
+from metaspmd.planner.strategies import axis_strategies, compose, tensor_placements
+from metaspmd.target import DTENSOR_PLAN, JAX_PLAN, project
 from metaspmd.planner.synthetic import mm_rules, rules
 
 R = Replicate()
@@ -9,32 +10,32 @@ R = Replicate()
 
 def test_rule_strategies_map_to_placements():
     s1, s2, s3, s4, _ = mm_rules()
-    assert axis_strategy(s1).inputs == (Shard(0), R) and axis_strategy(s1).outputs == (Shard(0),)
-    assert axis_strategy(s2).inputs == (Shard(1), Shard(0)) and axis_strategy(s2).outputs == (Partial("sum"),)
-    assert axis_strategy(s4).inputs == (Partial("sum"), R)
+    assert project(s1, DTENSOR_PLAN).inputs == (Shard(0), R) and project(s1, DTENSOR_PLAN).outputs == (Shard(0),)
+    assert project(s2, DTENSOR_PLAN).inputs == (Shard(1), Shard(0)) and project(s2, DTENSOR_PLAN).outputs == (Partial("sum"),)
+    assert project(s4, DTENSOR_PLAN).inputs == (Partial("sum"), R)
 
 
 def test_halo_and_block_strategies_are_not_runnable():
     halo_in = spec.Strategy("S1", (spec.ShardIn(0, halo=1),), (spec.OutputCombine.parse("gather(dim=0)"),))
     block_out = spec.Strategy("S2", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, block=2)"),))
     halo_out = spec.Strategy("S3", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, halo=2)"),))
-    assert axis_strategy(halo_in) is None and axis_strategy(block_out) is None and axis_strategy(halo_out) is None
+    assert not project(halo_in, DTENSOR_PLAN) and not project(block_out, DTENSOR_PLAN) and not project(halo_out, DTENSOR_PLAN)
     # no public Partial placement reduces by the 2-norm
     norm = spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse("reduce(norm2)"),))
-    assert axis_strategy(norm) is None
+    assert not project(norm, DTENSOR_PLAN)
     # nor by shard order: a scan(sum) is no Partial(sum), a reversed gather no Shard(0)
     for text in ("scan(dim=0, op=sum)", "gather(dim=0, reverse=true)"):
-        assert axis_strategy(spec.Strategy("S5", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),))) is None
+        assert not project(spec.Strategy("S5", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),)), DTENSOR_PLAN)
     # nor offset positions: a framework would hand each shard the indices unchanged
     lookup = spec.Strategy("S6", (spec.ShardIn(0), spec.IndexOffset()), (spec.OutputCombine.parse("reduce(sum)"),))
-    assert axis_strategy(lookup) is None
+    assert not project(lookup, DTENSOR_PLAN)
 
 
 def test_replicate_is_preferred_among_equivalent_combines():
     s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("reduce(max) | identity"),))
-    assert axis_strategy(s).outputs == (R,)
+    assert project(s, DTENSOR_PLAN).outputs == (R,)
     s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0, block=2) | reduce(sum)"),))
-    assert axis_strategy(s).outputs == (Partial("sum"),)
+    assert project(s, DTENSOR_PLAN).outputs == (Partial("sum"),)
 
 
 def test_all_replicate_comes_first_and_duplicates_or_wrong_arity_go():
@@ -85,16 +86,16 @@ def test_tensor_placements_are_replicate_or_shard():
 
 def test_argreduce_outputs_are_pending_arg_reductions_where_the_runtime_finishes_them():
     s = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine.parse("argreduce(max, input=0)"),))
-    assert axis_strategy(s) is None  # DTensor has no such Partial
-    assert axis_strategy(s, JAX_FINISHES).outputs == (Partial("argmax"),)  # JAX: XLA gathers the pairs
+    assert not project(s, DTENSOR_PLAN)  # DTensor has no such Partial
+    assert project(s, JAX_PLAN).outputs == (Partial("argmax"),)  # JAX: XLA gathers the pairs
 
 
 def test_index_offsets_enter_replicate_where_the_compiler_moves_the_positions():
     # a gather into an operand cut along the dim its positions index: Shardy offsets and masks
     # the replicated positions itself (a vocab-parallel lookup); DTensor would not move them
     s = spec.Strategy("S1", (spec.ShardIn(0), spec.IndexOffset(None)), (spec.OutputCombine.parse("reduce(sum)"),))
-    assert axis_strategy(s) is None
-    a = axis_strategy(s, JAX_FINISHES)
+    assert not project(s, DTENSOR_PLAN)
+    a = project(s, JAX_PLAN)
     assert a.inputs == (Shard(0), Replicate()) and a.outputs == (Partial("sum"),)
 
 
@@ -102,15 +103,15 @@ def test_a_slice_of_a_cut_dim_keeps_it_cut_where_the_compiler_evens_out_the_piec
     # local params (a slice, split): Shardy's permutation factor, a neighbour exchange the node
     # makes itself, charged to it on each axis that cuts it; DTensor cannot run uneven pieces
     s = spec.Strategy("S1", (spec.ShardIn(1, local=True),), (spec.OutputCombine.parse("gather(dim=1)"),))
-    assert axis_strategy(s) is None
-    a = axis_strategy(s, JAX_FINISHES)
+    assert not project(s, DTENSOR_PLAN)
+    a = project(s, JAX_PLAN)
     assert a.inputs == (Shard(1),) and a.outputs == (Shard(1),) and a.exchange
     mesh = Mesh.of((2, 2))
     node = next(n for n in compose([a, axis_strategies([], 1, 1)[0]], mesh, [(8, 8)], [(8, 4)]) if n.label == "R,S1")
     assert node.exchanges == (1,)
     # unstack's pieces held by one shard each come out Partial: not something to even out
     held = spec.Strategy("S1", (spec.ShardIn(1, local=True),), (spec.OutputCombine.parse("reduce(sum)"),))
-    assert axis_strategy(held, JAX_FINISHES) is None
+    assert not project(held, JAX_PLAN)
 
 
 def test_halos_keep_the_dim_cut_where_the_compiler_exchanges_edge_rows():
@@ -118,19 +119,19 @@ def test_halos_keep_the_dim_cut_where_the_compiler_exchanges_edge_rows():
     # partitioner exchanges the rows (an exchange charged to the node); DTensor cannot
     conv = spec.Strategy("S1", (spec.ShardIn(2, halo=1), spec.Replicate()),
                          (spec.OutputCombine.parse("gather(dim=2, halo=(0, 1))"),))
-    assert axis_strategy(conv) is None
-    a = axis_strategy(conv, JAX_FINISHES)
+    assert not project(conv, DTENSOR_PLAN)
+    a = project(conv, JAX_PLAN)
     assert a.inputs == (Shard(2), Replicate()) and a.outputs == (Shard(2),) and a.exchange
     # a plain gather beside the halo one is preferred, and needs no exchange of its own
     both = spec.Strategy("S2", (spec.ShardIn(0),), (spec.OutputCombine.parse("gather(dim=0) | gather(dim=0, halo=1)"),))
-    assert not axis_strategy(both, JAX_FINISHES).exchange
+    assert not project(both, JAX_PLAN).exchange
     # the weight gradient of a halo cut is a Partial sum: the rows are exchanged all the same
     grad = spec.Strategy("S3", (spec.ShardIn(2, halo=1), spec.ShardIn(2)), (spec.OutputCombine.parse("reduce(sum)"),))
-    g = axis_strategy(grad, JAX_FINISHES)
+    g = project(grad, JAX_PLAN)
     assert g.outputs == (Partial("sum"),) and g.exchange
     # blocks, reversed gathers and overlaps stay out
     for text in ("gather(dim=0, block=2)", "gather(dim=0, reverse=true)", "gather(dim=0, overlap=1)"):
-        assert axis_strategy(spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),)), JAX_FINISHES) is None
+        assert not project(spec.Strategy("S4", (spec.ShardIn(0),), (spec.OutputCombine.parse(text),)), JAX_PLAN)
 
 
 def test_dims_cut_by_one_label_must_have_one_length():
@@ -140,7 +141,7 @@ def test_dims_cut_by_one_label_must_have_one_length():
     (S1+S3) is checked on its own label."""
     from metaspmd.ir import MetaOp, MetaVar
     from metaspmd.planner.problem import _node_rules
-    from metaspmd.planner.strategies import cuts_line_up
+    from metaspmd.target import cuts_line_up
 
     gather = spec.OutputCombine.parse("gather(dim=1)")
     cols = spec.Strategy("S1", (spec.ShardIn(1), spec.ShardIn(1)), (gather,))

@@ -54,5 +54,5 @@ def test_no_neighbour_across_flags_or_tensor_patterns():
     assert dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig) == ()
     for mask in ("[True,True,True]", "[False,True,True]"):
         rules = dtensor_rules.neighbour_rules(aten.native_layer_norm_backward.default, sig.replace("[True,False,True]", mask))
-        assert rules and all(len(outs) == mask.count("True") for _, outs in rules)
+        assert rules and all(len(s.outputs) == mask.count("True") for s in rules)
     assert dtensor_rules.neighbour_rules(aten.native_layer_norm.default, "input:f[*,*,*,*,*,*,*] normalized_shape=[3]") == ()

@@ -31,9 +31,9 @@ from jax.sharding import Mesh  # noqa: E402
 
 from metaspmd.backends.jax.capture import capture  # noqa: E402
 from metaspmd.backends.jax.parallelize import parallelize, partition_spec  # noqa: E402
-from metaspmd.backends.jax.rules_at_runtime import node_call, to_strategies, without_literals  # noqa: E402
+from metaspmd.backends.jax.rules_at_runtime import node_call, without_literals  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
-from metaspmd.generated.jax_rules import Rule, Strategy  # noqa: E402
+from metaspmd.table import Entry as E, RuleTable  # noqa: E402
 from metaspmd import planner, spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -326,9 +326,8 @@ def test_signature_matches_the_backend_and_table_rules_come_back():
     params, x = mlp_params(16, 32), jnp.ones((4, 16), jnp.float32)
     c = capture(mlp, (x,), params=params, backward=False)
     sig = "lhs:f[*,*] rhs:f[*,*] dimension_numbers=[[[1],[0]],[[],[]]]"
-    column = Strategy((None, 1), (1,), ("", ""), ("",))
-    row = Strategy((1, 0), (None,), ("", ""), ("sum",))
-    table = {"jax.dot_general": {sig: Rule((column, row), None, (), ())}}
+    # S1: column-parallel (rhs cut by columns), S2: row-parallel (contraction cut, summed)
+    table = RuleTable({"jax.dot_general": {sig: E("[[N, S2], [S2, S1]]", "{S1: gather(dim=1), S2: reduce(sum)}")}})
     dots = [op for op in c.ir if op.op == "jax.dot_general"]
     assert len(dots) == 2
     for op in dots:
@@ -361,29 +360,6 @@ def test_partition_spec_of_placements():
     assert partition_spec((planner.Shard(0), planner.Shard(0)), ("dp", "tp"), 2) == P(("dp", "tp"), None)
     assert partition_spec((planner.Replicate(), planner.Shard(0)), ("dp", "tp"), 1) == P("tp")
     assert partition_spec((planner.Partial("sum"),), ("tp",), 2) is None
-
-
-def test_to_strategies_reads_generated_rules():
-    rule = Rule((Strategy((0, None), (0,), ("", ""), ("",)), Strategy((None, None), (None,), ("sum", "sum"), ("sum",))),
-                None, (), ())
-    s1, s2 = to_strategies(rule)
-    assert (s1.label, s1.inputs) == ("S1", (spec.ShardIn(0), spec.Replicate()))
-    assert s2.inputs == (spec.PartialInput("sum"), spec.PartialInput("sum"))
-    assert s2.outputs == combines(spec.Reduce("sum"))
-
-
-def test_to_strategies_reads_argreduce_outputs_and_index_offsets():
-    # what only the JAX compiler finishes: positions of a max over a cut dim, and positions
-    # into a cut operand (a vocab-parallel lookup)
-    rule = Rule((Strategy((0,), (None,), ("",), ("argmax:0",)),
-                 Strategy((0, None), (None,), ("", "O(0, drop)"), ("sum",))), None, (), ())
-    s1, s2 = to_strategies(rule)
-    assert s1.outputs == combines(spec.ArgReduce("max", 0))
-    assert s2.inputs == (spec.ShardIn(0), spec.IndexOffset(0, drop=True)) and s2.outputs == combines(spec.Reduce("sum"))
-    from metaspmd.generated.jax_rules import RULES
-    for by_sig in RULES.values():  # every generated rule reads back
-        for r in by_sig.values():
-            to_strategies(r)
 
 
 @needs_devices

@@ -45,16 +45,15 @@ def test_a_mask_traced_all_false_is_drawn_anew_before_live_exploration():
     assert not any("P(" in s for s in strategies)
 
 
-def test_table_norm_partials_read_back_as_reduce_norm2():
-    """_NormPartial is a Partial whose reduce_op reads 'sum': the planner must see norm2
-    (and skip it), not a Partial(sum) it would all-reduce."""
-    from torch.distributed.tensor import Shard
+def test_norm_partials_reach_dtensor_through_register_only():
+    """A reduce(norm2) output is DTensor's _NormPartial(2): register() installs it, while
+    the planner, whose cost model has no 2-norm reduction, leaves such a strategy out."""
     from torch.distributed.tensor._ops._math_ops import _NormPartial
 
-    from metaspmd.backends.torch.rules_at_runtime import to_strategies
-    from metaspmd.planner.strategies import axis_strategy
-    from metaspmd.spec import Reduce
+    from metaspmd.backends.torch.dtensor import to_dtensor_placements
+    from metaspmd.spec import OutputCombine, ShardIn, Strategy
+    from metaspmd.target import DTENSOR_PLAN, DTENSOR_REGISTER, project
 
-    (s,) = to_strategies([((Shard(1),), (_NormPartial(2),))])
-    assert s.outputs[0].options == (Reduce("norm2"),)
-    assert axis_strategy(s) is None
+    s = Strategy("S1", (ShardIn(1),), (OutputCombine.parse("reduce(norm2)"),))
+    assert to_dtensor_placements(project(s, DTENSOR_REGISTER).outputs) == (_NormPartial(2),)
+    assert not project(s, DTENSOR_PLAN)

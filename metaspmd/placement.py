@@ -1,4 +1,4 @@
-"""Tensor placements on a device mesh, one per mesh axis (the planner's own vocabulary).
+"""Tensor placements on a device mesh, one per mesh axis (what targets run and plans hold).
 
 The torch and jax apply layers translate these: ``Shard(d)`` splits tensor dim ``d`` over
 the axis, ``Replicate`` keeps a full copy on every device of the axis, ``Partial(op)``
@@ -10,11 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-
-@dataclass(frozen=True)
-class Replicate:
-    def __str__(self) -> str:
-        return "R"
+from .spec import Replicate  # the rule model's: one Replicate, in rules and on meshes
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""The DTensor adapter: projected placements (``metaspmd.placement``) as
+``torch.distributed.tensor`` placements, and whether DTensor has a rule of its own.
+
+``register()``, ``register_op`` and ``parallelize`` all place values through here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._ops._math_ops import _NormPartial  # reduce(norm2); DTensor keeps it private
+
+from metaspmd import placement as mp
+
+
+def to_dtensor(p: mp.Placement):
+    """One mesh axis's placement as DTensor's."""
+    if isinstance(p, mp.Shard):
+        return Shard(p.dim)
+    if isinstance(p, mp.Partial):
+        if p.op in mp.ARG_PARTIAL_OPS:
+            raise ValueError(f"DTensor has no placement for {p}: positions pending an arg-reduction")
+        return _NormPartial(2) if p.op == "norm2" else Partial(p.op)
+    return Replicate()
+
+
+def to_dtensor_placements(ps) -> tuple:
+    """A placement per mesh axis (or per tensor of a rule) as DTensor's."""
+    return tuple(to_dtensor(p) for p in ps)
+
+
+def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
+    p = DTensor._op_dispatcher.sharding_propagator
+    return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules
+
+
+__all__ = ["dtensor_has_rule", "to_dtensor", "to_dtensor_placements"]
