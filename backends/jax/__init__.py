@@ -13,12 +13,21 @@ AVX2, as torch's kernels are there: the registry must not depend on the machine'
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 
 from metaspmd import reproducible
+from metaspmd.cache import register_framework_version
 
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 REPRODUCIBLE_FLAGS = ("--xla_cpu_max_isa=AVX2",)
+
+
+# Live-explored rules are cached per framework build; XLA (jaxlib) runs the ops, and jax
+# accepts more than one jaxlib. Read from package metadata: importing jax here would start
+# it before get_backend sets XLA_FLAGS.
+register_framework_version(
+    "jax", lambda: f"{importlib.metadata.version('jax')}-jaxlib-{importlib.metadata.version('jaxlib')}")
 
 
 def enable_x64() -> None:
