@@ -13,9 +13,9 @@ from metaspmd.case import IndexFlags, LocalParams, OpCase, Randomness, Sizes, Sp
 from metaspmd.explorer import explore_case
 from metaspmd.explorer.baseline import Baseline, Verdict, draw_baseline
 from metaspmd.explorer.common import TRIAL_SPLITS, Context, ExploreConfig
-from metaspmd.explorer.core import Explorer, Found, entry_of
+from metaspmd.explorer.core import Accepted, Explorer, Found, Search, entry_of
 from metaspmd.explorer.verify import Verified
-from metaspmd.spec import Gather, Group, Identity, Reduce
+from metaspmd.spec import Gather, Group, Identity, OutputCombine, Reduce, ShardIn
 
 sys.path.insert(0, str(Path(__file__).parent))  # the fake backend's numpy TensorOps
 from fake_backend.numpy_ops import NumpyOps  # noqa: E402
@@ -117,6 +117,18 @@ def test_verification_of_one_group_keeps_what_holds_and_refutes_the_rest():
 def test_verification_refutes_a_gather_on_a_flip():
     context, base = _baseline(_case(lambda x: np.flip(x, 0), [(5, 3)], ("x",)))
     assert Explorer(context, base.trials)._verify(Group(((0, 0, 0),)), [[Gather(0)]]) is None
+
+
+def test_candidates_are_verified_instead_of_explored():
+    rows, cols = (ShardIn(0),), (ShardIn(1),)
+    candidates = ((rows, (OutputCombine.of([Gather(1)]),)), (cols, (OutputCombine.of([Gather(1)]),)))
+    context, base = _baseline(_case(np.transpose, [(4, 6)], ("x",), candidates=candidates))
+    explorer = Explorer(context, base.trials)
+    accept = Accepted(explorer._verify, 1)
+    explorer._verify_candidates(accept)
+    assert [placements for placements, _ in accept.found] == [rows]  # cols would gather along dim 0
+    search = explorer._search((2,), None)
+    assert isinstance(search, Search) and search.status == "derived" and search.strategies[0][0] == rows
 
 
 # -- entry --------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ one rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import pytree
 from ..case import Backend, NoSample, OpCase, Skip
@@ -26,7 +26,7 @@ from .independence import IndependentParts
 from .shards import Shards
 from .sizes import OtherSizes
 from .trials import Trials
-from .verify import Verifier
+from .verify import Verified, Verifier
 from .widening import Widening
 
 Strategy = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
@@ -100,81 +100,108 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
 
     def _search(self, ranks: tuple[int, ...], parts: Sequence[frozenset[int]] | None) -> Search:
         """Explore and verify every group, within each of ``parts`` (inputs of independent
-        parts) if given."""
-        case, ops, first = self.case, self.ops, self.trials[0]
-        found, counts, uneven = [], set(), False
-
-        def accept(group: Group, combines) -> bool:
-            nonlocal uneven
-            if combines is None or combines is UNINFORMATIVE:
-                return False
-            verified = self._verify(group, combines)
-            if verified is None:
-                return False
-            found.append((group.placements(len(ranks)), verified.combines))
-            counts.update(verified.counts)
-            uneven |= verified.uneven
-            return True
-
-        if case.candidates is not None:
-            for placements, outs in case.candidates:
-                group = group_of(placements)
-                # beside a cut, a Partial input keeps only reduces and identity, unless no
-                # output reads it (a joint of independent parts)
-                unread = group.dims and group.partial and set(group.partial) <= set(self._unread_inputs())
-                accept(group, self._explore(group, [list(o.options) if unread else fit_partial(group, o.options)
-                                                    for o in outs]))
-            status = "derived" if case.candidates_derived else "ok"
+        parts) if given: a case's own candidates where it has them, else the groups the
+        inputs' dims make; then Partial inputs with nothing cut."""
+        accept = Accepted(self._verify, len(ranks))
+        if self.case.candidates is not None:
+            self._verify_candidates(accept)
+            status = "derived" if self.case.candidates_derived else "ok"
         else:
-            shapes = [ops.shape(x) for x in first.leaves]
-            for group in self._part_groups(shapes, parts):
-                combines = self._explore(group)
-                if accept(group, combines):
-                    # every shard padding as the whole op would and the gather dropping the
-                    # copies (an output halo, which planners skip): where each shard padding
-                    # only its own outer end holds too, that local rule takes the dim's label
-                    if self.config.local and halo_gathers_only(found[-1][1]) and self._localizes(group):
-                        halo, local = found.pop(), Group(group.dims, local=True)
-                        if not accept(local, self._explore(local)):
-                            found.append(halo)
-                    continue
-                if self.config.partial and not case.randomness.random and any(
-                    accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
-                ):
-                    continue
-                if self.config.offset and case.index.bounds_checked and not case.randomness.random and any(
-                    accept(g, self._explore(g)) for g in self._offset_groups(group)
-                ):
-                    continue
-                # an op that clamps positions (a CLIP gather) reads a shard's edge for those
-                # outside it, one that refuses them (torch's embedding) raises: clamped first
-                # as the op would, then offset, its dropping form reads zero there
-                if self.config.offset and case.index.dropping is not None and not case.randomness.random and any(
-                    accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
-                ):
-                    continue
-                # a slice, split or pad of the cut dim: each shard takes its own part of the range
-                if self.config.local and self._localizes(group) and accept(
-                        Group(group.dims, local=True), self._explore(Group(group.dims, local=True))):
-                    continue
-                # where the sample showed nothing about the plain cut (its data the same along
-                # the dim), the plain cut comes first on lengthened trials, then the halos
-                if self.config.halo and self._search_halos(group, accept, len(ranks), plain=combines is UNINFORMATIVE):
-                    continue
-                # not beside index inputs: their positions address the dims a follower cuts
-                # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
-                if (self.config.follow and not case.randomness.random and not self.fixed
-                        and not any(h for _, _, h in group.dims)):
-                    follow = self._follow_groups(group, parts)
-                    any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(follow, accept, len(ranks))
+            self._explore_groups(accept, parts)
             status = "ok"
+        case = self.case
         if self.config.partial and (not case.randomness.random or case.randomness.value_free):
             # Partial inputs with nothing sharded: linear ops (views included, whose derived
             # candidates only move shards) pass Partial through; fills ignore them.
             for p in self._partial_sets(set(), parts):
                 g = Group((), p)
-                accept(g, self._valid_combines(g, first, EXPLORE_SPLIT))
-        return Search(tuple(found), frozenset(counts), uneven, status)
+                accept(g, self._valid_combines(g, self.trials[0], EXPLORE_SPLIT))
+        return accept.search(status)
+
+    def _verify_candidates(self, accept: Accepted) -> None:
+        """The case's candidates (derived from shape arithmetic, or a neighbour's rules),
+        each explored on its own combines and verified."""
+        for placements, outs in self.case.candidates:
+            group = group_of(placements)
+            # beside a cut, a Partial input keeps only reduces and identity, unless no
+            # output reads it (a joint of independent parts)
+            unread = group.dims and group.partial and set(group.partial) <= set(self._unread_inputs())
+            accept(group, self._explore(group, [list(o.options) if unread else fit_partial(group, o.options)
+                                                for o in outs]))
+
+    def _explore_groups(self, accept: Accepted, parts: Sequence[frozenset[int]] | None) -> None:
+        """Each group of cut dims, and where it fails, the same cut with more beside it:
+        Partial inputs, offset positions, local params, halos, proportional cuts."""
+        case, found = self.case, accept.found
+        shapes = [self.ops.shape(x) for x in self.trials[0].leaves]
+        for group in self._part_groups(shapes, parts):
+            combines = self._explore(group)
+            if accept(group, combines):
+                # every shard padding as the whole op would and the gather dropping the
+                # copies (an output halo, which planners skip): where each shard padding
+                # only its own outer end holds too, that local rule takes the dim's label
+                if self.config.local and halo_gathers_only(found[-1][1]) and self._localizes(group):
+                    halo, local = found.pop(), Group(group.dims, local=True)
+                    if not accept(local, self._explore(local)):
+                        found.append(halo)
+                continue
+            if self.config.partial and not case.randomness.random and any(
+                accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
+            ):
+                continue
+            if self.config.offset and case.index.bounds_checked and not case.randomness.random and any(
+                accept(g, self._explore(g)) for g in self._offset_groups(group)
+            ):
+                continue
+            # an op that clamps positions (a CLIP gather) reads a shard's edge for those
+            # outside it, one that refuses them (torch's embedding) raises: clamped first
+            # as the op would, then offset, its dropping form reads zero there
+            if self.config.offset and case.index.dropping is not None and not case.randomness.random and any(
+                accept(g, self._explore(g)) for g in self._offset_groups(group, drop=True)
+            ):
+                continue
+            # a slice, split or pad of the cut dim: each shard takes its own part of the range
+            if self.config.local and self._localizes(group) and accept(
+                    Group(group.dims, local=True), self._explore(Group(group.dims, local=True))):
+                continue
+            # where the sample showed nothing about the plain cut (its data the same along
+            # the dim), the plain cut comes first on lengthened trials, then the halos
+            if self.config.halo and self._search_halos(group, accept, accept.n_inputs,
+                                                       plain=combines is UNINFORMATIVE):
+                continue
+            # not beside index inputs: their positions address the dims a follower cuts
+            # (max_pool2d_with_indices_backward's indices into self, which a kernel trusts)
+            if (self.config.follow and not case.randomness.random and not self.fixed
+                    and not any(h for _, _, h in group.dims)):
+                follow = self._follow_groups(group, parts)
+                any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(
+                    follow, accept, accept.n_inputs)
+
+
+class Accepted:
+    """The strategies one search pass accepts, in order (``found``: (placements, combines)),
+    with the shard counts and unevenness of their verification. Called with a group and
+    the combines its exploration kept: verifies them, and records the strategy if they hold."""
+
+    def __init__(self, verify: Callable[[Group, list], Verified | None], n_inputs: int):
+        self.verify, self.n_inputs = verify, n_inputs
+        self.found: list[Strategy] = []
+        self.counts: set[int] = set()
+        self.uneven = False
+
+    def __call__(self, group: Group, combines) -> bool:
+        if combines is None or combines is UNINFORMATIVE:
+            return False
+        verified = self.verify(group, combines)
+        if verified is None:
+            return False
+        self.found.append((group.placements(self.n_inputs), verified.combines))
+        self.counts.update(verified.counts)
+        self.uneven |= verified.uneven
+        return True
+
+    def search(self, status: str) -> Search:
+        return Search(tuple(self.found), frozenset(self.counts), self.uneven, status)
 
 
 def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreConfig = ExploreConfig()) -> RuleEntry:
