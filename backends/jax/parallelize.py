@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from metaspmd import planner
+from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
-from metaspmd.resolve import ResolveStats, resolve
+from metaspmd.resolve import ResolveStats
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
@@ -145,6 +145,53 @@ class Parallelized:
         return f"{self.plan.table()}\n\nrules: {self.stats}"
 
 
+@dataclass
+class JaxRuntime:
+    """The runtime backend for a ``jax.sharding.Mesh``: capture as a jaxpr (forward and
+    backward with ``params``), run under ``jax.jit`` with the planned shardings."""
+
+    mesh: Mesh
+    params: Any = None
+    backward: bool = True
+    loss_fn: Callable | None = None
+    table: Any = None  # the RULES of a table in the generated module's form, instead of the generated one
+
+    name = "jax"
+    target = JAX_PLAN
+    ops = JaxOps()
+    isolation = None  # forking a process that runs XLA's threads is not safe: explore in process
+    threads = EXPLORE_THREADS
+    quiet = staticmethod(runtime.quiet)
+
+    def planner_mesh(self, mesh: Mesh) -> planner.Mesh:
+        return planner_mesh(mesh)
+
+    def capture(self, fn: Callable, example_inputs: tuple) -> Captured:
+        return capture(fn, example_inputs, params=self.params, backward=self.backward, loss_fn=self.loss_fn)
+
+    def node_call(self, captured: Captured, node):
+        return node_call(captured, node, self._rules)
+
+    @cached_property
+    def _rules(self) -> RuleTable | None:
+        return RuleTable(self.table) if self.table is not None else None
+
+    def strategies(self, captured: Captured, found):
+        return {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
+
+    def ties(self, captured: Captured):
+        if self.params is None or not self.backward:
+            return []
+        grads = captured.outputs[captured.n_outputs:]
+        return [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
+
+    def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
+        return Parallelized(captured, plan, stats, mesh, self.params)
+
+
+RUNTIME = JaxRuntime
+
+
 def parallelize(
     fn: Callable,
     mesh: Mesh,
@@ -168,20 +215,9 @@ def parallelize(
     gradient is planned in its parameter's placement. ``table``: the ``RULES`` of a rule
     table in the generated module's form, used instead of metaspmd.generated.jax_rules.
     """
-    captured = capture(fn, tuple(example_inputs), params=params, backward=backward, loss_fn=loss_fn)
-    rules = RuleTable(table) if table is not None else None
-    found, stats = resolve(captured.ir, lambda op: node_call(captured, op, rules), JaxOps(), "jax",
-                           cache if cache is not None else RuleCache(), threads=EXPLORE_THREADS)
-    strategies = {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
-    ties = []
-    if params is not None and backward:
-        grads = captured.outputs[captured.n_outputs:]
-        ties = [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
-    plan = planner.plan(
-        captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit,
-        solver=solver, ties=ties, cost_model=cost_model, target=JAX_PLAN,
-    )
-    return Parallelized(captured, plan, stats, mesh, params)
+    return runtime.parallelize(fn, mesh, example_inputs, params=params, backward=backward, loss_fn=loss_fn,
+                               memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
+                               cost_model=cost_model, table=table)
 
 
-__all__ = ["Parallelized", "parallelize", "partition_spec", "planner_mesh"]
+__all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "partition_spec", "planner_mesh"]

@@ -22,9 +22,10 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor keeps it private
 from torch.utils._python_dispatch import _disable_current_modes
 
-from metaspmd import planner
+from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
-from metaspmd.resolve import ResolveStats, resolve
+from metaspmd.resolve import ResolveStats
+from metaspmd.target import DTENSOR_PLAN
 
 from .capture import Captured, capture
 from .dtensor import dtensor_has_rule, to_dtensor_placements
@@ -288,6 +289,53 @@ def _shard_fn(target, args, kwargs) -> Callable:
     return rule.fn if rule is not None else target
 
 
+@dataclass
+class TorchRuntime:
+    """The runtime backend for a torch ``DeviceMesh``: capture with ``make_fx`` (forward and
+    backward for a module), run on DTensor."""
+
+    mesh: DeviceMesh
+    backward: bool = True
+    loss_fn: Callable | None = None
+
+    name = "torch"
+    target = DTENSOR_PLAN
+    ops = TorchOps()
+    threads = 1  # kernels use the process's threads; exploration forks a child instead
+
+    @property
+    def isolation(self):
+        return live_exploration()
+
+    def planner_mesh(self, mesh: DeviceMesh) -> planner.Mesh:
+        return planner_mesh(mesh)
+
+    def quiet(self):
+        # capture and exploration run on plain tensors, outside any mode the caller is in
+        # (LocalTensorMode, for one): the rules are about the op, not about the simulation
+        return _disable_current_modes()
+
+    def capture(self, fn, example_inputs: tuple) -> Captured:
+        return capture(fn, example_inputs, backward=self.backward, loss_fn=self.loss_fn)
+
+    def node_call(self, captured: Captured, node):
+        return node_call(captured, node)
+
+    def strategies(self, captured: Captured, found):
+        return dict(found)
+
+    def ties(self, captured: Captured):
+        return captured.parameter_gradient_ties()
+
+    def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
+        module = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
+        params = tuple(p.detach() for p in module.parameters())
+        return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()))
+
+
+RUNTIME = TorchRuntime
+
+
 def parallelize(
     fn_or_module: Callable | torch.nn.Module,
     mesh: DeviceMesh,
@@ -303,19 +351,6 @@ def parallelize(
 ) -> Parallelized:
     """Capture, look up or explore every node's rules, plan on ``mesh``, and return a
     callable that runs the plan on DTensor (a module runs forward + backward)."""
-    # Capture and exploration run on plain tensors, outside any mode the caller is in
-    # (LocalTensorMode, for one): the rules are about the op, not about the simulation.
-    with _disable_current_modes():
-        captured = capture(fn_or_module, example_inputs, backward=backward, loss_fn=loss_fn)
-        strategies, stats = resolve(
-            captured.ir, lambda op: node_call(captured, op), TorchOps(), "torch", cache if cache is not None else RuleCache(),
-            isolation=live_exploration(),
-        )
-    ties = captured.parameter_gradient_ties() if isinstance(fn_or_module, torch.nn.Module) and backward else []
-    plan = planner.plan(
-        captured.ir, strategies, planner_mesh(mesh), memory_budget=memory_budget, time_limit=time_limit, solver=solver,
-        ties=ties, cost_model=cost_model,
-    )
-    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else torch.nn.Module()
-    params = tuple(p.detach() for p in module.parameters())
-    return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()))
+    return runtime.parallelize(fn_or_module, mesh, example_inputs, backward=backward, loss_fn=loss_fn,
+                               memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
+                               cost_model=cost_model)

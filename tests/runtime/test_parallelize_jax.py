@@ -268,7 +268,7 @@ def test_node_signatures_are_the_backend_sweep_signatures():
     for op in c.ir:
         e = c.eqn(op.name)
         occ = Occurrence(0, (), e.prim.name, e.prim, e.params, tuple(v.aval for v in c.values[op.name]))
-        assert node_call(c, op, {}).signature == abstract_signature(occ), op.name
+        assert node_call(c, op, RuleTable({})).signature == abstract_signature(occ), op.name
 
 
 @needs_devices

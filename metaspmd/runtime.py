@@ -1,0 +1,112 @@
+"""``parallelize``: one skeleton for every framework, and the small interface each provides.
+
+Capture a function as MetaIR, find every node's rules (the generated table, then live
+ShardCombine, cached), project them onto the framework's target and plan on its mesh, then
+run the plan. The steps are the same for every framework; what differs is a
+``RuntimeBackend``: how to capture, the call of one node, the tensor ops live exploration
+uses, the mesh, the target, and how to run a plan. A backend is found by the type of the
+mesh it is given, and a framework's module is imported only then, so this core imports
+none. A fourth framework is one module that calls ``register_runtime``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+
+from . import planner
+from .cache import RuleCache
+from .ir import MetaIR, MetaOp
+from .isolation import Isolation
+from .resolve import NodeCall, ResolveStats, resolve
+from .spec import Strategy
+from .target import Target
+from .tensor_ops import TensorOps
+
+
+class Captured(Protocol):
+    """What the skeleton reads of a capture: its MetaIR."""
+
+    ir: MetaIR
+
+
+class RuntimeBackend(Protocol):
+    """One framework's runtime, made for one ``parallelize`` call (its options bound).
+
+    ``name``: the backend's name in caches and registries; ``target``: what its runtime
+    runs of a rule (``metaspmd.target``); ``ops``: the tensor ops live exploration uses;
+    ``isolation`` / ``threads``: where table misses are explored (a forked child, or this
+    many threads in process)."""
+
+    name: str
+    target: Target
+    ops: TensorOps
+    isolation: Isolation | None
+    threads: int
+
+    def planner_mesh(self, mesh: Any) -> planner.Mesh: ...
+
+    def quiet(self) -> ContextManager:
+        """The context capture and exploration run in (outside the caller's simulation modes)."""
+
+    def capture(self, fn: Any, example_inputs: tuple) -> Captured: ...
+
+    def node_call(self, captured: Captured, node: MetaOp) -> NodeCall: ...
+
+    def strategies(self, captured: Captured, found: Mapping[str, tuple[Strategy, ...]]) -> dict:
+        """The rule strategies the planner takes per node (a backend may drop slots the plan
+        does not place, such as literal operands)."""
+
+    def ties(self, captured: Captured) -> Sequence[tuple[str, str]]:
+        """(parameter, gradient) groups: a gradient is delivered in its parameter's placement."""
+
+    def run(self, fn: Any, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Any) -> Any:
+        """A callable that runs the plan on the framework's own distributed engine."""
+
+
+# mesh type ("module.QualName") -> module whose RUNTIME makes the backend
+_RUNTIMES: dict[str, str] = {
+    "torch.distributed.device_mesh.DeviceMesh": "metaspmd.backends.torch.parallelize",
+    "jax._src.mesh.Mesh": "metaspmd.backends.jax.parallelize",
+}
+
+
+def register_runtime(mesh_type: str, module: str) -> None:
+    """Meshes of ``mesh_type`` (``"package.module.ClassName"``, a base class counts too) run
+    on the ``RUNTIME`` of ``module``: a callable ``(mesh, **options) -> RuntimeBackend``."""
+    _RUNTIMES[mesh_type] = module
+
+
+def runtime_for(mesh: Any) -> Callable[..., RuntimeBackend]:
+    """The runtime factory for ``mesh``'s type, found along its base classes."""
+    for cls in type(mesh).__mro__:
+        module = _RUNTIMES.get(f"{cls.__module__}.{cls.__qualname__}")
+        if module is not None:
+            return importlib.import_module(module).RUNTIME
+    known = ", ".join(sorted(_RUNTIMES))
+    raise TypeError(f"parallelize has no runtime for a {type(mesh).__module__}.{type(mesh).__qualname__} mesh "
+                    f"(known: {known}; add one with metaspmd.runtime.register_runtime)")
+
+
+def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
+                time_limit: float = 10.0, solver: str = "ilp", cache: RuleCache | None = None,
+                cost_model: planner.CostModel | None = None, **options: Any) -> Any:
+    """Capture ``fn``, find every node's rules, plan on ``mesh`` and return a callable that
+    runs the plan. ``options`` go to the mesh's runtime (``backward``, ``loss_fn``;
+    JAX's ``params`` and ``table``)."""
+    rt = runtime_for(mesh)(mesh, **options)
+    with rt.quiet():
+        captured = rt.capture(fn, tuple(example_inputs))
+        found, stats = resolve(captured.ir, lambda node: rt.node_call(captured, node), rt.ops, rt.name,
+                               cache if cache is not None else RuleCache(), isolation=rt.isolation, threads=rt.threads)
+    plan = planner.plan(
+        captured.ir, rt.strategies(captured, found), rt.planner_mesh(mesh), memory_budget=memory_budget,
+        time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
+    )
+    return rt.run(fn, captured, plan, stats, mesh)
+
+
+quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave
+
+__all__ = ["Captured", "RuntimeBackend", "parallelize", "quiet", "register_runtime", "runtime_for"]
