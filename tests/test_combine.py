@@ -96,3 +96,59 @@ def test_positions_move_by_their_shards_start_before_the_gather():
     assert not holds(ops, GatherPositions(0, 0), locals_, np.argwhere(x))  # no starts given
     flat = [np.flatnonzero(s[:, 1]) for s in shards]
     assert np.array_equal(apply_combine(ops, GatherPositions(0), flat, cut), np.flatnonzero(x[:, 1]))
+
+
+def test_close_is_one_comparison_for_every_backend():
+    """The core close(): exact for integers and bools, a tolerance per dtype name scaled to
+    the largest finite value, NaN matching NaN, and a value within a factor 2 of its dtype's
+    largest finite one equal to the infinity of its sign (float16 here: any backend)."""
+    from metaspmd.tensor_ops import close
+
+    assert close(np.array([1, 2]), np.array([1, 2]), "int64") and not close(np.array([1, 2]), np.array([1, 3]), "int64")
+    assert not close(np.array([True]), np.array([False]), "bool")
+    x = np.array([1.0, np.nan, 1e6])
+    assert close(x + 1e-4, x, "float64")  # 1e-4 against the largest value, 1e6
+    assert not close(x + np.array([0.0, 0.0, 1.0]), x, "float64")
+    assert close(x + np.array([0.0, 0.0, 1.0]), x, "float32")  # float32's tolerance is wider
+    assert not close(np.array([1.0, np.nan]), np.array([1.0, 2.0]), "float64")
+    assert close(np.array([0.5, 1.0]), np.array([0.51, 1.0]), "bfloat16")  # low-precision dtypes: 2e-2
+    assert not close(np.array([1.0]), np.array([1.0, 1.0]), "float64")
+    half = np.float16(6e4)
+    assert close(np.array([np.inf], np.float16), np.array([half]), "float16")
+    assert not close(np.array([np.inf], np.float16), np.array([-half]), "float16")  # the sign counts
+    assert not close(np.array([np.inf]), np.array([6e4]), "float64")  # far from float64's overflow
+    assert not close(np.array([np.inf + 0j]), np.array([3e38 + 0j]), "complex64")  # complex: no such rule
+
+
+def test_the_check_loop_cuts_follows_splits_and_offsets_in_one_place():
+    """shard_inputs: a plain cut with a halo and local params, an input cut in proportion
+    to it, a Partial input split into parts that add up, an offset moved by each start."""
+    from metaspmd.check import cut_inputs, shard_inputs, surviving
+    from metaspmd.combine import Split, partial_parts
+    from metaspmd.spec import Gather, IndexOffset, PartialInput, Reduce, ShardIn
+
+    ops = NumpyOps()
+    x, follower, p, positions = np.arange(6.0), np.arange(12.0), np.ones(3), np.array([4, 1])
+    placements = (ShardIn(0, 1, local=True), ShardIn(0, 0, 2, 0), PartialInput("sum"), IndexOffset())
+    leaves = [x, follower, p, positions]
+    cut = cut_inputs(ops, leaves, placements, 3, Split(3).bounds)
+    assert cut.bounds == {0: [(0, 2), (2, 2), (4, 2)]} and cut.values(placements) == {}  # a halo: no values
+    sharded = shard_inputs(ops, leaves, placements, cut, lambda i, v, op: partial_parts(ops, v, op, 3, seed=i))
+    assert [s.tolist() for s in sharded.pieces[0]] == [[0, 1, 2], [1, 2, 3, 4], [3, 4, 5]]  # a halo of 1
+    assert [s.tolist() for s in sharded.pieces[1]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert np.allclose(sum(sharded.pieces[2]), p) and not np.allclose(sharded.pieces[2][0], p)
+    assert [s.tolist() for s in sharded.pieces[3]] == [[4, 1], [2, -1], [0, -3]]
+    assert [loc[0] for loc in sharded.local] == [(0, 0, 2, 6), (0, 2, 4, 6), (0, 4, 6, 6)]
+    assert len(sharded.inputs) == 3 and sharded.inputs[1][2] is sharded.pieces[2][1]
+    # the op on each shard, and which combines rebuild its output
+    plain = (ShardIn(0), PartialInput("sum"))
+    sharded = shard_inputs(ops, [x, p[:1]], plain, cut_inputs(ops, [x, p[:1]], plain, 2, Split(2).bounds),
+                           lambda i, v, op: partial_parts(ops, v, op, 2, seed=i))
+    locals_ = sharded.run(lambda leaves, local: [leaves[0] * 2, leaves[1] + 0])
+    assert surviving(ops, [[Gather(0), Reduce("sum")], [Reduce("sum"), Gather(0)]], locals_, [x * 2, p[:1]]) == [
+        [Gather(0)], [Reduce("sum")]]
+    # a dim that cannot be cut says so, and so does a proportion that does not fit
+    assert cut_inputs(ops, leaves, placements, 7, Split(7).bounds).why == "a dim of size 6 cannot be cut in 7"
+    wrong = [x, np.arange(11.0), p, positions]
+    assert "proportional" in shard_inputs(ops, wrong, placements, cut_inputs(ops, wrong, placements, 3, Split(3).bounds),
+                                          lambda i, v, op: [v] * 3)

@@ -31,12 +31,10 @@ Exit status: 0 done, 1 a rule of ours failed re-verification, 2 usage or registr
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
+import math
 import os
 import re
-import signal
 import sys
 import time
 import warnings
@@ -47,7 +45,6 @@ from typing import Any, Sequence
 
 import torch
 
-from metaspmd import reproducible
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.registry_io import RegistryError, load_registry
@@ -55,7 +52,8 @@ from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import select_ops, split_patterns
-from metaspmd.sweep.workers import exit_with_parent, silence_output
+from metaspmd.sweep import SweepConfig, WorkerPool
+from metaspmd.sweep.workers import Task
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
@@ -515,49 +513,54 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
 _WORKER: dict[str, Any] = {}  # per process: the backend and the answer cache
 
 
-def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True, worker: bool = True) -> None:
+def _init_worker(backend_options: dict, cache: str | None, quiet: bool = True) -> None:
+    """This process checks ops itself (no worker pool): the backend and the answer cache."""
     from . import get_backend
 
     if quiet:  # framework warnings from thousands of odd calls bury the report
         warnings.simplefilter("ignore")
-    if worker:  # workers share the cores, print nothing into the parent's report, and stop with it
-        torch.set_num_threads(1)
-        silence_output()
-        exit_with_parent()
     backend = get_backend(**backend_options)
-    # The sample index and the model programs' calls, before any op and outside its time
-    # limit, as sweep workers make them: made inside a worker's first check, they once
-    # came out short, and five ops had fewer examples in one run than in the next.
+    # The sample index and the model programs' calls, before any op, as sweep workers make
+    # them: made inside a worker's first check, they once came out short, and five ops had
+    # fewer examples in one run than in the next.
     backend.prepare()
     _WORKER["backend"] = backend
     _WORKER["cache"] = AnswerCache(Path(cache) if cache else None)
 
 
-def _alarm(signum, frame):
-    raise TimeoutError("per-op time limit")
+def check_in_worker(backend, op: str, record: OpRecord | None, explore: bool,
+                    config: Config) -> tuple[OpResult, OpRecord | None]:
+    """One op in a worker of the sweep's pool (``metaspmd.sweep.workers``), which loaded and
+    prepared the backend, keeps the worker's output out of the report, and kills and
+    replaces a worker past the time limit or dead."""
+    if not _WORKER:
+        warnings.simplefilter("ignore")
+        _WORKER.update(backend=backend, cache=AnswerCache(Path(config.cache) if config.cache else None))
+    return _check_one(op, record, explore, config)
+
+
+def check_failed(backend: str, op: str, reason: str) -> tuple[OpResult, None]:
+    """The result of an op whose check raised, ran past the time limit or killed its worker."""
+    return OpResult(op, "unknown", notes=[f"cross-check fails: {reason}"]), None
 
 
 def _drop_dispatch_modes(depth: int) -> None:
     """Pop dispatch modes an interrupted query left entered (DTensor's decomposition
-    tracing does not unwind on a timeout); every later op would go through them."""
+    tracing does not unwind on an error); every later op would go through them."""
     from torch.utils._python_dispatch import _pop_mode
 
     while torch._C._len_torch_dispatch_stack() > depth:
         _pop_mode()
 
 
-def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[OpResult, OpRecord | None]:
+def _check_one(op: str, record: OpRecord | None, explore: bool, config: Config) -> tuple[OpResult, OpRecord | None]:
     """One op in this process: explored first when it has no record and that is asked."""
     from metaspmd.explorer import explore_op
 
-    op, record, explore, config, limit = task
     start = time.perf_counter()
     backend = _WORKER["backend"]
     depth = torch._C._len_torch_dispatch_stack()
     try:
-        if limit:
-            signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, limit)
         if record is None and explore:
             record = explore_op(backend, op)
         return crosscheck_op(backend, op, record, config, _WORKER["cache"]), record
@@ -565,8 +568,6 @@ def _check_one(task: tuple[str, OpRecord | None, bool, Config, float]) -> tuple[
         note = f"cross-check fails: {type(e).__name__}: {str(e)[:160]}"
         return OpResult(op, "unknown", notes=[note], seconds=time.perf_counter() - start), record
     finally:
-        if limit:
-            signal.setitimer(signal.ITIMER_REAL, 0)
         _drop_dispatch_modes(depth)
 
 
@@ -661,7 +662,7 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
     """Cross-check ``ops`` (records by op name; the missing ones explored when asked).
     ``quiet``: silence Python warnings in this process too (worker processes always are)."""
     start = time.perf_counter()
-    tasks = [(op, records.get(op), explore_missing, config, timeout) for op in ops]
+    tasks = {op: (records.get(op), explore_missing, config) for op in ops}
     results: list[OpResult] = []
     explored: list[str] = []
 
@@ -672,16 +673,17 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
         if progress:
             print(f"\r{len(results)}/{len(tasks)} {res.op[:60]:<60}", end="", file=sys.stderr, flush=True)
 
-    if jobs <= 1:
-        _init_worker(backend_options or {}, config.cache, quiet, worker=False)
-        for task in tasks:
-            collect(*_check_one(task))
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with reproducible.for_children(), concurrent.futures.ProcessPoolExecutor(
-                jobs, mp_context=ctx, initializer=_init_worker, initargs=(backend_options or {}, config.cache)) as pool:
-            for res, rec in pool.map(_check_one, tasks, chunksize=4):
-                collect(res, rec)
+    if jobs <= 1 and not timeout:
+        _init_worker(backend_options or {}, config.cache, quiet)
+        for op, task in tasks.items():
+            collect(*_check_one(op, *task))
+    else:  # a time limit needs a worker to kill; the sweep's pool keeps going past a dead one
+        pool_config = SweepConfig("torch", Path("."), jobs=max(1, jobs), timeout=timeout or math.inf,
+                                  backend_options=tuple((backend_options or {}).items()))
+        task = Task(f"{__name__}:check_in_worker", f"{__name__}:check_failed")
+        with WorkerPool(pool_config, task) as pool:
+            pool.start()
+            pool.run(list(tasks), lambda outcome: collect(*outcome.record), tasks)
     if progress:
         print(file=sys.stderr)
     results.sort(key=lambda r: r.op)

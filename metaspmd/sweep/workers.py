@@ -13,8 +13,12 @@ worker):
     worker -> ("ready", backend_name)        once the backend is loaded
     worker -> ("fatal", message)             the backend could not be loaded
     ("list",)        -> ("ops", [op, ...])
-    ("explore", op)  -> ("done", op, record, seconds)
+    ("explore", op, *args)  -> ("done", op, record, seconds)
     None             -> the worker exits
+
+Other tools reuse the pool for other work on ops (the torch cross-check): a ``Task`` names
+the function a worker runs on each op in place of the sweep's explorer, and what stands
+for the result of an op whose worker failed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from .. import reproducible
 from ..rules import OpRecord
@@ -102,7 +106,20 @@ def exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="metaspmd-exit-with-parent", daemon=True).start()
 
 
-def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool) -> None:
+@dataclass(frozen=True)
+class Task:
+    """What a pool's workers do with an op in place of exploring it: ``run`` is called as
+    ``run(backend, op, *args)`` in a worker and returns the op's result (anything that
+    pickles); ``failed`` as ``failed(backend_name, op, reason)`` gives the result of an op
+    that raised, timed out or took its worker down. Both are 'module:function' references,
+    resolved where they run."""
+
+    run: str
+    failed: str = "metaspmd.sweep.failures:failed_record"
+
+
+def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: bool,
+                 failed: str | None = None) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent()
@@ -115,6 +132,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
     try:
         instance = load_backend(module, options)
         explore = resolve_callable(explorer)
+        on_failure = resolve_callable(failed) if failed else failed_record
         name = instance.name
         prepare = getattr(instance, "prepare", None)
         if callable(prepare):  # slow one-time set-up (sample index, compile caches)
@@ -133,20 +151,20 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         if request[0] == "list":
             conn.send(("ops", list(instance.list_ops())))
             continue
-        op = request[1]
+        op, args = request[1], request[2:]
         start = time.perf_counter()
         try:
-            record = explore(instance, op)
-            if not isinstance(record, OpRecord) or (record.op, record.backend) != (op, name):
+            record = explore(instance, op, *args)
+            if failed is None and (not isinstance(record, OpRecord) or (record.op, record.backend) != (op, name)):
                 got = f"{record.backend}/{record.op}" if isinstance(record, OpRecord) else type(record).__name__
                 record = failed_record(name, op, f"explorer returned {got} instead of a record of {name}/{op}")
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - op failures are data
-            record = failed_record(name, op, describe_exception(exc))
+            record = on_failure(name, op, describe_exception(exc))
         seconds = time.perf_counter() - start
         try:
             conn.send(("done", op, record, seconds))
         except Exception as exc:  # noqa: BLE001 - e.g. a record that does not pickle
-            conn.send(("done", op, failed_record(name, op, f"unsendable record: {describe_exception(exc)}"), seconds))
+            conn.send(("done", op, on_failure(name, op, f"unsendable record: {describe_exception(exc)}"), seconds))
 
 
 # --------------------------------------------------------------------------- parent side
@@ -180,7 +198,7 @@ class Outcome:
     can be replayed in that order."""
 
     op: str
-    record: OpRecord
+    record: OpRecord  # a Task's pool: the task's result
     seconds: float
     after: tuple[str, ...] = ()
     retried: str = ""  # why its first try failed, where a crash or time limit sent it round again
@@ -194,10 +212,16 @@ class WorkerPool:
     a worker that dies is replaced; either way its op is tried once more (a worker killed
     for memory, or an op slowed past the limit on a loaded machine, fails once only), and
     gets a 'failed' record if it fails again.
+
+    ``task``: run it on each op instead of the sweep's explorer (``Task``). A time limit of
+    ``math.inf`` is none.
     """
 
-    def __init__(self, config: SweepConfig):
+    def __init__(self, config: SweepConfig, task: Task | None = None):
         self.config = config
+        self.task = task
+        self._failure_result = resolve_callable(task.failed) if task else failed_record
+        self._args: Mapping[str, tuple] = {}
         self._ctx = multiprocessing.get_context("spawn")  # fork is unsafe with threaded frameworks
         self._workers: list[_Worker] = []
         self._pending: deque[str] = deque()
@@ -212,7 +236,8 @@ class WorkerPool:
         c = self.config
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self._module, c.backend_options, c.explorer, c.worker_output),
+            args=(child, self._module, c.backend_options, self.task.run if self.task else c.explorer, c.worker_output,
+                  self.task.failed if self.task else None),
             # Not a daemon: ops may start processes of their own; close() reaps workers.
             daemon=False,
             name="metaspmd-sweep-worker",
@@ -298,8 +323,11 @@ class WorkerPool:
             worker.proc.join(1.0)
             return None
 
-    def run(self, ops: Iterable[str], on_outcome: Callable[[Outcome], None]) -> None:
+    def run(self, ops: Iterable[str], on_outcome: Callable[[Outcome], None],
+            args: Mapping[str, tuple] | None = None) -> None:
+        """``args``: more arguments for the explorer or task, by op."""
         self._pending = pending = deque(ops)
+        self._args = args or {}
         if not pending:
             return
         while len(self._workers) < min(self.config.jobs, len(pending)):
@@ -308,7 +336,7 @@ class WorkerPool:
             for w in self._workers:
                 if w.ready and not w.busy and pending:
                     w.op, w.started = pending.popleft(), time.monotonic()
-                    w.conn.send(("explore", w.op))
+                    w.conn.send(("explore", w.op, *self._args.get(w.op, ())))
             # Retire idle workers once nothing is left to hand out.
             if not pending:
                 for w in [w for w in self._workers if w.ready and not w.busy]:
@@ -316,7 +344,8 @@ class WorkerPool:
                     self._retire(w)
             deadlines = [w.started + self.config.timeout for w in self._workers if w.busy]
             deadlines += [w.born + STARTUP_TIMEOUT for w in self._workers if not w.ready]
-            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            # capped: a wait of math.inf (no time limit) is more than the system's wait takes
+            timeout = min(max(0.0, min(deadlines) - time.monotonic()), STARTUP_TIMEOUT) if deadlines else None
             waitables = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
             ready = set(wait(waitables, timeout)) if waitables else set()
             for w in list(self._workers):
@@ -360,7 +389,7 @@ class WorkerPool:
             self._pending.appendleft(worker.op)
             worker.op = None
             return
-        self._finish(worker, failed_record(self.backend_name, worker.op, reason), seconds, on_outcome)
+        self._finish(worker, self._failure_result(self.backend_name, worker.op, reason), seconds, on_outcome)
 
     def _finish(self, worker: _Worker, record: OpRecord, seconds: float, on_outcome) -> None:
         op, worker.op = worker.op, None
