@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
@@ -28,6 +28,7 @@ from metaspmd.target import JAX_PLAN
 
 from .capture import Captured, capture, read_atom
 from .rules_at_runtime import node_call, without_literals
+from .shardings import named_sharding
 from .tensor_ops import JaxOps
 
 # Calls explored live at once: most of an exploration is XLA compiles, which release the
@@ -38,17 +39,6 @@ EXPLORE_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_geta
 
 def planner_mesh(mesh: Mesh) -> planner.Mesh:
     return planner.Mesh.of(tuple(mesh.devices.shape), tuple(str(n) for n in mesh.axis_names))
-
-
-def partition_spec(placements: planner.Placements, axis_names: tuple, ndim: int) -> PartitionSpec | None:
-    """The PartitionSpec of planner placements (one per mesh axis); None if any is Partial."""
-    dims: list[list] = [[] for _ in range(ndim)]
-    for name, p in zip(axis_names, placements):
-        if isinstance(p, planner.Partial):
-            return None
-        if isinstance(p, planner.Shard):
-            dims[p.dim].append(name)
-    return PartitionSpec(*(None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims))
 
 
 def _constrainable(x: Any) -> bool:
@@ -66,8 +56,7 @@ class Parallelized:
     params: Any = None
 
     def _sharding(self, placements: planner.Placements, ndim: int) -> NamedSharding | None:
-        spec = partition_spec(placements, self.mesh.axis_names, ndim)
-        return None if spec is None else NamedSharding(self.mesh, spec)
+        return named_sharding(self.mesh, placements, ndim)
 
     @cached_property
     def in_shardings(self) -> tuple[NamedSharding, ...]:
@@ -220,4 +209,4 @@ def parallelize(
                                cost_model=cost_model, table=table)
 
 
-__all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "partition_spec", "planner_mesh"]
+__all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "planner_mesh"]

@@ -16,7 +16,7 @@ from typing import Callable
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from metaspmd.placement import Partial, Replicate, Shard
 from metaspmd.spec import ArgReduce, ShardIn
@@ -24,6 +24,7 @@ from metaspmd.table import Entry, rule_entry
 from metaspmd.target import JAX_PARTITION, project
 
 from .collectives import arg_reduce
+from .shardings import cut_along
 
 
 def _sharded_dims(spec: PartitionSpec, rank: int) -> dict[str, int]:
@@ -93,14 +94,11 @@ def partitioned(fn: Callable, entry: Entry) -> Callable:
         if chosen is not None and not _divides(chosen, [a.shape for a in arg_shapes], mesh.shape):
             chosen = None  # uneven shards are padded: padding would join a sum or win an argmax
         if chosen is None:
-            arg_shardings = tuple(NamedSharding(mesh, PartitionSpec()) for _ in arg_shapes)
-            return mesh, fn, NamedSharding(mesh, PartitionSpec()), arg_shardings
+            arg_shardings = tuple(cut_along(mesh, None, None, r) for r in ranks)
+            return mesh, fn, cut_along(mesh, None, None, rank_out), arg_shardings
         axis, (in_dims, out_dim, pending) = chosen
-        arg_shardings = tuple(
-            NamedSharding(mesh, PartitionSpec(*(axis if d == dim else None for d in range(r))))
-            for dim, r in zip(in_dims, ranks)
-        )
-        out_sharding = NamedSharding(mesh, PartitionSpec(*(axis if d == out_dim else None for d in range(rank_out))))
+        arg_shardings = tuple(cut_along(mesh, axis, dim, r) for dim, r in zip(in_dims, ranks))
+        out_sharding = cut_along(mesh, axis, out_dim, rank_out)
 
         def lower(*args):
             out = fn(*args)

@@ -197,6 +197,6 @@ def unregister(report: RegisterReport) -> None:
 
 
 __all__ = [
-    "RegisterReport", "add_table", "dtensor_has_rule", "dtensor_placements", "lookup", "neighbour_rules", "register", "register_op",
-    "remove_table", "table", "unregister",
+    "RegisterReport", "add_table", "dtensor_has_rule", "dtensor_placements", "lookup", "neighbour_rules", "register",
+    "register_op", "remove_table", "table", "unregister",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .. import spec
-from ..placement import Placements, REPLICATE, Replicate, Shard, is_valid, placements_str
+from ..placement import Placement, Placements, REPLICATE, Replicate, Shard, is_valid, placements_str
 from ..target import DTENSOR_PLAN, AxisStrategy, Target, projections
 from .mesh import Mesh
 

@@ -181,7 +181,8 @@ def test_a_view_whose_shards_rewrite_sizes_gets_no_cut_from_register(results):
     op = torch.ops.aten.squeeze_copy.default
     x = torch.randn(WORLD, 1, 6, 1, generator=torch.Generator().manual_seed(0))
     cut = (mp.Shard(0),)  # the table's row cut, which DTensor would run unrewritten
-    assert any((a.inputs, a.outputs) == (cut, cut) for a in projections(dtensor_rules.lookup(op, (x,), {}), DTENSOR_REGISTER))
+    projected = projections(dtensor_rules.lookup(op, (x,), {}), DTENSOR_REGISTER)
+    assert any((a.inputs, a.outputs) == (cut, cut) for a in projected)
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))
         got = op(distribute_tensor(x, mesh, [Shard(0)]))

@@ -30,7 +30,8 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from metaspmd.backends.jax.capture import capture  # noqa: E402
-from metaspmd.backends.jax.parallelize import parallelize, partition_spec  # noqa: E402
+from metaspmd.backends.jax.parallelize import parallelize  # noqa: E402
+from metaspmd.backends.jax.shardings import partition_spec  # noqa: E402
 from metaspmd.backends.jax.rules_at_runtime import node_call, without_literals  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.table import Entry as E, RuleTable  # noqa: E402
