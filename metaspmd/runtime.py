@@ -61,6 +61,11 @@ class RuntimeBackend(Protocol):
     def ties(self, captured: Captured) -> Sequence[tuple[str, str]]:
         """(parameter, gradient) groups: a gradient is delivered in its parameter's placement."""
 
+    def one_plan(self, solve: Callable[[], planner.Plan]) -> planner.Plan:
+        """The plan every process runs: ``solve()`` where this process plans for all (one
+        process, or the first of several, whose plan the others receive), so processes
+        never run different plans (a time-limited solve can end differently on each)."""
+
     def run(self, fn: Any, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Any) -> Any:
         """A callable that runs the plan on the framework's own distributed engine."""
 
@@ -100,13 +105,18 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
         captured = rt.capture(fn, tuple(example_inputs))
         found, stats = resolve(captured.ir, lambda node: rt.node_call(captured, node), rt.ops, rt.name,
                                cache if cache is not None else RuleCache(), isolation=rt.isolation, threads=rt.threads)
-    plan = planner.plan(
+    plan = rt.one_plan(lambda: planner.plan(
         captured.ir, rt.strategies(captured, found), rt.planner_mesh(mesh), memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
-    )
+    ))
     return rt.run(fn, captured, plan, stats, mesh)
 
 
 quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave
 
-__all__ = ["Captured", "RuntimeBackend", "parallelize", "quiet", "register_runtime", "runtime_for"]
+
+def one_process(solve: Callable[[], planner.Plan]) -> planner.Plan:
+    """The default ``RuntimeBackend.one_plan``: a single process plans for itself."""
+    return solve()
+
+__all__ = ["Captured", "RuntimeBackend", "one_process", "parallelize", "quiet", "register_runtime", "runtime_for"]

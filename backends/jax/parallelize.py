@@ -174,6 +174,8 @@ class JaxRuntime:
         grads = captured.outputs[captured.n_outputs:]
         return [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
 
+    one_plan = staticmethod(runtime.one_process)  # one process plans for itself
+
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
         return Parallelized(captured, plan, stats, mesh, self.params)
 

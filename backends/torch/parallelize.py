@@ -327,6 +327,8 @@ class TorchRuntime:
     def ties(self, captured: Captured):
         return captured.parameter_gradient_ties()
 
+    one_plan = staticmethod(runtime.one_process)  # one process plans for itself
+
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
         module = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
         params = tuple(p.detach() for p in module.parameters())

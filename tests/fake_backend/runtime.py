@@ -20,6 +20,7 @@ from metaspmd.case import OpCase
 from metaspmd.ir import MetaIR, MetaOp, MetaVar
 from metaspmd.placement import Partial, Placements, Shard
 from metaspmd.resolve import NodeCall, ResolveStats
+from metaspmd import runtime
 from metaspmd.runtime import register_runtime
 from metaspmd.signature import signature
 from metaspmd.target import Target
@@ -112,6 +113,8 @@ class NumpyRuntime:
 
     def ties(self, captured: Captured):
         return []
+
+    one_plan = staticmethod(runtime.one_process)  # one process plans for itself
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: FakeMesh) -> "Planned":
         return Planned(captured, plan, stats, mesh.n)
