@@ -131,6 +131,7 @@ def plan(
     strict: bool = True,
     threads: int = 1,
     target: Target = DTENSOR_PLAN,
+    constraints: Mapping[str, Placements] | None = None,
 ) -> Plan:
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
@@ -139,11 +140,12 @@ def plan(
     later members delivered in the first one's placement; ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
     ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
-    strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``). See build_problem.
+    strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``); ``constraints``: placements
+    a user already decided, by var name. See build_problem.
     """
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
-        target,
+        target, constraints,
     )
     return solve(problem, solver, time_limit, reductions, beam_width, threads)
 

@@ -215,6 +215,25 @@ def _order(ir: MetaIR) -> list[tuple[str, object]]:
     return order
 
 
+def _checked_constraints(ir: MetaIR, constraints: Mapping[str, Placements], mesh: Mesh,
+                         strict: bool) -> dict[str, Placements]:
+    """The constraints, each naming a tensor of the graph and placing it validly on the mesh."""
+    tensors = {v.name: v for v in ir.input_list if v.is_tensor}
+    tensors.update((v.name, v) for op in ir.op_list for v in op.outputs if v.is_tensor)
+    out = {}
+    for name, p in constraints.items():
+        v = tensors.get(name)
+        if v is None:
+            raise PlannerError(f"constraint on {name!r}: the graph has no tensor of that name")
+        p = tuple(p)
+        if not is_valid(p, v.shape, mesh.shape, strict) or (v.name in {u.name for u in ir.input_list}
+                                                            and any(isinstance(x, Partial) for x in p)):
+            raise PlannerError(f"constraint on {name!r}: [{placements_str(p)}] cannot place shape {v.shape} "
+                               f"on mesh {mesh.shape}")
+        out[name] = p
+    return out
+
+
 def build_problem(
     ir: MetaIR,
     strategies_by_node: Mapping[str, Iterable[spec.Strategy]],
@@ -226,6 +245,7 @@ def build_problem(
     output_placements: Mapping[str, Placements] | None = None,
     strict: bool = True,
     target: Target = DTENSOR_PLAN,
+    constraints: Mapping[str, Placements] | None = None,
 ) -> ShardingProblem:
     """``strategies_by_node``: 1-D rule strategies per op node name (missing: replicate
     only). ``memory_budget``: bytes per device.
@@ -239,6 +259,8 @@ def build_problem(
     in their cheapest non-Partial placement (a Partial value is not materialised).
     ``target``: what the runtime runs of a rule strategy (``metaspmd.target``; JAX's
     partitioner finishes arg-reductions, index offsets, local params and halos too).
+    ``constraints``: placements a user already decided, by var name (a graph input or an
+    op's output): the plan gives those vars exactly these placements.
     """
     cm = cost_model or CostModel(mesh)
     if cm.mesh != mesh:
@@ -261,11 +283,12 @@ def build_problem(
         m, factors = edge_cache[key]
         return ChoiceEdge(u, v, m, label, factors)
 
+    fixed = _checked_constraints(ir, constraints or {}, mesh, strict)
     for kind, item in _order(ir):
         i = len(names)
         if kind == "input":
             v: MetaVar = item  # type: ignore[assignment]
-            places = tensor_placements(v.shape, mesh, strict)
+            places = [fixed[v.name]] if v.name in fixed else tensor_placements(v.shape, mesh, strict)
             ss = tuple(NodeStrategy(placements_str(p), (), (p,)) for p in places)
             mem = np.array([cm.memory(v.shape, v.dtype, p) for p in places])
             names.append(v.name)
@@ -274,7 +297,7 @@ def build_problem(
             strats.append(ss)
             where[v.name] = (i, 0)
             nodes.append(ChoiceNode(v.name, tuple(s.label for s in ss), np.zeros(len(ss)), mem,
-                                    ("input", v.shape, v.dtype)))
+                                    ("input", v.shape, v.dtype, fixed.get(v.name))))
             continue
         op: MetaOp = item  # type: ignore[assignment]
         ins = [v for v in op.input_vars if v.is_tensor]
@@ -284,6 +307,15 @@ def build_problem(
         if key not in op_cache:  # repeated layers share their strategies and costs
             op_cache[key] = _op_choices(cm, op, ins, given, strict, target) + (len(op_cache),)
         ss, cost, mem, follower, signature = op_cache[key]
+        pins = [(k, fixed[v.name]) for k, v in enumerate(op.outputs) if v.name in fixed]
+        if pins:  # a constrained output: only the strategies that give it
+            keep = [c for c, s in enumerate(ss) if all(s.outputs[k] == p for k, p in pins)]
+            if not keep:
+                k, p = pins[0]
+                raise PlannerError(f"no strategy of {op.name} ({op.op}) gives {op.outputs[k].name} the "
+                                   f"constrained placements [{placements_str(p)}]")
+            ss, cost, mem = tuple(ss[c] for c in keep), cost[keep], mem[keep]
+            signature = (signature, tuple(keep))  # no longer interchangeable with its unconstrained twins
         names.append(op.name)
         ops.append(op)
         outputs.append(tuple(op.outputs))
