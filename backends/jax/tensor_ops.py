@@ -17,6 +17,7 @@ from jax import lax
 
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, close_tensors
 
+
 def _is_extended(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jax.dtypes.extended)
 

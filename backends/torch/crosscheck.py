@@ -51,8 +51,7 @@ from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
-from metaspmd.sweep import select_ops, split_patterns
-from metaspmd.sweep import SweepConfig, WorkerPool
+from metaspmd.sweep import SweepConfig, WorkerPool, select_ops, split_patterns
 from metaspmd.sweep.workers import Task
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 

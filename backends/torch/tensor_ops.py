@@ -9,6 +9,7 @@ import torch
 
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, close_tensors
 
+
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
 
 
@@ -61,7 +62,7 @@ class TorchOps:
     def to_numpy(self, x):
         x = x.detach().cpu().resolve_conj().resolve_neg()  # numpy() refuses the lazy bits
         if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
-            x = x.float()  # bfloat16, float16 and float8 kinds have no numpy form (float16 widened alike)
+            x = x.float()  # bfloat16 and float8 kinds have no numpy form; float16 as float32 too
         elif x.is_complex() and x.dtype not in (torch.complex64, torch.complex128):
             x = x.to(torch.complex64)  # complex32
         return x.numpy()
