@@ -61,6 +61,11 @@ class RuntimeBackend(Protocol):
     def ties(self, captured: Captured) -> Sequence[tuple[str, str]]:
         """(parameter, gradient) groups: a gradient is delivered in its parameter's placement."""
 
+    def constraints(self, captured: Captured, given: Mapping[Any, Any]) -> dict[str, planner.Placements]:
+        """The placements the plan must give, by graph var name: ``given`` (keys and values
+        in the framework's own terms: parameter names, input positions, its placement
+        types) and the annotations the function itself carries."""
+
     def one_plan(self, solve: Callable[[], planner.Plan]) -> planner.Plan:
         """The plan every process runs: ``solve()`` where this process plans for all (one
         process, or the first of several, whose plan the others receive), so processes
@@ -96,10 +101,14 @@ def runtime_for(mesh: Any) -> Callable[..., RuntimeBackend]:
 
 def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
                 time_limit: float = 10.0, solver: str = "ilp", cache: RuleCache | None = None,
-                cost_model: planner.CostModel | None = None, **options: Any) -> Any:
+                cost_model: planner.CostModel | None = None, constraints: Mapping[Any, Any] | None = None,
+                **options: Any) -> Any:
     """Capture ``fn``, find every node's rules, plan on ``mesh`` and return a callable that
-    runs the plan. ``options`` go to the mesh's runtime (``backward``, ``loss_fn``;
-    JAX's ``params`` and ``table``)."""
+    runs the plan. ``constraints``: placements already decided, one per mesh axis, keyed as
+    the runtime names values (a parameter's name, an input's position, a graph var), in
+    the framework's placement types or metaspmd's; the function's own annotations
+    (``with_sharding_constraint``) count too. ``options`` go to the mesh's runtime
+    (``backward``, ``loss_fn``; JAX's ``params`` and ``table``)."""
     rt = runtime_for(mesh)(mesh, **options)
     with rt.quiet():
         captured = rt.capture(fn, tuple(example_inputs))
@@ -108,8 +117,25 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     plan = rt.one_plan(lambda: planner.plan(
         captured.ir, rt.strategies(captured, found), rt.planner_mesh(mesh), memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
+        constraints=rt.constraints(captured, constraints or {}),
     ))
     return rt.run(fn, captured, plan, stats, mesh)
+
+
+def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, Any],
+                      placements: Callable[[Any], planner.Placements]) -> dict[str, planner.Placements]:
+    """``given`` keyed by graph var: each key a runtime's user-facing name (``names``) or a
+    graph var itself, each value made metaspmd's placements (one per mesh axis) by
+    ``placements``. A key that names nothing is refused with the names there are."""
+    tensors = {v.name for v in ir.input_list} | {v.name for op in ir.op_list for v in op.outputs}
+    out = {}
+    for key, value in given.items():
+        var = names.get(key, key if key in tensors else None)
+        if var is None:
+            known = ", ".join(repr(k) for k in names)
+            raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
+        out[var] = tuple(placements(value))
+    return out
 
 
 quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave
@@ -119,4 +145,4 @@ def one_process(solve: Callable[[], planner.Plan]) -> planner.Plan:
     """The default ``RuntimeBackend.one_plan``: a single process plans for itself."""
     return solve()
 
-__all__ = ["Captured", "RuntimeBackend", "one_process", "parallelize", "quiet", "register_runtime", "runtime_for"]
+__all__ = ["Captured", "RuntimeBackend", "named_constraints", "one_process", "parallelize", "quiet", "register_runtime", "runtime_for"]

@@ -47,3 +47,15 @@ def test_a_numpy_graph_is_planned_and_runs_sharded(tmp_path):
         np.testing.assert_allclose(planned(x, w1, w2), mlp(x, w1, w2), rtol=1e-10)
         other = example(1)  # the plan holds for any values of the captured shapes
         np.testing.assert_allclose(planned(*other), mlp(*other), rtol=1e-10)
+
+
+def test_a_users_constraint_is_kept(tmp_path):
+    """The first weight pinned to a row cut: the plan keeps it there, and still runs right."""
+    from metaspmd.placement import Shard
+
+    x, w1, w2 = example()
+    p = metaspmd.parallelize(mlp, FakeMesh(4), (x, w1, w2), cache=RuleCache(tmp_path), constraints={1: (Shard(0),)})
+    assert p.plan.placement("in1") == (Shard(0),)
+    np.testing.assert_allclose(p(x, w1, w2), mlp(x, w1, w2), rtol=1e-10)
+    with pytest.raises(KeyError, match="constraint on 'w9'"):
+        metaspmd.parallelize(mlp, FakeMesh(4), (x, w1, w2), cache=RuleCache(tmp_path), constraints={"w9": (Shard(0),)})

@@ -23,12 +23,13 @@ from jax.sharding import Mesh, NamedSharding
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
+from metaspmd.runtime import named_constraints
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
 from .capture import Captured, capture, read_atom
 from .rules_at_runtime import node_call, without_literals
-from .shardings import named_sharding
+from .shardings import named_sharding, placements_of
 from .tensor_ops import JaxOps
 
 # Calls explored live at once: most of an exploration is XLA compiles, which release the
@@ -174,6 +175,19 @@ class JaxRuntime:
         grads = captured.outputs[captured.n_outputs:]
         return [(p, g) for p, g in zip(captured.param_names, grads) if isinstance(g, str) and g != p]
 
+    def constraints(self, captured: Captured, given) -> dict:
+        """Keys: an input leaf's name (``"params.w1"``, ``"in0"``) or a graph var; values:
+        PartitionSpec, NamedSharding or placements. The function's own
+        ``with_sharding_constraint`` calls pin their outputs too."""
+        pinned = {}
+        for e in captured.eqns:
+            sharding = e.params.get("sharding") if e.prim.name == "sharding_constraint" else None
+            if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == tuple(self.mesh.axis_names):
+                pinned[e.outputs[0]] = placements_of(self.mesh, sharding)
+        names = {n: n for n in captured.input_names}
+        pinned.update(named_constraints(names, captured.ir, given, lambda p: placements_of(self.mesh, p)))
+        return pinned
+
     one_plan = staticmethod(runtime.one_process)  # one process plans for itself
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
@@ -197,6 +211,7 @@ def parallelize(
     cache: RuleCache | None = None,
     cost_model: planner.CostModel | None = None,
     table: Any = None,
+    constraints: dict | None = None,
 ) -> Parallelized:
     """Capture ``fn``, find every node's rules (table, cache, live ShardCombine), plan on
     ``mesh``, and return a callable that runs the plan under jit.
@@ -205,10 +220,13 @@ def parallelize(
     ``(out, grads)`` of ``loss_fn(out)`` (default: the sum of the outputs), and each
     gradient is planned in its parameter's placement. ``table``: the ``RULES`` of a rule
     table in the generated module's form, used instead of metaspmd.generated.jax_rules.
+    ``constraints``: shardings already decided (PartitionSpec or NamedSharding) by input leaf
+    name (``"params.w1"``, ``"in0"``); the function's own ``with_sharding_constraint`` calls
+    are kept too.
     """
     return runtime.parallelize(fn, mesh, example_inputs, params=params, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
-                               cost_model=cost_model, table=table)
+                               cost_model=cost_model, table=table, constraints=constraints)
 
 
 __all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "planner_mesh"]

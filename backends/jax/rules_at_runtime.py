@@ -37,6 +37,15 @@ _OPS = JaxOps()
 OPAQUE = frozenset({"while", "cond", "scan", "custom_linear_solve", "eval_jaxpr", "composite", "platform_index"})
 
 
+# Primitives that give their operand's values unchanged and only steer where values live
+# (binding one needs the mesh it names): explored as the identity they are on values.
+VALUE_IDENTITIES = frozenset({"sharding_constraint"})
+
+
+def _identity(x, **_params):
+    return x
+
+
 class Opaque(Exception):
     """Raised by an opaque node's exploration call: the explorer records it as failed."""
 
@@ -120,9 +129,10 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
 
             return OpCase(node.op, refuse, args, dict(node.kwargs), names, exact_sizes=exact_sizes(prim, node.kwargs))
         params = captured.eqn(node.name).params
+        fn = _identity if prim in VALUE_IDENTITIES else node.fn
         example = _widened(_varied(prim, operands, 0))
         try:  # some kernels have no float64 form, or params pin float32: explore as is
-            node.fn(*op_arguments(prim, example)[1])
+            fn(*op_arguments(prim, example)[1])
             widen = _widened
         except Exception:
             example, widen = _varied(prim, operands, 0), list
@@ -138,7 +148,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
             if any(kind_of(x.dtype) in (INT, OTHER) for x in (v if isinstance(v, list) else [v]))
         ) | IDENTITY_OPERANDS.get(prim, frozenset())
         # as the sweep's cases: XLA never reads past an operand, so positions may be offset
-        return OpCase(node.op, node.fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
+        return OpCase(node.op, fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
                       localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs))
 

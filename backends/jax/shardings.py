@@ -32,4 +32,14 @@ def cut_along(mesh: Mesh, axis: str, dim: int | None, ndim: int) -> NamedShardin
                                       for a in mesh.axis_names), ndim)
 
 
-__all__ = ["cut_along", "named_sharding", "partition_spec"]
+def placements_of(mesh: Mesh, given) -> Placements:
+    """A PartitionSpec, a NamedSharding or a sequence of metaspmd placements, as one
+    placement per mesh axis."""
+    spec = given.spec if isinstance(given, NamedSharding) else given
+    if not isinstance(spec, PartitionSpec):
+        return tuple(given)
+    cut = {a: d for d, entry in enumerate(spec) for a in (entry if isinstance(entry, tuple) else (entry,)) if a}
+    return tuple(Shard(cut[a]) if a in cut else REPLICATE for a in mesh.axis_names)
+
+
+__all__ = ["cut_along", "named_sharding", "partition_spec", "placements_of"]

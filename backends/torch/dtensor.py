@@ -29,9 +29,24 @@ def to_dtensor_placements(ps) -> tuple:
     return tuple(to_dtensor(p) for p in ps)
 
 
+def from_dtensor(p) -> mp.Placement:
+    """DTensor's placement (or metaspmd's, kept) as metaspmd's."""
+    if isinstance(p, (mp.Shard, mp.Partial, mp.Replicate)):
+        return p
+    if isinstance(p, Shard):
+        return mp.Shard(p.dim)
+    if isinstance(p, _NormPartial):
+        return mp.Partial("norm2")
+    if isinstance(p, Partial):
+        return mp.Partial(p.reduce_op)
+    if isinstance(p, Replicate):
+        return mp.REPLICATE
+    raise TypeError(f"not a placement: {p!r}")
+
+
 def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
     p = DTensor._op_dispatcher.sharding_propagator
     return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules
 
 
-__all__ = ["dtensor_has_rule", "to_dtensor", "to_dtensor_placements"]
+__all__ = ["dtensor_has_rule", "from_dtensor", "to_dtensor", "to_dtensor_placements"]

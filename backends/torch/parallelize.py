@@ -25,10 +25,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
+from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
 from .capture import Captured, capture
-from .dtensor import dtensor_has_rule, to_dtensor_placements
+from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .rules_at_runtime import live_exploration, node_call
 from .tensor_ops import TorchOps
 from .views import derive, is_view_like, local_sizes, shards_rewrite_call
@@ -327,6 +328,11 @@ class TorchRuntime:
     def ties(self, captured: Captured):
         return captured.parameter_gradient_ties()
 
+    def constraints(self, captured: Captured, given) -> dict:
+        """Keys: a parameter's or buffer's name (``"fc1.weight"``), a user input's position
+        (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis."""
+        return named_constraints(_user_names(captured), captured.ir, given, lambda ps: map(from_dtensor, ps))
+
     one_plan = staticmethod(runtime.one_process)  # one process plans for itself
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
@@ -336,6 +342,16 @@ class TorchRuntime:
 
 
 RUNTIME = TorchRuntime
+
+
+def _user_names(captured: Captured) -> dict:
+    """The graph input of each parameter, buffer (by name) and user input (by position)."""
+    inputs = [v.name for v in captured.ir.input_list]
+    n_p, n_b = len(captured.param_names), len(captured.buffer_names)
+    names: dict = dict(zip(captured.param_names, inputs))
+    names.update(zip(captured.buffer_names, inputs[n_p:]))
+    names.update(enumerate(inputs[n_p + n_b:n_p + n_b + captured.n_user_inputs]))
+    return names
 
 
 def parallelize(
@@ -350,9 +366,11 @@ def parallelize(
     solver: str = "ilp",
     cache: RuleCache | None = None,
     cost_model: planner.CostModel | None = None,
+    constraints: dict | None = None,
 ) -> Parallelized:
     """Capture, look up or explore every node's rules, plan on ``mesh``, and return a
-    callable that runs the plan on DTensor (a module runs forward + backward)."""
+    callable that runs the plan on DTensor (a module runs forward + backward).
+    ``constraints``: DTensor placements already decided, by parameter name or input position."""
     return runtime.parallelize(fn_or_module, mesh, example_inputs, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
-                               cost_model=cost_model)
+                               cost_model=cost_model, constraints=constraints)

@@ -114,6 +114,10 @@ class NumpyRuntime:
     def ties(self, captured: Captured):
         return []
 
+    def constraints(self, captured: Captured, given):
+        return runtime.named_constraints({i: v.name for i, v in enumerate(captured.ir.input_list)}, captured.ir,
+                                         given, tuple)
+
     one_plan = staticmethod(runtime.one_process)  # one process plans for itself
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: FakeMesh) -> "Planned":

@@ -383,3 +383,23 @@ def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
     first = par.plan.nodes[[n.op for n in par.plan.nodes].index("jax.conv_general_dilated")].strategy
     assert first.inputs[0] == (planner.Shard(2),) and first.exchanges == (0,), par.explain()
     assert "collective-permute(" in par.lower(x).compile().as_text()
+
+
+@needs_devices
+def test_constraints_and_annotations_are_kept_and_the_plan_matches_single_device(mesh, cache):
+    """A batch cut given by the caller (a PartitionSpec on an input leaf) and a hidden cut
+    the function itself asks for (with_sharding_constraint): the plan keeps both."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def annotated(p, x):
+        h = jax.nn.relu(x @ p["w1"] + p["b1"])
+        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(None, "tp")))
+        return h @ p["w2"] + p["b2"]
+
+    params, x = mlp_params(16, 32), jax.random.normal(jax.random.key(1), (8, 16), jnp.float32)
+    par = run_planned(annotated, params, x, mesh, cache, constraints={"in0": P("tp", None)})
+    assert par.plan.placement("in0") == (planner.Shard(0),)
+    (pin,) = [e for e in par.captured.eqns if e.prim.name == "sharding_constraint"][:1]
+    assert par.plan.placement(pin.outputs[0]) == (planner.Shard(1),), par.plan.table()
+    with pytest.raises(KeyError, match="constraint on 'in7'"):
+        parallelize(annotated, mesh, (x,), params=params, cache=cache, constraints={"in7": P("tp")})

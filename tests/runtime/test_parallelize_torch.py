@@ -403,3 +403,22 @@ def test_a_layer_norm_of_a_width_the_table_lacks_runs_on_its_neighbours_verified
     assert p.stats.neighbour >= 2, p.stats  # the norm and its backward
     norm = next(n for n in p.captured.ir.op_list if n.op == "aten.native_layer_norm.default")
     assert p.plan.strategy(norm.name).label != "R", p.explain()
+
+
+def test_a_users_constraints_are_kept(fake_world, cache):
+    """The batch pinned on the mesh and one weight pinned to a column cut, as a user who
+    already decided both would write them: the plan keeps both and still matches."""
+    from torch.distributed.tensor import Shard
+
+    torch.manual_seed(0)
+    model = MLP(64, 256)
+    name = next(n for n, q in model.named_parameters() if q.dim() == 2)
+    p = run_planned(model, torch.randn(8, 64), cache, constraints={0: (Shard(0),), name: (Shard(0),)})
+    graph_input = dict(zip(p.captured.param_names, p.captured.ir.input_list))[name].name
+    assert p.plan.placement(graph_input) == (planner.Shard(0),)
+    batch = p.captured.ir.input_list[len(p.captured.param_names) + len(p.captured.buffer_names)].name
+    assert p.plan.placement(batch) == (planner.Shard(0),)
+    x = torch.randn(8, 64)
+    with pytest.raises(KeyError, match="no such value"), LocalTensorMode(frozenset(range(WORLD))):
+        parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache,
+                    constraints={"fc9.weight": (Shard(0),)})
