@@ -13,6 +13,7 @@ The tables import no framework: the same module serves DTensor, JAX and any tool
 
 from __future__ import annotations
 
+import importlib
 from typing import Mapping, NamedTuple
 
 from .rules import Example, RuleEntry
@@ -101,4 +102,15 @@ class RuleTable:
         self._parsed.clear()
 
 
-__all__ = ["Entry", "RuleTable", "entry_of", "rule_entry"]
+_GENERATED: dict[str, RuleTable] = {}
+
+
+def generated(backend: str) -> RuleTable:
+    """The generated table of ``backend`` (``metaspmd.generated.<backend>_rules``), loaded
+    on first use and shared by every user in the process."""
+    if backend not in _GENERATED:
+        _GENERATED[backend] = RuleTable(importlib.import_module(f"metaspmd.generated.{backend}_rules").RULES)
+    return _GENERATED[backend]
+
+
+__all__ = ["Entry", "RuleTable", "entry_of", "generated", "rule_entry"]

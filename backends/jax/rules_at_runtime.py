@@ -20,7 +20,7 @@ from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
 from metaspmd.spec import Replicate, Strategy
-from metaspmd.table import RuleTable
+from metaspmd.table import RuleTable, generated
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
 from .backend import clamped_positions, dropping_form, localizer, padding_of
@@ -50,17 +50,9 @@ class Opaque(Exception):
     """Raised by an opaque node's exploration call: the explorer records it as failed."""
 
 
-_TABLE: RuleTable | None = None
-
-
 def table() -> RuleTable:
     """The generated JAX table."""
-    global _TABLE
-    if _TABLE is None:
-        from metaspmd.generated.jax_rules import RULES
-
-        _TABLE = RuleTable(RULES)
-    return _TABLE
+    return generated("jax")
 
 
 def without_literals(strategies: Sequence[Strategy], literal_positions: Sequence[int]) -> tuple[Strategy, ...]:

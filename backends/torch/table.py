@@ -16,7 +16,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 from metaspmd.signature import signature, split_signature, value_token
 from metaspmd.spec import Strategy
-from metaspmd.table import RuleTable
+from metaspmd.table import RuleTable, generated
 
 from .catalog import exact_sizes, op_name, positional_names
 from .tensor_ops import dtype_kind
@@ -37,17 +37,9 @@ class SpecOps:
 _SPEC_OPS = SpecOps()
 
 
-_TABLE: RuleTable | None = None
-
-
 def table() -> RuleTable:
     """The generated table, with the tables added by ``add_table`` over it."""
-    global _TABLE
-    if _TABLE is None:
-        from metaspmd.generated.torch_rules import RULES
-
-        _TABLE = RuleTable(RULES)
-    return _TABLE
+    return generated("torch")
 
 
 def add_table(rules: dict) -> None:
