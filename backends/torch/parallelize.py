@@ -31,6 +31,7 @@ from metaspmd.target import DTENSOR_PLAN
 from .capture import Captured, capture
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .rules_at_runtime import live_exploration, node_call
+from .shared_plan import one_plan
 from .tensor_ops import TorchOps
 from .views import derive, is_view_like, local_sizes, shards_rewrite_call
 
@@ -333,7 +334,9 @@ class TorchRuntime:
         (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis."""
         return named_constraints(_user_names(captured), captured.ir, given, lambda ps: map(from_dtensor, ps))
 
-    one_plan = staticmethod(runtime.one_process)  # one process plans for itself
+    def one_plan(self, solve):
+        # one rank plans, every rank of the mesh runs that plan (see shared_plan)
+        return one_plan(self.mesh, solve)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
         module = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()

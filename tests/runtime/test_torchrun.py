@@ -1,9 +1,10 @@
-"""parallelize() across real processes: torchrun starts 4 gloo ranks on the CPU, each
-plans the batch-normalized ConvNet under a budget that cuts it, runs the plan on DTensor
-and checks outputs, gradients and running statistics against one device."""
+"""parallelize() across real processes (gloo on the CPU): one rank plans, every rank runs
+that plan, and each checks outputs, gradients and buffers against one device."""
 
+import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,69 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def torchrun(ranks: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               str(ROOT / "examples" / "torchrun_parallelize.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# A time-limited solve (2 s) is where ranks that plan for themselves part ways; the example
+# fails unless every rank holds the very plan rank 0 solved (its solve seconds included).
+@pytest.mark.slow
+def test_a_budgeted_gpt_on_two_gloo_ranks_runs_rank_0s_plan_and_matches_one_device(tmp_path):
+    done = torchrun(2, "--model", "gpt", "--budget", "800000", "--time-limit", "2", "--cache", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpt on 2 ranks matches one device (one plan" in done.stdout
+    assert "S(" in done.stdout  # something is cut
+
+
+# Four processes (tens of seconds): the slow job. The same plan on DTensor runs in the default
+# run on a fake process group (test_parallelize_torch's batch-normalized ConvNet).
+@pytest.mark.slow
 def test_convnet_on_four_gloo_ranks_matches_one_device(tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-               str(ROOT / "examples" / "torchrun_parallelize.py"), "--model", "convnet", "--budget", "800000",
-               "--cache", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = torchrun(4, "--model", "convnet", "--budget", "800000", "--cache", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "convnet on 4 ranks matches one device" in done.stdout
     assert "S(" in done.stdout  # the budget cut something
+
+
+# Each rank runs one_plan on a 2x2 mesh whose origin is rank 3: the plan goes out along both
+# mesh dims; then a solve that fails raises on every rank instead of leaving them waiting.
+RANK = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from metaspmd.planner import Infeasible
+    from metaspmd.backends.torch.shared_plan import one_plan
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+    mesh = DeviceMesh("cpu", [[3, 1], [2, 0]])
+    solved = []
+    def solve():
+        solved.append(rank)
+        return {"from": rank}
+    def fail():
+        raise Infeasible("no plan fits 1 byte")
+    got = one_plan(mesh, solve)
+    try:
+        one_plan(mesh, fail)
+        raised = None
+    except Infeasible as e:
+        raised = str(e)
+    print(json.dumps({"rank": rank, "got": got, "solved": solved, "raised": raised}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # four processes that import torch: about 40 s on two shared cores
+def test_one_rank_plans_and_every_rank_of_a_2x2_mesh_gets_its_plan_or_its_error(tmp_path):
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "store")], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(4)]
+    results = []
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["got"] for r in results] == [{"from": 3}] * 4
+    assert [r["solved"] for r in results] == [[], [], [], [3]]
+    assert [r["raised"] for r in results] == ["no plan fits 1 byte"] * 4
