@@ -17,6 +17,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves
 
 from metaspmd.cache import RuleCache
 from metaspmd.placement import Shard
@@ -37,15 +38,22 @@ def _resolve(name: str) -> torch._ops.OpOverload | None:
 
 
 def _supported_schema(op: torch._ops.OpOverload) -> str:
-    """Why register_sharding cannot carry this op's rules, or '' when it can."""
+    """Why register_sharding cannot carry this op's rules, or '' when it can. Tensor lists
+    and optional tensors are carried: the strategies place DTensor's flattened inputs."""
     schema = op._schema
     if schema.is_mutable:
         return "mutates an input"
     if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
         return "returns something other than plain tensors"
-    if any(str(a.type) in ("Tensor[]", "Tensor?[]") for a in schema.arguments):
-        return "takes a list of tensors"
     return ""
+
+
+def _spec_leaves(args: tuple, kwargs: dict) -> list:
+    """The call's DTensorSpecs in DTensor's order: positional arguments flattened (tensor
+    lists, optional tensors), then keyword arguments. A strategy places exactly these
+    (``expand_to_full_mesh_op_strategy`` counts them); the rule model numbers its tensor
+    inputs in the same flattening order."""
+    return [x for x in tree_leaves((list(args), kwargs)) if isinstance(x, DTensorSpec)]
 
 
 def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> tuple:
@@ -77,19 +85,18 @@ def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
     by_label = {sig: {s.label: s for s in ss} for sig, ss in strategies_by_sig.items()}
 
     def strategies(*args, **kwargs):
-        is_spec = [isinstance(a, DTensorSpec) for a in args]
-        out = [([Replicate()] * n_out, [Replicate() if s else None for s in is_spec])]
+        specs = _spec_leaves(args, kwargs)
+        out = [([Replicate()] * n_out, [Replicate()] * len(specs))]
         sig = signature(_SPEC_OPS, names, args, kwargs, sized)
-        shapes = [tuple(a.shape) for a in args if isinstance(a, DTensorSpec)]
+        shapes = [tuple(a.shape) for a in specs]
         seen = set()
         for s, ins, outs in installable.get(sig, ()):
             if len(ins) != len(shapes) or len(outs) != n_out:
-                continue  # the call passes tensors by keyword: not this table entry's shape
+                continue  # another number of tensors than this table entry's
             if (ins, outs) in seen or not cuts_line_up(s, shapes, by_label[sig]):
                 continue
             seen.add((ins, outs))
-            it = iter(ins)
-            out.append((list(outs), [next(it) if spec else None for spec in is_spec]))
+            out.append((list(outs), list(ins)))
         return out
 
     return strategies

@@ -1,0 +1,462 @@
+#!/usr/bin/env python
+"""PyTorch's own DTensor OpInfo test on the ops it marks failing: plain DTensor against
+``register()``.
+
+    python benchmarks/dtensor_opinfo_bench.py                 # all 217 entries, first sample each
+    python benchmarks/dtensor_opinfo_bench.py --ops 'nn.functional.conv*' --samples 3
+
+The ops are the two lists of ``test/distributed/tensor/test_dtensor_ops.py`` (a 2026
+revision): ``dtensor_fails`` (xfail and skip) and ``dtensor_fails_no_strategy``. Each
+OpInfo that takes float32 on the CPU is run as that test's ``TestLocalDTensorOps`` runs
+it: sizes L, M, S, XS set to 24, 12, 4, 2 so that dims split evenly, a fake process group
+of 4 and ``LocalTensorMode``, the OpInfo's samples with ``requires_grad=True``, the
+reference computed on the reconciled plain tensors, and every combination that torch's
+``DTensorConverter`` gives (Replicate, plus Shard(d) for each dim of size > 1 divisible by
+4, per tensor input). A combination whose output has no elements is passed over, as there;
+the outputs are ``full_tensor()`` and compared, shape, ``requires_grad`` and values, with
+``TestCase.assertEqual``, on every simulated rank.
+
+Verdict per op, as the test counts: ``pass`` when every combination compared equal,
+otherwise the first failure: ``wrong`` (a comparison failed) or ``error`` (an exception);
+``-`` when nothing was compared (no float32 sample, a sample or reference that fails
+without DTensor, or every output empty). A ``wrong``
+combination after an earlier error is counted apart (``wrong anywhere``), so a wrong answer
+never hides behind an error. The test's own backward step is a no-op on the gathered
+outputs; this one checks backward itself: the gradient of the first differentiable
+output's sum with respect to each DTensor input, gathered, against the reference
+gradient (``bwd`` column, same verdicts).
+
+Plain DTensor runs first; then ``register()`` is called (``--replace-refuted`` passes
+``replace_refuted=True``) and everything runs again in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+WORLD = 4
+
+# dtensor_fails of test_dtensor_ops.py: (OpInfo name, variant); xfail then skip.
+DTENSOR_FAILS_XFAIL = [
+    ("cartesian_prod", ""), ("flatten", ""), ("kron", ""), ("ravel", ""), ("repeat_interleave", ""),
+    ("reshape", ""), ("reshape_as", ""), ("take_along_dim", ""), ("unbind", ""), ("unflatten", ""),
+    ("view", ""), ("view_as", ""),
+    ("arange", ""), ("broadcast_shapes", ""), ("eye", ""), ("full", ""), ("linspace", ""), ("logspace", ""),
+    ("ones", ""), ("scalar_tensor", ""), ("signal.windows.bartlett", ""), ("signal.windows.blackman", ""),
+    ("signal.windows.cosine", ""), ("signal.windows.exponential", ""), ("signal.windows.gaussian", ""),
+    ("signal.windows.general_cosine", ""), ("signal.windows.general_hamming", ""),
+    ("signal.windows.hamming", ""), ("signal.windows.hann", ""), ("signal.windows.kaiser", ""),
+    ("signal.windows.nuttall", ""), ("zeros", ""),
+    ("bernoulli", ""), ("cauchy", ""), ("nn.functional.alpha_dropout", ""), ("nn.functional.dropout", ""),
+    ("normal", ""), ("normal", "in_place"), ("normal", "number_mean"), ("rand_like", ""), ("randint", ""),
+    ("randint_like", ""), ("randn", ""), ("randn_like", ""), ("uniform", ""),
+    ("__getitem__", ""), ("nn.functional.fractional_max_pool2d", ""), ("nn.functional.fractional_max_pool3d", ""),
+    ("pca_lowrank", ""), ("quantile", ""), ("svd_lowrank", ""),
+    ("combinations", ""), ("linalg.lstsq", ""), ("linalg.lstsq", "grad_oriented"), ("masked_select", ""),
+    ("nn.functional.ctc_loss", ""),
+    ("logsumexp", ""), ("masked.logsumexp", ""), ("transpose", ""),
+    ("nn.functional.conv1d", ""), ("nn.functional.conv2d", ""), ("nn.functional.conv3d", ""),
+    ("nn.functional.conv_transpose1d", ""), ("nn.functional.conv_transpose2d", ""),
+    ("nn.functional.conv_transpose3d", ""),
+    ("nn.functional.cosine_similarity", ""),
+    ("resize_", ""), ("resize_as_", ""),
+    ("sparse.sampled_addmm", ""), ("sparse.mm", "reduce"),
+    ("squeeze", "multiple"), ("tensor_split", ""), ("unsafe_split", ""),
+]
+DTENSOR_FAILS_SKIP = [
+    ("argwhere", ""), ("cumprod", ""), ("__rmatmul__", ""), ("meshgrid", "list_of_tensors"),
+    ("meshgrid", "variadic_tensors"), ("nn.functional.scaled_dot_product_attention", ""),
+    ("nn.functional.softmin", ""), ("nn.functional.embedding", ""), ("nn.functional.embedding_bag", ""),
+    ("nn.functional.feature_alpha_dropout", "with_train"), ("nn.functional.feature_alpha_dropout", "without_train"),
+    ("nn.functional.hinge_embedding_loss", ""), ("nn.functional.cosine_embedding_loss", ""), ("fft.hfft", ""),
+    ("fft.hfft2", ""), ("fft.hfftn", ""), ("fft.ifftn", ""), ("fft.irfft", ""), ("istft", ""), ("isclose", ""),
+    ("isreal", ""), ("matmul", ""), ("masked.mean", ""), ("masked.var", ""), ("masked.std", ""),
+    ("masked.normalize", ""), ("prod", ""), ("_segment_reduce", "lengths"), ("_segment_reduce", "offsets"),
+    ("squeeze", ""), ("empty", ""), ("empty_strided", ""), ("empty_like", ""), ("empty_permuted", ""),
+    ("new_empty", ""), ("new_empty_strided", ""),
+]
+# dtensor_fails_no_strategy: ops DTensor has no sharding strategy for.
+DTENSOR_FAILS_NO_STRATEGY = [
+    ("_batch_norm_with_update", ""), ("_chunk_cat", ""), ("_native_batch_norm_legit", ""),
+    ("_unsafe_masked_index", ""), ("_unsafe_masked_index_put_accumulate", ""), ("_upsample_bilinear2d_aa", ""),
+    ("addbmm", ""), ("allclose", ""), ("as_strided", ""), ("as_strided", "partial_views"), ("as_strided_copy", ""),
+    ("as_strided_scatter", ""), ("block_diag", ""), ("cdist", ""), ("cholesky", ""), ("cholesky_inverse", ""),
+    ("cholesky_solve", ""), ("complex", ""), ("cross", ""), ("cummax", ""), ("cummin", ""),
+    ("diagonal_scatter", ""), ("exponential", ""), ("fft.ihfft2", ""), ("fft.ihfftn", ""), ("geometric", ""),
+    ("geqrf", ""), ("grid_sampler_2d", ""), ("histogram", ""), ("histogramdd", ""), ("index_add", ""),
+    ("index_copy", ""), ("index_fill", ""), ("index_reduce", "prod"), ("index_reduce", "mean"),
+    ("index_reduce", "amax"), ("index_reduce", "amin"), ("isin", ""), ("kthvalue", ""), ("linalg.cholesky", ""),
+    ("linalg.cholesky_ex", ""), ("linalg.cross", ""), ("linalg.det", ""), ("linalg.eig", ""),
+    ("linalg.eigvals", ""), ("linalg.householder_product", ""), ("linalg.inv", ""), ("linalg.inv_ex", ""),
+    ("linalg.ldl_factor", ""), ("linalg.ldl_factor_ex", ""), ("linalg.ldl_solve", ""), ("linalg.lu", ""),
+    ("linalg.lu_factor", ""), ("linalg.lu_factor_ex", ""), ("linalg.lu_solve", ""), ("linalg.matrix_power", ""),
+    ("linalg.pinv", ""), ("linalg.pinv", "hermitian"), ("linalg.slogdet", ""), ("linalg.solve", ""),
+    ("linalg.solve_ex", ""), ("linalg.solve_triangular", ""), ("linalg.tensorinv", ""), ("linalg.tensorsolve", ""),
+    ("linalg.vander", ""), ("linspace", "tensor_overload"), ("log_normal", ""), ("logcumsumexp", ""),
+    ("logdet", ""), ("logspace", "tensor_overload"), ("lu", ""), ("lu_solve", ""), ("lu_unpack", ""),
+    ("masked.median", ""), ("masked_scatter", ""), ("matrix_exp", ""), ("max_pool2d_with_indices_backward", ""),
+    ("median", ""), ("mode", ""), ("multinomial", ""), ("nanmean", ""), ("nanmedian", ""), ("nanquantile", ""),
+    ("nansum", ""), ("native_batch_norm", ""), ("nn.functional.adaptive_avg_pool1d", ""),
+    ("nn.functional.adaptive_avg_pool2d", ""), ("nn.functional.adaptive_avg_pool3d", ""),
+    ("nn.functional.adaptive_max_pool1d", ""), ("nn.functional.adaptive_max_pool2d", ""),
+    ("nn.functional.adaptive_max_pool3d", ""), ("nn.functional.avg_pool1d", ""), ("nn.functional.avg_pool2d", ""),
+    ("nn.functional.avg_pool3d", ""), ("nn.functional.batch_norm", ""), ("nn.functional.bilinear", ""),
+    ("nn.functional.grid_sample", ""), ("nn.functional.group_norm", ""), ("nn.functional.hardshrink", ""),
+    ("nn.functional.instance_norm", ""), ("nn.functional.interpolate", "area"),
+    ("nn.functional.interpolate", "nearest"), ("nn.functional.interpolate", "nearest-exact"),
+    ("nn.functional.local_response_norm", ""), ("nn.functional.max_pool1d", ""), ("nn.functional.max_pool2d", ""),
+    ("nn.functional.max_pool3d", ""), ("nn.functional.max_unpool1d", ""), ("nn.functional.max_unpool1d", "grad"),
+    ("nn.functional.max_unpool2d", ""), ("nn.functional.max_unpool2d", "grad"), ("nn.functional.max_unpool3d", ""),
+    ("nn.functional.max_unpool3d", "grad"), ("nn.functional.multi_margin_loss", ""),
+    ("nn.functional.multilabel_margin_loss", ""), ("nn.functional.pad", "reflect"),
+    ("nn.functional.pad", "replicate"), ("nn.functional.pad", "replicate_negative"), ("nn.functional.pdist", ""),
+    ("nn.functional.rrelu", ""), ("nn.functional.threshold", ""), ("nn.functional.unfold", ""),
+    ("nn.functional.upsample_nearest", ""), ("nonzero", ""), ("ormqr", ""), ("pinverse", ""), ("polar", ""),
+    ("put", ""), ("renorm", ""), ("scatter_reduce", "amax"), ("scatter_reduce", "amin"),
+    ("scatter_reduce", "mean"), ("scatter_reduce", "prod"), ("scatter_reduce", "sum"), ("searchsorted", ""),
+    ("select_scatter", ""), ("special.airy_ai", ""), ("special.bessel_y0", ""), ("special.bessel_y1", ""),
+    ("special.chebyshev_polynomial_t", ""), ("special.chebyshev_polynomial_u", ""),
+    ("special.chebyshev_polynomial_v", ""), ("special.chebyshev_polynomial_w", ""), ("special.entr", ""),
+    ("special.hermite_polynomial_h", ""), ("special.hermite_polynomial_he", ""),
+    ("special.laguerre_polynomial_l", ""), ("special.legendre_polynomial_p", ""),
+    ("special.modified_bessel_i0", ""), ("special.modified_bessel_i1", ""), ("special.modified_bessel_k0", ""),
+    ("special.modified_bessel_k1", ""), ("special.scaled_modified_bessel_k0", ""),
+    ("special.scaled_modified_bessel_k1", ""), ("special.shifted_chebyshev_polynomial_t", ""),
+    ("special.shifted_chebyshev_polynomial_u", ""), ("special.shifted_chebyshev_polynomial_v", ""),
+    ("special.shifted_chebyshev_polynomial_w", ""), ("special.xlog1py", ""), ("squeeze_copy", ""), ("stft", ""),
+    ("take", ""), ("to_sparse", ""), ("triangular_solve", ""), ("unfold", ""), ("unfold_copy", ""),
+    ("unique", ""), ("unique_consecutive", ""),
+]
+ENTRIES = sorted(set(DTENSOR_FAILS_XFAIL) | set(DTENSOR_FAILS_SKIP) | set(DTENSOR_FAILS_NO_STRATEGY))
+
+# Ops the test leaves out of its own backward step (resolve_name of the op).
+SKIP_BW = {None, "torch.bucketize", "torch.conj_physical", "torch.eq", "torch.isfinite", "torch.isnan"}
+
+PASS, ERROR, WRONG, NONE = "pass", "error", "wrong", "-"
+
+
+class _Timeout(Exception):
+    pass
+
+
+@dataclass
+class Outcome:
+    verdict: str = NONE  # as the test counts: first failure, or pass
+    detail: str = ""
+    compared: int = 0
+    wrong_anywhere: bool = False
+    bwd: str = NONE
+    bwd_detail: str = ""
+
+    def fail(self, kind: str, detail: str) -> None:
+        if self.verdict in (NONE, PASS):
+            self.verdict, self.detail = kind, detail
+        self.wrong_anywhere |= kind == WRONG
+
+
+@dataclass
+class Sample:
+    args: list
+    kwargs: dict
+    ref: object  # reference outputs (plain tensors)
+    ref_grads: object = None  # per differentiable input, or an Exception, or None
+
+
+@dataclass
+class Case:
+    key: str
+    opinfo: object
+    samples: list = field(default_factory=list)
+    setup_error: str = ""
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:110] if msg else ''}"
+
+
+def _tensors(tree):
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _first_differentiable(out):
+    import torch
+
+    for t in _tensors(out):
+        if t.requires_grad and (t.is_floating_point() or t.is_complex()):
+            return t
+    return None
+
+
+def _concat_if_split(func, args, res):
+    # as the test: split-like ops' pieces are concatenated back
+    import torch
+    from torch.overrides import resolve_name
+
+    name = resolve_name(func)
+    if name is not None and "split" in name:
+        return torch.cat(res, dim=args[2] if len(args) == 3 else 0)
+    return res
+
+
+def _on_every_rank(t):
+    """A gathered tensor per simulated rank (one when it is a plain tensor)."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    return list(t._local_tensors.values()) if isinstance(t, LocalTensor) else [t]
+
+
+def _assert_equal(tc, got, want) -> None:
+    """The test's assert_ref_dtensor_equal: same leaves, then shape, requires_grad and value
+    of each tensor leaf, on every rank."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    flat_got, flat_want = tree_leaves(got), tree_leaves(want)
+    tc.assertEqual(len(flat_got), len(flat_want))
+    for g, w in zip(flat_got, flat_want):
+        if not isinstance(w, torch.Tensor):
+            continue
+        tc.assertIsInstance(g, torch.Tensor)
+        tc.assertEqual(g.shape, w.shape, f"shape mismatch: reference {tuple(w.shape)}, DTensor {tuple(g.shape)}")
+        tc.assertEqual(g.requires_grad, w.requires_grad, "requires_grad mismatch")
+        for r in _on_every_rank(g):
+            tc.assertEqual(r, w)
+
+
+def build_case(opinfo, n_samples: int) -> Case:
+    """The OpInfo's first samples (made inside LocalTensorMode, as the test makes them) and
+    their reference outputs and gradients."""
+    import torch
+    from torch.distributed._local_tensor import reconcile_args
+
+    case = Case(_key(opinfo), opinfo)
+    torch.manual_seed(0)  # the test's setUp seeds each test
+    try:
+        it = iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True))
+        for _ in range(n_samples):
+            try:
+                s = next(it)
+            except StopIteration:
+                break
+            args, kwargs = [s.input] + list(s.args), dict(s.kwargs)
+            ref_args, ref_kwargs = reconcile_args(args, kwargs)
+            ref = opinfo.op(*ref_args, **ref_kwargs)
+            ref = _concat_if_split(opinfo.op, args, ref)
+            sample = Sample(args, kwargs, ref)
+            out, ins = _first_differentiable(ref), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]
+            if out is not None and ins:
+                try:
+                    sample.ref_grads = torch.autograd.grad(out.sum(), ins, allow_unused=True)
+                except Exception as e:  # noqa: BLE001 -- no reference gradient: nothing to compare
+                    sample.ref_grads = e
+            case.samples.append(sample)
+    except Exception as e:  # noqa: BLE001 -- the test fails here too, before any DTensor
+        case.setup_error = _short(e)
+    return case
+
+
+def _backward(tc, d_out, d_inputs, ref_grads) -> tuple[str, str]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if ref_grads is None or isinstance(ref_grads, Exception) or d_out is None:
+        return NONE, ""
+    try:
+        full = d_out.full_tensor() if isinstance(d_out, DTensor) else d_out
+        grads = torch.autograd.grad(full.sum(), d_inputs, allow_unused=True)
+    except Exception as e:  # noqa: BLE001
+        return ERROR, _short(e)
+    try:
+        for g, w in zip(grads, ref_grads):
+            if w is None or g is None:
+                tc.assertEqual(g is None, w is None, "gradient present on one side only")
+                continue
+            g = g.full_tensor() if isinstance(g, DTensor) else g
+            tc.assertEqual(g.shape, w.shape)
+            for r in _on_every_rank(g):
+                tc.assertEqual(r, w)
+    except AssertionError as e:
+        return WRONG, _short(e)
+    except Exception as e:  # noqa: BLE001
+        return ERROR, _short(e)
+    return PASS, ""
+
+
+def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed._tensor.common_dtensor import DTensorConverter
+
+    o = Outcome()
+    if case.setup_error:  # the sample or its reference fails without DTensor: nothing to compare
+        o.detail = "reference: " + case.setup_error
+        return o
+    func = case.opinfo.op
+    bwd = []
+    signal.alarm(int(timeout))
+    try:
+        for s in case.samples:
+            converter = DTensorConverter(mesh, s.args, s.kwargs)
+            for d_args, d_kwargs in converter:
+                if not converter.successful():
+                    o.fail(ERROR, "not every tensor input converts to a DTensor")
+                    continue
+                try:
+                    d_rs = func(*d_args, **d_kwargs)
+                except _Timeout:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    o.fail(ERROR, _short(e))
+                    continue
+                if any(t.numel() == 0 for t in _tensors(d_rs)):
+                    continue  # the test passes these over
+                d_out = _first_differentiable(d_rs)
+                try:
+                    got = torch.utils._pytree.tree_map(
+                        lambda e: e.full_tensor() if isinstance(e, DTensor) else e, d_rs)
+                    got = _concat_if_split(func, s.args, got)
+                    _assert_equal(tc, got, s.ref)
+                    o.compared += 1
+                except AssertionError as e:
+                    o.compared += 1
+                    o.fail(WRONG, _short(e))
+                except _Timeout:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    o.fail(ERROR, _short(e))
+                d_ins = [t for t in _tensors((d_args, d_kwargs)) if isinstance(t, DTensor) and t.requires_grad]
+                if d_out is not None and d_ins:
+                    bwd.append(_backward(tc, d_out, d_ins, s.ref_grads))
+    except _Timeout:
+        o.fail(ERROR, f"over {timeout:.0f} s")
+    finally:
+        signal.alarm(0)
+    if o.verdict == NONE and o.compared:
+        o.verdict = PASS
+    for kind in (WRONG, ERROR, PASS):  # the worst backward verdict over the combinations
+        hit = [d for k, d in bwd if k == kind]
+        if hit:
+            o.bwd, o.bwd_detail = kind, hit[0]
+            break
+    return o
+
+
+def _key(opinfo) -> str:
+    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def opinfos(patterns: list[str] | None):
+    """The OpInfos of the listed entries that the test instantiates (float32 on the CPU)."""
+    import torch
+    import torch.testing._internal.common_methods_invocations as common_ops
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    # as the test: sizes that split evenly over 4
+    common_ops.L, common_ops.M, common_ops.S, common_ops.XS = 24, 12, 4, 2
+    out, missing = [], []
+    for name, variant in ENTRIES:
+        found = [o for o in op_db if o.name == name and o.variant_test_name == variant]
+        if not found:
+            missing.append((name, variant))
+        for o in found:
+            if patterns and not any(fnmatch.fnmatch(_key(o), p) for p in patterns):
+                continue
+            out.append((o, torch.float32 in o.supported_dtypes("cpu")))
+    return out, missing
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ops", nargs="*", help="glob(s) over OpInfo names, e.g. 'nn.functional.conv*' (default: all)")
+    ap.add_argument("--samples", type=int, default=1, help="samples per OpInfo, first ones first (default 1)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per op and run (default 300)")
+    ap.add_argument("--replace-refuted", action="store_true", help="call register(replace_refuted=True)")
+    ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass both ways")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.common_utils import TestCase
+
+    warnings.filterwarnings("ignore")
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
+    dist.init_process_group("fake", rank=0, world_size=WORLD)
+    tc = TestCase()
+    found, missing = opinfos(args.ops)
+    t0 = time.perf_counter()
+    results: dict[str, dict] = {}
+    cases = []
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = init_device_mesh("cpu", (WORLD,))
+        for o, float32 in found:
+            cases.append(build_case(o, args.samples) if float32 else None)
+        t_build = time.perf_counter()
+        for (o, _), case in zip(found, cases):
+            results[_key(o)] = {"plain": run_case(case, mesh, tc, args.timeout) if case else Outcome()}
+        t_plain = time.perf_counter()
+
+        from metaspmd.backends.torch.dtensor_rules import register
+
+        kw = {"replace_refuted": True} if args.replace_refuted else {}
+        report = register(**kw)
+        for (o, _), case in zip(found, cases):
+            results[_key(o)]["register"] = run_case(case, mesh, tc, args.timeout) if case else Outcome()
+        t_reg = time.perf_counter()
+
+    _print_table(results, args.only_failing)
+    print(f"\nOpInfos: {len(found)} from {len(ENTRIES)} entries"
+          + (f" (not in this torch: {missing})" if missing else "")
+          + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
+    print(f"register(): {report}{' (replace_refuted)' if kw else ''}")
+    print(f"time: samples {t_build - t0:.1f} s, plain {t_plain - t_build:.1f} s, register {t_reg - t_plain:.1f} s")
+    return 0
+
+
+def totals(results: dict, which: str) -> dict:
+    out = {PASS: 0, ERROR: 0, WRONG: 0, NONE: 0, "wrong anywhere": 0, "bwd " + PASS: 0, "bwd " + ERROR: 0,
+           "bwd " + WRONG: 0}
+    for r in results.values():
+        o = r[which]
+        out[o.verdict] += 1
+        out["wrong anywhere"] += o.wrong_anywhere
+        if o.bwd != NONE:
+            out["bwd " + o.bwd] += 1
+    return out
+
+
+def _print_table(results: dict, only_failing: bool) -> None:
+    w = max([len(k) for k in results] + [10])
+    print(f"{'op':<{w}}  {'plain':<6} {'bwd':<6} {'register':<8} {'bwd':<6} note (register, else plain)")
+    for k in sorted(results):
+        p, r = results[k]["plain"], results[k]["register"]
+        if only_failing and p.verdict == r.verdict == PASS and p.bwd in (PASS, NONE) and r.bwd in (PASS, NONE):
+            continue
+        note = r.detail or r.bwd_detail or p.detail or p.bwd_detail
+        flags = ("W! " if r.wrong_anywhere else "") + ("REGRESSION " if p.verdict == PASS != r.verdict else "")
+        print(f"{k:<{w}}  {p.verdict:<6} {p.bwd:<6} {r.verdict:<8} {r.bwd:<6} {flags}{note}")
+    print()
+    tp, tr = totals(results, "plain"), totals(results, "register")
+    regress = sum(1 for r in results.values() if r["plain"].verdict == PASS != r["register"].verdict)
+    print(f"{'totals':<16} {'plain':>8} {'register':>9}")
+    for k in tp:
+        print(f"{k:<16} {tp[k]:>8} {tr[k]:>9}")
+    print(f"{'regressions':<16} {'':>8} {regress:>9}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
