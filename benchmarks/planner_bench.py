@@ -26,6 +26,7 @@ import time
 
 from pathlib import Path
 
+from metaspmd.cli import positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
 from metaspmd.planner.synthetic import GPTConfig, gpt
@@ -79,17 +80,25 @@ def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cac
     return captured.ir, strategies, captured.parameter_gradient_ties(), secs
 
 
+def mesh_text(text: str) -> str:
+    """argparse type: a mesh shape such as 8 or 2x4 (positive sizes)."""
+    sizes = text.lower().split("x")
+    if not all(s.isascii() and s.isdigit() and int(s) > 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"expected a mesh shape such as 8 or 2x4, got {text!r}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, nargs="+", default=[1, 4, 12, 24])
-    p.add_argument("--mesh", default="2x4", help="e.g. 8 or 2x4")
-    p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--time-limit", type=float, default=10.0)
-    p.add_argument("--beam-width", type=int, default=8)
-    p.add_argument("--budget", type=float, default=None,
+    p.add_argument("--layers", type=positive_int, nargs="+", default=[1, 4, 12, 24])
+    p.add_argument("--mesh", type=mesh_text, default="2x4", help="e.g. 8 or 2x4")
+    p.add_argument("--hidden", type=positive_int, default=768)
+    p.add_argument("--heads", type=positive_int, default=12)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--seq", type=positive_int, default=512)
+    p.add_argument("--time-limit", type=seconds, default=10.0)
+    p.add_argument("--beam-width", type=positive_int, default=8)
+    p.add_argument("--budget", type=positive_number, default=None,
                    help="memory budget as a fraction of the unconstrained ILP plan's memory")
     p.add_argument("--no-highs", action="store_true", help="skip HiGHS even when highspy is installed")
     p.add_argument("--captured", action="store_true",

@@ -27,6 +27,7 @@ from metaspmd.backends.torch.capture import capture  # noqa: E402
 from metaspmd.backends.torch.rules_at_runtime import node_call  # noqa: E402
 from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.cli import positive_int  # noqa: E402
 from metaspmd.explorer import explore_case  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def table(title: str, rows: list[tuple[str, str]]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=200, help="lookups timed per node")
+    parser.add_argument("--repeat", type=positive_int, default=200, help="lookups timed per node")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     for name, model, x in (("MLP 512x2048, batch 8", MLP(512, 2048), torch.randn(8, 512)),

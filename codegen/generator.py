@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from metaspmd.registry_io import load_registry
+from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.table import Entry, entry_of
 
 from .model import CodegenError, check_op_name, shardy_rule
@@ -77,6 +77,10 @@ def render(records, backend: str) -> str:
 
 
 def generate(registry_root: str | Path, backend: str) -> str:
-    """The generated module text for one backend (registry errors name file:line)."""
+    """The generated module text for one backend (registry errors name file:line). A root
+    that is not a registry, or a backend folder without rule files, is an error: its table
+    would be empty and replace the real one."""
     records = load_registry(registry_root, backend)
+    if not records:
+        raise RegistryError(f"{Path(registry_root) / backend}: no rule files (<op>.yaml) to generate a table from")
     return render(records, backend)

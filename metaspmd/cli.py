@@ -16,6 +16,9 @@ before jax starts).
 from __future__ import annotations
 
 import argparse
+import functools
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,6 +31,58 @@ REGISTRY = ROOT / "registry"
 
 def _argv(argv: Sequence[str] | None) -> list[str]:
     return sys.argv[1:] if argv is None else list(argv)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a worker count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_number(text: str, allow_zero: bool = False, what: str = "a number") -> float:
+    """argparse type: a finite number > 0 (or >= 0). inf overflows timers and solvers; nan
+    compares false with everything, so a nan limit never expires and a nan budget binds nothing."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"expected {what}: finite and {'>= 0' if allow_zero else '> 0'}, "
+                                         f"got {text!r}")
+    return value
+
+
+def seconds(text: str, allow_zero: bool = False) -> float:
+    """argparse type: a finite number of seconds > 0 (>= 0 with ``allow_zero``)."""
+    return positive_number(text, allow_zero, "a number of seconds")
+
+
+def _pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
+    """A reader that stops early (``metaspmd coverage | head``) ends the command quietly,
+    with the status a tool killed by SIGPIPE has, instead of a BrokenPipeError traceback."""
+    @functools.wraps(command)
+    def run(*args, **kwargs) -> int:
+        try:
+            status = command(*args, **kwargs)
+            sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback nothing catches
+            return status
+        except BrokenPipeError:
+            # Python flushes stdout again at exit: point it at /dev/null so that fails quietly too
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + 13  # SIGPIPE
+
+    return run
+
+
+def _ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str, ...]) -> None:
+    """``--ops ''`` (an unset shell variable, say) is an error, not every op."""
+    if values and not patterns:
+        p.error(f"--ops {' '.join(map(repr, values))} names no op pattern")
 
 
 # --------------------------------------------------------------------------- sweep
@@ -48,14 +103,15 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
+@_pipe_safe
 def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    import os
     import signal
 
     from metaspmd.sweep import (
-        DEFAULT_TIMEOUT, SweepConfig, SweepError, format_changes, format_summary, run_sweep, split_patterns,
-        timings_json,
+        DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, format_changes, format_summary, run_sweep,
+        split_patterns, timings_json,
     )
+    from metaspmd.sweep.config import unwritable
 
     p = argparse.ArgumentParser(prog=prog, description=SWEEP_DOC.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -64,12 +120,13 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    help="torch, jax, tvm (module metaspmd.backends.<name>), or a dotted module path with get_backend()")
     p.add_argument("--ops", action="append", default=[], metavar="GLOB",
                    help="only ops matching these globs (comma-separated or repeated); default: all")
-    p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPU count)")
+    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
+                   help="worker processes (default: CPU count)")
     p.add_argument("--out", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; list ops whose file would change and exit 1 if any")
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"per-op time limit; the op's worker is killed past it (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--kernels", metavar="MODULE",
                    help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
@@ -79,12 +136,27 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--worker-output", action="store_true",
                    help="let workers print to stderr (hidden by default: framework warnings bury the progress bar)")
     args = p.parse_args(_argv(argv))
+    patterns = split_patterns(args.ops)
+    _ops_given(p, args.ops, patterns)
+    # checked before any work: a sweep that cannot write its timings must not find out at the end
+    problem = args.timings is not None and unwritable(args.timings, folder=False)
+    if problem:
+        print(f"sweep: error: --timings {problem}", file=sys.stderr)
+        return 2
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    options = (("kernels", args.kernels),) if args.kernels else ()
+    options: tuple = ()
+    if args.kernels:
+        options = (("kernels", args.kernels),)
+        try:
+            if backend_module(args.backend) == "metaspmd.backends.tvm":
+                options += (("builtins", False),)  # "instead of the built-in ones": the TVM backend adds them by default
+        except SweepError as e:
+            print(f"sweep: error: {e}", file=sys.stderr)
+            return 2
     try:
         config = SweepConfig(
-            backend=args.backend, out_root=args.out, patterns=split_patterns(args.ops), jobs=args.jobs,
+            backend=args.backend, out_root=args.out, patterns=patterns, jobs=args.jobs,
             timeout=args.timeout, check=args.check, resume=args.resume, backend_options=options,
             progress=not args.no_progress, worker_output=args.worker_output,
         )
@@ -95,11 +167,17 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt as e:
         print("sweep: interrupted; files written so far are complete", file=sys.stderr)
         return 128 + signal.SIGTERM if e.args == (signal.SIGTERM,) else 130
-    if args.timings:
-        args.timings.write_text(timings_json(report, args.jobs), encoding="utf-8")
     if args.check and report.changes():
         print(format_changes(report))
     print(format_summary(report))
+    if args.timings:
+        try:
+            from metaspmd.registry_io import write_text_atomic
+
+            write_text_atomic(args.timings, timings_json(report, args.jobs))
+        except OSError as e:  # the summary is printed already; 2, not --check's "stale"
+            print(f"sweep: error: cannot write --timings {args.timings}: {e}", file=sys.stderr)
+            return 2
     if args.check:
         n = len(report.changes())
         print(f"check: {n} file(s) would change" if n else "check: registry is up to date")
@@ -116,9 +194,10 @@ CODEGEN_DOC = """Write the static rule tables in generated/ from the registry (j
 """
 
 
+@_pipe_safe
 def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.codegen.generator import TARGETS, generate
-    from metaspmd.registry_io import RegistryError
+    from metaspmd.registry_io import RegistryError, write_text_atomic
 
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all")
@@ -128,13 +207,15 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
-    stale = []
-    for backend in backends:
+    texts = {}
+    for backend in backends:  # every table first: a bad registry leaves generated/ as it was
         try:
-            text = generate(args.registry, backend)
+            texts[backend] = generate(args.registry, backend)
         except RegistryError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    stale = []
+    for backend, text in texts.items():
         path = args.out / TARGETS[backend]
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == text:
@@ -144,8 +225,14 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             stale.append(path.name)
             print(f"{path.name}: STALE (run metaspmd codegen)")
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            try:
+                write_text_atomic(path, text)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(path, 0o666 & ~umask)  # as a plain write would leave it (the temp file is 0600)
+            except OSError as e:
+                print(f"error: cannot write {path}: {e}", file=sys.stderr)
+                return 2
             print(f"{path.name}: written ({len(text.splitlines())} lines)")
     return 1 if stale else 0
 
@@ -160,9 +247,10 @@ DIFF_DOC = """Markdown summary of rule changes between two registries, for code 
 """
 
 
+@_pipe_safe
 def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.registry_io import RegistryError
-    from metaspmd.rule_diff import diff as diff_registries, load_side, to_markdown
+    from metaspmd.rule_diff import diff as diff_registries, load_sides, to_markdown
 
     p = argparse.ArgumentParser(prog=prog, description=DIFF_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="git revision or registry folder")
@@ -170,7 +258,7 @@ def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--fail-on-loss", action="store_true", help="exit 1 when any rule or op is lost")
     args = p.parse_args(_argv(argv))
     try:
-        base, head = load_side(args.base, ROOT), load_side(args.head, ROOT)
+        base, head = load_sides(args.base, args.head, ROOT)
     except (RegistryError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -195,6 +283,7 @@ An overload counts as covered when its file's status is ok (verified rules) or d
 COVERED = ("ok", "derived")
 
 
+@_pipe_safe
 def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from collections import Counter
 
@@ -206,6 +295,14 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--min-reached", type=float, metavar="PCT", help="exit 1 when OpInfo-reached coverage is below PCT")
     p.add_argument("--min-core", type=float, metavar="PCT", help="exit 1 when core-op coverage is below PCT")
     args = p.parse_args(_argv(argv))
+    for flag, value in (("--min-reached", args.min_reached), ("--min-core", args.min_core)):
+        if value is not None and not (0 <= value <= 100):  # nan too: no share is below it
+            p.error(f"{flag} must be a percentage from 0 to 100, got {value}")
+    try:  # before importing torch: a wrong --registry fails at once
+        records = load_registry(args.registry, "torch")
+    except RegistryError as e:
+        print(f"coverage: error: {e}", file=sys.stderr)
+        return 2
 
     from metaspmd.backends.torch import catalog
     from metaspmd.backends.torch.samples import load_index
@@ -220,11 +317,6 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         except Exception:  # noqa: BLE001 - an overload torch lists but cannot resolve
             return False
 
-    try:
-        records = load_registry(args.registry, "torch")
-    except RegistryError as e:
-        print(f"coverage: error: {e}", file=sys.stderr)
-        return 2
     overloads = set(catalog.all_overloads())
     reached = set(load_index()) & overloads
     core = {name for name in overloads if is_core(name)}
@@ -268,6 +360,7 @@ XLA for several CPU devices, which only works before jax starts.
 """
 
 
+@_pipe_safe
 def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     import importlib
 
@@ -279,6 +372,15 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
         p.print_help()
         return 0
     args, rest = p.parse_known_args(argv)
+    # The backends' shared options, checked here so that no backend starts a pool of 0 workers
+    # or checks every op for an empty --ops; the arguments go on unchanged.
+    shared = argparse.ArgumentParser(prog=f"{prog or 'crosscheck'} --backend {args.backend}", add_help=False,
+                                     allow_abbrev=False)
+    shared.add_argument("--jobs", "-j", type=positive_int)
+    shared.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True))
+    shared.add_argument("--ops", action="append", default=[])
+    known, _ = shared.parse_known_args(rest)
+    _ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
     try:
         module = importlib.import_module(f"metaspmd.backends.{args.backend}.crosscheck")
     except ModuleNotFoundError as e:

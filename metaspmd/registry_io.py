@@ -21,8 +21,8 @@ from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
 from .spec import (
-    ArgReduce, CombineSpec, DimLabel, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec, OutputCombine, PartialIn,
-    PartialSpec, ShardSpec, SpecError, check_label, label_number,
+    ArgReduce, CombineSpec, DimLabel, Gather, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec,
+    OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, label_number,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -158,7 +158,19 @@ class _Reader:
             return _construct(node)
         if isinstance(node, yaml.SequenceNode):
             return [self.value(n) for n in node.value]
-        return {self.scalar_key(k): self.value(v) for k, v in node.value}
+        out: dict[str, Any] = {}
+        for k, v in node.value:
+            key = self.unique_key(k, out, "mapping")
+            out[key] = self.value(v)
+        return out
+
+    def unique_key(self, node: yaml.Node, seen, what: str) -> str:
+        """A mapping key not yet in ``seen``: YAML keeps the last of two equal keys, which
+        would silently drop the first value."""
+        key = self.scalar_key(node)
+        if key in seen:
+            self.fail(node, f"duplicate key {key!r} in {what}")
+        return key
 
     def scalar_key(self, node: yaml.Node) -> str:
         if not isinstance(node, yaml.ScalarNode) or node.tag not in _STANDARD_TAGS:
@@ -170,9 +182,7 @@ class _Reader:
             self.fail(node, f"{what} must be a mapping")
         fields: dict[str, yaml.Node] = {}
         for k, v in node.value:
-            key = self.scalar_key(k)
-            if key in fields:
-                self.fail(k, f"duplicate key {key!r} in {what}")
+            key = self.unique_key(k, fields, what)
             if key not in required and key not in optional:
                 self.fail(k, f"unknown key {key!r} in {what} (expected {', '.join(required + optional)})")
             fields[key] = v
@@ -230,9 +240,11 @@ class _Reader:
         status = self.string(f["status"], "entry status")
         if status not in ENTRY_STATUSES:
             self.fail(f["status"], f"unknown entry status {status!r} (expected one of {', '.join(ENTRY_STATUSES)})")
+        tables = [f]  # each layer's fields, for the line of its combine
         layers = [self.layer(f)]
         for n in self.sequence(f["more"], "more") if "more" in f else ():
-            layers.append(self.layer(self.mapping(n, ("shard", "combine"), ("partial", "offset"), "layer of more"), layers))
+            tables.append(self.mapping(n, ("shard", "combine"), ("partial", "offset"), "layer of more"))
+            layers.append(self.layer(tables[-1], layers))
         first, more = layers[0], tuple(layers[1:])
         shard, combine = first.shard, first.combine
         used = set().union(*(layer.labels() for layer in layers))
@@ -256,6 +268,9 @@ class _Reader:
         n_out = {len(outs) for _, outs in combine.by_label}
         if results and n_out and n_out != {len(results)}:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
+        if results:
+            for fields, layer in zip(tables, layers):
+                self.output_dims(fields["combine"], layer.combine, results)
         return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
                          independent, first.offset, more)
 
@@ -289,6 +304,12 @@ class _Reader:
             if positions and not any(d.label == label and d.plain for row in shard.inputs for d in row):
                 self.fail(f["combine"], f"{label}: {positions[0]} moves positions by each shard's start, "
                                         f"and {label} cuts no dim plainly")
+            evens = [c for o in outs for c in o.options if isinstance(c, Gather) and c.even]
+            cut = [d for row in shard.inputs for d in row if d.label == label]
+            if evens and (not cut or not all(d.plain for d in cut)):
+                # "every dim the strategy cuts divides by the shard count" speaks of plain cuts
+                self.fail(f["combine"], f"{label}: {evens[0]} holds on even cuts, and {label} cuts "
+                                        f"{'a dim not plainly' if cut else 'no dim'}")
         used = shard.labels() | partial.labels()
         for label in sorted(used - set(combine.as_dict()), key=label_number):
             self.fail(f["shard"], f"label {label} has no combine")
@@ -301,6 +322,17 @@ class _Reader:
             if len(n_out) > 1:
                 self.fail(f["combine"], "a layer of more gives a different number of outputs than the entry's combine")
         return Layer(shard, partial, combine, offset)
+
+    def output_dims(self, node: yaml.Node, combine: CombineSpec, results: Sequence[TensorArg]) -> None:
+        """Every combine dim names a dim of its output: codegen would otherwise emit a
+        Shard(dim) that does not exist (``gather(dim=7)`` of a rank-3 output)."""
+        for label, outs in combine.by_label:
+            for k, out in enumerate(outs):
+                rank = len(results[k].shape)
+                for c in out.options:
+                    if isinstance(c, (Gather, Scan, GatherPositions)) and c.dim >= rank:
+                        self.fail(node, f"{label}: {c} names dim {c.dim} of output {k}, which has rank {rank} "
+                                        f"(shape {list(results[k].shape)})")
 
     def per_input(self, node: yaml.Node, what: str, parse, n_inputs: int) -> tuple[tuple, ...]:
         """A table of labelled items per tensor input (``partial``, ``offset``)."""
@@ -325,7 +357,7 @@ class _Reader:
             self.fail(node, "combine must be a mapping from S<j> to a combine")
         mapping = {}
         for k, v in node.value:
-            label = self.scalar_key(k)
+            label = self.unique_key(k, mapping, "combine")
             try:
                 label_number(label)
             except SpecError as e:
@@ -342,7 +374,10 @@ class _Reader:
     def example(self, node: yaml.Node) -> Example:
         if not isinstance(node, yaml.MappingNode):
             self.fail(node, "example must be a mapping from argument name to value")
-        return Example(tuple((self.scalar_key(k), self.example_value(v)) for k, v in node.value))
+        args: dict[str, Any] = {}
+        for k, v in node.value:
+            args[self.unique_key(k, args, "example")] = self.example_value(v)
+        return Example(tuple(args.items()))
 
     def example_value(self, node: yaml.Node) -> Any:
         if isinstance(node, yaml.MappingNode):
@@ -426,13 +461,37 @@ def load_record(path: str | os.PathLike) -> OpRecord:
     return loads_record(text, str(path))
 
 
+def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> Path:
+    """``root`` as a registry root (``<root>/<backend>/<op>.yaml``), or RegistryError naming
+    the path. A missing folder or a backend folder given as the root would otherwise read
+    as an empty registry: codegen would write an empty table, a diff would see no change."""
+    root = Path(root)
+    if not root.exists():
+        raise RegistryError(f"{root}: no such registry folder")
+    if not root.is_dir():
+        raise RegistryError(f"{root}: not a folder (expected a registry root holding <backend>/<op>.yaml)")
+    if next(root.glob("*.yaml"), None) is not None:
+        raise RegistryError(f"{root}: holds rule files itself, so it is a backend folder, not a registry root "
+                            f"(pass {root.parent} instead)")
+    if backend is not None and not (root / backend).is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
+        raise RegistryError(f"{root}: no {backend}/ folder of rule files "
+                            f"(backends there: {', '.join(found) or 'none'})")
+    return root
+
+
 def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
-    """Every record of one backend, by op name. Raises RegistryError on the first bad file."""
-    folder = Path(root) / backend
+    """Every record of one backend, by op name. Raises RegistryError on the first bad file,
+    and when ``root`` is not a registry root holding a ``backend`` folder."""
+    folder = check_registry_root(root, backend) / backend
     records = {}
     for path in sorted(folder.glob("*.yaml")):
         record = load_record(path)
         if path.name != f"{record.op}.yaml":
             raise RegistryError(f"{path}:1: file holds op {record.op!r}; expected {path.stem!r}")
+        if record.backend != backend:  # it would go into the wrong backend's table
+            lines = path.read_text(encoding="utf-8").splitlines()
+            line = next((i + 1 for i, t in enumerate(lines) if t.startswith("backend:")), 1)
+            raise RegistryError(f"{path}:{line}: file holds a {record.backend!r} rule but lies in the {backend}/ folder")
         records[record.op] = record
     return records

@@ -3,16 +3,21 @@
 Registries come from a folder (a registry root holding ``<backend>/*.yaml``) or a git
 revision (its ``registry/`` tree). A rule is one strategy of one signature, identified by
 its input placements; it is shown in paper notation with its own label ``S1``.
+
+Only files that differ are read: between two revisions, the files ``git diff --name-only``
+lists; between two folders, the files whose bytes differ. An unchanged file adds nothing
+to the diff, and a registry holds thousands.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry_io import load_registry, loads_record
-from .rules import OpRecord
+from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record
+from .rules import OpRecord, RuleEntry
 from .spec import (
     CombineSpec, DimLabel, IndexOffset, N, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialInput, PartialSpec,
     ShardIn, ShardSpec, Strategy,
@@ -22,34 +27,130 @@ Registry = dict[tuple[str, str], OpRecord]  # (backend, op) -> record
 
 
 def load_side(where: str, repo: Path | None = None, subdir: str = "registry") -> Registry:
-    """A registry from a folder, or from a git revision of ``repo``."""
+    """A whole registry from a folder, or from a git revision of ``repo``."""
     path = Path(where)
     if path.is_dir():
         return _from_folder(path)
-    return _from_git(where, repo or Path.cwd(), subdir)
+    git = _Git(repo or Path.cwd())
+    rev = git.commit(where)
+    names = [n for n in git.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir) if n.endswith(".yaml")]
+    return _records(names, git.blobs(rev, names), rev)
+
+
+def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "registry") -> tuple[Registry, Registry]:
+    """The two sides of a diff, reading only the files that differ between them (see the
+    module's doc); a folder against a revision reads both whole."""
+    if Path(base).is_dir() and Path(head).is_dir():
+        return _changed_folders(Path(base), Path(head))
+    if Path(base).is_dir() or Path(head).is_dir():
+        return load_side(base, repo, subdir), load_side(head, repo, subdir)
+    git = _Git(repo or Path.cwd())
+    old, new = git.commit(base), git.commit(head)
+    # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
+    changed = [n for n in git.lines("diff", "--name-only", "--no-renames", "-z", old, new, "--", subdir)
+               if n.endswith(".yaml")]
+    return _records(changed, git.blobs(old, changed), base), _records(changed, git.blobs(new, changed), head)
+
+
+def _key(path: str, record: OpRecord, where: str) -> tuple[str, str]:
+    """(backend, op) of a file at ``<backend>/<op>.yaml``, refusing one whose content disagrees
+    with its place (the loader of a folder refuses the same)."""
+    folder, name = Path(path).parent.name, Path(path).name
+    if name != f"{record.op}.yaml":
+        raise RegistryError(f"{where}:1: file holds op {record.op!r}; expected {Path(name).stem!r}")
+    if record.backend != folder:
+        raise RegistryError(f"{where}:1: file holds a {record.backend!r} rule but lies in the {folder}/ folder")
+    return folder, record.op
+
+
+def _records(names: list[str], blobs: dict[str, bytes], rev: str) -> Registry:
+    out: Registry = {}
+    for name in names:
+        data = blobs.get(name)
+        if data is None:  # absent on this side: added or removed
+            continue
+        where = f"{rev}:{name}"
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise RegistryError(f"{where}:{line}: not valid UTF-8") from None
+        record = loads_record(text, where)
+        out[_key(name, record, where)] = record
+    return out
+
+
+def _check_root(root: Path) -> list[Path]:
+    """The backend folders of a registry root; RegistryError for anything else (a backend
+    folder passed as the root would otherwise read as an empty registry, hiding every loss)."""
+    check_registry_root(root)
+    backends = sorted(p for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
+    if not backends:
+        raise RegistryError(f"{root}: no rule files (<backend>/<op>.yaml) under it, so it is not a registry root")
+    return backends
 
 
 def _from_folder(root: Path) -> Registry:
     out: Registry = {}
-    for backend_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+    for backend_dir in _check_root(root):
         for op, record in load_registry(root, backend_dir.name).items():
             out[(backend_dir.name, op)] = record
     return out
 
 
-def _from_git(rev: str, repo: Path, subdir: str) -> Registry:
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
+    def files(root: Path) -> dict[str, Path]:
+        return {f"{d.name}/{p.name}": p for d in _check_root(root) for p in d.glob("*.yaml")}
+
+    old, new = files(base), files(head)
+    sides: tuple[Registry, Registry] = ({}, {})
+    for name in sorted(old.keys() | new.keys()):
+        paths = (old.get(name), new.get(name))
+        if None not in paths and paths[0].read_bytes() == paths[1].read_bytes():
+            continue
+        for side, path in zip(sides, paths):
+            if path is not None:
+                record = load_record(path)
+                side[_key(name, record, str(path))] = record
+    return sides
+
+
+class _Git:
+    def __init__(self, repo: Path):
+        self.repo = repo
+
+    def run(self, *args: str, stdin: bytes | None = None) -> bytes:
+        result = subprocess.run(["git", "-C", str(self.repo), *args], input=stdin, capture_output=True)
         if result.returncode != 0:
-            raise ValueError(f"{rev!r} is neither a folder nor a git revision: {result.stderr.strip()}")
+            raise ValueError(f"git {' '.join(args[:2])} failed: {result.stderr.decode(errors='replace').strip()}")
         return result.stdout
 
-    out: Registry = {}
-    for name in git("ls-tree", "-r", "--name-only", rev, "--", subdir).splitlines():
-        if name.endswith(".yaml"):
-            record = loads_record(git("show", f"{rev}:{name}"), f"{rev}:{name}")
-            out[(Path(name).parent.name, record.op)] = record
-    return out
+    def lines(self, *args: str) -> list[str]:
+        return [n for n in self.run(*args).decode("utf-8", "surrogateescape").split("\0") if n]
+
+    def commit(self, rev: str) -> str:
+        try:
+            return self.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").decode().strip()
+        except ValueError:
+            raise ValueError(f"{rev!r} is neither a folder nor a git revision of {self.repo}") from None
+
+    def blobs(self, rev: str, names: list[str]) -> dict[str, bytes]:
+        """The files ``names`` of ``rev`` that exist there, read by one ``git cat-file``."""
+        if not names:
+            return {}
+        query = "".join(f"{rev}:{n}\n" for n in names).encode("utf-8", "surrogateescape")
+        data = self.run("cat-file", "--batch", stdin=query)
+        out, pos = {}, 0
+        for name in names:
+            end = data.index(b"\n", pos)
+            header = data[pos:end].split()
+            pos = end + 1
+            if header[-1] == b"missing":
+                continue
+            size = int(header[2])
+            out[name] = data[pos:pos + size]
+            pos += size + 1  # the blob, then a newline
+        return out
 
 
 def rule_text(s: Strategy, ranks: tuple[int, ...]) -> str:
@@ -80,6 +181,19 @@ def _rules(record: OpRecord) -> dict[str, dict[tuple, tuple[str, tuple[OutputCom
     return out
 
 
+def _strategies(e: RuleEntry | None) -> dict[tuple, tuple[Strategy, tuple[int, ...]]]:
+    if e is None:
+        return {}
+    ranks = tuple(len(row) for row in e.shard.inputs)
+    return {s.inputs: (s, ranks) for s in e.all_strategies()}
+
+
+def _same_rules(a: RuleEntry | None, b: RuleEntry | None) -> bool:
+    """Both entries hold the same strategies: what ``all_strategies`` is made from is equal."""
+    fields = ("shard", "partial", "combine", "offset", "more", "independent")
+    return a is not None and b is not None and all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
 @dataclass
 class Diff:
     added: list[tuple[str, str, str]] = field(default_factory=list)  # (backend, op, status)
@@ -108,19 +222,35 @@ def diff(base: Registry, head: Registry) -> Diff:
         old, new = base[key], head[key]
         if old.status != new.status:
             d.status.append((backend, op, old.status, new.status, new.reason))
-        old_rules, new_rules = _rules(old), _rules(new)
-        for sig in sorted(set(old_rules) | set(new_rules)):
-            o, n = old_rules.get(sig, {}), new_rules.get(sig, {})
-            lost = sorted(text for k, (text, _) in o.items() if k not in n or n[k][1] != o[k][1])
-            gained = sorted(text for k, (text, _) in n.items() if k not in o or n[k][1] != o[k][1])
+        old_entries, new_entries = {e.signature: e for e in old.entries}, {e.signature: e for e in new.entries}
+        for sig in sorted(set(old_entries) | set(new_entries)):
+            if _same_rules(old_entries.get(sig), new_entries.get(sig)):
+                continue  # an example or note changed: no rule did (rule texts are costly to write)
+            o, n = _strategies(old_entries.get(sig)), _strategies(new_entries.get(sig))
+            lost = sorted(rule_text(*o[k]) for k in o if k not in n or n[k][0].outputs != o[k][0].outputs)
+            gained = sorted(rule_text(*n[k]) for k in n if k not in o or n[k][0].outputs != o[k][0].outputs)
             d.lost += [(backend, op, sig, t) for t in lost]
             d.gained += [(backend, op, sig, t) for t in gained]
     return d
 
 
+def _code(text: str) -> str:
+    """``text`` as one inline code span: line breaks shown as \\n (a raw one ends the list
+    item), fenced by more backticks than it holds."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    runs = re.findall(r"`+", text)
+    fence = "`" * (max(map(len, runs), default=0) + 1)
+    pad = " " if runs else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _plain(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def to_markdown(d: Diff, base_name: str, head_name: str) -> str:
     lines = [
-        f"## Rule changes: `{base_name}` → `{head_name}`", "",
+        f"## Rule changes: {_code(base_name)} → {_code(head_name)}", "",
         "| ops added | ops removed | status changes | rules gained | rules lost |", "|---|---|---|---|---|",
         f"| {len(d.added)} | {len(d.removed)} | {len(d.status)} | {len(d.gained)} | {len(d.lost)} |",
     ]
@@ -129,9 +259,10 @@ def to_markdown(d: Diff, base_name: str, head_name: str) -> str:
         if rows:
             lines.extend(["", f"### {title}", "", *rows])
 
-    section("Ops added", [f"- `{b}/{op}` ({s})" for b, op, s in d.added])
-    section("Ops removed", [f"- `{b}/{op}` (was {s})" for b, op, s in d.removed])
-    section("Status changes", [f"- `{b}/{op}`: {o} → {n}" + (f" ({r})" if r else "") for b, op, o, n, r in d.status])
-    section("Rules lost", [f"- `{b}/{op}` `{sig}`: `{t}`" for b, op, sig, t in d.lost])
-    section("Rules gained", [f"- `{b}/{op}` `{sig}`: `{t}`" for b, op, sig, t in d.gained])
+    section("Ops added", [f"- {_code(f'{b}/{op}')} ({s})" for b, op, s in d.added])
+    section("Ops removed", [f"- {_code(f'{b}/{op}')} (was {s})" for b, op, s in d.removed])
+    section("Status changes", [f"- {_code(f'{b}/{op}')}: {o} → {n}" + (f" ({_plain(r)})" if r else "")
+                               for b, op, o, n, r in d.status])
+    section("Rules lost", [f"- {_code(f'{b}/{op}')} {_code(sig)}: {_code(t)}" for b, op, sig, t in d.lost])
+    section("Rules gained", [f"- {_code(f'{b}/{op}')} {_code(sig)}: {_code(t)}" for b, op, sig, t in d.gained])
     return "\n".join(lines) + "\n"

@@ -62,7 +62,13 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
     def joint(params: list[torch.Tensor], buffers: list[torch.Tensor], *inputs):
         state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
         out = torch.func.functional_call(module, state, inputs)
+        if loss_fn is None and not isinstance(out, torch.Tensor):
+            raise TypeError(f"{type(module).__qualname__} returns a {type(out).__qualname__}, not a tensor, so the "
+                            "default loss out.sum() does not apply: pass loss_fn= (output -> scalar loss tensor), "
+                            "or backward=False to plan the forward only")
         loss = loss_fn(out) if loss_fn is not None else out.sum()
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"loss_fn returned a {type(loss).__qualname__}, not a tensor")
         # The seed gradient d(loss)/d(loss) is the constant 1. autograd's default seed,
         # ones_like(loss), traces as a node that reads the loss, so a plan that shards the
         # batch would have to all-reduce the (Partial) loss just to learn its shape; a
@@ -88,10 +94,34 @@ def capture(
     hands the backward a workspace that the trace records as None, so the graph cannot run
     again; without it, ``nn.LSTM`` and ``nn.GRU`` trace into matmuls and pointwise ops,
     which have rules and shard."""
+    _check_inputs(fn_or_module, example_inputs, backward)
     with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         with torch.backends.mkldnn.flags(enabled=False):
             return _capture(fn_or_module, example_inputs, backward, loss_fn)
+
+
+def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool) -> None:
+    """Refuse, naming the value, what would fail deep inside make_fx or autograd."""
+    if not isinstance(example_inputs, (tuple, list)):
+        raise TypeError("example_inputs must be a tuple of positional arguments, got a "
+                        f"{type(example_inputs).__qualname__} (for one input write (x,))")
+    try:
+        from torch.distributed._local_tensor import LocalTensor
+    except ImportError:  # a torch without it
+        LocalTensor = ()
+    values = [(f"example input {i}", x) for i, x in enumerate(torch.utils._pytree.tree_leaves(list(example_inputs)))]
+    if isinstance(fn_or_module, torch.nn.Module):
+        values += [(f"parameter {n!r}", p) for n, p in fn_or_module.named_parameters()]
+        values += [(f"buffer {n!r}", b) for n, b in fn_or_module.named_buffers()]
+        if backward and next(fn_or_module.parameters(), None) is None:
+            raise ValueError(f"{type(fn_or_module).__qualname__} has no parameters, so there are no gradients to "
+                             "compute: pass backward=False to plan its forward only")
+    for what, x in values:
+        # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
+        if LocalTensor and isinstance(x, LocalTensor):
+            raise TypeError(f"{what} is a LocalTensor (made inside LocalTensorMode): create the model and its "
+                            "example inputs outside the mode; only calling the parallelized model needs it")
 
 
 def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,

@@ -695,19 +695,39 @@ def cache_path(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
 
 def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATURES, rebuild: bool = False,
                log: Callable[[str], None] | None = None) -> dict[str, tuple[SampleCall, ...]]:
-    """The cached index, building it first when missing (one builder at a time)."""
+    """The cached index, building it first when missing or unreadable (one builder at a time).
+    A build says so on stderr once: it takes a minute or more, and nothing else prints."""
     path = cache_path(cache_dir, max_signatures)
-    if path.exists() and not rebuild:
-        return read_index(path)
+
+    def cached() -> dict[str, tuple[SampleCall, ...]] | None:
+        if rebuild or not path.exists():
+            return None
+        try:
+            return read_index(path)
+        except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format: build it again
+            print(f"metaspmd: the sample index {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
+                  "rebuilding it", file=sys.stderr, flush=True)
+            return None
+
+    def building(where: str) -> None:
+        print(f"metaspmd: building the OpInfo sample index {where} (once per torch version; a minute or more)",
+              file=sys.stderr, flush=True)
+
+    index = cached()
+    if index is not None:
+        return index
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "w")
     except OSError:  # no writable cache: build for this process only
+        building(f"in memory ({path.parent} is not writable)")
         return build_index(max_signatures, log)
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent workers wait for the first builder
-        if path.exists() and not rebuild:
-            return read_index(path)
+        index = cached()  # another process may have built it meanwhile
+        if index is not None:
+            return index
+        building(str(path))
         if not reproducible.in_effect():  # the samples would be this process's own
             _build_in_child(path, max_signatures, log)
             return read_index(path)

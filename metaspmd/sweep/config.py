@@ -5,6 +5,9 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.util
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -37,10 +40,37 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if self.jobs < 1:
             raise SweepError(f"jobs must be >= 1, got {self.jobs}")
-        if self.timeout <= 0:
-            raise SweepError(f"timeout must be > 0, got {self.timeout}")
+        if not math.isfinite(self.timeout) or self.timeout <= 0:  # inf overflows the timers; nan never expires
+            raise SweepError(f"timeout must be a finite number of seconds > 0, got {self.timeout}")
+        if self.patterns and not any(p.strip() for p in self.patterns):
+            raise SweepError(f"patterns {list(self.patterns)} name no op (no pattern at all selects every op)")
         if self.check and self.resume:
             raise SweepError("--check and --resume do not combine: a check compares every op")
+
+
+def unwritable(path: Path, folder: bool) -> str:
+    """Why ``path`` (a folder to write files in, or a file to write) cannot be written, or
+    ''. Tried by creating and removing a temporary file in the nearest existing folder,
+    which also catches read-only file systems and a root user's bypassed permission bits."""
+    path = Path(path)
+    if path.is_dir() and not folder:
+        return f"{path} is a folder"
+    if path.exists() and not path.is_dir() and folder:
+        return f"{path} is not a folder"
+    if path.exists() and not folder and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    where = path if folder else path.parent
+    while not where.exists():  # it would be created: its nearest existing parent must be writable
+        where = where.parent
+    if not where.is_dir():
+        return f"{path}: {where} is not a folder"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".metaspmd-write-test.", dir=where)
+    except OSError as e:
+        return f"{path}: cannot create files in {where} ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(tmp)
+    return ""
 
 
 def _module_exists(module: str) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import difflib
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..rules import OpRecord
-from .config import SweepConfig, SweepError, select_ops
+from .config import SweepConfig, SweepError, select_ops, unwritable
 from .workers import Outcome, WorkerPool
 
 @dataclass(frozen=True)
@@ -72,12 +73,14 @@ def run_sweep(config: SweepConfig) -> SweepReport:
 
     started = time.perf_counter()
     results: dict[str, OpResult] = {}
+    _check_writable(config, config.out_root)  # before any work, not at the first op's file
     with WorkerPool(config) as pool:
-        backend = pool.start()
+        backend = _start(pool, config.backend)
         ops = select_ops(pool.list_ops(), config.patterns)
         if not ops:
             raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}")
         _check_file_names(registry_io, config.out_root, backend, ops)
+        _check_writable(config, registry_io.record_path(config.out_root, backend, ops[0]).parent)
         resumed = tuple(op for op in ops if config.resume
                         and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
         todo = [op for op in ops if op not in set(resumed)]
@@ -119,6 +122,31 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         wall_s=time.perf_counter() - started,
         check=config.check,
     )
+
+
+# A backend's one-time set-up runs in its first worker, whose output is hidden: a torch
+# sweep's first run builds the OpInfo sample index there for a minute or more.
+SLOW_START_S = 5.0
+
+
+def _start(pool: WorkerPool, name: str) -> str:
+    """``pool.start()``, saying once on stderr why nothing happens when it is slow."""
+    timer = threading.Timer(SLOW_START_S, lambda: print(
+        f"sweep: backend {name!r} is still setting up in its worker (the first torch sweep builds the "
+        "OpInfo sample index and caches it: a minute or more)", file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        return pool.start()
+    finally:
+        timer.cancel()
+
+
+def _check_writable(config: SweepConfig, folder: Path) -> None:
+    """A sweep that writes (not --check) fails at once when its registry folder is not writable."""
+    problem = not config.check and unwritable(folder, folder=True)
+    if problem:
+        raise SweepError(f"cannot write rule files: {problem}")
 
 
 def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> None:

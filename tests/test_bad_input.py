@@ -1,0 +1,357 @@
+"""Bad input to the command lines, the registry loader and parallelize: a clear error that
+names the path or value, a usable exit status, and nothing overwritten or lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from metaspmd import cli, rule_diff
+from metaspmd.registry_io import RegistryError, load_registry, loads_record
+from metaspmd.runtime import parallelize
+from metaspmd.sweep import SweepConfig, SweepError, run_sweep
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+pytestmark = pytest.mark.timeout(60)
+
+MM = """\
+schema: 1
+op: {op}
+backend: {backend}
+status: ok
+entries:
+- signature: {sig}
+  status: ok
+  shard: [[S1, S2], [S2, S3]]
+  combine: {combine}
+  example:
+    self: {{shape: [6, 4], dtype: float64}}
+    mat2: {{shape: [4, 5], dtype: float64}}
+  results:
+  - {{shape: [6, 5], dtype: float64}}
+"""
+COMBINE = "{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}"
+
+
+def mm(op="aten.mm.default", backend="torch", sig="'self:f[*,*] mat2:f[*,*]'", combine=COMBINE) -> str:
+    return MM.format(op=op, backend=backend, sig=sig, combine=combine)
+
+
+def write(root: Path, backend: str, op: str, text: str | None = None) -> Path:
+    path = root / backend / f"{op}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text is not None else mm(op=op, backend=backend))
+    return path
+
+
+# --------------------------------------------------------------------------- registry files
+
+
+def test_duplicate_combine_key_is_an_error_not_the_last_value():
+    text = mm(combine="{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1), S1: identity}")
+    with pytest.raises(RegistryError, match=r"^f\.yaml:9: duplicate key 'S1' in combine"):
+        loads_record(text, "f.yaml")
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("    mat2: {shape: [4, 5], dtype: float64}\n",
+     "    mat2: {shape: [4, 5], dtype: float64}\n    self: {shape: [6, 4], dtype: float64}\n", "example"),
+    ("status: ok\nentries", "status: ok\nstatus: failed\nentries", "rule file"),
+    ("  - {shape: [6, 5], dtype: float64}", "  - {shape: [6, 5], dtype: float64, dtype: int64}", "tensor"),
+])
+def test_duplicate_keys_at_every_level(old, new, where):
+    text = mm()
+    assert old in text
+    with pytest.raises(RegistryError, match=rf"duplicate key '\w+' in {where}"):
+        loads_record(text.replace(old, new), "f.yaml")
+
+
+def test_combine_dim_beyond_the_output_rank_is_refused():
+    with pytest.raises(RegistryError, match=r"f\.yaml:9: S1: gather\(dim=7\) names dim 7 of output 0, which has rank 2"):
+        loads_record(mm(combine=COMBINE.replace("gather(dim=0)", "gather(dim=7)")), "f.yaml")
+    loads_record(mm(), "f.yaml")  # dims 0 and 1 of a rank-2 output are fine
+
+
+def test_combine_dim_of_a_further_layer_is_checked_too():
+    text = mm().replace("  example:", "  more:\n  - shard: [[S4, N], [N, N]]\n    combine: {S4: 'scan(dim=2, op=sum)'}\n"
+                                       "  example:")
+    with pytest.raises(RegistryError, match=r"f\.yaml:12: S4: scan\(dim=2, op=sum\) names dim 2"):
+        loads_record(text, "f.yaml")
+
+
+def test_file_of_another_backend_in_a_folder_is_refused(tmp_path):
+    path = write(tmp_path, "jax", "aten.mm.default", mm(backend="torch"))
+    with pytest.raises(RegistryError, match=rf"^{path}:3: file holds a 'torch' rule but lies in the jax/ folder"):
+        load_registry(tmp_path, "jax")
+
+
+def test_registry_root_must_be_one(tmp_path):
+    write(tmp_path, "torch", "aten.mm.default")
+    with pytest.raises(RegistryError, match=rf"^{tmp_path / 'torch'}: holds rule files itself, so it is a backend "
+                                            rf"folder, not a registry root \(pass {tmp_path} instead\)"):
+        load_registry(tmp_path / "torch", "torch")
+    with pytest.raises(RegistryError, match=rf"^{tmp_path / 'nope'}: no such registry folder"):
+        load_registry(tmp_path / "nope", "torch")
+    with pytest.raises(RegistryError, match=r"no jax/ folder of rule files \(backends there: torch\)"):
+        load_registry(tmp_path, "jax")
+
+
+# --------------------------------------------------------------------------- codegen, coverage
+
+
+@pytest.mark.parametrize("registry", ["torch", "missing", "empty"])
+def test_codegen_refuses_a_registry_that_is_not_one_and_keeps_the_table(tmp_path, capsys, registry):
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    (tmp_path / "empty" / "torch").mkdir(parents=True)
+    out = tmp_path / "gen"
+    out.mkdir()
+    (out / "torch_rules.py").write_text("the real table\n")
+    given = {"torch": tmp_path / "reg" / "torch", "missing": tmp_path / "missing", "empty": tmp_path / "empty"}[registry]
+    assert cli.codegen(["--registry", str(given), "--backend", "torch", "--out", str(out)]) == 2
+    assert str(given) in capsys.readouterr().err
+    assert (out / "torch_rules.py").read_text() == "the real table\n"
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(out)]) == 0
+
+
+def test_codegen_writes_no_table_when_another_backend_fails(tmp_path, capsys):
+    write(tmp_path / "reg", "torch", "aten.mm.default")  # no jax/: the jax table fails
+    out = tmp_path / "gen"
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(out)]) == 2
+    assert "no jax/ folder" in capsys.readouterr().err and not out.exists()
+
+
+def test_coverage_of_a_missing_registry_is_an_error(tmp_path, capsys):
+    assert cli.coverage(["--registry", str(tmp_path / "nope")]) == 2
+    assert f"{tmp_path / 'nope'}: no such registry folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- rule_diff
+
+
+def test_diff_of_backend_folders_is_an_error_not_no_change(tmp_path, capsys):
+    base, head = tmp_path / "base", tmp_path / "head"
+    write(base, "torch", "aten.mm.default")
+    write(head, "torch", "aten.addmm.default")
+    assert cli.diff([str(base / "torch"), str(head / "torch"), "--fail-on-loss"]) == 2
+    assert f"{base / 'torch'}: holds rule files itself" in capsys.readouterr().err
+    assert cli.diff([str(base), str(head), "--fail-on-loss"]) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.diff([str(empty), str(head)]) == 2
+
+
+def git(repo: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+@pytest.fixture
+def two_revisions(tmp_path):
+    """A repository whose second commit adds, removes, edits (a rule, a status, an example
+    only) and leaves alone registry files; and both trees as folders."""
+    repo = tmp_path / "repo"
+    reg = repo / "registry"
+    for op in ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.matmul.default"):
+        write(reg, "torch", op)
+    for i in range(20):
+        write(reg, "jax", f"jax.op{i}", mm(op=f"jax.op{i}", backend="jax"))
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    (tmp_path / "base").mkdir()
+    git(repo, "worktree", "add", "-q", str(tmp_path / "base" / "tree"), "HEAD")
+    write(reg, "torch", "aten.mm.default", mm(combine="{S1: gather(dim=0), S2: reduce(max), S3: gather(dim=1)}"))
+    write(reg, "torch", "aten.bmm.default",
+          mm(op="aten.bmm.default").replace("status: ok\nentries", 'status: failed\nreason: "crashed:\\nx"\nentries'))
+    write(reg, "torch", "aten.addmm.default", mm(op="aten.addmm.default").replace("[6, 4]", "[8, 4]"))
+    (reg / "torch" / "aten.matmul.default.yaml").unlink()
+    write(reg, "torch", "aten.new.default", mm(op="aten.new.default", sig='"a\\nb"'))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "head")
+    return repo, tmp_path / "base" / "tree" / "registry", reg
+
+
+def test_diff_of_two_revisions_reads_only_changed_files_and_says_the_same(two_revisions, monkeypatch):
+    repo, base_folder, head_folder = two_revisions
+    whole = rule_diff.diff(rule_diff.load_side(str(base_folder)), rule_diff.load_side(str(head_folder)))
+    read = []
+    real = rule_diff.loads_record
+    monkeypatch.setattr(rule_diff, "loads_record", lambda text, name: read.append(name) or real(text, name))
+    base, head = rule_diff.load_sides("HEAD~1", "HEAD", repo)
+    # the 20 unchanged jax files and nothing else of either side are left unread
+    assert sorted(read) == sorted(
+        [f"HEAD~1:registry/torch/{op}.yaml" for op in ("aten.addmm.default", "aten.bmm.default", "aten.matmul.default",
+                                                        "aten.mm.default")]
+        + [f"HEAD:registry/torch/{op}.yaml" for op in ("aten.addmm.default", "aten.bmm.default", "aten.mm.default",
+                                                        "aten.new.default")])
+    changed = rule_diff.diff(base, head)
+    assert rule_diff.to_markdown(changed, "a", "b") == rule_diff.to_markdown(whole, "a", "b")
+    assert changed.removed == [("torch", "aten.matmul.default", "ok")] and changed.has_loss
+    assert [x[1] for x in changed.lost] == ["aten.matmul.default"] * 3 + ["aten.mm.default"]
+    # two folders compare bytes first: the same diff again
+    folders = rule_diff.diff(*rule_diff.load_sides(str(base_folder), str(head_folder)))
+    assert rule_diff.to_markdown(folders, "a", "b") == rule_diff.to_markdown(whole, "a", "b")
+
+
+def test_diff_markdown_keeps_one_line_per_item(two_revisions):
+    repo, _, _ = two_revisions
+    md = rule_diff.to_markdown(rule_diff.diff(*rule_diff.load_sides("HEAD~1", "HEAD", repo)), "HEAD~1", "HEAD")
+    items = md.split("### Ops added", 1)[1].splitlines()
+    assert all(line == "" or line.startswith(("- ", "### ")) for line in items), md
+    assert "`a\\nb`" in md and "(crashed:\\nx)" in md
+
+
+def test_diff_of_a_missing_revision_names_it(tmp_path, capsys):
+    assert cli.diff(["no-such-rev", "HEAD"]) == 2
+    assert "'no-such-rev' is neither a folder nor a git revision" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    base, head = tmp_path / "base", tmp_path / "head"
+    write(base, "torch", "aten.mm.default")
+    for i in range(300):
+        write(head, "torch", f"aten.op{i}.default")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "rule_diff.py"), str(base), str(head)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # `| head -0`
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and b"Traceback" not in err, err
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))  # spawned workers start with the parent's sys.path
+    return "fake_backend"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--timeout", "inf"], "--timeout: expected a number of seconds: finite and > 0, got 'inf'"),
+    (["--timeout", "nan"], "got 'nan'"),
+    (["--timeout", "0"], "got '0'"),
+    (["--jobs", "0"], "--jobs/-j: expected an integer >= 1, got 0"),
+    (["--jobs", "-1"], "got -1"),
+    (["--ops", ""], "--ops '' names no op pattern"),
+    (["--ops", " , "], "names no op pattern"),
+])
+def test_sweep_usage_errors(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        cli.sweep(["--backend", "fake_backend", "--out", str(tmp_path), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), -1.0])
+def test_sweep_config_refuses_timeouts_that_never_expire(tmp_path, timeout):
+    with pytest.raises(SweepError, match="timeout must be a finite number of seconds > 0"):
+        SweepConfig(backend="fake_backend", out_root=tmp_path, timeout=timeout)
+
+
+def test_unwritable_out_fails_before_any_work(tmp_path, fake_backend, monkeypatch):
+    (tmp_path / "file").write_text("")
+    started = []
+    monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.start", lambda self: started.append(1) or "fake")
+    with pytest.raises(SweepError, match=rf"cannot write rule files: {tmp_path / 'file' / 'reg'}: "
+                                         rf"{tmp_path / 'file'} is not a folder"):
+        run_sweep(SweepConfig(backend=fake_backend, out_root=tmp_path / "file" / "reg"))
+    assert not started
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_unwritable_timings_fail_before_any_work_with_2(tmp_path, fake_backend, capsys, monkeypatch, check):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", lambda config: pytest.fail("the sweep ran"))
+    timings = tmp_path / "file" / "t.json"
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--timings", str(timings)]
+                     + ["--check"] * check) == 2
+    assert f"--timings {timings}: {tmp_path / 'file'} is not a folder" in capsys.readouterr().err
+
+
+def test_timings_that_fail_late_keep_the_summary_and_exit_2(tmp_path, fake_backend, capsys, monkeypatch):
+    import metaspmd.registry_io
+
+    def fail(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", fail)  # --check writes nothing else
+    rc = cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
+                    "--no-progress", "--check", "--timings", str(tmp_path / "t.json")])
+    out = capsys.readouterr()
+    assert rc == 2 and "cannot write --timings" in out.err
+    assert "with rules (ok)" in out.out and "ops/s" in out.out
+
+
+def test_kernels_replace_the_tvm_builtins(tmp_path, monkeypatch):
+    seen = []
+
+    def record(config):
+        seen.append(config)
+        raise SweepError("stop")
+
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", record)
+    assert cli.sweep(["--backend", "tvm", "--kernels", "my_kernels", "--out", str(tmp_path)]) == 2
+    assert seen[0].backend_options == (("kernels", "my_kernels"), ("builtins", False))
+
+
+def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
+    for args, message in ((["--jobs", "0"], "expected an integer >= 1, got 0"), (["-j", "-1"], "got -1"),
+                          (["--ops", ""], "--ops '' names no op pattern"),
+                          (["--timeout", "nan"], "got 'nan'")):
+        with pytest.raises(SystemExit) as e:
+            cli.crosscheck(["--backend", "no_such_backend", *args])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- parallelize
+
+
+@pytest.mark.parametrize("kw,error,message", [
+    ({"memory_budget": "big"}, TypeError, "memory_budget must be a number or None, got 'big'"),
+    ({"memory_budget": float("nan")}, ValueError, "memory_budget must be a finite number > 0, got nan"),
+    ({"memory_budget": 0}, ValueError, "got 0"),
+    ({"memory_budget": True}, TypeError, "got True"),
+    ({"time_limit": float("inf")}, ValueError, "time_limit must be a finite number > 0, got inf"),
+    ({"time_limit": None}, TypeError, "time_limit must be a number, got None"),
+])
+def test_parallelize_refuses_bad_options_by_name(kw, error, message):
+    with pytest.raises(error, match=message):
+        parallelize(lambda x: x, object(), ((1.0,),), **kw)  # checked before the mesh is even looked at
+
+
+def test_parallelize_refuses_a_bare_value_as_example_inputs():
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"example_inputs must be a tuple .* got a numpy\.ndarray \(for one input "
+                                        r"write \(x,\)\)"):
+        parallelize(lambda x: x, object(), np.zeros((4, 4)))
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mesh", "abc"], "expected a mesh shape such as 8 or 2x4, got 'abc'"),
+    (["--mesh", "2x0"], "got '2x0'"),
+    (["--budget", "0"], "--budget: expected a number: finite and > 0, got '0'"),
+    (["--budget", "nan"], "got 'nan'"),
+    (["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
+    (["--time-limit", "inf"], "got 'inf'"),
+])
+def test_planner_bench_usage_errors(capsys, args, message):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import planner_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    with pytest.raises(SystemExit) as e:
+        planner_bench.main(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
