@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
+import numbers
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from . import planner
@@ -99,6 +101,24 @@ def runtime_for(mesh: Any) -> Callable[..., RuntimeBackend]:
                     f"(known: {known}; add one with metaspmd.runtime.register_runtime)")
 
 
+def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any) -> None:
+    """Refuse, naming the value, what would otherwise fail deep in capture or the planner,
+    or be ignored: inputs that are no tuple (``tuple(tensor)`` would split a tensor into
+    its rows), and a budget or time limit that is no finite positive number (nan compares
+    false with everything, so a nan budget would constrain nothing)."""
+    if not isinstance(example_inputs, (tuple, list)):
+        raise TypeError(f"example_inputs must be a tuple of the function's positional arguments, got a "
+                        f"{type(example_inputs).__module__}.{type(example_inputs).__qualname__} "
+                        "(for one input write (x,))")
+    for name, value, optional in (("memory_budget", memory_budget, True), ("time_limit", time_limit, False)):
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
 def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
                 time_limit: float = 10.0, solver: str = "ilp", cache: RuleCache | None = None,
                 cost_model: planner.CostModel | None = None, constraints: Mapping[Any, Any] | None = None,
@@ -109,6 +129,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     the framework's placement types or metaspmd's; the function's own annotations
     (``with_sharding_constraint``) count too. ``options`` go to the mesh's runtime
     (``backward``, ``loss_fn``; JAX's ``params`` and ``table``)."""
+    check_options(example_inputs, memory_budget, time_limit)
     rt = runtime_for(mesh)(mesh, **options)
     with rt.quiet():
         captured = rt.capture(fn, tuple(example_inputs))
