@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -69,6 +68,7 @@ RULE_STATUSES = ("ok", "derived")
 EXTRA_KINDS = ("dtensor-lacks", "no-dtensor-rule", "no-placement", "not-compared")
 VERDICTS = ("ok", "failed", "data-dependent", "vacuous", "unchecked")
 NO_EXAMPLES = ("no-sample", "nondeterministic", "skipped")  # record statuses reached before any example ran
+NO_LIMIT = 30 * 24 * 3600.0  # a pool's time limit where none is asked: longer than any check
 
 
 @dataclass(frozen=True)
@@ -677,7 +677,7 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
         for op, task in tasks.items():
             collect(*_check_one(op, *task))
     else:  # a time limit needs a worker to kill; the sweep's pool keeps going past a dead one
-        pool_config = SweepConfig("torch", Path("."), jobs=max(1, jobs), timeout=timeout or math.inf,
+        pool_config = SweepConfig("torch", Path("."), jobs=max(1, jobs), timeout=timeout or NO_LIMIT,
                                   backend_options=tuple((backend_options or {}).items()))
         task = Task(f"{__name__}:check_in_worker", f"{__name__}:check_failed")
         with WorkerPool(pool_config, task) as pool:

@@ -213,8 +213,7 @@ class WorkerPool:
     for memory, or an op slowed past the limit on a loaded machine, fails once only), and
     gets a 'failed' record if it fails again.
 
-    ``task``: run it on each op instead of the sweep's explorer (``Task``). A time limit of
-    ``math.inf`` is none.
+    ``task``: run it on each op instead of the sweep's explorer (``Task``).
     """
 
     def __init__(self, config: SweepConfig, task: Task | None = None):
@@ -344,7 +343,7 @@ class WorkerPool:
                     self._retire(w)
             deadlines = [w.started + self.config.timeout for w in self._workers if w.busy]
             deadlines += [w.born + STARTUP_TIMEOUT for w in self._workers if not w.ready]
-            # capped: a wait of math.inf (no time limit) is more than the system's wait takes
+            # capped: a far deadline (a tool's "no time limit") is more than the system's wait takes
             timeout = min(max(0.0, min(deadlines) - time.monotonic()), STARTUP_TIMEOUT) if deadlines else None
             waitables = [w.conn for w in self._workers] + [w.proc.sentinel for w in self._workers]
             ready = set(wait(waitables, timeout)) if waitables else set()
