@@ -26,8 +26,10 @@ outputs; this one checks backward itself: the gradient of the first differentiab
 output's sum with respect to each DTensor input, gathered, against the reference
 gradient (``bwd`` column, same verdicts).
 
-Plain DTensor runs first; then ``register()`` is called (``--replace-refuted`` passes
-``replace_refuted=True``) and everything runs again in the same process.
+Three columns, in one process: plain DTensor; after ``register()``; after
+``register(replace_refuted=True)`` too (DTensor's refuted rules replaced by verified ones).
+``regressions``: ops that pass on plain DTensor and not after. Each op runs in a forked
+child, so an op that crashes the process counts as an error.
 """
 
 from __future__ import annotations
@@ -354,6 +356,47 @@ def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
     return o
 
 
+def run_isolated(case: Case, mesh, tc, timeout: float) -> Outcome:
+    """``run_case`` in a forked child: DTensor's own convolution backward handler crashes
+    the process (SIGSEGV) on some placements, which then counts as an error of that op."""
+    import os
+    import pickle
+    import select
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, report, leave without cleanup
+        os.close(r)
+        try:
+            data = pickle.dumps(run_case(case, mesh, tc, timeout))
+        except BaseException as e:  # noqa: BLE001
+            data = pickle.dumps(Outcome(ERROR, _short(e)))
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout + 30
+    with os.fdopen(r, "rb") as f:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([f], [], [], 1.0)
+            if ready:
+                chunk = f.read1(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception:  # noqa: BLE001 -- cut short
+            pass
+    if os.WIFSIGNALED(status):
+        return Outcome(ERROR, f"process killed by {signal.Signals(os.WTERMSIG(status)).name}")
+    return Outcome(ERROR, f"over {timeout:.0f} s")
+
+
 def _key(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 
@@ -378,13 +421,17 @@ def opinfos(patterns: list[str] | None):
     return out, missing
 
 
+COLUMNS = ("plain", "register", "replace")  # DTensor; + register(); + register(replace_refuted=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ops", nargs="*", help="glob(s) over OpInfo names, e.g. 'nn.functional.conv*' (default: all)")
     ap.add_argument("--samples", type=int, default=1, help="samples per OpInfo, first ones first (default 1)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per op and run (default 300)")
-    ap.add_argument("--replace-refuted", action="store_true", help="call register(replace_refuted=True)")
-    ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass both ways")
+    ap.add_argument("--no-replace", action="store_true", help="leave out the register(replace_refuted=True) column")
+    ap.add_argument("--in-process", action="store_true", help="run every op in this process (a crash ends the run)")
+    ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass every way")
     args = ap.parse_args(argv)
 
     import torch
@@ -394,36 +441,37 @@ def main(argv=None) -> int:
     from torch.testing._internal.common_utils import TestCase
 
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)  # each op runs in a forked child, which must not inherit a started thread pool
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
     dist.init_process_group("fake", rank=0, world_size=WORLD)
     tc = TestCase()
     found, missing = opinfos(args.ops)
-    t0 = time.perf_counter()
-    results: dict[str, dict] = {}
-    cases = []
+    run = run_case if args.in_process else run_isolated
+    columns = COLUMNS[:2] if args.no_replace else COLUMNS
+    results: dict[str, dict] = {_key(o): {} for o, _ in found}
+    times, reports = {}, {}
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = init_device_mesh("cpu", (WORLD,))
-        for o, float32 in found:
-            cases.append(build_case(o, args.samples) if float32 else None)
-        t_build = time.perf_counter()
-        for (o, _), case in zip(found, cases):
-            results[_key(o)] = {"plain": run_case(case, mesh, tc, args.timeout) if case else Outcome()}
-        t_plain = time.perf_counter()
-
+        t = time.perf_counter()
+        cases = [build_case(o, args.samples) if float32 else None for o, float32 in found]
+        times["samples"] = time.perf_counter() - t
         from metaspmd.backends.torch.dtensor_rules import register
 
-        kw = {"replace_refuted": True} if args.replace_refuted else {}
-        report = register(**kw)
-        for (o, _), case in zip(found, cases):
-            results[_key(o)]["register"] = run_case(case, mesh, tc, args.timeout) if case else Outcome()
-        t_reg = time.perf_counter()
+        for column in columns:
+            t = time.perf_counter()
+            if column != "plain":
+                reports[column] = register(replace_refuted=column == "replace")
+            for (o, _), case in zip(found, cases):
+                results[_key(o)][column] = run(case, mesh, tc, args.timeout) if case else Outcome()
+            times[column] = time.perf_counter() - t
 
-    _print_table(results, args.only_failing)
+    _print_table(results, columns, args.only_failing)
     print(f"\nOpInfos: {len(found)} from {len(ENTRIES)} entries"
           + (f" (not in this torch: {missing})" if missing else "")
           + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
-    print(f"register(): {report}{' (replace_refuted)' if kw else ''}")
-    print(f"time: samples {t_build - t0:.1f} s, plain {t_plain - t_build:.1f} s, register {t_reg - t_plain:.1f} s")
+    for column, report in reports.items():
+        print(f"{column}: register({'replace_refuted=True' if column == 'replace' else ''}) {report}")
+    print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return 0
 
 
@@ -439,23 +487,30 @@ def totals(results: dict, which: str) -> dict:
     return out
 
 
-def _print_table(results: dict, only_failing: bool) -> None:
+def _passes(o: Outcome) -> bool:
+    return o.verdict == PASS and o.bwd in (PASS, NONE)
+
+
+def _print_table(results: dict, columns: tuple, only_failing: bool) -> None:
     w = max([len(k) for k in results] + [10])
-    print(f"{'op':<{w}}  {'plain':<6} {'bwd':<6} {'register':<8} {'bwd':<6} note (register, else plain)")
+    head = "".join(f"{c:<9}{'bwd':<7}" for c in columns)
+    print(f"{'op':<{w}}  {head}note (last column that has one)")
     for k in sorted(results):
-        p, r = results[k]["plain"], results[k]["register"]
-        if only_failing and p.verdict == r.verdict == PASS and p.bwd in (PASS, NONE) and r.bwd in (PASS, NONE):
+        row = [results[k][c] for c in columns]
+        if only_failing and all(_passes(o) for o in row):
             continue
-        note = r.detail or r.bwd_detail or p.detail or p.bwd_detail
-        flags = ("W! " if r.wrong_anywhere else "") + ("REGRESSION " if p.verdict == PASS != r.verdict else "")
-        print(f"{k:<{w}}  {p.verdict:<6} {p.bwd:<6} {r.verdict:<8} {r.bwd:<6} {flags}{note}")
+        note = next((o.detail or o.bwd_detail for o in reversed(row) if o.detail or o.bwd_detail), "")
+        flags = ("W! " if any(o.wrong_anywhere for o in row[1:]) else "") + (
+            "REGRESSION " if any(row[0].verdict == PASS != o.verdict for o in row[1:]) else "")
+        cells = "".join(f"{o.verdict:<9}{o.bwd:<7}" for o in row)
+        print(f"{k:<{w}}  {cells}{flags}{note}")
     print()
-    tp, tr = totals(results, "plain"), totals(results, "register")
-    regress = sum(1 for r in results.values() if r["plain"].verdict == PASS != r["register"].verdict)
-    print(f"{'totals':<16} {'plain':>8} {'register':>9}")
-    for k in tp:
-        print(f"{k:<16} {tp[k]:>8} {tr[k]:>9}")
-    print(f"{'regressions':<16} {'':>8} {regress:>9}")
+    sums = {c: totals(results, c) for c in columns}
+    print(f"{'totals':<16}" + "".join(f"{c:>10}" for c in columns))
+    for k in sums[columns[0]]:
+        print(f"{k:<16}" + "".join(f"{sums[c][k]:>10}" for c in columns))
+    print(f"{'regressions':<16}{'':>10}" + "".join(
+        f"{sum(1 for r in results.values() if r['plain'].verdict == PASS != r[c].verdict):>10}" for c in columns[1:]))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ and DTensor's hand-written rules for the rest are already trusted by its users.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -27,7 +28,7 @@ from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, project
 
 from .catalog import exact_sizes, op_name, positional_names
 from .dtensor import dtensor_has_rule, to_dtensor_placements
-from .table import _SPEC_OPS, add_table, lookup, neighbour_rules, remove_table, table
+from .table import _SPEC_OPS, add_table, call_key, lookup, neighbour_rules, remove_table, table
 from .views import shards_rewrite_call
 
 
@@ -102,23 +103,168 @@ def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
     return strategies
 
 
+def _install(op: torch._ops.OpOverload, strategies) -> None:
+    """``strategies`` as DTensor's rule for ``op``. They follow the call's signature, values
+    included (a padding, a fill value), so every argument keys DTensor's cache of them;
+    ``register_sharding`` alone keys on tensors and int arguments only, and would hand a
+    call the strategies of another padding. An in-place op keeps self's placement, except
+    where a verified rule changes it in place (``fill_`` of a Partial(sum) self holds the
+    fill on every rank: Replicate)."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor.experimental import register_sharding
+
+    info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
+    p = DTensor._op_dispatcher.sharding_propagator
+    if op._schema.is_mutable:
+        p.register_op_strategy(op, partial(_inplace_strategy, op, strategies), info)
+    else:
+        register_sharding(op)(strategies)
+        p.op_to_schema_info[op] = info
+
+
+def _inplace_strategy(op: torch._ops.OpOverload, strategies, op_schema):
+    """register_sharding's expansion, with the in-place guard that fits a verified rule:
+    self is never redistributed (the op writes its storage), while its placement may
+    change as the rule says (DTensor's dispatcher re-specs self in place)."""
+    from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    def spec(x):
+        if isinstance(x, OpStrategy):
+            return x.strategies[0].output_spec
+        return tuple(spec(c) for c in x.children) if isinstance(x, TupleStrategy) else x
+
+    args = tuple(spec(a) for a in op_schema.args_schema)
+    kwargs = {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
+    rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
+    n_out = len(op._schema.returns)
+    expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
+    self_placements = args[0].placements
+    expanded.strategies = [s for s in expanded.strategies if s.input_specs[0].placements == self_placements]
+    return expanded
+
+
 @dataclass
 class RegisterReport:
     installed: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
+    replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
 
     def __str__(self) -> str:
-        return f"installed metaspmd rules for {len(self.installed)} ops; skipped {len(self.skipped)}"
+        replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
+        return f"installed metaspmd rules for {len(self.installed)} ops{replaced}; skipped {len(self.skipped)}"
 
 
-def register(ops: list[str] | None = None) -> RegisterReport:
-    """Install table rules into DTensor for ops it has no rule for; report what was done."""
+# DTensor 2.13 rules refuted on real DTensor (fake process group and LocalTensorMode,
+# against one device); tests/codegen/test_dtensor_register.py reproduces each.
+REFUTED = {
+    "aten.convolution.default":
+        "with a spatial dim of the input cut, DTensor's handler convolves each shard as it is, without the "
+        "neighbour's rows and without redistributing: wrong output shapes (conv1d/2d/3d, conv_transpose1d/2d/3d)",
+    "aten.convolution_backward.default":
+        "its handler runs the backward of the same shard-local convolution",
+    "aten.fill_.Scalar":
+        "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
+        "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",
+}
+
+
+def refuted(op: torch._ops.OpOverload) -> str:
+    """Why DTensor's own rule for ``op`` is not to be trusted, or ''."""
+    return REFUTED.get(op_name(op), "")
+
+
+_REPLACED: dict = {}  # op -> what DTensor had for it: (single-dim strategy, its schema info, legacy rule, handler)
+
+
+def _verified_fn(op: torch._ops.OpOverload):
+    """A strategy function for an op whose DTensor rule is replaced: all-Replicate, then the
+    verified strategies of the call. The table's where it has the call's signature; else
+    the call's own, found as ``parallelize`` finds a table miss's (neighbouring signatures'
+    rules verified at the call, or live ShardCombine, in a forked child, cached)."""
+    n_out = len(op._schema.returns)
+    found: dict = {}
+
+    def strategies(*args, **kwargs):
+        specs = _spec_leaves(args, kwargs)
+        out = [([Replicate()] * n_out, [Replicate()] * len(specs))]
+        try:
+            key = call_key((args, kwargs))
+            rules = found[key] if key in found else found.setdefault(key, _call_rules(op, args, kwargs))
+        except TypeError:  # an unhashable argument
+            rules = _call_rules(op, args, kwargs)
+        shapes = [tuple(a.shape) for a in specs]
+        by_label = {s.label: s for s in rules}
+        for s, ins, outs in _installable(op, rules):
+            if len(ins) == len(shapes) and len(outs) == n_out and cuts_line_up(s, shapes, by_label) \
+                    and (list(outs), list(ins)) not in out:
+                out.append((list(outs), list(ins)))
+        return out
+
+    return strategies
+
+
+def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...]:
+    found = lookup(op, args, kwargs)
+    if found is not None:
+        return found
+    specs = _spec_leaves(args, kwargs)
+    if any(not s.tensor_meta.dtype.is_floating_point for s in specs):
+        return ()  # stand-ins for positions or masks would be made up: replicate
+    from metaspmd.resolve import resolve_call
+
+    from .rules_at_runtime import call_of, live_exploration
+    from .tensor_ops import TorchOps
+
+    with _disable_current_modes():  # the rules are about the op, not the simulation running it
+        stand_in = torch.utils._pytree.tree_map(
+            lambda x: torch.randn(tuple(x.shape), dtype=x.tensor_meta.dtype) if isinstance(x, DTensorSpec) else x,
+            (list(args), kwargs))
+        try:
+            entry = resolve_call(op_name(op), call_of(op, tuple(stand_in[0]), stand_in[1]), TorchOps(), "torch",
+                                 RuleCache(), live_exploration())
+        except Exception:  # noqa: BLE001 -- no verified rule: everything replicated
+            return ()
+    return tuple(entry.all_strategies())
+
+
+def _replace(op: torch._ops.OpOverload) -> None:
+    """Put the verified strategies in place of DTensor's own rule for ``op``: its single-dim
+    strategy and legacy rule (looked up before any registered strategy) and its custom
+    handler (which runs before propagation) step aside, kept for ``unregister``."""
+    p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
+    _REPLACED[op] = (p.op_single_dim_strategy_funcs.pop(op, None),
+                     p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
+                     p.op_to_rules.pop(op, None), handlers.pop(op, None),
+                     p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
+    _install(op, _verified_fn(op))
+
+
+def _restore(op: torch._ops.OpOverload) -> None:
+    single, single_info, rule, handler, strategy, info = _REPLACED.pop(op)
+    p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
+    for table_, value in ((p.op_single_dim_strategy_funcs, single), (p.op_to_schema_info_for_single_dim_strategy,
+                          single_info), (p.op_to_rules, rule), (handlers, handler), (p.op_strategy_funcs, strategy),
+                          (p.op_to_schema_info, info)):
+        if value is None:
+            table_.pop(op, None)
+        else:
+            table_[op] = value
+
+
+def register(ops: list[str] | None = None, *, replace_refuted: bool = False) -> RegisterReport:
+    """Install table rules into DTensor for ops it has no rule for; report what was done.
+    ``replace_refuted``: also put verified strategies in place of DTensor's own rule for the
+    ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
+    redistributed instead of computed wrong."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    from torch.distributed.tensor.experimental import register_sharding
 
     report = RegisterReport()
     rules = table()
     for name in sorted(ops if ops is not None else rules.ops()):
+        if replace_refuted and name in REFUTED:
+            continue  # below
+
         entries = rules.entries(name)
         op = _resolve(name) if entries is not None else None
         if op is None:
@@ -138,8 +284,17 @@ def register(ops: list[str] | None = None) -> RegisterReport:
         if not any(_installable(op, ss) for ss in op_rules.values()):
             report.skipped[name] = _no_installable(op)
             continue
-        register_sharding(op)(_sharding_fn(op, op_rules))
+        _install(op, _sharding_fn(op, op_rules))
         report.installed.append(name)
+    if replace_refuted:
+        for name in sorted(REFUTED):
+            op = _resolve(name)
+            if ops is not None and name not in ops or op is None:
+                continue
+            if op not in _REPLACED:
+                _replace(op)
+            report.installed.append(name)
+            report.replaced.append(name)
     _clear_sharding_prop_cache()
     return report
 
@@ -156,7 +311,6 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     adds its signature to those installed for the op. A call of another signature keeps
     DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    from torch.distributed.tensor.experimental import register_sharding
 
     from metaspmd.resolve import resolve_call
 
@@ -178,7 +332,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
         report.skipped[name] = f"{_no_installable(op)} ({entry.reason or entry.status})"
         return report
     _EXPLORED.setdefault(op, {})[entry.signature] = strategies
-    register_sharding(op)(_sharding_fn(op, _EXPLORED[op]))
+    _install(op, _sharding_fn(op, _EXPLORED[op]))
     _clear_sharding_prop_cache()
     report.installed.append(name)
     return report
@@ -198,12 +352,15 @@ def unregister(report: RegisterReport) -> None:
     for name in report.installed:
         op = _resolve(name)
         _EXPLORED.pop(op, None)
+        if op in _REPLACED:
+            _restore(op)
+            continue
         p.op_strategy_funcs.pop(op, None)
         p.op_to_schema_info.pop(op, None)
     _clear_sharding_prop_cache()
 
 
 __all__ = [
-    "RegisterReport", "add_table", "dtensor_has_rule", "dtensor_placements", "lookup", "neighbour_rules", "register",
-    "register_op", "remove_table", "table", "unregister",
+    "REFUTED", "RegisterReport", "add_table", "dtensor_has_rule", "dtensor_placements", "lookup", "neighbour_rules",
+    "refuted", "register", "register_op", "remove_table", "table", "unregister",
 ]
