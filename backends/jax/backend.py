@@ -237,7 +237,12 @@ class JaxBackend:
 
     def __init__(self, max_cases: int = MAX_CASES, model_cases: int = MODEL_CASES):
         self.max_cases, self.model_cases = max_cases, model_cases
-        catalog()  # trace every program now (seconds): loading, not the first op, pays for it
+        catalog()  # reads the program index, built once per jax version and program sources
+
+    def prepare(self) -> None:
+        """Trace every program before any op's time limit starts (seconds): loading, not the
+        first op, pays for it. The sweep calls this in every worker."""
+        programs.index().trace_all()
 
     def tensor_ops(self) -> JaxOps:
         return JaxOps()

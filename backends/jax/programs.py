@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,9 @@ import numpy as np
 from jax._src import core
 
 from .program import Program  # re-exported: defined in a leaf module, see there
+
+if TYPE_CHECKING:
+    from .program_index import ProgramIndex
 
 # Call-like primitives whose body runs as it is: traced through, not cataloged as calls.
 INLINED = {"jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -91,27 +94,19 @@ def _trace(p: Program, seed: int) -> tuple[core.ClosedJaxpr, list]:
 
 
 @functools.lru_cache(maxsize=1)
-def index() -> dict[str, tuple[Occurrence, ...]]:
+def index() -> ProgramIndex:
     """Primitive name -> every equation of it in any program (programs that do not trace
-    are left out)."""
-    found: dict[str, list[Occurrence]] = {}
-    for i, p in enumerate(programs()):
-        try:
-            closed, _ = _trace(p, 0)
-        except Exception:
-            continue
-        for path, eqn in _walk(closed.jaxpr, ()):
-            occ = Occurrence(i, path, eqn.primitive.name, eqn.primitive, dict(eqn.params),
-                             tuple(v.aval for v in eqn.invars))
-            found.setdefault(occ.primitive, []).append(occ)
-    return {k: tuple(v) for k, v in found.items()}
+    are left out). Where those are is kept on disk between processes (``program_index``);
+    an entry's programs are traced when it is first read."""
+    from .program_index import load  # it imports this module
+
+    return load()
 
 
 def sources_of(primitive: str) -> list[str]:
     """Harness groups ('harness/<group>') and samples ('sample/<primitive>') whose jaxprs
     contain ``primitive``."""
-    ps = programs()
-    return sorted({ps[o.program].name.rsplit("/", 1)[0] for o in index().get(primitive, ())})
+    return sorted({name.rsplit("/", 1)[0] for name, _ in index().where(primitive)})
 
 
 # --------------------------------------------------------------------------- capture

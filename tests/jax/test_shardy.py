@@ -100,6 +100,10 @@ def test_scans_and_reversed_gathers_realise_permutation_factors_only():
     assert match(Factor("permutation", 6, ((0, 0),), ((0, 1),), ("rev",)), [strategy("scan(dim=0, op=sum)")]) is None
 
 
+# A cross-check process each (tens of seconds): the slow job. The CLI, Shardy's factors and
+# the jit run on devices stay in the default run (test_crosscheck_cli_on_a_subset), as do the
+# matching these rely on (permutation, Partial) and argreduce's collective.
+@pytest.mark.slow
 def test_scans_and_reversed_gathers_run_as_collectives_on_cpu_devices(tmp_path):
     """cumsum over a cut axis runs as local scans plus a carry of edge slices, rev as one
     collective permute: their strategies agree with Shardy's permutation factors and give
@@ -110,6 +114,7 @@ def test_scans_and_reversed_gathers_run_as_collectives_on_cpu_devices(tmp_path):
     assert " 0 failed" in jit and int(jit.split(" ok")[0]) >= 6, jit
 
 
+@pytest.mark.slow  # a cross-check process, see above
 def test_index_offsets_and_widened_halos_realise_shardy_factors(tmp_path):
     """scatter along an indexed operand dim: each shard offsets the positions by its start
     and the op drops the rest, so the operand gathers (run for real under jit + shard_map);
@@ -124,6 +129,7 @@ def test_index_offsets_and_widened_halos_realise_shardy_factors(tmp_path):
     assert " 0 failed" in jit, jit
 
 
+@pytest.mark.slow  # a cross-check process, see above
 def test_arg_reductions_xor_and_identity_inits_realise_reduction_factors(tmp_path):
     """argmax over a cut axis: each device's (value, position) pair, all-gathered, names the
     winner (run for real under jit + shard_map); reduce_xor folds by xor; reduce with its

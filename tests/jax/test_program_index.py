@@ -1,0 +1,113 @@
+"""The program index is kept on disk: a second process reads it instead of tracing every
+program, an entry's equations are the ones tracing gives, and a corrupt or stale file is
+rebuilt."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+
+
+def _where(index) -> dict:
+    return {p: [[name, list(path)] for name, path in index.where(p)] for p in sorted(index)}
+
+
+def _calls(index, primitive) -> list:
+    from metaspmd.backends.jax import programs
+
+    return [[programs.programs()[o.program].name, list(o.path), repr(o.params), repr(o.in_avals)] for o in index[primitive]]
+
+
+_READ = """
+import json, sys
+from metaspmd.backends.jax import enable_x64
+enable_x64()
+from metaspmd.backends.jax import program_index, programs
+
+def build():
+    raise AssertionError("traced every program instead of reading the file")
+
+program_index.build = build
+index = program_index.load()
+calls = [[programs.programs()[o.program].name, list(o.path), repr(o.params), repr(o.in_avals)] for o in index["tile"]]
+where = {p: [[name, list(path)] for name, path in index.where(p)] for p in sorted(index)}
+print(json.dumps({"where": where, "tile": calls}))
+"""
+
+
+def test_a_second_process_reads_the_file_and_traces_only_what_it_reads(backend, tmp_path):
+    from metaspmd.backends.jax import program_index, programs
+
+    index = programs.index()
+    program_index.write(program_index.cache_path(tmp_path), {p: index.where(p) for p in index})
+    env = dict(os.environ, METASPMD_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _READ], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout)
+    assert theirs["where"] == _where(index)
+    assert theirs["tile"] == _calls(index, "tile") and theirs["tile"]  # same equations, same params
+
+
+@pytest.fixture
+def few_programs(monkeypatch):
+    """Only the sample programs (a second to trace, not every harness)."""
+    from metaspmd.backends.jax import programs
+
+    few = tuple(p for p in programs.programs() if p.name.startswith("sample/"))
+    monkeypatch.setattr(programs, "programs", lambda: few)
+    return few
+
+
+def test_a_missing_corrupt_or_stale_file_is_rebuilt(backend, tmp_path, few_programs):
+    from metaspmd.backends.jax import program_index
+
+    path = program_index.cache_path(tmp_path)
+    built = []
+
+    def load():
+        built.clear()
+        return program_index.load(tmp_path, log=built.append)
+
+    first = load()
+    assert built and program_index.read(path) == {p: first.where(p) for p in first}
+    assert load().where("tile") == first.where("tile") and not built  # read, not traced
+    good = path.read_bytes()
+    for bad in (b"not gzip", good[: len(good) // 2], gzip.compress(b"[1, 2]"), gzip.compress(b'{"format": 0}')):
+        path.write_bytes(bad)
+        again = load()
+        assert built, bad[:20]
+        assert {p: again.where(p) for p in again} == {p: first.where(p) for p in first}
+        assert path.read_bytes() == good  # the same file, written again
+
+    # a path the programs no longer have at that primitive: found when the entry is read,
+    # and the file is traced again (its name records the sources, so only a jax change
+    # that keeps the version could do this)
+    other = next(p for p in sorted(first) if p != "tile" and first.where(p) != first.where("tile"))
+    body = json.loads(gzip.decompress(good))
+    body["where"]["tile"], body["where"][other] = body["where"][other], body["where"]["tile"]
+    path.write_bytes(gzip.compress(json.dumps(body).encode()))
+    swapped = load()
+    assert not built and swapped.where("tile") == first.where(other)
+    assert [o.path for o in swapped["tile"]] == [o.path for o in first["tile"]]
+    assert path.read_bytes() == good
+
+
+def test_the_file_name_changes_with_the_program_sources_and_float64(backend, tmp_path, monkeypatch):
+    import jax
+
+    from metaspmd.backends.jax import program_index
+
+    path = program_index.cache_path(tmp_path)
+    monkeypatch.setattr(program_index, "_digest", lambda: "another")
+    assert program_index.cache_path(tmp_path) != path
+    monkeypatch.undo()
+    jax.config.update("jax_enable_x64", False)
+    try:
+        assert program_index.cache_path(tmp_path) != path
+    finally:
+        jax.config.update("jax_enable_x64", True)
