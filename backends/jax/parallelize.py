@@ -29,6 +29,7 @@ from metaspmd.target import JAX_PLAN
 
 from .capture import Captured, capture, read_atom
 from .rules_at_runtime import node_call, without_literals
+from .shared_plan import one_plan
 from .shardings import named_sharding, placements_of
 from .tensor_ops import JaxOps
 
@@ -188,7 +189,9 @@ class JaxRuntime:
         pinned.update(named_constraints(names, captured.ir, given, lambda p: placements_of(self.mesh, p)))
         return pinned
 
-    one_plan = staticmethod(runtime.one_process)  # one process plans for itself
+    def one_plan(self, solve):
+        # under jax.distributed, the first process plans for every process (see shared_plan)
+        return one_plan(self.mesh, solve)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
         return Parallelized(captured, plan, stats, mesh, self.params)

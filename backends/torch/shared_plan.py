@@ -4,18 +4,18 @@ Each rank could plan for itself, but a time-limited ILP solve stops wherever the
 finds it, and ranks that keep different answers issue different collectives and wait on
 each other forever (4 gloo ranks on a loaded machine did). So the rank at the mesh's
 origin solves, and the plan (or the error that stopped it) travels to every rank along
-the mesh's own dimension groups.
+the mesh's own dimension groups (metaspmd.shared_plan).
 """
 
 from __future__ import annotations
 
-import pickle
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from metaspmd import planner
+from metaspmd.shared_plan import outcome_plan, solve_outcome
 
 
 def planning_processes(mesh: DeviceMesh) -> bool:
@@ -31,12 +31,7 @@ def one_plan(mesh: DeviceMesh, solve: Callable[[], planner.Plan]) -> planner.Pla
     if not planning_processes(mesh):
         return solve()
     here = mesh.get_coordinate()
-    box: list = [None]
-    if not any(here):
-        try:
-            box[0] = ("plan", solve())
-        except Exception as e:  # every rank raises it, rather than waiting for a plan
-            box[0] = ("raised", _portable(e))
+    box = [solve_outcome(solve) if not any(here) else None]
     # Dimension by dimension from the origin: after dim d, every rank whose coordinates past
     # d are all 0 holds the plan, so each source along d+1 already has it.
     for d in range(mesh.ndim):
@@ -44,20 +39,7 @@ def one_plan(mesh: DeviceMesh, solve: Callable[[], planner.Plan]) -> planner.Pla
         index[d] = 0
         src = int(mesh.mesh[tuple(index)])
         dist.broadcast_object_list(box, src=src, group=mesh.get_group(d))
-    kind, value = box[0]
-    if kind == "raised":
-        raise value
-    return value
-
-
-def _portable(error: Exception) -> Exception:
-    """``error``, or a PlannerError saying the same where it does not survive pickling (a
-    rank that cannot unpickle it would fail alone, and leave the others waiting)."""
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return planner.PlannerError(f"{type(error).__name__}: {error}")
+    return outcome_plan(box[0])
 
 
 __all__ = ["one_plan", "planning_processes"]
