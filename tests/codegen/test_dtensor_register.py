@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 from metaspmd import placement as mp  # noqa: E402
 from metaspmd import spec as spec_  # noqa: E402
-from metaspmd.backends.torch import dtensor_rules, get_backend  # noqa: E402
+from metaspmd.backends.torch import dtensor_rules, get_backend, table  # noqa: E402
 from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
@@ -249,8 +249,8 @@ def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
     op = torch.ops.aten.gather.default
     same = (spec((4, 6), torch.float32), 0, spec((4, 6), torch.int64))
     narrow = (spec((4, 6), torch.float32), 0, spec((4, 4), torch.int64))
-    sig = signature(dtensor_rules._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
-    assert sig == signature(dtensor_rules._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
+    sig = signature(table._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
+    assert sig == signature(table._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
     columns = spec_.Strategy("S1", (spec_.ShardIn(1), spec_.ShardIn(1)), (spec_.OutputCombine.parse("gather(dim=1)"),))
     strategies = dtensor_rules._sharding_fn(op, {sig: (columns,)})
     assert [ins for _, ins in strategies(*same)] == [[Replicate(), None, Replicate()], [Shard(1), None, Shard(1)]]

@@ -595,7 +595,7 @@ def test_every_view_whose_shards_run_a_rewritten_call_says_so():
 def test_reshapes_are_keyed_by_their_exact_sizes():
     """view of [2, 3, 4] as [6, 4] merges dims 0 and 1; of [4, 3, 2] it cannot: one key
     for both would give the second the first's rules."""
-    from metaspmd.backends.torch import dtensor_rules
+    from metaspmd.backends.torch import table
     from metaspmd.backends.torch.backend import torch_case
     from metaspmd.backends.torch.tensor_ops import TorchOps
 
@@ -611,7 +611,7 @@ def test_reshapes_are_keyed_by_their_exact_sizes():
         cuts.append({s.inputs[0].dim for s in entry.strategies() if isinstance(s.inputs[0], ShardIn)})
     assert cuts == [{0, 1, 2}, set()]  # dim 1 of [2, 3, 4] in blocks of 2; [4, 3, 2] splits no dim onto 6
     # the table and DTensor's registered rules look reshapes up by the same exact key
-    assert dtensor_rules.op_info(view).exact_sizes and not dtensor_rules.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
+    assert table.op_info(view).exact_sizes and not table.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
     flat = samples.call_signature(torch.ops.aten.flatten.using_ints, (torch.randn(2, 3, 4), 0, 1), {})
     assert flat == "self:f[*,*,*] start_dim=0 end_dim=1"
     # _reshape_copy is a reshape of its own, not the _copy form of a view named _reshape
@@ -628,12 +628,12 @@ def test_reshapes_are_keyed_by_their_exact_sizes():
 def test_a_convolution_is_keyed_by_its_kernel_extent():
     """The halo is the kernel's extent: the weight's dims after its two channel dims (the
     first of conv_tbc's) are written out; the channels stay size-free."""
-    from metaspmd.backends.torch import dtensor_rules
+    from metaspmd.backends.torch import table
 
     conv = torch.ops.aten.convolution.default
     args = (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 5), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     assert samples.call_signature(conv, args, {}).startswith("input:f[*,*,*,*] weight:f[*,*,3,5] bias=None ")
-    assert dtensor_rules.op_info(conv).exact_sizes == {"weight": slice(2, None)}
+    assert table.op_info(conv).exact_sizes == {"weight": slice(2, None)}
     tbc = samples.call_signature(torch.ops.aten.conv_tbc.default, (torch.randn(5, 2, 3), torch.randn(3, 3, 4), torch.randn(4), 1), {})
     assert tbc == "self:f[*,*,*] weight:f[3,*,*] bias:f[*] pad=1"
 

@@ -538,7 +538,7 @@ def test_worker_processes_print_nothing_into_the_report(capfd):
 
 
 def test_lookup_ignores_default_arguments_and_memory_format():
-    from metaspmd.backends.torch.dtensor_rules import lookup, normalize, op_info
+    from metaspmd.backends.torch.table import lookup, normalize, op_info
 
     info = op_info(torch.ops.aten.sum.dim_IntList)
     assert normalize("self:f[*,*] dim=[1] keepdim=False", info.defaults) == "self:f[*,*] dim=[1]"
