@@ -33,7 +33,7 @@ _DIM_ARG_RE = re.compile(r"^(halo|scale|extend)=([1-9][0-9]*)$|^(local)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
     r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
-    r"(?:, block=([2-9]|[1-9][0-9]+))?(?:, overlap=([1-9][0-9]*))?(, reverse=true)?\)$"
+    r"(?:, block=([2-9]|[1-9][0-9]+))?(?:, overlap=([1-9][0-9]*))?(, reverse=true)?(, even=true)?\)$"
 )
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
 _SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
@@ -77,6 +77,11 @@ class Gather:
     ends, and the overlapping elements are summed (a transposed convolution or a pooling
     backward whose windows cross a shard boundary): Shard(dim) after each rank adds the
     tail it sends to the next rank, one neighbour exchange.
+    ``even``: a plain concatenation that holds only where every dim the strategy cuts, the
+    inputs' and this output's ``dim``, divides by the shard count (a reshape that splits a
+    cut dim: [8, 256] as [8, 4, 64] cut along its 256 keeps whole heads only where the
+    shard count divides 4). Shard(dim) to a planner that cuts every dim evenly, nothing to
+    a table consulted for any shape.
     """
 
     dim: int
@@ -85,6 +90,7 @@ class Gather:
     halo_end: int | None = None
     reverse: bool = False
     overlap: int = 0
+    even: bool = False
 
     def __post_init__(self) -> None:
         if self.halo_end is None:
@@ -96,12 +102,15 @@ class Gather:
             raise SpecError(f"a reversed gather(dim={self.dim}) takes no halo or block")
         if self.overlap and (self.halo or self.halo_end or self.block > 1 or self.reverse):
             raise SpecError(f"an overlapping gather(dim={self.dim}) takes no halo, block or reverse")
+        if self.even and (self.halo or self.halo_end or self.block > 1 or self.reverse or self.overlap):
+            raise SpecError(f"an even gather(dim={self.dim}) is a plain concatenation: no halo, block, overlap or "
+                            "reverse")
 
     @property
     def plain(self) -> bool:
-        """A plain concatenation: what Shard(dim) means to DTensor and jax."""
+        """A plain concatenation on any split: what Shard(dim) means to DTensor and jax."""
         return (self.halo == 0 and self.halo_end == 0 and self.block == 1 and not self.reverse
-                and not self.overlap)
+                and not self.overlap and not self.even)
 
     def __str__(self) -> str:
         if self.halo == self.halo_end:
@@ -110,7 +119,8 @@ class Gather:
             halo = f", halo=({self.halo}, {self.halo_end})"
         block = f", block={self.block}" if self.block > 1 else ""
         overlap = f", overlap={self.overlap}" if self.overlap else ""
-        return f"gather(dim={self.dim}{halo}{block}{overlap}" + (", reverse=true)" if self.reverse else ")")
+        return (f"gather(dim={self.dim}{halo}{block}{overlap}" + (", reverse=true" if self.reverse else "")
+                + (", even=true)" if self.even else ")"))
 
 
 @dataclass(frozen=True)
@@ -211,8 +221,10 @@ def parse_combine(text: str) -> Combine:
         if m[3] is not None:
             if m[3] == m[4]:  # one spelling per combine: equal sides are written halo=H
                 raise SpecError(f"bad combine {text!r} (write halo={m[3]} for equal sides)")
-            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]), reverse=bool(m[7]), overlap=int(m[6] or 0))
-        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1), reverse=bool(m[7]), overlap=int(m[6] or 0))
+            return Gather(int(m[1]), int(m[3]), int(m[5] or 1), int(m[4]), reverse=bool(m[7]), overlap=int(m[6] or 0),
+                          even=bool(m[8]))
+        return Gather(int(m[1]), int(m[2] or 0), int(m[5] or 1), reverse=bool(m[7]), overlap=int(m[6] or 0),
+                      even=bool(m[8]))
     m = _REDUCE_RE.match(s)
     if m:
         return Reduce(m[1])
@@ -226,7 +238,8 @@ def parse_combine(text: str) -> Combine:
     if m:
         return GatherPositions(int(m[1]), None if m[2] is None else int(m[2]))
     raise SpecError(
-        f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, overlap=K][, reverse=true]), "
+        f"bad combine {text!r} (expected gather(dim=D[, halo=H | halo=(H, H2)][, block=B][, overlap=K][, reverse=true]"
+        "[, even=true]), "
         "gather(dim=D, positions[=C]), reduce(OP), scan(dim=D, op=OP[, reverse=true]), argreduce(OP, input=I) or identity)"
     )
 
@@ -234,7 +247,7 @@ def parse_combine(text: str) -> Combine:
 def combine_order(c: Combine) -> tuple:
     """A total order on combines, for deterministic output."""
     if isinstance(c, Gather):
-        return (0, c.dim, c.halo, c.halo_end, c.block, c.reverse, c.overlap)
+        return (0, c.dim, c.halo, c.halo_end, c.block, c.reverse, c.overlap, c.even)
     if isinstance(c, Identity):  # Replicate output: cheaper for a planner than Partial
         return (1, 0, 0, 0, 0, 0, 0)
     if isinstance(c, Scan):  # no placement: last

@@ -12,9 +12,9 @@ Targets differ in what their runtime finishes by itself:
 
 - DTensor (``DTENSOR_REGISTER``, ``DTENSOR_PLAN``) runs plain placements only. A table
   installed with ``register_sharding`` is consulted for any shape, and DTensor cuts uneven
-  sizes as ``torch.chunk`` does, so a ``reduce(avg)`` output (which holds on equal shards
-  only) is left out there; a plan knows every shape and cuts evenly (the planner's strict
-  mode), so it keeps avg. ``norm2`` is DTensor's ``_NormPartial(2)``: ``register`` may
+  sizes as ``torch.chunk`` does, so a ``reduce(avg)`` output and an even gather (a reshape
+  that splits a cut dim), which hold on equal shards only, are left out there; a plan knows
+  every shape and cuts evenly (the planner's strict mode), so it keeps both. ``norm2`` is DTensor's ``_NormPartial(2)``: ``register`` may
   leave an output in it, the planner's cost model has no such reduction.
 - JAX under ``jit`` (``JAX_PLAN``) has Shardy and GSPMD behind it: positions along a cut
   reduced dim (argreduce), positions offset by each shard's start (gather and scatter into
@@ -45,7 +45,10 @@ class Target:
     (DTensor's vocab-parallel embedding); ``local_params``: a slice, split or pad of a cut
     dim, the framework evening out the pieces; ``halos``: a window op's input read past its
     shard's ends, the framework exchanging the edge rows; ``fill_ops``: ops that, given only
-    scalars, the framework computes in place under any output placement."""
+    scalars, the framework computes in place under any output placement; ``even_shards``:
+    every call is planned with its shapes known and cut evenly, so a strategy that holds
+    only where each dim it cuts divides by the shard count (``gather(dim, even=true)``) is
+    run, and the planner keeps it where the call's dims divide."""
 
     name: str
     input_reduce_ops: frozenset[str]
@@ -56,6 +59,7 @@ class Target:
     local_params: bool = False
     halos: bool = False
     fill_ops: frozenset[str] = frozenset()
+    even_shards: bool = False
 
 
 # The reductions a planned value may be left in: c10d's (DTensor) and XLA's all-reduces.
@@ -71,10 +75,11 @@ DTENSOR_REGISTER = Target(
     "DTensor register_sharding", frozenset({"sum", "avg", "max", "min"}), frozenset({"sum", "max", "min", "norm2"}),
     masked_ops=_DTENSOR_MASKED,
 )
-DTENSOR_PLAN = Target("DTensor plan", _PLANNED_INPUT_REDUCES, _PLANNED_OUTPUT_REDUCES, masked_ops=_DTENSOR_MASKED)
+DTENSOR_PLAN = Target("DTensor plan", _PLANNED_INPUT_REDUCES, _PLANNED_OUTPUT_REDUCES, masked_ops=_DTENSOR_MASKED,
+                      even_shards=True)
 JAX_PLAN = Target(
     "JAX plan", _PLANNED_INPUT_REDUCES, _PLANNED_OUTPUT_REDUCES, arg_reduce=True, index_offset=True,
-    local_params=True, halos=True, fill_ops=frozenset({"jax.broadcast_in_dim", "jax.iota"}),
+    local_params=True, halos=True, fill_ops=frozenset({"jax.broadcast_in_dim", "jax.iota"}), even_shards=True,
 )
 JAX_PARTITION = Target(
     "JAX custom_partitioning", frozenset({"sum"}), frozenset({"sum"}), arg_reduce=True, index_offset=True,
@@ -86,12 +91,14 @@ JAX_PARTITION = Target(
 class AxisStrategy:
     """A rule strategy projected onto a target: one placement per tensor input and output.
     ``exchange``: the framework moves data between the axis's shards to run it (local
-    params, halos)."""
+    params, halos); ``even``: it holds only where every cut dim, inputs' and outputs',
+    divides by the shard count (an even gather), which the planner checks per call."""
 
     label: str
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
     exchange: bool = False
+    even: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,12 +151,24 @@ _RANK_IDENTITY, _RANK_GATHER, _RANK_HALO, _RANK_SUM, _RANK_REDUCE, _RANK_ARG = r
 def output_placement(c: spec.OutputCombine, target: Target) -> tuple[Placement | None, bool]:
     """The best runnable combine of one output (None: none runs here), and whether it
     drops halos."""
+    best, _, halo = _output_option(c, target)
+    return best, halo
+
+
+def _output_option(c: spec.OutputCombine, target: Target) -> tuple[Placement | None, spec.Combine | None, bool]:
+    """The best runnable combine of one output as a placement, the combine itself, and
+    whether it drops halos."""
     best: Placement | None = None
+    chosen: spec.Combine | None = None
     rank, halo = 99, False
     for option in c.options:
         dropped = False
         if isinstance(option, spec.Identity):
             p, r = REPLICATE, _RANK_IDENTITY
+        elif isinstance(option, spec.Gather) and option.even:
+            if not target.even_shards:
+                continue
+            p, r = Shard(option.dim), _RANK_GATHER
         elif isinstance(option, spec.Gather):
             dropped = not option.plain
             if dropped and not (target.halos and _halo_dropped(option)):
@@ -161,9 +180,13 @@ def output_placement(c: spec.OutputCombine, target: Target) -> tuple[Placement |
             p, r = Partial("arg" + option.op), _RANK_ARG
         else:
             continue
-        if r < rank:
-            best, rank, halo = p, r, dropped
-    return best, halo
+        if r < rank or (r == rank and chosen is not None and _even(chosen) and not _even(option)):
+            best, chosen, rank, halo = p, option, r, dropped  # a gather on any split beats an even one
+    return best, chosen, halo
+
+
+def _even(c: spec.Combine) -> bool:
+    return isinstance(c, spec.Gather) and c.even
 
 
 def project(s: spec.Strategy, target: Target, op: str = "") -> AxisStrategy | Refusal:
@@ -175,27 +198,37 @@ def project(s: spec.Strategy, target: Target, op: str = "") -> AxisStrategy | Re
         if isinstance(placed, str):
             return Refusal(s.label, f"{target.name}: input {i}: {placed}")
         ins.append(placed)
-    chosen = [output_placement(c, target) for c in s.outputs]
-    for j, (p, _) in enumerate(chosen):
+    options = [_output_option(c, target) for c in s.outputs]
+    for j, (p, _, _) in enumerate(options):
         if p is None:
-            return Refusal(s.label, f"{target.name}: output {j}: no combine of {s.outputs[j]} runs here")
+            why = " (it holds on even cuts only)" if any(_even(c) for c in s.outputs[j].options) else ""
+            return Refusal(s.label, f"{target.name}: output {j}: no combine of {s.outputs[j]} runs here{why}")
+    chosen = [(p, halo) for p, _, halo in options]
     outs = tuple(p for p, _ in chosen)
     local = any(_local(p) for p in s.inputs)
     if local and not all(isinstance(p, Shard) for p in outs):
         # the framework evens out a slice's pieces; unstack's held pieces are no Shard
         return Refusal(s.label, f"{target.name}: a slice of a cut dim must give cut outputs")
     exchange = local or any(_halo(p) for p in s.inputs) or any(dropped for _, dropped in chosen)
-    return AxisStrategy(s.label, tuple(ins), outs, exchange)  # type: ignore[arg-type]
+    even = any(_even(c) for _, c, _ in options)
+    return AxisStrategy(s.label, tuple(ins), outs, exchange, even)  # type: ignore[arg-type]
 
 
 def projections(rules: Iterable[spec.Strategy], target: Target, op: str = "") -> list[AxisStrategy]:
-    """The rule strategies the target runs, projected, duplicates (same placements) dropped."""
-    out, seen = [], set()
+    """The rule strategies the target runs, projected, duplicates (same placements) dropped:
+    one that holds on any split stands for an even-only one of the same placements."""
+    out: list[AxisStrategy] = []
+    seen: dict[tuple, int] = {}
     for s in rules:
         a = project(s, target, op)
-        if a and (a.inputs, a.outputs) not in seen:
-            seen.add((a.inputs, a.outputs))
+        if not a:
+            continue
+        key = (a.inputs, a.outputs)
+        if key not in seen:
+            seen[key] = len(out)
             out.append(a)
+        elif out[seen[key]].even and not a.even:
+            out[seen[key]] = a
     return out
 
 

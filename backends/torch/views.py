@@ -119,7 +119,8 @@ def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[lis
 def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
     """Input dims a reshape keeps shardable: the leading non-1 dim of a group that merges
     into (or equals) one non-1 output dim. Sharding that dim shards the output dim in order,
-    whatever the shard sizes; a dim split into several outputs would need even shards."""
+    whatever the shard sizes; a dim split into several outputs needs even shards
+    (``reshape_even_mapping``)."""
     if 0 in src or 0 in dst:
         return {}
     mapping = {}
@@ -127,6 +128,24 @@ def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int
         ins = [d for d in gi if src[d] != 1]
         outs = [o for o in gj if dst[o] != 1]
         if ins and len(outs) == 1:
+            mapping[ins[0]] = outs[0]
+    return mapping
+
+
+def reshape_even_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
+    """Input dims a reshape keeps shardable on even cuts only: the leading non-1 dim of a
+    group that splits into several non-1 output dims ([8, 256] as [8, 4, 64]; [6, 4] as
+    [4, 6]) maps onto the group's leading non-1 output dim. A cut into n equal shards is n
+    equal runs of the group's elements, and those are n equal runs of output rows exactly
+    where n divides that output dim too: gather(dim=o, even=true), DTensor's view rule for
+    a split. With every size known to the planner, it keeps the cut where both divide."""
+    if 0 in src or 0 in dst:
+        return {}
+    mapping = {}
+    for gi, gj in reshape_groups(src, dst):
+        ins = [d for d in gi if src[d] != 1]
+        outs = [o for o in gj if dst[o] != 1]
+        if ins and len(outs) > 1 and math.gcd(src[ins[0]], dst[outs[0]]) > 1:
             mapping[ins[0]] = outs[0]
     return mapping
 
@@ -151,12 +170,14 @@ def reshape_block_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[in
     return out
 
 
-def _with_blocks(mapping: dict[int, int], blocks: dict[int, tuple[int, int]], shape: tuple[int, ...]) -> tuple[Candidate, ...]:
-    """The plain gathers of ``mapping`` and the block gathers of ``blocks``."""
+def _with_blocks(mapping: dict[int, int], blocks: dict[int, tuple[int, int]], shape: tuple[int, ...],
+                 even: dict[int, int] | None = None) -> tuple[Candidate, ...]:
+    """The plain gathers of ``mapping``, the block gathers of ``blocks`` and the even
+    gathers of ``even``."""
     return _single(mapping, shape) + tuple(
         ((ShardIn(d),), (OutputCombine((Gather(o, block=block),)),))
         for d, (o, block) in sorted(blocks.items()) if shape[d] >= 2
-    )
+    ) + tuple(((ShardIn(d),), (OutputCombine((Gather(o, even=True),)),)) for d, o in sorted((even or {}).items()))
 
 
 def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...], mapping: dict[int, int]):
@@ -171,7 +192,9 @@ def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...],
             if d not in mapping:
                 raise ValueError(f"dim {d} of the input cannot be sharded through this reshape")
             o = mapping[d]
-            size[o] = dst[o] // full * local
+            if dst[o] * local % full:  # a split dim cut unevenly: no whole output rows
+                raise ValueError(f"a shard of {local} of dim {d}'s {full} is no whole part of output dim {o}")
+            size[o] = dst[o] * local // full
         args, kwargs = _with_arg(func, tuple(args), dict(kwargs), size_arg, size)
         return func(*args, **kwargs)
 
@@ -183,10 +206,10 @@ def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...],
 
 def _reshape(func, x, args, kwargs):
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
-    mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
-    sizes = {**mapping, **{d: o for d, (o, _) in blocks.items()}}  # both rewrite the output size alike
+    mapping, blocks, even = reshape_mapping(src, dst), reshape_block_mapping(src, dst), reshape_even_mapping(src, dst)
+    sizes = {**mapping, **{d: o for d, (o, _) in blocks.items()}, **even}  # all rewrite the output size alike
     size_arg = "size" if "size" in bound_args(func, args, kwargs) else "shape"
-    return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src))
+    return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src, even))
 
 
 def _resize(func, x, args, kwargs):
@@ -204,26 +227,28 @@ def _resize(func, x, args, kwargs):
 
 def _flatten_like(func, x, args, kwargs):
     # flatten/unflatten take dims, not the sizes of the other dims: a shard runs the op as is,
-    # but unflatten's explicit sizes pin the dim it splits. Where one of them is not 1
-    # (unflatten(0, [1, 6])), a shard gives that one as -1; otherwise the dim is left out.
+    # but unflatten's explicit sizes pin the dim it splits. A shard gives the first of them
+    # that is not 1 as -1: where it is the only one (unflatten(0, [1, 6])) the cut dim maps
+    # onto it on any cut; where others follow (unflatten(2, [4, 64])), on even cuts only.
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
-    mapping, blocks = reshape_mapping(src, dst), reshape_block_mapping(src, dst)
+    mapping, blocks, even = reshape_mapping(src, dst), reshape_block_mapping(src, dst), reshape_even_mapping(src, dst)
     b = bound_args(func, args, kwargs)
     if "sizes" not in b:
-        return ViewRule(func, _with_blocks(mapping, blocks, src))
+        return ViewRule(func, _with_blocks(mapping, blocks, src, even))
     dim, sizes = _norm(b["dim"], x.dim()), list(b["sizes"])
     blocks.pop(dim, None)
     free = [k for k, size in enumerate(sizes) if size != 1]
-    if len(free) != 1:
+    if not free:
         mapping.pop(dim, None)
-        return ViewRule(func, _with_blocks(mapping, blocks, src))
+        even.pop(dim, None)
+        return ViewRule(func, _with_blocks(mapping, blocks, src, even))
     local_sizes = sizes[: free[0]] + [-1] + sizes[free[0] + 1:]
 
     def fn(*args, **kwargs):
         args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "sizes", local_sizes)
         return func(*args, **kwargs)
 
-    return ViewRule(fn, _with_blocks(mapping, blocks, src))
+    return ViewRule(fn, _with_blocks(mapping, blocks, src, even))
 
 
 def _permute_like(func, x, args, kwargs):
@@ -537,5 +562,5 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
         return None  # an unusual call: let the explorer treat it as an ordinary op
 
 
-__all__ = ["ViewRule", "derive", "is_view_like", "local_sizes", "reshape_block_mapping", "reshape_groups",
-           "reshape_mapping", "shards_rewrite_call", "view_base"]
+__all__ = ["ViewRule", "derive", "is_view_like", "local_sizes", "reshape_block_mapping", "reshape_even_mapping",
+           "reshape_groups", "reshape_mapping", "shards_rewrite_call", "view_base"]

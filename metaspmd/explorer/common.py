@@ -44,6 +44,10 @@ UNINFORMATIVE = "uninformative"
 # rebuild an output; and the most equal shards tried instead (a dim of prime size p > 8 has none).
 AVG_UNTRIED = "avg untried"
 MAX_EVEN_SHARDS = 8
+# Shard counts an even gather (a rule that holds where every cut dim divides by the count)
+# is verified on: every divisor of the cut dims' common length, up to this many, and that
+# length itself (each shard one element): the rule is claimed for each of them.
+MAX_EVEN_COUNTS = 12
 # Standard deviations of the random summands of a Partial(sum) input, by trial. Summands
 # far larger than the data cross thresholds the data never reaches (threshold_backward's
 # 5.3, bucketize's 2), where a predicate of a sum stops being the sum of the predicates.
@@ -67,6 +71,7 @@ class ExploreConfig:
     offset: bool = True  # integer inputs offset by each shard's start (gather/scatter indices)
     follow: bool = True  # a dim of another input cut in proportion to a failed group
     local: bool = True  # the op's params re-based to each shard (slice bounds, split sizes, padding)
+    even: bool = True  # a failed plain cut as a gather on even cuts only, where every size is pinned
     max_partial_inputs: int = 4  # all subsets up to this many float inputs, else singletons + all
     # Runs each op call (Isolation.run): a call that crashes its process then fails
     # as an op error would, rejecting its candidate only.
@@ -221,6 +226,21 @@ def group_of(placements: Sequence[InputPlacement]) -> Group:
     if len(ops) > 1:
         raise ValueError(f"one Partial op per strategy, not {sorted(ops)}")
     return Group(dims, partial, follow=follow, partial_op=ops.pop() if ops else "sum", local=local)
+
+
+def even_gather(c) -> bool:
+    """A gather that holds on even cuts only (``Gather.even``)."""
+    return isinstance(c, Gather) and c.even
+
+
+def even_counts(sizes: Sequence[int]) -> list[int]:
+    """The shard counts an even rule cutting dims of ``sizes`` is verified on (see
+    MAX_EVEN_COUNTS): 2 and 4 first where they divide."""
+    common = int(np.gcd.reduce(np.array(sizes, dtype=np.int64))) if sizes else 0
+    divisors = [n for n in range(2, common + 1) if common % n == 0]
+    first = [n for n in (2, 4) if n in divisors]
+    counts = first + [n for n in divisors if n not in first][: max(0, MAX_EVEN_COUNTS - len(first))]
+    return counts + ([common] if divisors and common not in counts else [])
 
 
 def sized_gather(c) -> bool:

@@ -13,7 +13,7 @@ from ..case import Backend, NoSample, OpCase, Skip
 from ..rules import OpRecord, RuleEntry, Verification, make_record
 from ..signature import signature
 from ..spec import (
-    Combine, Group, IndependentSpec, InputPlacement, OutputCombine, Replicate, tables_from_strategies,
+    Combine, Gather, Group, IndependentSpec, InputPlacement, OutputCombine, Replicate, tables_from_strategies,
 )
 from ..tensor_ops import TensorOps
 from .baseline import Baseline, Verdict, draw_baseline
@@ -174,8 +174,16 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
             if (self.config.follow and not case.randomness.random and not self.fixed
                     and not any(h for _, _, h in group.dims)):
                 follow = self._follow_groups(group, parts)
-                any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(
-                    follow, accept, accept.n_inputs)
+                if any(accept(g, self._explore(g)) for g in follow) or self._follow_lengthened(
+                        follow, accept, accept.n_inputs):
+                    continue
+            # a plain cut of a dim the op splits into several (jax's reshape of [8, 256] to
+            # [8, 4, 64] along the 256) holds where the shard count divides both: a gather
+            # on even cuts only, where the signature pins every size (see _verify_even)
+            if self.config.even and not case.randomness.random and not self._resizable_dims():
+                evens = [[Gather(d, even=True) for d in range(len(self.ops.shape(o)))] for o in self.trials[0].outputs]
+                if all(evens):
+                    accept(group, self._explore(group, evens))
 
 
 class Accepted:

@@ -10,7 +10,8 @@ from ..combine import CutInput, Split, candidate_combines, holds, partial_parts
 from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
-    AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, fit_partial, flat_along, one_values,
+    AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, even_gather, fit_partial, flat_along,
+    one_values,
 )
 
 
@@ -113,7 +114,11 @@ class Shards:
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
                 cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap)
                          or (replicated and c == Identity())]
-            valid = [c for c in cands if (even or c != Reduce("avg")) and holds(self.ops, c, shards, glob, cut)]
+            # an even gather is accepted only where this split cuts its dim evenly too
+            valid = [c for c in cands if (even or c != Reduce("avg"))
+                     and (not even_gather(c) or (even and c.dim < len(self.ops.shape(glob))
+                                                             and self.ops.shape(glob)[c.dim] % split.n == 0))
+                     and holds(self.ops, c, shards, glob, cut)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
             if not valid:

@@ -17,7 +17,8 @@ from ..spec import ArgReduce, Gather, Group, Identity, OutputCombine, Reduce
 from ..tensor_ops import FLOAT
 from .common import (
     AVG_UNTRIED, EXPLORE_SPLIT, FIRST_RESERVE_TRIAL, PARTIAL_SPREADS, RESERVE_TRIALS, SPECIAL_SPLITS, TRIAL_SPLITS,
-    UNINFORMATIVE, Trial, halo_room, order_dependent, picks_by_order, reduces_values, sized_gather,
+    UNINFORMATIVE, Trial, even_counts, even_gather, halo_room, order_dependent, picks_by_order, reduces_values,
+    sized_gather,
 )
 
 
@@ -44,8 +45,15 @@ class Verifier:
         value (ne of random integers and 1), only they show it."""
         ordered = ([t for t in self.trials if not t.special]
                    + [dataclasses.replace(t, special=False) for t in self.trials if t.special])
+        explore_split = EXPLORE_SPLIT
+        if candidates is not None and any(even_gather(c) for opts in candidates for c in opts):
+            # the coarsest even cut of the inputs: the gathers it does not cut evenly fail
+            counts = self._even_counts(group, [[] for _ in candidates])
+            if not counts or not all(even_gather(c) for opts in candidates for c in opts):
+                return None  # no even split to try it on; or mixed with rules claimed on any split
+            explore_split = Split(counts[0])
         for trial in ordered:
-            found = self._valid_combines(group, trial, EXPLORE_SPLIT, candidates)
+            found = self._valid_combines(group, trial, explore_split, candidates)
             if found is AVG_UNTRIED:
                 split = self._even_split(group)
                 found = self._valid_combines(group, trial, split) if split else None
@@ -55,6 +63,8 @@ class Verifier:
 
     def _verify(self, group: Group, found: list[list]) -> Verified | None:
         """Re-check ``found`` on the fresh trials: what survives, or None where an output keeps nothing."""
+        if any(even_gather(c) for opts in found for c in opts):
+            return self._verify_even(group, found)
         alive = [list(opts) for opts in found]
         avg_checks = 1 if self._is_even(group, EXPLORE_SPLIT) else 0
         counts, uneven, informative = set(), False, 0
@@ -158,6 +168,62 @@ class Verifier:
             if result is None:
                 return None
         return Verified(tuple(result), frozenset(counts), uneven)
+
+    def _even_counts(self, group: Group, candidates: list[list]) -> list[int]:
+        """The shard counts that cut every dim of an even rule evenly: the group's input dims
+        and the dims its even gathers concatenate (``even_counts``)."""
+        first = self.trials[0]
+        sizes = [self.ops.shape(first.leaves[i])[d] for i, d, _ in group.dims]
+        sizes += [self.ops.shape(first.outputs[j])[c.dim] for j, opts in enumerate(candidates) for c in opts
+                  if even_gather(c) and j < len(first.outputs) and c.dim < len(self.ops.shape(first.outputs[j]))]
+        return even_counts(sizes) if group.dims else []
+
+    def _verify_even(self, group: Group, found: list[list]) -> Verified | None:
+        """Even gathers (``Gather.even``) re-checked on even splits only: every shard count
+        that divides each cut dim (``_even_counts``: 2 and 4 where they do, and the finest
+        cut), each on a fresh trial, then the special-value trials; two trials whose shards
+        differ at least. The rule is claimed for those counts alone, so it is kept only where
+        the signature pins every size (a reshape's): a rule whose evenness other sizes
+        decide (a group norm of 4 groups cut by 8) would pass on counts that happen to fit.
+        An uneven split is never tried: the rule claims nothing there (a reshape's shard of
+        a split dim does not even run). A view's derived rule is shape arithmetic, and its
+        cut and split dims are sizes its signature spells out (``unflatten``'s ``sizes``),
+        so it stands wherever the call's other dims are."""
+        derived = self.case.candidates is not None and self.case.candidates_derived
+        if (self._resizable_dims() and not derived) or not group.dims or group.partial or group.follow or group.local or any(
+                h for _, _, h in group.dims):
+            return None
+        alive = [[c for c in opts if even_gather(c)] for opts in found]
+        counts = self._even_counts(group, alive)
+        randoms = [t for t in self.trials[1:] if not t.special]
+        if not counts or not randoms or not all(alive):
+            return None
+        for k, n in enumerate(counts):  # each count the rule is claimed for, on its own trials
+            seen, need = 0, 2 if k == 0 else 1  # several trials whose shards differ in all
+            for trial in randoms[k % len(randoms):] + randoms[:k % len(randoms)]:
+                ok = self._valid_combines(group, trial, Split(n), alive)
+                if ok is UNINFORMATIVE:
+                    continue
+                if ok is None:
+                    return None
+                alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+                if not all(alive):
+                    return None
+                seen += 1
+                if seen == need:
+                    break
+            if seen < need:
+                return None
+        for trial in (t for t in self.trials[1:] if t.special):  # may refute, on the coarsest cut
+            ok = self._valid_combines(group, trial, Split(counts[0]), alive)
+            if ok is None:
+                return None
+            if ok is not UNINFORMATIVE:
+                alive = [[c for c in opts if c in kept] for opts, kept in zip(alive, ok)]
+                if not all(alive):
+                    return None
+        tried = set(counts)
+        return Verified(tuple(OutputCombine.of(opts) for opts in alive), frozenset(tried), False)
 
     def _reserve_trials(self) -> Iterator[Trial]:
         """Up to ``RESERVE_TRIALS`` more fresh trials, drawn when first needed and kept for

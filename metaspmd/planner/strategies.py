@@ -62,17 +62,20 @@ def compose(
     strict: bool = True,
 ) -> list[NodeStrategy]:
     """Every valid choice of one rule strategy per mesh axis. ``out_shapes[i] is None``
-    marks a non-tensor output (always Replicate)."""
+    marks a non-tensor output (always Replicate). A strategy that holds on even cuts only
+    (``AxisStrategy.even``) is kept where every dim cut, inputs' and outputs', divides by
+    the devices cutting it, in either mode."""
     result: list[NodeStrategy] = []
     seen: set = set()
     shape = mesh.shape
     for combo in itertools.product(per_axis, repeat=mesh.ndim):
         ins = tuple(tuple(s.inputs[i] for s in combo) for i in range(len(in_shapes)))
         outs = tuple(tuple(s.outputs[i] for s in combo) for i in range(len(out_shapes)))
-        if not all(is_valid(p, sh, shape, strict) for p, sh in zip(ins, in_shapes)):
+        even = strict or any(s.even for s in combo)
+        if not all(is_valid(p, sh, shape, even) for p, sh in zip(ins, in_shapes)):
             continue
         if not all(
-            all(isinstance(x, Replicate) for x in p) if sh is None else is_valid(p, sh, shape, strict)
+            all(isinstance(x, Replicate) for x in p) if sh is None else is_valid(p, sh, shape, even)
             for p, sh in zip(outs, out_shapes)
         ):
             continue

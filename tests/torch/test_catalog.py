@@ -38,7 +38,7 @@ def _gather_rules(rule, block: bool = False) -> dict[int, int]:
         assert isinstance(p, ShardIn) and len(c.options) == 1 and isinstance(c.first, Gather)
         if c.first.block > 1 and block:
             out[p.dim] = (c.first.dim, c.first.block)
-        elif c.first.block == 1 and not block:
+        elif c.first.block == 1 and not block and not c.first.even:  # even gathers apart
             out[p.dim] = c.first.dim
     return out
 
@@ -609,7 +609,10 @@ def test_reshapes_are_keyed_by_their_exact_sizes():
         entry = explore_case(torch_case(view, args, kwargs, view), TorchOps())
         assert entry.signature == samples.call_signature(view, args, kwargs)
         cuts.append({s.inputs[0].dim for s in entry.strategies() if isinstance(s.inputs[0], ShardIn)})
-    assert cuts == [{0, 1, 2}, set()]  # dim 1 of [2, 3, 4] in blocks of 2; [4, 3, 2] splits no dim onto 6
+    # dim 1 of [2, 3, 4] in blocks of 2; [4, 3, 2] maps dim 0 onto the 6 on even cuts only (2 shards)
+    assert cuts == [{0, 1, 2}, {0}]
+    assert [str(s.outputs[0]) for s in entry.strategies() if isinstance(s.inputs[0], ShardIn)] == [
+        "gather(dim=0, even=true)"]
     # the table and DTensor's registered rules look reshapes up by the same exact key
     assert table.op_info(view).exact_sizes and not table.op_info(torch.ops.aten.flatten.using_ints).exact_sizes
     flat = samples.call_signature(torch.ops.aten.flatten.using_ints, (torch.randn(2, 3, 4), 0, 1), {})
