@@ -194,8 +194,6 @@ def _tensors(tree):
 
 
 def _first_differentiable(out):
-    import torch
-
     for t in _tensors(out):
         if t.requires_grad and (t.is_floating_point() or t.is_complex()):
             return t
@@ -300,7 +298,9 @@ def _backward(tc, d_out, d_inputs, ref_grads) -> tuple[str, str]:
 def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.testing._internal.distributed._tensor.common_dtensor import DTensorConverter
+    from torch.testing._internal.distributed._tensor.common_dtensor import (
+        DTensorConverter,
+    )
 
     o = Outcome()
     if case.setup_error:  # the sample or its reference fails without DTensor: nothing to compare
@@ -387,11 +387,10 @@ def run_isolated(case: Case, mesh, tc, timeout: float) -> Outcome:
         else:
             os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
-    if chunks:
-        try:
-            return pickle.loads(b"".join(chunks))
-        except Exception:  # noqa: BLE001 -- cut short
-            pass
+    try:
+        return pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 -- nothing, or cut short: say why below
+        chunks.clear()
     if os.WIFSIGNALED(status):
         return Outcome(ERROR, f"process killed by {signal.Signals(os.WTERMSIG(status)).name}")
     return Outcome(ERROR, f"over {timeout:.0f} s")

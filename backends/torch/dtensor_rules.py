@@ -4,32 +4,70 @@
 DTensor has no rule for; ``register_op`` explores a custom op's rules on an example call
 and installs them. Both project the rule model onto ``DTENSOR_REGISTER`` (the one place
 that says what DTensor runs of a rule) and place through the DTensor adapter. DTensor's
-own rules are left alone: ``register_sharding`` cannot override single-dim strategies,
-and DTensor's hand-written rules for the rest are already trusted by its users.
+own rules are left alone, except those refuted on real DTensor (``REFUTED``), which
+``register(replace_refuted=True)`` replaces with verified strategies.
+
+Importing this module starts neither DTensor nor the rule table (``torch.distributed.tensor``
+takes about a second to import): both load on first use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from metaspmd.cache import RuleCache
 from metaspmd.placement import Shard
 from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, project
 
 from .catalog import exact_sizes, op_name, positional_names
-from .dtensor import dtensor_has_rule, to_dtensor_placements
-from .table import _SPEC_OPS, add_table, call_key, lookup, neighbour_rules, remove_table, table
 from .views import shards_rewrite_call
+
+if TYPE_CHECKING:
+    from metaspmd.cache import RuleCache
+
+# Re-exported, loaded on first use: the table module and the DTensor adapter import DTensor.
+_LAZY = {"add_table": "table", "call_key": "table", "lookup": "table", "neighbour_rules": "table",
+         "remove_table": "table", "table": "table", "_SPEC_OPS": "table", "dtensor_has_rule": "dtensor",
+         "to_dtensor_placements": "dtensor"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__package__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _dtensor():
+    """DTensor's classes, imported on first use."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    return DTensor, Replicate, DTensorSpec
+
+
+def _clear_sharding_prop_cache() -> None:
+    """Drop DTensor's cached propagations (its Python cache and its C++ fast path's) after
+    its rules changed, as ``torch.distributed.tensor.debug._clear_sharding_prop_cache``
+    does, without importing that module's visualization helpers at first use."""
+    try:
+        _dtensor()[0]._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+        torch._C._clear_DTensor_sharding_propagator_cache()
+    except AttributeError:  # another torch: its own function
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
 
 
 def _resolve(name: str) -> torch._ops.OpOverload | None:
@@ -54,7 +92,8 @@ def _spec_leaves(args: tuple, kwargs: dict) -> list:
     lists, optional tensors), then keyword arguments. A strategy places exactly these
     (``expand_to_full_mesh_op_strategy`` counts them); the rule model numbers its tensor
     inputs in the same flattening order."""
-    return [x for x in tree_leaves((list(args), kwargs)) if isinstance(x, DTensorSpec)]
+    spec_type = _dtensor()[2]
+    return [x for x in tree_leaves((list(args), kwargs)) if isinstance(x, spec_type)]
 
 
 def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> tuple:
@@ -62,6 +101,8 @@ def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> t
     derived rule that cuts an input of ``squeeze_copy`` or ``as_strided_copy`` holds only
     with the call's arguments rewritten from the local shard (a shard of one row must not
     be squeezed), which DTensor does not do: there only rules with no cut input stay."""
+    from .dtensor import to_dtensor_placements
+
     name, rewrites = op_name(op), shards_rewrite_call(op)
     out = []
     for s in strategies:
@@ -74,12 +115,17 @@ def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> t
 def dtensor_placements(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[tuple, tuple]]:
     """The table's strategies for this call that DTensor runs, as (input placements, output
     placements) in DTensor's types; [] on a table miss."""
+    from .table import lookup
+
     return [(ins, outs) for _, ins, outs in _installable(op, lookup(op, args, kwargs) or ())]
 
 
 def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
     """DTensor's strategy function for ``op``: all-Replicate, then the verified strategies
     at the call's signature whose cuts line up at its shapes."""
+    from .table import _SPEC_OPS
+
+    _, Replicate, _ = _dtensor()
     names, sized = positional_names(op), exact_sizes(op)
     n_out = len(op._schema.returns)
     installable = {sig: _installable(op, ss) for sig, ss in strategies_by_sig.items()}
@@ -113,6 +159,7 @@ def _install(op: torch._ops.OpOverload, strategies) -> None:
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental import register_sharding
 
+    DTensor = _dtensor()[0]
     info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
     p = DTensor._op_dispatcher.sharding_propagator
     if op._schema.is_mutable:
@@ -182,6 +229,9 @@ def _verified_fn(op: torch._ops.OpOverload):
     verified strategies of the call. The table's where it has the call's signature; else
     the call's own, found as ``parallelize`` finds a table miss's (neighbouring signatures'
     rules verified at the call, or live ShardCombine, in a forked child, cached)."""
+    from .table import call_key
+
+    _, Replicate, _ = _dtensor()
     n_out = len(op._schema.returns)
     found: dict = {}
 
@@ -205,17 +255,21 @@ def _verified_fn(op: torch._ops.OpOverload):
 
 
 def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...]:
+    from .table import lookup
+
     found = lookup(op, args, kwargs)
     if found is not None:
         return found
     specs = _spec_leaves(args, kwargs)
     if any(not s.tensor_meta.dtype.is_floating_point for s in specs):
         return ()  # stand-ins for positions or masks would be made up: replicate
+    from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
 
     from .rules_at_runtime import call_of, live_exploration
     from .tensor_ops import TorchOps
 
+    DTensorSpec = _dtensor()[2]
     with _disable_current_modes():  # the rules are about the op, not the simulation running it
         stand_in = torch.utils._pytree.tree_map(
             lambda x: torch.randn(tuple(x.shape), dtype=x.tensor_meta.dtype) if isinstance(x, DTensorSpec) else x,
@@ -232,6 +286,7 @@ def _replace(op: torch._ops.OpOverload) -> None:
     """Put the verified strategies in place of DTensor's own rule for ``op``: its single-dim
     strategy and legacy rule (looked up before any registered strategy) and its custom
     handler (which runs before propagation) step aside, kept for ``unregister``."""
+    DTensor = _dtensor()[0]
     p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
     _REPLACED[op] = (p.op_single_dim_strategy_funcs.pop(op, None),
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
@@ -242,6 +297,7 @@ def _replace(op: torch._ops.OpOverload) -> None:
 
 def _restore(op: torch._ops.OpOverload) -> None:
     single, single_info, rule, handler, strategy, info = _REPLACED.pop(op)
+    DTensor = _dtensor()[0]
     p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
     for table_, value in ((p.op_single_dim_strategy_funcs, single), (p.op_to_schema_info_for_single_dim_strategy,
                           single_info), (p.op_to_rules, rule), (handlers, handler), (p.op_strategy_funcs, strategy),
@@ -257,7 +313,8 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False) -> 
     ``replace_refuted``: also put verified strategies in place of DTensor's own rule for the
     ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
     redistributed instead of computed wrong."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from .dtensor import dtensor_has_rule
+    from .table import table
 
     report = RegisterReport()
     rules = table()
@@ -310,10 +367,10 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     forked child where the process can fork) and cached, like ``parallelize``'s; each call
     adds its signature to those installed for the op. A call of another signature keeps
     DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
+    from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
 
+    from .dtensor import dtensor_has_rule
     from .rules_at_runtime import call_of, live_exploration
     from .tensor_ops import TorchOps
 
@@ -346,9 +403,7 @@ def _no_installable(op: torch._ops.OpOverload) -> str:
 
 def unregister(report: RegisterReport) -> None:
     """Remove what ``register`` installed (tests, or switching tables in one process)."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    p = DTensor._op_dispatcher.sharding_propagator
+    p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = _resolve(name)
         _EXPLORED.pop(op, None)
@@ -360,7 +415,7 @@ def unregister(report: RegisterReport) -> None:
     _clear_sharding_prop_cache()
 
 
-__all__ = [
+__all__ = [  # noqa: F822 -- the table's names and dtensor_has_rule load on first use (__getattr__)
     "REFUTED", "RegisterReport", "add_table", "dtensor_has_rule", "dtensor_placements", "lookup", "neighbour_rules",
     "refuted", "register", "register_op", "remove_table", "table", "unregister",
 ]
