@@ -7,7 +7,9 @@ exactly the verified ShardCombine rule. DTensor's own rule runs it instead where
 takes the placed inputs as they are and gives the planned outputs (the two agree), and
 for view-like ops, whose shape arguments DTensor rewrites for each shard. DTensor's rule
 is not taken on trust: its convolution rule, for one, reads only the input's placements,
-and calls an output Replicate that a weight cut by output channels leaves cut.
+and calls an output Replicate that a weight cut by output channels leaves cut; and the
+ops whose DTensor rule is refuted on real DTensor (``dtensor_rules.REFUTED``) always run
+by their verified rule, as ``register(replace_refuted=True)`` makes DTensor run them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from metaspmd.target import DTENSOR_PLAN
 
 from .capture import Captured, capture
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
+from .dtensor_rules import refuted
 from .rules_at_runtime import live_exploration, node_call
 from .shared_plan import one_plan
 from .tensor_ops import TorchOps
@@ -119,7 +122,8 @@ class _PlannedRun(torch.fx.Interpreter):
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
         name = self.current.name
         if name not in self.p.on_dtensor:
-            self.p.on_dtensor[name] = dtensor_has_rule(target) and (
+            # a refuted DTensor rule (dtensor_rules.REFUTED) never runs a node: its verified rule does
+            self.p.on_dtensor[name] = dtensor_has_rule(target) and not refuted(target) and (
                 is_view_like(target) or _dtensor_agrees(target, args, kwargs, out_placements))
         if self.p.on_dtensor[name]:
             out = target(*args, **kwargs)
