@@ -363,6 +363,10 @@ def test_partition_spec_of_placements():
     assert partition_spec((planner.Partial("sum"),), ("tp",), 2) is None
 
 
+# Live exploration of the convolutions (tens of seconds): the slow job. Halo cuts exchanged by
+# collective permutes stay in the default run (the slice and pad tests above), as does their
+# planning (tests/planner/test_planner_strategies.py).
+@pytest.mark.slow
 @needs_devices
 def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
     """One image: no batch to cut. Under a tight budget the first convolution's input is

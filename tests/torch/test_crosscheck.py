@@ -504,6 +504,11 @@ def test_misses_are_counted_by_where_dtensor_takes_the_rule_from():
     assert row.split()[-6:] == ["3", "6.0%", "1", "1", "1", "2.0%"]
 
 
+# Explores mm live and runs the cross-check three times (a minute on two shared cores): the
+# slow job. What it runs is checked in the default run piece by piece (the answer cache, a
+# wrong rule failing re-verification, the report and its JSON), and the command line's usage
+# errors just below.
+@pytest.mark.slow
 def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, monkeypatch, capsys, records):
     real_run = crosscheck.run
     opinfos = {"opinfos": ("mm", "nn.functional.relu"), "max_signatures": 2}
@@ -526,6 +531,12 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
     assert crosscheck.main(["--registry", str(tmp_path / "registry"), "--no-cache"]) == 1
     assert "FAILED re-verification" in capsys.readouterr().out
     assert crosscheck.main(["--partials", "median"]) == 2
+
+
+def test_command_line_usage_errors_exit_2(tmp_path, capsys):
+    assert crosscheck.main(["--partials", "median"]) == 2
+    assert crosscheck.main(["--registry", str(tmp_path), "--ops", "aten.no_such_op.default"]) == 2
+    assert "no op to check" in capsys.readouterr().err
 
 
 def test_worker_processes_print_nothing_into_the_report(capfd):
