@@ -93,7 +93,8 @@ SWEEP_DOC = """Explore every op of a backend and write its rule files (registry/
     metaspmd sweep --backend torch --check      # exit 1 when the registry is stale
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
-2 usage error (unknown backend, no op matched), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+2 usage error (unknown backend, no op matched, --out or --timings not writable: checked before
+any work), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
 """
 
 
@@ -244,6 +245,10 @@ DIFF_DOC = """Markdown summary of rule changes between two registries, for code 
     metaspmd diff main HEAD                  # git revisions (their registry/)
     metaspmd diff old_registry/ registry/    # registry folders
     metaspmd diff main HEAD --fail-on-loss   # exit 1 when a rule or op is lost
+
+Two revisions read only the files `git diff --name-only` lists; two folders only the files
+whose bytes differ. Exit status 2 when a side is neither a git revision nor a registry root
+(a backend folder such as registry/torch is refused: it would read as an empty registry).
 """
 
 

@@ -266,6 +266,23 @@ def test_unwritable_out_fails_before_any_work(tmp_path, fake_backend, monkeypatc
     assert not started
 
 
+def test_a_slow_backend_start_says_why_once(tmp_path, fake_backend, monkeypatch, capsys):
+    import time
+
+    from metaspmd.sweep import engine
+
+    def slow_start(self):
+        time.sleep(0.5)
+        raise SweepError("stop")
+
+    monkeypatch.setattr(engine, "SLOW_START_S", 0.05)
+    monkeypatch.setattr(engine.WorkerPool, "start", slow_start)
+    with pytest.raises(SweepError, match="stop"):
+        run_sweep(SweepConfig(backend=fake_backend, out_root=tmp_path))
+    err = capsys.readouterr().err
+    assert err.count("sweep: backend 'fake_backend' is still setting up in its worker") == 1
+
+
 @pytest.mark.parametrize("check", [False, True])
 def test_unwritable_timings_fail_before_any_work_with_2(tmp_path, fake_backend, capsys, monkeypatch, check):
     (tmp_path / "file").write_text("")

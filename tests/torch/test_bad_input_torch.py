@@ -86,3 +86,18 @@ def test_a_corrupt_index_is_rebuilt_and_named(tmp_path, monkeypatch, capsys):
     assert err.count("building the OpInfo sample index") == 1 and built == [path]
     assert samples.load_index(tmp_path) == small  # read from the rebuilt file: no second build, no message
     assert built == [path] and capsys.readouterr().err == ""
+
+
+def test_runtime_bench_refuses_zero_repeats(capsys):
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import runtime_bench
+    finally:
+        sys.path.remove(benchmarks)
+    with pytest.raises(SystemExit) as e:
+        runtime_bench.main(["--repeat", "0"])
+    assert e.value.code == 2 and "--repeat: expected an integer >= 1, got 0" in capsys.readouterr().err
