@@ -29,49 +29,70 @@ SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 def solve(
     problem: ShardingProblem,
     solver: str = "ilp",
-    time_limit: float = 10.0,
+    time_limit: float | None = None,
     reductions: Reductions = Reductions(),
     beam_width: int = 8,
     threads: int = 1,
 ) -> Plan:
-    """Plan an already built problem. ``solver``: 'ilp' (= 'cbc'), 'highs' or 'beam'."""
+    """Plan an already built problem. ``solver``: 'ilp' (= 'cbc'), 'highs' or 'beam'.
+
+    Beam search runs on the reduced problem (the ILP's warm start) and on the whole graph;
+    the plan is the cheapest of those and the ILP's incumbent, so it is never worse than
+    beam search, and a plan stopped by the time limit carries the ILP's bound (its gap).
+    ``time_limit``: the ILP's seconds; None sizes it to the ILP (``ilp.time_limit_for``).
+    """
     if solver not in SOLVER_CHOICES:
         raise PlannerError(f"unknown solver {solver!r} (expected one of {SOLVER_CHOICES})")
-    reduced = reduce_problem(problem.choice, reductions)
+    cp = problem.choice
+    reduced = reduce_problem(cp, reductions)
     small = reduced.problem
+    beams: list[tuple[list[int], Solution]] = []
     try:
         warm: Solution | None = solve_beam(small, beam_width)
+        beams.append((reduced.expand(warm.assignment), warm))
     except Infeasible:
         warm = None
+    if reduced.steps:  # the reductions may tie layers a whole-graph beam would set apart
+        try:
+            whole = solve_beam(cp, beam_width)
+            beams.append((list(whole.assignment), whole))
+        except Infeasible:
+            pass
+    beam = min(beams, key=lambda b: cp.evaluate(b[0]), default=None)
     if solver == "beam":
-        if warm is None:
+        if beam is None:
             raise Infeasible("beam search found no plan within the memory budget")
-        return make_plan(problem, lighter_inputs(problem, reduced.expand(warm.assignment)), warm)
+        return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
+    name = "highs" if solver == "highs" else "cbc"
     try:
-        found = solve_ilp(
-            small, time_limit, warm.assignment if warm else None, "highs" if solver == "highs" else "cbc", threads
-        )
+        found = solve_ilp(small, time_limit, warm.assignment if warm else None, name, threads)
     except ImportError as err:  # mip (or highspy) is an optional dependency
-        if warm is None:
+        if beam is None:
             raise PlannerError(f"the ILP solver is not installed ({err}) and beam search found no plan") from err
         warnings.warn(f"ILP solver unavailable ({err}); using the beam-search plan", RuntimeWarning, stacklevel=2)
-        found = warm
+        return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
     except Infeasible as err:
         if reductions.tie or reductions.follow:
             # The heuristic reductions may be what rules every plan out; retry exactly.
             exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
             return solve(problem, solver, time_limit, exact, beam_width, threads)
         budget = small.memory_budget
-        least = least_memory(small, time_limit) if budget is not None else None
+        least = least_memory(small, time_limit or 60.0) if budget is not None else None
         if least is not None and least > budget * (1 + MEMORY_RTOL):
             raise Infeasible(f"no plan fits a memory budget of {budget:,.0f} bytes per device: the least any plan "
                              f"needs is {least:,.0f}") from err
         raise
-    if found is None:
-        if warm is None:
-            raise PlannerError(f"no plan found within {time_limit} s")
-        found = warm
-    return make_plan(problem, lighter_inputs(problem, reduced.expand(found.assignment)), found)
+    if found is None:  # the time limit stopped the ILP before it had a solution
+        if beam is None:
+            raise PlannerError(f"no plan found within the time limit ({time_limit or 'sized to the problem'} s)")
+        nothing = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, "no solution", beam[1].seconds)
+        return make_plan(problem, lighter_inputs(problem, beam[0]), nothing, picked=beam[1].solver)
+    full = reduced.expand(found.assignment)
+    if beam is not None and cp.evaluate(beam[0]) < cp.evaluate(full) - 1e-12 * abs(cp.evaluate(full)):
+        # the incumbent of a stopped ILP is worse than beam search's plan: keep that, with the ILP's bound
+        kept = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, found.status, found.seconds, found.bound)
+        return make_plan(problem, lighter_inputs(problem, beam[0]), kept, picked=beam[1].solver)
+    return make_plan(problem, lighter_inputs(problem, full), found, picked=name)
 
 
 def lighter_inputs(problem: ShardingProblem, assignment: Sequence[int]) -> list[int]:
@@ -120,7 +141,7 @@ def plan(
     strategies_by_node: Mapping[str, Iterable[spec.Strategy]],
     mesh: Mesh,
     memory_budget: float | None = None,
-    time_limit: float = 10.0,
+    time_limit: float | None = None,
     solver: str = "ilp",
     ties: Sequence[Sequence[str]] = (),
     same_placement: Sequence[Sequence[str]] = (),

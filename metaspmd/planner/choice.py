@@ -6,6 +6,7 @@ work on this form only; problem.py builds it from a MetaIR.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -87,16 +88,111 @@ class Tie:
 
 
 @dataclass(frozen=True, eq=False)
+class Buffer:
+    """A value held in device memory from step ``start`` to step ``end`` (both included):
+    ``size[c]`` bytes per device when node ``node`` takes choice ``c``; a constant
+    ``size[0]`` when ``node`` is -1 (its owner is decided). ``kind`` groups the peak's
+    breakdown ('parameter', 'gradient', 'activation', 'input')."""
+
+    node: int
+    size: np.ndarray
+    start: int
+    end: int
+    kind: str = "activation"
+
+    def __post_init__(self) -> None:
+        if self.end < self.start:
+            raise ValueError(f"buffer of node {self.node} ends (step {self.end}) before it starts ({self.start})")
+
+    def at(self, a: Sequence[int]) -> float:
+        return float(self.size[0 if self.node < 0 else a[self.node]])
+
+
+@dataclass(frozen=True, eq=False)
+class Liveness:
+    """Which buffers are held at which step. Memory is the peak over steps of the sum of
+    the buffers held; a step's sum is linear in the choices, so the ILP keeps one row per
+    step where the held set grows (a maximum sits only there)."""
+
+    buffers: tuple[Buffer, ...]
+    steps: int
+
+    def __post_init__(self) -> None:
+        for b in self.buffers:
+            if not 0 <= b.start <= b.end < self.steps:
+                raise ValueError(f"buffer of node {b.node} lives outside steps 0..{self.steps - 1}")
+
+    @cached_property
+    def _flat(self) -> tuple[np.ndarray, ...]:
+        """Every size in one array, each buffer's first index, owner, start and end + 1."""
+        sizes = [np.asarray(b.size, dtype=float).reshape(-1) for b in self.buffers]
+        base = np.cumsum([0] + [len(x) for x in sizes])[:-1].astype(np.int64)
+        flat = np.concatenate(sizes) if sizes else np.zeros(0)
+        node = np.array([b.node for b in self.buffers], dtype=np.int64)
+        start = np.array([b.start for b in self.buffers], dtype=np.int64)
+        after = np.array([b.end + 1 for b in self.buffers], dtype=np.int64)
+        return flat, base, node, start, after
+
+    def sizes(self, a: Sequence[int]) -> np.ndarray:
+        """Each buffer's bytes under assignment ``a``."""
+        flat, base, node, _, _ = self._flat
+        if not len(node):
+            return np.zeros(0)
+        choice = np.where(node < 0, 0, np.asarray(a, dtype=np.int64)[np.maximum(node, 0)] if len(a) else 0)
+        return flat[base + choice]
+
+    def profile(self, a: Sequence[int]) -> np.ndarray:
+        """Bytes per device held at each step."""
+        _, _, _, start, after = self._flat
+        s = self.sizes(a)
+        diff = np.bincount(start, s, self.steps + 1) - np.bincount(after, s, self.steps + 1)
+        return np.cumsum(diff[:-1])
+
+    def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The steps where the held set changes (``bounds``, ascending, the first 0), and
+        per buffer the segment it starts in and the one after it ends (len(bounds) when it
+        lives to the last step). A peak is in a segment that some buffer starts."""
+        starts = np.array([b.start for b in self.buffers], dtype=np.int64)
+        after = np.array([b.end + 1 for b in self.buffers], dtype=np.int64)
+        bounds = np.unique(np.concatenate([[0], starts, after[after < self.steps]]))
+        return bounds, np.searchsorted(bounds, starts), np.searchsorted(bounds, after)
+
+    def remap(self, how: Sequence[tuple[int, np.ndarray | None]]) -> "Liveness":
+        """The buffers after a reduction: ``how[i]`` = (new node, table) for old node i, the
+        new owner's choice giving the old one through ``table`` (None: the same choice);
+        new node -1 with a 0-d table for a decided node."""
+        out = []
+        for b in self.buffers:
+            if b.node < 0:
+                out.append(b)
+                continue
+            node, table = how[b.node]
+            size = b.size if table is None else b.size[np.asarray(table)].reshape(-1)
+            out.append(Buffer(node, size, b.start, b.end, b.kind))
+        return Liveness(tuple(out), self.steps)
+
+
+@dataclass(frozen=True, eq=False)
 class ChoiceProblem:
+    """``liveness``: when memory is held (build_problem gives one); without it every node's
+    ``memory`` is held at once, in one step."""
+
     nodes: tuple[ChoiceNode, ...]
     edges: tuple[ChoiceEdge, ...] = ()
     ties: tuple[Tie, ...] = ()
     memory_budget: float | None = None
     offset: float = 0.0  # cost of parts already decided (reductions remove them)
-    memory_offset: float = 0.0
+    memory_offset: float = 0.0  # bytes held at every step by parts already decided
+    liveness: Liveness | None = None
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
+        if self.liveness is None:
+            live = Liveness(tuple(Buffer(i, nd.memory, 0, 0) for i, nd in enumerate(self.nodes)), 1)
+            object.__setattr__(self, "liveness", live)
+        for b in self.liveness.buffers:  # type: ignore[union-attr]
+            if b.node >= n or (b.node >= 0 and len(b.size) != self.nodes[b.node].size) or (b.node < 0 and len(b.size) != 1):
+                raise ValueError(f"a buffer does not match its node {b.node}")
         for e in self.edges:
             if not (0 <= e.u < n and 0 <= e.v < n):
                 raise ValueError(f"edge {e.label} refers to a missing node")
@@ -115,7 +211,8 @@ class ChoiceProblem:
         return total + sum(float(e.cost[a[e.u], a[e.v]]) for e in self.edges)
 
     def memory(self, a: Sequence[int]) -> float:
-        return self.memory_offset + sum(float(n.memory[c]) for n, c in zip(self.nodes, a))
+        """Peak bytes per device over the steps."""
+        return self.memory_offset + float(self.liveness.profile(a).max())  # type: ignore[union-attr]
 
     def ties_hold(self, a: Sequence[int]) -> bool:
         return all(len({m.keys[a[m.node]] for m in t.members}) == 1 for t in self.ties)
@@ -151,5 +248,6 @@ class Infeasible(ValueError):
 
 
 __all__ = [
-    "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "Factor", "Infeasible", "MEMORY_RTOL", "Solution", "Tie", "TieMember",
+    "Buffer", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "Factor", "Infeasible", "Liveness", "MEMORY_RTOL", "Solution",
+    "Tie", "TieMember",
 ]

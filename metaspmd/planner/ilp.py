@@ -148,23 +148,55 @@ class _Builder:
             ru, cv = rows[self.warm[u]], cols[self.warm[v]]
             self.start.extend((e[r][c], float((r, c) == (ru, cv))) for r in range(nr) for c in range(nc))
 
-    def fixed_memory(self) -> float:
-        """Bytes per device of the nodes with no choice left."""
-        return self.p.memory_offset + sum(float(n.memory[0]) for n, vs in zip(self.p.nodes, self.x) if vs is None)
-
-    def memory_terms(self) -> list[tuple[float, object]]:
-        """(bytes, variable) for every choice that takes memory."""
-        return [(float(mem), var) for n, vs in zip(self.p.nodes, self.x) if vs is not None
-                for mem, var in zip(n.memory, vs) if mem != 0]
+    def held(self, scale: float):
+        """One continuous level per segment of steps (Liveness.segments) equal to the bytes
+        held there, times ``scale``: a running sum, so each buffer appears in two rows (where
+        it starts and after it ends) rather than in every step it spans. Returns the levels
+        of the segments where some buffer starts, each with the constant bytes held at every
+        step (memory_offset) left out, or None when no choice changes memory."""
+        mip, model, p = self.mip, self.model, self.p
+        live = p.liveness
+        bounds, first, after = live.segments()
+        k = len(bounds)
+        terms: list[list] = [[] for _ in range(k + 1)]
+        const = np.zeros(k + 1)
+        varying = False
+        for b, s0, s1 in zip(live.buffers, first.tolist(), after.tolist()):
+            vs = None if b.node < 0 else self.x[b.node]
+            size = np.asarray(b.size, dtype=float) * scale
+            if vs is None or np.ptp(size) == 0:
+                c = float(size[0])
+                const[s0] += c
+                const[s1] -= c
+                continue
+            varying = True
+            for mem, var in zip(size.tolist(), vs):
+                if mem != 0:
+                    terms[s0].append((mem, var))
+                    terms[s1].append((-mem, var))
+        if not varying:
+            return None
+        levels = [model.add_var(lb=-mip.INF) for _ in range(k)]
+        for j in range(k):
+            prev = levels[j - 1] if j else 0.0
+            model += levels[j] - prev - mip.xsum(c * v for c, v in terms[j]) == float(const[j])
+        if self.warm is not None:
+            at = live.profile(self.warm)[bounds] * scale
+            self.start.extend(zip(levels, at.tolist()))
+        return [levels[j] for j in sorted(set(first.tolist()))]
 
     def budget(self) -> None:
-        p, mip = self.p, self.mip
-        fixed = self.fixed_memory()
+        p = self.p
         scale = MEMORY_UNITS / max(p.memory_budget, 1e-30)  # type: ignore[arg-type]
-        cap = (p.memory_budget * (1 + 1e-9) - fixed) * scale  # type: ignore[operator]
-        if cap < 0:
-            raise Infeasible(f"fixed tensors alone need {fixed:.0f} bytes > budget {p.memory_budget:.0f}")
-        self.model += mip.xsum((mem * scale) * var for mem, var in self.memory_terms()) <= cap
+        cap = (p.memory_budget * (1 + 1e-9) - p.memory_offset) * scale  # type: ignore[operator]
+        levels = self.held(scale)
+        if levels is None:  # nothing to choose: the peak is what it is
+            peak = p.memory([0] * len(p.nodes))
+            if peak > p.memory_budget * (1 + 1e-9):  # type: ignore[operator]
+                raise Infeasible(f"fixed tensors alone need {peak:.0f} bytes > budget {p.memory_budget:.0f}")
+            return
+        for level in levels:
+            level.ub = cap
 
     def ties(self) -> None:
         for t in self.p.ties:
@@ -181,17 +213,26 @@ class _Builder:
                     self.model += lhs - rhs == 0
 
 
+def time_limit_for(columns: int) -> float:
+    """Seconds to give the ILP of ``columns`` variables: 10 s, plus 1 s per 250 columns
+    (a 10,000-node GPT reduces to about 15,000, whose root LP alone takes seconds on a
+    busy machine, and CBC takes the warm start only after it), at most 60 s."""
+    return min(60.0, 10.0 + columns / 250)
+
+
 def solve_ilp(
     p: ChoiceProblem,
-    time_limit: float = 10.0,
+    time_limit: float | None = 10.0,
     warm_start: Sequence[int] | None = None,
     solver: str = "cbc",
     threads: int = 1,
     mip_gap: float = 1e-6,
     verbose: bool = False,
 ) -> Solution | None:
-    """The best assignment found within ``time_limit`` seconds (status 'optimal' when
-    proven), None when the solver found none in time. Raises Infeasible."""
+    """The best assignment found within ``time_limit`` seconds (model building included;
+    None: ``time_limit_for`` the model's size), status 'optimal' when proven, else
+    'feasible' with the solver's bound; None when the solver found none in time (CBC
+    installs a warm start only after the root LP). Raises Infeasible."""
     import mip  # optional dependency: the planner core imports without it
 
     if solver not in SOLVERS:
@@ -204,14 +245,8 @@ def solve_ilp(
         cost = p.evaluate(only)
         return Solution(only, cost, solver, "optimal", time.perf_counter() - start, cost)
 
-    model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC if solver == "cbc" else mip.HIGHS)
-    model.verbose = int(verbose)
-    model.threads = threads
-    model.max_mip_gap = mip_gap
-    warm = list(warm_start) if warm_start is not None and p.feasible(warm_start) else None
-    b = _Builder(mip, model, p, warm)
-
     unary, pairs = _pair_costs(p)
+    links = []
     for (u, v), (m, factors) in pairs.items():
         sep = _separable(m)
         blocks = [] if sep is not None else _blocks(m, factors)
@@ -221,10 +256,21 @@ def solve_ilp(
         for rows, cols, k in blocks:
             sep = _separable(k)
             if sep is None:
-                b.link(u, v, rows, cols, k)
+                links.append((u, v, rows, cols, k))
             else:
                 unary[u] += sep[0][rows]
                 unary[v] += sep[1][cols]
+    if time_limit is None:
+        time_limit = time_limit_for(sum(n.size for n in p.nodes if n.size > 1) + sum(k.size for *_, k in links))
+
+    model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC if solver == "cbc" else mip.HIGHS)
+    model.verbose = int(verbose)
+    model.threads = threads
+    model.max_mip_gap = mip_gap
+    warm = list(warm_start) if warm_start is not None and p.feasible(warm_start) else None
+    b = _Builder(mip, model, p, warm)
+    for link in links:
+        b.link(*link)
     const = p.offset
     for i, vs in enumerate(b.x):
         if vs is None:
@@ -264,18 +310,21 @@ def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
     model.verbose = 0
     b = _Builder(mip, model, p, None)
-    fixed, terms = b.fixed_memory(), b.memory_terms()
-    if not terms:
-        return fixed
     try:
         b.ties()
     except Infeasible:
         return None
-    scale = MEMORY_UNITS / max(mem for mem, _ in terms)
-    model.objective = mip.minimize(mip.xsum((mem * scale) * var for mem, var in terms))
+    scale = MEMORY_UNITS / max(p.memory([0] * len(p.nodes)), 1.0)
+    levels = b.held(scale)
+    if levels is None:
+        return p.memory([0] * len(p.nodes))
+    peak = model.add_var(lb=-mip.INF)
+    for level in levels:
+        model += level - peak <= 0
+    model.objective = mip.minimize(peak)
     if model.optimize(max_seconds=time_limit) != mip.OptimizationStatus.OPTIMAL:
         return None
-    return fixed + model.objective_value / scale
+    return p.memory_offset + model.objective_value / scale
 
 
-__all__ = ["SOLVERS", "least_memory", "link_size", "solve_ilp"]
+__all__ = ["SOLVERS", "least_memory", "link_size", "solve_ilp", "time_limit_for"]

@@ -50,12 +50,23 @@ class Plan:
     reshards: tuple[Reshard, ...]  # only flows whose placement changes
     compute_cost: float
     comm_cost: float
-    memory: float  # bytes per device, every graph input and op output counted once
+    memory: float  # peak bytes per device over the steps (choice.Liveness)
     memory_budget: float | None
     solver: str = ""
     status: str = ""
     seconds: float = 0.0
     bound: float | None = None
+    picked: str = ""  # whose plan it is when solve chose: the ILP solver's name or the beam's ('beam8')
+    peak: tuple[tuple[str, float], ...] = ()  # the peak's bytes per device by kind (parameter, gradient, ...)
+    peak_at: str = ""  # the op running at the peak ('(end)': after the last op)
+
+    @property
+    def gap(self) -> float | None:
+        """How far the plan may be from the best: (cost - bound) / cost, the bound being the
+        ILP's on the reduced problem."""
+        if self.bound is None or self.total_cost <= 0:
+            return None
+        return max(0.0, (self.total_cost - self.bound) / self.total_cost)
 
     @property
     def total_cost(self) -> float:
@@ -118,17 +129,23 @@ class Plan:
             f"{self.mesh}  total {self.total_cost * 1e6:.2f} us = compute {self.compute_cost * 1e6:.2f}"
             f" + comm {self.comm_cost * 1e6:.2f}; memory {self.memory / 2**20:.2f} MiB/device (budget {budget})"
         )
+        if self.peak:
+            parts = " + ".join(f"{kind}s {size / 2**20:.2f}" for kind, size in self.peak)
+            lines.append(f"memory peak at {self.peak_at}: {parts} MiB")
         if self.solver:
-            bound = "" if self.bound is None else f", bound {self.bound * 1e6:.2f} us"
-            lines.append(f"solver {self.solver}: {self.status} in {self.seconds:.2f} s{bound}")
+            bound = "" if self.bound is None else f", bound {self.bound * 1e6:.2f} us, gap {self.gap:.2%}"
+            won = f"; the plan is {self.picked}'s" if self.picked and self.picked != self.solver else ""
+            lines.append(f"solver {self.solver}: {self.status} in {self.seconds:.2f} s{bound}{won}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
 
 
-def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Solution | None = None) -> Plan:
-    """The plan of a full assignment (one choice per problem node)."""
+def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Solution | None = None,
+              picked: str = "") -> Plan:
+    """The plan of a full assignment (one choice per problem node); ``picked``: whose it
+    is, when the solver chose among several."""
     if len(assignment) != len(problem.names):
         raise PlannerError(f"assignment has {len(assignment)} choices for {len(problem.names)} nodes")
     cp = problem.choice
@@ -170,7 +187,26 @@ def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Sol
         solution.status if solution else "",
         solution.seconds if solution else 0.0,
         solution.bound if solution else None,
+        picked,
+        *_peak(problem, assignment),
     )
+
+
+_KINDS = ("parameter", "gradient", "activation", "input")
+
+
+def _peak(problem: ShardingProblem, assignment: Sequence[int]) -> tuple[tuple[tuple[str, float], ...], str]:
+    """The bytes held at the peak step, by kind, and the op running then."""
+    live = problem.choice.liveness
+    assert live is not None
+    step = int(live.profile(assignment).argmax())
+    held: dict[str, float] = {}
+    for b, size in zip(live.buffers, live.sizes(assignment).tolist()):
+        if b.start <= step <= b.end:
+            held[b.kind] = held.get(b.kind, 0.0) + size
+    kinds = sorted(held, key=lambda k: (_KINDS.index(k) if k in _KINDS else len(_KINDS), k))
+    ops = problem.ir.op_list
+    return tuple((k, held[k]) for k in kinds), ops[step].name if step < len(ops) else "(end)"
 
 
 __all__ = ["NodePlan", "Plan", "Reshard", "make_plan"]

@@ -14,7 +14,7 @@ from .. import spec
 from ..ir import MetaIR, MetaOp, MetaVar
 from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
 from ..target import DTENSOR_PLAN, Target, cuts_line_up
-from .choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Tie, TieMember
+from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
 from .cost import CostModel
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
@@ -372,10 +372,69 @@ def build_problem(
         if len(members) > 1:
             hard.append(Tie(tuple(members)))
 
-    choice = ChoiceProblem(tuple(nodes), tuple(edges), tuple(hard), memory_budget)
+    live = _liveness(ir, cm, where, strats, ties, same_placement)
+    choice = ChoiceProblem(tuple(nodes), tuple(edges), tuple(hard), memory_budget, liveness=live)
     compute = tuple(n.cost for n in nodes_before_delivery)
     return ShardingProblem(ir, mesh, cm, tuple(names), tuple(ops), tuple(outputs), tuple(strats), compute,
                            tuple(flows), tuple(deliveries), choice)
+
+
+def _liveness(ir: MetaIR, cm: CostModel, where: Mapping[str, tuple[int, int]],
+              strats: Sequence[Sequence[NodeStrategy]], ties: Sequence[Sequence[str]],
+              same_placement: Sequence[Sequence[str]]) -> Liveness:
+    """When each value is held, as a training step holds it. Step t runs op t of the
+    captured order (backward included); step len(ops) is the state after the last op.
+
+    Graph inputs are held throughout (the caller owns them; parameters and the states in
+    ``same_placement`` groups are kind 'parameter'). An op output is held from its op to
+    its last consumer, a graph output to the end. A view (``is_alias``) allocates nothing
+    and keeps the value it views alive as long as it is read. A tied gradient is held in
+    its producer's placement until its last consumer, and in its parameter's placement
+    (after the all-reduce or reduce-scatter) from the next step to the end. Resharding
+    buffers, live only while one op runs, are not counted.
+    """
+    ops = ir.op_list
+    end = len(ops)
+    root: dict[str, str] = {}  # var -> the var whose storage it is
+    for op in ops:
+        ins = [v for v in op.input_vars if v.is_tensor]
+        for v in op.outputs:
+            if v.is_tensor:
+                root[v.name] = root.get(ins[0].name, ins[0].name) if is_alias(op) and ins else v.name
+    tied = {var: group[0] for group in ties for var in group[1:]}
+    persistent = {group[0] for group in ties} | {var for group in same_placement for var in group}
+    last: dict[str, int] = {}
+    for t, op in enumerate(ops):
+        for v in op.input_vars:
+            if v.is_tensor:
+                last[root.get(v.name, v.name)] = t
+    for v in ir.output_list:
+        if v.is_tensor and v.name not in tied:
+            last[root.get(v.name, v.name)] = end
+    sizes: dict = {}
+
+    def size(n: int, k: int, v: MetaVar) -> np.ndarray:
+        key = (id(strats[n]), k, v.shape, v.dtype)
+        if key not in sizes:  # repeated layers share their strategy tuples
+            sizes[key] = (strats[n], np.array([cm.memory(v.shape, v.dtype, st.outputs[k]) for st in strats[n]]))
+        return sizes[key][1]
+
+    buffers = []
+    for v in ir.input_list:
+        if v.is_tensor:
+            n, k = where[v.name]
+            buffers.append(Buffer(n, size(n, k, v), 0, end, "parameter" if v.name in persistent else "input"))
+    for t, op in enumerate(ops):
+        for v in op.outputs:
+            if not v.is_tensor or root[v.name] != v.name:
+                continue
+            n, k = where[v.name]
+            kind = "gradient" if v.name in tied else "activation"
+            buffers.append(Buffer(n, size(n, k, v), t, max(t, last.get(v.name, t)), kind))
+            if v.name in tied and t < end:
+                a, ak = where[tied[v.name]]
+                buffers.append(Buffer(a, size(a, ak, v), t + 1, end, "gradient"))
+    return Liveness(tuple(buffers), end + 1)
 
 
 def _output_targets(v: MetaVar, pinned: Placements | None, mesh: Mesh, strict: bool) -> tuple[Placements, ...]:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Tie, TieMember
+from .choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
 from .ilp import link_size
 
 # Costs this close count as equal when a follower or an eliminated node picks its choice.
@@ -54,6 +54,37 @@ class Origin:
 
 
 Step = tuple[ChoiceProblem, tuple[Origin, ...]]
+
+
+class _Owners:
+    """Which node of the reduced problem holds each input node's buffers: ``rep[i]`` =
+    (node, table), node i's choice being ``table[node's choice]`` (None: the same one);
+    node -1 with a 0-d table once i is decided."""
+
+    def __init__(self, n: int):
+        self.rep: list[tuple[int, np.ndarray | None]] = [(i, None) for i in range(n)]
+        self.members: dict[int, list[int]] = {i: [i] for i in range(n)}
+
+    def move(self, v: int, u: int, table) -> None:
+        """Node v's choice is now ``table[u's choice]`` (u = -1: the 0-d ``table``)."""
+        table = np.asarray(table, dtype=np.int64)
+        for i in self.members.pop(v, []):
+            _, t = self.rep[i]
+            self.rep[i] = (u, table if t is None else np.asarray(t)[table])
+            if u >= 0:
+                self.members.setdefault(u, []).append(i)
+
+    def liveness(self, p: ChoiceProblem, index) -> Liveness:
+        return p.liveness.remap([(-1, t) if u < 0 else (index[u], t) for u, t in self.rep])  # type: ignore[union-attr]
+
+
+def _varies(p: ChoiceProblem) -> list[bool]:
+    """Whether a node's choice changes the bytes any of its buffers takes."""
+    out = [False] * len(p.nodes)
+    for b in p.liveness.buffers:  # type: ignore[union-attr]
+        if b.node >= 0 and np.ptp(b.size) > 0:
+            out[b.node] = True
+    return out
 
 
 def _tied_nodes(p: ChoiceProblem) -> set[int]:
@@ -98,11 +129,10 @@ def eliminate_fixed(p: ChoiceProblem) -> Step:
     keep = [i for i, f in enumerate(fixed) if not f]
     index = {i: k for k, i in enumerate(keep)}
     cost = {i: p.nodes[i].cost.astype(float).copy() for i in keep}
-    offset, mem_offset = p.offset, p.memory_offset
+    offset = p.offset
     for i, f in enumerate(fixed):
         if f:
             offset += float(p.nodes[i].cost[0])
-            mem_offset += float(p.nodes[i].memory[0])
     edges = []
     for e in p.edges:
         if fixed[e.u] and fixed[e.v]:
@@ -120,7 +150,8 @@ def eliminate_fixed(p: ChoiceProblem) -> Step:
     )
     origins = tuple(Origin.decided((), 0, 0) if f else Origin.node(index[i]) for i, f in enumerate(fixed))
     ties = _remap_ties(p.ties, [index.get(i, -1) for i in range(len(p.nodes))])
-    reduced = ChoiceProblem(nodes, _merge_parallel(edges), ties, p.memory_budget, offset, mem_offset)
+    live = p.liveness.remap([(-1, np.asarray(0)) if f else (index[i], None) for i, f in enumerate(fixed)])  # type: ignore[union-attr]
+    reduced = ChoiceProblem(nodes, _merge_parallel(edges), ties, p.memory_budget, offset, p.memory_offset, live)
     return reduced, origins
 
 
@@ -149,6 +180,7 @@ def merge_followers(p: ChoiceProblem) -> Step:
     next_id = len(p.edges)
     alive = [True] * n
     origins: list[Origin | None] = [None] * n
+    owners = _Owners(n)
 
     for v in range(n):
         if not p.nodes[v].follower or v in tied:
@@ -189,6 +221,7 @@ def merge_followers(p: ChoiceProblem) -> Step:
             next_id += 1
         alive[v] = False
         origins[v] = Origin.decided((u,), f, v)
+        owners.move(v, u, f)
 
     keep = [i for i in range(n) if alive[i]]
     index = {i: k for k, i in enumerate(keep)}
@@ -200,7 +233,8 @@ def merge_followers(p: ChoiceProblem) -> Step:
     )
     new_edges = [(index[a], index[b], m, label, factors) for a, b, m, label, factors in edges.values()]
     ties = _remap_ties(p.ties, [index.get(i, -1) for i in range(n)])
-    reduced = ChoiceProblem(nodes, _merge_parallel(new_edges), ties, p.memory_budget, p.offset, p.memory_offset)
+    reduced = ChoiceProblem(nodes, _merge_parallel(new_edges), ties, p.memory_budget, p.offset, p.memory_offset,
+                            owners.liveness(p, index))
     return reduced, tuple(origins)  # type: ignore[arg-type]
 
 
@@ -253,8 +287,9 @@ def tie_identical(p: ChoiceProblem, depth: int = 2) -> Step:
         for k, g in enumerate(groups)
     )
     origins = tuple(Origin.node(cls[i]) for i in range(len(p.nodes)))
+    live = p.liveness.remap([(cls[i], None) for i in range(len(p.nodes))])  # type: ignore[union-attr]
     reduced = ChoiceProblem(nodes, _merge_parallel(edges), _remap_ties(p.ties, cls), p.memory_budget, p.offset,
-                            p.memory_offset)
+                            p.memory_offset, live)
     return reduced, origins
 
 
@@ -286,7 +321,9 @@ def eliminate_chains(p: ChoiceProblem) -> Step:
         adj[e.u][e.v] = _add(adj[e.u].get(e.v), (e.cost, e.factors))
         adj[e.v][e.u] = _flip(adj[e.u][e.v])
     budget = p.memory_budget is not None
-    offset, mem_offset = p.offset, p.memory_offset
+    varies = _varies(p)
+    owners = _Owners(n)
+    offset = p.offset
     alive = [True] * n
     origins: list[Origin | None] = [None] * n
     rank = 0
@@ -301,7 +338,7 @@ def eliminate_chains(p: ChoiceProblem) -> Step:
     queue = list(range(n))
     while queue:
         v = queue.pop()
-        if not alive[v] or v in tied or len(adj[v]) > 2 or (budget and np.ptp(memory[v]) > 0):
+        if not alive[v] or v in tied or len(adj[v]) > 2 or (budget and varies[v]):
             continue
         nbrs = sorted(adj[v])
         links = [adj[v][u] for u in nbrs]
@@ -315,17 +352,19 @@ def eliminate_chains(p: ChoiceProblem) -> Step:
                 continue
             adj[u][w] = merged
             adj[w][u] = _flip(merged)
-            # Memory through v depends on two choices; a budget never gets here unless it is constant.
-            mem_offset += float(memory[v].min())
+            # v's choice depends on two others, so its buffers become constants: exact under a
+            # budget (only nodes whose buffers never vary get here), the least otherwise
+            owners.move(v, -1, int(memory[v].argmin()))
         elif len(nbrs) == 1:
             (u,) = nbrs
             best, arg = pick(cost[v][:, None] + links[0][0], memory[v])
             cost[u] += best
             memory[u] += memory[v][arg]
+            owners.move(v, u, arg)
         else:
             best, arg = pick(cost[v], memory[v])
             offset += float(best)
-            mem_offset += float(memory[v][arg])
+            owners.move(v, -1, arg)
         for u in nbrs:
             del adj[u][v]
         adj[v].clear()
@@ -346,7 +385,7 @@ def eliminate_chains(p: ChoiceProblem) -> Step:
         ChoiceEdge(index[u], index[w], m, "chain", factors) for u in keep for w, (m, factors) in adj[u].items() if u < w
     )
     ties = _remap_ties(p.ties, [index.get(i, -1) for i in range(n)])
-    reduced = ChoiceProblem(nodes, edges, ties, p.memory_budget, offset, mem_offset)
+    reduced = ChoiceProblem(nodes, edges, ties, p.memory_budget, offset, p.memory_offset, owners.liveness(p, index))
     return reduced, tuple(origins)  # type: ignore[arg-type]
 
 

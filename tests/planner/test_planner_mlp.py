@@ -63,7 +63,7 @@ def test_fsdp_pays_weight_all_gathers_and_saves_memory():
     assert fsdp.memory < dp.memory - 20 * MIB
 
 
-@pytest.mark.parametrize("budget", [None, 0.1 * MIB, 0.13 * MIB])  # all-Replicate needs 0.164 MiB
+@pytest.mark.parametrize("budget", [None, 0.1 * MIB, 0.13 * MIB])  # all-Replicate peaks at 0.160 MiB
 def test_ilp_equals_brute_force_over_every_plan(budget):
     ir, strategies = mlp(16, 64, 256)
     problem = build_problem(ir, strategies, Mesh.of(2), memory_budget=budget)

@@ -1,9 +1,11 @@
+import itertools
+
 import numpy as np
 import pytest
 
 from metaspmd.planner.beam import solve_beam
 from metaspmd.planner.choice import ChoiceEdge, ChoiceNode, ChoiceProblem, Infeasible, Tie, TieMember
-from metaspmd.planner.ilp import solve_ilp
+from metaspmd.planner.ilp import least_memory, solve_ilp, time_limit_for
 
 pytest.importorskip("mip")
 
@@ -87,3 +89,28 @@ def test_self_edges_count_on_the_diagonal():
     n = ChoiceNode("a", ("a0", "a1"), np.array([0.0, 0.1]), np.zeros(2))
     p = ChoiceProblem((n,), (ChoiceEdge(0, 0, np.array([[1.0, 0.0], [0.0, 0.0]])),))
     assert solve_ilp(p).assignment == (1,) and solve_beam(p).assignment == (1,)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_liveness_budget_is_kept_exactly(make_problem, brute_force, seed):
+    """Buffers held over step ranges: the ILP's per-step rows, an exhaustive beam and the
+    least peak all agree with enumeration."""
+    p = make_problem(np.random.default_rng(seed + 300), 5, budget=True, ties=seed % 3 == 0, live=True)
+    every = [a for a in itertools.product(*(range(n.size) for n in p.nodes)) if p.ties_hold(a)]
+    assert least_memory(p) == pytest.approx(min(p.memory(a) for a in every))
+    try:
+        want, _ = brute_force(p)
+    except Infeasible:
+        with pytest.raises(Infeasible):
+            solve_ilp(p)
+        return
+    got = solve_ilp(p)
+    assert got.status == "optimal" and p.feasible(got.assignment)
+    assert got.cost == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert solve_beam(p, len(every) or 1).cost == pytest.approx(want)
+
+
+def test_the_time_limit_grows_with_the_ilp_and_stops_at_a_minute():
+    assert time_limit_for(10) == pytest.approx(10.04)
+    assert time_limit_for(5000) == pytest.approx(30.0)
+    assert time_limit_for(10**6) == 60.0
