@@ -151,7 +151,8 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         options = (("kernels", args.kernels),)
         try:
             if backend_module(args.backend) == "metaspmd.backends.tvm":
-                options += (("builtins", False),)  # "instead of the built-in ones": the TVM backend adds them by default
+                # --help says "instead of the built-in ones"; the TVM backend adds them unless told not to
+                options += (("builtins", False),)
         except SweepError as e:
             print(f"sweep: error: {e}", file=sys.stderr)
             return 2
@@ -384,8 +385,16 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     shared.add_argument("--jobs", "-j", type=positive_int)
     shared.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True))
     shared.add_argument("--ops", action="append", default=[])
+    shared.add_argument("--registry", type=Path)
     known, _ = shared.parse_known_args(rest)
     _ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
+    if known.registry is not None:  # a backend folder would read as a registry without rules
+        from metaspmd.registry_io import RegistryError, check_registry_root
+
+        try:
+            check_registry_root(known.registry)
+        except RegistryError as e:
+            shared.error(str(e))
     try:
         module = importlib.import_module(f"metaspmd.backends.{args.backend}.crosscheck")
     except ModuleNotFoundError as e:

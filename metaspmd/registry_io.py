@@ -492,6 +492,7 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
         if record.backend != backend:  # it would go into the wrong backend's table
             lines = path.read_text(encoding="utf-8").splitlines()
             line = next((i + 1 for i, t in enumerate(lines) if t.startswith("backend:")), 1)
-            raise RegistryError(f"{path}:{line}: file holds a {record.backend!r} rule but lies in the {backend}/ folder")
+            raise RegistryError(f"{path}:{line}: file holds a {record.backend!r} rule "
+                                f"but lies in the {backend}/ folder")
         records[record.op] = record
     return records

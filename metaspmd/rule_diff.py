@@ -130,7 +130,9 @@ class _Git:
 
     def commit(self, rev: str) -> str:
         try:
-            return self.run("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").decode().strip()
+            if rev.startswith("-"):  # an option to git, not a revision
+                raise ValueError(rev)
+            return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
         except ValueError:
             raise ValueError(f"{rev!r} is neither a folder nor a git revision of {self.repo}") from None
 

@@ -73,14 +73,15 @@ def test_duplicate_keys_at_every_level(old, new, where):
 
 
 def test_combine_dim_beyond_the_output_rank_is_refused():
-    with pytest.raises(RegistryError, match=r"f\.yaml:9: S1: gather\(dim=7\) names dim 7 of output 0, which has rank 2"):
+    with pytest.raises(RegistryError,
+                       match=r"f\.yaml:9: S1: gather\(dim=7\) names dim 7 of output 0, which has rank 2"):
         loads_record(mm(combine=COMBINE.replace("gather(dim=0)", "gather(dim=7)")), "f.yaml")
     loads_record(mm(), "f.yaml")  # dims 0 and 1 of a rank-2 output are fine
 
 
 def test_combine_dim_of_a_further_layer_is_checked_too():
-    text = mm().replace("  example:", "  more:\n  - shard: [[S4, N], [N, N]]\n    combine: {S4: 'scan(dim=2, op=sum)'}\n"
-                                       "  example:")
+    more = "  more:\n  - shard: [[S4, N], [N, N]]\n    combine: {S4: 'scan(dim=2, op=sum)'}\n"
+    text = mm().replace("  example:", more + "  example:")
     with pytest.raises(RegistryError, match=r"f\.yaml:12: S4: scan\(dim=2, op=sum\) names dim 2"):
         loads_record(text, "f.yaml")
 
@@ -112,7 +113,8 @@ def test_codegen_refuses_a_registry_that_is_not_one_and_keeps_the_table(tmp_path
     out = tmp_path / "gen"
     out.mkdir()
     (out / "torch_rules.py").write_text("the real table\n")
-    given = {"torch": tmp_path / "reg" / "torch", "missing": tmp_path / "missing", "empty": tmp_path / "empty"}[registry]
+    given = {"torch": tmp_path / "reg" / "torch", "missing": tmp_path / "missing",
+             "empty": tmp_path / "empty"}[registry]
     assert cli.codegen(["--registry", str(given), "--backend", "torch", "--out", str(out)]) == 2
     assert str(given) in capsys.readouterr().err
     assert (out / "torch_rules.py").read_text() == "the real table\n"
@@ -322,7 +324,8 @@ def test_kernels_replace_the_tvm_builtins(tmp_path, monkeypatch):
 def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
     for args, message in ((["--jobs", "0"], "expected an integer >= 1, got 0"), (["-j", "-1"], "got -1"),
                           (["--ops", ""], "--ops '' names no op pattern"),
-                          (["--timeout", "nan"], "got 'nan'")):
+                          (["--timeout", "nan"], "got 'nan'"),
+                          (["--registry", str(ROOT / "registry" / "jax")], "so it is a backend folder")):
         with pytest.raises(SystemExit) as e:
             cli.crosscheck(["--backend", "no_such_backend", *args])
         assert e.value.code == 2 and message in capsys.readouterr().err
