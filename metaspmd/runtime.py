@@ -110,7 +110,8 @@ def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any) -> N
         raise TypeError(f"example_inputs must be a tuple of the function's positional arguments, got a "
                         f"{type(example_inputs).__module__}.{type(example_inputs).__qualname__} "
                         "(for one input write (x,))")
-    for name, value, optional in (("memory_budget", memory_budget, True), ("time_limit", time_limit, False)):
+    # None: no budget; a time limit the planner sizes to the ILP
+    for name, value, optional in (("memory_budget", memory_budget, True), ("time_limit", time_limit, True)):
         if value is None and optional:
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

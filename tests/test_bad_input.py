@@ -340,7 +340,7 @@ def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
     ({"memory_budget": 0}, ValueError, "got 0"),
     ({"memory_budget": True}, TypeError, "got True"),
     ({"time_limit": float("inf")}, ValueError, "time_limit must be a finite number > 0, got inf"),
-    ({"time_limit": None}, TypeError, "time_limit must be a number, got None"),
+    ({"time_limit": "10"}, TypeError, "time_limit must be a number or None, got '10'"),
 ])
 def test_parallelize_refuses_bad_options_by_name(kw, error, message):
     with pytest.raises(error, match=message):
