@@ -139,7 +139,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     plan = rt.one_plan(lambda: planner.plan(
         captured.ir, rt.strategies(captured, found), rt.planner_mesh(mesh), memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
-        constraints=rt.constraints(captured, constraints or {}),
+        constraints=rt.constraints(captured, constraints or {}), **plan_options(rt, captured),
     ))
     return rt.run(fn, captured, plan, stats, mesh)
 
@@ -158,6 +158,14 @@ def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, 
             raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
         out[var] = tuple(placements(value))
     return out
+
+
+def plan_options(rt: RuntimeBackend, captured: Captured) -> dict:
+    """More of the planner's arguments, where a backend has them: ``plan_options(captured)``
+    (JAX plans loop bodies once, each node charged per iteration: ``repeats`` and
+    ``same_placement``)."""
+    options = getattr(rt, "plan_options", None)
+    return options(captured) if options is not None else {}
 
 
 quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave

@@ -3,10 +3,24 @@
 ``jax.make_jaxpr`` traces the function (with ``params``: ``jax.value_and_grad`` of a
 scalar loss, so forward and backward are one graph). Call-like equations (jit,
 custom_jvp_call, custom_vjp_call, closed_call, remat) are inlined so every node is one
-primitive, named ``jax.<primitive>`` as in the JAX backend and its rule table; control
-flow (while, cond, scan) stays one opaque node. Dead equations are dropped. The flat
-equations are then evaluated one by one on the example inputs, recording every node's
-real operands, so ops missing from the table are explored live on the model's own values.
+primitive, named ``jax.<primitive>`` as in the JAX backend and its rule table; a remat
+differentiated with ``prevent_cse`` keeps its optimization barrier, one per operand, so
+XLA still recomputes instead of reusing the forward's values. Dead equations are dropped.
+The flat equations are then evaluated one by one on the example inputs, recording every
+node's real operands, so ops missing from the table are explored live on the model's own
+values.
+
+Control flow (scan, while, cond) is planned through its bodies: the equation stays one
+``FlatEqn`` holding a ``Region``, whose bodies are captured once each (not once per
+iteration) and whose MetaIR is the bodies' nodes between boundary nodes, which the planner
+places like ops and the runtime never binds: a loop carry enters and leaves through a
+``carry`` node (the two kept in one placement, so every iteration sees the carry where the
+first did), a scanned-over operand through ``scan_slice`` (the stacked value cut along a
+dim is each iteration's slice cut along that dim less one: the leading dim stays whole), a
+scanned-out result through ``scan_stack``, and a ``cond``'s outputs through one
+``cond_merge`` each, whose branches must all deliver that one placement. A body reads the
+loop's other operands (its consts) directly. ``repeats`` says how often each node runs per
+call: a scan's ``length``, a while loop's trip count on the example inputs.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 from jax._src import core
+from jax._src.lax.lax import optimization_barrier_p
 
 from metaspmd.ir import MetaIR, MetaOp, MetaVar
 
@@ -28,6 +43,34 @@ from .params import group_operands, signature_params
 from .programs import INLINED
 
 Atom = Any  # a var name (str) or a core.Literal
+
+# Control flow planned through its bodies, and the boundary nodes of its regions.
+REGIONS = frozenset({"scan", "while", "cond"})
+CARRY, SCAN_SLICE, SCAN_STACK, COND_MERGE = "carry", "scan_slice", "scan_stack", "cond_merge"
+BOUNDARY = {k: core.Primitive(k) for k in (CARRY, SCAN_SLICE, SCAN_STACK, COND_MERGE)}
+
+
+class ControlFlowError(ValueError):
+    """Control flow whose plan could not keep one placement per carry."""
+
+
+class _Boundary:
+    """The callable of a boundary node, never run by the runtime. It costs no compute:
+    carries, slices and merges are views of what they pass on; a stack holds memory of
+    its own (every iteration's slice) but the loop writes each slice in place."""
+
+    is_free = True
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.is_view = kind != SCAN_STACK
+
+    def __call__(self, *args: Any) -> Any:
+        if self.kind == SCAN_SLICE:
+            return args[0][0], args[0]
+        if self.kind == SCAN_STACK:
+            return args[0][None]
+        return args[0]
 
 
 @dataclass(frozen=True)
@@ -40,6 +83,7 @@ class FlatEqn:
     inputs: tuple[Atom, ...]
     outputs: tuple[str, ...]
     effectful: bool = False
+    region: "Region | None" = field(default=None, compare=False)
 
     @property
     def literal_positions(self) -> tuple[int, ...]:
@@ -49,6 +93,43 @@ class FlatEqn:
     def bind(self, operands: Sequence[Any]) -> list[Any]:
         out = self.prim.bind(*operands, **self.prim.get_bind_params(self.params))
         return list(out) if self.prim.multiple_results else [out]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A control-flow equation planned through its bodies (``kind``: scan, while, cond).
+
+    ``enter``: boundary nodes before the bodies (a loop's carries, then a scan's slices);
+    ``bodies``: each body's equations and its results (``outputs``); ``leave``: boundary
+    nodes after them (a loop's carries, then a scan's stacks; a cond's merges), whose
+    outputs are the equation's. ``carries``: (carry in, carry out) names, one placement each."""
+
+    kind: str
+    enter: tuple[FlatEqn, ...]
+    bodies: tuple[tuple[FlatEqn, ...], ...]
+    outputs: tuple[tuple[Atom, ...], ...]
+    leave: tuple[FlatEqn, ...]
+
+    @property
+    def carries(self) -> tuple[tuple[str, str], ...]:
+        if self.kind == "cond":
+            return ()
+        cin = [e for e in self.enter if e.prim is BOUNDARY[CARRY]]
+        cout = [e for e in self.leave if e.prim is BOUNDARY[CARRY]]
+        return tuple((a.outputs[0], b.outputs[0]) for a, b in zip(cin, cout))
+
+
+def walk(eqns: Sequence[FlatEqn]):
+    """Every equation the MetaIR has a node for, in its order: a region's boundary nodes and
+    its bodies' equations in place of the region."""
+    for e in eqns:
+        if e.region is None:
+            yield e
+            continue
+        yield from e.region.enter
+        for body in e.region.bodies:
+            yield from walk(body)
+        yield from e.region.leave
 
 
 @dataclass(frozen=True)
@@ -65,10 +146,62 @@ class Captured:
     param_names: tuple[str, ...]  # the leading input_names that are parameters
     n_outputs: int  # leading flat results that are the function's own outputs
     values: dict = field(compare=False, hash=False)  # node name -> its real operands (flat)
+    trips: dict = field(default_factory=dict, compare=False, hash=False)  # loop equation -> body runs per call
 
     @cached_property
     def _by_name(self) -> dict[str, FlatEqn]:
-        return {e.name: e for e in self.eqns}
+        by = {e.name: e for e in walk(self.eqns)}
+        by.update((e.name, e) for e in self.regions)
+        return by
+
+    @cached_property
+    def regions(self) -> tuple[FlatEqn, ...]:
+        """Every control-flow equation planned through, nested ones too."""
+        out: list[FlatEqn] = []
+
+        def visit(eqns: Sequence[FlatEqn]) -> None:
+            for e in eqns:
+                if e.region is not None:
+                    out.append(e)
+                    for body in e.region.bodies:
+                        visit(body)
+
+        visit(self.eqns)
+        return tuple(out)
+
+    @cached_property
+    def repeats(self) -> dict[str, float]:
+        """Node name -> how often it runs per call, where that is not once: a loop body's
+        nodes (and the carries and stacks it leaves through) once per iteration."""
+        out: dict[str, float] = {}
+
+        def visit(eqns: Sequence[FlatEqn], times: float) -> None:
+            for e in eqns:
+                if e.region is None:
+                    if times != 1:
+                        out[e.name] = times
+                    continue
+                inner = times * self.trips.get(e.name, 1)
+                for b in e.region.enter:
+                    if times != 1:
+                        out[b.name] = times
+                for body in e.region.bodies:
+                    visit(body, inner)
+                for b in e.region.leave:
+                    if (inner if e.region.kind != "cond" else times) != 1:
+                        out[b.name] = inner if e.region.kind != "cond" else times
+
+        visit(self.eqns, 1.0)
+        return out
+
+    @property
+    def same_placement(self) -> list[tuple[str, str]]:
+        """A loop carry's placement entering and leaving the body: one placement; a scanned-
+        over value's placement and the one its slices are taken from: one placement."""
+        pairs = [pair for e in self.regions for pair in e.region.carries]
+        pairs += [(b.inputs[0], b.outputs[1]) for e in self.regions for b in e.region.enter
+                  if b.prim is BOUNDARY[SCAN_SLICE]]
+        return pairs
 
     def eqn(self, name: str) -> FlatEqn:
         return self._by_name[name]
@@ -85,7 +218,8 @@ def read_atom(env: dict, a: Atom) -> Any:
 
 
 class _Flattener:
-    """Inlines call-like equations into one list of primitive equations."""
+    """Inlines call-like equations into one list of primitive equations; control flow
+    becomes a ``Region`` of its own flattened bodies."""
 
     def __init__(self) -> None:
         self.eqns: list[FlatEqn] = []
@@ -96,7 +230,7 @@ class _Flattener:
     def constant(self, value: Any) -> str:
         name = f"const{len(self.consts)}"
         self.consts.append((name, value))
-        self.avals[name] = core.get_aval(value)
+        self.avals[name] = core.typeof(value)
         return name
 
     def run(self, jaxpr: core.Jaxpr, consts: Sequence[Atom], inputs: Sequence[Atom]) -> list[Atom]:
@@ -112,13 +246,34 @@ class _Flattener:
             body = eqn.params.get(INLINED.get(eqn.primitive.name, ""))
             if isinstance(body, (core.Jaxpr, core.ClosedJaxpr)):
                 inner, inner_consts = (body.jaxpr, body.consts) if isinstance(body, core.ClosedJaxpr) else (body, ())
-                outs = self.run(inner, [self.constant(c) for c in inner_consts], ins)
+                outs = self.run(inner, [self.constant(c) for c in inner_consts], self._barriers(eqn, ins))
+            elif eqn.primitive.name in REGIONS:
+                outs = self.region(eqn, ins)
             else:
                 outs = self.emit(eqn, ins)
             for v, a in zip(eqn.outvars, outs):
                 if not isinstance(v, core.DropVar):
                     env[v] = a
         return [read(v) for v in jaxpr.outvars]
+
+    def _barriers(self, eqn: core.JaxprEqn, ins: list[Atom]) -> list[Atom]:
+        """A differentiated remat's ``prevent_cse`` operands, each through an optimization
+        barrier as its lowering puts them: without it XLA would reuse the forward's values
+        for the recomputation, and hold them, as the plan's memory does not."""
+        p = eqn.params
+        if eqn.primitive.name not in ("checkpoint", "remat2") or not p.get("differentiated"):
+            return ins
+        cse = p.get("prevent_cse", False)
+        cse = (cse,) * len(ins) if isinstance(cse, bool) else tuple(cse)
+        out = []
+        for a, prevent, v in zip(ins, cse, eqn.invars):
+            if prevent and isinstance(a, str) and isinstance(v.aval, core.ShapedArray):
+                name = f"optimization_barrier_{next(self._ids)}"
+                self.avals[name] = v.aval
+                self.eqns.append(FlatEqn(name, optimization_barrier_p, {}, (a,), (name,)))
+                a = name
+            out.append(a)
+        return out
 
     def emit(self, eqn: core.JaxprEqn, ins: list[Atom]) -> list[str]:
         name = f"{eqn.primitive.name}_{next(self._ids)}"
@@ -128,6 +283,67 @@ class _Flattener:
             self.avals[o] = v.aval
         self.eqns.append(FlatEqn(name, eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), bool(eqn.effects)))
         return outs
+
+    def boundary(self, kind: str, ins: Sequence[Atom], aval: Any) -> FlatEqn:
+        name = f"{kind}_{next(self._ids)}"
+        self.avals[name] = aval
+        ins = tuple(self._named(a) for a in ins)
+        if kind != SCAN_SLICE:
+            return FlatEqn(name, BOUNDARY[kind], {}, ins, (name,))
+        # A slice also gives back the whole stacked value, tied to its producer's placement
+        # (``Captured.same_placement``): the loop reads the stacked value where it lives,
+        # and any resharding happens to one slice per iteration, never to the whole stack.
+        self.avals[name + ".stacked"] = self.avals[ins[0]]
+        return FlatEqn(name, BOUNDARY[kind], {}, ins, (name, name + ".stacked"))
+
+    def _named(self, a: Atom) -> str:
+        """A literal as a constant of the program: boundary nodes take graph values only."""
+        return self.constant(jnp.asarray(a.val, dtype=a.aval.dtype)) if isinstance(a, core.Literal) else a
+
+    def body(self, closed: core.ClosedJaxpr, inputs: Sequence[Atom]) -> tuple[tuple[FlatEqn, ...], tuple[Atom, ...]]:
+        """One body flattened on its own: its live equations and its results."""
+        outer, self.eqns = self.eqns, []
+        try:
+            outs = self.run(closed.jaxpr, [self.constant(c) for c in closed.consts], inputs)
+            outs = [self._named(a) for a in outs]
+            return tuple(_live(self.eqns, outs)), tuple(outs)
+        finally:
+            self.eqns = outer
+
+    def region(self, eqn: core.JaxprEqn, ins: list[Atom]) -> list[str]:
+        p, kind = eqn.params, eqn.primitive.name
+        out_avals = [v.aval for v in eqn.outvars]
+        if kind == "scan":
+            nc, nk = p["num_consts"], p["num_carry"]
+            body_in = p["jaxpr"].jaxpr.invars
+            cin = [self.boundary(CARRY, [a], v.aval) for a, v in zip(ins[nc:nc + nk], body_in[nc:nc + nk])]
+            slices = [self.boundary(SCAN_SLICE, [a], v.aval) for a, v in zip(ins[nc + nk:], body_in[nc + nk:])]
+            enter = cin + slices
+            eqns, outs = self.body(p["jaxpr"], [*ins[:nc], *(e.outputs[0] for e in enter)])
+            leave = [self.boundary(CARRY if k < nk else SCAN_STACK, [o], out_avals[k]) for k, o in enumerate(outs)]
+            bodies, results = (eqns,), (outs,)
+        elif kind == "while":
+            cc, bc = p["cond_nconsts"], p["body_nconsts"]
+            body_in = p["body_jaxpr"].jaxpr.invars
+            enter = [self.boundary(CARRY, [a], v.aval) for a, v in zip(ins[cc + bc:], body_in[bc:])]
+            eqns, outs = self.body(p["body_jaxpr"], [*ins[cc:cc + bc], *(e.outputs[0] for e in enter)])
+            leave = [self.boundary(CARRY, [o], aval) for o, aval in zip(outs, out_avals)]
+            bodies, results = (eqns,), (outs,)
+        else:  # cond: every branch reads the operands as they are
+            enter = []
+            branches = [self.body(b, ins[1:]) for b in p["branches"]]
+            bodies, results = tuple(b for b, _ in branches), tuple(o for _, o in branches)
+            leave = [self.boundary(COND_MERGE, [o[k] for o in results], aval) for k, aval in enumerate(out_avals)]
+        for cin_, cout in Region(kind, tuple(enter), (), (), tuple(leave)).carries:
+            a, b = self.avals[cin_], self.avals[cout]
+            if (a.shape, a.dtype) != (b.shape, b.dtype):  # JAX refuses these itself; a guard for what it lets by
+                raise ControlFlowError(f"{kind}: a carry enters the body as {a.str_short()} and leaves as "
+                                       f"{b.str_short()}; a plan keeps one placement per carry, so its shape stays")
+        name = f"{kind}_{next(self._ids)}"
+        outs_named = tuple(e.outputs[0] for e in leave)
+        region = Region(kind, tuple(enter), bodies, results, tuple(leave))
+        self.eqns.append(FlatEqn(name, eqn.primitive, dict(p), tuple(ins), outs_named, bool(eqn.effects), region))
+        return list(outs_named)
 
 
 def _live(eqns: list[FlatEqn], outputs: Sequence[Atom]) -> list[FlatEqn]:
@@ -175,7 +391,15 @@ def capture(
         traced, args = (_joint(fn, loss_fn) if backward else fn), (params, *example_inputs)
     else:
         traced, args = fn, example_inputs
-    closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(*args)
+    try:
+        closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(*args)
+    except TypeError as err:
+        if "carry input and carry output must have equal types" not in str(err):
+            raise
+        raise ControlFlowError(
+            "a loop carry changes type between iterations, and a plan gives each carry one placement for "
+            "every iteration: allocate it at its final size and fill it in place (lax.dynamic_update_slice)"
+            f"\n{err}") from err
     with_paths, in_tree = jax.tree_util.tree_flatten_with_path(args)
     names, param_names = [], []
     for path, _ in with_paths:
@@ -194,21 +418,71 @@ def capture(
     out_tree = jax.tree.structure(out_shapes)
     n_outputs = len(jax.tree.leaves(out_shapes[0])) if params is not None and backward else out_tree.num_leaves
     flat_values = [jnp.asarray(x) for x in jax.tree.leaves(args)] + [v for _, v in flat.consts]
-    values = record_values(eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values)
+    trips: dict = {}
+    values = record_values(eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values, trips)
     ir = to_metair(eqns, names, flat.consts, outputs, flat.avals)
     return Captured(ir, tuple(eqns), tuple(names), tuple(flat.consts), tuple(outputs), in_tree, out_tree,
-                    tuple(param_names), n_outputs, values)
+                    tuple(param_names), n_outputs, values, trips)
 
 
-def record_values(eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any]) -> dict:
-    """Evaluate the program eagerly, equation by equation; node name -> its operands."""
-    env: dict = dict(zip(input_names, inputs))
+def record_values(eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any],
+                  trips: dict | None = None) -> dict:
+    """Evaluate the program eagerly, equation by equation; node name -> its operands. A
+    region's bodies are evaluated once more on their first iteration's operands (each cond
+    branch on the operands), for their nodes' values; a loop's trip count goes in ``trips``."""
     values: dict = {}
+    _record(eqns, dict(zip(input_names, inputs)), values, {} if trips is None else trips)
+    return values
+
+
+def _record(eqns: Sequence[FlatEqn], env: dict, values: dict, trips: dict) -> None:
     for e in eqns:
         operands = tuple(read_atom(env, a) for a in e.inputs)
         values[e.name] = operands
+        if e.region is not None:
+            _record_region(e, operands, env, values, trips)
         env.update(zip(e.outputs, e.bind(operands)))
-    return values
+
+
+def _record_region(e: FlatEqn, operands: tuple, env: dict, values: dict, trips: dict) -> None:
+    r, p = e.region, e.params
+    if r.kind == "scan":
+        nc, first = p["num_consts"], -1 if p["reverse"] else 0
+        entering = [x if b.prim is BOUNDARY[CARRY] else x[first] for b, x in zip(r.enter, operands[nc:])]
+        trips[e.name] = p["length"]
+    elif r.kind == "while":
+        entering = list(operands[p["cond_nconsts"] + p["body_nconsts"]:])
+        trips[e.name] = _while_trips(e, operands)
+    else:
+        entering = []
+    for b, x, given in zip(r.enter, entering, operands[len(operands) - len(r.enter):]):
+        values[b.name] = (given,)
+        env[b.outputs[0]] = x
+    results = []
+    for body, outs in zip(r.bodies, r.outputs):
+        inner = dict(env)
+        _record(body, inner, values, trips)
+        results.append([read_atom(inner, a) for a in outs])
+    for k, b in enumerate(r.leave):
+        values[b.name] = tuple(res[k] for res in results) if r.kind == "cond" else (results[0][k],)
+
+
+def _while_trips(e: FlatEqn, operands: tuple) -> int:
+    """How often the loop's body runs on these operands: the trip count a plan charges a
+    ``while`` (its bound is a traced value, so the example's count stands for every call)."""
+    p = e.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+
+    def step(state):
+        n, carry = state
+        return n + 1, core.eval_jaxpr(body.jaxpr, body.consts, *operands[cc:cc + bc], *carry)
+
+    def more(state):
+        return core.eval_jaxpr(cond.jaxpr, cond.consts, *operands[:cc], *state[1])[0]
+
+    n, _ = jax.jit(lambda init: jax.lax.while_loop(more, step, (0, init)))(list(operands[cc + bc:]))
+    return int(n)
 
 
 def _var(name: str, aval: Any) -> MetaVar:
@@ -234,11 +508,13 @@ def to_metair(eqns: Sequence[FlatEqn], input_names: Sequence[str], consts: Seque
         return a.val if isinstance(a, core.Literal) else vars_[a]
 
     ops = []
-    for e in eqns:
+    for e in walk(eqns):
         _, args = op_arguments(e.prim.name, [as_meta(a) for a in e.inputs])
         shapes = tuple(tuple(int(s) for s in getattr(_aval(a, avals), "shape", ())) for a in e.inputs)
+        kind = next((k for k, prim in BOUNDARY.items() if prim is e.prim), None)
+        fn = _Boundary(kind) if kind is not None else PrimitiveCall(e.prim, e.params, shapes)
         ops.append(MetaOp(e.name, PREFIX + e.prim.name, args, signature_params(e.params),
-                          tuple(vars_[o] for o in e.outputs), PrimitiveCall(e.prim, e.params, shapes)))
+                          tuple(vars_[o] for o in e.outputs), fn))
     out_vars = [vars_[a] for a in outputs if isinstance(a, str)]
     return MetaIR(tuple(inputs), tuple(ops), tuple(out_vars))
 
@@ -247,4 +523,5 @@ def _aval(a: Atom, avals: dict) -> Any:
     return a.aval if isinstance(a, core.Literal) else avals[a]
 
 
-__all__ = ["Captured", "FlatEqn", "capture", "op_arguments", "read_atom", "record_values", "to_metair"]
+__all__ = ["BOUNDARY", "CARRY", "COND_MERGE", "Captured", "ControlFlowError", "FlatEqn", "REGIONS", "Region", "SCAN_SLICE",
+           "SCAN_STACK", "capture", "op_arguments", "read_atom", "record_values", "to_metair", "walk"]

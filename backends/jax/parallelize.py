@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax._src import core
 from jax.sharding import Mesh, NamedSharding
 
 from metaspmd import planner, runtime
@@ -82,9 +83,23 @@ class Parallelized:
         return frozenset(v.name for v in (*ir.input_list, *(o for op in ir for o in op.outputs)) if v.is_tensor)
 
     def _run(self, *flat: Any) -> list[Any]:
-        c, plan = self.captured, self.plan
+        c = self.captured
         env = dict(zip(c.graph_inputs, flat))
-        for e in c.eqns:
+        self._replay(c.eqns, env)
+        results = []
+        for a in c.outputs:
+            x = read_atom(env, a)
+            if isinstance(a, str) and a in self._final:
+                x = self._constrain(x, self._final[a])
+            results.append(x)
+        return results
+
+    def _replay(self, eqns, env: dict) -> None:
+        plan = self.plan
+        for e in eqns:
+            if e.region is not None:
+                env.update(zip(e.outputs, self._region(e, env)))
+                continue
             strategy = plan.strategy(e.name)
             wanted = iter(strategy.inputs)  # one per tensor operand, in operand order
             operands = []
@@ -98,13 +113,57 @@ class Parallelized:
             outs = e.bind(operands)
             for name, x, p in zip(e.outputs, outs, strategy.outputs):
                 env[name] = self._constrain(x, p)
-        results = []
-        for a in c.outputs:
-            x = read_atom(env, a)
-            if isinstance(a, str) and a in self._final:
-                x = self._constrain(x, self._final[a])
-            results.append(x)
-        return results
+
+    def _body(self, region, k: int, env: dict, bound: dict, leave=None) -> list[Any]:
+        """Body ``k`` replayed under its plan, in a copy of ``env`` (the loop's consts are
+        read from there) with ``bound`` entering; its results pinned where ``leave`` (the
+        boundary nodes they go through) takes them."""
+        inner = dict(env)
+        inner.update(bound)
+        self._replay(region.bodies[k], inner)
+        leave = region.leave if leave is None else leave
+        return [self._constrain(read_atom(inner, a), self.plan.strategy(b.name).inputs[k if region.kind == "cond" else 0])
+                for a, b in zip(region.outputs[k], leave)]
+
+    def _region(self, e, env: dict) -> list[Any]:
+        """Run control flow with its bodies replayed under the plan: ``with_sharding_constraint``
+        inside the bodies keeps XLA to the planned placements in every iteration."""
+        r, p, plan = e.region, e.params, self.plan
+        ins = [read_atom(env, a) for a in e.inputs]
+
+        def entering(b, x):  # into a boundary node as its strategy takes it
+            return self._constrain(x, plan.strategy(b.name).inputs[0])
+
+        def out(b, x):
+            return self._constrain(x, plan.placement(b.outputs[0]))
+
+        if r.kind == "scan":
+            nc, nk = p["num_consts"], p["num_carry"]
+            cin, slices = r.enter[:nk], r.enter[nk:]
+            init = [out(b, x) for b, x in zip(cin, ins[nc:nc + nk])]
+            xs = [entering(b, x) for b, x in zip(slices, ins[nc + nk:])]
+
+            def step(carry, x):
+                bound = {b.outputs[0]: v for b, v in zip(cin, carry)}
+                bound.update((b.outputs[0], out(b, v)) for b, v in zip(slices, x))
+                res = self._body(r, 0, env, bound)
+                return res[:nk], res[nk:]
+
+            carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
+            return [out(b, v) for b, v in zip(r.leave, [*carry, *ys])]
+        if r.kind == "while":
+            cc, bc = p["cond_nconsts"], p["body_nconsts"]
+            cond = p["cond_jaxpr"]
+
+            def more(carry):
+                return core.eval_jaxpr(cond.jaxpr, cond.consts, *ins[:cc], *carry)[0]
+
+            def body(carry):
+                return self._body(r, 0, env, {b.outputs[0]: v for b, v in zip(r.enter, carry)})
+
+            return list(jax.lax.while_loop(more, body, [out(b, x) for b, x in zip(r.enter, ins[cc + bc:])]))
+        branches = [lambda k=k: self._body(r, k, env, {}) for k in range(len(r.bodies))]
+        return [out(b, v) for b, v in zip(r.leave, jax.lax.switch(ins[0], branches))]
 
     @cached_property
     def jitted(self) -> Callable[..., list[Any]]:
@@ -169,6 +228,10 @@ class JaxRuntime:
 
     def strategies(self, captured: Captured, found):
         return {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
+
+    def plan_options(self, captured: Captured) -> dict:
+        """Loop bodies: each node charged once per iteration, each carry in one placement."""
+        return {"repeats": captured.repeats, "same_placement": captured.same_placement}
 
     def ties(self, captured: Captured):
         if self.params is None or not self.backward:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metaspmd import spec
 from metaspmd.case import OpCase
 from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
@@ -24,7 +25,7 @@ from metaspmd.table import RuleTable, generated
 from metaspmd.tensor_ops import FLOAT, INT, OTHER
 
 from .backend import clamped_positions, dropping_form, localizer, padding_of
-from .capture import Captured, op_arguments
+from .capture import BOUNDARY, CARRY, SCAN_SLICE, SCAN_STACK, Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
 from .params import exact_sizes
@@ -32,9 +33,43 @@ from .tensor_ops import JaxOps, kind_of
 
 _OPS = JaxOps()
 
-# Control flow: its bodies are traced at fixed shapes, so it cannot run on shards. It stays
-# one opaque node, replicated unless the table has a rule for it.
+# Calls with bodies the capture does not plan through: their bodies are traced at fixed
+# shapes, so they cannot run on shards. Each stays one opaque node, replicated unless the
+# table has a rule for it. (scan, while and cond are planned through their bodies: capture.)
 OPAQUE = frozenset({"while", "cond", "scan", "custom_linear_solve", "eval_jaxpr", "composite", "platform_index"})
+
+
+def _cut(dim: int, out: int | None = None) -> tuple[spec.ShardIn, spec.OutputCombine]:
+    return spec.ShardIn(dim), spec.OutputCombine((spec.Gather(dim if out is None else out),))
+
+
+def boundary_rules(kind: str, ndims: Sequence[int]) -> tuple[spec.Strategy, ...]:
+    """A region boundary's rules, from shape arithmetic (``ndims``: its inputs' ranks). A
+    carry or a merge keeps its placement (every branch of a cond delivers the one its output
+    takes); a scanned-over operand cut along dim d is each iteration's slice cut along d - 1,
+    a stacked result the other way; the leading (iteration) dim is never cut. No Partial:
+    a loop's carry and its stacked slices are stored arrays."""
+    n = ndims[0]
+    if kind == SCAN_SLICE:
+        cuts = [(d, d - 1) for d in range(1, n)]
+    elif kind == SCAN_STACK:
+        cuts = [(d, d + 1) for d in range(n)]
+    else:
+        cuts = [(d, d) for d in range(n)]
+    out = []
+    for k, (d, o) in enumerate(cuts, start=1):
+        cut_in, combine = _cut(d, o)
+        # a slice's second output is the stacked value itself (see capture.Region)
+        outs = (combine, _cut(d)[1]) if kind == SCAN_SLICE else (combine,)
+        out.append(spec.Strategy(f"S{k}", (cut_in,) * len(ndims), outs))
+    return tuple(out)
+
+
+def _identity_rules(ndim: int) -> tuple[spec.Strategy, ...]:
+    """An optimization barrier of one operand: the identity, Partial sums included."""
+    sums = spec.Strategy(f"S{ndim + 1}", (spec.PartialInput("sum"),),
+                         (spec.OutputCombine((spec.Reduce("sum"),)),))
+    return boundary_rules(CARRY, [ndim]) + (sums,)
 
 
 # Primitives that give their operand's values unchanged and only steer where values live
@@ -108,9 +143,21 @@ def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ..
     return names, args, signature(_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
 
 
+def _derived(node: MetaOp, prim: str, found: tuple[spec.Strategy, ...], ndims: Sequence[int]) -> NodeCall:
+    def refuse() -> OpCase:
+        raise AssertionError(f"{node.name}: rules from shape arithmetic, nothing to explore")
+
+    return NodeCall(f"{prim}:{','.join(map(str, ndims))}", found, refuse)
+
+
 def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) -> NodeCall:
     operands = captured.values[node.name]
     prim = captured.eqn(node.name).prim.name
+    ndims = [len(getattr(x, "shape", ())) for x in operands]
+    if captured.eqn(node.name).prim in BOUNDARY.values():
+        return _derived(node, prim, boundary_rules(prim, ndims), ndims)
+    if prim == "optimization_barrier" and len(operands) == 1:
+        return _derived(node, prim, _identity_rules(ndims[0]), ndims)
     names, args, sig = node_signature(node, operands)
     found = (rules if rules is not None else table()).strategies(node.op, sig)
 
@@ -147,4 +194,4 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
     return NodeCall(sig, found, case)
 
 
-__all__ = ["OPAQUE", "Opaque", "node_call", "node_signature", "table", "without_literals"]
+__all__ = ["OPAQUE", "Opaque", "boundary_rules", "node_call", "node_signature", "table", "without_literals"]

@@ -153,6 +153,7 @@ def plan(
     threads: int = 1,
     target: Target = DTENSOR_PLAN,
     constraints: Mapping[str, Placements] | None = None,
+    repeats: Mapping[str, float] | None = None,
 ) -> Plan:
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
@@ -162,11 +163,12 @@ def plan(
     placements must be equal; ``output_placements``: required placements of graph outputs;
     ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
     strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``); ``constraints``: placements
-    a user already decided, by var name. See build_problem.
+    a user already decided, by var name; ``repeats``: how often an op runs per call (a loop
+    body's, once per iteration). See build_problem.
     """
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
-        target, constraints,
+        target, constraints, repeats,
     )
     return solve(problem, solver, time_limit, reductions, beam_width, threads)
 

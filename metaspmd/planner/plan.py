@@ -161,8 +161,9 @@ def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Sol
         dst = problem.strategies[f.consumer][assignment[f.consumer]].inputs[f.slot]
         if src != dst:
             steps = cm.reshard_steps(f.var.shape, f.var.dtype, src, dst)
+            times = problem.repeats[f.consumer] if problem.repeats else 1.0  # once per run of the consumer
             reshards.append(Reshard(f.var.name, problem.names[f.consumer], f.slot, src, dst, steps,
-                                    sum(s.cost for s in steps)))
+                                    times * sum(s.cost for s in steps)))
     for d in problem.deliveries:
         src = problem.strategies[d.producer][assignment[d.producer]].outputs[d.out_index]
         if d.anchor is not None:

@@ -67,6 +67,7 @@ class ShardingProblem:
     flows: tuple[Flow, ...]
     deliveries: tuple[Delivery, ...]
     choice: ChoiceProblem
+    repeats: tuple[float, ...] = ()  # per node, how often it runs per call (empty: once each)
 
     def index(self, name: str) -> int:
         try:
@@ -179,7 +180,7 @@ def _op_choices(cm: CostModel, op: MetaOp, ins: Sequence[MetaVar], given: Sequen
     ss = tuple(compose(rules, cm.mesh, in_shapes, out_shapes, strict))
     itemsize = dtype_bytes(next((v.dtype for v in (*op.outputs, *ins) if v.is_tensor), "float32"))
     t_outs = [(k, v) for k, v in enumerate(op.outputs) if v.is_tensor]
-    if is_alias(op):  # a view of its (local) input: no arithmetic, no bytes moved
+    if is_alias(op) or getattr(op.fn, "is_free", False) is True:  # a view (or a loop's in-place write): no cost
         cost = np.zeros(len(ss))
     else:
         cost = np.array([
@@ -246,6 +247,7 @@ def build_problem(
     strict: bool = True,
     target: Target = DTENSOR_PLAN,
     constraints: Mapping[str, Placements] | None = None,
+    repeats: Mapping[str, float] | None = None,
 ) -> ShardingProblem:
     """``strategies_by_node``: 1-D rule strategies per op node name (missing: replicate
     only). ``memory_budget``: bytes per device.
@@ -261,6 +263,8 @@ def build_problem(
     partitioner finishes arg-reductions, index offsets, local params and halos too).
     ``constraints``: placements a user already decided, by var name (a graph input or an
     op's output): the plan gives those vars exactly these placements.
+    ``repeats``: how often an op runs per call, by op name, where not once (a loop body's
+    ops, once per iteration): its compute and the resharding into it are charged so often.
     """
     cm = cost_model or CostModel(mesh)
     if cm.mesh != mesh:
@@ -316,6 +320,9 @@ def build_problem(
                                    f"constrained placements [{placements_str(p)}]")
             ss, cost, mem = tuple(ss[c] for c in keep), cost[keep], mem[keep]
             signature = (signature, tuple(keep))  # no longer interchangeable with its unconstrained twins
+        times = float((repeats or {}).get(op.name, 1.0))
+        if times != 1.0:
+            cost, signature = cost * times, (signature, times)
         names.append(op.name)
         ops.append(op)
         outputs.append(tuple(op.outputs))
@@ -333,7 +340,12 @@ def build_problem(
         flows.append(Flow(v, producer, k, consumer, slot))
         src = [s.outputs[k] for s in strats[producer]]
         dst = [s.inputs[slot] for s in strats[consumer]]
-        edges.append(edge(producer, consumer, v, src, dst, (k, slot)))
+        e = edge(producer, consumer, v, src, dst, (k, slot))
+        times = float((repeats or {}).get(names[consumer], 1.0))
+        if times != 1.0:  # resharded every time the consumer runs
+            e = ChoiceEdge(e.u, e.v, e.cost * times, e.label,
+                           tuple(Factor(f.rows, f.cols, f.table * times) for f in e.factors))
+        edges.append(e)
 
     nodes_before_delivery = list(nodes)
     tied: set[str] = set()
@@ -376,7 +388,8 @@ def build_problem(
     choice = ChoiceProblem(tuple(nodes), tuple(edges), tuple(hard), memory_budget, liveness=live)
     compute = tuple(n.cost for n in nodes_before_delivery)
     return ShardingProblem(ir, mesh, cm, tuple(names), tuple(ops), tuple(outputs), tuple(strats), compute,
-                           tuple(flows), tuple(deliveries), choice)
+                           tuple(flows), tuple(deliveries), choice,
+                           tuple(float((repeats or {}).get(n, 1.0)) for n in names) if repeats else ())
 
 
 def _liveness(ir: MetaIR, cm: CostModel, where: Mapping[str, tuple[int, int]],

@@ -287,15 +287,14 @@ def test_rules_come_from_the_cache_second_time(mesh, cache):
 
 
 @needs_devices
-def test_control_flow_is_one_replicated_node(mesh, cache):
+def test_control_flow_is_planned_through_its_body(mesh, cache):
     def f(x):
         return lax.fori_loop(0, 3, lambda i, y: jnp.sin(y) * 2.0, x * 3.0).sum(axis=0)
 
     x = jax.random.normal(jax.random.key(3), (8, 16), jnp.float32)
     par = parallelize(f, mesh, (x,), cache=cache)
-    loops = [op for op in par.captured.ir if op.op in ("jax.scan", "jax.while")]
-    assert len(loops) == 1 and par.plan.strategy(loops[0].name).label == "R"
-    assert loops[0].name in par.stats.unexplorable
+    ops = {op.op for op in par.captured.ir}
+    assert "jax.sin" in ops and not ops & {"jax.scan", "jax.while"}  # tests/runtime/test_jax_control_flow.py
     np.testing.assert_allclose(par(x), f(x), rtol=1e-5, atol=1e-6)
 
 

@@ -1,0 +1,263 @@
+"""The JAX runtime plans through scan, while and cond: a body is captured once, planned with
+its own nodes' rules (each charged once per iteration), its carries keep one placement, and
+it runs under ``with_sharding_constraint`` inside the loop, on 4 of 8 simulated CPU devices.
+
+XLA fixes its CPU device count when jax first starts a backend, so this module asks for 8
+devices before that; if another module started jax first, the device tests re-run in a
+fresh process instead.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from metaspmd.backends.jax import FAST_COMPILE_FLAGS
+
+_DEVICES = "--xla_force_host_platform_device_count=8"
+_FLAGS = " ".join((_DEVICES, *FAST_COMPILE_FLAGS))
+if _DEVICES not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+from metaspmd import planner  # noqa: E402
+from metaspmd.backends.jax.capture import ControlFlowError, capture  # noqa: E402
+from metaspmd.backends.jax.parallelize import parallelize  # noqa: E402
+from metaspmd.backends.jax.rules_at_runtime import boundary_rules  # noqa: E402
+from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.placement import REPLICATE, Shard  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.jax_models import gpt_block, gpt_params  # noqa: E402
+
+ENOUGH_DEVICES = jax.device_count() >= 8
+needs_devices = pytest.mark.skipif(not ENOUGH_DEVICES, reason="jax started with too few devices (fresh process)")
+COLLECTIVES = r"(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+
+
+@pytest.mark.skipif(ENOUGH_DEVICES, reason="runs in this process")
+def test_in_a_fresh_process():
+    env = dict(os.environ, XLA_FLAGS=_FLAGS)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-m", "slow or not slow"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[:4]), ("tp",))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return RuleCache(tmp_path_factory.mktemp("rules"))
+
+
+# --------------------------------------------------------------------------- models
+
+
+def mlp_layer(h, p):
+    return jnp.tanh(h @ p["w1"]) @ p["w2"] + h, None
+
+
+def scan_mlp(params, x):
+    """A stack of MLP layers as JAX LMs write them: stacked [L, ...] params, lax.scan."""
+    return lax.scan(mlp_layer, x, params)[0]
+
+
+def stacked_mlp_params(layers=4, dim=64, hidden=256, seed=0):
+    k = jax.random.split(jax.random.key(seed), 2)
+    return {"w1": 0.1 * jax.random.normal(k[0], (layers, dim, hidden), jnp.float32),
+            "w2": 0.1 * jax.random.normal(k[1], (layers, hidden, dim), jnp.float32)}
+
+
+def scan_gpt(params, x):
+    """GPT blocks over stacked params (Flax ``nn.scan`` layout), each block rematerialized
+    in the backward (``jax.checkpoint``, nothing saved)."""
+    block = jax.checkpoint(lambda h, p: (gpt_block(p, h), None), policy=jax.checkpoint_policies.nothing_saveable)
+    return lax.scan(block, x, params)[0]
+
+
+def stacked(trees):
+    return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+
+def reference(fn, params, x):
+    """One device: outputs and the gradients of their sum."""
+    def loss(p):
+        out = fn(p, x)
+        return jnp.sum(out), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return out, grads
+
+
+def param_bytes(params):
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+
+
+def collectives_by_computation(hlo: str) -> dict[str, list[str]]:
+    out = {}
+    for comp in re.split(r"\n(?=\S)", hlo):
+        found = re.findall(COLLECTIVES, comp)
+        if found:
+            out[comp.split("\n")[0]] = found
+    return out
+
+
+def check_planned_scan(par, params, x, fn, budget, every_weight=True):
+    """A sharded body within the budget, stacked weight matrices cut along a layer's own dims
+    (``every_weight``: all of them, else some) and never along the layer dim, run with its
+    collectives inside the loop, equal to one device in values and gradients."""
+    plan = par.plan
+    assert plan.memory <= budget * (1 + 1e-6)
+    body = [n for n in plan.nodes if n.op == "jax.dot_general" and par.captured.repeats.get(n.name, 1) > 1]
+    assert body and any(n.strategy.label != "R" for n in body), "the scan body is planned replicated"
+    matrices = [v.name for v in par.captured.ir.input_list if v.name.startswith("params.") and len(v.shape) == 3]
+    cut = [name for name in matrices if any(isinstance(p, Shard) for p in plan.placement(name))]
+    assert cut == matrices if every_weight else cut, {m: plan.placement(m) for m in matrices}
+    assert not [m for m in matrices if Shard(0) in plan.placement(m)]  # each layer's slice whole
+    out, grads = par(x)
+    ref_out, ref_grads = reference(fn, params, x)
+    # float32 sums in another order: rtol 1e-4, and entries that cancel to near zero
+    # compared against the array's scale
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5 * float(np.abs(ref_out).max()))
+    for k, g in jax.tree_util.tree_leaves_with_path(grads):
+        want = dict(jax.tree_util.tree_leaves_with_path(ref_grads))[k]
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()),
+                                   err_msg=jax.tree_util.keystr(k))
+    hlo = par.lower(x).compile().as_text()
+    loops = {head: c for head, c in collectives_by_computation(hlo).items() if "region" in head or "body" in head}
+    assert loops, f"no collective inside a loop body: {collectives_by_computation(hlo)}"
+    for leaf in jax.tree.leaves(params):  # no stacked weight gathered whole
+        whole = "f32[" + ",".join(map(str, leaf.shape)) + "]"
+        assert not [line for line in hlo.splitlines() if "all-gather" in line and whole in line.split("=")[0]]
+    return hlo
+
+
+# --------------------------------------------------------------------------- capture
+
+
+def test_scan_capture_plans_the_body_once_with_its_boundaries():
+    params, x = stacked_mlp_params(layers=3, dim=8, hidden=16), jnp.ones((4, 8), jnp.float32)
+    c = capture(scan_mlp, (x,), params=params)
+    ops = [op.op for op in c.ir]
+    assert "jax.scan" not in ops
+    assert ops.count("jax.tanh") == 1  # the body once, not once per layer
+    assert c.trips == {e.name: 3 for e in c.regions} and len(c.regions) == 2  # forward and backward scan
+    tanh = next(op for op in c.ir if op.op == "jax.tanh")
+    assert c.repeats[tanh.name] == 3
+    # the tanh saw layer 0's pre-activation, recorded from the first iteration
+    np.testing.assert_allclose(c.values[tanh.name][0], x @ params["w1"][0], rtol=1e-6)
+    slices = [op for op in c.ir if op.op == "jax.scan_slice"]
+    assert {op.input_vars[0].name for op in slices} >= {"params.w1", "params.w2"}
+    assert all(op.outputs[0].shape == op.input_vars[0].shape[1:] for op in slices)
+    producers = c.ir.producers()
+    carries = [(a, b) for a, b in c.same_placement if not b.endswith(".stacked")]
+    assert len(carries) == 2  # the forward's h and the backward's dh
+    assert all(producers[a].op == producers[b].op == "jax.carry" for a, b in carries)
+    # a slice reads its stacked value where that lives: the two are tied
+    tied = {b: a for a, b in c.same_placement if b.endswith(".stacked")}
+    assert {producers[b].name: a for b, a in tied.items()} == {op.name: op.input_vars[0].name for op in slices}
+
+
+def test_boundary_rules_keep_the_iteration_dim_whole():
+    labels = lambda rules: {(r.inputs[0].dim, r.outputs[0].first.dim) for r in rules}  # noqa: E731
+    assert labels(boundary_rules("scan_slice", [3])) == {(1, 0), (2, 1)}
+    assert labels(boundary_rules("scan_stack", [2])) == {(0, 1), (1, 2)}
+    assert labels(boundary_rules("carry", [2])) == {(0, 0), (1, 1)}
+    merge = boundary_rules("cond_merge", [2, 2])
+    assert all(len(r.inputs) == 2 and r.inputs[0] == r.inputs[1] for r in merge)
+
+
+def test_repeats_charge_a_node_and_the_resharding_into_it_per_iteration():
+    from metaspmd.ir import MetaIR, MetaOp, MetaVar
+    from metaspmd import spec
+
+    x, y = MetaVar("x", (64, 64)), MetaVar("y", (64, 64))
+    ir = MetaIR((x,), (MetaOp("n", "jax.tanh", (x,), {}, (y,)),), (y,))
+    cut = spec.Strategy("S1", (spec.ShardIn(0),), (spec.OutputCombine((spec.Gather(0),)),))
+    mesh = planner.Mesh.of((4,), ("d",))
+    labels = {"x": "S(0)", "n": "R"}
+    once = planner.evaluate(planner.build_problem(ir, {"n": [cut]}, mesh), labels)
+    many = planner.evaluate(planner.build_problem(ir, {"n": [cut]}, mesh, repeats={"n": 5}), labels)
+    assert many.compute_cost == pytest.approx(5 * once.compute_cost) and once.compute_cost > 0
+    node_reshard = lambda p: sum(r.cost for r in p.reshards if r.consumer == "n")  # noqa: E731
+    assert node_reshard(many) == pytest.approx(5 * node_reshard(once)) and node_reshard(once) > 0
+
+
+def test_a_growing_while_carry_is_refused_clearly():
+    def grow(x):
+        return lax.while_loop(lambda c: c.sum() < 100, lambda c: jnp.concatenate([c, c]), x)
+
+    with pytest.raises(ControlFlowError, match="one placement for every iteration"):
+        capture(grow, (jnp.ones(2),))
+
+
+# --------------------------------------------------------------------------- plans that run
+
+
+@needs_devices
+def test_while_body_is_charged_per_trip_and_matches(mesh, cache):
+    def f(x, n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 2.0), (0, x))[1]
+
+    x, n = jax.random.normal(jax.random.key(3), (8, 16), jnp.float32), jnp.int32(5)
+    par = parallelize(f, mesh, (x, n), cache=cache)
+    assert set(par.captured.trips.values()) == {5}  # counted on the example: the bound is traced
+    sin = next(op for op in par.captured.ir if op.op == "jax.sin")
+    assert par.captured.repeats[sin.name] == 5
+    np.testing.assert_allclose(par(x, n), f(x, n), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(par(x, jnp.int32(2)), f(x, jnp.int32(2)), rtol=1e-5, atol=1e-6)
+
+
+@needs_devices
+def test_cond_branches_get_one_placement(mesh, cache):
+    """Branch 0 gives ``a`` as it is, branch 1 ``b`` transposed: left alone, each output would
+    keep its input's placement. Under a budget that keeps neither input whole, the merge
+    gives both branches one placement, and either branch runs it."""
+    def f(a, b, pick):
+        out = lax.cond(pick > 0, lambda: jnp.sin(a), lambda: jnp.cos(b).T)
+        return out * 2.0
+
+    a = jax.random.normal(jax.random.key(1), (64, 128), jnp.float32)
+    b = jax.random.normal(jax.random.key(2), (128, 64), jnp.float32)
+    nbytes = a.size * 4
+    par = parallelize(f, mesh, (a, b, jnp.int32(1)), cache=cache, memory_budget=1.6 * nbytes)
+    merge = next(n for n in par.plan.nodes if n.op == "jax.cond_merge")
+    assert len(set(merge.strategy.inputs)) == 1 and merge.strategy.inputs[0] == merge.strategy.outputs[0]
+    assert par.plan.placement("in0") != (REPLICATE,) and par.plan.placement("in1") != (REPLICATE,)
+    for pick in (1, 0):
+        np.testing.assert_allclose(par(a, b, jnp.int32(pick)), f(a, b, jnp.int32(pick)), rtol=1e-5, atol=1e-6)
+
+
+@needs_devices
+@pytest.mark.slow
+def test_scan_mlp_plans_a_sharded_body_and_matches(mesh, cache):
+    params = stacked_mlp_params()
+    x = jax.random.normal(jax.random.key(2), (8, 64), jnp.float32)
+    budget = param_bytes(params)  # parameters and gradients replicated need 2x
+    par = parallelize(scan_mlp, mesh, (x,), params=params, cache=cache, memory_budget=budget)
+    check_planned_scan(par, params, x, scan_mlp, budget)
+
+
+@needs_devices
+@pytest.mark.slow
+def test_scan_transformer_block_with_remat_plans_a_sharded_body_and_matches(mesh, cache):
+    params = stacked([gpt_params(64, 256, seed=s) for s in range(3)])  # weights outweigh activations
+    x = jax.random.normal(jax.random.key(1), (4, 16, 64), jnp.float32)
+    whole = parallelize(scan_gpt, mesh, (x,), params=params, cache=cache)  # small enough to run replicated
+    assert all(n.strategy.label == "R" for n in whole.plan.nodes if n.op)
+    budget = 0.75 * whole.plan.memory  # activations dominate: a quarter off forbids replication
+    par = parallelize(scan_gpt, mesh, (x,), params=params, cache=cache, memory_budget=budget)
+    check_planned_scan(par, params, x, scan_gpt, budget, every_weight=False)
+    assert not {op.op for op in par.captured.ir} & {"jax.scan", "jax.while", "jax.cond", "jax.checkpoint"}
+    assert "jax.optimization_barrier" in {op.op for op in par.captured.ir}  # the remat's, kept
