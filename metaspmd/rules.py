@@ -22,8 +22,10 @@ JOINT_LIMIT = 64
 # arithmetic and verified; 'replicate-only': explored, no strategy holds; 'failed': the
 # op could not be run or explored on this example (reason says why).
 ENTRY_STATUSES = ("ok", "derived", "replicate-only", "failed")
-# Op statuses add those that stop before any example runs.
-OP_STATUSES = ENTRY_STATUSES + ("nondeterministic", "no-sample", "skipped")
+# Op statuses add those that stop before any example runs; 'composite': an op with bodies
+# (control flow) whose rules are its body's ops' rules, composed where it is called (the
+# reason says how), so it has no entries of its own.
+OP_STATUSES = ENTRY_STATUSES + ("nondeterministic", "no-sample", "composite", "skipped")
 
 
 @dataclass(frozen=True)

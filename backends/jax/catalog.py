@@ -30,7 +30,18 @@ _COLLECTIVE_MODULE = "jax._src.lax.parallel"
 # Not explorable by running the primitive on shards, and why. The op status comes first.
 _NOT_EXPLORED: dict[str, tuple[str, str]] = {}
 for _names, _status, _reason in (
-    (("cond", "while", "scan", "custom_linear_solve", "eval_jaxpr", "composite", "platform_index"), "skipped",
+    (("scan",), "composite",
+     "control flow, planned through its body: the body's ops keep their own rules (each charged once per "
+     "iteration), a carry keeps one placement across iterations, a scanned-over operand cut along dim d "
+     "gives slices cut along d - 1 (the iteration dim stays whole), a stacked result the other way"),
+    (("while",), "composite",
+     "control flow, planned through its body: the body's ops keep their own rules (charged per iteration, "
+     "the trip count taken from the example call), a carry keeps one placement across iterations; the "
+     "condition runs on the carries where they are"),
+    (("cond",), "composite",
+     "control flow, planned through its branches: each branch's ops keep their own rules, and every "
+     "branch delivers each output in the one placement the plan gives it"),
+    (("custom_linear_solve", "eval_jaxpr", "composite", "platform_index"), "skipped",
      "control flow: its bodies are jaxprs traced at fixed shapes, so it cannot run on shards; the "
      "primitives inside harness bodies are explored one by one"),
     (("jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "checkpoint", "remat2"), "skipped",

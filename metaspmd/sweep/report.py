@@ -7,7 +7,7 @@ import json
 from .engine import SweepReport
 
 # Summary rows, in print order: op statuses (metaspmd.rules.OP_STATUSES).
-SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "skipped", "failed")
+SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "composite", "skipped", "failed")
 
 
 def format_summary(report: SweepReport) -> str:
@@ -19,7 +19,7 @@ def format_summary(report: SweepReport) -> str:
     if report.resumed:
         rows.append(("resumed (skipped)", str(len(report.resumed))))
     for status in SUMMARY_STATUSES:
-        if status == "skipped" and not counts[status]:
+        if status in ("composite", "skipped") and not counts[status]:
             continue
         value = str(counts[status])
         if status == "failed" and (timeouts or crashes):
