@@ -836,12 +836,12 @@ RULES = {
             shardy=('s1, r1 -> s1', (), ('r1',))),
     },
     'jax.reshape': {
-        'x:c[*,*] dimensions=None new_sizes=[3,2]': E('[[N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
+        'x:c[2,3] dimensions=None new_sizes=[3,2]': E('[[N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
             shardy=('r1 r2 -> r3 r4', (), ('r1', 'r2', 'r3', 'r4'))),
-        'x:f[*,*,*] dimensions=[2,0,1] new_sizes=[3,20]': E('[[N, N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
+        'x:f[2,3] dimensions=None new_sizes=[3,2]': E('[[N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
+            shardy=('r1 r2 -> r3 r4', (), ('r1', 'r2', 'r3', 'r4'))),
+        'x:f[3,4,5] dimensions=[2,0,1] new_sizes=[3,20]': E('[[N, N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
             shardy=('r1 r2 r3 -> r4 r5', (), ('r1', 'r2', 'r3', 'r4', 'r5'))),
-        'x:f[*,*] dimensions=None new_sizes=[3,2]': E('[[N, N]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]',
-            shardy=('r1 r2 -> r3 r4', (), ('r1', 'r2', 'r3', 'r4'))),
     },
     'jax.rev': {
         'x:c[*,*] dimensions=[0]': E('[[S1, S2]]', '{S1: gather(dim=0, reverse=true), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)]]',

@@ -8563,7 +8563,7 @@ RULES = {
     },
     'aten.reshape_as.default': {
         'self:b[5,5,5] other:b[25,5]': E('[[S1, S2, S3], [S4, S5]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: identity, S5: identity}', independent='[[S1, S2, S3], [S4, S5]]'),
-        'self:f[25,5] other:f[5,5,5]': E('[[N, S1], [S2, S3, S4]]', '{S1: gather(dim=2), S2: identity, S3: identity, S4: identity, S5: reduce(sum), S6: identity}', partial='[[S5(sum)], [S6(sum)]]', independent='[[S1, S5], [S2, S3, S4, S6]]'),
+        'self:f[25,5] other:f[5,5,5]': E('[[S1, S2], [S3, S4, S5]]', '{S1: gather(dim=0, even=true), S2: gather(dim=2), S3: identity, S4: identity, S5: identity, S6: reduce(sum), S7: identity}', partial='[[S6(sum)], [S7(sum)]]', independent='[[S1, S2, S6], [S3, S4, S5, S7]]'),
         'self:f[5,5,5] other:f[25,5]': E('[[S1, S2, S3], [S4, S5]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: identity, S5: identity, S6: reduce(sum), S7: identity}', partial='[[S6(sum)], [S7(sum)]]', independent='[[S1, S2, S3, S6], [S4, S5, S7]]'),
         'self:i[5,5,5] other:i[25,5]': E('[[S1, S2, S3], [S4, S5]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: identity, S5: identity, S6: reduce(sum), S7: identity}', partial='[[S6(sum)], [S7(sum)]]', independent='[[S1, S2, S3, S6], [S4, S5, S7]]'),
     },
@@ -10705,10 +10705,10 @@ RULES = {
         'self:i[*,*,*] dim=1': E('[[S1, N, S2]]', '{S1: [gather(dim=0), gather(dim=0), gather(dim=0), gather(dim=0), gather(dim=0)], S2: [gather(dim=1), gather(dim=1), gather(dim=1), gather(dim=1), gather(dim=1)], S3: [reduce(sum), reduce(sum), reduce(sum), reduce(sum), reduce(sum)]}', partial='[[S3(sum)]]'),
     },
     'aten.unflatten.int': {
-        'self:b[*,*,*] dim=1 sizes=[2,3]': E('[[S1, N, S2]]', '{S1: gather(dim=0), S2: gather(dim=3)}'),
-        'self:f[*,*,*] dim=1 sizes=[2,3]': E('[[S1, N, S2]]', '{S1: gather(dim=0), S2: gather(dim=3), S3: reduce(sum)}', partial='[[S3(sum)]]'),
+        'self:b[*,*,*] dim=1 sizes=[2,3]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=1, even=true), S3: gather(dim=3)}'),
+        'self:f[*,*,*] dim=1 sizes=[2,3]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=1, even=true), S3: gather(dim=3), S4: reduce(sum)}', partial='[[S4(sum)]]'),
         'self:f[*] dim=0 sizes=[8]': E('[[S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)]]'),
-        'self:i[*,*,*] dim=1 sizes=[2,3]': E('[[S1, N, S2]]', '{S1: gather(dim=0), S2: gather(dim=3), S3: reduce(sum)}', partial='[[S3(sum)]]'),
+        'self:i[*,*,*] dim=1 sizes=[2,3]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=1, even=true), S3: gather(dim=3), S4: reduce(sum)}', partial='[[S4(sum)]]'),
     },
     'aten.unfold.default': {
         'self:b[*,*,*,*] dimension=0 size=3 step=1': E('[[N, S1, S2, S3]]', '{S1: gather(dim=1), S2: gather(dim=2), S3: gather(dim=3)}'),
@@ -11094,7 +11094,7 @@ RULES = {
     },
     'aten.view_copy.default': {
         'self:b[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1)}'),
-        'self:f[25,5] size=[5,5,5]': E('[[N, S1]]', '{S1: gather(dim=2), S2: reduce(sum)}', partial='[[S2(sum)]]'),
+        'self:f[25,5] size=[5,5,5]': E('[[S1, S2]]', '{S1: gather(dim=0, even=true), S2: gather(dim=2), S3: reduce(sum)}', partial='[[S3(sum)]]'),
         'self:f[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)]]'),
         'self:i[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)]]'),
     },
@@ -11106,7 +11106,7 @@ RULES = {
     },
     'aten.view_copy.out': {
         'self:b[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1)}'),
-        'self:f[25,5] size=[5,5,5]': E('[[N, S1]]', '{S1: gather(dim=2), S2: reduce(sum)}', partial='[[S2(sum)]]'),
+        'self:f[25,5] size=[5,5,5]': E('[[S1, S2]]', '{S1: gather(dim=0, even=true), S2: gather(dim=2), S3: reduce(sum)}', partial='[[S3(sum)]]'),
         'self:f[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)]]'),
         'self:i[5,5,5] size=[25,5]': E('[[S1, S2, S3]]', '{S1: gather(dim=0), S2: gather(dim=0, block=5), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)]]'),
     },

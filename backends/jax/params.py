@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from jax._src import core
 
-from metaspmd.signature import span
+from metaspmd.signature import ALL_DIMS, span
 
 # Params that never change a sharding rule: kept out of signatures and examples. (The
 # accumulation type changes the output dtype, not how shards combine.)
@@ -77,9 +77,13 @@ def signature_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def exact_sizes(prim: str, params: Mapping[str, Any]) -> dict[str, slice]:
-    """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): a
-    convolution kernel's spatial extent, which sets its halo: rhs_spec's dims after the two
-    feature dims. ``params``: raw or as signature_params gives them."""
+    """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): every
+    dim of a reshape's operand, which maps dims by their sizes (new_sizes [6, 4] merges dims
+    0 and 1 of [2, 3, 4] and splits dim 0 of [4, 3, 2]); a convolution kernel's spatial
+    extent, which sets its halo: rhs_spec's dims after the two feature dims. ``params``: raw
+    or as signature_params gives them."""
+    if prim == "reshape":
+        return {"x": ALL_DIMS}
     if prim != "conv_general_dilated":
         return {}
     numbers = params.get("dimension_numbers")

@@ -190,8 +190,10 @@ class Verifier:
         cut and split dims are sizes its signature spells out (``unflatten``'s ``sizes``),
         so it stands wherever the call's other dims are."""
         derived = self.case.candidates is not None and self.case.candidates_derived
-        if (self._resizable_dims() and not derived) or not group.dims or group.partial or group.follow or group.local or any(
-                h for _, _, h in group.dims):
+        # Partial only where no output reads the input (view_as's other, in a joint of parts)
+        unread = not group.partial or set(group.partial) <= set(self._unread_inputs())
+        if ((self._resizable_dims() and not derived) or not group.dims or not unread or group.follow or group.local
+                or any(h for _, _, h in group.dims)):
             return None
         alive = [[c for c in opts if even_gather(c)] for opts in found]
         counts = self._even_counts(group, alive)
