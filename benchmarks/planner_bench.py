@@ -11,10 +11,12 @@ examples.models.GPT (make_fx, forward + backward: views, transposes and casts in
 with rules from the generated table, then live exploration cached across sizes; the
 'rules s' column is that resolution.
 
-Times are wall seconds of the whole planner call (problem build, reductions, beam warm
-start, ILP); 'build' is the problem build alone, 'nodes'/'reduced' the problem size before
-and after graph reductions. The beam baseline runs on the whole graph. Costs are the cost
-model's estimate of one training step, in milliseconds.
+Times are wall seconds of the whole planner call (problem build, reductions, beam search
+on the reduced and the whole graph, ILP); 'build' is the problem build alone,
+'nodes'/'reduced' the problem size before and after graph reductions. The beam baseline
+runs on the whole graph. Costs are the cost model's estimate of one training step, in
+milliseconds; 'gap' is the ILP's distance from its bound, 'won' whose plan the planner kept
+(the ILP's or beam search's, never worse than either), 'MiB' the plan's liveness peak.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=positive_int, default=12)
     p.add_argument("--batch", type=positive_int, default=8)
     p.add_argument("--seq", type=positive_int, default=512)
-    p.add_argument("--time-limit", type=seconds, default=10.0)
+    p.add_argument("--time-limit", type=seconds, default=None,
+                   help="the ILP's seconds (default: sized to the ILP, 10 to 60 s)")
     p.add_argument("--beam-width", type=positive_int, default=8)
     p.add_argument("--budget", type=positive_number, default=None,
                    help="memory budget as a fraction of the unconstrained ILP plan's memory")
@@ -114,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     mesh = parse_mesh(args.mesh)
     solvers = ["cbc"] + (["highs"] if importlib.util.find_spec("highspy") and not args.no_highs else [])
     print(f"{'captured' if args.captured else 'synthetic'} GPT fwd+bwd on {mesh}, hidden {args.hidden}, heads {args.heads}, batch {args.batch}, seq {args.seq}, "
-          f"time limit {args.time_limit:g} s, beam width {args.beam_width}")
+          f"time limit {'sized to the ILP' if args.time_limit is None else f'{args.time_limit:g} s'}, "
+          f"beam width {args.beam_width}")
     header = ["layers", "ops"] + (["rules s"] if args.captured else []) + ["nodes", "reduced", "build s"]
     for s in solvers:
-        header += [f"{s} s", f"{s} ms", f"{s} status"]
+        header += [f"{s} s", f"{s} ms", f"{s} status", f"{s} gap", f"{s} won", f"{s} MiB"]
     header += ["beam s", "beam ms", "beam/ilp"]
-    print("times: wall/cpu seconds, including the problem build")
+    print("times: wall/cpu seconds, including the problem build; gap: the ILP's (cost - bound) / cost; "
+          "won: whose plan solve kept (the ILP's incumbent or beam search's); MiB: the plan's peak per device")
     rows = [header]
     for layers in args.layers:
         if args.captured:
@@ -138,10 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         for s in solvers:
             result, secs = timed(lambda: solve(problem, s, args.time_limit, beam_width=args.beam_width))
             if isinstance(result, Exception):
-                row += [str(secs + build_s), "-", type(result).__name__]
+                row += [str(secs + build_s), "-", type(result).__name__, "-", "-", "-"]
                 continue
             best = result.total_cost if best is None else min(best, result.total_cost)
-            row += [str(secs + build_s), f"{result.total_cost * 1e3:.3f}", result.status]
+            gap = "-" if result.gap is None else f"{result.gap:.2%}"
+            won = "ilp" if result.picked == result.solver else "beam"
+            row += [str(secs + build_s), f"{result.total_cost * 1e3:.3f}", result.status, gap, won,
+                    f"{result.memory / 2**20:.1f}"]
         # the paper's Algorithm 2: the whole graph in topological order, no reductions
         beam, secs = timed(lambda: solve(problem, "beam", beam_width=args.beam_width, reductions=Reductions.none()))
         if isinstance(beam, Exception):

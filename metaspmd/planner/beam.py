@@ -2,8 +2,9 @@
 partial assignment with every choice of the next node, keep the ``width`` cheapest.
 
 An edge is paid when its second endpoint is chosen. Partial assignments that can no
-longer fit the memory budget (even with the smallest choices for the rest) or break a
-tie are dropped; equal costs prefer less memory.
+longer fit the memory budget or break a tie are dropped: the budget is on the peak over
+steps of the bytes held (choice.Liveness, as the ILP counts it), every node still to come
+taking its smallest buffers. Equal costs prefer less memory.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ class _Held:
     and a part on a range of them (``local[v]``: lo, hi, a choices x (hi - lo) table)."""
 
     def __init__(self, p: ChoiceProblem):
+        if p.memory_budget is None:
+            # no budget: memory only breaks exact cost ties, and the bytes a plan takes at all
+            # do that at a fraction of tracking every step (a beam over 10,000 nodes)
+            self.base = np.zeros(1)
+            self.glob = [nd.memory.astype(float) for nd in p.nodes]
+            self.local = [None] * len(p.nodes)
+            return
         live = p.liveness
         assert live is not None
         bounds, first, after = live.segments()
@@ -114,7 +122,7 @@ class _Held:
             else:
                 ranges[b.node].append((lo, hi, size - least))
         self.base = np.cumsum(diff[:-1])
-        self.local: list[tuple[int, int, np.ndarray] | None] = []
+        self.local = []
         for v, rs in enumerate(ranges):
             if not rs:
                 self.local.append(None)
