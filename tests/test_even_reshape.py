@@ -115,3 +115,21 @@ def test_the_planner_keeps_an_even_strategy_only_where_every_cut_dim_divides(str
             if s.label == "S2"] == [((Shard(1),),)]
     assert REPLICATE not in [s.inputs[0][0] for s in compose(per_axis, Mesh.of((4,)), [(8, 256)], [(8, 4, 64)])
                              if s.label != "R"]
+
+
+def test_jax_reshape_explored_live_finds_the_even_cut_that_torch_derives():
+    """jax's reshape has no derived rules: its plain cut of a split dim fails on uneven
+    splits, and the explorer then tries it as an even gather, which its pinned sizes allow."""
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from metaspmd.backends.jax.capture import capture
+    from metaspmd.backends.jax.rules_at_runtime import node_call
+    from metaspmd.backends.jax.tensor_ops import JaxOps
+
+    c = capture(lambda x: jnp.reshape(x, (8, 4, 4)) * 2.0, (jnp.ones((8, 16), jnp.float32),), backward=False)
+    node = next(n for n in c.ir.op_list if n.op == "jax.reshape")
+    call = node_call(c, node)
+    assert call.signature.startswith("x:f[8,16] ")  # every operand size keys a reshape's rules
+    entry = explore_case(call.case(), JaxOps())
+    assert _cuts(entry) == _cuts(_view((8, 16), [8, 4, 4])) == {0: "gather(dim=0)", 1: EVEN}
