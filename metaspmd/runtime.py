@@ -68,6 +68,10 @@ class RuntimeBackend(Protocol):
         in the framework's own terms: parameter names, input positions, its placement
         types) and the annotations the function itself carries."""
 
+    def plan_options(self, captured: Captured) -> dict:
+        """More of the planner's arguments (JAX plans a loop's body once, each node charged
+        per iteration: ``repeats``, ``same_placement``); {} where there are none."""
+
     def one_plan(self, solve: Callable[[], planner.Plan]) -> planner.Plan:
         """The plan every process runs: ``solve()`` where this process plans for all (one
         process, or the first of several, whose plan the others receive), so processes
@@ -121,14 +125,15 @@ def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any) -> N
 
 
 def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
-                time_limit: float = 10.0, solver: str = "ilp", cache: RuleCache | None = None,
+                time_limit: float | None = None, solver: str = "ilp", cache: RuleCache | None = None,
                 cost_model: planner.CostModel | None = None, constraints: Mapping[Any, Any] | None = None,
                 **options: Any) -> Any:
     """Capture ``fn``, find every node's rules, plan on ``mesh`` and return a callable that
     runs the plan. ``constraints``: placements already decided, one per mesh axis, keyed as
     the runtime names values (a parameter's name, an input's position, a graph var), in
     the framework's placement types or metaspmd's; the function's own annotations
-    (``with_sharding_constraint``) count too. ``options`` go to the mesh's runtime
+    (``with_sharding_constraint``) count too. ``time_limit``: the solver's seconds (None:
+    sized to the problem). ``options`` go to the mesh's runtime
     (``backward``, ``loss_fn``; JAX's ``params`` and ``table``)."""
     check_options(example_inputs, memory_budget, time_limit)
     rt = runtime_for(mesh)(mesh, **options)
@@ -139,7 +144,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     plan = rt.one_plan(lambda: planner.plan(
         captured.ir, rt.strategies(captured, found), rt.planner_mesh(mesh), memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
-        constraints=rt.constraints(captured, constraints or {}), **plan_options(rt, captured),
+        constraints=rt.constraints(captured, constraints or {}), **rt.plan_options(captured),
     ))
     return rt.run(fn, captured, plan, stats, mesh)
 
@@ -158,14 +163,6 @@ def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, 
             raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
         out[var] = tuple(placements(value))
     return out
-
-
-def plan_options(rt: RuntimeBackend, captured: Captured) -> dict:
-    """More of the planner's arguments, where a backend has them: ``plan_options(captured)``
-    (JAX plans loop bodies once, each node charged per iteration: ``repeats`` and
-    ``same_placement``)."""
-    options = getattr(rt, "plan_options", None)
-    return options(captured) if options is not None else {}
 
 
 quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave

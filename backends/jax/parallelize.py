@@ -272,7 +272,7 @@ def parallelize(
     backward: bool = True,
     loss_fn: Callable | None = None,
     memory_budget: float | None = None,
-    time_limit: float = 10.0,
+    time_limit: float | None = None,
     solver: str = "ilp",
     cache: RuleCache | None = None,
     cost_model: planner.CostModel | None = None,

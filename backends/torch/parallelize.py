@@ -338,6 +338,9 @@ class TorchRuntime:
         (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis."""
         return named_constraints(_user_names(captured), captured.ir, given, lambda ps: map(from_dtensor, ps))
 
+    def plan_options(self, captured: Captured) -> dict:
+        return {}
+
     def one_plan(self, solve):
         # one rank plans, every rank of the mesh runs that plan (see shared_plan)
         return one_plan(self.mesh, solve)
@@ -369,7 +372,7 @@ def parallelize(
     backward: bool = True,
     loss_fn: Callable | None = None,
     memory_budget: float | None = None,
-    time_limit: float = 10.0,
+    time_limit: float | None = None,
     solver: str = "ilp",
     cache: RuleCache | None = None,
     cost_model: planner.CostModel | None = None,

@@ -118,6 +118,9 @@ class NumpyRuntime:
         return runtime.named_constraints({i: v.name for i, v in enumerate(captured.ir.input_list)}, captured.ir,
                                          given, tuple)
 
+    def plan_options(self, captured: Captured) -> dict:
+        return {}
+
     one_plan = staticmethod(runtime.one_process)  # one process plans for itself
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: FakeMesh) -> "Planned":
