@@ -103,6 +103,7 @@ def test_plan_table_lists_every_node_and_the_totals():
     for name in ("x", "w1", "w2", "mm1", "relu", "mm2"):
         assert any(line.startswith(name + " ") for line in text.splitlines())
     assert "all-reduce@d0" in text and "budget 16.00 MiB" in text and "total" in text
+    assert "memory peak at " in text and "solver cbc: optimal" in text and "gap 0.00%" in text
     assert result.total_cost == pytest.approx(result.compute_cost + result.comm_cost)
     # the plan of the same assignment, rebuilt, costs the same
     problem = build_problem(ir, strategies, MESH, memory_budget=16 * MIB, output_placements={"mm2": (R,)})
