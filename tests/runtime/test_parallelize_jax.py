@@ -254,9 +254,9 @@ def test_mlp_on_a_2d_mesh_matches_single_device(cache):
 @needs_devices
 def test_gpt_block_matches_single_device(mesh, cache):
     params, x = gpt_params(), jax.random.normal(jax.random.key(1), (2, 8, 32), jnp.float32)
-    par = run_planned(gpt_block, params, x, mesh, cache, memory_budget=200_000)
+    par = run_planned(gpt_block, params, x, mesh, cache, memory_budget=100_000)  # replicated: a 155,008-byte peak
     assert par.stats.table + par.stats.cache + par.stats.live == len(par.captured.ir)
-    assert par.plan.memory <= 200_000
+    assert par.plan.memory <= 100_000
     assert par.plan.collectives() and assert_collectives_follow_the_plan(par, x)
 
 
