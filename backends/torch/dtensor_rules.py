@@ -149,30 +149,31 @@ def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
     return strategies
 
 
-def _install(op: torch._ops.OpOverload, strategies) -> None:
-    """``strategies`` as DTensor's rule for ``op``. They follow the call's signature, values
-    included (a padding, a fill value), so every argument keys DTensor's cache of them;
-    ``register_sharding`` alone keys on tensors and int arguments only, and would hand a
-    call the strategies of another padding. An in-place op keeps self's placement, except
-    where a verified rule changes it in place (``fill_`` of a Partial(sum) self holds the
-    fill on every rank: Replicate)."""
+def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
+    """``strategies`` as DTensor's rule for ``op``, expanded to the mesh as
+    ``register_sharding`` expands them, and kept only where DTensor runs them as placed
+    (``_expanded``). They follow the call's signature, values included (a padding, a fill
+    value), so every argument keys DTensor's cache of them; ``register_sharding`` keys on
+    tensors and int arguments only, and would hand a call the strategies of another
+    padding. ``own``: DTensor's own strategy function for an in-place op whose rule is
+    replaced, for a self placement that no verified strategy keeps."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-    from torch.distributed.tensor.experimental import register_sharding
 
-    DTensor = _dtensor()[0]
     info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
-    p = DTensor._op_dispatcher.sharding_propagator
-    if op._schema.is_mutable:
-        p.register_op_strategy(op, partial(_inplace_strategy, op, strategies), info)
-    else:
-        register_sharding(op)(strategies)
-        p.op_to_schema_info[op] = info
+    _dtensor()[0]._op_dispatcher.sharding_propagator.register_op_strategy(
+        op, partial(_expanded, op, strategies, own), info)
 
 
-def _inplace_strategy(op: torch._ops.OpOverload, strategies, op_schema):
-    """register_sharding's expansion, with the in-place guard that fits a verified rule:
-    self is never redistributed (the op writes its storage), while its placement may
-    change as the rule says (DTensor's dispatcher re-specs self in place)."""
+def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
+    """The verified strategies over the mesh, less those DTensor would not run as placed.
+    DTensor redistributes positional tensors only (``OpSchema.args_spec``): a keyword tensor
+    (``weight=`` of a histogram) is used as it is, so a strategy that places it otherwise
+    computes on the wrong values. An in-place op writes self's storage, so self is never
+    moved, while its placement may change as the rule says (DTensor's dispatcher re-specs
+    self in place: ``fill_`` of a Partial(sum) self holds the fill on every rank). A self
+    placement no verified strategy keeps goes to DTensor's own rule where that rule is not
+    the refuted one (``REFUTED`` names Partial self placements for the in-place op it
+    lists); else DTensor reports no strategy."""
     from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
@@ -186,8 +187,20 @@ def _inplace_strategy(op: torch._ops.OpOverload, strategies, op_schema):
     rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
-    self_placements = args[0].placements
-    expanded.strategies = [s for s in expanded.strategies if s.input_specs[0].placements == self_placements]
+    fixed = [s.placements for s in _spec_leaves((), kwargs)]
+    if op._schema.is_mutable:
+        fixed_self = _spec_leaves(args, {})[0].placements
+    keep = []
+    for s in expanded.strategies:
+        placed = [x.placements for x in s.input_specs]
+        if fixed and placed[len(placed) - len(fixed):] != fixed:
+            continue
+        if op._schema.is_mutable and placed[0] != fixed_self:
+            continue
+        keep.append(s)
+    expanded.strategies = keep
+    if not keep and own is not None and op._schema.is_mutable and not any(p.is_partial() for p in fixed_self):
+        return own(op_schema)
     return expanded
 
 
@@ -210,7 +223,7 @@ REFUTED = {
         "neighbour's rows and without redistributing: wrong output shapes (conv1d/2d/3d, conv_transpose1d/2d/3d)",
     "aten.convolution_backward.default":
         "its handler runs the backward of the same shard-local convolution",
-    "aten.fill_.Scalar":
+    "aten.fill_.Scalar":  # for a Partial self only: other placements keep DTensor's rule
         "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
         "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",
 }
@@ -224,7 +237,7 @@ def refuted(op: torch._ops.OpOverload) -> str:
 _REPLACED: dict = {}  # op -> what DTensor had for it: (single-dim strategy, its schema info, legacy rule, handler)
 
 
-def _verified_fn(op: torch._ops.OpOverload):
+def _verified_fn(op: torch._ops.OpOverload, cache: RuleCache | None = None):
     """A strategy function for an op whose DTensor rule is replaced: all-Replicate, then the
     verified strategies of the call. The table's where it has the call's signature; else
     the call's own, found as ``parallelize`` finds a table miss's (neighbouring signatures'
@@ -240,9 +253,9 @@ def _verified_fn(op: torch._ops.OpOverload):
         out = [([Replicate()] * n_out, [Replicate()] * len(specs))]
         try:
             key = call_key((args, kwargs))
-            rules = found[key] if key in found else found.setdefault(key, _call_rules(op, args, kwargs))
+            rules = found[key] if key in found else found.setdefault(key, _call_rules(op, args, kwargs, cache))
         except TypeError:  # an unhashable argument
-            rules = _call_rules(op, args, kwargs)
+            rules = _call_rules(op, args, kwargs, cache)
         shapes = [tuple(a.shape) for a in specs]
         by_label = {s.label: s for s in rules}
         for s, ins, outs in _installable(op, rules):
@@ -254,7 +267,8 @@ def _verified_fn(op: torch._ops.OpOverload):
     return strategies
 
 
-def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...]:
+def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: RuleCache | None = None
+                ) -> tuple[Strategy, ...]:
     from .table import lookup
 
     found = lookup(op, args, kwargs)
@@ -276,13 +290,13 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[S
             (list(args), kwargs))
         try:
             entry = resolve_call(op_name(op), call_of(op, tuple(stand_in[0]), stand_in[1]), TorchOps(), "torch",
-                                 RuleCache(), live_exploration())
+                                 cache if cache is not None else RuleCache(), live_exploration())
         except Exception:  # noqa: BLE001 -- no verified rule: everything replicated
             return ()
     return tuple(entry.all_strategies())
 
 
-def _replace(op: torch._ops.OpOverload) -> None:
+def _replace(op: torch._ops.OpOverload, cache: RuleCache | None = None) -> None:
     """Put the verified strategies in place of DTensor's own rule for ``op``: its single-dim
     strategy and legacy rule (looked up before any registered strategy) and its custom
     handler (which runs before propagation) step aside, kept for ``unregister``."""
@@ -292,7 +306,7 @@ def _replace(op: torch._ops.OpOverload) -> None:
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
                      p.op_to_rules.pop(op, None), handlers.pop(op, None),
                      p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
-    _install(op, _verified_fn(op))
+    _install(op, _verified_fn(op, cache), own=_REPLACED[op][4])
 
 
 def _restore(op: torch._ops.OpOverload) -> None:
@@ -308,11 +322,13 @@ def _restore(op: torch._ops.OpOverload) -> None:
             table_[op] = value
 
 
-def register(ops: list[str] | None = None, *, replace_refuted: bool = False) -> RegisterReport:
+def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
+             cache: RuleCache | None = None) -> RegisterReport:
     """Install table rules into DTensor for ops it has no rule for; report what was done.
     ``replace_refuted``: also put verified strategies in place of DTensor's own rule for the
     ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
-    redistributed instead of computed wrong."""
+    redistributed instead of computed wrong. ``cache``: where the rules of calls the table
+    misses are kept (the user's rule cache by default, as ``parallelize``'s)."""
     from .dtensor import dtensor_has_rule
     from .table import table
 
@@ -349,7 +365,7 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False) -> 
             if ops is not None and name not in ops or op is None:
                 continue
             if op not in _REPLACED:
-                _replace(op)
+                _replace(op, cache)
             report.installed.append(name)
             report.replaced.append(name)
     _clear_sharding_prop_cache()
