@@ -161,8 +161,10 @@ def plan(
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
     ``strategies_by_node``: the 1-D rule strategies of each op node (by node name);
-    ``memory_budget``: bytes per device; ``ties``: (parameter, gradient, ...) groups, the
-    later members delivered in the first one's placement; ``same_placement``: groups whose
+    ``memory_budget``: bytes per device at the peak of a step (``choice.Liveness``);
+    ``time_limit``: seconds for the solve (None: sized to the ILP); ``ties``: (parameter,
+    gradient, ...) groups, the later members delivered in the first one's placement;
+    ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
     ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
     strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``); ``constraints``: placements

@@ -102,7 +102,7 @@ class _Held:
             return
         live = p.liveness
         assert live is not None
-        bounds, first, after = live.segments()
+        _, first, after = live.segments()
         peaks = np.unique(first)  # a maximum sits where something starts
         lo_all = np.searchsorted(peaks, first)
         hi_all = np.searchsorted(peaks, after)

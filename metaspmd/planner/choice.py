@@ -191,7 +191,8 @@ class ChoiceProblem:
             live = Liveness(tuple(Buffer(i, nd.memory, 0, 0) for i, nd in enumerate(self.nodes)), 1)
             object.__setattr__(self, "liveness", live)
         for b in self.liveness.buffers:  # type: ignore[union-attr]
-            if b.node >= n or (b.node >= 0 and len(b.size) != self.nodes[b.node].size) or (b.node < 0 and len(b.size) != 1):
+            want = 1 if b.node < 0 else self.nodes[b.node].size if b.node < n else -1
+            if len(b.size) != want:
                 raise ValueError(f"a buffer does not match its node {b.node}")
         for e in self.edges:
             if not (0 <= e.u < n and 0 <= e.v < n):
@@ -248,6 +249,6 @@ class Infeasible(ValueError):
 
 
 __all__ = [
-    "Buffer", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "Factor", "Infeasible", "Liveness", "MEMORY_RTOL", "Solution",
-    "Tie", "TieMember",
+    "Buffer", "ChoiceEdge", "ChoiceNode", "ChoiceProblem", "Factor", "Infeasible", "Liveness", "MEMORY_RTOL",
+    "Solution", "Tie", "TieMember",
 ]

@@ -150,7 +150,8 @@ def eliminate_fixed(p: ChoiceProblem) -> Step:
     )
     origins = tuple(Origin.decided((), 0, 0) if f else Origin.node(index[i]) for i, f in enumerate(fixed))
     ties = _remap_ties(p.ties, [index.get(i, -1) for i in range(len(p.nodes))])
-    live = p.liveness.remap([(-1, np.asarray(0)) if f else (index[i], None) for i, f in enumerate(fixed)])  # type: ignore[union-attr]
+    how = [(-1, np.asarray(0)) if f else (index[i], None) for i, f in enumerate(fixed)]
+    live = p.liveness.remap(how)  # type: ignore[union-attr]
     reduced = ChoiceProblem(nodes, _merge_parallel(edges), ties, p.memory_budget, offset, p.memory_offset, live)
     return reduced, origins
 
