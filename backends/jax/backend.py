@@ -22,7 +22,7 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import signature
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
 
-from . import programs
+from . import program_index, programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
 from .params import (
@@ -242,7 +242,7 @@ class JaxBackend:
     def prepare(self) -> None:
         """Trace every program before any op's time limit starts (seconds): loading, not the
         first op, pays for it. The sweep calls this in every worker."""
-        programs.index().trace_all()
+        program_index.index().trace_all()
 
     def tensor_ops(self) -> JaxOps:
         return JaxOps()
@@ -260,7 +260,7 @@ class JaxBackend:
             raise Skip(entry.status, entry.reason)
         jax.clear_caches()  # executables of earlier ops: a sweep worker would otherwise grow by GBs
         prim = primitive_of(op)
-        everything = programs.index()[prim]
+        everything = program_index.index()[prim]
         ours = [o for o in everything if not is_model(programs.programs()[o.program])] or everything
         out, chosen, errors = self._built(op, choose(ours), min(self.max_cases, FEW_CASES.get(prim, self.max_cases)))
         if not out:

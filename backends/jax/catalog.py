@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from jax._src import core
 
-from . import programs
+from . import program_index
 
 PREFIX = "jax."
 
@@ -109,11 +109,11 @@ def collectives() -> frozenset[str]:
 @functools.lru_cache(maxsize=1)
 def catalog() -> dict[str, CatalogEntry]:
     """Op name -> entry, for every defined or called primitive."""
-    index = programs.index()
+    index = program_index.index()
     names = set(defined_primitives()) | set(index)
     out = {}
     for name in sorted(names):
-        sources = tuple(programs.sources_of(name))
+        sources = tuple(program_index.sources_of(name))
         if name in collectives():
             entry = CatalogEntry(name, "skipped", _COLLECTIVE_REASON, sources)
         elif name in _NOT_EXPLORED:

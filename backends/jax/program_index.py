@@ -19,6 +19,7 @@ programs of this process is rebuilt. It is written atomically, one builder at a 
 from __future__ import annotations
 
 import fcntl
+import functools
 import gzip
 import hashlib
 import json
@@ -209,5 +210,18 @@ def load(cache_dir: Path | None = None, rebuild: bool = False,
     return ProgramIndex(where, found, path)
 
 
-__all__ = ["FORMAT_VERSION", "ProgramIndex", "StaleIndex", "build", "cache_path", "default_cache_dir", "load", "read",
-           "write"]
+@functools.lru_cache(maxsize=1)
+def index() -> ProgramIndex:
+    """Primitive name -> every equation of it in any program (programs that do not trace
+    are left out)."""
+    return load()
+
+
+def sources_of(primitive: str) -> list[str]:
+    """Harness groups ('harness/<group>') and samples ('sample/<primitive>') whose jaxprs
+    contain ``primitive``."""
+    return sorted({name.rsplit("/", 1)[0] for name, _ in index().where(primitive)})
+
+
+__all__ = ["FORMAT_VERSION", "ProgramIndex", "StaleIndex", "build", "cache_path", "default_cache_dir", "index", "load",
+           "read", "sources_of", "write"]

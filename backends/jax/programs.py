@@ -4,7 +4,7 @@
 each a function plus an argument maker; ``samples`` adds programs for the primitives the
 harnesses miss, and ``model_programs`` small models' gradients, for the signatures models
 have. Tracing a program gives a jaxpr; every equation in it (with ``jit`` bodies inlined)
-is a concrete call of one primitive with real params. The index records
+is a concrete call of one primitive with real params. The index (``program_index``) records
 each equation abstractly (tracing every program takes seconds); ``capture`` runs one
 program eagerly up to an equation and returns the arrays that flow into it, so inputs
 keep whatever constraints the program built (in-range indices, positive-definite
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +23,6 @@ import numpy as np
 from jax._src import core
 
 from .program import Program  # re-exported: defined in a leaf module, see there
-
-if TYPE_CHECKING:
-    from .program_index import ProgramIndex
 
 # Call-like primitives whose body runs as it is: traced through, not cataloged as calls.
 INLINED = {"jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -91,22 +88,6 @@ def _walk(jaxpr: core.Jaxpr, path: tuple[int, ...]) -> Iterator[tuple[tuple[int,
 def _trace(p: Program, seed: int) -> tuple[core.ClosedJaxpr, list]:
     args = list(p.make_args(seed))
     return jax.make_jaxpr(p.fun)(*args), args
-
-
-@functools.lru_cache(maxsize=1)
-def index() -> ProgramIndex:
-    """Primitive name -> every equation of it in any program (programs that do not trace
-    are left out). Where those are is kept on disk between processes (``program_index``);
-    an entry's programs are traced when it is first read."""
-    from .program_index import load  # it imports this module
-
-    return load()
-
-
-def sources_of(primitive: str) -> list[str]:
-    """Harness groups ('harness/<group>') and samples ('sample/<primitive>') whose jaxprs
-    contain ``primitive``."""
-    return sorted({name.rsplit("/", 1)[0] for name, _ in index().where(primitive)})
 
 
 # --------------------------------------------------------------------------- capture

@@ -43,7 +43,7 @@ print(json.dumps({"where": where, "tile": calls}))
 def test_a_second_process_reads_the_file_and_traces_only_what_it_reads(backend, tmp_path):
     from metaspmd.backends.jax import program_index, programs
 
-    index = programs.index()
+    index = program_index.index()
     program_index.write(program_index.cache_path(tmp_path), {p: index.where(p) for p in index})
     env = dict(os.environ, METASPMD_CACHE_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", _READ], capture_output=True, text=True, env=env, timeout=300)
