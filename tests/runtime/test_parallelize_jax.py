@@ -382,7 +382,7 @@ def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
     params = {"w1": 0.2 * jax.random.normal(k[0], (8, 3, 3, 3), jnp.float32),
               "w2": 0.2 * jax.random.normal(k[1], (8, 8, 3, 3), jnp.float32)}
     x = jax.random.normal(k[2], (1, 3, 64, 64), jnp.float32)
-    par = run_planned(net, params, x, mesh, cache, memory_budget=380_000)
+    par = run_planned(net, params, x, mesh, cache, memory_budget=180_000)  # replicated peaks at 642,148
     first = par.plan.nodes[[n.op for n in par.plan.nodes].index("jax.conv_general_dilated")].strategy
     assert first.inputs[0] == (planner.Shard(2),) and first.exchanges == (0,), par.explain()
     assert "collective-permute(" in par.lower(x).compile().as_text()
