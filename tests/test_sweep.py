@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,22 @@ def sweep(out: Path, **kw) -> "SweepReport":  # noqa: F821
     kw.setdefault("jobs", 2)
     kw.setdefault("timeout", 20.0)
     return run_sweep(SweepConfig(backend=BACKEND, out_root=out, explorer="fake_backend:explore_op", **kw))
+
+
+@pytest.fixture(scope="session")
+def swept(tmp_path_factory) -> Path:
+    """FAST_OPS swept once (two workers) for the tests that start from such a registry; they
+    copy it before changing it."""
+    out = tmp_path_factory.mktemp("swept")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(TESTS))
+        sweep(out, patterns=FAST_OPS)
+    return out
+
+
+def copy_of(registry: Path, to: Path) -> Path:
+    shutil.copytree(registry, to, dirs_exist_ok=True)
+    return to
 
 
 def files(root: Path) -> dict[str, bytes]:
@@ -153,10 +170,9 @@ def test_backend_preparation_is_outside_the_op_time_limit(tmp_path):
     assert [(r.op, r.status) for r in report.results] == [("fake.add", "ok"), ("fake.sum", "ok")]
 
 
-def test_files_are_byte_identical_across_jobs_and_runs(tmp_path):
-    one, two, again = tmp_path / "one", tmp_path / "two", tmp_path / "again"
+def test_files_are_byte_identical_across_jobs_and_runs(tmp_path, swept):
+    one, two, again = tmp_path / "one", swept, tmp_path / "again"
     sweep(one, jobs=1, patterns=FAST_OPS)
-    sweep(two, jobs=2, patterns=FAST_OPS)
     sweep(again, jobs=2, patterns=FAST_OPS)
     assert len(files(one)) == 11
     assert files(one) == files(two) == files(again)
@@ -207,8 +223,8 @@ def test_changes_name_the_worker_history_to_replay():
     ]
 
 
-def test_resume_skips_ops_whose_file_loads(tmp_path):
-    sweep(tmp_path, patterns=FAST_OPS)
+def test_resume_skips_ops_whose_file_loads(tmp_path, swept):
+    copy_of(swept, tmp_path)
     (tmp_path / "fake" / "fake.sum.yaml").unlink()
     (tmp_path / "fake" / "fake.add.yaml").write_text("schema: 1\nop: fake.add\nstatus: [\n")  # half-written
     report = sweep(tmp_path, patterns=FAST_OPS, resume=True)
