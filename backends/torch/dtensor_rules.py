@@ -1,6 +1,6 @@
 """Installing verified rules into DTensor.
 
-``register()`` installs the table's rules through ``register_sharding`` for the ops
+``register()`` installs the table's rules as ``register_sharding`` does, for the ops
 DTensor has no rule for; ``register_op`` explores a custom op's rules on an example call
 and installs them. Both project the rule model onto ``DTENSOR_REGISTER`` (the one place
 that says what DTensor runs of a rule) and place through the DTensor adapter. DTensor's
