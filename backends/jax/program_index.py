@@ -106,6 +106,7 @@ class ProgramIndex(Mapping):
         """Read every entry now."""
         for primitive in self._where:
             self[primitive]
+        self._eqns.clear()  # every entry is read: the traced programs are no longer needed
 
     def _trace(self, primitive: str) -> tuple[Occurrence, ...]:
         position = {p.name: i for i, p in enumerate(programs.programs())}

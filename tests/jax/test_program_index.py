@@ -96,6 +96,13 @@ def test_a_missing_corrupt_or_stale_file_is_rebuilt(backend, tmp_path, few_progr
     assert [o.path for o in swapped["tile"]] == [o.path for o in first["tile"]]
     assert path.read_bytes() == good
 
+    # every entry read from the file, traced again, is what tracing everything gave
+    read = load()
+    read.trace_all()
+    assert not built
+    assert {p: [(o.program, o.path, repr(o.params)) for o in read[p]] for p in read} == {
+        p: [(o.program, o.path, repr(o.params)) for o in first[p]] for p in first}
+
 
 def test_the_file_name_changes_with_the_program_sources_and_float64(backend, tmp_path, monkeypatch):
     import jax
