@@ -13,6 +13,7 @@ takes about a second to import): both load on first use.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -329,9 +330,9 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
     ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
     redistributed instead of computed wrong. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s)."""
-    from .dtensor import dtensor_has_rule
     from .table import table
 
+    dtensor_has_rule = sys.modules[__name__].dtensor_has_rule  # lazy, and patchable in tests
     report = RegisterReport()
     rules = table()
     for name in sorted(ops if ops is not None else rules.ops()):
