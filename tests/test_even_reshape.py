@@ -133,3 +133,23 @@ def test_jax_reshape_explored_live_finds_the_even_cut_that_torch_derives():
     assert call.signature.startswith("x:f[8,16] ")  # every operand size keys a reshape's rules
     entry = explore_case(call.case(), JaxOps())
     assert _cuts(entry) == _cuts(_view((8, 16), [8, 4, 4])) == {0: "gather(dim=0)", 1: EVEN}
+
+
+def test_a_split_explored_live_keeps_the_tables_even_cut_for_plans_only():
+    """aten.view_copy of [25, 5] as [5, 5, 5] along its 25: the table's entry and a live
+    exploration of the call give the same rules; plans run the even cut, register() not."""
+    from metaspmd.backends.torch.rules_at_runtime import call_of
+    from metaspmd.resolve import explore_call
+    from metaspmd.target import projections
+
+    call = call_of(aten.view_copy.default, (torch.randn(25, 5), [5, 5, 5]), {})
+    assert call.signature == "self:f[25,5] size=[5,5,5]" and call.table_rules is not None
+    live = tuple(explore_call(call, TorchOps()).all_strategies())
+    name = "aten.view_copy.default"
+
+    def placed(rules, target):
+        return sorted(str((a.inputs, a.outputs, a.even)) for a in projections(rules, target, name))
+
+    assert placed(call.table_rules, DTENSOR_PLAN) == placed(live, DTENSOR_PLAN)
+    assert ((Shard(0),), (Shard(0),)) in [(a.inputs, a.outputs) for a in projections(live, DTENSOR_PLAN, name)]
+    assert ((Shard(0),), (Shard(0),)) not in [(a.inputs, a.outputs) for a in projections(live, DTENSOR_REGISTER, name)]
