@@ -224,6 +224,10 @@ REFUTED = {
         "neighbour's rows and without redistributing: wrong output shapes (conv1d/2d/3d, conv_transpose1d/2d/3d)",
     "aten.convolution_backward.default":
         "its handler runs the backward of the same shard-local convolution",
+    "aten.linalg_pinv.atol_rtol_tensor":
+        "with its keyword rtol (or atol) cut, DTensor's rule calls the output Replicate and runs each rank "
+        "on its own rows of the thresholds, never redistributing them (linalg_pinv.rcond_tensor decomposes "
+        "into it: each rank's output holds only its rows)",
     "aten.fill_.Scalar":  # for a Partial self only: other placements keep DTensor's rule
         "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
         "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",
