@@ -102,7 +102,7 @@ def output_key(c: Combine) -> str | None:
     argreduce). A block gather is DTensor's _StridedShard: block b of every shard, then
     block b + 1."""
     if isinstance(c, Gather):
-        if c.plain:
+        if c.plain or (c.even and c.block == 1):  # an even gather is DTensor's Shard on even cuts
             return f"S({c.dim})"
         return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse or c.overlap) else None
     if isinstance(c, Reduce):

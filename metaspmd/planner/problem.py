@@ -5,6 +5,7 @@ from the producer's output placement to the placement the consumer's strategy ne
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -117,7 +118,7 @@ def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], ins: Sequence[MetaVa
             outs = [REPLICATE] * n_all
             for p, pos in zip(r.outputs, tensor_pos):
                 outs[pos] = p
-            fitted.append(type(r)(r.label, r.inputs, tuple(outs)))
+            fitted.append(dataclasses.replace(r, outputs=tuple(outs)))  # keeps even and exchange
     seen, unique = set(), []
     for r in fitted:
         if (r.inputs, r.outputs) not in seen:
