@@ -92,9 +92,16 @@ SWEEP_DOC = """Explore every op of a backend and write its rule files (registry/
     metaspmd sweep --backend torch --ops 'aten.mm*,aten.add.*' --jobs 2
     metaspmd sweep --backend torch --check      # exit 1 when the registry is stale
 
+Time limits: --timeout counts each op's CPU time in its worker, so a loaded machine gives a slow
+op the time it needs; an op that burns no CPU (asleep, blocked) is stopped by --wall-timeout,
+10x --timeout by default. An op out of time on both of its tries gets no record: its file, if
+any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
+
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
 2 usage error (unknown backend, no op matched, --out or --timings not writable: checked before
-any work), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
+any work), 3 some op timed out twice and kept its previous file (--check: no difference found,
+but those ops were not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
+141 stdout closed early (| head).
 """
 
 
@@ -112,7 +119,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, format_changes, format_summary, run_sweep,
         split_patterns, timings_json,
     )
-    from metaspmd.sweep.config import unwritable
+    from metaspmd.sweep.config import WALL_FACTOR, unwritable
 
     p = argparse.ArgumentParser(prog=prog, description=SWEEP_DOC.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -128,7 +135,10 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    help="write nothing; list ops whose file would change and exit 1 if any")
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
     p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"per-op time limit; the op's worker is killed past it (default {DEFAULT_TIMEOUT:g})")
+                   help="per-op limit in CPU seconds of its worker, which is killed past it "
+                        f"(default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--wall-timeout", type=seconds, metavar="SECONDS",
+                   help=f"per-op wall-clock guard against hangs that burn no CPU (default {WALL_FACTOR:g}x --timeout)")
     p.add_argument("--kernels", metavar="MODULE",
                    help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
                         "TE kernels (tvm) or custom ops (torch)")
@@ -159,7 +169,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
         config = SweepConfig(
             backend=args.backend, out_root=args.out, patterns=patterns, jobs=args.jobs,
-            timeout=args.timeout, check=args.check, resume=args.resume, backend_options=options,
+            timeout=args.timeout, wall_timeout=args.wall_timeout, check=args.check, resume=args.resume, backend_options=options,
             progress=not args.no_progress, worker_output=args.worker_output,
         )
         report = run_sweep(config)
@@ -180,11 +190,18 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         except OSError as e:  # the summary is printed already; 2, not --check's "stale"
             print(f"sweep: error: cannot write --timings {args.timings}: {e}", file=sys.stderr)
             return 2
+    timed_out = report.timed_out()
+    if timed_out:  # exit 3, not --check's 1: the registry is not known to be stale
+        print(f"sweep: {len(timed_out)} op(s) ran out of time on both tries; their files were left as they were "
+              f"(rerun them with a larger --timeout): {', '.join(r.op for r in timed_out)}", file=sys.stderr)
     if args.check:
         n = len(report.changes())
-        print(f"check: {n} file(s) would change" if n else "check: registry is up to date")
-        return 1 if n else 0
-    return 0
+        if n:
+            print(f"check: {n} file(s) would change")
+            return 1
+        print(f"check: no difference; {len(timed_out)} op(s) timed out and were not compared" if timed_out
+              else "check: registry is up to date")
+    return 3 if timed_out else 0
 
 
 # --------------------------------------------------------------------------- codegen

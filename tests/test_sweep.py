@@ -62,6 +62,11 @@ def files(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((root / "fake").iterdir())}
 
 
+def summary_rows(report) -> dict[str, str]:
+    """The summary table as {label: value}: labels hold no double space."""
+    return {k: v.strip() for k, _, v in (line.partition("  ") for line in format_summary(report).splitlines())}
+
+
 def cli(*args: str, timeout: float = 50) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", *args],
@@ -113,7 +118,8 @@ def test_default_out_root_is_the_repository_registry():
 def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     # One worker: after the timeout and each crash, a fresh worker must take the next ops.
-    report = sweep(tmp_path, jobs=1, timeout=1.5)
+    # fake.hang sleeps: it burns no CPU time, so the wall-clock guard stops it.
+    report = sweep(tmp_path, jobs=1, timeout=1.5, wall_timeout=2.0)
     by_op = {r.op: r for r in report.results}
     assert len(by_op) == 14 and report.backend == "fake"
     expected = {
@@ -128,7 +134,6 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         "fake.escape": ("failed", "RuntimeError: explorer bug at 0x… in explorer.py"),
         "fake.exit": ("failed", "SystemExit: 3"),
         "fake.threads": ("failed", "cases: ValueError: OMP_NUM_THREADS=1"),
-        "fake.hang": ("failed", "timeout after 1.5s"),
         "fake.segv": ("failed", "crashed: SIGSEGV"),
         "fake.abort": ("failed", "crashed: SIGABRT"),
     }
@@ -137,20 +142,26 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         assert (record.status, record.reason) == (status, reason), op
         assert (by_op[op].status, by_op[op].reason) == (status, reason), op
     assert load_record(record_path(tmp_path, "fake", "fake.matmul")).entries[0].combine.as_dict()
-    assert 1.4 < by_op["fake.hang"].seconds < 10
+    # out of time on both tries: no record, and no file where there was none
+    hang = "timeout: no result after 2s of wall time (hung: 0.0s of CPU time)"
+    assert (by_op["fake.hang"].status, by_op["fake.hang"].reason, by_op["fake.hang"].kept) == ("timed-out", hang, False)
+    assert not record_path(tmp_path, "fake", "fake.hang").exists()
+    assert 1.9 < by_op["fake.hang"].seconds < 10
     # each crash and timeout had a second try, in a fresh worker, which failed alike
     assert {op: r.retried for op, r in by_op.items() if r.retried} == {
-        "fake.hang": "timeout after 1.5s", "fake.segv": "crashed: SIGSEGV", "fake.abort": "crashed: SIGABRT"}
-    summary = format_summary(report)
-    assert "with rules (ok)   4" in summary and "failed            7  (timeouts 1, crashes 2)" in summary
-    assert "retried           3  (passed on the second try 0: -)" in summary
+        "fake.hang": hang, "fake.segv": "crashed: SIGSEGV", "fake.abort": "crashed: SIGABRT"}
+    rows = summary_rows(report)
+    assert rows["with rules (ok)"] == "4" and rows["failed"] == "6  (crashes 2)"
+    assert rows["timed out, no previous file"] == "1  (fake.hang)"
+    assert rows["retried"] == "3  (passed on the second try 0: -)"
     assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
 
 
 def test_a_killed_worker_leaks_no_semaphore(tmp_path):
     # fake.hang opens a progress bar, then hangs until the time limit kills its worker.
-    run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.add", "--timeout", "1", "--jobs", "1")
-    assert run.returncode == 0, run.stderr
+    run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.add", "--timeout", "1", "--wall-timeout", "1",
+              "--jobs", "1")
+    assert run.returncode == 3, run.stderr
     assert "leaked semaphore" not in run.stderr, run.stderr
 
 
@@ -161,7 +172,7 @@ def test_an_op_that_crashes_once_passes_on_its_second_try(tmp_path, monkeypatch)
     once = next(r for r in report.results if r.op == "fake.once")
     assert (once.status, once.retried) == ("ok", "crashed: SIGSEGV") and (tmp_path / "crashed").exists()
     assert load_record(record_path(tmp_path / "out", "fake", "fake.once")).status == "ok"
-    assert "retried           1  (passed on the second try 1: fake.once)" in format_summary(report)
+    assert summary_rows(report)["retried"] == "1  (passed on the second try 1: fake.once)"
 
 
 def test_backend_preparation_is_outside_the_op_time_limit(tmp_path):
@@ -201,9 +212,11 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     assert files(tmp_path) == edited
 
     # Without --ops every listed op is compared, and files of unlisted ops show up.
-    full = sweep(tmp_path, check=True, timeout=1.0)
+    full = sweep(tmp_path, check=True, timeout=1.0, wall_timeout=1.0)
     assert ("removed", "fake.retired.yaml") in full.changes()
-    assert ("added", "fake.hang") in full.changes()
+    assert ("added", "fake.threads") in full.changes()
+    # an op out of time is not compared: a slow machine must not make the registry look stale
+    assert [r.op for r in full.timed_out()] == ["fake.hang"] and "fake.hang" not in dict(full.changes()).values()
     assert files(tmp_path) == edited
 
 
@@ -306,3 +319,61 @@ if __name__ == "__main__":
 
 def test_a_worker_exits_when_its_parent_is_killed(outlives_killed_parent):
     assert not outlives_killed_parent(_ORPHAN), "the worker outlived its killed parent"
+
+
+# --------------------------------------------------------------------------- time limits
+# The limit counts CPU time, so a run's result never depends on how fast or loaded the
+# machine is; an op out of time twice keeps its previous file.
+
+SLOW = (("slow", "1"),)  # the fake backend's time-limit ops: fake.spin, fake.busy, fake.nap
+
+
+def test_a_timed_out_op_keeps_its_file(tmp_path, swept):
+    copy_of(swept, tmp_path)
+    previous = (tmp_path / "fake" / "fake.add.yaml").read_bytes().replace(b"fake.add", b"fake.hang")
+    (tmp_path / "fake" / "fake.hang.yaml").write_bytes(previous)
+    before = files(tmp_path)
+    report = sweep(tmp_path, patterns=("fake.hang", "fake.sum"), timeout=1.0, wall_timeout=0.5)
+    assert files(tmp_path) == before
+    hang = next(r for r in report.results if r.op == "fake.hang")
+    assert (hang.status, hang.kept, hang.retried.startswith("timeout")) == ("timed-out", True, True)
+    assert summary_rows(report)["timed out, kept previous file"] == "1  (fake.hang)"
+
+    # the command exits 3, under --check too, which finds no difference and calls nothing stale
+    for check in ((), ("--check",)):
+        run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.sum", "--wall-timeout", "0.5", *check)
+        assert run.returncode == 3, run.stdout + run.stderr
+        assert "timed out, kept previous file  1  (fake.hang)" in run.stdout
+        assert "ran out of time on both tries; their files were left as they were" in run.stderr
+        assert "would change" not in run.stdout and "up to date" not in run.stdout
+    assert "check: no difference; 1 op(s) timed out and were not compared" in run.stdout
+    assert files(tmp_path) == before
+
+
+def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):
+    # fake.nap waits 2.5 s burning no CPU, as an op starved on a loaded machine does: under a
+    # 1 s limit it passes; fake.spin burns CPU for ever, and the CPU limit, not the guard, stops it
+    monkeypatch.setenv("FAKE_NAP_S", "2.5")
+    report = sweep(tmp_path, patterns=("fake.nap", "fake.spin"), timeout=1.0, wall_timeout=20.0, backend_options=SLOW)
+    by_op = {r.op: r for r in report.results}
+    assert (by_op["fake.nap"].status, by_op["fake.nap"].retried) == ("ok", "") and by_op["fake.nap"].seconds > 2.5
+    assert (by_op["fake.spin"].status, by_op["fake.spin"].reason) == ("timed-out", "timeout after 1s")
+    assert by_op["fake.spin"].seconds < 10
+    assert load_record(record_path(tmp_path, "fake", "fake.nap")).status == "ok"
+    assert not record_path(tmp_path, "fake", "fake.spin").exists()
+
+
+def test_a_cpu_bound_op_on_a_loaded_machine_is_not_timed_out(tmp_path, monkeypatch):
+    # fake.busy burns 1 s of CPU under a 1.5 s limit while busy processes, two per core, hold
+    # the cores: it takes longer than the limit in wall time, and passes
+    monkeypatch.setenv("FAKE_BUSY_S", "1.0")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        report = sweep(tmp_path, jobs=1, patterns=("fake.busy",), timeout=1.5, wall_timeout=30.0, backend_options=SLOW)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    busy = report.results[0]
+    assert (busy.status, busy.retried) == ("ok", ""), busy
+    assert busy.seconds > 1.5, f"not loaded: {busy.seconds:.2f}s"  # else the test shows nothing

@@ -14,6 +14,10 @@ from typing import Any, Callable, Iterable
 
 DEFAULT_EXPLORER = "metaspmd.explorer:explore_op"
 DEFAULT_TIMEOUT = 60.0
+# The per-op limit counts the worker's CPU time, which a loaded machine does not stretch;
+# an op blocked or asleep burns none, so a wall-clock guard this many times the limit
+# stops true hangs.
+WALL_FACTOR = 10.0
 
 
 class SweepError(Exception):
@@ -29,7 +33,8 @@ class SweepConfig:
     out_root: Path
     patterns: tuple[str, ...] = ()
     jobs: int = 1
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float = DEFAULT_TIMEOUT  # CPU seconds of the op's worker
+    wall_timeout: float | None = None  # the hang guard, in wall seconds; None: WALL_FACTOR * timeout
     check: bool = False
     resume: bool = False
     backend_options: tuple[tuple[str, str], ...] = ()
@@ -42,10 +47,16 @@ class SweepConfig:
             raise SweepError(f"jobs must be >= 1, got {self.jobs}")
         if not math.isfinite(self.timeout) or self.timeout <= 0:  # inf overflows the timers; nan never expires
             raise SweepError(f"timeout must be a finite number of seconds > 0, got {self.timeout}")
+        if self.wall_timeout is not None and (not math.isfinite(self.wall_timeout) or self.wall_timeout <= 0):
+            raise SweepError(f"wall_timeout must be a finite number of seconds > 0, got {self.wall_timeout}")
         if self.patterns and not any(p.strip() for p in self.patterns):
             raise SweepError(f"patterns {list(self.patterns)} name no op (no pattern at all selects every op)")
         if self.check and self.resume:
             raise SweepError("--check and --resume do not combine: a check compares every op")
+
+    @property
+    def wall_limit(self) -> float:
+        return self.wall_timeout if self.wall_timeout is not None else WALL_FACTOR * self.timeout
 
 
 def unwritable(path: Path, folder: bool) -> str:

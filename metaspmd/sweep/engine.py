@@ -15,6 +15,10 @@ from ..rules import OpRecord
 from .config import SweepConfig, SweepError, select_ops, unwritable
 from .workers import Outcome, WorkerPool
 
+# The status of an op that ran out of its time limit on both tries. It gets no record: how
+# fast a machine is must not change the registry, so its file (if any) is left as it was.
+TIMED_OUT = "timed-out"
+
 @dataclass(frozen=True)
 class OpResult:
     """One op in a sweep report. ``change`` is set in check mode: 'added', 'changed' or
@@ -30,6 +34,7 @@ class OpResult:
     diff: str = ""
     after: tuple[str, ...] = ()  # the ops its worker explored just before it
     retried: str = ""  # why a first try failed (a crash, a time limit), where it had a second
+    kept: bool = False  # status TIMED_OUT: the op's previous file was there, and is left as it was
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class SweepReport:
 
     def counts(self) -> Counter:
         return Counter(r.status for r in self.results)
+
+    def timed_out(self) -> list[OpResult]:
+        return [r for r in self.results if r.status == TIMED_OUT]
 
     def changes(self) -> list[tuple[str, str]]:
         """(kind, op or file name) for every difference a check found, sorted."""
@@ -89,12 +97,20 @@ def run_sweep(config: SweepConfig) -> SweepReport:
 
         bar = tqdm(total=len(todo), unit="op", file=sys.stderr, disable=not config.progress,
                    desc=f"sweep {backend}", dynamic_ncols=True)
-        failed = 0
+        failed = timed_out = 0
 
         def on_outcome(outcome: Outcome) -> None:
-            nonlocal failed
+            nonlocal failed, timed_out
             record = outcome.record
             change, diff = "", ""
+            if outcome.timed_out:
+                path = registry_io.record_path(config.out_root, backend, outcome.op)
+                results[outcome.op] = OpResult(outcome.op, TIMED_OUT, record.reason, outcome.seconds,
+                                               after=outcome.after, retried=outcome.retried, kept=path.is_file())
+                timed_out += 1
+                bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
+                bar.update(1)
+                return
             if config.check:
                 change, diff = _compare(registry_io, config.out_root, record)
             else:
@@ -103,7 +119,7 @@ def run_sweep(config: SweepConfig) -> SweepReport:
                                           outcome.after, outcome.retried)
             if record.status == "failed":
                 failed += 1
-                bar.set_postfix(failed=failed, refresh=False)
+                bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
             bar.update(1)
 
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .engine import SweepReport
+from .engine import TIMED_OUT, SweepReport
 
 # Summary rows, in print order: op statuses (metaspmd.rules.OP_STATUSES).
 SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "composite", "skipped", "failed")
@@ -13,7 +13,6 @@ SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-s
 def format_summary(report: SweepReport) -> str:
     counts = report.counts()
     failed = [r for r in report.results if r.status == "failed"]
-    timeouts = sum(r.reason.startswith("timeout") for r in failed)
     crashes = sum(r.reason.startswith("crashed") for r in failed)
     rows = [("backend", report.backend), ("ops", str(len(report.results)))]
     if report.resumed:
@@ -22,12 +21,20 @@ def format_summary(report: SweepReport) -> str:
         if status in ("composite", "skipped") and not counts[status]:
             continue
         value = str(counts[status])
-        if status == "failed" and (timeouts or crashes):
-            value += f"  (timeouts {timeouts}, crashes {crashes})"
+        if status == "failed" and crashes:
+            value += f"  (crashes {crashes})"
         rows.append((status if status != "ok" else "with rules (ok)", value))
+    # An op out of time on both tries gets no record: its file, if any, stays as it was.
+    timed_out = report.timed_out()
+    kept = [r.op for r in timed_out if r.kept]
+    if kept:
+        rows.append(("timed out, kept previous file", f"{len(kept)}  ({', '.join(kept)})"))
+    if len(kept) < len(timed_out):
+        rows.append(("timed out, no previous file", f"{len(timed_out) - len(kept)}  "
+                                                     f"({', '.join(r.op for r in timed_out if not r.kept)})"))
     retried = [r for r in report.results if r.retried]
     if retried:  # a crash or time limit that a second try got past was the machine's, not the op's
-        passed = [r.op for r in retried if r.status != "failed"]
+        passed = [r.op for r in retried if r.status not in ("failed", TIMED_OUT)]
         rows.append(("retried", f"{len(retried)}  (passed on the second try {len(passed)}: {', '.join(passed) or '-'})"))
     rows += [("wall time", f"{report.wall_s:.1f} s"), ("ops/s", f"{report.ops_per_s:.2f}")]
     width = max(len(k) for k, _ in rows)

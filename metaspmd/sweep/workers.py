@@ -43,6 +43,23 @@ from .failures import describe_exception, describe_exit, failed_record
 STARTUP_TIMEOUT = 600.0
 # Ops a worker explored before an op, reported with it (Outcome.after).
 HISTORY = 3
+# How often the parent reads a busy worker's CPU time, at most: an op overshoots its CPU
+# limit by about this much times its threads.
+CPU_POLL_S = 0.25
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads, and reaped children) of a live process, read
+    from /proc; None where there is no /proc (not Linux) or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # fields after the command name, which may hold spaces and parentheses: state is [0]
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return sum(int(v) for v in fields[11:15]) / _TICKS  # utime, stime, cutime, cstime
+    except (OSError, ValueError, IndexError):
+        return None
 
 # --------------------------------------------------------------------------- worker side
 
@@ -178,6 +195,7 @@ class _Worker:
     ready: bool = False
     op: str | None = None
     started: float = 0.0
+    cpu_started: float | None = None  # the worker's CPU time when its op was sent
     history: list[str] = field(default_factory=list)  # the ops it explored, in order
 
     @property
@@ -202,6 +220,7 @@ class Outcome:
     seconds: float
     after: tuple[str, ...] = ()
     retried: str = ""  # why its first try failed, where a crash or time limit sent it round again
+    timed_out: bool = False  # its last try ran out of time (record: the failure result)
 
 
 class WorkerPool:
@@ -210,8 +229,14 @@ class WorkerPool:
     ``run(ops, on_outcome)`` explores ops, at most one per worker at a time, and calls
     ``on_outcome`` in the parent as each finishes. A worker past the time limit is killed;
     a worker that dies is replaced; either way its op is tried once more (a worker killed
-    for memory, or an op slowed past the limit on a loaded machine, fails once only), and
-    gets a 'failed' record if it fails again.
+    for memory fails once only), and gets a 'failed' record if it fails again, with
+    ``Outcome.timed_out`` set where that was a time limit.
+
+    The limit (``config.timeout``) counts the worker's CPU time since the op was sent, so
+    an op slowed by a loaded machine gets the time it needs: wall-clock speed must not
+    change a sweep's result. An op that burns no CPU (asleep, blocked on a lock or a pipe)
+    is stopped by a wall-clock guard, ``config.wall_limit``. Without /proc (not Linux)
+    the limit counts wall time.
 
     ``task``: run it on each op instead of the sweep's explorer (``Task``).
     """
@@ -335,13 +360,19 @@ class WorkerPool:
             for w in self._workers:
                 if w.ready and not w.busy and pending:
                     w.op, w.started = pending.popleft(), time.monotonic()
+                    w.cpu_started = cpu_seconds(w.proc.pid)  # idle since its last op: the op's baseline
                     w.conn.send(("explore", w.op, *self._args.get(w.op, ())))
             # Retire idle workers once nothing is left to hand out.
             if not pending:
                 for w in [w for w in self._workers if w.ready and not w.busy]:
                     w.conn.send(None)
                     self._retire(w)
-            deadlines = [w.started + self.config.timeout for w in self._workers if w.busy]
+            now = time.monotonic()
+            # CPU time grows no faster than wall time per thread: wake when the least CPU
+            # left could be spent (or within CPU_POLL_S), or at the wall guard.
+            deadlines = [now + min(CPU_POLL_S, max(0.0, self.config.timeout - self._used(w, now)))
+                         for w in self._workers if w.busy]
+            deadlines += [w.started + self.config.wall_limit for w in self._workers if w.busy]
             deadlines += [w.born + STARTUP_TIMEOUT for w in self._workers if not w.ready]
             # capped: a far deadline (a tool's "no time limit") is more than the system's wait takes
             timeout = min(max(0.0, min(deadlines) - time.monotonic()), STARTUP_TIMEOUT) if deadlines else None
@@ -353,9 +384,25 @@ class WorkerPool:
             now = time.monotonic()
             if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
                 raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
-            for w in [w for w in self._workers if w.busy and now - w.started >= self.config.timeout]:
-                self._failed(w, f"timeout after {self.config.timeout:g}s", now - w.started, on_outcome)
+            for w in [w for w in self._workers if w.busy]:
+                used = self._used(w, now)
+                if used >= self.config.timeout:
+                    reason = f"timeout after {self.config.timeout:g}s"  # of CPU time, as --help says
+                elif now - w.started >= self.config.wall_limit:
+                    reason = (f"timeout: no result after {self.config.wall_limit:g}s of wall time "
+                              f"(hung: {used:.1f}s of CPU time)")
+                else:
+                    continue
+                self._failed(w, reason, now - w.started, on_outcome, timed_out=True)
                 self._replace(w)
+
+    @staticmethod
+    def _used(worker: _Worker, now: float) -> float:
+        """The CPU seconds a busy worker has spent on its op (wall seconds without /proc)."""
+        if worker.cpu_started is None:
+            return now - worker.started
+        cpu = cpu_seconds(worker.proc.pid)  # None: the worker just died, which its sentinel reports
+        return cpu - worker.cpu_started if cpu is not None else 0.0
 
     def _service(self, worker: _Worker, on_outcome) -> None:
         """Handle everything a worker said, then its death if it died."""
@@ -380,7 +427,7 @@ class WorkerPool:
             self._failed(worker, describe_exit(worker.proc.exitcode), time.monotonic() - worker.started, on_outcome)
         self._replace(worker)
 
-    def _failed(self, worker: _Worker, reason: str, seconds: float, on_outcome) -> None:
+    def _failed(self, worker: _Worker, reason: str, seconds: float, on_outcome, timed_out: bool = False) -> None:
         """The op of a worker that timed out or died: next in line for a second try, or,
         after one, recorded as failed."""
         if worker.op not in self._retried:
@@ -388,13 +435,14 @@ class WorkerPool:
             self._pending.appendleft(worker.op)
             worker.op = None
             return
-        self._finish(worker, self._failure_result(self.backend_name, worker.op, reason), seconds, on_outcome)
+        self._finish(worker, self._failure_result(self.backend_name, worker.op, reason), seconds, on_outcome,
+                     timed_out)
 
-    def _finish(self, worker: _Worker, record: OpRecord, seconds: float, on_outcome) -> None:
+    def _finish(self, worker: _Worker, record: OpRecord, seconds: float, on_outcome, timed_out: bool = False) -> None:
         op, worker.op = worker.op, None
         after = tuple(worker.history[-HISTORY:])
         worker.history.append(op)
-        on_outcome(Outcome(op, record, seconds, after, self._retried.get(op, "")))
+        on_outcome(Outcome(op, record, seconds, after, self._retried.get(op, ""), timed_out))
 
     def _replace(self, worker: _Worker) -> None:
         self._retire(worker)

@@ -64,6 +64,28 @@ def _once():
     return [_case("fake.once", np.add, [(4, 6), (4, 6)], ("self", "other"))]
 
 
+def _spin():
+    # A CPU-bound hang: only the CPU-time limit stops it.
+    while True:
+        pass
+
+
+def _busy(cpu_seconds: float):
+    # Burns this much CPU time, then explores like fake.add: on a loaded machine it takes
+    # longer in wall time, never in CPU time.
+    end = time.process_time() + cpu_seconds
+    while time.process_time() < end:
+        pass
+    return [_case("fake.busy", np.add, [(4, 6), (4, 6)], ("self", "other"))]
+
+
+def _nap():
+    # Waits $FAKE_NAP_S seconds of wall time (default 2), burning no CPU, as an op starved
+    # of CPU on a loaded machine does; then explores like fake.add.
+    time.sleep(float(os.environ.get("FAKE_NAP_S", "2")))
+    return [_case("fake.nap", np.add, [(4, 6), (4, 6)], ("self", "other"))]
+
+
 def _segfault():
     os.kill(os.getpid(), signal.SIGSEGV)
     time.sleep(10)
@@ -88,12 +110,20 @@ _OPS = {
     "fake.abort": os.abort,
 }
 
+# Listed only with the backend option slow=1: the time-limit tests' ops.
+_SLOW_OPS = {
+    "fake.spin": _spin,
+    "fake.busy": lambda: _busy(float(os.environ.get("FAKE_BUSY_S", "1"))),
+    "fake.nap": _nap,
+}
+
 
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, prepare_seconds: float = 0.0):
+    def __init__(self, prepare_seconds: float = 0.0, slow: bool = False):
         self.prepare_seconds = prepare_seconds
+        self.ops = {**_OPS, **(_SLOW_OPS if slow else {})}
 
     def prepare(self) -> None:
         """Slow one-time set-up, which must not count against any op's time limit."""
@@ -103,16 +133,16 @@ class FakeBackend:
         return NumpyOps()
 
     def list_ops(self) -> list[str]:
-        return sorted(_OPS)
+        return sorted(self.ops)
 
     def cases(self, op: str):
-        return _OPS[op]()
+        return self.ops[op]()
 
 
-def get_backend(fail: str = "", prepare_seconds: str = "0") -> FakeBackend:
+def get_backend(fail: str = "", prepare_seconds: str = "0", slow: str = "") -> FakeBackend:
     if fail:
         raise RuntimeError(f"cannot start: {fail}")
-    return FakeBackend(float(prepare_seconds))
+    return FakeBackend(float(prepare_seconds), slow=bool(slow))
 
 
 def explore_op(backend, op):
