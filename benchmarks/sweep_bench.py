@@ -2,15 +2,23 @@
 and the per-op exploration time distribution.
 
     python benchmarks/sweep_bench.py --backend torch --ops 'aten.a*' --jobs 2
+    python benchmarks/sweep_bench.py --backend torch --ops 'aten.a*' --loaded   # quiet vs loaded
+
+--loaded sweeps the ops twice, once on a quiet machine and once with busy processes on
+every core (--hogs), and says whether the two registries are byte-identical: the time
+limit counts CPU time, so a loaded machine must not change a sweep's result.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from metaspmd.sweep import DEFAULT_TIMEOUT, SweepConfig, SweepError, run_sweep, split_patterns
@@ -22,6 +30,41 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def registry_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.yaml"))}
+
+
+def loaded(config: SweepConfig, hogs: int) -> int:
+    """Sweep twice, quiet then with ``hogs`` busy processes, and compare the registries."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
+        for name, n in (("quiet", 0), ("loaded", hogs)):
+            out = Path(tmp) / name
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+            try:
+                time.sleep(0.5 if n else 0)  # let the load settle
+                load = os.getloadavg()[0]
+                report = run_sweep(dataclasses.replace(config, out_root=out))
+                load = max(load, os.getloadavg()[0])
+            finally:
+                for p in busy:
+                    p.kill()
+                    p.wait()
+            runs.append((name, n, load, report, registry_files(out)))
+    width = 8
+    print(f"{'run':<{width}} {'hogs':>4} {'load':>5} {'ops':>5} {'wall s':>8} {'timed out':>9}  statuses")
+    for name, n, load, report, _ in runs:
+        statuses = ", ".join(f"{s} {c}" for s, c in sorted(report.counts().items()))
+        print(f"{name:<{width}} {n:>4} {load:>5.1f} {len(report.results):>5} {report.wall_s:>8.1f} "
+              f"{len(report.timed_out()):>9}  {statuses}")
+    (_, _, _, _, quiet), (_, _, _, _, busy) = runs
+    differ = sorted(k for k in quiet.keys() | busy.keys() if quiet.get(k) != busy.get(k))
+    print(f"registries byte-identical: {'yes' if not differ else 'no'} ({len(quiet)} files quiet, {len(busy)} loaded)")
+    for name in differ[:20]:
+        print(f"  differs: {name}")
+    return 0 if not differ else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="torch")
@@ -30,8 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS")
     p.add_argument("--kernels", metavar="MODULE")
     p.add_argument("--slowest", type=int, default=5, help="list this many slowest ops")
+    p.add_argument("--loaded", action="store_true",
+                   help="sweep twice, quiet and with every core busy, and compare the registries")
+    p.add_argument("--hogs", type=int, default=4 * (os.cpu_count() or 1), metavar="N",
+                   help="busy processes for --loaded's second run (default: 4 per core)")
     args = p.parse_args(argv)
     options = (("kernels", args.kernels),) if args.kernels else ()
+    if args.loaded:
+        try:
+            return loaded(SweepConfig(backend=args.backend, out_root=Path("."), patterns=split_patterns(args.ops),
+                                      jobs=args.jobs, timeout=args.timeout, backend_options=options), args.hogs)
+        except SweepError as e:
+            print(f"sweep_bench: error: {e}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as out:
         try:
             report = run_sweep(SweepConfig(
