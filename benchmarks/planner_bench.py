@@ -4,12 +4,18 @@ highspy is installed) against the beam-search baseline.
     python benchmarks/planner_bench.py --layers 1 4 12 24 --mesh 2x4
     python benchmarks/planner_bench.py --layers 12 --mesh 8 --budget 0.7
     python benchmarks/planner_bench.py --captured --layers 1 4 12 24 --hidden 256 --seq 128
+    python benchmarks/planner_bench.py --end-to-end --layers 12 24 --hidden 256 --heads 8 --batch 4 --seq 128
 
 By default the graphs are synthetic (metaspmd.planner.synthetic: one node per matmul,
 norm, softmax, ...). With ``--captured`` they are the ATen graphs torch captures from
 examples.models.GPT (make_fx, forward + backward: views, transposes and casts included),
 with rules from the generated table, then live exploration cached across sizes; the
 'rules s' column is that resolution.
+
+With ``--end-to-end`` each size is ``metaspmd.parallelize`` of the torch GPT on a fake
+process group under LocalTensorMode, with a rule cache warmed by a 1-layer GPT of the same
+widths first: the seconds (wall and CPU) of the whole call and of its capture, rule
+resolution and planning; the planner's own columns are not printed.
 
 Times are wall seconds of the whole planner call (problem build, reductions, beam search
 on the reduced and the whole graph, ILP); 'build' is the problem build alone,
@@ -82,6 +88,70 @@ def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cac
     return captured.ir, strategies, captured.parameter_gradient_ties(), secs
 
 
+def end_to_end(layers_list: list[int], mesh_shape: str, hidden: int, heads: int, batch: int, seq: int) -> int:
+    """``parallelize`` end to end per size, warm rule cache: total, capture, resolve, plan."""
+    import contextlib
+    import math
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from examples.models import GPT
+    from metaspmd import runtime
+    from metaspmd.backends.torch.parallelize import TorchRuntime, parallelize
+    from metaspmd.cache import RuleCache
+
+    shape = [int(s) for s in mesh_shape.lower().split("x")]
+    world = math.prod(shape)
+    if not dist.is_initialized():
+        dist.init_process_group("fake", rank=0, world_size=world)
+    cache = RuleCache(tempfile.mkdtemp())
+    clocks: dict[str, Clock] = {}
+
+    @contextlib.contextmanager
+    def phases():
+        """Each phase's clock, from the very functions parallelize calls."""
+        wrapped = [(TorchRuntime, "capture", "capture"), (runtime, "resolve", "resolve"), (runtime.planner, "plan", "plan")]
+        originals = [getattr(owner, name) for owner, name, _ in wrapped]
+        for (owner, name, label), fn in zip(wrapped, originals):
+            def clocked(*a, _fn=fn, _label=label, **k):
+                out, clocks[_label] = timed(lambda: _fn(*a, **k))
+                return out
+            setattr(owner, name, clocked)
+        try:
+            yield
+        finally:
+            for (owner, name, _), fn in zip(wrapped, originals):
+                setattr(owner, name, fn)
+
+    def run(layers: int):
+        torch.manual_seed(0)
+        model, x = GPT(layers, hidden, heads), torch.randn(batch, seq, hidden)
+        with LocalTensorMode(frozenset(range(world))):
+            mesh = DeviceMesh("cpu", torch.arange(world).reshape(shape))
+            return parallelize(model, mesh, (x,), cache=cache)
+
+    _, warm = timed(lambda: run(1))
+    print(f"parallelize(GPT) end to end on mesh {mesh_shape}, hidden {hidden}, heads {heads}, batch {batch}, seq {seq}; "
+          f"rule cache warmed by 1 layer in {warm} s (wall/cpu)")
+    rows = [["layers", "ops", "total s", "capture s", "resolve s", "plan s", "rules"]]
+    for layers in layers_list:
+        clocks.clear()
+        with phases():
+            p, total = timed(lambda: run(layers))
+        rows.append([str(layers), str(len(p.captured.ir.op_list)), str(total)]
+                    + [str(clocks.get(k, "-")) for k in ("capture", "resolve", "plan")]
+                    + [f"{p.stats.table} table, {p.stats.cache} cache, {p.stats.live} live"])
+        print(f"{layers} layers done", file=sys.stderr, flush=True)
+    print("times: wall/cpu seconds")
+    print_table(rows)
+    return 0
+
+
 def mesh_text(text: str) -> str:
     """argparse type: a mesh shape such as 8 or 2x4 (positive sizes)."""
     sizes = text.lower().split("x")
@@ -106,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-highs", action="store_true", help="skip HiGHS even when highspy is installed")
     p.add_argument("--captured", action="store_true",
                    help="plan the ATen graphs captured from the torch GPT instead of synthetic ones")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="time metaspmd.parallelize of the torch GPT (capture, resolve, plan), warm rule cache")
     args = p.parse_args(argv)
+    if args.end_to_end:
+        return end_to_end(args.layers, args.mesh, args.hidden, args.heads, args.batch, args.seq)
     cache = None
     if args.captured:
         import tempfile

@@ -62,6 +62,9 @@ class NodeCall:
     # the table's strategies for neighbouring signatures of a missed call, as candidates
     # (input placements, output combines)
     neighbours: Callable[[], tuple] | None = None
+    # makes what ``case`` reads ready (a capture's real values, recorded on first use): run
+    # in this process before any exploration, so a forked child finds it done
+    prepare: Callable[[], object] | None = None
 
 
 # the note of an entry whose rules are a neighbouring signature's, verified at the call
@@ -111,6 +114,9 @@ def resolve(
                 entries[node.name] = hit
             else:
                 unseen.setdefault((node.op, call.signature), call)
+    for call in unseen.values():
+        if call.prepare is not None:
+            call.prepare()
     explored = _explore(unseen, ops, isolation, stats, threads)
     counted: set[tuple[str, str]] = set()
     out: dict[str, tuple[Strategy, ...]] = {}
@@ -149,6 +155,8 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
     entry = cache.get(backend, op, call.signature)
     if entry is None:
         key = (op, call.signature)
+        if call.prepare is not None:
+            call.prepare()
         entry = _explore({key: call}, ops, isolation, ResolveStats())[key]
         cache.remember(backend, op, entry)
     return entry

@@ -1,9 +1,11 @@
 """Capture a torch module or function as MetaIR: its joint forward+backward ATen graph.
 
 make_fx traces the function (and, for a module, ``torch.autograd.grad`` of a scalar loss
-with respect to its parameters) into ATen ops. An Interpreter run on the example inputs
-records every node's real argument values, so ops missing from the rule table can be
-explored live on the very shapes and values the model uses.
+with respect to its parameters) into ATen ops, on fake tensors where it can (shapes only,
+no arithmetic). An Interpreter run on the example inputs records every node's real
+argument values, so ops missing from the rule table can be explored live on the very
+shapes and values the model uses; it runs on first use only (a warm rule cache needs
+shapes alone, which every node's ``meta["val"]`` has).
 
 A module's buffers are graph inputs after its parameters. Where the model writes to them
 (BatchNorm's running statistics in training), the graph is functionalized: the writes
@@ -15,8 +17,10 @@ functionalized too: the plan may reshard a value into a copy before the op write
 
 from __future__ import annotations
 
+import functools
 import operator
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,10 +45,15 @@ class Captured:
     gm: torch.fx.GraphModule
     param_names: tuple[str, ...]  # leading graph inputs, in order: the module's parameters
     n_user_inputs: int
-    values: dict  # node name -> (args, kwargs) with the real example values
+    values: Mapping  # node name -> (args, kwargs) with the real example values (recorded on first use)
     n_outputs: int  # leading graph outputs that are the function's own outputs (then gradients)
     buffer_names: tuple[str, ...] = ()  # graph inputs after the parameters: the module's buffers
     updated_buffers: tuple[str, ...] = ()  # buffers the model writes; their new values are the last outputs
+
+    @functools.cached_property
+    def nodes(self) -> dict[str, torch.fx.Node]:
+        """The graph's nodes by name (a MetaOp's name is its node's)."""
+        return {n.name: n for n in self.gm.graph.nodes}
 
     def parameter_gradient_ties(self) -> list[tuple[str, str]]:
         """(parameter input, its gradient output) node names: a gradient is delivered in its
@@ -127,11 +136,11 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool) -> None:
 def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,
              loss_fn: Callable[[Any], torch.Tensor] | None) -> Captured:
     if not isinstance(fn_or_module, torch.nn.Module):
-        gm = make_fx(fn_or_module)(*example_inputs)
+        gm = _make_fx(fn_or_module, example_inputs)
         if _mutates(gm):
-            gm = make_fx(torch.func.functionalize(gm, remove="mutations"))(*example_inputs)
-        values = _record_values(gm, list(example_inputs))
-        ir = to_metair(gm, values)
+            gm = _make_fx(torch.func.functionalize(gm, remove="mutations"), example_inputs)
+        values = RecordedValues(gm, list(example_inputs))
+        ir = to_metair(gm)
         return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list))
     module = fn_or_module
     names = [n for n, _ in module.named_parameters()]
@@ -143,7 +152,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         def fn(params, buffers, *inputs):
             state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
             return torch.func.functional_call(module, state, inputs)
-    gm = make_fx(fn, decomposition_table=_DECLARED_WRITES)(params, _buffer_copies(module), *example_inputs)
+    gm = _make_fx(fn, (params, _buffer_copies(module), *example_inputs), decomposition_table=_DECLARED_WRITES)
     written = _written_inputs(gm, len(params), len(buffer_names))
     if written or _mutates(gm):
         gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
@@ -152,11 +161,23 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         # else nothing reads. The traced ATen graph is functional, so this is exact.
         gm.graph.eliminate_dead_code()
         gm.recompile()
-    values = _record_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
-    ir = to_metair(gm, values)
+    values = RecordedValues(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
+    ir = to_metair(gm)
     n_outputs = 1 if backward else len(ir.output_list) - len(written)
     updated = tuple(buffer_names[i] for i in written)
     return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated)
+
+
+def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
+    """make_fx on fake tensors: the same graph as a real trace, without computing any value
+    (the real trace's arithmetic, and the fake copy of every value it records as the node's
+    ``meta["val"]``, were most of a GPT's capture). What fake tensors cannot trace (an op
+    whose output shape depends on values, a real tensor constant mixed in) is traced on
+    the real values as before."""
+    try:
+        return make_fx(fn, tracing_mode="fake", **kwargs)(*args)
+    except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
+        return make_fx(fn, **kwargs)(*args)
 
 
 def _buffer_copies(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -210,8 +231,8 @@ def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> 
         out = gm(params, buffers, *inputs)
         return (out, [buffers[i] for i in written]) if written else out
 
-    functional = make_fx(torch.func.functionalize(with_updates, remove="mutations"))(
-        [p.detach() for p in params], buffers, *example_inputs)
+    functional = _make_fx(torch.func.functionalize(with_updates, remove="mutations"),
+                          ([p.detach() for p in params], buffers, *example_inputs))
     # The new values are outputs now; the copies back into the inputs that
     # functionalize appends are the writes themselves, which the runtime does instead.
     placeholders = {n for n in functional.graph.nodes if n.op == "placeholder"}
@@ -220,6 +241,36 @@ def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> 
             functional.graph.erase_node(node)
     functional.recompile()
     return functional
+
+
+class RecordedValues(Mapping):
+    """node name -> (args, kwargs) with the real example values, recorded by running the
+    graph once on first access: only live exploration reads them, so planning with a warm
+    rule cache runs none of the model's arithmetic. Recorded outside any mode the caller
+    is in (LocalTensorMode) and without oneDNN, as the graph was traced."""
+
+    def __init__(self, gm: torch.fx.GraphModule, flat_inputs: list):
+        self._gm, self._inputs, self._values = gm, flat_inputs, None
+
+    def record(self) -> dict:
+        if self._values is None:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes(), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+                with torch.backends.mkldnn.flags(enabled=False):
+                    self._values = _record_values(self._gm, self._inputs)
+            self._inputs = None  # recorded: the inputs are not needed any more
+        return self._values
+
+    def __getitem__(self, name: str):
+        return self.record()[name]
+
+    def __iter__(self):
+        return iter(self.record())
+
+    def __len__(self) -> int:
+        return len(self.record())
 
 
 def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:
@@ -246,7 +297,7 @@ def _var(name: str, x: Any) -> MetaVar:
     return MetaVar(name, (), type(x).__name__, is_tensor=False)
 
 
-def to_metair(gm: torch.fx.GraphModule, values: dict) -> MetaIR:
+def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
     """MetaIR of an ATen FX graph; getitem nodes become references to op outputs."""
     env: dict[str, Any] = {}  # fx node name -> MetaVar or tuple of MetaVars
     inputs, constants, ops = [], [], []
@@ -291,3 +342,18 @@ def to_metair(gm: torch.fx.GraphModule, values: dict) -> MetaIR:
 
 def arg_names(op: MetaOp) -> tuple[str, ...]:
     return positional_names(op.fn)
+
+
+def meta_call(node: torch.fx.Node) -> tuple[tuple, dict] | None:
+    """A node's (args, kwargs) with each input node replaced by its traced value (a fake
+    tensor): the shapes, dtypes and other arguments a signature reads. None where an input
+    has no traced value."""
+    missing = []
+
+    def val(n: torch.fx.Node):
+        if "val" not in n.meta:
+            missing.append(n)
+        return n.meta.get("val")
+
+    args, kwargs = torch.fx.node.map_arg((tuple(node.args), dict(node.kwargs)), val)
+    return None if missing else (args, kwargs)

@@ -11,7 +11,7 @@ from metaspmd.resolve import NodeCall
 
 from . import table
 from .backend import torch_case
-from .capture import Captured
+from .capture import Captured, meta_call
 from .samples import call_signature, with_varied_masks
 
 # Live exploration runs in a forked child, with the sweep's per-op time limit; the child
@@ -71,18 +71,48 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
     return torch_case(fn, a, k, fn)
 
 
-def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> NodeCall:
+_SIGNATURES: dict = {}
+
+
+def _signature(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """call_signature, memoized per (op, shapes, dtypes, arguments) as table.lookup is: a
+    model's repeated layers make the same calls."""
+    try:
+        key = (fn, table.call_key(args), table.call_key(kwargs) if kwargs else None)
+        return _SIGNATURES[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable argument: no memo
+        return call_signature(fn, args, kwargs)
+    sig = _SIGNATURES[key] = call_signature(fn, args, kwargs)
+    return sig
+
+
+def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, prepare=None) -> NodeCall:
     """One call's signature, the table's rules for it (None: the table lacks them), the
-    case live exploration would verify, and the table's rules at neighbouring signatures."""
-    sig = call_signature(fn, tuple(args), dict(kwargs))
+    case live exploration would verify, and the table's rules at neighbouring signatures.
+    ``args``/``kwargs`` may be fake tensors, with ``real`` giving the real (args, kwargs)
+    the case needs, and ``prepare`` making them ready (before a forked child reads them)."""
+    sig = _signature(fn, tuple(args), dict(kwargs))
     found = table.lookup(fn, tuple(args), dict(kwargs))
 
     def neighbours() -> tuple:
         return tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
 
-    return NodeCall(sig, found, lambda: call_case(fn, args, kwargs), neighbours if found is None else None)
+    def case() -> OpCase:
+        a, k = real() if real is not None else (args, kwargs)
+        return call_case(fn, a, k)
+
+    return NodeCall(sig, found, case, neighbours if found is None else None, prepare)
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:
-    args, kwargs = captured.values[node.name]
-    return call_of(node.fn, args, kwargs)
+    """The node's call: its signature and table rules from the traced shapes; the real
+    example values, recorded on first use, for live exploration only."""
+    def real() -> tuple:
+        return captured.values[node.name]
+
+    traced = meta_call(captured.nodes[node.name])
+    args, kwargs = traced if traced is not None else real()
+    record = getattr(captured.values, "record", None)
+    return call_of(node.fn, args, kwargs, real, record)
