@@ -1,7 +1,8 @@
 """Worker processes for the sweep. Each worker process loads the backend by module name,
 so a framework is imported only where ops run, and a worker that hangs or crashes
-(segfault, abort, out of memory) takes down only itself: the op gets a 'failed' record
-saying why and a fresh worker takes its place. Op failures are data, not errors.
+(segfault, abort, out of memory) takes down only itself: a fresh worker takes its place,
+and the op gets a 'failed' record saying why (or, out of time, is reported as such: the
+sweep then keeps its previous file). Op failures are data, not errors.
 
 A backend may define ``prepare()``: one-time set-up (building a sample index, warming a
 compile cache) that each worker runs while it starts, outside the per-op time limit. The
