@@ -75,17 +75,8 @@ _SIGNATURES: dict = {}
 
 
 def _signature(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
-    """call_signature, memoized per (op, shapes, dtypes, arguments) as table.lookup is: a
-    model's repeated layers make the same calls."""
-    try:
-        key = (fn, table.call_key(args), table.call_key(kwargs) if kwargs else None)
-        return _SIGNATURES[key]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable argument: no memo
-        return call_signature(fn, args, kwargs)
-    sig = _SIGNATURES[key] = call_signature(fn, args, kwargs)
-    return sig
+    """call_signature, memoized as table.lookup is."""
+    return table.memoized(_SIGNATURES, call_signature, fn, args, kwargs)
 
 
 def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, prepare=None) -> NodeCall:

@@ -9,7 +9,7 @@ gives; what DTensor or a plan runs of them is ``metaspmd.target``'s to say.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
@@ -132,18 +132,24 @@ def call_key(x: Any) -> Any:
 _LOOKUPS: dict = {}
 
 
-def lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...] | None:
-    """The table's strategies for this call (tensors or DTensorSpecs), or None. Looked up by
-    signature, then by normalized signature; memoized per (op, shapes, dtypes, arguments)."""
+def memoized(memo: dict, compute: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """``compute(op, args, kwargs)``, kept in ``memo`` per (op, shapes, dtypes, arguments):
+    a model's repeated layers make the same calls. Unhashable arguments are not kept."""
     try:
         key = (op, call_key(args), call_key(kwargs) if kwargs else None)
-        return _LOOKUPS[key]
+        return memo[key]
     except KeyError:
         pass
-    except TypeError:  # an unhashable argument: no memo
-        return _lookup(op, args, kwargs)
-    found = _LOOKUPS[key] = _lookup(op, args, kwargs)
+    except TypeError:
+        return compute(op, args, kwargs)
+    found = memo[key] = compute(op, args, kwargs)
     return found
+
+
+def lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...] | None:
+    """The table's strategies for this call (tensors or DTensorSpecs), or None. Looked up by
+    signature, then by normalized signature; memoized."""
+    return memoized(_LOOKUPS, _lookup, op, args, kwargs)
 
 
 def _lookup(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Strategy, ...] | None:
