@@ -121,15 +121,7 @@ def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int
     into (or equals) one non-1 output dim. Sharding that dim shards the output dim in order,
     whatever the shard sizes; a dim split into several outputs needs even shards
     (``reshape_even_mapping``)."""
-    if 0 in src or 0 in dst:
-        return {}
-    mapping = {}
-    for gi, gj in reshape_groups(src, dst):
-        ins = [d for d in gi if src[d] != 1]
-        outs = [o for o in gj if dst[o] != 1]
-        if ins and len(outs) == 1:
-            mapping[ins[0]] = outs[0]
-    return mapping
+    return _leading_dims(src, dst, lambda ins, outs: len(outs) == 1)
 
 
 def reshape_even_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
@@ -139,13 +131,19 @@ def reshape_even_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int
     equal runs of the group's elements, and those are n equal runs of output rows exactly
     where n divides that output dim too: gather(dim=o, even=true), DTensor's view rule for
     a split. With every size known to the planner, it keeps the cut where both divide."""
+    return _leading_dims(src, dst, lambda ins, outs: len(outs) > 1 and math.gcd(src[ins[0]], dst[outs[0]]) > 1)
+
+
+def _leading_dims(src: tuple[int, ...], dst: tuple[int, ...], keeps) -> dict[int, int]:
+    """For each group of a reshape whose non-1 input and output dims ``keeps`` accepts, its
+    leading non-1 input dim -> its leading non-1 output dim."""
     if 0 in src or 0 in dst:
         return {}
     mapping = {}
     for gi, gj in reshape_groups(src, dst):
         ins = [d for d in gi if src[d] != 1]
         outs = [o for o in gj if dst[o] != 1]
-        if ins and len(outs) > 1 and math.gcd(src[ins[0]], dst[outs[0]]) > 1:
+        if ins and keeps(ins, outs):
             mapping[ins[0]] = outs[0]
     return mapping
 
