@@ -44,10 +44,17 @@ class Cut:
                 for i, b in self.bounds.items() if not placements[i].halo}
 
 
+# (input index, its value, dim, (start, length) per shard, halo) -> its shards: a caller may
+# keep them for its next cut of the same input (the explorer's memo)
+ShardOf = Callable[[int, Any, int, "list[tuple[int, int]]", int], list]
+
+
 def cut_inputs(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[InputPlacement], n: int,
-               bounds: Bounds) -> Cut:
-    """Cut every input that ``placements`` cut by its own length into ``n`` shards;
-    stops at the first dim that ``bounds`` cannot cut (``Cut.why``)."""
+               bounds: Bounds, shard: ShardOf | None = None) -> Cut:
+    """Cut every input that ``placements`` cut by its own length into ``n`` shards (by
+    ``shard``, default ``shard_with_halo``); stops at the first dim that ``bounds`` cannot
+    cut (``Cut.why``)."""
+    shard = shard or (lambda i, x, dim, b, halo: shard_with_halo(ops, x, dim, b, halo))
     got: dict[int, list[tuple[int, int]]] = {}
     shards: dict[int, list] = {}
     for i, p in enumerate(placements):
@@ -56,7 +63,7 @@ def cut_inputs(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Input
             b = bounds(size)
             if b is None:
                 return Cut(n, got, shards, f"a dim of size {size} cannot be cut in {n}")
-            got[i], shards[i] = b, shard_with_halo(ops, leaves[i], p.dim, b, p.halo)
+            got[i], shards[i] = b, shard(i, leaves[i], p.dim, b, p.halo)
     return Cut(n, got, shards)
 
 

@@ -131,6 +131,18 @@ class Memo:
     resized: dict[tuple, tuple[list[Trial], list[Trial] | None, dict]] = field(default_factory=dict)
     reproduced: dict[int, bool] = field(default_factory=dict)  # by id of a resized trial (held in resized)
     unread: list[int] | None = None  # inputs no output reads (_unread_inputs)
+    # what is worked out of tensors the search holds (shards of a trial's inputs, whether
+    # they differ, whether a leaf is flat along a dim, a Partial input's parts), by a key
+    # of their ids: pure functions of those values, asked again by group after group
+    derived: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
+
+    def keep(self, key: tuple, held: Any, make: Callable[[], Any]) -> Any:
+        """``make()`` once per ``key``; ``held`` (the objects whose ids ``key`` names) is kept
+        beside the value, so that no other object takes those ids while the memo lives."""
+        hit = self.derived.get(key)
+        if hit is None:
+            hit = self.derived[key] = (held, make())
+        return hit[1]
 
 
 def flat_along(ops: TensorOps, x: Any, d: int) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import cut_inputs, shard_inputs
-from ..combine import CutInput, Split, candidate_combines, holds, partial_parts
+from ..check import Cut, cut_inputs, shard_inputs
+from ..combine import CutInput, Split, candidate_combines, holds, partial_parts, shard_with_halo
 from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
@@ -22,19 +22,19 @@ class Shards:
         """Local outputs per shard, or None when the group cannot run this way."""
         ops = self.ops
         placements = group.placements(len(trial.leaves))
-        cut = cut_inputs(ops, trial.leaves, placements, split.n, split.bounds)
+        cut = self._cut(trial.leaves, placements, split)
         # an empty input has no data to differ, only a shape to cut: beside a full one
         # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
         full = [i for i, _, _ in group.dims if 0 not in ops.shape(trial.leaves[i])]
         for i, shards in cut.shards.items():  # judged in order, up to where the cutting stopped
             if (not trial.special and (i in full or not full)
-                    and all(ops.close(shards[0], s) for s in shards[1:])):
+                    and self._alike(shards)):
                 return UNINFORMATIVE  # identical shards prove nothing (the special trials'
                 # all-zero input is meant to be uniform; the other trials need distinct shards)
         if cut.why:
             return None
         if group.dims and not trial.special and full and all(
-                flat_along(ops, trial.leaves[i], d) for i, d, _ in group.dims if i in full):
+                self._flat_along(trial.leaves[i], d) for i, d, _ in group.dims if i in full):
             # every cut input the same along its cut dim: shards differ in length at most
             # (an uneven split, a halo), and a gather passes for any reordering there
             return UNINFORMATIVE
@@ -43,8 +43,9 @@ class Shards:
             # special values meet parts of x's own sign (inf times parts of both signs is NaN:
             # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
             spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
-            return partial_parts(ops, x, op, split.n, self.seed * 1000 + 100 * trial.index + 17 * i + split.n,
-                                 spread, trial.special)
+            seed = self.seed * 1000 + 100 * trial.index + 17 * i + split.n
+            return self.memo.keep(("parts", id(x), op, split.n, seed, spread, trial.special), x,
+                                  lambda: partial_parts(ops, x, op, split.n, seed, spread, trial.special))
 
         # positions clamped first where the shards drop those out of range (every position
         # input: dynamic_update_slice takes one per dim, and only the cut dim's is offset)
@@ -66,6 +67,26 @@ class Shards:
             return sharded.run(run)
         except Exception:
             return None
+
+    # The memo's pure functions of the tensors the search holds (``Memo.keep``): a group
+    # asks them of the same inputs as the groups before it (batch norm's input cut along
+    # dim 1 beside each of the Partial sets of its other inputs).
+
+    def _cut(self, leaves: list[Any], placements, split: Split) -> Cut:
+        """``cut_inputs`` of ``leaves``, each input's shards kept for the next cut of it."""
+        def shard(i: int, x: Any, dim: int, bounds: list[tuple[int, int]], halo: int) -> list[Any]:
+            return self.memo.keep(("shards", id(x), dim, tuple(bounds), halo), x,
+                                  lambda: shard_with_halo(self.ops, x, dim, bounds, halo))
+
+        return cut_inputs(self.ops, leaves, placements, split.n, split.bounds, shard)
+
+    def _alike(self, shards: list[Any]) -> bool:
+        """Are the shards of an input all equal (``close``)? ``shards`` as ``_cut`` keeps them."""
+        return self.memo.keep(("alike", id(shards)), shards,
+                              lambda: all(self.ops.close(shards[0], s) for s in shards[1:]))
+
+    def _flat_along(self, x: Any, d: int) -> bool:
+        return self.memo.keep(("flat", id(x), d), x, lambda: flat_along(self.ops, x, d))
 
     def _is_even(self, group: Group, split: Split, trial: Trial | None = None) -> bool:
         """Does ``split`` cut the group's dims into equal shards (on ``trial``'s inputs,
@@ -132,7 +153,7 @@ class Shards:
     def _cut_inputs(self, group: Group, trial: Trial, split: Split) -> dict[int, CutInput]:
         """The group's inputs cut without a halo, whose values an argreduce reads."""
         placements = group.placements(len(trial.leaves))
-        return cut_inputs(self.ops, trial.leaves, placements, split.n, split.bounds).values(placements)
+        return self._cut(trial.leaves, placements, split).values(placements)
 
     def _even_split(self, group: Group) -> Split | None:
         """Equal shards for the group's dim (its smallest divisor), within MAX_EVEN_SHARDS."""
