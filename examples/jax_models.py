@@ -32,7 +32,10 @@ def gpt_params(d=32, hidden=128, seed=0):
     k = jax.random.split(jax.random.key(seed), 8)
 
     def n(i, shape):
-        return 0.2 * jax.random.normal(k[i], shape, jnp.float32)
+        # Matrices scaled by 1/sqrt(fan_in) as nn.Linear's init does, so activations stay O(1)
+        # at any width and float32 rounding stays small next to the one-device comparison.
+        scale = 0.2 if len(shape) == 1 else 1 / math.sqrt(shape[0])
+        return scale * jax.random.normal(k[i], shape, jnp.float32)
 
     zeros = lambda n_: jnp.zeros((n_,), jnp.float32)  # noqa: E731
     return dict(ln1_g=1 + n(0, (d,)), ln1_b=n(1, (d,)), w_qkv=n(2, (d, 3 * d)), b_qkv=zeros(3 * d),

@@ -59,3 +59,21 @@ def test_a_users_constraint_is_kept(tmp_path):
     np.testing.assert_allclose(p(x, w1, w2), mlp(x, w1, w2), rtol=1e-10)
     with pytest.raises(KeyError, match="constraint on 'w9'"):
         metaspmd.parallelize(mlp, FakeMesh(4), (x, w1, w2), cache=RuleCache(tmp_path), constraints={"w9": (Shard(0),)})
+
+
+def test_links_reach_the_planner_and_an_unknown_axis_is_refused_first(tmp_path, monkeypatch):
+    """``links=`` prices the named axis as given; a name the mesh lacks fails before capture."""
+    import metaspmd.runtime as runtime
+
+    x, w1, w2 = example()
+    seen = []
+    real_plan = runtime.planner.plan
+    monkeypatch.setattr(runtime.planner, "plan", lambda ir, s, mesh, **kw: seen.append(mesh) or real_plan(ir, s, mesh, **kw))
+    p = metaspmd.parallelize(mlp, FakeMesh(4), (x, w1, w2), cache=RuleCache(tmp_path), links={"x": (1e-5, 2e9)})
+    assert (seen[0].axes[0].alpha, seen[0].axes[0].beta) == (1e-5, 1 / 2e9)
+    np.testing.assert_allclose(p(x, w1, w2), mlp(x, w1, w2), rtol=1e-10)
+    captured = []
+    monkeypatch.setattr(NumpyRuntime, "capture", lambda *a: captured.append(a))
+    with pytest.raises(ValueError, match="links: no mesh axis named 'pp'"):
+        metaspmd.parallelize(mlp, FakeMesh(4), (x, w1, w2), cache=RuleCache(tmp_path), links={"pp": (0, 1e9)})
+    assert captured == []

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Mapping, Sequence, Union
 
 # Defaults in the range of an intra-node GPU link: 5 us per message, 100 GB/s.
 DEFAULT_ALPHA = 5e-6
@@ -90,6 +91,31 @@ class Mesh:
 
     def __str__(self) -> str:
         return "Mesh(" + ", ".join(f"{a.name}={a.size}" for a in self.axes) + ")"
+
+    def with_links(self, links: Mapping[str, tuple[float, float]] | None) -> "Mesh":
+        """This mesh with the named axes' links replaced: ``{"dp": (alpha, bandwidth)}``,
+        seconds per message and bytes per second (``{"dp": (10e-6, 25e9)}`` for an axis that
+        crosses nodes). Axes not named keep theirs."""
+        if not links:
+            return self
+        unknown = sorted(set(links) - set(self.names))
+        if unknown:
+            raise ValueError(f"links: no mesh axis named {', '.join(map(repr, unknown))} (axes are {list(self.names)})")
+        axes = []
+        for a in self.axes:
+            if a.name not in links:
+                axes.append(a)
+                continue
+            try:
+                alpha, bandwidth = (float(v) for v in links[a.name])
+            except (TypeError, ValueError):
+                raise ValueError(f"links[{a.name!r}]: expected (seconds per message, bytes per second), "
+                                 f"got {links[a.name]!r}") from None
+            if not (bandwidth > 0 and math.isfinite(bandwidth)) or not (alpha >= 0 and math.isfinite(alpha)):
+                raise ValueError(f"links[{a.name!r}]: seconds per message must be >= 0 and bytes per second > 0, "
+                                 f"both finite; got {links[a.name]!r}")
+            axes.append(MeshAxis(a.name, a.size, alpha, 1.0 / bandwidth))
+        return Mesh(tuple(axes))
 
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_BANDWIDTH", "Mesh", "MeshAxis"]
