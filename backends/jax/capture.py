@@ -6,9 +6,10 @@ custom_jvp_call, custom_vjp_call, closed_call, remat) are inlined so every node 
 primitive, named ``jax.<primitive>`` as in the JAX backend and its rule table; a remat
 differentiated with ``prevent_cse`` keeps its optimization barrier, one per operand, so
 XLA still recomputes instead of reusing the forward's values. Dead equations are dropped.
-The flat equations are then evaluated one by one on the example inputs, recording every
-node's real operands, so ops missing from the table are explored live on the model's own
-values.
+A node's signature (and so its table rules) comes from the traced shapes alone; the real
+operands that live exploration of a table miss needs are recorded on first use only, by
+evaluating the flat equations one by one on the example inputs (``RecordedValues``): a
+warm rule cache plans without running any of the model, scans and loops included.
 
 Control flow (scan, while, cond) is planned through its bodies: the equation stays one
 ``FlatEqn`` holding a ``Region``, whose bodies are captured once each (not once per
@@ -20,18 +21,25 @@ dim is each iteration's slice cut along that dim less one: the leading dim stays
 scanned-out result through ``scan_stack``, and a ``cond``'s outputs through one
 ``cond_merge`` each, whose branches must all deliver that one placement. A body reads the
 loop's other operands (its consts) directly. ``repeats`` says how often each node runs per
-call: a scan's ``length``, a while loop's trip count on the example inputs.
+call: a scan's ``length``; a while loop's trip count where its bounds are static (a
+``fori_loop``: a counter from a constant, stepped by a constant, compared with a constant),
+else the estimate it is given (``while_trips``, default ``WHILE_TRIPS``), which
+``Captured.loops`` states.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import core
 from jax._src.lax.lax import optimization_barrier_p
 
@@ -48,6 +56,10 @@ Atom = Any  # a var name (str) or a core.Literal
 REGIONS = frozenset({"scan", "while", "cond"})
 CARRY, SCAN_SLICE, SCAN_STACK, COND_MERGE = "carry", "scan_slice", "scan_stack", "cond_merge"
 BOUNDARY = {k: core.Primitive(k) for k in (CARRY, SCAN_SLICE, SCAN_STACK, COND_MERGE)}
+
+# A while loop's trips per call where its bounds are not static: a stated estimate (what a
+# plan charges its body), which ``while_trips`` replaces.
+WHILE_TRIPS = 10
 
 
 class ControlFlowError(ValueError):
@@ -145,8 +157,21 @@ class Captured:
     out_tree: Any = field(compare=False)
     param_names: tuple[str, ...]  # the leading input_names that are parameters
     n_outputs: int  # leading flat results that are the function's own outputs
-    values: dict = field(compare=False, hash=False)  # node name -> its real operands (flat)
+    values: Mapping = field(compare=False, hash=False)  # node name -> its real operands (flat), on first use
     trips: dict = field(default_factory=dict, compare=False, hash=False)  # loop equation -> body runs per call
+    trip_sources: dict = field(default_factory=dict, compare=False, hash=False)  # loop equation -> where its trips come from
+    avals: dict = field(default_factory=dict, compare=False, hash=False)  # var name -> its traced aval
+
+    def abstract(self, name: str) -> tuple | None:
+        """Node ``name``'s operands as traced (ShapedArrays: shapes and dtypes, no values),
+        or None where one is no array (a token): its signature then needs the real ones."""
+        out = tuple(_aval(a, self.avals) for a in self.eqn(name).inputs)
+        return out if all(isinstance(a, core.ShapedArray) for a in out) else None
+
+    @property
+    def loops(self) -> list[str]:
+        """One line per loop: its body's trips per call and where that count comes from."""
+        return [f"{name}: {self.trips[name]:g} trips per call ({self.trip_sources[name]})" for name in self.trips]
 
     @cached_property
     def _by_name(self) -> dict[str, FlatEqn]:
@@ -382,10 +407,14 @@ def capture(
     params: Any = None,
     backward: bool = True,
     loss_fn: Callable | None = None,
+    while_trips: float | Mapping[str, float] | None = None,
 ) -> Captured:
     """Trace ``fn``. With ``params``, ``fn(params, *inputs)`` is traced forward and backward:
     the results are ``(out, grads)``, the gradients of ``loss_fn(out)`` (default: the sum
-    of every output) with respect to ``params`` (``backward=False``: forward only)."""
+    of every output) with respect to ``params`` (``backward=False``: forward only).
+    ``while_trips``: the trips per call charged a while loop whose bounds are not static
+    (one number for all, or by the loop's equation name as ``Captured.loops`` names it);
+    default ``WHILE_TRIPS``."""
     example_inputs = tuple(example_inputs)
     if params is not None:
         traced, args = (_joint(fn, loss_fn) if backward else fn), (params, *example_inputs)
@@ -418,41 +447,66 @@ def capture(
     out_tree = jax.tree.structure(out_shapes)
     n_outputs = len(jax.tree.leaves(out_shapes[0])) if params is not None and backward else out_tree.num_leaves
     flat_values = [jnp.asarray(x) for x in jax.tree.leaves(args)] + [v for _, v in flat.consts]
-    trips: dict = {}
-    values = record_values(eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values, trips)
+    values = RecordedValues(eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values)
+    trips, sources = loop_trips(eqns, dict(flat.consts), while_trips)
     ir = to_metair(eqns, names, flat.consts, outputs, flat.avals)
     return Captured(ir, tuple(eqns), tuple(names), tuple(flat.consts), tuple(outputs), in_tree, out_tree,
-                    tuple(param_names), n_outputs, values, trips)
+                    tuple(param_names), n_outputs, values, trips, sources, dict(flat.avals))
 
 
-def record_values(eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any],
-                  trips: dict | None = None) -> dict:
+class RecordedValues(Mapping):
+    """node name -> its real operands, recorded by evaluating the program once, on first
+    access: only live exploration reads them (a signature needs the traced shapes alone),
+    so planning with a warm rule cache runs none of the model, and no loop. Explorations
+    run in threads: one records, the others wait for it."""
+
+    def __init__(self, eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any]):
+        self._args: tuple | None = (eqns, input_names, inputs)
+        self._values: dict | None = None
+        self._lock = threading.Lock()
+
+    def record(self) -> dict:
+        with self._lock:
+            if self._values is None:
+                self._values = record_values(*self._args)
+                self._args = None  # recorded: the inputs are not needed any more
+        return self._values
+
+    def __getitem__(self, name: str):
+        return self.record()[name]
+
+    def __iter__(self):
+        return iter(self.record())
+
+    def __len__(self) -> int:
+        return len(self.record())
+
+
+def record_values(eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any]) -> dict:
     """Evaluate the program eagerly, equation by equation; node name -> its operands. A
     region's bodies are evaluated once more on their first iteration's operands (each cond
-    branch on the operands), for their nodes' values; a loop's trip count goes in ``trips``."""
+    branch on the operands), for their nodes' values."""
     values: dict = {}
-    _record(eqns, dict(zip(input_names, inputs)), values, {} if trips is None else trips)
+    _record(eqns, dict(zip(input_names, inputs)), values)
     return values
 
 
-def _record(eqns: Sequence[FlatEqn], env: dict, values: dict, trips: dict) -> None:
+def _record(eqns: Sequence[FlatEqn], env: dict, values: dict) -> None:
     for e in eqns:
         operands = tuple(read_atom(env, a) for a in e.inputs)
         values[e.name] = operands
         if e.region is not None:
-            _record_region(e, operands, env, values, trips)
+            _record_region(e, operands, env, values)
         env.update(zip(e.outputs, e.bind(operands)))
 
 
-def _record_region(e: FlatEqn, operands: tuple, env: dict, values: dict, trips: dict) -> None:
+def _record_region(e: FlatEqn, operands: tuple, env: dict, values: dict) -> None:
     r, p = e.region, e.params
     if r.kind == "scan":
         nc, first = p["num_consts"], -1 if p["reverse"] else 0
         entering = [x if b.prim is BOUNDARY[CARRY] else x[first] for b, x in zip(r.enter, operands[nc:])]
-        trips[e.name] = p["length"]
     elif r.kind == "while":
         entering = list(operands[p["cond_nconsts"] + p["body_nconsts"]:])
-        trips[e.name] = _while_trips(e, operands)
     else:
         entering = []
     for b, x, given in zip(r.enter, entering, operands[len(operands) - len(r.enter):]):
@@ -461,29 +515,142 @@ def _record_region(e: FlatEqn, operands: tuple, env: dict, values: dict, trips: 
     results = []
     for body, outs in zip(r.bodies, r.outputs):
         inner = dict(env)
-        _record(body, inner, values, trips)
+        _record(body, inner, values)
         results.append([read_atom(inner, a) for a in outs])
     for k, b in enumerate(r.leave):
         values[b.name] = tuple(res[k] for res in results) if r.kind == "cond" else (results[0][k],)
 
 
-def _while_trips(e: FlatEqn, operands: tuple) -> int:
-    """How often the loop's body runs on these operands: the trip count a plan charges a
-    ``while`` (its bound is a traced value, so the example's count stands for every call)."""
+def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
+               given: float | Mapping[str, float] | None = None) -> tuple[dict, dict]:
+    """Loop equation -> its body's trips per call, and -> where that count comes from: a
+    scan's length; a while loop's static bounds (``static_trips``), else the estimate
+    ``given`` (one number, or by loop name), else ``WHILE_TRIPS``."""
+    trips: dict = {}
+    sources: dict = {}
+    estimated: list[str] = []
+
+    def visit(body: Sequence[FlatEqn]) -> None:
+        for e in body:
+            if e.region is None:
+                continue
+            if e.region.kind == "scan":
+                trips[e.name], sources[e.name] = e.params["length"], "the scan's length"
+            elif e.region.kind == "while":
+                n = static_trips(e, consts)
+                if n is not None:
+                    trips[e.name], sources[e.name] = n, "static bounds"
+                else:
+                    estimated.append(e.name)
+            for inner in e.region.bodies:
+                visit(inner)
+
+    visit(eqns)
+    if isinstance(given, Mapping):
+        unknown = sorted(set(given) - set(estimated))
+        if unknown:
+            raise KeyError(f"while_trips names {', '.join(map(repr, unknown))}: no while loop without static bounds "
+                           f"has that name (those are: {', '.join(map(repr, estimated)) or 'none'})")
+    for name in estimated:
+        n = given.get(name) if isinstance(given, Mapping) else given
+        if n is None:
+            trips[name], sources[name] = WHILE_TRIPS, ("an estimate: no static bounds; "
+                                                       "parallelize(while_trips=...) sets it")
+            continue
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
+            raise ValueError(f"while_trips for {name}: a finite number >= 0, got {n!r}")
+        trips[name], sources[name] = n, "given: while_trips"
+    return trips, sources
+
+
+# comparison -> the same test with its operands swapped
+_SWAPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "ne": "ne"}
+
+
+def static_trips(e: FlatEqn, consts: Mapping[str, Any]) -> int | None:
+    """A while loop's trips where its bounds are static, as a ``fori_loop``'s are: the cond
+    compares an integer carry (the counter) with a constant, or with a carry the body passes
+    on unchanged that enters as a constant; the body adds a constant to the counter, which
+    enters as a constant. None for any other loop (and for one that would never end)."""
     p = e.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    carries = e.inputs[cc + bc:]
 
-    def step(state):
-        n, carry = state
-        return n + 1, core.eval_jaxpr(body.jaxpr, body.consts, *operands[cc:cc + bc], *carry)
+    def known(atom: Atom) -> int | None:  # an operand of the while equation, if a constant integer
+        if isinstance(atom, core.Literal):
+            return _int(atom.val)
+        return _int(consts[atom]) if isinstance(atom, str) and atom in consts else None
 
-    def more(state):
-        return core.eval_jaxpr(cond.jaxpr, cond.consts, *operands[:cc], *state[1])[0]
+    def side(jaxpr: core.ClosedJaxpr, nconsts: int, outer: Sequence[Atom], v) -> tuple[str, int | None]:
+        """("carry", index) for a carry of the loop, else ("const", its value or None)."""
+        if isinstance(v, core.Literal):
+            return "const", _int(v.val)
+        if v in jaxpr.jaxpr.constvars:
+            return "const", _int(jaxpr.consts[jaxpr.jaxpr.constvars.index(v)])
+        if v in jaxpr.jaxpr.invars:
+            k = jaxpr.jaxpr.invars.index(v)
+            return ("const", known(outer[k])) if k < nconsts else ("carry", k - nconsts)
+        return "const", None
 
-    n, _ = jax.jit(lambda init: jax.lax.while_loop(more, step, (0, init)))(list(operands[cc + bc:]))
-    return int(n)
+    test = _producer(cond.jaxpr, cond.jaxpr.outvars[0])
+    if test is None or test.primitive.name not in _SWAPPED:
+        return None
+    cmp = test.primitive.name
+    (lk, lv), (rk, rv) = (side(cond, cc, e.inputs[:cc], v) for v in test.invars)
+    passed = [j for j, v in enumerate(body.jaxpr.outvars) if v is body.jaxpr.invars[bc + j]]  # unchanged carries
+    if rk == "carry" and (lk == "const" or lv in passed):  # the counter on the right: swap
+        (lk, lv), (rk, rv), cmp = (rk, rv), (lk, lv), _SWAPPED[cmp]
+    if lk != "carry" or lv in passed:
+        return None
+    bound = known(carries[rv]) if rk == "carry" and rv in passed else (rv if rk == "const" else None)
+    start, step = known(carries[lv]), _step(body, bc, e.inputs[cc:cc + bc], lv, known, side)
+    if None in (bound, start, step) or not jax.dtypes.issubdtype(cond.jaxpr.invars[cc + lv].aval.dtype, jnp.integer):
+        return None
+    return _count(start, bound, step, cmp)
 
+
+def _producer(jaxpr: core.Jaxpr, v) -> core.JaxprEqn | None:
+    return next((q for q in jaxpr.eqns if any(o is v for o in q.outvars)), None)
+
+
+def _step(body: core.ClosedJaxpr, bc: int, outer: Sequence[Atom], k: int, known, side) -> int | None:
+    """What the body adds to carry ``k`` each trip, if a constant (``add k c``, ``sub k c``)."""
+    q = _producer(body.jaxpr, body.jaxpr.outvars[k])
+    if q is None or q.primitive.name not in ("add", "sub"):
+        return None
+    counter = body.jaxpr.invars[bc + k]
+    a, b = q.invars
+    if q.primitive.name == "add" and b is counter:
+        a, b = b, a
+    if a is not counter or b is counter:
+        return None
+    kind, c = side(body, bc, outer, b)
+    if kind != "const" or c is None:
+        return None
+    return c if q.primitive.name == "add" else -c
+
+
+def _count(a: int, b: int, s: int, cmp: str) -> int | None:
+    """Trips of ``i = a; while cmp(i, b): i += s``; None where it never ends."""
+    holds = {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "ne": a != b}[cmp]
+    if not holds:
+        return 0
+    if cmp in ("lt", "le") and s > 0:
+        return (b - a + s - 1) // s if cmp == "lt" else (b - a) // s + 1
+    if cmp in ("gt", "ge") and s < 0:
+        return (a - b - s - 1) // -s if cmp == "gt" else (a - b) // -s + 1
+    if cmp == "ne" and s != 0 and (b - a) % s == 0 and (b - a) // s > 0:
+        return (b - a) // s
+    return None
+
+
+def _int(value: Any) -> int | None:
+    """A constant's value, if one integer (a scalar of an integer dtype)."""
+    if getattr(value, "shape", ()) != ():
+        return None
+    a = np.asarray(value)
+    return int(a) if a.shape == () and np.issubdtype(a.dtype, np.integer) else None
 
 def _var(name: str, aval: Any) -> MetaVar:
     if isinstance(aval, core.ShapedArray):
@@ -524,4 +691,5 @@ def _aval(a: Atom, avals: dict) -> Any:
 
 
 __all__ = ["BOUNDARY", "CARRY", "COND_MERGE", "Captured", "ControlFlowError", "FlatEqn", "REGIONS", "Region", "SCAN_SLICE",
-           "SCAN_STACK", "capture", "op_arguments", "read_atom", "record_values", "to_metair", "walk"]
+           "RecordedValues", "SCAN_STACK", "WHILE_TRIPS", "capture", "loop_trips", "op_arguments", "read_atom",
+           "record_values", "static_trips", "to_metair", "walk"]

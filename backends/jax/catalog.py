@@ -36,8 +36,8 @@ for _names, _status, _reason in (
      "gives slices cut along d - 1 (the iteration dim stays whole), a stacked result the other way"),
     (("while",), "composite",
      "control flow, planned through its body: the body's ops keep their own rules (charged per iteration, "
-     "the trip count taken from the example call), a carry keeps one placement across iterations; the "
-     "condition runs on the carries where they are"),
+     "the trip count read off static bounds, else a stated estimate), a carry keeps one placement across "
+     "iterations; the condition runs on the carries where they are"),
     (("cond",), "composite",
      "control flow, planned through its branches: each branch's ops keep their own rules, and every "
      "branch delivers each output in the one placement the plan gives it"),

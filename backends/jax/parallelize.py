@@ -192,7 +192,8 @@ class Parallelized:
         return self.jitted.lower(*self._flat_inputs(inputs, params))
 
     def explain(self) -> str:
-        return f"{self.plan.table()}\n\nrules: {self.stats}"
+        loops = "".join(f"\n  {line}" for line in self.captured.loops)
+        return f"{self.plan.table()}\n\nrules: {self.stats}" + (f"\nloops:{loops}" if loops else "")
 
 
 @dataclass
@@ -205,6 +206,7 @@ class JaxRuntime:
     backward: bool = True
     loss_fn: Callable | None = None
     table: Any = None  # the RULES of a table in the generated module's form, instead of the generated one
+    while_trips: Any = None  # trips per call charged a while loop without static bounds (capture.WHILE_TRIPS)
 
     name = "jax"
     target = JAX_PLAN
@@ -217,7 +219,8 @@ class JaxRuntime:
         return planner_mesh(mesh)
 
     def capture(self, fn: Callable, example_inputs: tuple) -> Captured:
-        return capture(fn, example_inputs, params=self.params, backward=self.backward, loss_fn=self.loss_fn)
+        return capture(fn, example_inputs, params=self.params, backward=self.backward, loss_fn=self.loss_fn,
+                       while_trips=self.while_trips)
 
     def node_call(self, captured: Captured, node):
         return node_call(captured, node, self._rules)
@@ -278,6 +281,7 @@ def parallelize(
     cost_model: planner.CostModel | None = None,
     table: Any = None,
     constraints: dict | None = None,
+    while_trips: float | dict | None = None,
 ) -> Parallelized:
     """Capture ``fn``, find every node's rules (table, cache, live ShardCombine), plan on
     ``mesh``, and return a callable that runs the plan under jit.
@@ -288,11 +292,14 @@ def parallelize(
     table in the generated module's form, used instead of metaspmd.generated.jax_rules.
     ``constraints``: shardings already decided (PartitionSpec or NamedSharding) by input leaf
     name (``"params.w1"``, ``"in0"``); the function's own ``with_sharding_constraint`` calls
-    are kept too.
+    are kept too. ``while_trips``: how often a ``while`` loop without static bounds runs per
+    call, which its body's cost is charged (one number, or by the loop's name as
+    ``explain()`` lists it; default ``capture.WHILE_TRIPS``, stated there); a scan's length
+    and a ``fori_loop``'s constant bounds are counted exactly.
     """
     return runtime.parallelize(fn, mesh, example_inputs, params=params, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
-                               cost_model=cost_model, table=table, constraints=constraints)
+                               cost_model=cost_model, table=table, constraints=constraints, while_trips=while_trips)
 
 
 __all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "planner_mesh"]

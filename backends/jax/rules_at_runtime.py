@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core
 
 from metaspmd import spec
 from metaspmd.case import OpCase
@@ -150,23 +151,42 @@ def _derived(node: MetaOp, prim: str, found: tuple[spec.Strategy, ...], ndims: S
     return NodeCall(f"{prim}:{','.join(map(str, ndims))}", found, refuse)
 
 
+class _TracedOps(JaxOps):
+    """JaxOps that take a traced operand (a ShapedArray) for the array it stands for: a
+    signature reads shapes and dtypes only."""
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, (jax.Array, core.ShapedArray))
+
+
+_TRACED_OPS = _TracedOps()
+
+
 def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) -> NodeCall:
-    operands = captured.values[node.name]
+    """The node's signature and table rules from its traced operands; its real operands,
+    which the capture records on first use, for live exploration only."""
+    traced = captured.abstract(node.name)
     prim = captured.eqn(node.name).prim.name
-    ndims = [len(getattr(x, "shape", ())) for x in operands]
+    ndims = [len(getattr(x, "shape", ())) for x in (traced if traced is not None else captured.values[node.name])]
     if captured.eqn(node.name).prim in BOUNDARY.values():
         return _derived(node, prim, boundary_rules(prim, ndims), ndims)
-    if prim == "optimization_barrier" and len(operands) == 1:
+    if prim == "optimization_barrier" and len(ndims) == 1:
         return _derived(node, prim, _identity_rules(ndims[0]), ndims)
-    names, args, sig = node_signature(node, operands)
+    if traced is not None:
+        names, args = op_arguments(prim, traced)
+        sig = signature(_TRACED_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
+    else:
+        names, args, sig = node_signature(node, captured.values[node.name])
     found = (rules if rules is not None else table()).strategies(node.op, sig)
 
     def case() -> OpCase:
+        operands = captured.values[node.name]
         if prim in OPAQUE:
             def refuse(*_a, **_k):
                 raise Opaque(f"{prim} is control flow: its bodies have fixed shapes, so it stays replicated")
 
-            return OpCase(node.op, refuse, args, dict(node.kwargs), names, exact_sizes=exact_sizes(prim, node.kwargs))
+            return OpCase(node.op, refuse, op_arguments(prim, operands)[1], dict(node.kwargs), names,
+                          exact_sizes=exact_sizes(prim, node.kwargs))
         params = captured.eqn(node.name).params
         fn = _identity if prim in VALUE_IDENTITIES else node.fn
         example = _widened(_varied(prim, operands, 0))
@@ -191,7 +211,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
                       localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs))
 
-    return NodeCall(sig, found, case)
+    return NodeCall(sig, found, case, prepare=getattr(captured.values, "record", None))
 
 
 __all__ = ["OPAQUE", "Opaque", "boundary_rules", "node_call", "node_signature", "table", "without_literals"]

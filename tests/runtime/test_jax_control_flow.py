@@ -29,7 +29,7 @@ from jax import lax  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from metaspmd import planner  # noqa: E402
-from metaspmd.backends.jax.capture import ControlFlowError, capture  # noqa: E402
+from metaspmd.backends.jax.capture import WHILE_TRIPS, ControlFlowError, capture  # noqa: E402
 from metaspmd.backends.jax.parallelize import parallelize  # noqa: E402
 from metaspmd.backends.jax.rules_at_runtime import boundary_rules  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
@@ -194,6 +194,71 @@ def test_repeats_charge_a_node_and_the_resharding_into_it_per_iteration():
     assert node_reshard(many) == pytest.approx(5 * node_reshard(once)) and node_reshard(once) > 0
 
 
+STATIC_LOOPS = {  # (counter start, cond, step): loops whose trip count capture reads off their bounds
+    "i < 10, +2": (0, lambda i: i < 10, lambda i: i + 2),
+    "i > 0, -1": (4, lambda i: i > 0, lambda i: i - 1),
+    "10 > i, 3 + i": (0, lambda i: 10 > i, lambda i: 3 + i),
+    "i <= 10, +3": (1, lambda i: i <= 10, lambda i: i + 3),
+    "i != 12, +3": (0, lambda i: i != 12, lambda i: i + 3),
+    "i >= -5, -4": (7, lambda i: i >= -5, lambda i: i - 4),
+    "never true": (9, lambda i: i < 3, lambda i: i + 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATIC_LOOPS))
+def test_a_while_with_static_bounds_is_counted_as_it_runs(case):
+    start, more, step = STATIC_LOOPS[case]
+
+    def f(x):
+        return lax.while_loop(lambda c: more(c[0]), lambda c: (step(c[0]), jnp.sin(c[1]), c[2] + 1),
+                              (start, x, 0))
+
+    x = jnp.ones(3)
+    c = capture(f, (x,), backward=False)
+    (loop,) = c.regions
+    ran = int(f(x)[2])  # the trips the loop really runs
+    assert (c.trips[loop.name], c.trip_sources[loop.name]) == (ran, "static bounds")
+    sin = next(op for op in c.ir if op.op == "jax.sin")
+    assert c.repeats.get(sin.name, 1) == ran or ran == 1
+
+
+def test_fori_loop_bounds_are_static_where_constant_else_estimated():
+    x = jnp.ones(3)
+    body = lambda i, c: jnp.sin(c)  # noqa: E731
+    c = capture(lambda x: lax.fori_loop(jnp.int32(1), jnp.int32(7), body, x), (x,), backward=False)
+    (loop,) = c.regions
+    assert loop.region.kind == "while" and c.trips[loop.name] == 6 and c.trip_sources[loop.name] == "static bounds"
+
+    def traced(x, n):
+        return lax.fori_loop(0, n, body, x)
+
+    c = capture(traced, (x, jnp.int32(5)), backward=False)
+    (loop,) = c.regions
+    assert c.trips[loop.name] == WHILE_TRIPS and "estimate" in c.trip_sources[loop.name]
+    assert c.loops == [f"{loop.name}: {WHILE_TRIPS} trips per call ({c.trip_sources[loop.name]})"]
+    sin = next(op for op in c.ir if op.op == "jax.sin")
+    assert c.repeats[sin.name] == WHILE_TRIPS
+    given = capture(traced, (x, jnp.int32(5)), backward=False, while_trips=7)
+    assert given.trips[loop.name] == 7 and given.trip_sources[loop.name] == "given: while_trips"
+    assert given.repeats[sin.name] == 7
+    by_name = capture(traced, (x, jnp.int32(5)), backward=False, while_trips={loop.name: 3})
+    assert by_name.trips[loop.name] == 3
+    with pytest.raises(KeyError, match="while_9"):
+        capture(traced, (x, jnp.int32(5)), backward=False, while_trips={"while_9": 3})
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        capture(traced, (x, jnp.int32(5)), backward=False, while_trips=float("nan"))
+
+
+def test_a_while_inside_a_scan_runs_its_trips_per_iteration():
+    def f(x):
+        inner = lambda h: lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1]  # noqa: E731
+        return lax.scan(lambda h, _: (inner(h), None), x, None, length=3)[0]
+
+    c = capture(f, (jnp.ones(3),), backward=False)
+    sin = next(op for op in c.ir if op.op == "jax.sin")
+    assert c.repeats[sin.name] == 12
+
+
 def test_a_growing_while_carry_is_refused_clearly():
     def grow(x):
         return lax.while_loop(lambda c: c.sum() < 100, lambda c: jnp.concatenate([c, c]), x)
@@ -211,10 +276,14 @@ def test_while_body_is_charged_per_trip_and_matches(mesh, cache):
         return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 2.0), (0, x))[1]
 
     x, n = jax.random.normal(jax.random.key(3), (8, 16), jnp.float32), jnp.int32(5)
-    par = parallelize(f, mesh, (x, n), cache=cache)
-    assert set(par.captured.trips.values()) == {5}  # counted on the example: the bound is traced
+    par = parallelize(f, mesh, (x, n), cache=cache, while_trips=5)  # the bound is traced: given
+    assert set(par.captured.trips.values()) == {5}
     sin = next(op for op in par.captured.ir if op.op == "jax.sin")
     assert par.captured.repeats[sin.name] == 5
+    assert "5 trips per call (given: while_trips)" in par.explain()
+    estimated = parallelize(f, mesh, (x, n), cache=cache)
+    assert f"{WHILE_TRIPS} trips per call (an estimate" in estimated.explain()
+    assert estimated.captured.values._values is None  # every rule cached: nothing of the model ran
     np.testing.assert_allclose(par(x, n), f(x, n), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(par(x, jnp.int32(2)), f(x, jnp.int32(2)), rtol=1e-5, atol=1e-6)
 
