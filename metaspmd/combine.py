@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -28,22 +29,28 @@ class Split:
 
     def bounds(self, size: int) -> list[tuple[int, int]] | None:
         """(start, length) per shard, or None when ``size`` cannot be cut this way."""
-        if size < self.n:
-            return None
-        if self.skew:
-            rest = max(1, size // (2 * self.n))
-            lengths = [size - rest * (self.n - 1)] + [rest] * (self.n - 1)
-        else:
-            q, r = divmod(size, self.n)
-            lengths = [q + (1 if i < r else 0) for i in range(self.n)]
-        if any(length <= 0 for length in lengths):
-            return None
-        starts = [sum(lengths[:i]) for i in range(self.n)]
-        return list(zip(starts, lengths))
+        b = _bounds(self.n, self.skew, size)
+        return None if b is None else list(b)
 
     def is_even(self, size: int) -> bool:
         b = self.bounds(size)
         return b is not None and len({length for _, length in b}) == 1
+
+
+@functools.lru_cache(maxsize=4096)  # asked for every shard run and every evenness test
+def _bounds(n: int, skew: bool, size: int) -> tuple[tuple[int, int], ...] | None:
+    if size < n:
+        return None
+    if skew:
+        rest = max(1, size // (2 * n))
+        lengths = [size - rest * (n - 1)] + [rest] * (n - 1)
+    else:
+        q, r = divmod(size, n)
+        lengths = [q + (1 if i < r else 0) for i in range(n)]
+    if any(length <= 0 for length in lengths):
+        return None
+    starts = [sum(lengths[:i]) for i in range(n)]
+    return tuple(zip(starts, lengths))
 
 
 @dataclass(frozen=True)

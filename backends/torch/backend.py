@@ -23,6 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import torch
 
+from metaspmd import pytree
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
@@ -149,8 +150,14 @@ def _float64_spec(spec: OutSpec) -> dict:
     return {k: [up(d) for d in v] if isinstance(v, (list, tuple)) else up(v) for k, v in spec.items()}
 
 
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
 def _tensor_shapes(args: Any) -> list[tuple[int, ...]]:
-    return [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    # the core's walk over tuples, lists and dicts (all an ATen call nests in): the guards
+    # ask it on every shard's call, where torch's general pytree costs more than the kernel
+    return [tuple(t.shape) for t in pytree.leaves(args, _is_tensor)]
 
 
 def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any],

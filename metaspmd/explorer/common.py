@@ -90,6 +90,11 @@ class Context:
     seed: int
     leaf_names: tuple[str, ...]
     fixed: frozenset[str]
+    # fresh inputs by (trial number, blind), drawn once for the call: the baseline, the
+    # special-value trials built on them and the search's refuters all ask for the same
+    # ones, and a sample generator re-runs its OpInfo sample for each draw (a pure
+    # function of the seed; the inputs are never written)
+    drawn: dict[tuple[int, bool], tuple[tuple, dict]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, case: OpCase, ops: TensorOps, config: ExploreConfig = ExploreConfig(), seed: int = 0) -> Context:

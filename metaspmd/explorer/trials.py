@@ -9,6 +9,10 @@ from .. import pytree
 from .common import BLIND_TRIALS, SPECIAL_TRIALS, TRIAL_SPLITS, Context, Trial, one_values
 
 
+def _not_container(x: Any) -> bool:
+    return not isinstance(x, (list, tuple, dict))
+
+
 class Trials:
     """Runs the op and draws trials, on a fixed ``Context`` (the base of ``Explorer``, and
     the runner of the baseline stage)."""
@@ -19,9 +23,11 @@ class Trials:
         self.leaf_names, self.fixed = context.leaf_names, context.fixed
 
     def _flatten_out(self, out: Any) -> tuple[list[Any], list[Any]]:
-        tensors = pytree.leaves(out, self.ops.is_tensor)
-        others = pytree.leaves(out, lambda x: not self.ops.is_tensor(x) and not isinstance(x, (list, tuple, dict)))
-        return tensors, others
+        """The output's tensor leaves and its other leaves, each in order (one walk)."""
+        flat = pytree.leaves(out, _not_container)
+        is_tensor = self.ops.is_tensor
+        tensors = [x for x in flat if is_tensor(x)]
+        return tensors, [x for x in flat if not is_tensor(x)] if len(tensors) < len(flat) else []
 
     def _call(self, leaves: Sequence[Any], trial: Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
@@ -50,6 +56,13 @@ class Trials:
         return trial
 
     def _fresh_inputs(self, k: int, blind: bool = False) -> tuple[tuple, dict]:
+        drawn = self.context.drawn.get((k, blind))
+        if drawn is None:
+            drawn = self.context.drawn[k, blind] = self._draw_inputs(k, blind)
+        args, kwargs = drawn
+        return tuple(args), dict(kwargs)
+
+    def _draw_inputs(self, k: int, blind: bool) -> tuple[tuple, dict]:
         seed = self.seed * 1000 + k
         example = pytree.leaves((self.case.args, self.case.kwargs), self.ops.is_tensor)
         if self.case.fresh is not None and not blind:
