@@ -2,7 +2,8 @@
 
 ``jax.make_jaxpr`` traces the function (with ``params``: ``jax.value_and_grad`` of a
 scalar loss, so forward and backward are one graph). Call-like equations (jit,
-custom_jvp_call, custom_vjp_call, closed_call, remat) are inlined so every node is one
+custom_jvp_call, custom_vjp_call, closed_call, remat, and a custom_linear_solve's solve
+jaxpr, all its impl and lowering run) are inlined so every node is one
 primitive, named ``jax.<primitive>`` as in the JAX backend and its rule table; a remat
 differentiated with ``prevent_cse`` keeps its optimization barrier, one per operand, so
 XLA still recomputes instead of reusing the forward's values. Dead equations are dropped.
@@ -274,6 +275,8 @@ class _Flattener:
                 outs = self.run(inner, [self.constant(c) for c in inner_consts], self._barriers(eqn, ins))
             elif eqn.primitive.name in REGIONS:
                 outs = self.region(eqn, ins)
+            elif (solve := _linear_solve(eqn, ins)) is not None:
+                outs = self.run(solve[0].jaxpr, [self.constant(c) for c in solve[0].consts], solve[1])
             else:
                 outs = self.emit(eqn, ins)
             for v, a in zip(eqn.outvars, outs):
@@ -369,6 +372,23 @@ class _Flattener:
         region = Region(kind, tuple(enter), bodies, results, tuple(leave))
         self.eqns.append(FlatEqn(name, eqn.primitive, dict(p), tuple(ins), outs_named, bool(eqn.effects), region))
         return list(outs_named)
+
+
+def _linear_solve(eqn: core.JaxprEqn, ins: list[Atom]) -> tuple[core.ClosedJaxpr, list[Atom]] | None:
+    """A ``custom_linear_solve``'s solve jaxpr and its operands (the solve's consts, then the
+    right-hand side), which is all the primitive runs: its impl and its lowering evaluate
+    that jaxpr (the matvec and transpose jaxprs serve its derivative rules, applied when the
+    program was traced). None where the equation is not laid out so."""
+    if eqn.primitive.name != "custom_linear_solve":
+        return None
+    lengths, solve = eqn.params.get("const_lengths"), getattr(eqn.params.get("jaxprs"), "solve", None)
+    if not isinstance(solve, core.ClosedJaxpr) or len(lengths or ()) != 4:
+        return None
+    start = lengths[0] + lengths[1]
+    operands = [*ins[start:start + lengths[2]], *ins[sum(lengths):]]
+    if len(operands) != len(solve.jaxpr.invars) or len(solve.jaxpr.outvars) != len(eqn.outvars):
+        return None
+    return solve, operands
 
 
 def _live(eqns: list[FlatEqn], outputs: Sequence[Atom]) -> list[FlatEqn]:

@@ -41,7 +41,10 @@ for _names, _status, _reason in (
     (("cond",), "composite",
      "control flow, planned through its branches: each branch's ops keep their own rules, and every "
      "branch delivers each output in the one placement the plan gives it"),
-    (("custom_linear_solve", "eval_jaxpr", "composite", "platform_index"), "skipped",
+    (("custom_linear_solve",), "composite",
+     "a linear solve, planned through its solve jaxpr, which is all its impl and lowering run (the matvec "
+     "and transpose jaxprs serve its derivative rules, applied when the program was traced)"),
+    (("eval_jaxpr", "composite", "platform_index"), "skipped",
      "control flow: its bodies are jaxprs traced at fixed shapes, so it cannot run on shards; the "
      "primitives inside harness bodies are explored one by one"),
     (("jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "checkpoint", "remat2"), "skipped",

@@ -259,6 +259,36 @@ def test_a_while_inside_a_scan_runs_its_trips_per_iteration():
     assert c.repeats[sin.name] == 12
 
 
+def cg_solve(params, b):
+    """Conjugate gradients on a positive-definite matrix built from the parameters:
+    ``custom_linear_solve`` around a ``while`` loop, differentiated implicitly (the
+    backward is a second solve, with the transposed system)."""
+    from jax.scipy.sparse.linalg import cg
+
+    a = params["m"] @ params["m"].T + 4 * jnp.eye(params["m"].shape[0])
+    return cg(lambda v: a @ v, b, maxiter=20)[0]
+
+
+def cg_example(n, rhs):
+    k = jax.random.split(jax.random.key(0), 2)
+    return {"m": jax.random.normal(k[0], (n, n), jnp.float32) / 8}, jax.random.normal(k[1], (n, rhs), jnp.float32)
+
+
+def test_custom_linear_solve_is_planned_through_its_solve():
+    params, b = cg_example(16, 4)
+    c = capture(cg_solve, (b,), params=params)
+    ops = {op.op for op in c.ir}
+    assert "jax.custom_linear_solve" not in ops and "jax.dot_general" in ops
+    loops = [e for e in c.regions if e.region.kind == "while"]
+    assert len(loops) == 2  # the forward solve's and its transpose's
+    # the solve's body ran on the program's own values: the first matvec sees the residual b - A @ 0
+    body_dot = next(e for e in loops[0].region.bodies[0] if e.prim.name == "dot_general")
+    lhs, rhs = c.values[body_dot.name]
+    a = params["m"] @ params["m"].T + 4 * jnp.eye(16)
+    np.testing.assert_allclose(lhs, a, rtol=1e-6)
+    np.testing.assert_allclose(rhs, b, rtol=1e-6)
+
+
 def test_a_growing_while_carry_is_refused_clearly():
     def grow(x):
         return lax.while_loop(lambda c: c.sum() < 100, lambda c: jnp.concatenate([c, c]), x)
@@ -330,3 +360,17 @@ def test_scan_transformer_block_with_remat_plans_a_sharded_body_and_matches(mesh
     check_planned_scan(par, params, x, scan_gpt, budget, every_weight=False)
     assert not {op.op for op in par.captured.ir} & {"jax.scan", "jax.while", "jax.cond", "jax.checkpoint"}
     assert "jax.optimization_barrier" in {op.op for op in par.captured.ir}  # the remat's, kept
+
+
+@needs_devices
+@pytest.mark.slow
+def test_custom_linear_solve_runs_its_plan_under_a_budget(mesh, cache):
+    params, b = cg_example(32, 256)
+    whole = parallelize(cg_solve, mesh, (b,), params=params, cache=cache)
+    budget = 0.6 * whole.plan.memory  # less than the right-hand side and its solve replicated
+    par = parallelize(cg_solve, mesh, (b,), params=params, cache=cache, memory_budget=budget)
+    assert par.plan.memory <= budget * (1 + 1e-6) and par.plan.placement("in0") != (REPLICATE,)
+    out, grads = par(b)
+    ref_out, ref_grads = reference(cg_solve, params, b)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5 * float(np.abs(ref_out).max()))
+    np.testing.assert_allclose(grads["m"], ref_grads["m"], rtol=1e-4, atol=1e-5 * float(np.abs(ref_grads["m"]).max()))
