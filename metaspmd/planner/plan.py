@@ -133,7 +133,8 @@ class Plan:
             parts = " + ".join(f"{kind}s {size / 2**20:.2f}" for kind, size in self.peak)
             lines.append(f"memory peak at {self.peak_at}: {parts} MiB")
         if self.solver:
-            bound = "" if self.bound is None else f", bound {self.bound * 1e6:.2f} us, gap {self.gap:.2%}"
+            bound = "" if self.bound is None else f", bound {self.bound * 1e6:.2f} us"
+            bound += "" if self.gap is None else f", gap {self.gap:.2%}"  # none for a plan that costs nothing
             won = f"; the plan is {self.picked}'s" if self.picked and self.picked != self.solver else ""
             lines.append(f"solver {self.solver}: {self.status} in {self.seconds:.2f} s{bound}{won}")
         return "\n".join(lines)

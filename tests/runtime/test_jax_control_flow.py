@@ -319,6 +319,19 @@ def test_while_body_is_charged_per_trip_and_matches(mesh, cache):
 
 
 @needs_devices
+def test_a_loop_that_never_runs_is_charged_nothing_and_explained(mesh, cache):
+    def f(x):
+        return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (9, x))[1]
+
+    x = jnp.ones((8, 16), jnp.float32)
+    par = parallelize(f, mesh, (x,), cache=cache)
+    sin = next(n for n in par.plan.nodes if n.op == "jax.sin")
+    assert sin.compute == 0 and par.plan.total_cost == 0
+    assert "0 trips per call (static bounds)" in par.explain()  # a plan that costs nothing has no gap
+    np.testing.assert_allclose(par(x), f(x))
+
+
+@needs_devices
 def test_cond_branches_get_one_placement(mesh, cache):
     """Branch 0 gives ``a`` as it is, branch 1 ``b`` transposed: left alone, each output would
     keep its input's placement. Under a budget that keeps neither input whole, the merge
