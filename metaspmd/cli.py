@@ -293,14 +293,19 @@ def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 # --------------------------------------------------------------------------- coverage
 
 COVERAGE_DOC = """How much of the torch registry has verified rules: every overload, the overloads OpInfo
-samples reach, and the core ATen ops (torch.Tag.core), with each miss and its reason.
+samples reach, the core ATen ops (torch.Tag.core) and the dense CPU ops, with each miss
+and its reason.
 
     metaspmd coverage                    # table and the core ops without rules
     metaspmd coverage --list-misses      # also every OpInfo-reached miss
+    metaspmd coverage --list-no-sample   # also every dense CPU overload without a sample
     metaspmd coverage --min-reached 95   # exit 1 below 95% of OpInfo-reached overloads
 
 An overload counts as covered when its file's status is ok (verified rules) or derived
-(shape arithmetic or no tensor input, verified the same way).
+(shape arithmetic or no tensor input, verified the same way). Dense CPU overloads are those
+with a kernel for strided CPU tensors in this torch build, outside the sparse, quantized,
+nested and accelerator families (metaspmd.backends.torch.dense_cpu): the ops a sweep here
+can sample.
 """
 
 COVERED = ("ok", "derived")
@@ -315,6 +320,7 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=COVERAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
     p.add_argument("--list-misses", action="store_true", help="list every OpInfo-reached overload without rules")
+    p.add_argument("--list-no-sample", action="store_true", help="list every dense CPU overload whose status is no-sample")
     p.add_argument("--min-reached", type=float, metavar="PCT", help="exit 1 when OpInfo-reached coverage is below PCT")
     p.add_argument("--min-core", type=float, metavar="PCT", help="exit 1 when core-op coverage is below PCT")
     args = p.parse_args(_argv(argv))
@@ -327,7 +333,7 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"coverage: error: {e}", file=sys.stderr)
         return 2
 
-    from metaspmd.backends.torch import catalog
+    from metaspmd.backends.torch import catalog, dense_cpu
     from metaspmd.backends.torch.samples import load_index
 
     def reason(record) -> str:
@@ -344,6 +350,14 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     reached = set(load_index()) & overloads
     core = {name for name in overloads if is_core(name)}
 
+    def is_dense(name: str) -> bool:
+        try:
+            return dense_cpu.is_dense_cpu(name)
+        except KeyError:  # an overload torch lists but cannot resolve
+            return False
+
+    dense = {name for name in overloads if is_dense(name)}
+
     def status(name: str) -> str:
         r = records.get(name)
         return r.status if r is not None else "missing"
@@ -352,13 +366,16 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         hit = sum(status(n) in COVERED for n in names)
         return label, len(names), hit, f"{100 * hit / max(1, len(names)):.1f}%"
 
-    rows = [row("all overloads", overloads), row("reached by OpInfo", reached), row("core ops", core)]
+    rows = [row("all overloads", overloads), row("reached by OpInfo", reached), row("core ops", core),
+            row("dense CPU", dense)]
     print(f"{'set':<20} {'overloads':>9} {'covered':>8} {'share':>7}")
     for label, n, hit, pct in rows:
         print(f"{label:<20} {n:>9} {hit:>8} {pct:>7}")
     print("\nstatus of OpInfo-reached misses:", dict(Counter(status(n) for n in reached if status(n) not in COVERED)))
+    no_sample = {n for n in dense if status(n) == "no-sample"}
+    print(f"dense CPU overloads with no sample: {len(no_sample)}")
 
-    shown = sorted(core | reached) if args.list_misses else sorted(core)
+    shown = sorted(core | (reached if args.list_misses else set()) | (no_sample if args.list_no_sample else set()))
     misses = [n for n in shown if status(n) not in COVERED]
     if misses:
         print(f"\n{'op':<48} {'status':<16} reason")

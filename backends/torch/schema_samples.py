@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from . import catalog, dense_cpu, hand_samples
+from .hand_samples import HandGuess
 from .samples import BASE_SEED, FRESH_SEEDS, call_signature, quiet, shapes_of
 
 
@@ -199,9 +201,12 @@ class _Filler:
         raise TypeError(f"cannot build a {t} argument")
 
 
-def schema_inputs(func, guess: SchemaGuess, seed: int) -> tuple[tuple, dict]:
+def schema_inputs(func, guess: SchemaGuess | HandGuess, seed: int) -> tuple[tuple, dict]:
     """Required arguments of ``func`` filled under ``guess``: positional ones up to the first
-    default, the rest by keyword. Out arguments are left to the caller."""
+    default, the rest by keyword. Out arguments are left to the caller. A hand-written
+    sample (``HandGuess``) is its builder's call."""
+    if isinstance(guess, HandGuess):
+        return hand_samples.inputs(func, guess, seed)
     filler = _Filler(func, guess, seed)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -238,7 +243,7 @@ def schema_guesses() -> Iterator[SchemaGuess]:
                     yield SchemaGuess(shape, channel_vectors, flat_index, dtype, optionals, scalars)
 
 
-def runs_on_fresh_inputs(run: Callable[[tuple, dict], Any], func, guess: SchemaGuess) -> None:
+def runs_on_fresh_inputs(run: Callable[[tuple, dict], Any], func, guess: SchemaGuess | HandGuess) -> None:
     """Raises unless ``run`` accepts the guess's inputs for every seed the explorer draws its
     fresh trials with: the values decide some ops' checks (quantile's q in [0, 1], a
     repeat count not negative), and a guess that ran once by chance is no sample."""
@@ -246,8 +251,29 @@ def runs_on_fresh_inputs(run: Callable[[tuple, dict], Any], func, guess: SchemaG
         run(*schema_inputs(func, guess, seed))
 
 
-def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaGuess | None, str]:
-    """The first guess whose inputs ``run`` accepts, and the last error otherwise.
+def _error_text(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def _hand_sample(run: Callable[[tuple, dict], Any], func) -> tuple[HandGuess | None, str]:
+    """The op's hand-written sample if it has one and ``run`` accepts it on every seed; else
+    None and why not ('' when no builder is written for it)."""
+    guess = hand_samples.guess_for(func)
+    if guess is None:
+        return None, ""
+    try:
+        with quiet():
+            run(*schema_inputs(func, guess, BASE_SEED))
+            runs_on_fresh_inputs(run, func, guess)
+    except Exception as e:  # noqa: BLE001 - the op's own error, reported if no guess runs either
+        return None, "hand-written sample: " + _error_text(e)
+    return guess, ""
+
+
+def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaGuess | HandGuess | None, str]:
+    """The op's hand-written sample (``hand_samples``) if it runs, else the first guess whose
+    inputs ``run`` accepts, and the last error otherwise: for an op that does not run on
+    dense CPU tensors (``dense_cpu``), why not.
 
     ``run(args, kwargs)`` calls the op (wrapped for in-place and out overloads); a guess
     whose inputs are identical to an earlier failed one is not retried. A guess of 0-d
@@ -255,6 +281,19 @@ def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaG
     data of some length beside 0-d operands (a foreach op's scalar tensor, an optimizer's
     learning rate, AMP's found_inf).
     """
+    hand, hand_error = _hand_sample(run, func)
+    if hand is not None:
+        return hand, ""
+    guess, error = _guessed_sample(run, func)
+    if guess is not None:
+        return guess, ""
+    not_dense = dense_cpu.reason(catalog.op_name(func)) if func.namespace == catalog.NAMESPACE else None
+    if not_dense:
+        return None, f"the op does not run on dense CPU tensors: {not_dense}"
+    return None, hand_error or error
+
+
+def _guessed_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaGuess | None, str]:
     error, tried, scalars_only = "", set(), None
     for guess in schema_guesses():
         if scalars_only is not None and not guess.shape:
@@ -272,7 +311,7 @@ def find_schema_sample(run: Callable[[tuple, dict], Any], func) -> tuple[SchemaG
                 run(args, kwargs)
                 runs_on_fresh_inputs(run, func, guess)
         except Exception as e:  # the first guess's error is the most telling one
-            error = error or f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            error = error or _error_text(e)
             if isinstance(e, NotImplementedError) and str(e).startswith("Could not run"):
                 break  # no CPU kernel: no other strided tensor reaches one either
             continue

@@ -1,0 +1,458 @@
+"""Hand-written samples for the dense CPU ops that neither OpInfo nor schema guessing reach:
+kernels whose inputs must agree in ways a schema does not say (int8 matrices for
+``_int_mm``, an int4 weight packed by ``_convert_weight_to_int4pack_for_cpu``, a packed
+sequence's batch sizes, an embedding bag's forward results for its backward).
+
+A builder takes a ``Draw`` (a seeded generator and the dtype of float data) and returns the
+op's arguments by name; ``inputs`` places them as the schema wants (positional up to the
+first keyword-only or omitted one). Shapes are fixed and values come from the seed, so a
+builder run on the explorer's fresh seeds gives the same call with other values. ``out=``
+arguments are left to the caller, which allocates them (``backend.make_runner``): an
+``out=`` or in-place overload takes its functional op's builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import catalog
+
+Named = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HandGuess:
+    """A hand-built sample of ``op`` (a key of ``BUILDERS``) with float data in ``dtype``: what
+    ``schema_samples`` hands the backend in place of a schema guess. ``dtype`` float32 is
+    retried in float64 by the backend; builders whose op computes in no float dtype say
+    another (``int8``)."""
+
+    op: str
+    dtype: str = "float32"
+
+
+class Draw:
+    """Seeded values for one build."""
+
+    def __init__(self, seed: int, dtype: str):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.float = getattr(torch, dtype)
+
+    def randn(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.randn(shape, generator=self.gen, dtype=dtype or self.float)
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.rand(shape, generator=self.gen, dtype=self.float)
+
+    def ints(self, low: int, high: int, *shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=self.gen, dtype=dtype)
+
+    def complex(self, *shape: int) -> torch.Tensor:
+        cdtype = torch.complex128 if self.float == torch.float64 else torch.complex64
+        return torch.randn(shape, generator=self.gen, dtype=cdtype)
+
+
+# --------------------------------------------------------------------------- builders
+# Sizes: each cuttable dim > 2 where the op allows, and unlike the others, so that a rule
+# found on one dim is not mistaken for another's.
+
+
+def _int_mm(d: Draw) -> Named:
+    # CPU int8 x int8 -> int32, exact: any cut of M, N or (as a Partial sum) K is verifiable
+    return {"self": d.ints(-8, 8, 8, 16, dtype=torch.int8), "mat2": d.ints(-8, 8, 16, 12, dtype=torch.int8)}
+
+
+def _weight_int8pack_mm(d: Draw) -> Named:
+    # activations (M, K) times an int8 weight (N, K), scaled per output channel
+    return {"self": d.randn(4, 16), "mat2": d.ints(-128, 128, 8, 16, dtype=torch.int8), "scales": d.rand(8) + 0.5}
+
+
+def _int4_values(d: Draw, n: int, k: int) -> torch.Tensor:
+    return d.ints(0, 16, n, k, dtype=torch.int32)
+
+
+def _convert_weight_to_int4pack_for_cpu(d: Draw) -> Named:
+    # (N, K) int32 values in [0, 16), N a multiple of 16 and K of 16 * innerKTiles. The CPU
+    # kernel packs blocks of 64 rows together, so only cuts of N at multiples of 64 hold,
+    # which no rule can promise: the op is replicate-only, whatever N
+    return {"self": _int4_values(d, 32, 64), "innerKTiles": 2}
+
+
+def _weight_int4pack_mm_for_cpu(d: Draw) -> Named:
+    # the packed weight of the op above, quantized in groups of 32 along K with a scale and a
+    # zero point per group and output channel
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_int4_values(d, 32, 64), 2)
+    return {"self": d.randn(4, 64), "mat2": packed, "qGroupSize": 32, "qScaleAndZeros": d.rand(2, 32, 2) + 0.5}
+
+
+def _scaled_mm(d: Draw) -> Named:
+    # float8 matrices scaled per tensor (the CPU kernel's one recipe), out in float32
+    fp8 = torch.float8_e4m3fn
+    return {"self": d.randn(8, 16, dtype=torch.float32).to(fp8), "mat2": d.randn(16, 12, dtype=torch.float32).to(fp8),
+            "scale_a": d.rand(), "scale_b": d.rand(), "out_dtype": torch.float32}
+
+
+def _conv2d_sizes(d: Draw) -> Named:
+    return {"self": d.randn(2, 3, 6, 7), "weight": d.randn(4, 3, 3, 3), "kernel_size": [3, 3], "bias": d.randn(4),
+            "stride": [1, 1], "padding": [1, 1]}
+
+
+def _slow_conv2d_grads(d: Draw) -> Named:
+    named = _conv2d_sizes(d)
+    del named["bias"]
+    return {**named, "grad_output": d.randn(2, 4, 6, 7)}
+
+
+def _slow_conv2d_backward(d: Draw) -> Named:
+    return {**_slow_conv2d_grads(d), "output_mask": [True, True, True]}
+
+
+def _slow_conv_dilated(spatial: int) -> Callable[[Draw], Named]:
+    def build(d: Draw) -> Named:
+        size = (7, 8, 6)[:spatial]
+        return {"self": d.randn(2, 3, *size), "weight": d.randn(4, 3, *[2] * spatial), "kernel_size": [2] * spatial,
+                "bias": d.randn(4), "stride": [1] * spatial, "padding": [1] * spatial, "dilation": [2] * spatial}
+
+    return build
+
+
+def _slow_conv_transpose(spatial: int) -> Callable[[Draw], Named]:
+    def build(d: Draw) -> Named:
+        size = (4, 5, 3)[:spatial]
+        return {"self": d.randn(2, 3, *size), "weight": d.randn(3, 4, *[2] * spatial), "kernel_size": [2] * spatial,
+                "bias": d.randn(4), "stride": [2] * spatial, "padding": [1] * spatial,
+                "output_padding": [1] * spatial, "dilation": [1] * spatial}
+
+    return build
+
+
+def _conv_tbc(d: Draw) -> Named:
+    # time, batch, channels; weight (kernel width, in, out)
+    return {"self": d.randn(6, 2, 3), "weight": d.randn(3, 3, 4), "bias": d.randn(4), "pad": 1}
+
+
+def _affine_grid_generator(d: Draw) -> Named:
+    return {"theta": d.randn(2, 2, 3), "size": [2, 3, 4, 5], "align_corners": False}
+
+
+def _affine_grid_generator_backward(d: Draw) -> Named:
+    return {"grad": d.randn(2, 4, 5, 2), "size": [2, 3, 4, 5], "align_corners": False}
+
+
+def _grid(d: Draw) -> torch.Tensor:
+    return d.rand(2, 4, 5, 2) * 1.8 - 0.9  # sampling points inside [-1, 1]
+
+
+def _grid_sampler_2d_cpu_fallback(d: Draw) -> Named:
+    return {"input": d.randn(2, 3, 5, 6), "grid": _grid(d), "interpolation_mode": 0, "padding_mode": 0,
+            "align_corners": False}
+
+
+def _grid_sampler_2d_cpu_fallback_backward(d: Draw) -> Named:
+    return {"grad_output": d.randn(2, 3, 4, 5), **_grid_sampler_2d_cpu_fallback(d)}
+
+
+def _embedding_bag_dense_backward(d: Draw) -> Named:
+    # 3 bags (of 3, 4 and 3 of 10 indices into 7 rows) summed: the forward's bookkeeping
+    # (each index's bag, each bag's size) as the CPU forward computes it for autograd
+    sizes = torch.tensor([3, 4, 3])
+    return {"grad": d.randn(3, 5), "indices": d.ints(0, 7, 10), "offset2bag": torch.repeat_interleave(torch.arange(3), sizes),
+            "bag_size": sizes, "maximum_indices": torch.zeros(3, dtype=torch.int64), "num_weights": 7,
+            "scale_grad_by_freq": False, "mode": 0, "per_sample_weights": None}
+
+
+def _ctc_loss_backward(d: Draw) -> Named:
+    # the forward's results for 2 sequences of 6 and 5 steps over 4 classes (0 blank) with
+    # targets of 3 and 2 labels; log_alpha past each sequence's steps and 2 * labels + 1
+    # states is memory the forward leaves unset, here -inf (log 0)
+    log_probs = d.randn(6, 2, 4).log_softmax(2)
+    targets, input_lengths, target_lengths = d.ints(1, 4, 2, 3), torch.tensor([6, 5]), torch.tensor([3, 2])
+    nll, log_alpha = torch.ops.aten._ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths, 0, False)
+    steps = torch.arange(log_alpha.shape[1]).view(1, -1, 1) < input_lengths.view(-1, 1, 1)
+    states = torch.arange(log_alpha.shape[2]).view(1, 1, -1) < (2 * target_lengths + 1).view(-1, 1, 1)
+    log_alpha = torch.where(steps & states, log_alpha, torch.tensor(float("-inf"), dtype=log_alpha.dtype))
+    return {"grad": d.randn(2), "log_probs": log_probs, "targets": targets, "input_lengths": input_lengths,
+            "target_lengths": target_lengths, "neg_log_likelihood": nll, "log_alpha": log_alpha, "blank": 0}
+
+
+def _dyn_quant_pack_4bit_weight(d: Draw) -> Named:
+    # 8 output channels of 32 int4 values, two to a byte, in one group of 32 (block_size)
+    return {"weights": d.ints(0, 256, 8, 16, dtype=torch.uint8), "scales_zeros": d.rand(8, 1) + 0.5, "bias": d.randn(8),
+            "block_size": 32, "in_features": 32, "out_features": 8}
+
+
+def _dyn_quant_matmul_4bit(d: Draw) -> Named:
+    packed = torch.ops.aten._dyn_quant_pack_4bit_weight(**_dyn_quant_pack_4bit_weight(d))
+    return {"inp": d.randn(4, 32), "packed_weights": packed, "block_size": 32, "in_features": 32, "out_features": 8}
+
+
+def _transform_bias_rescale_qkv(d: Draw) -> Named:
+    # (batch, tokens, 3 * embedding) split into 2 heads of 4
+    return {"qkv": d.randn(2, 5, 24), "qkv_bias": d.randn(24), "num_heads": 2}
+
+
+def _native_multi_head_attention(d: Draw) -> Named:
+    # 2 sequences of 5 tokens of 8 features, 2 heads, self-attention weights and biases
+    return {"query": d.randn(2, 5, 8), "key": d.randn(2, 5, 8), "value": d.randn(2, 5, 8), "embed_dim": 8,
+            "num_head": 2, "qkv_weight": d.randn(24, 8), "qkv_bias": d.randn(24), "proj_weight": d.randn(8, 8),
+            "proj_bias": d.randn(8)}
+
+
+def _upsample_aa_backward(d: Draw) -> Named:
+    return {"grad_output": d.randn(2, 3, 4, 5), "output_size": [4, 5], "input_size": [2, 3, 7, 9], "align_corners": False}
+
+
+def _glu_jvp(d: Draw) -> Named:
+    x = d.randn(4, 6)
+    return {"glu": torch.nn.functional.glu(x, 1), "x": x, "dx": d.randn(4, 6), "dim": 1}
+
+
+def _glu_backward_jvp(d: Draw) -> Named:
+    return {"grad_x": d.randn(4, 6), "grad_glu": d.randn(4, 3), "x": d.randn(4, 6), "dgrad_glu": d.randn(4, 3),
+            "dx": d.randn(4, 6), "dim": 1}
+
+
+def _nuclear_norm(d: Draw) -> Named:
+    return {"self": d.randn(3, 4, 5), "dim": [1, 2]}
+
+
+def _orgqr(d: Draw) -> Named:
+    # Householder reflectors (m x n, m >= n) and their scales, as geqrf gives them
+    return {"self": d.randn(2, 5, 3), "input2": d.randn(2, 3)}
+
+
+def _linalg_cond(d: Draw) -> Named:
+    return {"self": d.randn(3, 4, 4), "p": "fro"}
+
+
+def _complex_self(d: Draw) -> Named:
+    return {"self": d.complex(4, 3)}
+
+
+def _view_as_complex_copy(d: Draw) -> Named:
+    return {"self": d.randn(4, 3, 2)}
+
+
+def _istft(d: Draw) -> Named:
+    # a batch of 2 spectrograms of 8-point frames (5 one-sided bins, 6 frames), hop 2
+    return {"self": d.complex(2, 5, 6), "n_fft": 8, "hop_length": 2, "window": torch.hann_window(8, dtype=d.float)}
+
+
+def _gradient(d: Draw) -> Named:
+    # coordinates along each dim, strictly increasing
+    return {"self": d.randn(4, 6), "spacing": [torch.cumsum(d.rand(4) + 0.5, 0), torch.cumsum(d.rand(6) + 0.5, 0)]}
+
+
+_BATCH_SIZES = (3, 3, 2, 1)  # a packed batch of 3 sequences of lengths 4, 3, 2
+
+
+def _pack_padded_sequence_backward(d: Draw) -> Named:
+    return {"grad": d.randn(sum(_BATCH_SIZES), 5), "input_size": [len(_BATCH_SIZES), _BATCH_SIZES[0], 5],
+            "batch_sizes": torch.tensor(_BATCH_SIZES), "batch_first": False}
+
+
+def _rnn_data(gates: int) -> Callable[[Draw], Named]:
+    def build(d: Draw) -> Named:
+        hidden, features = 6, 5
+        params = [d.randn(gates * hidden, features), d.randn(gates * hidden, hidden), d.randn(gates * hidden),
+                  d.randn(gates * hidden)]
+        return {"data": d.randn(sum(_BATCH_SIZES), features), "batch_sizes": torch.tensor(_BATCH_SIZES),
+                "hx": d.randn(1, _BATCH_SIZES[0], hidden), "params": params, "has_biases": True, "num_layers": 1,
+                "dropout": 0.0, "train": False, "bidirectional": False}
+
+    return build
+
+
+def _reshape_from_tensor(d: Draw) -> Named:
+    return {"self": d.randn(4, 6), "shape": torch.tensor([3, 8])}
+
+
+def _rowwise_prune(d: Draw) -> Named:
+    mask = d.ints(0, 2, 6).to(torch.bool)
+    mask[0], mask[1] = True, False  # both kept and pruned rows, whatever the draw
+    return {"weight": d.randn(6, 4), "mask": mask, "compressed_indices_dtype": torch.int32}
+
+
+_OFFSETS = (0, 3, 5, 9)  # 3 sequences of lengths 3, 2, 4
+
+
+def _jagged_to_padded_dense_forward(d: Draw) -> Named:
+    return {"values": d.randn(_OFFSETS[-1], 4), "offsets": [torch.tensor(_OFFSETS)], "max_lengths": [4]}
+
+
+def _padded_dense_to_jagged_forward(d: Draw) -> Named:
+    return {"dense": d.randn(len(_OFFSETS) - 1, 4, 5), "offsets": [torch.tensor(_OFFSETS)], "total_L": _OFFSETS[-1]}
+
+
+def _unflatten_dense_tensors(d: Draw) -> Named:
+    return {"flat": d.randn(24), "tensors": [d.randn(4, 3), d.randn(3, 4)]}
+
+
+def _amp_update_scale(d: Draw) -> Named:
+    # AMP's loss scale, its growth counter and the found_inf flag: one element each
+    return {"self": d.rand(1) + 1.0, "growth_tracker": d.ints(0, 3, 1, dtype=torch.int32),
+            "found_inf": d.ints(0, 2, 1).to(d.float), "scale_growth_factor": 2.0, "scale_backoff_factor": 0.5,
+            "growth_interval": 3}
+
+
+def _test_check_tensor(d: Draw) -> Named:
+    return {"self": torch.ones(4, 6, dtype=torch.bool)}  # it checks that every element is True
+
+
+def _wrapped_linear_prepack(d: Draw) -> Named:
+    return {"weight": d.randn(4, 6), "weight_scale": d.rand(1) + 0.1, "weight_zero_point": d.ints(0, 3, 1),
+            "bias": d.randn(4)}
+
+
+def _bernoulli(d: Draw) -> Named:
+    return {"self": d.randn(4, 6), "p": d.rand(4, 6)}
+
+
+def _normal(d: Draw) -> Named:
+    return {"mean": 0.5, "std": d.rand(4, 6) + 0.1}
+
+
+def _randint(d: Draw) -> Named:
+    return {"low": 2, "high": 9, "size": [4, 6]}
+
+
+def _randint_like(d: Draw) -> Named:
+    return {"self": d.randn(4, 6), "low": 2, "high": 9}
+
+
+def _empty_permuted(d: Draw) -> Named:
+    return {"size": [4, 6], "physical_layout": [1, 0]}
+
+
+# base name (or one overload's full name) -> builder, and the dtype of its float data
+BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
+    "_int_mm": (_int_mm, "int8"),
+    "_weight_int8pack_mm": (_weight_int8pack_mm, "float32"),
+    "_convert_weight_to_int4pack_for_cpu": (_convert_weight_to_int4pack_for_cpu, "int32"),
+    "_weight_int4pack_mm_for_cpu": (_weight_int4pack_mm_for_cpu, "float32"),
+    "_scaled_mm": (_scaled_mm, "float32"),
+    "_slow_conv2d_forward": (_conv2d_sizes, "float32"),
+    "_slow_conv2d_backward": (_slow_conv2d_backward, "float32"),
+    "aten._slow_conv2d_backward.grad_input": (_slow_conv2d_grads, "float32"),  # every grad, no mask
+    "slow_conv_dilated2d": (_slow_conv_dilated(2), "float32"),
+    "slow_conv_dilated3d": (_slow_conv_dilated(3), "float32"),
+    "slow_conv_transpose2d": (_slow_conv_transpose(2), "float32"),
+    "slow_conv_transpose3d": (_slow_conv_transpose(3), "float32"),
+    "conv_tbc": (_conv_tbc, "float32"),
+    "affine_grid_generator": (_affine_grid_generator, "float32"),
+    "affine_grid_generator_backward": (_affine_grid_generator_backward, "float32"),
+    "_grid_sampler_2d_cpu_fallback": (_grid_sampler_2d_cpu_fallback, "float32"),
+    "_grid_sampler_2d_cpu_fallback_backward": (_grid_sampler_2d_cpu_fallback_backward, "float32"),
+    "_embedding_bag_dense_backward": (_embedding_bag_dense_backward, "float32"),
+    "_ctc_loss_backward": (_ctc_loss_backward, "float32"),
+    "_dyn_quant_pack_4bit_weight": (_dyn_quant_pack_4bit_weight, "float32"),
+    "_dyn_quant_matmul_4bit": (_dyn_quant_matmul_4bit, "float32"),
+    "_transform_bias_rescale_qkv": (_transform_bias_rescale_qkv, "float32"),
+    "_native_multi_head_attention": (_native_multi_head_attention, "float32"),
+    "_upsample_bicubic2d_aa_backward": (_upsample_aa_backward, "float32"),
+    "_upsample_lanczos2d_aa_backward": (_upsample_aa_backward, "float32"),
+    "glu_jvp": (_glu_jvp, "float32"),
+    "glu_backward_jvp": (_glu_backward_jvp, "float32"),
+    "nuclear_norm": (_nuclear_norm, "float32"),
+    "orgqr": (_orgqr, "float32"),
+    "linalg_cond": (_linalg_cond, "float32"),
+    "_conj_copy": (_complex_self, "float32"),
+    "view_as_real_copy": (_complex_self, "float32"),
+    "view_as_complex_copy": (_view_as_complex_copy, "float32"),
+    "istft": (_istft, "float32"),
+    "gradient": (_gradient, "float32"),
+    "_pack_padded_sequence_backward": (_pack_padded_sequence_backward, "float32"),
+    "gru": (_rnn_data(3), "float32"),
+    "rnn_tanh": (_rnn_data(1), "float32"),
+    "rnn_relu": (_rnn_data(1), "float32"),
+    "_reshape_from_tensor": (_reshape_from_tensor, "float32"),
+    "_rowwise_prune": (_rowwise_prune, "float32"),
+    "_jagged_to_padded_dense_forward": (_jagged_to_padded_dense_forward, "float32"),
+    "_padded_dense_to_jagged_forward": (_padded_dense_to_jagged_forward, "float32"),
+    "unflatten_dense_tensors": (_unflatten_dense_tensors, "float32"),
+    "_amp_update_scale": (_amp_update_scale, "float32"),
+    "_amp_update_scale_": (_amp_update_scale, "float32"),
+    "_test_check_tensor": (_test_check_tensor, "bool"),
+    "_wrapped_linear_prepack": (_wrapped_linear_prepack, "float32"),
+    "bernoulli": (_bernoulli, "float32"),
+    "bernoulli_": (_bernoulli, "float32"),
+    "normal": (_normal, "float32"),
+    "randint": (_randint, "int64"),
+    "randint_like": (_randint_like, "float32"),
+    "empty_permuted": (_empty_permuted, "float32"),
+}
+
+
+def guess_for(func) -> HandGuess | None:
+    """The hand-built sample of ``func``'s base op, if one is written and takes the
+    overload's arguments (``bernoulli.p`` takes a float p, not the builder's tensor)."""
+    key = next((k for k in (catalog.op_name(func), catalog.aten_base(func)) if k in BUILDERS), None)
+    if key is None:
+        return None
+    guess = HandGuess(key, BUILDERS[key][1])
+    try:
+        inputs(func, guess, 0)
+    except (KeyError, TypeError):
+        return None
+    return guess
+
+
+def _fits(arg, value: Any) -> bool:
+    """Does ``value`` have the kind of the schema argument ``arg`` (a tensor for a Tensor, a
+    list of tensors for a Tensor[], a float for a float)? Builders are shared by a base op's
+    overloads, and ``bernoulli.p`` takes a float where ``bernoulli.Tensor`` takes a tensor."""
+    full = str(arg.real_type)
+    if value is None:
+        return full.startswith("Optional[")
+    t = full.removeprefix("Optional[").removesuffix("]") if full.startswith("Optional[") else full
+    if t.startswith("List["):
+        if not isinstance(value, (list, tuple)):
+            return False
+        tensors = "Tensor" in t
+        return all(isinstance(v, torch.Tensor) == tensors or (v is None and tensors) for v in value)
+    if isinstance(value, torch.Tensor):
+        return t == "Tensor"
+    kinds = {"int": int, "SymInt": int, "float": (int, float), "number": (int, float, complex), "bool": bool,
+             "str": str, "ScalarType": torch.dtype, "Tensor": torch.Tensor}
+    if t in kinds:
+        return isinstance(value, kinds[t]) and (t == "bool" or not isinstance(value, bool))
+    return True
+
+
+def inputs(func, guess: HandGuess, seed: int) -> tuple[tuple, dict]:
+    """The builder's arguments for ``func`` under ``seed``: positional up to the first
+    keyword-only or omitted argument, the rest by keyword; out arguments omitted. KeyError
+    when a required argument is not built, TypeError when one has the wrong kind."""
+    build, _ = BUILDERS[guess.op]
+    named = build(Draw(seed, guess.dtype if guess.dtype in ("float32", "float64") else "float32"))
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    used = set()
+    for arg in func._schema.arguments:
+        if arg.is_out:
+            continue
+        if arg.name not in named and arg.has_default_value():
+            positional = False
+            continue
+        if arg.name not in named and not str(arg.real_type).startswith("Optional["):
+            raise KeyError(f"{catalog.op_name(func)}: the hand-written sample builds no {arg.name!r}")
+        value = named.get(arg.name)  # a required Optional argument left out is None
+        if not _fits(arg, value):
+            raise TypeError(f"{catalog.op_name(func)}: {arg.name} is a {arg.real_type}, the sample has {type(value).__name__}")
+        used.add(arg.name)
+        if positional and not arg.kwarg_only:
+            args.append(value)
+        else:
+            positional = False
+            kwargs[arg.name] = value
+    extra = set(named) - used
+    if extra:  # built for another overload (randint.low's low, absent from randint.default)
+        raise KeyError(f"{catalog.op_name(func)} takes no {', '.join(sorted(extra))}")
+    return tuple(args), kwargs
+
+
+__all__ = ["BUILDERS", "Draw", "HandGuess", "guess_for", "inputs"]
