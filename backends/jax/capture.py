@@ -24,8 +24,8 @@ scanned-out result through ``scan_stack``, and a ``cond``'s outputs through one
 loop's other operands (its consts) directly. ``repeats`` says how often each node runs per
 call: a scan's ``length``; a while loop's trip count where its bounds are static (a
 ``fori_loop``: a counter from a constant, stepped by a constant, compared with a constant),
-else the estimate it is given (``while_trips``, default ``WHILE_TRIPS``), which
-``Captured.loops`` states.
+else the estimate it is given (``while_trips``, default ``WHILE_TRIPS``, capped by such a
+counter ``and``ed into the cond), which ``Captured.loops`` states.
 """
 
 from __future__ import annotations
@@ -549,6 +549,7 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
     trips: dict = {}
     sources: dict = {}
     estimated: list[str] = []
+    bounds: dict = {}  # an estimated loop -> at most how often it runs, where a term of its cond says
 
     def visit(body: Sequence[FlatEqn]) -> None:
         for e in body:
@@ -562,6 +563,7 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
                     trips[e.name], sources[e.name] = n, "static bounds"
                 else:
                     estimated.append(e.name)
+                    bounds[e.name] = trips_bound(e, consts)
             for inner in e.region.bodies:
                 visit(inner)
 
@@ -574,8 +576,14 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
     for name in estimated:
         n = given.get(name) if isinstance(given, Mapping) else given
         if n is None:
-            trips[name], sources[name] = WHILE_TRIPS, ("an estimate: no static bounds; "
-                                                       "parallelize(while_trips=...) sets it")
+            at_most = bounds.get(name)
+            if at_most is not None and at_most < WHILE_TRIPS:
+                trips[name] = at_most
+                sources[name] = f"an estimate: its static bound, at most {at_most}; parallelize(while_trips=...) sets it"
+            else:
+                trips[name] = WHILE_TRIPS
+                sources[name] = ("an estimate: no static bounds" if at_most is None else
+                                 f"an estimate: no static count, at most {at_most}") + "; parallelize(while_trips=...) sets it"
             continue
         if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
             raise ValueError(f"while_trips for {name}: a finite number >= 0, got {n!r}")
@@ -592,6 +600,30 @@ def static_trips(e: FlatEqn, consts: Mapping[str, Any]) -> int | None:
     compares an integer carry (the counter) with a constant, or with a carry the body passes
     on unchanged that enters as a constant; the body adds a constant to the counter, which
     enters as a constant. None for any other loop (and for one that would never end)."""
+    p = e.params
+    return _comparison_trips(e, consts, _producer(p["cond_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr.outvars[0]))
+
+
+def trips_bound(e: FlatEqn, consts: Mapping[str, Any]) -> int | None:
+    """At most how often a while loop runs where its cond is a conjunction (``and``) one of
+    whose terms is a counter's comparison as ``static_trips`` reads one: that term alone
+    would stop it then (an iterative solver's ``maxiter``). None where there is none."""
+    cond = e.params["cond_jaxpr"].jaxpr
+    terms, counts = [cond.outvars[0]], []
+    while terms:
+        q = _producer(cond, terms.pop())
+        if q is None:
+            continue
+        if q.primitive.name == "and" or (q.primitive.name == "convert_element_type" and q.invars[0].aval.dtype == bool):
+            terms.extend(v for v in q.invars if not isinstance(v, core.Literal))
+        else:
+            counts.append(_comparison_trips(e, consts, q))
+    counts = [n for n in counts if n is not None]
+    return min(counts) if counts else None
+
+
+def _comparison_trips(e: FlatEqn, consts: Mapping[str, Any], test: core.JaxprEqn | None) -> int | None:
+    """The trips of loop ``e`` were its cond the comparison ``test`` alone (see static_trips)."""
     p = e.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
@@ -613,7 +645,6 @@ def static_trips(e: FlatEqn, consts: Mapping[str, Any]) -> int | None:
             return ("const", known(outer[k])) if k < nconsts else ("carry", k - nconsts)
         return "const", None
 
-    test = _producer(cond.jaxpr, cond.jaxpr.outvars[0])
     if test is None or test.primitive.name not in _SWAPPED:
         return None
     cmp = test.primitive.name
@@ -712,4 +743,4 @@ def _aval(a: Atom, avals: dict) -> Any:
 
 __all__ = ["BOUNDARY", "CARRY", "COND_MERGE", "Captured", "ControlFlowError", "FlatEqn", "REGIONS", "Region", "SCAN_SLICE",
            "RecordedValues", "SCAN_STACK", "WHILE_TRIPS", "capture", "loop_trips", "op_arguments", "read_atom",
-           "record_values", "static_trips", "to_metair", "walk"]
+           "record_values", "static_trips", "to_metair", "trips_bound", "walk"]

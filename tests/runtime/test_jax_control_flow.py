@@ -249,6 +249,22 @@ def test_fori_loop_bounds_are_static_where_constant_else_estimated():
         capture(traced, (x, jnp.int32(5)), backward=False, while_trips=float("nan"))
 
 
+@pytest.mark.parametrize("limit", [3, 40])
+def test_a_counter_anded_into_the_cond_bounds_the_estimate(limit):
+    """A tolerance loop with an iteration cap (an iterative solver's maxiter): its count depends
+    on the values, but never exceeds the cap, so the estimate does not either."""
+    def f(x):
+        return lax.while_loop(lambda c: (jnp.sum(c[1]) < 1e6) & (c[0] < limit),
+                              lambda c: (c[0] + 1, c[1] * 2.0), (0, x))
+
+    x = jnp.ones(3)
+    c = capture(f, (x,), backward=False)
+    (loop,) = c.regions
+    ran = int(f(x)[0])
+    assert c.trips[loop.name] == min(limit, WHILE_TRIPS) and ran <= limit
+    assert f"at most {limit}" in c.trip_sources[loop.name] and "estimate" in c.trip_sources[loop.name]
+
+
 def test_a_while_inside_a_scan_runs_its_trips_per_iteration():
     def f(x):
         inner = lambda h: lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1]  # noqa: E731
@@ -281,6 +297,7 @@ def test_custom_linear_solve_is_planned_through_its_solve():
     assert "jax.custom_linear_solve" not in ops and "jax.dot_general" in ops
     loops = [e for e in c.regions if e.region.kind == "while"]
     assert len(loops) == 2  # the forward solve's and its transpose's
+    assert all(c.trips[e.name] == WHILE_TRIPS and "at most 20" in c.trip_sources[e.name] for e in loops)  # maxiter
     # the solve's body ran on the program's own values: the first matvec sees the residual b - A @ 0
     body_dot = next(e for e in loops[0].region.bodies[0] if e.prim.name == "dot_general")
     lhs, rhs = c.values[body_dot.name]
