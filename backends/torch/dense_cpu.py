@@ -28,11 +28,13 @@ DENSE_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonF
 OTHER_KEYS = ("SparseCPU", "SparseCsrCPU", "QuantizedCPU", "NestedTensorCPU", "MkldnnCPU", "Meta")
 
 # Families named by a word of the op's name: their kernels serve tensors of another layout or
-# device, or a library's packed formats.
+# device, or a library's opaque handles.
 FAMILIES = (
     ("sparse", "takes or makes sparse tensors"),
     ("quantiz", "takes or makes quantized tensors"),
-    ("fbgemm", "works on FBGEMM's packed quantized weights"),
+    # their packed weights are handles (a pointer to FBGEMM's packed matrix, in a byte tensor):
+    # a shard of one is no handle, and a kernel given one reads wild memory
+    ("fbgemm", "takes or makes an FBGEMM packed-weight handle, a pointer in a byte tensor"),
     ("nested", "takes or makes nested tensors"),
     ("mkldnn", "works on oneDNN (mkldnn) tensors"),
     ("cudnn", "calls cuDNN, a CUDA library"),

@@ -95,6 +95,15 @@ def _scaled_mm(d: Draw) -> Named:
             "scale_a": d.rand(), "scale_b": d.rand(), "out_dtype": torch.float32}
 
 
+def _scaled_mm_v2(d: Draw) -> Named:
+    # the same call in the recipe-list form: one scale per operand, recipe 0 (per tensor),
+    # no swizzle
+    named = _scaled_mm(d)
+    return {"self": named["self"], "mat2": named["mat2"], "scale_a": [named["scale_a"]], "recipe_a": [0],
+            "swizzle_a": [0], "scale_b": [named["scale_b"]], "recipe_b": [0], "swizzle_b": [0], "bias": None,
+            "out_dtype": torch.float32}
+
+
 def _conv2d_sizes(d: Draw) -> Named:
     return {"self": d.randn(2, 3, 6, 7), "weight": d.randn(4, 3, 3, 3), "kernel_size": [3, 3], "bias": d.randn(4),
             "stride": [1, 1], "padding": [1, 1]}
@@ -334,6 +343,7 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_convert_weight_to_int4pack_for_cpu": (_convert_weight_to_int4pack_for_cpu, "int32"),
     "_weight_int4pack_mm_for_cpu": (_weight_int4pack_mm_for_cpu, "float32"),
     "_scaled_mm": (_scaled_mm, "float32"),
+    "_scaled_mm_v2": (_scaled_mm_v2, "float32"),
     "_slow_conv2d_forward": (_conv2d_sizes, "float32"),
     "_slow_conv2d_backward": (_slow_conv2d_backward, "float32"),
     "aten._slow_conv2d_backward.grad_input": (_slow_conv2d_grads, "float32"),  # every grad, no mask

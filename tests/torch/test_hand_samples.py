@@ -20,7 +20,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 # one functional overload per builder: the op the builder was written for
 BUILT = [
     "aten._int_mm.default", "aten._weight_int8pack_mm.default", "aten._convert_weight_to_int4pack_for_cpu.default",
-    "aten._weight_int4pack_mm_for_cpu.default", "aten._scaled_mm.default", "aten._slow_conv2d_forward.default",
+    "aten._weight_int4pack_mm_for_cpu.default", "aten._scaled_mm.default", "aten._scaled_mm_v2.default", "aten._slow_conv2d_forward.default",
     "aten._slow_conv2d_backward.output_mask", "aten.slow_conv_dilated2d.default", "aten.slow_conv_dilated3d.default",
     "aten.slow_conv_transpose2d.default", "aten.slow_conv_transpose3d.default", "aten.conv_tbc.default",
     "aten.affine_grid_generator.default", "aten.affine_grid_generator_backward.default",
