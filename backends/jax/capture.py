@@ -545,7 +545,8 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
                given: float | Mapping[str, float] | None = None) -> tuple[dict, dict]:
     """Loop equation -> its body's trips per call, and -> where that count comes from: a
     scan's length; a while loop's static bounds (``static_trips``), else the estimate
-    ``given`` (one number, or by loop name), else ``WHILE_TRIPS``."""
+    ``given`` (one number, or by loop name), else ``WHILE_TRIPS`` or the loop's
+    ``trips_bound`` where that is less."""
     trips: dict = {}
     sources: dict = {}
     estimated: list[str] = []
