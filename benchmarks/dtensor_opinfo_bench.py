@@ -19,7 +19,8 @@ the outputs are ``full_tensor()`` and compared, shape, ``requires_grad`` and val
 Verdict per op, as the test counts: ``pass`` when every combination compared equal,
 otherwise the first failure: ``wrong`` (a comparison failed) or ``error`` (an exception);
 ``nondet`` for a random or uninitialized output whose shapes all matched (its values are
-no answer: the random ops, the empty family, any op whose reference differs run twice);
+no answer: the random ops, the empty family, any op whose reference differs when run again
+with the memory around its inputs and its allocations filled otherwise, ``_probe``);
 ``-`` when nothing was compared (no float32 sample, a sample or reference that fails
 without DTensor, or every output empty). A ``wrong``
 combination after an earlier error is counted apart (``wrong anywhere``), so a wrong answer
@@ -150,7 +151,8 @@ PASS, ERROR, WRONG, NONE, NONDET = "pass", "error", "wrong", "-", "nondet"
 # The test's own notes: "random/stochastic ops: different RNG states between DTensor and
 # reference", and the empty family, skipped "as their contents are nondeterministic". Their
 # values are no answer to compare; so is any op whose reference differs from itself when run
-# twice (exponential_, rrelu in training). Their shapes are still compared.
+# again with other memory around it (_probe: exponential_, rrelu in training, _segment_reduce
+# reading past its data). Their shapes are still compared.
 
 
 class _Timeout(Exception):
@@ -258,10 +260,69 @@ NONDETERMINISTIC = {
 
 
 def _same(a, b) -> bool:
+    """Same tensors, shapes and values, NaN where the other has NaN (an op's own NaN is an
+    answer; a NaN read from the probe's filled memory is not)."""
     import torch
 
+    def equal(x, y):
+        if x.shape != y.shape or x.dtype != y.dtype or x.layout != torch.strided:
+            return x.shape == y.shape and x.dtype == y.dtype and x.layout == y.layout
+        if x.is_floating_point() or x.is_complex():
+            return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
+        return torch.equal(x, y)
+
     ta, tb = _tensors(a), _tensors(b)
-    return len(ta) == len(tb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(ta, tb))
+    return len(ta) == len(tb) and all(equal(x.detach(), y.detach()) for x, y in zip(ta, tb))
+
+
+_PAD = 64  # elements of NaN after each floating input's storage in the probe run
+
+
+def _dense(t) -> bool:
+    """Whether ``t`` covers its storage span once, each element in its own place."""
+    expected = 1
+    for stride, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _padded(t):
+    """A copy of ``t`` with its strides, in a storage that runs on past its last element
+    with NaN: an op that reads past its input (``_segment_reduce`` with an offset beyond the
+    data) sees NaN there instead of whatever the allocator left."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or not (t.is_floating_point() or t.is_complex()) \
+            or not _dense(t):
+        return t
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    with torch.no_grad():
+        buf = torch.full((span + _PAD,), float("nan"), dtype=t.dtype)
+        out = buf.as_strided(t.shape, t.stride(), 0)
+        out.copy_(t.detach())
+    return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+
+def _probe(fn, args, kwargs):
+    """``fn`` run with memory it does not own made different from the reference run's: every
+    floating input padded with NaN past its end (``_padded``) and every allocation filled
+    (NaN, or the largest integer: ``torch.utils.deterministic.fill_uninitialized_memory``
+    under deterministic algorithms, warnings only). An output that differs from the
+    reference read memory no input holds: its values are no answer."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        return fn(*tree_map(_padded, args), **tree_map(_padded, kwargs))
+    finally:
+        torch.use_deterministic_algorithms(det, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def build_case(opinfo, n_samples: int) -> Case:
@@ -283,7 +344,10 @@ def build_case(opinfo, n_samples: int) -> Case:
             ref_args, ref_kwargs = reconcile_args(args, kwargs)
             ref = opinfo.op(*ref_args, **ref_kwargs)
             ref = _concat_if_split(opinfo.op, args, ref)
-            again = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
+            try:
+                again = _concat_if_split(opinfo.op, args, _probe(opinfo.op, ref_args, ref_kwargs))
+            except Exception:  # noqa: BLE001 -- the probe's copies or modes refused: a plain second run
+                again = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
             nondeterministic = _key(opinfo) in NONDETERMINISTIC or not _same(ref, again)
             sample = Sample(args, kwargs, ref, nondeterministic=nondeterministic)
             out, ins = _first_differentiable(ref), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor._ops._math_ops import _NormPartial  # reduce(norm2); DTensor keeps it private
+from torch.distributed.tensor._ops._math_ops import (
+    _NormPartial,  # reduce(norm2); DTensor keeps it private
+)
 
 from metaspmd import placement as mp
 
@@ -45,8 +47,11 @@ def from_dtensor(p) -> mp.Placement:
 
 
 def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
+    """Whether DTensor runs ``op`` its own way: a rule, or a custom handler (which runs
+    before any rule: a strategy installed beside it would never be consulted)."""
     p = DTensor._op_dispatcher.sharding_propagator
-    return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules
+    return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules \
+        or op in DTensor._op_dispatcher._custom_op_handlers
 
 
 __all__ = ["dtensor_has_rule", "from_dtensor", "to_dtensor", "to_dtensor_placements"]

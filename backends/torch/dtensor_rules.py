@@ -5,7 +5,8 @@ DTensor has no rule for; ``register_op`` explores a custom op's rules on an exam
 and installs them. Both project the rule model onto ``DTENSOR_REGISTER`` (the one place
 that says what DTensor runs of a rule) and place through the DTensor adapter. DTensor's
 own rules are left alone, except those refuted on real DTensor (``REFUTED``), which
-``register(replace_refuted=True)`` replaces with verified strategies.
+``register(replace_refuted=True)`` replaces with verified strategies. Ops DTensor refuses
+for its machinery's sake (data-dependent output shapes) get handlers (``dtensor_handlers``).
 
 Importing this module starts neither DTensor nor the rule table (``torch.distributed.tensor``
 takes about a second to import): both load on first use.
@@ -210,10 +211,12 @@ class RegisterReport:
     installed: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
     replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
+    handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, or DTensor's extended)
 
     def __str__(self) -> str:
         replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
-        return f"installed metaspmd rules for {len(self.installed)} ops{replaced}; skipped {len(self.skipped)}"
+        handled = f"; handlers for {len(self.handled)} ops DTensor's machinery refuses" if self.handled else ""
+        return f"installed metaspmd rules for {len(self.installed)} ops{replaced}{handled}; skipped {len(self.skipped)}"
 
 
 # DTensor 2.13 rules refuted on real DTensor (fake process group and LocalTensorMode,
@@ -329,11 +332,13 @@ def _restore(op: torch._ops.OpOverload) -> None:
 
 def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
              cache: RuleCache | None = None) -> RegisterReport:
-    """Install table rules into DTensor for ops it has no rule for; report what was done.
-    ``replace_refuted``: also put verified strategies in place of DTensor's own rule for the
-    ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
+    """Install table rules into DTensor for ops it has no rule for, and handlers for the ops
+    its machinery refuses (``dtensor_handlers``: data-dependent output shapes run
+    all-replicated); report what was done. ``replace_refuted``: also put verified
+    strategies in place of DTensor's own rule for the ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
     redistributed instead of computed wrong. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s)."""
+    from . import dtensor_handlers
     from .table import table
 
     dtensor_has_rule = sys.modules[__name__].dtensor_has_rule  # lazy, and patchable in tests
@@ -342,6 +347,8 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
     for name in sorted(ops if ops is not None else rules.ops()):
         if replace_refuted and name in REFUTED:
             continue  # below
+        if name in dtensor_handlers.REPLICATED:
+            continue  # a handler, below: DTensor's propagation cannot run a strategy for it
 
         entries = rules.entries(name)
         op = _resolve(name) if entries is not None else None
@@ -373,6 +380,7 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
                 _replace(op, cache)
             report.installed.append(name)
             report.replaced.append(name)
+    report.handled = dtensor_handlers.install(ops, has_rule=dtensor_has_rule)
     _clear_sharding_prop_cache()
     return report
 
@@ -424,6 +432,9 @@ def _no_installable(op: torch._ops.OpOverload) -> str:
 
 def unregister(report: RegisterReport) -> None:
     """Remove what ``register`` installed (tests, or switching tables in one process)."""
+    from . import dtensor_handlers
+
+    dtensor_handlers.uninstall(report.handled)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = _resolve(name)

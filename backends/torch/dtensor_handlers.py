@@ -1,0 +1,249 @@
+"""DTensor handlers for ops DTensor refuses for machinery reasons, not for want of a rule.
+
+DTensor computes every output's shape before it runs an op, on fake tensors: an op whose
+output shape (``nonzero``, ``unique``) or value (``allclose``) depends on the input's values
+raises there, whatever the placements, and ``register_sharding`` cannot help. Such an op
+gets a custom handler (``DTensor._op_dispatcher._custom_op_handlers``, the extension point
+DTensor's own convolution and ``as_strided`` use) that runs the all-replicated strategy:
+every DTensor argument redistributed to Replicate, the op run on the full local tensors,
+each tensor output a Replicate DTensor on the same mesh. Every rank runs the same
+deterministic op on the same values, so this is sound where the op is deterministic: each
+op listed here has a registry status (``ok``, ``derived`` or ``replicate-only``) that says
+the sweep ran it replicated and found it so; ``tests/codegen/test_dtensor_handlers.py``
+checks that against ``registry/torch``.
+
+Two more extend DTensor's own behaviour only where it raises, never where it answers:
+``logsumexp`` of a 0-d tensor (DTensor's rule asserts it has reduction dims) gets the
+all-replicated strategy, and ``as_strided`` of a replicated tensor whose reads stay inside
+its own elements (DTensor's handler takes only the identity view) is the same view of each
+rank's full tensor. And in-place views whose out-of-place rule DTensor has (``transpose_``,
+which ``stft``'s decomposition calls) get that rule, as DTensor gives ``squeeze_`` its own.
+
+Nothing here imports DTensor at module import: ``install`` does, from ``register()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# op -> why DTensor cannot run it: its fake-tensor propagation raises on any placement.
+_SHAPE = "output shape depends on the input's values, which DTensor's fake-tensor propagation cannot know"
+REPLICATED = {
+    "aten.nonzero.default": _SHAPE,
+    "aten.masked_select.default": _SHAPE,
+    "aten._unique.default": _SHAPE,
+    "aten._unique2.default": _SHAPE,
+    "aten.unique_consecutive.default": _SHAPE,
+    "aten.unique_dim.default": _SHAPE,
+    "aten.unique_dim_consecutive.default": _SHAPE,
+    "aten.bincount.default": _SHAPE,
+    "aten.repeat_interleave.Tensor": _SHAPE,
+    "aten.linalg_lstsq.default": _SHAPE + " (the residuals' length depends on the rank found)",
+    "aten.allclose.default": "returns a bool computed from the values, which fake-tensor propagation cannot know",
+    "aten._histogramdd_bin_edges.default":
+        "returns a list of tensors, which register_sharding cannot carry and DTensor has no rule for",
+}
+
+# Data-dependent ops (tagged so) left to DTensor's error, and why.
+NOT_REPLICATED = {
+    "aten._ctc_loss.default":
+        "registry: nondeterministic (log_alpha holds uninitialized memory): ranks would differ in a Replicate output",
+    "aten._ctc_loss.Tensor":
+        "registry: nondeterministic (log_alpha holds uninitialized memory): ranks would differ in a Replicate output",
+}
+
+# Ops whose DTensor rule or handler raises on some calls: (what is extended, why).
+EXTENDED = {
+    "aten.logsumexp.default":
+        "DTensor's rule asserts its input has reduction dims; a 0-d input has none and gets the all-replicated "
+        "strategy",
+    "aten.as_strided.default":
+        "DTensor's handler takes only the identity view; a replicated input read inside its own elements is the "
+        "same view of each rank's full tensor",
+}
+
+# In-place views DTensor has the out-of-place rule of, as it has squeeze_'s: its own dim map
+# (``register_op_strategy_map``, strict: no view that would need a redistribution), in place.
+# stft's decomposition transposes its frames in place.
+INPLACE_VIEWS = {
+    "aten.transpose_.default": "transpose",
+    "aten.unsqueeze_.default": "unsqueeze",
+}
+
+
+def _dtensor():
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    return DTensor, Replicate, DTensorSpec, TensorMeta
+
+
+def _replicated_spec(mesh, t: torch.Tensor):
+    _, Replicate, DTensorSpec, TensorMeta = _dtensor()
+    return DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+
+
+def replicated_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """The all-replicated strategy, run: DTensor's own unwrapping (a plain tensor mixed in is
+    refused as DTensor refuses it), every DTensor argument, keyword ones too, redistributed
+    to Replicate, the op on the local (full) tensors, outputs wrapped Replicate."""
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor
+    from torch.utils._pytree import tree_map, tree_unflatten
+
+    DTensor, Replicate, DTensorSpec, _ = _dtensor()
+    info = DTensor._op_dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+    mesh = info.compute_mesh
+    if not mesh._is_current_rank_part_of_mesh():
+        raise NotImplementedError(f"{op_call}: its output shape depends on values this rank outside the mesh lacks")
+
+    def full(spec, local):
+        if not isinstance(spec, DTensorSpec):
+            return local
+        if spec.mesh != mesh:
+            raise RuntimeError(f"{op_call}: DTensor arguments on different meshes ({spec.mesh} and {mesh})")
+        if all(p.is_replicate() for p in spec.placements):
+            return local
+        target = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=spec.tensor_meta)
+        return redistribute_local_tensor(local, spec, target)
+
+    local_args = [full(s, a) for s, a in zip(info.flat_args_schema, info.local_args)]
+    if info.args_tree_spec is not None:
+        local_args = tree_unflatten(local_args, info.args_tree_spec)
+    local_kwargs = {k: full(info.schema.kwargs_schema[k], v) for k, v in info.local_kwargs.items()}
+    out = op_call(*local_args, **local_kwargs)
+    return tree_map(lambda t: DTensor(t, _replicated_spec(mesh, t), requires_grad=False)
+                    if isinstance(t, torch.Tensor) else t, out)
+
+
+def _logsumexp_strategy(own):
+    """DTensor's logsumexp rule, with the all-replicated strategy for a 0-d input (where
+    that rule raises: no reduction dims)."""
+    from torch.distributed.tensor._op_schema import OpStrategy
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    Replicate = _dtensor()[1]
+
+    def strategy(op_schema):
+        first = op_schema.args_schema[0]
+        if isinstance(first, OpStrategy) and first.ndim == 0:
+            return expand_to_full_mesh_op_strategy(first.mesh, op_schema, [[Replicate(), Replicate()]], input_index=1)
+        return own(op_schema)
+
+    return strategy
+
+
+def _dense_footprint(size, stride) -> bool:
+    """Whether a tensor of these sizes and strides covers its storage span exactly once."""
+    expected = 1
+    for s, n in sorted((s, n) for n, s in zip(size, stride) if n != 1):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _as_strided_handler(own):
+    """DTensor's as_strided handler, and where it raises, the view of each rank's full
+    tensor: when the input is Replicate on every mesh dim, its local tensor has the
+    DTensor's strides, covers its span densely, and every element read lies inside it (a
+    read outside would see the storage around the tensor, which no rank shares)."""
+    from torch._library.utils import fill_defaults
+    from torch.utils._python_dispatch import return_and_correct_aliasing
+
+    DTensor = _dtensor()[0]
+
+    def handler(op_call, args, kwargs):
+        try:
+            return own(op_call, args, kwargs)
+        except RuntimeError:
+            filled, _ = fill_defaults(op_call._schema, args, kwargs)
+            x, size, stride, offset = filled
+            offset = x.storage_offset() if offset is None else offset
+            local = x._local_tensor if isinstance(x, DTensor) else None
+            if local is None or not all(p.is_replicate() for p in x.placements) \
+                    or tuple(local.stride()) != tuple(x.stride()) or not _dense_footprint(x.shape, x.stride()):
+                raise
+            size, stride = tuple(size), tuple(stride)
+            last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset
+            if any(s < 0 for s in stride) or offset < x.storage_offset() or last >= x.storage_offset() + x.numel():
+                raise
+            view = local.as_strided(size, stride, local.storage_offset() + offset - x.storage_offset())
+            out = DTensor(view, _replicated_spec(x.device_mesh, view), requires_grad=False)
+            return return_and_correct_aliasing(op_call, args, kwargs, out)
+
+    return handler
+
+
+_INSTALLED: dict = {}  # op -> (where, what was there before): "handler" or "strategy"
+
+
+def _resolve(name: str):
+    namespace, family, overload = name.split(".", 2)
+    packet = getattr(getattr(torch.ops, namespace), family, None)
+    return getattr(packet, overload, None) if packet is not None else None
+
+
+def install(names=None, has_rule=None) -> list[str]:
+    """Install the handlers (of ``names`` only, when given); return the ops installed.
+    ``has_rule(op)``: whether DTensor has a rule of its own, which a replicated handler
+    never shadows."""
+    DTensor = _dtensor()[0]
+    dispatcher = DTensor._op_dispatcher
+    handlers, p = dispatcher._custom_op_handlers, dispatcher.sharding_propagator
+    done = []
+    for name in sorted(set(REPLICATED) | set(EXTENDED) | set(INPLACE_VIEWS)):
+        op = _resolve(name)
+        if op is None or names is not None and name not in names:
+            continue
+        if op in _INSTALLED:
+            done.append(name)
+            continue
+        if name in REPLICATED:
+            if op in handlers or (has_rule is not None and has_rule(op)):
+                continue  # DTensor runs it its own way here
+            _INSTALLED[op] = ("handler", None)
+            handlers[op] = replicated_handler
+        elif name in INPLACE_VIEWS:
+            if has_rule is not None and has_rule(op):
+                continue
+            from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+            from torch.distributed.tensor._ops._view_ops import register_op_strategy_map
+
+            _INSTALLED[op] = ("strategy", None)
+            register_op_strategy_map(op, getattr(torch, INPLACE_VIEWS[name]), schema_info=RuntimeSchemaInfo(1),
+                                     strict_view=True)
+        elif name == "aten.logsumexp.default":
+            own = p.op_strategy_funcs.get(op)
+            if own is None:
+                continue  # another DTensor: its rule is not the one extended here
+            _INSTALLED[op] = ("strategy", own)
+            p.op_strategy_funcs[op] = _logsumexp_strategy(own)
+        elif name == "aten.as_strided.default":
+            own = handlers.get(op)
+            if own is None:
+                continue
+            _INSTALLED[op] = ("handler", own)
+            handlers[op] = _as_strided_handler(own)
+        done.append(name)
+    return done
+
+
+def uninstall(names) -> None:
+    DTensor = _dtensor()[0]
+    dispatcher = DTensor._op_dispatcher
+    for name in names:
+        op = _resolve(name)
+        if op not in _INSTALLED:
+            continue
+        where, before = _INSTALLED.pop(op)
+        p = dispatcher.sharding_propagator
+        table = dispatcher._custom_op_handlers if where == "handler" else p.op_strategy_funcs
+        if before is None:
+            table.pop(op, None)
+            if where == "strategy":
+                p.op_to_schema_info.pop(op, None)
+        else:
+            table[op] = before
+
+
+__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "install", "replicated_handler", "uninstall"]
