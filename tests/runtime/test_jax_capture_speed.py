@@ -2,6 +2,7 @@
 table rules and plans) come from the traced shapes, and are those of the real operands, for
 scan, while and cond bodies and remat too; a capture with every rule at hand runs nothing."""
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -26,22 +27,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.jax_models import gpt_block, gpt_params  # noqa: E402
 
 
-def model(params, x, n):
-    """GPT blocks over stacked params, rematerialized; then while loops (not differentiable:
-    on a value without gradient), one with a traced bound, one with constant bounds; then a
+def mlp_layer(p, h):
+    return jax.nn.softmax(h @ p["w1"], axis=-1) @ p["w2"] + h
+
+
+LAYERS = {  # a layer and its parameters (one tree per layer)
+    "mlp": (mlp_layer, lambda seed: {"w1": jax.random.normal(jax.random.key(seed), (16, 32), jnp.float32) / 4,
+                                     "w2": jax.random.normal(jax.random.key(seed + 9), (32, 16), jnp.float32) / 6}),
+    "gpt": (gpt_block, lambda seed: gpt_params(16, 32, seed=seed)),
+}
+
+
+def model(layer, params, x, n):
+    """Layers over stacked params, rematerialized; then while loops (not differentiable: on
+    a value without gradient), one with a traced bound, one with constant bounds; then a
     cond: every kind of region and body."""
-    block = jax.checkpoint(lambda h, p: (gpt_block(p, h), None), policy=jax.checkpoint_policies.nothing_saveable)
+    block = jax.checkpoint(lambda h, p: (layer(p, h), None), policy=jax.checkpoint_policies.nothing_saveable)
     h = lax.scan(block, x, params)[0]
     g = lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.tanh(c[1])), (0, lax.stop_gradient(h)))[1]
     g = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5 + jnp.sin(c[1])), (0, g))[1]
     return lax.cond(n > 2, lambda: jnp.cos(h + g), lambda: h * 2.0)
 
 
-@pytest.fixture(scope="module")
-def captured():
-    params = jax.tree.map(lambda *a: jnp.stack(a), *[gpt_params(16, 32, seed=s) for s in range(2)])
+# the GPT block covers more primitives; recording its real values compiles each of them
+@pytest.fixture(scope="module", params=["mlp", pytest.param("gpt", marks=pytest.mark.slow)])
+def captured(request):
+    layer, make = LAYERS[request.param]
+    params = jax.tree.map(lambda *a: jnp.stack(a), *[make(s) for s in range(2)])
     x = jax.random.normal(jax.random.key(1), (2, 4, 16), jnp.float32)
-    return capture(model, (x, jnp.int32(3)), params=params)
+    return capture(functools.partial(model, layer), (x, jnp.int32(3)), params=params)
 
 
 def real_calls(c, monkeypatch):
