@@ -36,7 +36,8 @@ _OPS = JaxOps()
 
 # Calls with bodies the capture does not plan through: their bodies are traced at fixed
 # shapes, so they cannot run on shards. Each stays one opaque node, replicated unless the
-# table has a rule for it. (scan, while and cond are planned through their bodies: capture.)
+# table has a rule for it. (scan, while and cond are planned through their bodies, a
+# custom_linear_solve through its solve jaxpr, by capture; listed here for any it cannot read.)
 OPAQUE = frozenset({"while", "cond", "scan", "custom_linear_solve", "eval_jaxpr", "composite", "platform_index"})
 
 
