@@ -10,7 +10,9 @@ each tensor output a Replicate DTensor on the same mesh. Every rank runs the sam
 deterministic op on the same values, so this is sound where the op is deterministic: each
 op listed here has a registry status (``ok``, ``derived`` or ``replicate-only``) that says
 the sweep ran it replicated and found it so; ``tests/codegen/test_dtensor_handlers.py``
-checks that against ``registry/torch``.
+checks that against ``registry/torch``. Ops the sweep found no cut for (``replicate-only``,
+absent from the generated table) and DTensor has no rule for get the all-replicated
+strategy as their DTensor rule (``REPLICATE_ONLY``).
 
 Two more extend DTensor's own behaviour only where it raises, never where it answers:
 ``logsumexp`` of a 0-d tensor (DTensor's rule asserts it has reduction dims) gets the
@@ -42,6 +44,16 @@ REPLICATED = {
     "aten.allclose.default": "returns a bool computed from the values, which fake-tensor propagation cannot know",
     "aten._histogramdd_bin_edges.default":
         "returns a list of tensors, which register_sharding cannot carry and DTensor has no rule for",
+}
+
+# Ops the sweep found no cut for (registry status replicate-only, so absent from the
+# generated table) that DTensor has no rule for: the all-replicated strategy, installed as
+# DTensor's rule (their output shapes follow from the arguments, so DTensor's propagation
+# runs). The Tensor overloads of linspace and logspace, whose start or end is a 0-d tensor.
+REPLICATE_ONLY = {
+    "aten.linspace.Scalar_Tensor": "no cut: a 0-d end",
+    "aten.logspace.Scalar_Tensor": "no cut: a 0-d end",
+    "aten.logspace.Tensor_Scalar": "no cut: a 0-d start",
 }
 
 # Data-dependent ops (tagged so) left to DTensor's error, and why.
@@ -132,6 +144,23 @@ def _logsumexp_strategy(own):
     return strategy
 
 
+def _replicated_strategy(op):
+    """DTensor's strategy function placing every tensor, in and out, Replicate."""
+    from torch.distributed.tensor._op_schema import OpStrategy
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    Replicate = _dtensor()[1]
+    n_out = len(op._schema.returns)
+
+    def strategy(op_schema):
+        n_in = sum(isinstance(a, OpStrategy) for a in op_schema.args_schema) + sum(
+            isinstance(v, OpStrategy) for v in op_schema.kwargs_schema.values())
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               [[Replicate()] * (n_out + n_in)], input_index=n_out)
+
+    return strategy
+
+
 def _dense_footprint(size, stride) -> bool:
     """Whether a tensor of these sizes and strides covers its storage span exactly once."""
     expected = 1
@@ -191,7 +220,7 @@ def install(names=None, has_rule=None) -> list[str]:
     dispatcher = DTensor._op_dispatcher
     handlers, p = dispatcher._custom_op_handlers, dispatcher.sharding_propagator
     done = []
-    for name in sorted(set(REPLICATED) | set(EXTENDED) | set(INPLACE_VIEWS)):
+    for name in sorted(set(REPLICATED) | set(REPLICATE_ONLY) | set(EXTENDED) | set(INPLACE_VIEWS)):
         op = _resolve(name)
         if op is None or names is not None and name not in names:
             continue
@@ -203,6 +232,14 @@ def install(names=None, has_rule=None) -> list[str]:
                 continue  # DTensor runs it its own way here
             _INSTALLED[op] = ("handler", None)
             handlers[op] = replicated_handler
+        elif name in REPLICATE_ONLY:
+            if has_rule is not None and has_rule(op):
+                continue
+            from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+            _INSTALLED[op] = ("strategy", None)
+            kwarg_names = [a.name for a in op._schema.arguments if a.kwarg_only] or None
+            p.register_op_strategy(op, _replicated_strategy(op), RuntimeSchemaInfo(0, kwarg_names, needs_pytree=True))
         elif name in INPLACE_VIEWS:
             if has_rule is not None and has_rule(op):
                 continue
@@ -246,4 +283,4 @@ def uninstall(names) -> None:
             table[op] = before
 
 
-__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "install", "replicated_handler", "uninstall"]
+__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "REPLICATE_ONLY", "install", "replicated_handler", "uninstall"]

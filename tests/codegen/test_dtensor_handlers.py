@@ -24,7 +24,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 WORLD = 4
 REGISTRY = Path(__file__).resolve().parents[2] / "registry" / "torch"
-ALL = sorted(set(dtensor_handlers.REPLICATED) | set(dtensor_handlers.EXTENDED) | set(dtensor_handlers.INPLACE_VIEWS))
+ALL = sorted(set(dtensor_handlers.REPLICATED) | set(dtensor_handlers.REPLICATE_ONLY) | set(dtensor_handlers.EXTENDED)
+             | set(dtensor_handlers.INPLACE_VIEWS))
 G = torch.Generator().manual_seed(0)
 X = torch.where(torch.rand(8, 4, generator=G) > 0.5, torch.randn(8, 4, generator=G), torch.zeros(8, 4))
 INTS = torch.randint(0, 5, (8,), generator=G)
@@ -56,6 +57,8 @@ def test_every_replicated_op_is_deterministic_in_the_registry():
     says the sweep ran it so (ok, derived, replicate-only); the ops left out are not."""
     for name in dtensor_handlers.REPLICATED:
         assert _status(name) in ("ok", "derived", "replicate-only"), name
+    for name in dtensor_handlers.REPLICATE_ONLY:
+        assert _status(name) == "replicate-only", name
     for name in dtensor_handlers.NOT_REPLICATED:
         assert _status(name) == "nondeterministic", name
 
@@ -100,7 +103,8 @@ def before(mesh):
              "logsumexp 0-d": lambda: torch.logsumexp(distribute_tensor(torch.tensor(0.5), mesh, [Replicate()]), 0),
              "as_strided": lambda: torch.as_strided(distribute_tensor(X, mesh, [Replicate()]), (3, 2), (1, 2)),
              "logsumexp rows": lambda: torch.logsumexp(distribute_tensor(X, mesh, [Shard(0)]), 1),
-             "transpose_": lambda: distribute_tensor(X, mesh, [Shard(0)]).transpose_(0, 1)}
+             "transpose_": lambda: distribute_tensor(X, mesh, [Shard(0)]).transpose_(0, 1),
+             "linspace": lambda: torch.linspace(-2.0, distribute_tensor(torch.tensor(3.0), mesh, [Replicate()]), 5)}
     for key, call in calls.items():
         try:
             out[key] = call()
@@ -126,6 +130,7 @@ def test_plain_dtensor_refuses_what_the_handlers_run(before):
     assert isinstance(before["logsumexp 0-d"], RuntimeError) and "reduce_dims" in str(before["logsumexp 0-d"])
     assert isinstance(before["as_strided"], RuntimeError)
     assert isinstance(before["transpose_"], NotImplementedError)
+    assert isinstance(before["linspace"], NotImplementedError)
 
 
 def test_register_reports_the_handlers(handled):
@@ -243,3 +248,13 @@ def test_an_in_place_transpose_moves_the_cut_and_stft_runs(mesh, handled):
     full = _full(got)
     with _disable_current_modes():  # complex values compared as plain tensors
         torch.testing.assert_close(full, torch.stft(SIGNAL, 10, window=WINDOW, return_complex=True))
+
+
+def test_linspace_and_logspace_with_a_tensor_end_run_replicated(mesh, handled):
+    end = torch.tensor(3.0)
+    d_end = distribute_tensor(end, mesh, [Replicate()])
+    for got, want in ((torch.linspace(-2.0, d_end, 5), torch.linspace(-2.0, end, 5)),
+                      (torch.logspace(0.5, d_end, 4, base=2.0), torch.logspace(0.5, end, 4, base=2.0)),
+                      (torch.logspace(d_end, 1.0, 4), torch.logspace(end, 1.0, 4))):
+        assert got.placements == (Replicate(),)
+        torch.testing.assert_close(_full(got), want)
