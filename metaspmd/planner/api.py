@@ -35,7 +35,11 @@ def solve(
     beam_width: int = 8,
     threads: int = 1,
 ) -> Plan:
-    """Plan an already built problem. ``solver``: 'ilp' (= 'cbc'), 'highs' or 'beam'.
+    """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
+    CBC for half the time limit and, where CBC proves no optimum and highspy is installed,
+    HiGHS for the rest from CBC's incumbent: neither dominates (on the expert-plan GPT
+    blocks CBC proves a mesh of 4 in 3.5 s where HiGHS takes 22 s, while on JAX's 2x2 HiGHS
+    improves CBC's 30 s incumbent by 9%; benchmarks/HISTORY.md).
 
     Beam search runs on the reduced problem (the ILP's warm start) and on the whole graph;
     the plan is the cheapest of those and the ILP's incumbent, so it is never worse than
@@ -68,7 +72,7 @@ def solve(
         return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
     name = "highs" if solver == "highs" else "cbc"
     try:
-        found = solve_ilp(small, time_limit, warm.assignment if warm else None, name, threads, started=started)
+        found = _solve_ilp(small, solver, time_limit, warm, threads, started)
     except ImportError as err:  # mip (or highspy) is an optional dependency
         if beam is None:
             raise PlannerError(f"the ILP solver is not installed ({err}) and beam search found no plan") from err
@@ -90,12 +94,39 @@ def solve(
             raise PlannerError(f"no plan found within the time limit ({time_limit or 'sized to the problem'} s)")
         nothing = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, "no solution", time.perf_counter() - started)
         return make_plan(problem, lighter_inputs(problem, beam[0]), nothing, picked=beam[1].solver)
+    name = found.solver
     full = reduced.expand(found.assignment)
     if beam is not None and cp.evaluate(beam[0]) < cp.evaluate(full) - 1e-12 * abs(cp.evaluate(full)):
         # the incumbent of a stopped ILP is worse than beam search's plan: keep that, with the ILP's bound
         kept = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, found.status, found.seconds, found.bound)
         return make_plan(problem, lighter_inputs(problem, beam[0]), kept, picked=beam[1].solver)
     return make_plan(problem, lighter_inputs(problem, full), found, picked=name)
+
+
+def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | None, threads: int,
+               started: float) -> Solution | None:
+    """The ILP's answer by the named solver, or for 'ilp' by CBC and then, unless CBC proved
+    its answer optimal, HiGHS from CBC's incumbent (or the warm start) in the time left: the
+    cheaper answer, with the tighter of the two bounds."""
+    start = warm.assignment if warm else None
+    if solver != "ilp":
+        return solve_ilp(small, time_limit, start, solver, threads, started=started)
+    try:
+        import highspy  # noqa: F401 - only whether it is there
+    except ImportError:
+        return solve_ilp(small, time_limit, start, "cbc", threads, started=started)
+    first = solve_ilp(small, time_limit, start, "cbc", threads, started=started, share=0.5)
+    if first is not None and first.status == "optimal":
+        return first
+    second = solve_ilp(small, time_limit, first.assignment if first else start, "highs", threads, started=started)
+    answers = [a for a in (first, second) if a is not None]
+    if not answers:
+        return None
+    best = min(answers, key=lambda a: a.cost)
+    bounds = [a.bound for a in answers if a.bound is not None]
+    proven = any(a.status == "optimal" for a in answers)
+    return Solution(best.assignment, best.cost, best.solver, "optimal" if proven else best.status,
+                    time.perf_counter() - started, max(bounds) if bounds else None)
 
 
 def lighter_inputs(problem: ShardingProblem, assignment: Sequence[int]) -> list[int]:

@@ -229,13 +229,15 @@ def solve_ilp(
     mip_gap: float = 1e-6,
     verbose: bool = False,
     started: float | None = None,
+    share: float = 1.0,
 ) -> Solution | None:
     """The best assignment found within ``time_limit`` seconds (model building included;
     None: ``time_limit_for`` the model's size) counted from ``started`` (a perf_counter
     reading, default now; the solver gets at least 5 s of it, or the whole limit when
     smaller), status 'optimal' when proven, else 'feasible' with the solver's bound; None
     when the solver found none in time (CBC installs a warm start only after the root
-    LP). Raises Infeasible."""
+    LP). ``share``: the part of the limit this call may use, counted from ``started``, so
+    that a second solver can go on from this one's answer in the rest. Raises Infeasible."""
     import mip  # optional dependency: the planner core imports without it
 
     if solver not in SOLVERS:
@@ -287,8 +289,8 @@ def solve_ilp(
     if warm is not None:
         model.start = b.start
 
-    left = time_limit - (time.perf_counter() - (start if started is None else started))
-    status = model.optimize(max_seconds=max(left, min(5.0, time_limit), 0.1))
+    left = share * time_limit - (time.perf_counter() - (start if started is None else started))
+    status = model.optimize(max_seconds=max(left, min(5.0, share * time_limit), 0.1))
     if status == mip.OptimizationStatus.INFEASIBLE:
         raise Infeasible("no assignment meets the memory budget and ties")
     if model.num_solutions == 0:

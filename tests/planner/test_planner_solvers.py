@@ -114,3 +114,33 @@ def test_the_time_limit_grows_with_the_ilp_and_stops_at_a_minute():
     assert time_limit_for(10) == pytest.approx(10.04)
     assert time_limit_for(5000) == pytest.approx(30.0)
     assert time_limit_for(10**6) == 60.0
+
+
+def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make_problem, monkeypatch):
+    """'ilp': CBC gets half the limit; where it stops unproven, HiGHS starts from its answer
+    and the cheaper answer is kept with the tighter bound. A proven CBC answer ends it."""
+    pytest.importorskip("highspy")
+    from metaspmd.planner import api
+    from metaspmd.planner.choice import Solution
+
+    p = make_problem(np.random.default_rng(7), 5, budget=True)
+    exact = solve_ilp(p)
+    worse = max((a for a in itertools.product(*(range(n.size) for n in p.nodes)) if p.feasible(a)), key=p.evaluate)
+    calls = []
+
+    def fake(small, time_limit, start, solver, threads, started, share=1.0):
+        calls.append((solver, share, start))
+        if solver == "cbc":  # stopped at its share with a poor incumbent and a weak bound
+            return Solution(tuple(worse), p.evaluate(worse), "cbc", "feasible", 0.1, 0.0)
+        return solve_ilp(small, time_limit, start, solver, threads, started=started)
+
+    monkeypatch.setattr(api, "solve_ilp", fake)
+    got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0)
+    assert [(s, share) for s, share, _ in calls] == [("cbc", 0.5), ("highs", 1.0)]
+    assert calls[1][2] == tuple(worse)  # HiGHS warm-started from CBC's incumbent
+    assert got.solver == "highs" and got.status == "optimal"
+    assert got.cost == pytest.approx(exact.cost) and got.bound == pytest.approx(exact.cost, rel=1e-6, abs=1e-9)
+
+    calls.clear()
+    monkeypatch.setattr(api, "solve_ilp", lambda *a, **k: calls.append(a[3]) or exact)
+    assert api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0) is exact and calls == ["cbc"]
