@@ -38,6 +38,8 @@ BUILT = [
     "aten._test_check_tensor.default", "aten._wrapped_linear_prepack.default", "aten.bernoulli.Tensor",
     "aten.bernoulli_.Tensor", "aten.normal.float_Tensor", "aten.randint.low_generator",
     "aten.randint_like.low_generator_dtype", "aten.empty_permuted.default",
+    "aten._batch_norm_no_update.default", "aten._batch_norm_impl_index_backward.default",
+    "aten._compute_linear_combination.default", "aten._thnn_differentiable_gru_cell_backward.default",
 ]
 
 
