@@ -545,6 +545,11 @@ WHY = {
     "stft": "with the signal cut, its framing as_strided would view a gathered copy, not the input: views "
             "never redistribute (replicated signals run)",
     "normal.number_mean": "random, and torch's DTensorConverter cannot convert its sample's tensors",
+    # later samples (--samples > 1)
+    "combinations": "of more than one element, its decomposition masks with a plain tensor (ones().triu(), below "
+                    "autograd); one element, a one-element mask DTensor takes as replicated, runs",
+    "histogramdd": "with weight= cut: DTensor never redistributes keyword tensors, and no verified strategy "
+                   "keeps a cut weight (each rank would count its own weights), so no strategy is left",
     "cummax": _MIXED.format("backward formula", "scatter_add"),
     "cummin": _MIXED.format("backward formula", "scatter_add"),
     "cumprod": _MIXED.format("backward formula", "where"),

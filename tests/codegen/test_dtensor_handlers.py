@@ -3,6 +3,10 @@ data-dependent output shapes run all-replicated, DTensor's logsumexp and as_stri
 extended where they raise. Values and shapes against one device on a fake process group of
 4 with LocalTensorMode; DTensor's own answers where it had them unchanged."""
 
+import json
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -258,3 +262,40 @@ def test_linspace_and_logspace_with_a_tensor_end_run_replicated(mesh, handled):
                       (torch.logspace(d_end, 1.0, 4), torch.logspace(end, 1.0, 4))):
         assert got.placements == (Replicate(),)
         torch.testing.assert_close(_full(got), want)
+
+
+# The same handlers across real processes (gloo): the redistribution is a real all-gather and
+# each rank's Replicate output is computed on its own.
+RANK = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from metaspmd.backends.torch import dtensor_handlers, dtensor_rules
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    mesh = DeviceMesh("cpu", [0, 1])
+    g = torch.Generator().manual_seed(0)
+    x = torch.where(torch.rand(6, 4, generator=g) > 0.5, torch.randn(6, 4, generator=g), torch.zeros(6, 4))
+    report = dtensor_rules.register(sorted(dtensor_handlers.REPLICATED))
+    d = distribute_tensor(x, mesh, [Shard(0)])
+    got = {"nonzero": torch.nonzero(d), "masked_select": torch.masked_select(d, d > 0),
+           "unique": torch.unique(d, return_counts=True)[1]}
+    want = {"nonzero": torch.nonzero(x), "masked_select": torch.masked_select(x, x > 0),
+            "unique": torch.unique(x, return_counts=True)[1]}
+    print(json.dumps({k: [str(v.placements), v.to_local().shape == want[k].shape
+                          and bool(torch.equal(v.to_local(), want[k]))] for k, v in got.items()}))
+    dtensor_rules.unregister(report)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # two processes that import torch
+def test_the_handlers_on_two_gloo_ranks_match_one_device(tmp_path):
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "store")], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got == {k: ["(Replicate(),)", True] for k in ("nonzero", "masked_select", "unique")}, got
