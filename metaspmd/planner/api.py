@@ -34,6 +34,7 @@ def solve(
     reductions: Reductions = Reductions(),
     beam_width: int = 8,
     threads: int = 1,
+    started: float | None = None,
 ) -> Plan:
     """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
     CBC for half the time limit and, where CBC proves no optimum and highspy is installed,
@@ -45,11 +46,12 @@ def solve(
     the plan is the cheapest of those and the ILP's incumbent, so it is never worse than
     beam search, and a plan stopped by the time limit carries the ILP's bound (its gap).
     ``time_limit``: seconds for all of it (reductions, beam search and the ILP); None sizes
-    it to the ILP (``ilp.time_limit_for``).
+    it to the ILP (``ilp.time_limit_for``); ``started``: the ``time.perf_counter()`` reading
+    it counts from (default now; ``plan`` counts the problem's building too).
     """
     if solver not in SOLVER_CHOICES:
         raise PlannerError(f"unknown solver {solver!r} (expected one of {SOLVER_CHOICES})")
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     cp = problem.choice
     reduced = reduce_problem(cp, reductions)
     small = reduced.problem
@@ -82,7 +84,7 @@ def solve(
         if reductions.tie or reductions.follow:
             # The heuristic reductions may be what rules every plan out; retry exactly.
             exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
-            return solve(problem, solver, time_limit, exact, beam_width, threads)
+            return solve(problem, solver, time_limit, exact, beam_width, threads, started)
         budget = small.memory_budget
         least = least_memory(small, time_limit or 60.0) if budget is not None else None
         if least is not None and least > budget * (1 + MEMORY_RTOL):
@@ -193,7 +195,8 @@ def plan(
 
     ``strategies_by_node``: the 1-D rule strategies of each op node (by node name);
     ``memory_budget``: bytes per device at the peak of a step (``choice.Liveness``);
-    ``time_limit``: seconds for the solve (None: sized to the ILP); ``ties``: (parameter,
+    ``time_limit``: seconds for the whole call, building included (None: sized to the
+    ILP); ``ties``: (parameter,
     gradient, ...) groups, the later members delivered in the first one's placement;
     ``same_placement``: groups whose
     placements must be equal; ``output_placements``: required placements of graph outputs;
@@ -202,11 +205,12 @@ def plan(
     a user already decided, by var name; ``repeats``: how often an op runs per call (a loop
     body's, once per iteration). See build_problem.
     """
+    started = time.perf_counter()  # the time limit covers the build too
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
         target, constraints, repeats,
     )
-    return solve(problem, solver, time_limit, reductions, beam_width, threads)
+    return solve(problem, solver, time_limit, reductions, beam_width, threads, started)
 
 
 def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str | None = None) -> Plan:

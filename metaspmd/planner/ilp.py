@@ -11,6 +11,7 @@ placements. Separable blocks (a row term plus a column term) become unary costs.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -216,8 +217,9 @@ class _Builder:
 def time_limit_for(columns: int) -> float:
     """Seconds to give the ILP of ``columns`` variables: 10 s, plus 1 s per 250 columns
     (a 10,000-node GPT reduces to about 15,000, whose root LP alone takes seconds on a
-    busy machine, and CBC takes the warm start only after it), at most 60 s."""
-    return min(60.0, 10.0 + columns / 250)
+    busy machine, and CBC takes the warm start only after it), at most 55 s, so that a
+    planner call stays within a minute with the solvers' own stopping and model building."""
+    return min(55.0, 10.0 + columns / 250)
 
 
 def solve_ilp(
@@ -297,6 +299,8 @@ def solve_ilp(
         return None
     assignment = tuple(0 if vs is None else int(np.argmax([var.x for var in vs])) for vs in b.x)
     bound = model.objective_bound
+    if bound is not None and not math.isfinite(bound):  # HiGHS stopped before any bound: -inf
+        bound = None
     return Solution(
         assignment,
         p.evaluate(assignment),
