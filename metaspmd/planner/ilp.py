@@ -217,9 +217,9 @@ class _Builder:
 def time_limit_for(columns: int) -> float:
     """Seconds to give the ILP of ``columns`` variables: 10 s, plus 1 s per 250 columns
     (a 10,000-node GPT reduces to about 15,000, whose root LP alone takes seconds on a
-    busy machine, and CBC takes the warm start only after it), at most 55 s, so that a
+    busy machine, and CBC takes the warm start only after it), at most 50 s, so that a
     planner call stays within a minute with the solvers' own stopping and model building."""
-    return min(55.0, 10.0 + columns / 250)
+    return min(50.0, 10.0 + columns / 250)
 
 
 def solve_ilp(
