@@ -203,6 +203,58 @@ def _as_strided_handler(own):
     return handler
 
 
+class KeywordPlacementRefused(RuntimeError):
+    """No installed strategy keeps a call's keyword tensors where they lie (DTensor moves
+    positional tensors only): ``keyword_handler`` replicates them and asks again."""
+
+
+def _refused_for_keywords(e: BaseException | None) -> bool:
+    while e is not None:
+        if isinstance(e, KeywordPlacementRefused):
+            return True
+        e = e.__cause__
+    return False
+
+
+def keyword_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """DTensor's own dispatch (unwrap, propagate, redistribute, run, wrap), and where no
+    strategy keeps a keyword tensor's placement (a cut ``weight=`` of a histogram, which
+    DTensor would use where it lies), the same with every keyword DTensor first
+    redistributed to Replicate: the placement DTensor never has to move."""
+    from torch.utils._pytree import tree_map
+
+    DTensor, Replicate = _dtensor()[:2]
+    d = DTensor._op_dispatcher
+
+    def run(kw):
+        info = d.unwrap_to_op_info(op_call, args, kw)
+        d.sharding_propagator.propagate(info)
+        return d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), info.output_sharding.output_spec)
+
+    try:
+        return run(kwargs)
+    except Exception as e:
+        if not _refused_for_keywords(e):
+            raise
+    return run(tree_map(lambda v: v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim)
+                        if isinstance(v, DTensor) else v, kwargs))
+
+
+def install_keyword_handler(op: torch._ops.OpOverload) -> bool:
+    """``keyword_handler`` for an op ``register()`` installed strategies for that takes
+    keyword-only tensors, where DTensor has no handler of its own; whether it was put."""
+    DTensor = _dtensor()[0]
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    if op in _INSTALLED:
+        return True
+    if op in handlers or op._schema.is_mutable or not any(
+            a.kwarg_only and "Tensor" in str(a.type) for a in op._schema.arguments):
+        return False
+    _INSTALLED[op] = ("handler", None)
+    handlers[op] = keyword_handler
+    return True
+
+
 _INSTALLED: dict = {}  # op -> (where, what was there before): "handler" or "strategy"
 
 
@@ -283,4 +335,5 @@ def uninstall(names) -> None:
             table[op] = before
 
 
-__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "REPLICATE_ONLY", "install", "replicated_handler", "uninstall"]
+__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused",
+           "install", "install_keyword_handler", "keyword_handler", "replicated_handler", "uninstall"]

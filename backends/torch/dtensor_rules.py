@@ -203,6 +203,12 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     expanded.strategies = keep
     if not keep and own is not None and op._schema.is_mutable and not any(p.is_partial() for p in fixed_self):
         return own(op_schema)
+    if not keep and fixed:
+        from .dtensor_handlers import KeywordPlacementRefused
+
+        raise KeywordPlacementRefused(
+            f"{op}: no verified strategy keeps its keyword tensors placed {fixed}, and DTensor does not "
+            "redistribute keyword tensors")
     return expanded
 
 
@@ -371,6 +377,8 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
             continue
         _install(op, _sharding_fn(op, op_rules))
         report.installed.append(name)
+        if dtensor_handlers.install_keyword_handler(op):
+            report.handled.append(name)
     if replace_refuted:
         for name in sorted(REFUTED):
             op = _resolve(name)
@@ -380,7 +388,7 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
                 _replace(op, cache)
             report.installed.append(name)
             report.replaced.append(name)
-    report.handled = dtensor_handlers.install(ops, has_rule=dtensor_has_rule)
+    report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule)
     _clear_sharding_prop_cache()
     return report
 

@@ -264,6 +264,29 @@ def test_linspace_and_logspace_with_a_tensor_end_run_replicated(mesh, handled):
         torch.testing.assert_close(_full(got), want)
 
 
+def test_a_cut_keyword_tensor_is_replicated_first_where_no_strategy_keeps_it(mesh):
+    """histogramdd's weight= is a keyword tensor, which DTensor never redistributes; no
+    verified strategy keeps it cut (each rank would count its own weights). Plain register()
+    strategies leave nothing to choose (the op cannot run); the keyword handler replicates
+    the weights and asks again. Replicated weights keep DTensor's path as it was."""
+    ops = ["aten._histogramdd_bin_edges.default", "aten._histogramdd_from_bin_cts.default"]
+    with _disable_current_modes():
+        x, w = torch.rand(8, 2, generator=G), torch.rand(8, generator=G)
+        want = torch.histogramdd(x, bins=[2, 2], weight=w).hist
+    report = dtensor_rules.register(ops)
+    try:
+        assert "aten._histogramdd_from_bin_cts.default" in report.handled
+        for px, pw in ((Replicate(), Replicate()), (Replicate(), Shard(0)), (Shard(0), Shard(0))):
+            got = torch.histogramdd(distribute_tensor(x, mesh, [px]), bins=[2, 2], weight=distribute_tensor(w, mesh, [pw]))
+            torch.testing.assert_close(_full(got.hist), want)
+        dtensor_handlers.uninstall(["aten._histogramdd_from_bin_cts.default"])  # strategies alone: refused clearly
+        with pytest.raises(RuntimeError, match="keyword tensors"):
+            torch.histogramdd(distribute_tensor(x, mesh, [Replicate()]), bins=[2, 2],
+                              weight=distribute_tensor(w, mesh, [Shard(0)]))
+    finally:
+        dtensor_rules.unregister(report)
+
+
 # The same handlers across real processes (gloo): the redistribution is a real all-gather and
 # each rank's Replicate output is computed on its own.
 RANK = textwrap.dedent("""
