@@ -13,15 +13,17 @@ its activations. Both plans are run (torch: DTensor on a fake process group unde
 LocalTensorMode; JAX: jax.jit on CPU devices) and their outputs and gradients compared with
 one device (rtol 1e-4, atol 1e-5 times the largest magnitude in the tensor, at least 1e-5:
 an element of a gradient summed over thousands of terms may cancel to near zero, where
-float32 rounding of the terms, not the plan, sets the error). For JAX, XLA's "involuntary full rematerialization"
-warnings of the compiled plan are counted.
+float32 rounding of the terms, not the plan, sets the error). For JAX, XLA's "involuntary
+full rematerialization" warnings of the compiled plan are counted.
 
 ``--variants`` plans small transformer variants beyond the examples (other head counts,
-separate Q/K/V projections, RMSNorm + SwiGLU, an LM with tied embeddings) under the same
-kind of budget and checks each against one device.
+separate Q/K/V projections, RMSNorm + SwiGLU, grouped-query attention with rotary positions,
+an LM with tied embeddings) under the same kind of budget and checks each against one
+device.
 
     python benchmarks/expert_plans_bench.py --mesh 4 --framework both
     python benchmarks/expert_plans_bench.py --mesh 2x2 --framework jax
+    python benchmarks/expert_plans_bench.py --mesh 2x2 --dp-link 10e-6:25e9
     python benchmarks/expert_plans_bench.py --variants
 """
 
@@ -456,6 +458,39 @@ def torch_variants(dim: int, heads_list, seq: int, batch: int):
             h = self.n2(x)
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
+    def rope(x, cos, sin):  # rotary position embedding, rotate-half form
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    class GQARopeBlock(nn.Module):
+        """Grouped-query attention (2 K/V heads shared by the query heads) with rotary
+        positions, through F.scaled_dot_product_attention; RMSNorm and SwiGLU."""
+
+        def __init__(self, d, heads, hidden, t, kv_heads=2):
+            super().__init__()
+            self.heads, self.kv, self.dh = heads, kv_heads, d // heads
+            self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+            self.q, self.o = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+            self.k, self.v = (nn.Linear(d, kv_heads * self.dh, bias=False) for _ in range(2))
+            self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+            self.down = nn.Linear(hidden, d, bias=False)
+            freqs = torch.outer(torch.arange(t).float(), 1e4 ** (-torch.arange(0, self.dh, 2).float() / self.dh))
+            angles = torch.cat((freqs, freqs), dim=-1)
+            self.register_buffer("cos", angles.cos())
+            self.register_buffer("sin", angles.sin())
+
+        def forward(self, x):
+            b, t, d = x.shape
+            h = self.n1(x)
+            q = rope(self.q(h).view(b, t, self.heads, self.dh).transpose(1, 2), self.cos, self.sin)
+            k = rope(self.k(h).view(b, t, self.kv, self.dh).transpose(1, 2), self.cos, self.sin)
+            v = self.v(h).view(b, t, self.kv, self.dh).transpose(1, 2)
+            k, v = (y.repeat_interleave(self.heads // self.kv, dim=1) for y in (k, v))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(att.transpose(1, 2).reshape(b, t, d))
+            h = self.n2(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
     class TiedLM(nn.Module):
         """Embedding, one GPT block, LayerNorm and logits through the embedding's weight;
         mean cross-entropy against the next token."""
@@ -473,6 +508,8 @@ def torch_variants(dim: int, heads_list, seq: int, batch: int):
     out = [(f"GPT block, {h} heads", GPTBlock(dim, h, 4 * dim), x) for h in heads_list]
     out.append(("separate Q/K/V projections", SeparateQKVBlock(dim, heads_list[0]), x))
     out.append(("RMSNorm + SwiGLU, no biases", LlamaBlock(dim, heads_list[0], 8 * dim // 3 // 8 * 8), x))
+    out.append(("GQA (2 K/V heads) + rotary + SDPA, RMSNorm, SwiGLU",
+                GQARopeBlock(dim, heads_list[0], 8 * dim // 3 // 8 * 8, seq), x))
     out.append(("LM, tied embedding + cross-entropy", TiedLM(4 * dim, dim, heads_list[0]),
                 torch.randint(0, 4 * dim, (batch, seq))))
     return out
@@ -515,6 +552,8 @@ def run_variants(args, cache) -> list[Row]:
         ids = jax.random.randint(jax.random.key(2), (b, t), 0, 256)
         cases = [(f"GPT block, {h} heads", functools.partial(gpt_block, heads=h), gpt_params(d, 4 * d), x)
                  for h in args.variant_heads]
+        cases.append(("GQA (2 K/V heads) + rotary, RMS norm, SwiGLU", _jax_gqa_block,
+                      _jax_gqa_params(d, args.variant_heads[0], 8 * d // 3 // 8 * 8), x))
         cases.append(("LM, tied embedding + cross-entropy (examples.jax_models.lm)", lm, lm_params(256, d), ids))
         for name, fn, params, xin in cases:
             row = Row(f"jax {name}")
@@ -535,6 +574,51 @@ def run_variants(args, cache) -> list[Row]:
             rows.append(row)
             print_variant(row)
     return rows
+
+
+def _jax_gqa_block(p, x, kv_heads=2):
+    """The JAX twin of torch_variants' GQARopeBlock (heads read off the params' shapes)."""
+    import jax
+    import jax.numpy as jnp
+
+    b, t, d = x.shape
+    dh = p["k"].shape[1] // kv_heads
+    heads = d // dh
+    freqs = jnp.outer(jnp.arange(t), 1e4 ** (-jnp.arange(0, dh, 2) / dh))
+    angles = jnp.concatenate([freqs, freqs], -1)[:, None]  # [t, 1, dh] against [b, t, heads, dh]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+
+    def rope(x):
+        return x * cos + jnp.concatenate([-x[..., dh // 2:], x[..., : dh // 2]], -1) * sin
+
+    h = rms(x, p["n1"])
+    q = rope((h @ p["q"]).reshape(b, t, heads, dh))
+    k = rope((h @ p["k"]).reshape(b, t, kv_heads, dh))
+    v = (h @ p["v"]).reshape(b, t, kv_heads, dh)
+    k, v = (jnp.repeat(y, heads // kv_heads, axis=2) for y in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
+    scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+    att = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(b, t, d)
+    x = x + att @ p["o"]
+    h = rms(x, p["n2"])
+    return x + (jax.nn.silu(h @ p["gate"]) * (h @ p["up"])) @ p["down"]
+
+
+def _jax_gqa_params(d, heads, hidden, kv_heads=2, seed=0):
+    import jax
+    import jax.numpy as jnp
+
+    keys = iter(jax.random.split(jax.random.key(seed), 7))
+    dh = d // heads
+
+    def w(shape):  # scaled by 1/sqrt(fan_in), as nn.Linear's init
+        return jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(shape[0])
+
+    return dict(n1=jnp.ones(d), n2=jnp.ones(d), q=w((d, d)), k=w((d, kv_heads * dh)), v=w((d, kv_heads * dh)),
+                o=w((d, d)), gate=w((d, hidden)), up=w((d, hidden)), down=w((hidden, d)))
 
 
 def _jax_variant_check(case, plan, fn, params, x):
