@@ -21,6 +21,10 @@ its own elements (DTensor's handler takes only the identity view) is the same vi
 rank's full tensor. And in-place views whose out-of-place rule DTensor has (``transpose_``,
 which ``stft``'s decomposition calls) get that rule, as DTensor gives ``squeeze_`` its own.
 
+DTensor moves positional tensors only: an op ``register()`` installs that takes keyword-only
+tensors (a histogram's ``weight=``) gets ``keyword_handler``, DTensor's own dispatch, which
+replicates the keyword DTensors first where no verified strategy keeps them where they lie.
+
 Nothing here imports DTensor at module import: ``install`` does, from ``register()``.
 """
 
