@@ -83,6 +83,7 @@ def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtyp
     spec = dict(out_spec or {})
     if not written and not outs:
         return func
+    out_names = [(a.name, _is_list_arg(a)) for a in outs]
 
     def clone(x):
         if isinstance(x, torch.Tensor):
@@ -105,15 +106,12 @@ def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtyp
                 continue
             if name in hidden and mutated[-1] is not None:
                 extra.append(mutated[-1])
-        for a in outs:
-            dtype = spec.get(a.name, default_dtype)
-            if _is_list_arg(a):
-                kwargs[a.name] = _list_out(args, dtype)
-            else:
-                kwargs[a.name] = torch.empty(0, dtype=dtype)
+        for name, listed in out_names:
+            dtype = spec.get(name, default_dtype)
+            kwargs[name] = _list_out(args, dtype) if listed else torch.empty(0, dtype=dtype)
         result = func(*args, **kwargs)
-        if not any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(result)):
-            written_out = [m for m in mutated if m is not None] + [kwargs[a.name] for a in outs]
+        if not pytree.leaves(result, _is_tensor):  # the core's walk: this runs on every shard
+            written_out = [m for m in mutated if m is not None] + [kwargs[name] for name, _ in out_names]
             return tuple(written_out) if written_out else result
         if extra:
             return (*(result if isinstance(result, (tuple, list)) else (result,)), *extra)
