@@ -552,6 +552,17 @@ WHY = {
             "never redistribute (replicated signals run)",
     "normal.number_mean": "random, and torch's DTensorConverter cannot convert its sample's tensors",
     # later samples (--samples > 1)
+    "matmul": "its backward with a 1-d operand meets DTensor's own error: a spec whose sizes and strides "
+              "differ in length",
+    "__rmatmul__": "its backward with a 1-d operand meets DTensor's own error: a spec whose sizes and strides "
+                   "differ in length",
+    "linalg.vander": _MIXED.format("backward formula", "where"),
+    "prod": _MIXED.format("backward formula", "cat"),
+    "put": _MIXED.format("backward formula", "put"),
+    "unflatten": "DTensor's own unflatten rule refuses an uneven cut of the unflattened dim (a view: it does "
+                 "not redistribute)",
+    "nn.functional.adaptive_avg_pool2d": "its backward gets grad_output cut along a spatial dim shorter than the "
+                                         "mesh (empty shards, cut as torch.chunk cuts), which the kernel refuses",
     "combinations": "of more than one element, its decomposition masks with a plain tensor (ones().triu(), below "
                     "autograd); one element, a one-element mask DTensor takes as replicated, runs",
     "cummax": _MIXED.format("backward formula", "scatter_add"),
