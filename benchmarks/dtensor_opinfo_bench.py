@@ -32,7 +32,9 @@ gradient (``bwd`` column, same verdicts).
 Three columns, in one process: plain DTensor; after ``register()``; after
 ``register(replace_refuted=True)`` too (DTensor's refuted rules replaced by verified ones).
 ``regressions``: ops that pass on plain DTensor and not after. Each op runs in a forked
-child, so an op that crashes the process counts as an error.
+child, so an op that crashes the process counts as an error. An op that still fails in the
+last column has its reason (``WHY``) in the note column; the run ends with the list of
+failing ops that have none.
 """
 
 from __future__ import annotations
