@@ -281,7 +281,8 @@ def cg_solve(params, b):
     backward is a second solve, with the transposed system)."""
     from jax.scipy.sparse.linalg import cg
 
-    a = params["m"] @ params["m"].T + 4 * jnp.eye(params["m"].shape[0])
+    m = params["m"]
+    a = m @ m.T + 4 * jnp.eye(m.shape[0], dtype=m.dtype)  # float32 under x64 too, as cg's carry needs
     return cg(lambda v: a @ v, b, maxiter=20)[0]
 
 
