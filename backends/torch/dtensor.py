@@ -46,12 +46,14 @@ def from_dtensor(p) -> mp.Placement:
     raise TypeError(f"not a placement: {p!r}")
 
 
-def dtensor_has_rule(op: torch._ops.OpOverload) -> bool:
-    """Whether DTensor runs ``op`` its own way: a rule, or a custom handler (which runs
-    before any rule: a strategy installed beside it would never be consulted)."""
+def dtensor_has_rule(op: torch._ops.OpOverload, handlers: bool = True) -> bool:
+    """Whether DTensor runs ``op`` its own way: a rule, or (``handlers``) a custom handler,
+    which runs before any rule, so a strategy installed beside it would never be consulted.
+    A runtime that checks DTensor's answer against a plan asks for rules only: a handler
+    (``as_strided``'s refuses any DTensor) proposes no placements to check."""
     p = DTensor._op_dispatcher.sharding_propagator
-    return op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules \
-        or op in DTensor._op_dispatcher._custom_op_handlers
+    rule = op in p.op_single_dim_strategy_funcs or op in p.op_strategy_funcs or op in p.op_to_rules
+    return rule or (handlers and op in DTensor._op_dispatcher._custom_op_handlers)
 
 
 __all__ = ["dtensor_has_rule", "from_dtensor", "to_dtensor", "to_dtensor_placements"]

@@ -9,7 +9,7 @@ for view-like ops, whose shape arguments DTensor rewrites for each shard. DTenso
 is not taken on trust: its convolution rule, for one, reads only the input's placements,
 and calls an output Replicate that a weight cut by output channels leaves cut; and the
 ops whose DTensor rule is refuted on real DTensor (``dtensor_rules.REFUTED``) always run
-by their verified rule, as ``register(replace_refuted=True)`` makes DTensor run them.
+by their verified rule, as ``register()`` makes DTensor run them.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class _PlannedRun(torch.fx.Interpreter):
         name = self.current.name
         if name not in self.p.on_dtensor:
             # a refuted DTensor rule (dtensor_rules.REFUTED) never runs a node: its verified rule does
-            self.p.on_dtensor[name] = dtensor_has_rule(target) and not refuted(target) and (
+            self.p.on_dtensor[name] = dtensor_has_rule(target, handlers=False) and not refuted(target) and (
                 is_view_like(target) or _dtensor_agrees(target, args, kwargs, out_placements))
         if self.p.on_dtensor[name]:
             out = target(*args, **kwargs)
