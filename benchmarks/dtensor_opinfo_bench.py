@@ -29,8 +29,9 @@ outputs; this one checks backward itself: the gradient of the first differentiab
 output's sum with respect to each DTensor input, gathered, against the reference
 gradient (``bwd`` column, same verdicts).
 
-Three columns, in one process: plain DTensor; after ``register()``; after
-``register(replace_refuted=True)`` too (DTensor's refuted rules replaced by verified ones).
+Three columns, in one process: plain DTensor; after ``register(replace_refuted=False)``
+(DTensor's own rules kept, refuted ones included); after ``register()``, whose default also
+replaces DTensor's refuted rules by verified ones ("replace").
 ``regressions``: ops that pass on plain DTensor and not after. Each op runs in a forked
 child, so an op that crashes the process counts as an error. An op that still fails in the
 last column has its reason (``WHY``) in the note column; the run ends with the list of
@@ -523,7 +524,7 @@ def opinfos(patterns: list[str] | None):
     return out, missing
 
 
-# Why each op that still fails after register(replace_refuted=True) (first sample) fails:
+# Why each op that still fails after register() (first sample) fails:
 # the note column prints this in place of the error's first line.
 _MIXED = ("its {} (C++, below autograd, where no DTensor extension point sees it) builds a plain "
           "tensor with at::zeros(sizes) and combines it with DTensors ({}); DTensor refuses the mix, "
@@ -588,7 +589,7 @@ WHY = {
         "signal.windows.hamming", "signal.windows.hann", "signal.windows.kaiser", "signal.windows.nuttall")},
 }
 
-COLUMNS = ("plain", "register", "replace")  # DTensor; + register(); + register(replace_refuted=True)
+COLUMNS = ("plain", "register", "replace")  # DTensor; + register(replace_refuted=False); + register()
 
 
 def main(argv=None) -> int:
@@ -596,7 +597,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="*", help="glob(s) over OpInfo names, e.g. 'nn.functional.conv*' (default: all)")
     ap.add_argument("--samples", type=int, default=1, help="samples per OpInfo, first ones first (default 1)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per op and run (default 300)")
-    ap.add_argument("--no-replace", action="store_true", help="leave out the register(replace_refuted=True) column")
+    ap.add_argument("--no-replace", action="store_true", help="leave out the register() column (refuted rules replaced)")
     ap.add_argument("--in-process", action="store_true", help="run every op in this process (a crash ends the run)")
     ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass every way")
     args = ap.parse_args(argv)
@@ -637,7 +638,7 @@ def main(argv=None) -> int:
           + (f" (not in this torch: {missing})" if missing else "")
           + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
     for column, report in reports.items():
-        print(f"{column}: register({'replace_refuted=True' if column == 'replace' else ''}) {report}")
+        print(f"{column}: register({'' if column == 'replace' else 'replace_refuted=False'}) {report}")
     print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return 0
 

@@ -5,7 +5,7 @@ DTensor has no rule for; ``register_op`` explores a custom op's rules on an exam
 and installs them. Both project the rule model onto ``DTENSOR_REGISTER`` (the one place
 that says what DTensor runs of a rule) and place through the DTensor adapter. DTensor's
 own rules are left alone, except those refuted on real DTensor (``REFUTED``), which
-``register(replace_refuted=True)`` replaces with verified strategies. Ops DTensor refuses
+``register()`` replaces with verified strategies (``replace_refuted=False`` keeps them). Ops DTensor refuses
 for its machinery's sake (data-dependent output shapes) get handlers (``dtensor_handlers``).
 
 Importing this module starts neither DTensor nor the rule table (``torch.distributed.tensor``
@@ -336,13 +336,14 @@ def _restore(op: torch._ops.OpOverload) -> None:
             table_[op] = value
 
 
-def register(ops: list[str] | None = None, *, replace_refuted: bool = False,
+def register(ops: list[str] | None = None, *, replace_refuted: bool = True,
              cache: RuleCache | None = None) -> RegisterReport:
     """Install table rules into DTensor for ops it has no rule for, and handlers for the ops
     its machinery refuses (``dtensor_handlers``: data-dependent output shapes run
-    all-replicated); report what was done. ``replace_refuted``: also put verified
-    strategies in place of DTensor's own rule for the ops where that rule is refuted (``REFUTED``): a call whose cut no verified rule keeps is
-    redistributed instead of computed wrong. ``cache``: where the rules of calls the table
+    all-replicated); report what was done. ``replace_refuted`` (default): also put verified
+    strategies in place of DTensor's own rule for the ops where that rule is refuted
+    (``REFUTED``): a call whose cut no verified rule keeps is redistributed instead of
+    computed wrong; ``False`` leaves DTensor's rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s)."""
     from . import dtensor_handlers
     from .table import table
