@@ -66,6 +66,8 @@ class TorchOps:
 
     def to_numpy(self, x):
         x = x.detach().cpu().resolve_conj().resolve_neg()  # numpy() refuses the lazy bits
+        if x._is_zerotensor():  # _efficientzerotensor's: zeros with no storage, which numpy() refuses
+            x = torch.zeros(x.shape, dtype=x.dtype)
         if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
             x = x.float()  # bfloat16 and float8 kinds have no numpy form; float16 as float32 too
         elif x.is_complex() and x.dtype not in (torch.complex64, torch.complex128):
