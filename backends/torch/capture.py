@@ -13,6 +13,9 @@ become ops with outputs, which the rules cover like any other, and the new value
 extra graph outputs that the runtime writes back into the module. A graph with any other
 in-place op (an LSTM's ``sigmoid_``, a backward's ``add_``, a model's ``relu_``) is
 functionalized too: the plan may reshard a value into a copy before the op writes it.
+A batched matmul traced as ``view(merge) -> bmm -> view(split)`` is put back as one
+``aten.matmul`` on its unmerged operands (``batched_matmuls``), so heads stay a dim of
+their own that a plan can cut.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from metaspmd.ir import MetaIR, MetaOp, MetaVar
+from metaspmd.ir import MetaIR, MetaOp, MetaVar, RecordedValues
 from metaspmd.tensor_ops import TensorOps
 
+from .batched_matmuls import unmerge_batched_matmuls
 from .catalog import op_name, positional_names
 from .tensor_ops import TorchOps
 
@@ -139,7 +143,8 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         gm = _make_fx(fn_or_module, example_inputs)
         if _mutates(gm):
             gm = _make_fx(torch.func.functionalize(gm, remove="mutations"), example_inputs)
-        values = RecordedValues(gm, list(example_inputs))
+        unmerge_batched_matmuls(gm)
+        values = recorded_values(gm, list(example_inputs))
         ir = to_metair(gm)
         return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list))
     module = fn_or_module
@@ -161,7 +166,8 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         # else nothing reads. The traced ATen graph is functional, so this is exact.
         gm.graph.eliminate_dead_code()
         gm.recompile()
-    values = RecordedValues(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
+    unmerge_batched_matmuls(gm)
+    values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
     ir = to_metair(gm)
     n_outputs = 1 if backward else len(ir.output_list) - len(written)
     updated = tuple(buffer_names[i] for i in written)
@@ -243,34 +249,20 @@ def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> 
     return functional
 
 
-class RecordedValues(Mapping):
+def recorded_values(gm: torch.fx.GraphModule, flat_inputs: list) -> RecordedValues:
     """node name -> (args, kwargs) with the real example values, recorded by running the
-    graph once on first access: only live exploration reads them, so planning with a warm
-    rule cache runs none of the model's arithmetic. Recorded outside any mode the caller
-    is in (LocalTensorMode) and without oneDNN, as the graph was traced."""
+    graph once on first access (``metaspmd.ir.RecordedValues``). Recorded outside any mode
+    the caller is in (LocalTensorMode) and without oneDNN, as the graph was traced."""
 
-    def __init__(self, gm: torch.fx.GraphModule, flat_inputs: list):
-        self._gm, self._inputs, self._values = gm, flat_inputs, None
+    def record() -> dict:
+        from torch.utils._python_dispatch import _disable_current_modes
 
-    def record(self) -> dict:
-        if self._values is None:
-            from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
+            with torch.backends.mkldnn.flags(enabled=False):
+                return _record_values(gm, flat_inputs)
 
-            with _disable_current_modes(), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-                with torch.backends.mkldnn.flags(enabled=False):
-                    self._values = _record_values(self._gm, self._inputs)
-            self._inputs = None  # recorded: the inputs are not needed any more
-        return self._values
-
-    def __getitem__(self, name: str):
-        return self.record()[name]
-
-    def __iter__(self):
-        return iter(self.record())
-
-    def __len__(self) -> int:
-        return len(self.record())
+    return RecordedValues(record)
 
 
 def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:
