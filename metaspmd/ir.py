@@ -7,6 +7,8 @@ topological order, and the outputs.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -99,3 +101,31 @@ class MetaIR:
 
     def __len__(self) -> int:
         return len(self.op_list)
+
+
+class RecordedValues(Mapping):
+    """node name -> the node's real operands, recorded by ``record`` on first access: only
+    live exploration reads them (a signature needs the traced shapes alone), so planning
+    with a warm rule cache runs none of the model. Explorations run in threads: one
+    records, the others wait for it."""
+
+    def __init__(self, record: Callable[[], dict]):
+        self._record: Callable[[], dict] | None = record
+        self._values: dict | None = None
+        self._lock = threading.Lock()
+
+    def record(self) -> dict:
+        with self._lock:
+            if self._values is None:
+                self._values = self._record()  # type: ignore[misc]
+                self._record = None  # recorded: what it closed over is not needed any more
+        return self._values
+
+    def __getitem__(self, name: str):
+        return self.record()[name]
+
+    def __iter__(self):
+        return iter(self.record())
+
+    def __len__(self) -> int:
+        return len(self.record())

@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Callable, Sequence
 
 import jax
@@ -44,7 +43,7 @@ import numpy as np
 from jax._src import core
 from jax._src.lax.lax import optimization_barrier_p
 
-from metaspmd.ir import MetaIR, MetaOp, MetaVar
+from metaspmd.ir import MetaIR, MetaOp, MetaVar, RecordedValues
 
 from .backend import PrimitiveCall
 from .catalog import PREFIX
@@ -467,39 +466,11 @@ def capture(
     out_tree = jax.tree.structure(out_shapes)
     n_outputs = len(jax.tree.leaves(out_shapes[0])) if params is not None and backward else out_tree.num_leaves
     flat_values = [jnp.asarray(x) for x in jax.tree.leaves(args)] + [v for _, v in flat.consts]
-    values = RecordedValues(eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values)
+    values = RecordedValues(partial(record_values, eqns, tuple(names) + tuple(n for n, _ in flat.consts), flat_values))
     trips, sources = loop_trips(eqns, dict(flat.consts), while_trips)
     ir = to_metair(eqns, names, flat.consts, outputs, flat.avals)
     return Captured(ir, tuple(eqns), tuple(names), tuple(flat.consts), tuple(outputs), in_tree, out_tree,
                     tuple(param_names), n_outputs, values, trips, sources, dict(flat.avals))
-
-
-class RecordedValues(Mapping):
-    """node name -> its real operands, recorded by evaluating the program once, on first
-    access: only live exploration reads them (a signature needs the traced shapes alone),
-    so planning with a warm rule cache runs none of the model, and no loop. Explorations
-    run in threads: one records, the others wait for it."""
-
-    def __init__(self, eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any]):
-        self._args: tuple | None = (eqns, input_names, inputs)
-        self._values: dict | None = None
-        self._lock = threading.Lock()
-
-    def record(self) -> dict:
-        with self._lock:
-            if self._values is None:
-                self._values = record_values(*self._args)
-                self._args = None  # recorded: the inputs are not needed any more
-        return self._values
-
-    def __getitem__(self, name: str):
-        return self.record()[name]
-
-    def __iter__(self):
-        return iter(self.record())
-
-    def __len__(self) -> int:
-        return len(self.record())
 
 
 def record_values(eqns: Sequence[FlatEqn], input_names: Sequence[str], inputs: Sequence[Any]) -> dict:
