@@ -50,6 +50,7 @@ def _crosscheck(ops: str, registry) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # the CLI end to end in a subprocess; its parts are tested in process below
 def test_crosscheck_cli_on_a_subset(tmp_path):
     out = _crosscheck("jax.dot_general", tmp_path)
     assert "agree  reduction[" in out  # matmul's contracted dim

@@ -560,6 +560,7 @@ def test_lookup_ignores_default_arguments_and_memory_format():
     assert plain is not None and spelled == plain
 
 
+@pytest.mark.slow  # about 20 s of worker start-ups; the pool's limits are tests/test_sweep.py's too
 def test_an_op_past_the_time_limit_is_a_note_and_the_check_goes_on():
     # the sweep's worker pool kills a worker past the limit (tried once more, then noted):
     # no alarm inside the process, which a check stuck in C++ would never see
