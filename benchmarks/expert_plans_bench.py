@@ -525,22 +525,15 @@ def run_variants(args, cache) -> list[Row]:
         torch_setup(math.prod(shape))
         for name, model, x in torch_variants(args.variant_hidden, args.variant_heads, args.variant_seq,
                                              args.variant_batch):
-            row = Row(f"torch {name}")
-            try:
+            def torch_case_of(model=model, x=x):
                 with LocalTensorMode(frozenset(range(math.prod(shape)))):
-                    case = Case(model, torch_mesh(shape), x, cache)
-                replicated = {n: (Replicate(),) * len(shape) for n, _ in model.named_parameters()}
-                row.budget, row.least_replicated = _budget(case, replicated, args.budget_fraction, None)
-                best = case.plan(row.budget)
-                row.planner_us, row.peak = best.total_cost * 1e6, best.memory
-                row.matches = torch_run_and_check(case, best, model, x)
-                row.noise = f"{torch_noise(model, x):.2f}"
-                if args.show_plans:
-                    print(best.table())
-            except Exception as err:  # noqa: BLE001 - reported in the table
-                row.notes.append(f"{type(err).__name__}: {str(err)[:300]}")
-            rows.append(row)
-            print_variant(row)
+                    return Case(model, torch_mesh(shape), x, cache)
+
+            rows.append(_plan_variant(
+                Row(f"torch {name}"), args, torch_case_of,
+                lambda case, model=model: {n: (Replicate(),) * len(shape) for n, _ in model.named_parameters()},
+                lambda case, best, model=model, x=x: (torch_run_and_check(case, best, model, x), "-"),
+                lambda model=model, x=x: torch_noise(model, x)))
     if args.framework in ("jax", "both"):
         import jax
 
@@ -556,24 +549,31 @@ def run_variants(args, cache) -> list[Row]:
                       _jax_gqa_params(d, args.variant_heads[0], 8 * d // 3 // 8 * 8), x))
         cases.append(("LM, tied embedding + cross-entropy (examples.jax_models.lm)", lm, lm_params(256, d), ids))
         for name, fn, params, xin in cases:
-            row = Row(f"jax {name}")
-            try:
-                case = Case(fn, mesh, xin, cache, params=params)
-                names = [n for n in case.captured.param_names]
-                replicated = {n: (planner.Replicate(),) * len(shape) for n in names}
-                row.budget, row.least_replicated = _budget(case, replicated, args.budget_fraction, None)
-                best = case.plan(row.budget)
-                row.planner_us, row.peak = best.total_cost * 1e6, best.memory
-                row.matches, remat = _jax_variant_check(case, best, fn, params, xin)
-                row.remat = str(remat)
-                row.noise = f"{jax_noise(fn, params, xin):.2f}"
-                if args.show_plans:
-                    print(best.table())
-            except Exception as err:  # noqa: BLE001 - reported in the table
-                row.notes.append(f"{type(err).__name__}: {str(err)[:300]}")
-            rows.append(row)
-            print_variant(row)
+            rows.append(_plan_variant(
+                Row(f"jax {name}"), args, lambda fn=fn, xin=xin, params=params: Case(fn, mesh, xin, cache, params=params),
+                lambda case: {n: (planner.Replicate(),) * len(shape) for n in case.captured.param_names},
+                lambda case, best, fn=fn, params=params, xin=xin: _jax_variant_check(case, best, fn, params, xin),
+                lambda fn=fn, params=params, xin=xin: jax_noise(fn, params, xin)))
     return rows
+
+
+def _plan_variant(row: Row, args, make_case, replicated_of, check, noise) -> Row:
+    """Plan one variant under the budget rule, run it against one device and print its row;
+    an error goes into the row's notes."""
+    try:
+        case = make_case()
+        row.budget, row.least_replicated = _budget(case, replicated_of(case), args.budget_fraction, None)
+        best = case.plan(row.budget)
+        row.planner_us, row.peak = best.total_cost * 1e6, best.memory
+        row.matches, remat = check(case, best)
+        row.remat = str(remat)
+        row.noise = f"{noise():.2f}"
+        if args.show_plans:
+            print(best.table())
+    except Exception as err:  # noqa: BLE001 - reported in the table
+        row.notes.append(f"{type(err).__name__}: {str(err)[:300]}")
+    print_variant(row)
+    return row
 
 
 def _jax_gqa_block(p, x, kv_heads=2):
