@@ -132,7 +132,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     runs the plan. ``constraints``: placements already decided, one per mesh axis, keyed as
     the runtime names values (a parameter's name, an input's position, a graph var), in
     the framework's placement types or metaspmd's; the function's own annotations
-    (``with_sharding_constraint``) count too. ``time_limit``: the solver's seconds (None:
+    (``with_sharding_constraint``) count too. ``time_limit``: the planner's seconds (None:
     sized to the problem). ``links``: the link of each named mesh axis, ``(seconds per
     message, bytes per second)``, where it is not an intra-node GPU link (5 µs, 100 GB/s):
     ``{"dp": (10e-6, 25e9)}`` for data parallelism across nodes. ``options`` go to the mesh's runtime

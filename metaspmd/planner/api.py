@@ -213,10 +213,9 @@ def plan(
     ``strategies_by_node``: the 1-D rule strategies of each op node (by node name);
     ``memory_budget``: bytes per device at the peak of a step (``choice.Liveness``);
     ``time_limit``: seconds for the whole call, building included (None: sized to the
-    ILP); ``ties``: (parameter,
-    gradient, ...) groups, the later members delivered in the first one's placement;
-    ``same_placement``: groups whose
-    placements must be equal; ``output_placements``: required placements of graph outputs;
+    ILP); ``ties``: (parameter, gradient, ...) groups, the later members delivered in the
+    first one's placement; ``same_placement``: groups whose placements must be equal;
+    ``output_placements``: required placements of graph outputs;
     ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
     strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``); ``constraints``: placements
     a user already decided, by var name; ``repeats``: how often an op runs per call (a loop
