@@ -98,28 +98,38 @@ def _recording_kernel(func) -> Callable:
     return run
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_of(func) -> Callable:
+    """``func``'s recording kernel, made once per process (entries reinstall the same one)."""
+    return _recording_kernel(func)
+
+
 @contextlib.contextmanager
 def composite_kernels() -> Iterator[None]:
     """The Python dispatcher on, each composite overload's calls reaching the recorders,
     torch's Python kernels at the autograd keys set aside; all as it was on exit. Only
     the overloads changed here have their dispatch caches cleared: entered once per
-    regenerated sample, this must stay cheap."""
+    regenerated sample, this must stay cheap (the autograd-key kernels are still looked
+    up on every entry: an import may register more)."""
     composite = catalog.composite_implicit_overloads()
-    kernelled = [f for f in catalog.aten_overloads() if any(k in f.py_kernels for k in _AUTOGRAD_KEYS)]
+    cia, autograd = _AUTOGRAD_KEYS
+    kernelled = [f for f in catalog.aten_overloads() if cia in f.py_kernels or autograd in f.py_kernels]
     saved = {f: {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels} for f in kernelled}
     touched = set(composite) | set(kernelled)
     try:
         for func in composite:
-            func.py_kernels[_CIA] = _recording_kernel(func)
+            func.py_kernels[cia] = _kernel_of(func)
         for func in touched:
             func._dispatch_cache.clear()
         with enable_python_dispatcher():
             yield
     finally:
         for func in touched:
-            for k in _AUTOGRAD_KEYS:
-                func.py_kernels.pop(k, None)
-            func.py_kernels.update(saved.get(func, {}))
+            kernels = func.py_kernels
+            kernels.pop(cia, None)
+            kernels.pop(autograd, None)
+            if func in saved:
+                kernels.update(saved[func])
             func._dispatch_cache.clear()
 
 

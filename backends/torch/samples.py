@@ -293,8 +293,11 @@ def _samples_of(info, mode: str, dtype: torch.dtype, seed: int, upto: int,
     ``scanned``, samples with an empty tensor are yielded without counting toward ``upto``,
     among the first ``scanned``. Python's and numpy's generators are seeded too: some
     OpInfos draw scalars from them (huber_loss's delta, clamp's bounds), and an unseeded
-    draw would change the registry run to run."""
-    torch.manual_seed(seed)
+    draw would change the registry run to run. Only the CPU generator is seeded, where
+    samples are made: ``torch.manual_seed`` also queues a seeding of every lazy device
+    (cuda, xpu, mtia) with its caller's formatted stack, ~1 ms and a queue entry per
+    regenerated sample."""
+    torch.default_generator.manual_seed(seed)
     random.seed(seed)
     numpy.random.seed(seed)
     it = _sample_iter(info, mode, dtype)

@@ -1,0 +1,48 @@
+"""Regenerating a sample stays cheap without changing it: the CPU generator alone is seeded
+(torch.manual_seed queued a seeding of each lazy device, with a formatted stack, per draw),
+and composite_kernels reinstalls one recording kernel per overload and restores torch's own."""
+
+import random
+
+import numpy
+import torch
+
+from metaspmd.backends.torch import composite_calls, samples
+
+
+def _inputs(seed: int) -> list[torch.Tensor]:
+    info = samples._opinfo("mm", "")
+    return [s.input for _, s in samples._samples_of(info, "forward", torch.float32, seed, 3)]
+
+
+def test_samples_are_those_torch_manual_seed_gave_and_queue_nothing():
+    queued = [len(m._queued_calls) for m in (torch.cuda, torch.xpu)]
+    got = _inputs(5)
+    assert [len(m._queued_calls) for m in (torch.cuda, torch.xpu)] == queued
+    # the former seeding by hand: every generator, then the OpInfo's samples
+    info = samples._opinfo("mm", "")
+    torch.manual_seed(5)
+    random.seed(5)
+    numpy.random.seed(5)
+    it = samples._sample_iter(info, "forward", torch.float32)
+    want = [next(it).input for _ in range(3)]
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not torch.equal(got[0], _inputs(6)[0])
+
+
+def test_composite_kernels_reinstall_one_kernel_and_restore_torchs():
+    einsum, upsample = torch.ops.aten.einsum.default, torch.ops.aten.upsample_nearest2d.default
+    cia = torch._C.DispatchKey.CompositeImplicitAutograd
+    before = {f: dict(f.py_kernels) for f in (einsum, upsample)}
+    kernels = []
+    for _ in range(2):
+        with composite_calls.composite_kernels():
+            kernels.append(einsum.py_kernels[cia])
+            # torch's Python kernels at the autograd keys set aside (upsample has both)
+            assert not any(k in upsample.py_kernels for k in composite_calls._AUTOGRAD_KEYS)
+            seen = []
+            with composite_calls.CompositeRecorder(lambda f, a, k: seen.append(f)):
+                torch.einsum("ij,jk->ik", torch.ones(2, 3), torch.ones(3, 4))
+            assert einsum in seen
+        assert {f: dict(f.py_kernels) for f in (einsum, upsample)} == before
+    assert kernels[0] is kernels[1]
