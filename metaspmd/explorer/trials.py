@@ -21,6 +21,9 @@ class Trials:
         self.context = context
         self.case, self.ops, self.config, self.seed = context.case, context.ops, context.config, context.seed
         self.leaf_names, self.fixed = context.leaf_names, context.fixed
+        # per trial's arguments (by their ids; held, so the ids stay theirs), the function
+        # that rebuilds them around new leaves: the op runs on every shard of every group
+        self._fills: dict[tuple[int, int], tuple[tuple, Any]] = {}
 
     def _flatten_out(self, out: Any) -> tuple[list[Any], list[Any]]:
         """The output's tensor leaves and its other leaves, each in order (one walk)."""
@@ -31,7 +34,12 @@ class Trials:
 
     def _call(self, leaves: Sequence[Any], trial: Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
-        args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, list(leaves))
+        key = (id(trial.args), id(trial.kwargs))
+        held = self._fills.get(key)
+        if held is None:
+            held = self._fills[key] = ((trial.args, trial.kwargs),
+                                       pytree.template((trial.args, dict(trial.kwargs)), self.ops.is_tensor))
+        args, kwargs = held[1](leaves)
         if self.config.isolate_calls is not None:
             return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
