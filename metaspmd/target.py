@@ -22,10 +22,16 @@ Targets differ in what their runtime finishes by itself:
   ends (halos) are finished by the partitioner.
 - JAX's ``custom_partitioning`` callback (``JAX_PARTITION``) runs one op on its shards
   with ``psum`` and (value, position) all-gathers: Partial(sum) and argreduce outputs.
+
+No target holds a sparse tensor (``sparse_outputs``): the rules of an ATen op that makes
+one (``to_sparse``, ``sparse_coo_tensor``) are verified on its output's dense values, but
+DTensor wraps the sparse local shards and then cannot redistribute or gather them (its
+collectives call ``contiguous()`` and ``view``, which sparse layouts lack).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
@@ -48,7 +54,8 @@ class Target:
     scalars, the framework computes in place under any output placement; ``even_shards``:
     every call is planned with its shapes known and cut evenly, so a strategy that holds
     only where each dim it cuts divides by the shard count (``gather(dim, even=true)``) is
-    run, and the planner keeps it where the call's dims divide."""
+    run, and the planner keeps it where the call's dims divide; ``sparse_outputs``: it runs
+    ops whose outputs are sparse tensors (``makes_sparse``)."""
 
     name: str
     input_reduce_ops: frozenset[str]
@@ -60,6 +67,18 @@ class Target:
     halos: bool = False
     fill_ops: frozenset[str] = frozenset()
     even_shards: bool = False
+    sparse_outputs: bool = False
+
+
+# ATen's names for the ops that give a sparse tensor (COO, CSR/CSC, BSR/BSC) from any
+# input: to_sparse and its layouts, the sparse constructors (checked and _unsafe), and
+# gather's sparse backward.
+_SPARSE_MAKERS = re.compile(r"aten\.(_?to_sparse\w*|_?sparse_\w*tensor\w*|_gather_sparse_backward)\.")
+
+
+def makes_sparse(op: str) -> bool:
+    """Does the op (``aten.to_sparse.default``) give a sparse tensor?"""
+    return bool(_SPARSE_MAKERS.match(op))
 
 
 # The reductions a planned value may be left in: c10d's (DTensor) and XLA's all-reduces.
@@ -191,7 +210,10 @@ def _even(c: spec.Combine) -> bool:
 
 def project(s: spec.Strategy, target: Target, op: str = "") -> AxisStrategy | Refusal:
     """``s`` as placements the target runs on one mesh axis, or a Refusal saying why not.
-    ``op``: the op's name, for targets that treat some ops apart (``masked_ops``)."""
+    ``op``: the op's name, for targets that treat some ops apart (``masked_ops``, sparse outputs)."""
+    if makes_sparse(op) and not target.sparse_outputs:
+        return Refusal(s.label, f"{target.name}: {op} gives a sparse tensor, which no placement here holds "
+                                "(a distributed tensor of sparse shards cannot be redistributed or gathered)")
     ins = []
     for i, p in enumerate(s.inputs):
         placed = _input(p, target, op)
@@ -254,5 +276,5 @@ Projection = Union[AxisStrategy, Refusal]
 
 __all__ = [
     "AxisStrategy", "DTENSOR_PLAN", "DTENSOR_REGISTER", "JAX_PARTITION", "JAX_PLAN", "Projection", "Refusal", "Target",
-    "cuts_line_up", "output_placement", "project", "projections",
+    "cuts_line_up", "makes_sparse", "output_placement", "project", "projections",
 ]
