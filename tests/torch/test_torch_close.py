@@ -25,7 +25,8 @@ def pairs():
     yield c, c.clone()
     yield c.conj(), c.conj().resolve_conj()  # a conj bit
     yield torch.neg(c.conj()).imag, (-c.conj().resolve_conj()).imag  # a neg bit
-    yield x.to_sparse(), x.to_sparse()  # opaque: never close
+    yield x.to_sparse(), x.to_sparse()  # sparse: compared through its dense values
+    yield x.to_sparse(), far.to_sparse()
     yield x.bfloat16(), x.bfloat16()
     yield x.bfloat16(), (x + 1).bfloat16()
     i = torch.randint(-5, 5, (3, 3), generator=g)
