@@ -65,3 +65,85 @@ def test_split_bounds_are_a_fresh_list_each_time():
     assert Split(3).bounds(7) == [(0, 3), (3, 2), (5, 2)]
     assert Split(2, skew=True).bounds(8) == [(0, 6), (6, 2)]
     assert Split(4).bounds(3) is None
+
+
+class _Forgetful(dict):
+    """A memo table that keeps nothing: every ask is worked out again."""
+
+    def get(self, key, default=None):
+        return default
+
+    def __contains__(self, key):
+        return False
+
+
+def _forgetting(monkeypatch, *tables):
+    from metaspmd.explorer.core import Explorer
+
+    init = Explorer.__init__
+
+    def forgetful_init(self, *a, **k):
+        init(self, *a, **k)
+        for t in tables:
+            setattr(self.memo, t, _Forgetful())
+
+    monkeypatch.setattr(Explorer, "__init__", forgetful_init)
+
+
+def _independent_case():
+    # two independent parts (the search runs across them and within each) whose dims of
+    # equal length the op refuses to lengthen alone (b + c): tied amounts are probed
+    def f(a, b, c):
+        return a.sum(0), b + c
+
+    return OpCase("parts", f, _arrays(3, (6, 4), (5, 4), (5, 4)), {}, ("a", "b", "c"))
+
+
+def test_each_group_runs_its_shards_once_per_trial_and_split(monkeypatch):
+    from metaspmd.explorer.shards import Shards
+
+    runs, asks = collections.Counter(), collections.Counter()
+    run, ask = Shards._run_locals, Shards._locals
+
+    def counted_run(self, group, trial, split):
+        runs[group, id(trial), split] += 1
+        return run(self, group, trial, split)
+
+    def counted_ask(self, group, trial, split):
+        asks[group, id(trial), split] += 1
+        return ask(self, group, trial, split)
+
+    monkeypatch.setattr(Shards, "_run_locals", counted_run)
+    monkeypatch.setattr(Shards, "_locals", counted_ask)
+    entry = explore_case(_independent_case(), OPS)
+    assert entry.status == "ok" and runs and max(runs.values()) == 1
+    assert sum(asks.values()) > sum(runs.values())  # asked again, answered from the memo
+    monkeypatch.undo()
+    _forgetting(monkeypatch, "locals")
+    assert repr(explore_case(_independent_case(), OPS)) == repr(entry)  # the same entry without it
+
+
+def test_each_trial_is_lengthened_once_per_amounts(monkeypatch):
+    from metaspmd.explorer.core import Explorer
+
+    lengthened = collections.Counter()
+    by, rebuilt = Explorer._lengthened_by, Explorer._rebuilt_trials
+
+    def tagged(self, amounts):
+        leaf = by(self, amounts)
+        leaf.amounts = tuple(sorted(amounts.items()))
+        return leaf
+
+    def counted(self, leaf, trials):
+        for t in trials:
+            if hasattr(leaf, "amounts") and not t.special:
+                lengthened[id(t), leaf.amounts] += 1
+        return rebuilt(self, leaf, trials)
+
+    monkeypatch.setattr(Explorer, "_lengthened_by", tagged)
+    monkeypatch.setattr(Explorer, "_rebuilt_trials", counted)
+    entry = explore_case(_independent_case(), OPS)
+    assert entry.status == "ok" and lengthened and max(lengthened.values()) == 1
+    monkeypatch.undo()
+    _forgetting(monkeypatch, "lengthened")
+    assert repr(explore_case(_independent_case(), OPS)) == repr(entry)

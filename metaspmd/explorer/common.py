@@ -135,6 +135,12 @@ class Memo:
     # trials are held, so ids stay theirs
     resized: dict[tuple, tuple[list[Trial], list[Trial] | None, dict]] = field(default_factory=dict)
     reproduced: dict[int, bool] = field(default_factory=dict)  # by id of a resized trial (held in resized)
+    # each trial lengthened by some amounts, or None where the op refused it, by (ids of
+    # the trials lengthening reads, id of the trial, amounts); the trials are held
+    lengthened: dict[tuple, tuple[list[Trial], Trial, Trial | None]] = field(default_factory=dict)
+    # the local outputs of a group's shards on a trial cut by a split (Shards._locals), by
+    # (group, id of the trial, split); the trial is held
+    locals: dict[tuple, tuple[Trial, Any]] = field(default_factory=dict)
     unread: list[int] | None = None  # inputs no output reads (_unread_inputs)
     # what is worked out of tensors the search holds (shards of a trial's inputs, whether
     # they differ, whether a leaf is flat along a dim, a Partial input's parts), by a key

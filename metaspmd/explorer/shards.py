@@ -19,7 +19,17 @@ class Shards:
     """Runs a group's shards and reads off the combines that hold (a part of ``Explorer``)."""
 
     def _locals(self, group: Group, trial: Trial, split: Split) -> list[list[Any]] | None:
-        """Local outputs per shard, or None when the group cannot run this way."""
+        """Local outputs per shard, or None when the group cannot run this way; once per
+        (group, trial, split) (``Memo.locals``): the search across independent parts, the
+        halo and Partial refuters and a refused cut's second look ask for the same runs,
+        which a deterministic op answers alike (nothing writes them)."""
+        key = (group, id(trial), split)
+        hit = self.memo.locals.get(key)
+        if hit is None:
+            hit = self.memo.locals[key] = (trial, self._run_locals(group, trial, split))
+        return hit[1]
+
+    def _run_locals(self, group: Group, trial: Trial, split: Split) -> list[list[Any]] | None:
         ops = self.ops
         placements = group.placements(len(trial.leaves))
         cut = self._cut(trial.leaves, placements, split)

@@ -184,10 +184,10 @@ class OtherSizes:
         """``_resized_by(amounts)`` and the amounts its trials were lengthened by."""
         key = (tuple(id(t) for t in self.trials), tuple(sorted(amounts.items())))
         if key not in self.memo.resized:
-            taken, trials = amounts, self._rebuilt_trials(self._lengthened_by(amounts), self.trials)
+            taken, trials = amounts, self._lengthened(amounts, self.trials)
             if trials is None:
                 taken = self._tied_amounts(amounts)
-                trials = self._rebuilt_trials(self._lengthened_by(taken), self.trials)
+                trials = self._lengthened(taken, self.trials)
             self.memo.resized[key] = (self.trials, trials, taken)
         return self.memo.resized[key][1:]
 
@@ -195,7 +195,7 @@ class OtherSizes:
         """``own`` with the dims the op refuses to lengthen alone lengthened by 1 together,
         or, where it refuses that, in the pairs it takes (each probed on the example)."""
         def takes(amounts: dict[tuple[int, int], int]) -> bool:
-            return self._rebuilt_trials(self._lengthened_by(amounts), [self.trials[0]]) is not None
+            return self._lengthened(amounts, [self.trials[0]]) is not None
 
         tied = [k for k in own if not takes({k: own[k]})]
         amounts = {k: by for k, by in own.items() if k not in tied}
@@ -209,6 +209,27 @@ class OtherSizes:
                     amounts |= {m: 1 for m in pair}
                     break
         return amounts
+
+    def _lengthened(self, amounts: dict[tuple[int, int], int], trials: list[Trial]) -> list[Trial] | None:
+        """``_rebuilt_trials(self._lengthened_by(amounts), trials)``, each trial lengthened by
+        ``amounts`` once (``Memo.lengthened``): the probes of ``_tied_amounts`` and the
+        resized trials of other groups ask for the same ones. The op refuses the first
+        trial it refused before, without running the ones after it, as it would."""
+        among, by = tuple(id(t) for t in self.trials), tuple(sorted(amounts.items()))
+        leaf, out = None, []
+        for trial in trials:
+            if trial.special:
+                continue
+            key = (among, id(trial), by)
+            if key not in self.memo.lengthened:
+                leaf = leaf or self._lengthened_by(amounts)
+                made = self._rebuilt_trials(leaf, [trial])
+                self.memo.lengthened[key] = (self.trials, trial, made[0] if made else None)
+            longer = self.memo.lengthened[key][2]
+            if longer is None:
+                return None
+            out.append(longer)
+        return out
 
     def _lengthened_by(self, amounts: dict[tuple[int, int], int]) -> Callable[[Trial, int, Any], Any]:
         """A ``_rebuilt_trials`` leaf function: leaf i's dim d lengthened by amounts[i, d].
