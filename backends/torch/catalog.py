@@ -219,14 +219,22 @@ def is_reshape(func: torch._ops.OpOverload) -> bool:
     return (base in RESHAPES or base.removesuffix("_copy") in RESHAPES) and not func._overloadname.startswith("dtype")
 
 
+# Dims a kernel reads by an int argument without checking them: pinned, so the explorer
+# does not lengthen them into calls the op is not defined for. _dyn_quant_matmul_4bit reads
+# inp's rows in_features wide (a wider inp was read askew, row r from r * in_features).
+PINNED_DIMS = {"_dyn_quant_matmul_4bit": {"inp": slice(-1, None)}}
+
+
 def exact_sizes(func: torch._ops.OpOverload) -> dict[str, slice]:
     """The argument dims whose sizes key the op's rules (OpCase.exact_sizes): every dim of a
     reshape's; a convolution kernel's extent, which sets its halo: its weight's dims after
-    the two channel dims (conv_tbc's weight is [kernel, in, out])."""
+    the two channel dims (conv_tbc's weight is [kernel, in, out]); PINNED_DIMS."""
     names = positional_names(func)
     if is_reshape(func):
         return {name: ALL_DIMS for name in names}
     base = aten_base(func)
+    if base in PINNED_DIMS:
+        return dict(PINNED_DIMS[base])
     if "conv" in base and "weight" in names:
         return {"weight": slice(0, 1) if base.startswith("conv_tbc") else slice(2, None)}
     return {}
