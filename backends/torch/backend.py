@@ -28,7 +28,7 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
 
-from . import catalog, local_params, model_programs, random_ops, sample_data, views
+from . import catalog, hand_samples, local_params, model_programs, random_ops, sample_data, views
 from .composite_calls import composite_names
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
@@ -579,6 +579,7 @@ class TorchBackend:
         if no_limit and not cases:
             raise Skip("nondeterministic", f"{reason}; {no_limit[0]}")
         cases = self._with_model_calls(func, op, cases)
+        cases = self._with_hand_leads(func, cases)
         if not cases:
             cases = self._sibling_cases(func, op)
         if cases:
@@ -663,6 +664,14 @@ class TorchBackend:
             primary.add(sig)
             added += 1
         return cases
+
+    def _with_hand_leads(self, func, cases: list[OpCase]) -> list[OpCase]:
+        """``cases`` led by the op's hand samples (``hand_samples.LEADING``), which stand in
+        for OpInfo's calls at the signatures they share."""
+        leads = [self._case(func, *hand_samples.inputs(func, g, 0), make_runner(func),
+                            lambda seed, g=g: hand_samples.inputs(func, g, seed)) for g in hand_samples.leading(func)]
+        led = {call_signature(func, c.args, c.kwargs) for c in leads}
+        return leads + [c for c in cases if call_signature(func, c.args, c.kwargs) not in led] if leads else cases
 
     def _sibling_cases(self, func, op: str) -> list[OpCase]:
         """Cases for an in-place or out overload from its functional overload's samples: its

@@ -187,6 +187,18 @@ def _ctc_loss_backward(d: Draw) -> Named:
             "target_lengths": target_lengths, "neg_log_likelihood": nll, "log_alpha": log_alpha, "blank": 0}
 
 
+def _ctc_loss(**options: Any) -> Callable[[Draw], Named]:
+    # 6 sequences of 9 to 12 steps over 5 classes (0 blank), with targets of 1 to 4 labels:
+    # every sequence's lengths its own, redrawn per seed. OpInfo's samples give every
+    # sequence all the steps, so a cut of input_lengths has equal shards, which prove nothing
+    def build(d: Draw) -> Named:
+        steps, batch, classes, labels = 12, 6, 5, 4
+        return {"log_probs": d.randn(steps, batch, classes).log_softmax(2), "targets": d.ints(1, classes, batch, labels),
+                "input_lengths": d.ints(2 * labels + 1, steps + 1, batch), "target_lengths": d.ints(1, labels + 1, batch),
+                **options}
+    return build
+
+
 def _dyn_quant_pack_4bit_weight(d: Draw) -> Named:
     # 8 output channels of 32 int4 values, two to a byte, in one group of 32 (block_size)
     return {"weights": d.ints(0, 256, 8, 16, dtype=torch.uint8), "scales_zeros": d.rand(8, 1) + 0.5, "bias": d.randn(8),
@@ -433,6 +445,25 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_thnn_differentiable_gru_cell_backward": (_thnn_differentiable_gru_cell_backward, "float32"),
 }
 
+# Ops whose OpInfo samples cannot tell their rules apart: these hand samples are explored
+# in place of OpInfo's at the signatures they share (the backend puts them first and drops
+# OpInfo's calls of those signatures), in float64 as OpInfo's are. Keyed by op, then by a
+# name of the call, which ``HandGuess.op`` holds (``inputs`` finds the builder by it).
+LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
+    "aten.ctc_loss.Tensor": {
+        "ctc_loss:mean": (_ctc_loss(), "float64"),
+        "ctc_loss:none": (_ctc_loss(blank=0, reduction=0), "float64"),
+        "ctc_loss:none, zero_infinity": (_ctc_loss(blank=0, reduction=0, zero_infinity=True), "float64"),
+        "ctc_loss:mean, zero_infinity": (_ctc_loss(blank=0, reduction=1, zero_infinity=True), "float64"),
+    },
+}
+_LEAD_BUILDERS = {key: built for calls in LEADING.values() for key, built in calls.items()}
+
+
+def leading(func) -> list[HandGuess]:
+    """The hand samples explored in place of OpInfo's for ``func`` (``LEADING``)."""
+    return [HandGuess(key, dtype) for key, (_, dtype) in LEADING.get(catalog.op_name(func), {}).items()]
+
 
 def guess_for(func) -> HandGuess | None:
     """The hand-built sample of ``func``'s base op, if one is written and takes the
@@ -474,7 +505,7 @@ def inputs(func, guess: HandGuess, seed: int) -> tuple[tuple, dict]:
     """The builder's arguments for ``func`` under ``seed``: positional up to the first
     keyword-only or omitted argument, the rest by keyword; out arguments omitted. KeyError
     when a required argument is not built, TypeError when one has the wrong kind."""
-    build, _ = BUILDERS[guess.op]
+    build, _ = BUILDERS[guess.op] if guess.op in BUILDERS else _LEAD_BUILDERS[guess.op]
     named = build(Draw(seed, guess.dtype if guess.dtype in ("float32", "float64") else "float32"))
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -503,4 +534,4 @@ def inputs(func, guess: HandGuess, seed: int) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-__all__ = ["BUILDERS", "Draw", "HandGuess", "guess_for", "inputs"]
+__all__ = ["BUILDERS", "Draw", "HandGuess", "LEADING", "guess_for", "inputs", "leading"]

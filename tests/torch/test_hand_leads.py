@@ -1,0 +1,74 @@
+"""Hand samples explored in place of OpInfo's (hand_samples.LEADING): ctc_loss's OpInfo
+samples give every sequence all the steps, so a cut of input_lengths has equal shards,
+which prove nothing, and its batch cut was never verified."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from metaspmd.backends.torch import catalog, hand_samples  # noqa: E402
+from metaspmd.backends.torch.backend import make_runner, torch_case  # noqa: E402
+from metaspmd.backends.torch.samples import call_signature  # noqa: E402
+from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
+from metaspmd.explorer import explore_case  # noqa: E402
+
+CTC = "aten.ctc_loss.Tensor"
+
+
+def _explore(func, build):
+    args, kwargs = build(0)
+    return explore_case(torch_case(func, args, kwargs, make_runner(func), build), TorchOps())
+
+
+@pytest.mark.parametrize("key,combine", [("ctc_loss:none", "gather(dim=0)"), ("ctc_loss:mean", "reduce(avg)")])
+def test_ctc_loss_batch_cut_verifies_on_lengths_of_its_own(key, combine):
+    func = catalog.resolve(CTC)
+    guess = hand_samples.HandGuess(key, hand_samples.LEADING[CTC][key][1])
+    args, _ = hand_samples.inputs(func, guess, 0)
+    assert len(set(args[2].tolist())) > 1 and len(set(args[3].tolist())) > 1  # lengths vary by sequence
+    entry = _explore(func, lambda seed: hand_samples.inputs(func, guess, seed))
+    assert entry.status == "ok", entry.reason
+    assert str(entry.shard) == "[[N, S1, N], [S1, N], [S1], [S1]]" and str(entry.combine) == "{S1: " + combine + "}"
+
+
+@pytest.mark.parametrize("guess", hand_samples.leading(catalog.resolve(CTC)), ids=str)
+def test_a_leading_sample_runs_on_every_seed_with_its_shapes(guess):
+    func = catalog.resolve(CTC)
+    first = hand_samples.inputs(func, guess, 0)
+    for seed in range(1, 17):
+        args, kwargs = hand_samples.inputs(func, guess, seed)
+        assert kwargs == first[1] and args[4:] == first[0][4:]
+        assert [x.shape for x in args[:4]] == [x.shape for x in first[0][:4]]
+        assert not torch.equal(args[0], first[0][0])
+        assert bool((args[2] >= 2 * args[3] + 1).all())  # long enough for every label and blank
+        func(*args, **kwargs)
+
+
+def test_ctc_loss_with_every_sequence_full_length_proves_nothing():
+    # OpInfo's case: the same call with input_lengths all T is replicate-only
+    func = catalog.resolve(CTC)
+    guess = hand_samples.HandGuess("ctc_loss:none", "float64")
+
+    def full(seed):
+        args, kwargs = hand_samples.inputs(func, guess, seed)
+        return (args[0], args[1], torch.full_like(args[2], args[0].shape[0]), *args[3:]), kwargs
+
+    entry = _explore(func, full)
+    assert entry.status == "replicate-only" and entry.reason == "no strategy holds", entry
+
+
+def test_leading_hand_samples_stand_in_for_opinfo_at_their_signatures():
+    from metaspmd.backends.torch.backend import TorchBackend
+
+    func = catalog.resolve(CTC)
+    cases = TorchBackend(opinfos=("nn.functional.ctc_loss",), model_programs=False).cases(CTC)
+    leads = hand_samples.leading(func)
+    assert len(leads) == 4
+    signatures = [call_signature(func, c.args, c.kwargs) for c in cases]
+    led = signatures[: len(leads)]
+    assert len(set(led)) == len(leads)
+    assert all(len(set(c.args[2].tolist())) > 1 for c in cases[: len(leads)])  # the hand samples first
+    assert not set(led) & set(signatures[len(leads):])  # OpInfo's calls at those signatures dropped
+    assert len(cases) > len(leads)  # OpInfo's others kept (reduction=sum)
