@@ -3,7 +3,8 @@ twin (examples/jax_models.py), under a memory budget no plan with replicated wei
 
 - mesh of 4: the planner's modelled cost against Megatron's (Q/K/V and MLP-up
   column-parallel, out-proj and MLP-down row-parallel, the heads cut between them);
-- mesh of 2x2: against DP x TP (the batch on the first axis, Megatron on the second), and
+- mesh of 2x2: against DP x TP (the batch on the first axis, Megatron on the second) and
+  FSDP x TP (the same, the weights also cut on the first axis: torchtitan's 2-D layout), and
   what the planner does on each axis.
 
 The expert plan is costed by the same cost model: its parameter placements (and the input's)
@@ -102,7 +103,8 @@ class Row:
     budget: float = math.nan
     least_replicated: float = math.nan
     planner_us: float = math.nan
-    expert_us: float = math.nan
+    expert_us: float = math.nan  # the cheapest expert's
+    experts: list = field(default_factory=list)  # (name, us, peak B, matches) per expert plan
     peak: float = math.nan
     expert_peak: float = math.nan
     matches: str = "-"
@@ -184,16 +186,23 @@ def torch_noise(model, x) -> float:
     return max(_close(a.detach(), b.detach())[1] for a, b in zip((ref, *g), (ref64, *g64)))
 
 
+def expert_plans(names_2d: bool, megatron: dict, params, x, R, shard) -> tuple[dict, dict]:
+    """(the replicated constraints, {expert name: its constraints}) in the framework's
+    placements (``R``, ``shard(dim)``); ``x`` names the input."""
+    tp = {n: shard(int(megatron[n][1])) if n in megatron else R for n in params}
+    if not names_2d:
+        return {n: (R,) for n in params}, {"Megatron": {x: (R,), **{n: (tp[n],) for n in params}}}
+    return {n: (R, R) for n in params}, {
+        "DP x TP": {x: (shard(0), R), **{n: (R, tp[n]) for n in params}},
+        "FSDP x TP": {x: (shard(0), R), **{n: (shard(0), tp[n]) for n in params}},
+    }
+
+
 def torch_placements(names_2d: bool, megatron: dict, params):
-    """(the replicated constraints, the expert's) in DTensor placements."""
+    """(the replicated constraints, the experts') in DTensor placements."""
     from torch.distributed.tensor import Replicate, Shard
 
-    R = Replicate()
-    conv = {"S0": Shard(0), "S1": Shard(1), "R": R}
-    if not names_2d:
-        return {n: (R,) for n in params}, {0: (R,), **{n: (conv[megatron.get(n, "R")],) for n in params}}
-    expert = {0: (Shard(0), R), **{n: (R, conv[megatron.get(n, "R")]) for n in params}}
-    return {n: (R, R) for n in params}, expert
+    return expert_plans(names_2d, megatron, params, 0, Replicate(), Shard)
 
 
 # Megatron on examples.models.GPTBlock (nn.Linear keeps its weight as [out, in]).
@@ -231,9 +240,9 @@ def torch_case(args, shape, cache) -> list[Row]:
     with LocalTensorMode(frozenset(range(math.prod(shape)))):
         case = Case(model, torch_mesh(shape), x, cache, links=args.links)
     params = [n for n, _ in model.named_parameters()]
-    replicated, expert = torch_placements(len(shape) == 2, TORCH_MEGATRON, params)
+    replicated, experts = torch_placements(len(shape) == 2, TORCH_MEGATRON, params)
     row = Row(f"torch GPT block, mesh {'x'.join(map(str, shape))}")
-    _compare(row, case, replicated, expert, args,
+    _compare(row, case, replicated, experts, args,
              lambda plan: torch_run_and_check(case, plan, model, x))
     row.noise = f"{torch_noise(model, x):.2f}"
     names = _user_names(case.captured)
@@ -319,14 +328,8 @@ def jax_case(args, shape, cache) -> list[Row]:
     mesh = jax_mesh(shape)
     case = Case(fn, mesh, x, cache, links=args.links, params=params)
     names = [f"params.{n}" for n in params]
-    R = planner.Replicate()
-    conv = {"S0": planner.Shard(0), "S1": planner.Shard(1), "R": R}
-    if len(shape) == 1:
-        replicated = {n: (R,) for n in names}
-        expert = {"in0": (R,), **{n: (conv[JAX_MEGATRON.get(n, "R")],) for n in names}}
-    else:
-        replicated = {n: (R, R) for n in names}
-        expert = {"in0": (planner.Shard(0), R), **{n: (R, conv[JAX_MEGATRON.get(n, "R")]) for n in names}}
+    replicated, experts = expert_plans(len(shape) == 2, JAX_MEGATRON, names, "in0", planner.Replicate(),
+                                       planner.Shard)
     row = Row(f"jax GPT block, mesh {'x'.join(map(str, shape))}")
     remats = []
 
@@ -335,7 +338,7 @@ def jax_case(args, shape, cache) -> list[Row]:
         remats.append(remat)
         return verdict
 
-    _compare(row, case, replicated, expert, args, check)
+    _compare(row, case, replicated, experts, args, check)
     row.remat = " / ".join(map(str, remats))
     row.noise = f"{jax_noise(fn, params, x):.2f}"
     weights = {n: n for n in ("params.w_qkv", "params.w_o", "params.w1", "params.w2")}
@@ -346,7 +349,7 @@ def jax_case(args, shape, cache) -> list[Row]:
 # --------------------------------------------------------------------------- both
 
 
-def _compare(row: Row, case: Case, replicated: dict, expert: dict, args, check) -> None:
+def _compare(row: Row, case: Case, replicated: dict, experts: dict, args, check) -> None:
     row.budget, row.least_replicated = _budget(case, replicated, args.budget_fraction, args.budget)
     try:
         best = case.plan(row.budget)
@@ -355,19 +358,23 @@ def _compare(row: Row, case: Case, replicated: dict, expert: dict, args, check) 
         return
     row.planner_us, row.peak = best.total_cost * 1e6, best.memory
     row._plan = best
-    try:
-        exp = case.plan(row.budget, expert)
-        row.expert_us, row.expert_peak = exp.total_cost * 1e6, exp.memory
-    except Infeasible as err:
-        exp = None
-        row.notes.append(f"expert plan does not fit the budget: {err}")
     row.matches = check(best)
-    if exp is not None:
-        row.expert_matches = check(exp)
     if args.show_plans:
         print(best.table())
-        if exp is not None:
-            print(exp.table())
+    for name, constraints in experts.items():
+        try:
+            exp = case.plan(row.budget, constraints)
+        except Infeasible as err:
+            row.experts.append((name, math.nan, math.nan, "-"))
+            row.notes.append(f"{name} does not fit the budget: {err}")
+            continue
+        row.experts.append((name, exp.total_cost * 1e6, exp.memory, check(exp)))
+        if args.show_plans:
+            print(f"{name}:\n{exp.table()}")
+    fits = [e for e in row.experts if not math.isnan(e[1])]
+    if fits:
+        cheapest = min(fits, key=lambda e: e[1])
+        row.expert_us, row.expert_peak, row.expert_matches = cheapest[1], cheapest[2], cheapest[3]
 
 
 def _axes(row: Row, input_var, weights, case) -> str:
@@ -376,23 +383,26 @@ def _axes(row: Row, input_var, weights, case) -> str:
 
 
 def print_rows(rows: list[Row], expert_name: str) -> None:
-    print(f"\nexpert = {expert_name}: its parameter (and input) placements pinned with constraints=, "
-          "the planner filling the activations; both costed by the planner's cost model")
+    print(f"\nexperts = {expert_name}: their parameter (and input) placements pinned with constraints=, "
+          "the planner filling the activations; all costed by the planner's cost model; ratio: planner / "
+          "cheapest expert")
     head = ("case", "budget B", "replicated needs", "planner us", "expert us", "ratio", "peak B",
             "expert peak B", "matches 1 device (plan / expert)", "float32 noise", "XLA remat warnings (plan / expert)")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
+        experts = r.experts or [("", math.nan, math.nan, "-")]
         cells = (r.case, f"{r.budget:,.0f}", f"{r.least_replicated:,.0f}", f"{r.planner_us:.2f}",
-                 f"{r.expert_us:.2f}", f"{r.ratio:.4f}", f"{r.peak:,.0f}", f"{r.expert_peak:,.0f}",
-                 f"{r.matches} / {r.expert_matches}", r.noise, r.remat)
+                 " / ".join(f"{e[1]:.2f}" for e in experts), f"{r.ratio:.4f}", f"{r.peak:,.0f}",
+                 " / ".join(f"{e[2]:,.0f}" for e in experts),
+                 f"{r.matches} / " + " / ".join(e[3] for e in experts), r.noise, r.remat)
         print("| " + " | ".join(cells) + " |")
     print("matches 1 device: every output and gradient within rtol 1e-4, atol 1e-5 x its largest |value| of one device; in "
           "brackets the worst |a - b| / (atol + rtol |b|). float32 noise: the same measure of one device "
           "in float32 against one device in float64")
     for r in rows:
         print(f"{r.case}: planner's axes: {r.axes}")
-        if "NO" in r.matches + r.expert_matches and r.noise != "-":
+        if "NO" in r.matches + "".join(e[3] for e in r.experts) and r.noise != "-":
             print(f"{r.case}: off by more than the tolerance; float32 rounding alone moves one device by "
                   f"{r.noise} tolerances")
         for n in r.notes:
@@ -701,8 +711,9 @@ def main(argv=None) -> int:
             rows += torch_case(args, args.mesh_shape, cache)
         if args.framework in ("jax", "both"):
             rows += jax_case(args, args.mesh_shape, cache)
-        print_rows(rows, "Megatron" if args.mesh == "4" else "DP x TP (batch on dp, Megatron on tp)")
-        bad = [r for r in rows if not r.matches.startswith("yes") or r.expert_matches.startswith("NO")]
+        print_rows(rows, "Megatron" if args.mesh == "4" else
+                   "DP x TP (batch on dp, Megatron on tp) / FSDP x TP (the same, weights also cut on dp)")
+        bad = [r for r in rows if not r.matches.startswith("yes") or any(e[3].startswith("NO") for e in r.experts)]
     print(f"\n{time.perf_counter() - t:.1f} s")
     return 1 if bad else 0
 

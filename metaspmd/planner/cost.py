@@ -13,6 +13,14 @@ launch, synchronisation), paid once per call whatever the ring does. Without it 
 all-reduce costs exactly an all-gather plus a reduce-scatter, so data parallelism (one
 gradient all-reduce per parameter) and ZeRO/FSDP-style sharding (a weight all-gather plus
 a gradient reduce-scatter) tie, and the solver picks between them arbitrarily.
+
+Gradient reductions are fused: DDP all-reduces gradients in buckets, FSDP reduce-scatters
+flat parameters and XLA's all-reduce combiner merges a step's independent reductions, so a
+bucket pays one collective's fixed cost (``L`` and the ``alpha`` terms) for all its members.
+``fused(share)`` is the model of one member: a reduction (all-reduce, reduce-scatter) pays its
+own bytes and ``share`` of the fixed cost, any other collective its full cost (the planner
+shares it among a step's tied gradients, so reducing every gradient on an axis pays one
+collective's latency, not one per parameter).
 """
 
 from __future__ import annotations
@@ -50,10 +58,24 @@ class ReshardStep:
 
 
 class CostModel:
-    def __init__(self, mesh: Mesh, device: Device = Device()):
+    def __init__(self, mesh: Mesh, device: Device = Device(), reduction_share: float = 1.0):
         self.mesh = mesh
         self.device = device
+        self.reduction_share = reduction_share  # of a reduction's fixed cost (fused)
         self._reshard = lru_cache(maxsize=None)(self._reshard_steps)
+        self._fused: dict[float, CostModel] = {}
+
+    def fused(self, share: float) -> "CostModel":
+        """The model of a reduction fused with others into one (a gradient bucket): its bytes
+        cost what they cost, its fixed cost (launch and per-message latency) is scaled by
+        ``share``; other collectives are not fused. ``fused(1.0)`` is this model."""
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"a fused collective's share of the fixed cost is in (0, 1], got {share}")
+        if share == 1.0:
+            return self
+        if share not in self._fused:
+            self._fused[share] = CostModel(self.mesh, self.device, share)
+        return self._fused[share]
 
     # ------------------------------------------------------------------ collectives
     def _axis(self, axis: int):
@@ -68,10 +90,17 @@ class CostModel:
     def all_gather(self, axis: int, nbytes: float) -> float:
         return 0.0 if self._axis(axis).size == 1 else self.device.collective_launch + self._ring(axis, nbytes)
 
-    reduce_scatter = all_gather
+    def reduce_scatter(self, axis: int, nbytes: float) -> float:
+        a = self._axis(axis)
+        k = a.size
+        fixed = self.device.collective_launch + (k - 1) * a.alpha
+        return 0.0 if k == 1 else self.reduction_share * fixed + (k - 1) / k * nbytes * a.beta
 
     def all_reduce(self, axis: int, nbytes: float) -> float:
-        return 0.0 if self._axis(axis).size == 1 else self.device.collective_launch + 2.0 * self._ring(axis, nbytes)
+        a = self._axis(axis)
+        k = a.size
+        fixed = self.device.collective_launch + 2 * (k - 1) * a.alpha
+        return 0.0 if k == 1 else self.reduction_share * fixed + 2 * (k - 1) / k * nbytes * a.beta
 
     def neighbour_exchange(self, axis: int, nbytes: float) -> float:
         """Each device sends up to ``nbytes`` to a neighbour on the axis (a collective

@@ -167,15 +167,17 @@ def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Sol
                                     times * sum(s.cost for s in steps)))
     for d in problem.deliveries:
         src = problem.strategies[d.producer][assignment[d.producer]].outputs[d.out_index]
+        model = cm
         if d.anchor is not None:
             node, k = d.anchor
             dst = problem.strategies[node][assignment[node]].outputs[k]
             where = f"(tie {problem.outputs[node][k].name})"
+            model = cm.fused(problem.tie_share)  # gradients are reduced in buckets
         else:
             dst = min(d.allowed, key=lambda q: cm.reshard(d.var.shape, d.var.dtype, src, q))
             where = "(output)"
         if src != dst:
-            steps = cm.reshard_steps(d.var.shape, d.var.dtype, src, dst)
+            steps = model.reshard_steps(d.var.shape, d.var.dtype, src, dst)
             reshards.append(Reshard(d.var.name, where, 0, src, dst, steps, sum(s.cost for s in steps)))
     return Plan(
         problem.mesh,

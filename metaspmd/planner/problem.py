@@ -69,6 +69,7 @@ class ShardingProblem:
     deliveries: tuple[Delivery, ...]
     choice: ChoiceProblem
     repeats: tuple[float, ...] = ()  # per node, how often it runs per call (empty: once each)
+    tie_share: float = 1.0  # a tied gradient's share of its bucket's fixed cost (tie_share)
 
     def index(self, name: str) -> int:
         try:
@@ -280,10 +281,11 @@ def build_problem(
     op_cache: dict = {}
     edge_cache: dict = {}
 
-    def edge(u: int, v: int, var: MetaVar, src: Sequence[Placements], dst: Sequence[Placements], label) -> ChoiceEdge:
-        key = (var.shape, var.dtype, tuple(src), tuple(dst))
+    def edge(u: int, v: int, var: MetaVar, src: Sequence[Placements], dst: Sequence[Placements], label,
+             model: CostModel = cm) -> ChoiceEdge:
+        key = (var.shape, var.dtype, tuple(src), tuple(dst), id(model))
         if key not in edge_cache:
-            factors = _edge_factors(cm, var, src, dst)
+            factors = _edge_factors(model, var, src, dst)
             edge_cache[key] = (sum(f.dense() for f in factors), factors)
         m, factors = edge_cache[key]
         return ChoiceEdge(u, v, m, label, factors)
@@ -351,6 +353,9 @@ def build_problem(
     nodes_before_delivery = list(nodes)
     tied: set[str] = set()
     deliveries: list[Delivery] = []
+    # A step's gradients are reduced in buckets (cost.py): each tied gradient pays its
+    # bytes and, where it is reduced, an equal share of one reduction's fixed cost.
+    share = tie_share(ties)
     for group in ties:
         anchor = _locate(where, group[0], "ties")
         for var in group[1:]:
@@ -359,7 +364,7 @@ def build_problem(
             deliveries.append(Delivery(outputs[n][k], n, k, anchor=anchor))
             src = [st.outputs[k] for st in strats[n]]
             dst = [st.outputs[anchor[1]] for st in strats[anchor[0]]]
-            edges.append(edge(n, anchor[0], outputs[n][k], src, dst, ("tie", k, anchor[1])))
+            edges.append(edge(n, anchor[0], outputs[n][k], src, dst, ("tie", k, anchor[1]), cm.fused(share)))
 
     pinned = dict(output_placements or {})
     unknown = set(pinned) - {v.name for v in ir.output_list}
@@ -390,7 +395,12 @@ def build_problem(
     compute = tuple(n.cost for n in nodes_before_delivery)
     return ShardingProblem(ir, mesh, cm, tuple(names), tuple(ops), tuple(outputs), tuple(strats), compute,
                            tuple(flows), tuple(deliveries), choice,
-                           tuple(float((repeats or {}).get(n, 1.0)) for n in names) if repeats else ())
+                           tuple(float((repeats or {}).get(n, 1.0)) for n in names) if repeats else (), share)
+
+
+def tie_share(ties: Sequence[Sequence[str]]) -> float:
+    """Each tied gradient's share of its bucket's fixed cost: one over the tied gradients."""
+    return 1.0 / max(1, sum(len(group) - 1 for group in ties))
 
 
 def _liveness(ir: MetaIR, cm: CostModel, where: Mapping[str, tuple[int, int]],

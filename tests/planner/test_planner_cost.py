@@ -152,3 +152,14 @@ def test_a_pending_arg_reduction_gathers_one_value_and_position_per_device(cm):
     arg = Partial("argmax")
     assert kinds(cm, (arg,), (R,)) == ["all-gather"]
     assert cm.reshard((64, 32), "float32", (arg,), (R,)) == pytest.approx(cm.all_gather(0, 2 * 4 * NBYTES))
+
+
+def test_a_fused_reduction_pays_its_bytes_and_a_share_of_the_fixed_cost(cm):
+    launch = cm.device.collective_launch
+    quarter = cm.fused(0.25)
+    assert quarter.all_reduce(0, NBYTES) == pytest.approx(0.25 * (launch + 6 * ALPHA) + 2 * 3 / 4 * NBYTES / BW)
+    assert quarter.reduce_scatter(0, NBYTES) == pytest.approx(0.25 * (launch + 3 * ALPHA) + 3 / 4 * NBYTES / BW)
+    assert quarter.all_gather(0, NBYTES) == cm.all_gather(0, NBYTES)  # only reductions ride in buckets
+    assert cm.fused(1.0) is cm and cm.fused(0.25) is quarter
+    with pytest.raises(ValueError, match="share"):
+        cm.fused(0.0)

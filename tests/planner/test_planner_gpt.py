@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from metaspmd.planner import Infeasible, Mesh, PlannerError, Replicate, Shard, build_problem, plan, solve
+from metaspmd.planner.cost import CostModel
 from metaspmd.planner.reduce import Reductions, reduce_problem
 from metaspmd.planner.synthetic import GPTConfig, gpt, mlp
 
@@ -141,3 +142,26 @@ def test_without_mip_the_beam_plan_is_used(monkeypatch):
     with pytest.warns(RuntimeWarning, match="beam-search plan"):
         result = plan(ir, strategies, Mesh.of(2))
     assert result.solver == "beam8" and result.status == "heuristic"
+
+
+def test_a_steps_gradient_reductions_pay_one_collectives_latency_per_kind(small_gpt):
+    """Gradients are reduced in buckets (DDP, FSDP, XLA's combiner): the tied gradients of a
+    plan share one reduction's fixed cost, and each pays its own bytes."""
+    ir, strategies, grads = small_gpt
+    dp = {"x": (Shard(0),), **{param: (Replicate(),) for param, _ in grads}}  # data parallel
+    problem = build_problem(ir, strategies, Mesh.of(4), ties=grads, constraints=dp)
+    result = plan(ir, strategies, Mesh.of(4), ties=grads, constraints=dp, time_limit=60)
+    cm = problem.cost_model
+    assert problem.tie_share == 1 / len(grads)
+    bytes_only = CostModel(cm.mesh, cm.device, reduction_share=0.0)
+    var = {v.name: v for op in ir.op_list for v in op.outputs}
+    synced = [r for r in result.reshards if r.consumer.startswith("(tie")]
+    assert len(synced) > len(grads) // 2  # most gradients all-reduced
+    for kind, alphas in (("all-reduce", 6), ("reduce-scatter", 3)):
+        steps = [(r, s) for r in synced for s in r.steps if s.kind == kind]
+        fixed = sum(s.cost for _, s in steps) - sum(
+            t.cost for r, _ in steps for t in bytes_only.reshard_steps(var[r.var].shape, var[r.var].dtype, r.src, r.dst)
+            if t.kind == kind)
+        one = cm.device.collective_launch + alphas * cm.mesh.axes[0].alpha
+        assert fixed == pytest.approx(len(steps) / len(grads) * one, abs=1e-12)
+        assert fixed <= one * (1 + 1e-9)
