@@ -199,6 +199,12 @@ def _ctc_loss(**options: Any) -> Callable[[Draw], Named]:
     return build
 
 
+def _repeat_interleave_counts(d: Draw) -> Named:
+    # 7 counts of 0 to 3, redrawn per seed: OpInfo's are the same on every trial, so the
+    # output never varied and no combine could be verified
+    return {"repeats": d.ints(0, 4, 7)}
+
+
 def _dyn_quant_pack_4bit_weight(d: Draw) -> Named:
     # 8 output channels of 32 int4 values, two to a byte, in one group of 32 (block_size)
     return {"weights": d.ints(0, 256, 8, 16, dtype=torch.uint8), "scales_zeros": d.rand(8, 1) + 0.5, "bias": d.randn(8),
@@ -456,6 +462,7 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
         "ctc_loss:none, zero_infinity": (_ctc_loss(blank=0, reduction=0, zero_infinity=True), "float64"),
         "ctc_loss:mean, zero_infinity": (_ctc_loss(blank=0, reduction=1, zero_infinity=True), "float64"),
     },
+    "aten.repeat_interleave.Tensor": {"repeat_interleave:counts": (_repeat_interleave_counts, "int64")},
 }
 _LEAD_BUILDERS = {key: built for calls in LEADING.values() for key, built in calls.items()}
 

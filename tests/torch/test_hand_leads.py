@@ -72,3 +72,14 @@ def test_leading_hand_samples_stand_in_for_opinfo_at_their_signatures():
     assert all(len(set(c.args[2].tolist())) > 1 for c in cases[: len(leads)])  # the hand samples first
     assert not set(led) & set(signatures[len(leads):])  # OpInfo's calls at those signatures dropped
     assert len(cases) > len(leads)  # OpInfo's others kept (reduction=sum)
+
+
+def test_repeat_interleave_counts_cut_with_positions_offset():
+    # OpInfo's counts are the same on every trial: the output never varied
+    func = catalog.resolve("aten.repeat_interleave.Tensor")
+    (guess,) = hand_samples.leading(func)
+    entry = _explore(func, lambda seed: hand_samples.inputs(func, guess, seed))
+    assert entry.status == "ok", entry.reason
+    assert str(entry.combine) == "{S1: gather(dim=0, positions)}"  # each shard's positions moved by its start
+    fixed = hand_samples.inputs(func, guess, 0)
+    assert _explore(func, lambda seed: fixed).status == "replicate-only"
