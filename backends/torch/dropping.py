@@ -71,13 +71,22 @@ def _scatter(runner: Callable[..., Any]) -> Callable[..., Any]:
     return drop
 
 
+def _renorm_rows(runner: Callable[..., Any]) -> Callable[..., Any]:
+    """``embedding_renorm_``: a shard of self's rows renormalizes the rows it holds; positions
+    outside them are left out."""
+    def drop(self, indices, *rest, **kwargs):
+        return runner(self, indices[(indices >= 0) & (indices < self.shape[0])], *rest, **kwargs)
+
+    return drop
+
+
 _SCATTERS = ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy", "index_fill")
 # Out= overloads too: their runner returns the out tensors it filled.
 _FORMS = {
     f"aten.{name}.{overload}": form
     for name, form in (("embedding", _embedding), ("index_select", _index_select), ("gather", _gather))
     for overload in ("default", "out")
-}
+} | {"aten.embedding_renorm_.default": _renorm_rows}
 
 
 def dropping_form(func: torch._ops.OpOverload, runner: Callable[..., Any]) -> Callable[..., Any] | None:
