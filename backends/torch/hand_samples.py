@@ -199,6 +199,29 @@ def _ctc_loss(**options: Any) -> Callable[[Draw], Named]:
     return build
 
 
+def _compressed(layout: str, size: bool = True) -> Callable[[Draw], Named]:
+    # a valid 4 x 6 compressed tensor: 2 elements (or one 2 x 3 block) per compressed row or
+    # column at columns (rows) drawn per seed, so every seed gives the same shapes. A guessed
+    # sample's indices broke the layout's invariants, which leaves nothing to compare
+    blocked = layout in ("bsr", "bsc")
+    by_row = layout in ("csr", "bsr")
+
+    def build(d: Draw) -> Named:
+        block = (2, 3) if blocked else (1, 1)
+        rows, cols = 4 // block[0], 6 // block[1]
+        compressed, plain, per = (rows, cols, 1 if blocked else 2) if by_row else (cols, rows, 1)
+        # the last compressed row holds the last plain index, so a size inferred from the
+        # indices is 4 x 6 on every seed
+        last = torch.cat([torch.randperm(plain - 1, generator=d.gen)[:per - 1].sort().values, torch.tensor([plain - 1])])
+        picked = torch.stack([torch.randperm(plain, generator=d.gen)[:per].sort().values
+                              for _ in range(compressed - 1)] + [last])
+        names = ("crow_indices", "col_indices") if by_row else ("ccol_indices", "row_indices")
+        values = d.randn(compressed * per, *block) if blocked else d.randn(compressed * per)
+        return {names[0]: torch.arange(0, compressed * per + 1, per), names[1]: picked.flatten(), "values": values,
+                **({"size": [4, 6]} if size else {})}
+    return build
+
+
 def _repeat_interleave_counts(d: Draw) -> Named:
     # 7 counts of 0 to 3, redrawn per seed: OpInfo's are the same on every trial, so the
     # output never varied and no combine could be verified
@@ -449,6 +472,11 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_batch_norm_impl_index_backward": (_batch_norm_impl_index_backward, "float32"),
     "_compute_linear_combination": (_compute_linear_combination, "float32"),
     "_thnn_differentiable_gru_cell_backward": (_thnn_differentiable_gru_cell_backward, "float32"),
+    **{f"{prefix}sparse_{layout}_tensor{suffix}": (_compressed(layout), "float32")
+       for layout in ("csr", "csc", "bsr", "bsc") for prefix, suffix in (("", ""), ("_", "_unsafe"))},
+    **{f"aten.sparse_{layout}_tensor.{names}": (_compressed(layout, size=False), "float32")
+       for layout, names in (("csr", "crow_col_value"), ("csc", "ccol_row_value"), ("bsr", "crow_col_value"),
+                             ("bsc", "ccol_row_value"))},
 }
 
 # Ops whose OpInfo samples cannot tell their rules apart: these hand samples are explored

@@ -40,11 +40,19 @@ BUILT = [
     "aten.randint_like.low_generator_dtype", "aten.empty_permuted.default",
     "aten._batch_norm_no_update.default", "aten._batch_norm_impl_index_backward.default",
     "aten._compute_linear_combination.default", "aten._thnn_differentiable_gru_cell_backward.default",
+    *(f"aten.{prefix}sparse_{layout}_tensor{suffix}" for layout in ("csr", "csc", "bsr", "bsc")
+      for prefix, suffix in (("", ".crow_col_value_size" if layout in ("csr", "bsr") else ".ccol_row_value_size"),
+                             ("_", "_unsafe.default"))),
 ]
+# builders keyed by one overload's full name (the others by their op's base name)
+OVERLOAD_KEYS = {"aten._slow_conv2d_backward.grad_input", "aten.sparse_csr_tensor.crow_col_value",
+                 "aten.sparse_csc_tensor.ccol_row_value", "aten.sparse_bsr_tensor.crow_col_value",
+                 "aten.sparse_bsc_tensor.ccol_row_value"}
+BUILT += sorted(OVERLOAD_KEYS - {"aten._slow_conv2d_backward.grad_input"})
 
 
 def test_every_builder_is_tested():
-    keys = {catalog.aten_base(catalog.resolve(n)) for n in BUILT} | {"aten._slow_conv2d_backward.grad_input"}
+    keys = {catalog.aten_base(catalog.resolve(n)) for n in BUILT} | OVERLOAD_KEYS
     assert keys == set(hand_samples.BUILDERS)
 
 

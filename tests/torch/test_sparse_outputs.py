@@ -160,3 +160,18 @@ def test_dtensor_cannot_hold_sparse_shards():
         for local in sparse:
             with pytest.raises((NotImplementedError, RuntimeError)):
                 DTensor.from_local(local, mesh, [Replicate()], run_check=False)
+
+
+@pytest.mark.parametrize("name", ["aten.sparse_csr_tensor.crow_col_value_size", "aten._sparse_bsc_tensor_unsafe.default",
+                                  "aten.sparse_csc_tensor.ccol_row_value"])
+def test_compressed_constructors_are_linear_in_their_values(name):
+    from metaspmd.backends.torch import catalog, hand_samples
+
+    func = catalog.resolve(name)
+    guess = hand_samples.guess_for(func)
+    args, kwargs = hand_samples.inputs(func, guess, 0)
+    assert ops.opaque(func(*args, **kwargs)) == ""  # a valid tensor of its layout
+    entry = explore_case(torch_case(func, args, kwargs, func, lambda seed: hand_samples.inputs(func, guess, seed)), ops)
+    assert entry.status == "ok", entry.reason
+    assert str(entry.partial).endswith("[S1(sum)]]") and str(entry.combine) == "{S1: reduce(sum)}"
+    assert makes_sparse(name)
