@@ -73,8 +73,14 @@ class Sharded:
 
     inputs: tuple[tuple[Any, ...], ...]  # per shard, the op's local input leaves
     local: tuple[LocalParams, ...]  # per shard, the ranges its local params are re-based to
-    cut: Mapping[int, CutInput]  # what argreduce reads beside the local outputs
+    plain: Cut  # the inputs cut by their own length
+    placements: Sequence[InputPlacement]
     pieces: Mapping[int, list]  # per input that is not whole, its piece on each shard
+
+    @property
+    def cut(self) -> dict[int, CutInput]:
+        """What argreduce reads beside the local outputs (made when asked: most runs never do)."""
+        return self.plain.values(self.placements)
 
     def run(self, call: Callable[[list, LocalParams], Any]) -> list:
         """``call(local leaves, local params)`` on every shard, in order; exceptions propagate."""
@@ -116,8 +122,9 @@ def shard_inputs(ops: TensorOps, leaves: Sequence[Any], placements: Sequence[Inp
             pieces[i] = offset_positions(ops, whole[i], cut.starts(), p.component)
         elif isinstance(p, PartialInput):
             pieces[i] = parts(i, leaves[i], p.op)
-    inputs = tuple(tuple(pieces[i][k] if i in pieces else x for i, x in enumerate(whole)) for k in range(cut.n))
-    return Sharded(inputs, tuple(local), cut.values(placements), pieces)
+    columns = [pieces.get(i) for i in range(len(whole))]
+    inputs = tuple(tuple([x if c is None else c[k] for x, c in zip(whole, columns)]) for k in range(cut.n))
+    return Sharded(inputs, tuple(local), cut, placements, pieces)
 
 
 def surviving(ops: TensorOps, options: Sequence[Sequence[Combine]], locals_: Sequence[Sequence[Any]],

@@ -147,3 +147,25 @@ def test_each_trial_is_lengthened_once_per_amounts(monkeypatch):
     monkeypatch.undo()
     _forgetting(monkeypatch, "lengthened")
     assert repr(explore_case(_independent_case(), OPS)) == repr(entry)
+
+
+def test_a_trials_argument_template_goes_with_the_trial():
+    import gc
+    import weakref
+
+    from metaspmd.explorer.common import Context
+    from metaspmd.explorer.trials import Trials
+
+    case = OpCase("mm", lambda a, b: a @ b, _arrays(0, (6, 4), (4, 3)), {}, ("a", "b"))
+    runner = Trials(Context.of(case, OPS))
+    a, b = _arrays(5, (6, 4), (4, 3))
+    trial = runner._trial((a, b), {})
+    fill = trial.template[2]
+    out, _ = runner._call([a[:3], b], trial)
+    assert out[0].shape == (3, 3) and np.allclose(out[0], a[:3] @ b)
+    runner._call([a[3:], b], trial)
+    assert trial.template[2] is fill  # made once, when the op first ran on the trial's arguments
+    gone = weakref.ref(a)
+    del a, b, trial, out, fill
+    gc.collect()
+    assert gone() is None  # nothing but the trial held its arguments

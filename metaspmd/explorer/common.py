@@ -122,6 +122,9 @@ class Trial:
     nonfinite: bool = False  # every output one NaN/inf value throughout (out-of-domain data): proves nothing
     # blind data only: per output, the one value it holds throughout (eq of unequal random data: all False)
     one_value: tuple | None = None
+    # [args, kwargs, the function that rebuilds them around new leaves] once the op has run
+    # on them (Trials._call): kept with the trial, so it goes when the trial does
+    template: list = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass
@@ -141,6 +144,7 @@ class Memo:
     # the local outputs of a group's shards on a trial cut by a split (Shards._locals), by
     # (group, id of the trial, split); the trial is held
     locals: dict[tuple, tuple[Trial, Any]] = field(default_factory=dict)
+    placements: dict[tuple, tuple] = field(default_factory=dict)  # by (group, input count)
     unread: list[int] | None = None  # inputs no output reads (_unread_inputs)
     # what is worked out of tensors the search holds (shards of a trial's inputs, whether
     # they differ, whether a leaf is flat along a dim, a Partial input's parts), by a key

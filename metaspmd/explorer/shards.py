@@ -31,7 +31,7 @@ class Shards:
 
     def _run_locals(self, group: Group, trial: Trial, split: Split) -> list[list[Any]] | None:
         ops = self.ops
-        placements = group.placements(len(trial.leaves))
+        placements = self._placements(group, len(trial.leaves))
         cut = self._cut(trial.leaves, placements, split)
         # an empty input has no data to differ, only a shape to cut: beside a full one
         # (addmm's mat2 [0, 6] cut with self) its equal shards are no reason to doubt
@@ -81,6 +81,14 @@ class Shards:
     # The memo's pure functions of the tensors the search holds (``Memo.keep``): a group
     # asks them of the same inputs as the groups before it (batch norm's input cut along
     # dim 1 beside each of the Partial sets of its other inputs).
+
+    def _placements(self, group: Group, n_inputs: int) -> tuple:
+        """``group.placements(n_inputs)``, made once per group (``Memo.placements``)."""
+        key = (group, n_inputs)
+        placements = self.memo.placements.get(key)
+        if placements is None:
+            placements = self.memo.placements[key] = group.placements(n_inputs)
+        return placements
 
     def _cut(self, leaves: list[Any], placements, split: Split) -> Cut:
         """``cut_inputs`` of ``leaves``, each input's shards kept for the next cut of it."""
@@ -162,7 +170,7 @@ class Shards:
 
     def _cut_inputs(self, group: Group, trial: Trial, split: Split) -> dict[int, CutInput]:
         """The group's inputs cut without a halo, whose values an argreduce reads."""
-        placements = group.placements(len(trial.leaves))
+        placements = self._placements(group, len(trial.leaves))
         return self._cut(trial.leaves, placements, split).values(placements)
 
     def _even_split(self, group: Group) -> Split | None:

@@ -221,11 +221,12 @@ class OtherSizes:
             if trial.special:
                 continue
             key = (among, id(trial), by)
-            if key not in self.memo.lengthened:
+            hit = self.memo.lengthened.get(key)
+            if hit is None:
                 leaf = leaf or self._lengthened_by(amounts)
                 made = self._rebuilt_trials(leaf, [trial])
-                self.memo.lengthened[key] = (self.trials, trial, made[0] if made else None)
-            longer = self.memo.lengthened[key][2]
+                hit = self.memo.lengthened[key] = (self.trials, trial, made[0] if made else None)
+            longer = hit[2]
             if longer is None:
                 return None
             out.append(longer)

@@ -21,9 +21,6 @@ class Trials:
         self.context = context
         self.case, self.ops, self.config, self.seed = context.case, context.ops, context.config, context.seed
         self.leaf_names, self.fixed = context.leaf_names, context.fixed
-        # per trial's arguments (by their ids; held, so the ids stay theirs), the function
-        # that rebuilds them around new leaves: the op runs on every shard of every group
-        self._fills: dict[tuple[int, int], tuple[tuple, Any]] = {}
 
     def _flatten_out(self, out: Any) -> tuple[list[Any], list[Any]]:
         """The output's tensor leaves and its other leaves, each in order (one walk)."""
@@ -34,22 +31,23 @@ class Trials:
 
     def _call(self, leaves: Sequence[Any], trial: Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
-        key = (id(trial.args), id(trial.kwargs))
-        held = self._fills.get(key)
-        if held is None:
-            held = self._fills[key] = ((trial.args, trial.kwargs),
-                                       pytree.template((trial.args, dict(trial.kwargs)), self.ops.is_tensor))
-        args, kwargs = held[1](leaves)
+        # the trial's arguments rebuilt around the leaves by a template made once per trial:
+        # the op runs on every shard of every group
+        held = trial.template
+        if not held or held[0] is not trial.args or held[1] is not trial.kwargs:
+            held[:] = [trial.args, trial.kwargs, pytree.template((trial.args, dict(trial.kwargs)), self.ops.is_tensor)]
+        args, kwargs = held[2](leaves)
         if self.config.isolate_calls is not None:
             return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False) -> Trial:
         leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
-        outputs, others = self._call(leaves, Trial(args, kwargs, leaves, [], [], index, special))
+        bare = Trial(args, kwargs, leaves, [], [], index, special)
+        outputs, others = self._call(leaves, bare)
         nonfinite = bool(outputs) and all(self.ops.one_nonfinite_value(o) for o in outputs)
         return Trial(args, kwargs, leaves, outputs, others, index, special, nonfinite,
-                     one_values(self.ops, outputs) if blind else None)
+                     one_values(self.ops, outputs) if blind else None, bare.template)
 
     def _fresh_trial(self, k: int, first: Trial) -> Trial:
         """Trial ``k`` on fresh inputs. A sample generator that ignores its seed (OpInfo's
