@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 from metaspmd.placement import Shard
 from metaspmd.signature import signature
 from metaspmd.spec import Strategy
-from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, project
+from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
 from .catalog import exact_sizes, op_name, positional_names
 from .views import shards_rewrite_call
@@ -434,6 +434,8 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
 
 def _no_installable(op: torch._ops.OpOverload) -> str:
+    if makes_sparse(op_name(op)):
+        return "it gives a sparse tensor, which a DTensor cannot hold"
     if shards_rewrite_call(op):
         return "its shards run the op with sizes from the local shard, which DTensor does not rewrite"
     return "no strategy DTensor can run"

@@ -175,3 +175,14 @@ def test_compressed_constructors_are_linear_in_their_values(name):
     assert entry.status == "ok", entry.reason
     assert str(entry.partial).endswith("[S1(sum)]]") and str(entry.combine) == "{S1: reduce(sum)}"
     assert makes_sparse(name)
+
+
+def test_register_says_why_a_sparse_op_is_skipped():
+    from metaspmd.backends.torch.dtensor_rules import register, unregister
+
+    report = register(["aten.to_sparse.default", "aten._to_sparse_csr.default"])
+    try:
+        assert not report.installed
+        assert all("sparse tensor" in report.skipped[n] for n in ("aten.to_sparse.default", "aten._to_sparse_csr.default"))
+    finally:
+        unregister(report)
