@@ -113,7 +113,8 @@ def composite_kernels() -> Iterator[None]:
     up on every entry: an import may register more)."""
     composite = catalog.composite_implicit_overloads()
     cia, autograd = _AUTOGRAD_KEYS
-    kernelled = [f for f in catalog.aten_overloads() if cia in f.py_kernels or autograd in f.py_kernels]
+    keys = set(_AUTOGRAD_KEYS)  # most overloads have no Python kernel at all
+    kernelled = [f for f in catalog.aten_overloads() if f.py_kernels and not keys.isdisjoint(f.py_kernels)]
     saved = {f: {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels} for f in kernelled}
     touched = set(composite) | set(kernelled)
     try:
