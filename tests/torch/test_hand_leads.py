@@ -63,15 +63,18 @@ def test_leading_hand_samples_stand_in_for_opinfo_at_their_signatures():
     from metaspmd.backends.torch.backend import TorchBackend
 
     func = catalog.resolve(CTC)
-    cases = TorchBackend(opinfos=("nn.functional.ctc_loss",), model_programs=False).cases(CTC)
+    none = hand_samples.inputs(func, hand_samples.HandGuess("ctc_loss:none", "float64"), 0)[0]
+    # OpInfo's calls as the index gives them: every sequence full length, at a signature a
+    # hand sample has (reduction none) and at one none has (sum)
+    full = (none[0], none[1], torch.full_like(none[2], none[0].shape[0]), none[3])
+    opinfo = [torch_case(func, (*full, 0, r), {}, make_runner(func)) for r in (0, 2)]
+    cases = TorchBackend(model_programs=False)._with_hand_leads(func, opinfo)
     leads = hand_samples.leading(func)
-    assert len(leads) == 4
     signatures = [call_signature(func, c.args, c.kwargs) for c in cases]
-    led = signatures[: len(leads)]
-    assert len(set(led)) == len(leads)
+    assert len(cases) == len(leads) + 1 and len(set(signatures)) == len(cases)
     assert all(len(set(c.args[2].tolist())) > 1 for c in cases[: len(leads)])  # the hand samples first
-    assert not set(led) & set(signatures[len(leads):])  # OpInfo's calls at those signatures dropped
-    assert len(cases) > len(leads)  # OpInfo's others kept (reduction=sum)
+    assert cases[-1] is opinfo[1]  # OpInfo's call at the hand sample's signature dropped, the other kept
+    assert TorchBackend(model_programs=False)._with_hand_leads(catalog.resolve("aten.mm.default"), opinfo) is opinfo
 
 
 def test_repeat_interleave_counts_cut_with_positions_offset():
