@@ -142,16 +142,14 @@ def test_dtensor_is_handed_no_sparse_strategy():
     assert dtensor_placements(aten.abs.default, (x,), {})  # a dense op's cuts install
 
 
-def test_dtensor_cannot_hold_sparse_shards():
+def test_dtensor_cannot_hold_sparse_shards(fake_world_of):
     """Why the targets refuse: DTensor cannot even wrap a sparse local tensor (from_local
     views it, which sparse layouts lack). Should torch learn to, the refusal can be revisited."""
     from torch.distributed._local_tensor import LocalTensorMode
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from metaspmd.backends.torch.crosscheck_real import _ensure_process_group
-
-    assert _ensure_process_group(2)
+    fake_world_of(2)
     x = _matrix()
     sparse = (x.to_sparse(), x.to_sparse_csr())  # made outside the mode, which holds no CSR tensor either
     with LocalTensorMode(2):
