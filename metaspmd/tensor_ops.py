@@ -163,7 +163,8 @@ class TensorOps(Protocol):
         tensors a tolerance scaled to the magnitudes involved, NaN matching NaN)."""
 
     def opaque(self, x: Any) -> str:
-        """What keeps ``close`` from comparing x (a sparse or quantized tensor), or '' where
+        """What keeps ``close`` from comparing x (a quantized tensor, one of a layout the
+        backend has no dense values for, a sparse one that breaks its invariants), or '' where
         nothing does: an op whose outputs it cannot compare cannot have a combine verified."""
 
     def one_nonfinite_value(self, x: Any) -> bool:
