@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from metaspmd import reproducible
+from metaspmd import pytree, reproducible
 from metaspmd.signature import signature
 
 from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
@@ -161,9 +161,9 @@ def call_signature(func, args: tuple, kwargs: Mapping[str, Any]) -> str:
 
 
 def shapes_of(args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[int, ...]]:
-    out = []
-    tree_map(lambda x: out.append(tuple(x.shape)) if isinstance(x, torch.Tensor) else None, (list(args), dict(kwargs)))
-    return out
+    """Every tensor's shape, in argument order (the core's pytree: torch's costs several
+    times more, asked for every regenerated call)."""
+    return [tuple(x.shape) for x in pytree.leaves((args, dict(kwargs)), _OPS.is_tensor)]
 
 
 def _has_empty(args: tuple, kwargs: Mapping[str, Any]) -> bool:

@@ -46,3 +46,25 @@ def test_composite_kernels_reinstall_one_kernel_and_restore_torchs():
             assert einsum in seen
         assert {f: dict(f.py_kernels) for f in (einsum, upsample)} == before
     assert kernels[0] is kernels[1]
+
+
+def test_shapes_of_walks_arguments_as_torchs_pytree_did():
+    import collections
+
+    from torch.utils._pytree import tree_map
+
+    def by_torch(args, kwargs):
+        out = []
+        tree_map(lambda x: out.append(tuple(x.shape)) if isinstance(x, torch.Tensor) else None, (list(args), dict(kwargs)))
+        return out
+
+    pair = collections.namedtuple("Pair", "a b")
+    calls = [
+        ((torch.ones(2, 3), [torch.ones(1), 3, (torch.ones(4, 5),)], torch.Size([2, 2])),
+         {"w": torch.ones(7), "z": None, "q": {"r": torch.ones(1, 1)}}),
+        ((pair(torch.ones(2), 1),), {}),
+        ((), {"b": torch.ones(3), "a": torch.ones(0, 2)}),
+    ]
+    for args, kwargs in calls:
+        assert samples.shapes_of(args, kwargs) == by_torch(args, kwargs)
+    assert samples.shapes_of(*calls[0]) == [(2, 3), (1,), (4, 5), (7,), (1, 1)]
