@@ -35,6 +35,7 @@ from metaspmd.backends.jax.shardings import partition_spec  # noqa: E402
 from metaspmd.backends.jax.rules_at_runtime import node_call, without_literals  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.table import Entry as E, RuleTable  # noqa: E402
+import metaspmd  # noqa: E402
 from metaspmd import planner, spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -406,3 +407,22 @@ def test_constraints_and_annotations_are_kept_and_the_plan_matches_single_device
     assert par.plan.placement(pin.outputs[0]) == (planner.Shard(1),), par.plan.table()
     with pytest.raises(KeyError, match="constraint on 'in7'"):
         parallelize(annotated, mesh, (x,), params=params, cache=cache, constraints={"in7": P("tp")})
+
+
+@needs_devices
+@pytest.mark.slow  # explores the MLP's ops live at a batch of 8,192 (~2 min on 2 cores)
+def test_a_large_batch_mlp_with_dp_across_nodes_is_data_parallel_on_dp_and_megatron_on_tp(cache):
+    """The JAX twin of the torch 2x2 case: the batch cut on the slow axis, Megatron on the fast."""
+    mesh_2d = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "tp"))
+    params = mlp_params(256, 1024)
+    x = jax.random.normal(jax.random.key(1), (8192, 256), jnp.float32)
+    par = metaspmd.parallelize(mlp, mesh_2d, (x,), params=params, cache=cache, links={"dp": (10e-6, 25e9)})
+    out, grads = par(x)
+    np.testing.assert_allclose(out, mlp(params, x), rtol=1e-4, atol=1e-5)
+    ref_grads = jax.grad(lambda p: mlp(p, x).sum())(params)
+    for name in params:
+        np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-4, err_msg=name)
+    R, S0, S1 = planner.Replicate(), planner.Shard(0), planner.Shard(1)
+    assert par.plan.placement("in0") == (S0, R)
+    megatron = {"w1": (R, S1), "b1": (R, S0), "w2": (R, S0)}
+    assert {n: par.plan.placement(f"params.{n}") for n in megatron} == megatron
