@@ -17,6 +17,11 @@ an element of a gradient summed over thousands of terms may cancel to near zero,
 float32 rounding of the terms, not the plan, sets the error). For JAX, XLA's "involuntary
 full rematerialization" warnings of the compiled plan are counted.
 
+``--production`` plans at sizes these cores cannot run: the synthetic GPT layers of
+``metaspmd.planner.synthetic`` (the ops of a captured block, with the rules ShardCombine
+finds for them) at hidden 2,048-8,192 and 16K tokens on 2x4 and 4x2 meshes whose dp axis
+crosses nodes, against DP x TP and FSDP x TP; planning only, costs from the cost model.
+
 ``--variants`` plans small transformer variants beyond the examples (other head counts,
 separate Q/K/V projections, RMSNorm + SwiGLU, grouped-query attention with rotary positions,
 an LM with tied embeddings) under the same kind of budget and checks each against one
@@ -26,6 +31,7 @@ device.
     python benchmarks/expert_plans_bench.py --mesh 2x2 --framework jax
     python benchmarks/expert_plans_bench.py --mesh 2x2 --dp-link 10e-6:25e9
     python benchmarks/expert_plans_bench.py --variants
+    python benchmarks/expert_plans_bench.py --production
 """
 
 from __future__ import annotations
@@ -409,6 +415,55 @@ def print_rows(rows: list[Row], expert_name: str) -> None:
             print(f"{r.case}: {n}")
 
 
+# --------------------------------------------------------------------------- production sizes
+
+# (hidden, heads, batch, seq, layers, mesh): the sizes of a 1-7B-parameter model's layers
+PRODUCTION = ((2048, 16, 16, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (4, 2)),
+              (4096, 32, 8, 2048, 2, (2, 4)), (8192, 64, 4, 4096, 1, (2, 4)))
+# Megatron on the synthetic layer (weights as [in, out]): the dim tp cuts
+SYNTHETIC_MEGATRON = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w1": 1, "w2": 0, "bq": 0, "bk": 0, "bv": 0, "b1": 0}
+
+
+def production_rows(links: dict, time_limit: float = 60.0) -> list[str]:
+    """One table row per PRODUCTION size: the planner, DP x TP and FSDP x TP, unbudgeted and
+    under 0.9 x the pure-DP peak, costed by the cost model."""
+    from metaspmd.planner.synthetic import GPTConfig, gpt
+
+    R, S = planner.Replicate(), planner.Shard
+    rows = []
+    for hidden, heads, batch, seq, layers, shape in PRODUCTION:
+        ir, strategies, grads = gpt(GPTConfig(layers=layers, batch=batch, seq=seq, hidden=hidden, heads=heads))
+        mesh = planner.Mesh.of(shape, ("dp", "tp")).with_links(links)
+        params = [p for p, _ in grads]
+        weights = {p: p for p in params if p.split(".")[1] in ("wq", "wk", "wv", "wo", "w1", "w2")}
+
+        def run(constraints=None, budget=None):
+            return planner.plan(ir, strategies, mesh, ties=grads, constraints=constraints, memory_budget=budget,
+                                time_limit=time_limit)
+
+        def tp(p):
+            dim = SYNTHETIC_MEGATRON.get(p.split(".")[1])
+            return R if dim is None else S(dim)
+
+        pure_dp = run({"x": (S(0), S(0)), **{p: (R, R) for p in params}})
+        experts = {name: {"x": (S(0), R), **{p: (S(0) if fsdp else R, tp(p)) for p in params}}
+                   for name, fsdp in (("DP x TP", False), ("FSDP x TP", True))}
+        for budget in (None, 0.9 * pure_dp.memory):
+            cells = []
+            for constraints in (None, *experts.values()):
+                try:
+                    got = run(constraints, budget)
+                    cells.append((f"{got.total_cost * 1e3:.2f}", got))
+                except Infeasible:
+                    cells.append(("does not fit", None))
+            best = cells[0][1]
+            size = f"h {hidden}, {heads} heads, {batch} x {seq} tokens, {layers} layer(s), {shape[0]}x{shape[1]}"
+            rows.append(" | ".join((size, "none" if budget is None else f"{budget / 2**30:.2f} GiB",
+                                    *(c[0] for c in cells),
+                                    describe_axes(best, "x", weights) if best is not None else "(no plan)")))
+    return rows
+
+
 # --------------------------------------------------------------------------- variants
 
 
@@ -672,6 +727,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-fraction", type=float, default=0.9,
                     help="the budget as this fraction of the least peak with replicated weights (default 0.9)")
     ap.add_argument("--variants", action="store_true", help="plan the transformer variants instead")
+    ap.add_argument("--production", action="store_true",
+                    help="plan synthetic GPT layers at production sizes on 2x4 / 4x2 meshes, dp across nodes "
+                         "(planning only; --dp-link sets that link)")
     ap.add_argument("--variant-hidden", type=int, default=64)
     ap.add_argument("--variant-heads", type=int, nargs="+", default=[4, 2, 8])
     ap.add_argument("--variant-seq", type=int, default=16)
@@ -685,8 +743,8 @@ def main(argv=None) -> int:
     args.mesh_shape = (4,) if args.mesh == "4" else (2, 2)
     args.links = None
     if args.dp_link:
-        if args.mesh != "2x2":
-            ap.error("--dp-link needs --mesh 2x2")
+        if args.mesh != "2x2" and not args.production:
+            ap.error("--dp-link needs --mesh 2x2 or --production")
         try:
             alpha, bandwidth = (float(v) for v in args.dp_link.split(":"))
         except ValueError:
@@ -694,6 +752,16 @@ def main(argv=None) -> int:
         args.links = {"dp": (alpha, bandwidth)}
     cache = RuleCache(args.cache) if args.cache else RuleCache()
     t = time.perf_counter()
+    if args.production:
+        links = args.links or {"dp": (10e-6, 25e9)}
+        print(f"synthetic GPT layers (metaspmd.planner.synthetic), dp link {links['dp']} (s per message, bytes/s), "
+              "tp the intra-node default; ms per step under the cost model; budget: none or 0.9 x the pure-DP peak")
+        print("| size | budget | planner ms | DP x TP ms | FSDP x TP ms | planner's axes |")
+        print("|---|---|---|---|---|---|")
+        for row in production_rows(links):
+            print(f"| {row} |", flush=True)
+        print(f"\n{time.perf_counter() - t:.1f} s")
+        return 0
     if args.variants:
         print(f"variants on mesh {args.mesh}, hidden {args.variant_hidden}, batch {args.variant_batch}, "
               f"seq {args.variant_seq}; budget {args.budget_fraction} x the least peak with replicated weights")
