@@ -2,50 +2,55 @@
 
 The core cannot use torch's or jax's pytree utilities (it imports no framework), and op
 arguments only nest through these three containers.
+
+The walks are module functions, not closures: a recursive closure refers to itself through
+its cell, so every call left a reference cycle that only the garbage collector frees, and
+the explorer walks arguments for every shard it runs (full collections, each a scan of
+every object torch and the sample index hold, came several times as often).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 def leaves(tree: Any, is_leaf: Callable[[Any], bool]) -> list[Any]:
     out: list[Any] = []
-
-    def walk(x: Any) -> None:
-        if is_leaf(x):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            for k in x:
-                walk(x[k])
-
-    walk(tree)
+    _collect(tree, is_leaf, out)
     return out
+
+
+def _collect(x: Any, is_leaf: Callable[[Any], bool], out: list[Any]) -> None:
+    if is_leaf(x):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _collect(y, is_leaf, out)
+    elif isinstance(x, dict):
+        for k in x:
+            _collect(x[k], is_leaf, out)
 
 
 def replace(tree: Any, is_leaf: Callable[[Any], bool], new_leaves: list[Any]) -> Any:
     """``tree`` with its leaves replaced, in order, by ``new_leaves``."""
     it = iter(new_leaves)
-
-    def walk(x: Any) -> Any:
-        if is_leaf(x):
-            return next(it)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-            return type(x)(*[walk(y) for y in x])
-        if isinstance(x, (list, tuple)):
-            return type(x)([walk(y) for y in x])
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        return x
-
-    out = walk(tree)
+    out = _rebuild(tree, is_leaf, it)
     rest = list(it)
     if rest:
         raise ValueError(f"{len(rest)} leaves left over")
     return out
+
+
+def _rebuild(x: Any, is_leaf: Callable[[Any], bool], it: Iterator[Any]) -> Any:
+    if is_leaf(x):
+        return next(it)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*[_rebuild(y, is_leaf, it) for y in x])
+    if isinstance(x, (list, tuple)):
+        return type(x)([_rebuild(y, is_leaf, it) for y in x])
+    if isinstance(x, dict):
+        return {k: _rebuild(v, is_leaf, it) for k, v in x.items()}
+    return x
 
 
 _LEAF, _SAME, _TREE = 0, 1, 2  # a template's slot: the k-th new leaf, the value itself, a subtree
@@ -55,29 +60,9 @@ def template(tree: Any, is_leaf: Callable[[Any], bool]) -> Callable[[Sequence[An
     """``replace(tree, is_leaf, ·)`` with ``tree`` walked once, for a tree filled with new
     leaves again and again (an op's arguments, per shard): the function takes exactly as
     many leaves as ``tree`` has and builds the same containers around them."""
-    count = 0
-
-    def slot(x: Any) -> tuple[int, Any]:
-        nonlocal count
-        if is_leaf(x):
-            count += 1
-            return _LEAF, count - 1
-        if isinstance(x, (list, tuple, dict)):
-            return _TREE, node(x)
-        return _SAME, x
-
-    def node(x: Any) -> Callable[[Sequence[Any]], Any]:
-        if isinstance(x, dict):
-            keyed = [(k, *slot(v)) for k, v in x.items()]
-            return lambda new: {k: new[v] if s == _LEAF else v if s == _SAME else v(new) for k, s, v in keyed}
-        slots = [slot(y) for y in x]
-        kind = type(x)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-            return lambda new: kind(*[new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])
-        return lambda new: kind([new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])
-
-    kind, value = slot(tree)
-    n = count
+    count = [0]
+    kind, value = _slot(tree, is_leaf, count)
+    n = count[0]
 
     def fill(new: Sequence[Any]) -> Any:
         if len(new) != n:
@@ -85,3 +70,23 @@ def template(tree: Any, is_leaf: Callable[[Any], bool]) -> Callable[[Sequence[An
         return new[value] if kind == _LEAF else value if kind == _SAME else value(new)
 
     return fill
+
+
+def _slot(x: Any, is_leaf: Callable[[Any], bool], count: list[int]) -> tuple[int, Any]:
+    if is_leaf(x):
+        count[0] += 1
+        return _LEAF, count[0] - 1
+    if isinstance(x, (list, tuple, dict)):
+        return _TREE, _node(x, is_leaf, count)
+    return _SAME, x
+
+
+def _node(x: Any, is_leaf: Callable[[Any], bool], count: list[int]) -> Callable[[Sequence[Any]], Any]:
+    if isinstance(x, dict):
+        keyed = [(k, *_slot(v, is_leaf, count)) for k, v in x.items()]
+        return lambda new: {k: new[v] if s == _LEAF else v if s == _SAME else v(new) for k, s, v in keyed}
+    slots = [_slot(y, is_leaf, count) for y in x]
+    kind = type(x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return lambda new: kind(*[new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])
+    return lambda new: kind([new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])

@@ -68,3 +68,27 @@ def test_shapes_of_walks_arguments_as_torchs_pytree_did():
     for args, kwargs in calls:
         assert samples.shapes_of(args, kwargs) == by_torch(args, kwargs)
     assert samples.shapes_of(*calls[0]) == [(2, 3), (1,), (4, 5), (7,), (1, 1)]
+
+
+def test_a_regenerated_call_is_kept_and_handed_out_as_copies(monkeypatch):
+    from metaspmd.backends.torch import get_backend
+
+    call = next(c for c in get_backend(opinfos=("mm",)).index["aten.mm.default"] if c.regenerable)
+    samples._REGENERATED.clear()
+    runs = []
+    rebuild = samples._regenerated_calls
+
+    def counted(*a):
+        runs.append(a)
+        return rebuild(*a)
+
+    monkeypatch.setattr(samples, "_regenerated_calls", counted)
+    first, again = samples.regenerate(call, 7), samples.regenerate(call, 7)
+    assert len(runs) == 1  # the sample ran once
+    assert all(torch.equal(a, b) and a is not b for a, b in zip(first[0], again[0]))
+    first[0][0].fill_(0)  # a caller's own copy: writing it changes no later call
+    assert torch.equal(samples.regenerate(call, 7)[0][0], again[0][0]) and len(runs) == 1
+    other = samples.regenerate(call, 8)
+    assert len(runs) == 2 and not torch.equal(other[0][0], again[0][0])
+    samples._REGENERATED.clear()  # nothing from the counted runs outlives the test
+    assert [a.shape for a in samples.regenerate(call, 7)[0]] == [a.shape for a in call.args]
