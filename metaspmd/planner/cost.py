@@ -20,7 +20,8 @@ bucket pays one collective's fixed cost (``L`` and the ``alpha`` terms) for all 
 ``fused(share)`` is the model of one member: a reduction (all-reduce, reduce-scatter) pays its
 own bytes and ``share`` of the fixed cost, any other collective its full cost (the planner
 shares it among a step's tied gradients, so reducing every gradient on an axis pays one
-collective's latency, not one per parameter).
+collective's latency, not one per parameter). The planner also hides a gradient's reduction
+behind the backward compute that follows it (``problem._overlap``).
 """
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ def solve_ilp(
         solver,
         "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible",
         time.perf_counter() - start,
-        None if bound is None else bound / TIME_SCALE + const,
+        None if bound is None else max(0.0, bound / TIME_SCALE + const),  # every cost is >= 0
     )
 
 

@@ -178,7 +178,8 @@ def make_plan(problem: ShardingProblem, assignment: Sequence[int], solution: Sol
             where = "(output)"
         if src != dst:
             steps = model.reshard_steps(d.var.shape, d.var.dtype, src, dst)
-            reshards.append(Reshard(d.var.name, where, 0, src, dst, steps, sum(s.cost for s in steps)))
+            exposed = max(0.0, sum(s.cost for s in steps) - d.overlap)  # the rest runs beside compute
+            reshards.append(Reshard(d.var.name, where, 0, src, dst, steps, exposed))
     return Plan(
         problem.mesh,
         nodes,

@@ -51,6 +51,7 @@ class Delivery:
     out_index: int
     anchor: tuple[int, int] | None = None
     allowed: tuple[Placements, ...] = ()
+    overlap: float = 0.0  # seconds of compute a tied gradient's reduction runs beside (_overlap)
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,15 +357,19 @@ def build_problem(
     # A step's gradients are reduced in buckets (cost.py): each tied gradient pays its
     # bytes and, where it is reduced, an equal share of one reduction's fixed cost.
     share = tie_share(ties)
+    hidden = _overlap(ties, where, nodes_before_delivery)
     for group in ties:
         anchor = _locate(where, group[0], "ties")
         for var in group[1:]:
             n, k = _locate(where, var, "ties")
             tied.add(var)
-            deliveries.append(Delivery(outputs[n][k], n, k, anchor=anchor))
+            deliveries.append(Delivery(outputs[n][k], n, k, anchor=anchor, overlap=hidden[var]))
             src = [st.outputs[k] for st in strats[n]]
             dst = [st.outputs[anchor[1]] for st in strats[anchor[0]]]
-            edges.append(edge(n, anchor[0], outputs[n][k], src, dst, ("tie", k, anchor[1]), cm.fused(share)))
+            e = edge(n, anchor[0], outputs[n][k], src, dst, ("tie", k, anchor[1]), cm.fused(share))
+            if hidden[var] > 0:  # what the overlap leaves is no longer a sum over mesh axes: no factors
+                e = ChoiceEdge(e.u, e.v, np.maximum(e.cost - hidden[var], 0.0), e.label)
+            edges.append(e)
 
     pinned = dict(output_placements or {})
     unknown = set(pinned) - {v.name for v in ir.output_list}
@@ -396,6 +401,27 @@ def build_problem(
     return ShardingProblem(ir, mesh, cm, tuple(names), tuple(ops), tuple(outputs), tuple(strats), compute,
                            tuple(flows), tuple(deliveries), choice,
                            tuple(float((repeats or {}).get(n, 1.0)) for n in names) if repeats else (), share)
+
+
+def _overlap(ties: Sequence[Sequence[str]], where: Mapping[str, tuple[int, int]],
+             nodes: Sequence[ChoiceNode]) -> dict[str, float]:
+    """Seconds of compute each tied gradient's reduction runs beside, as DDP and FSDP overlap
+    a bucket's reduction with the backward compute that follows: the ops after the
+    gradient's producer, up to and including the next gradient's producer (captured order),
+    each at its least compute (a plan that keeps every device busy), shared among the
+    gradients one op produces. Plan-independent, so a reduction's exposed time,
+    max(0, its cost - this), stays a cost of its own edge."""
+    grads = [var for group in ties for var in group[1:]]
+    made: dict[int, int] = {}  # producer node -> gradients it makes
+    for var in grads:
+        n = _locate(where, var, "ties")[0]
+        made[n] = made.get(n, 0) + 1
+    producers = sorted(made)
+    slot: dict[int, float] = {}
+    for i, n in enumerate(producers):
+        end = producers[i + 1] + 1 if i + 1 < len(producers) else len(nodes)
+        slot[n] = sum(float(nodes[j].cost.min()) for j in range(n + 1, end)) / made[n]
+    return {var: slot[_locate(where, var, "ties")[0]] for var in grads}
 
 
 def tie_share(ties: Sequence[Sequence[str]]) -> float:
