@@ -19,7 +19,7 @@ full rematerialization" warnings of the compiled plan are counted.
 
 ``--production`` plans at sizes these cores cannot run: the synthetic GPT layers of
 ``metaspmd.planner.synthetic`` (the ops of a captured block, with the rules ShardCombine
-finds for them) at hidden 2,048-8,192 and 16K tokens on 2x4 and 4x2 meshes whose dp axis
+finds for them) at hidden 2,048-8,192 and 16K tokens on 2x2, 2x4 and 4x2 meshes whose dp axis
 crosses nodes, against DP x TP and FSDP x TP; planning only, costs from the cost model.
 
 ``--variants`` plans small transformer variants beyond the examples (other head counts,
@@ -418,8 +418,8 @@ def print_rows(rows: list[Row], expert_name: str) -> None:
 # --------------------------------------------------------------------------- production sizes
 
 # (hidden, heads, batch, seq, layers, mesh): the sizes of a 1-7B-parameter model's layers
-PRODUCTION = ((2048, 16, 16, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (4, 2)),
-              (4096, 32, 8, 2048, 2, (2, 4)), (8192, 64, 4, 4096, 1, (2, 4)))
+PRODUCTION = ((2048, 16, 16, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (2, 2)), (4096, 32, 8, 2048, 1, (2, 4)),
+              (4096, 32, 8, 2048, 1, (4, 2)), (4096, 32, 8, 2048, 2, (2, 4)), (8192, 64, 4, 4096, 1, (2, 4)))
 # Megatron on the synthetic layer (weights as [in, out]): the dim tp cuts
 SYNTHETIC_MEGATRON = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w1": 1, "w2": 0, "bq": 0, "bk": 0, "bv": 0, "b1": 0}
 
