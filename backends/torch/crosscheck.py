@@ -59,7 +59,7 @@ from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, STRIDED_SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
     answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
 )
-from .crosscheck_numerics import FreshInputs, check_foreign_rule, reverify
+from .crosscheck_numerics import INEXACT_SPLIT, FreshInputs, check_foreign_rule, reverify
 from .crosscheck_real import REAL, REAL_CANNOT_RUN, REAL_RAISES
 from .crosscheck_real import replay as real_dtensor_replay
 
@@ -333,6 +333,8 @@ def _reason(static: str, numeric: str, detail: str) -> str:
         return "holds on real DTensor: the explorer missed it"
     if numeric == "holds":
         return "holds numerically: the explorer missed it"
+    if detail.startswith(INEXACT_SPLIT):
+        return f"not found by the explorer; unchecked: {detail}"
     return "not found by the explorer; the numeric check could not run"
 
 
@@ -477,7 +479,8 @@ def _compare_case(result: OpResult, func, case: OpCase, sig: str, entry: RuleEnt
         numeric, detail = _check_dtensor_rule(func, fresh, inputs, outputs, config)
         if numeric == "unchecked" and SHARD_FAILS_RE.match(detail) and result.support in KERNEL_ON_SHARDS:
             numeric, detail = "wrong", f"{KERNEL_FAILS}: {detail}"
-        if numeric == "unchecked" and config.real_dtensor:  # our replay cannot stand in for DTensor here
+        if numeric == "unchecked" and config.real_dtensor and not detail.startswith(INEXACT_SPLIT):
+            # our replay cannot stand in for DTensor here (DTensor's own would split inexactly too)
             why = detail
             numeric, detail = real_dtensor_replay(func, fresh, inputs, outputs, config.dtensor.mesh_size)
             detail += f" ({why})" if why == COMPOSITE else ""

@@ -22,7 +22,7 @@ _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _STRIDED = torch.strided
 # float8 kinds: CPU kernels convert and copy them (and _scaled_mm multiplies them) but do no
 # arithmetic or random draws in them; TorchOps computes in float32 and rounds back
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
                                              "float8_e8m0fnu") if hasattr(torch, n))
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
@@ -107,12 +107,12 @@ def _dense_op(f):
     def wrapped(self, x, *rest):
         # the explorer calls these ~10^5 times per op on strided tensors: checked first, cheaply
         other = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
-        if x.layout is _STRIDED and x.dtype not in _FLOAT8 and (
-                other is None or (other.layout is _STRIDED and other.dtype not in _FLOAT8)):
+        if x.layout is _STRIDED and x.dtype not in FLOAT8 and (
+                other is None or (other.layout is _STRIDED and other.dtype not in FLOAT8)):
             return f(self, x, *rest)
-        float8 = x.dtype if x.dtype in _FLOAT8 else other.dtype if other is not None and other.dtype in _FLOAT8 else None
+        float8 = x.dtype if x.dtype in FLOAT8 else other.dtype if other is not None and other.dtype in FLOAT8 else None
         if float8 is not None:
-            wide = [y.float() if isinstance(y, torch.Tensor) and y.dtype in _FLOAT8 else y for y in (x, *rest)]
+            wide = [y.float() if isinstance(y, torch.Tensor) and y.dtype in FLOAT8 else y for y in (x, *rest)]
             return wrapped(self, *wide).to(float8)
         sparse = x if x.layout in _SPARSE else other if other is not None and other.layout in _SPARSE else None
         if sparse is None:  # another layout (mkldnn): as torch gives it
@@ -263,7 +263,7 @@ class TorchOps:
         g = torch.Generator().manual_seed(seed)
         if x.dtype == torch.bool:  # vary the density by seed so any/all-like outputs vary too
             return torch.rand(x.shape, generator=g) < (0.1, 0.5, 0.9)[seed % 3]
-        if x.dtype in _FLOAT8:
+        if x.dtype in FLOAT8:
             return torch.randn(x.shape, generator=g).to(x.dtype)
         if x.dtype.is_floating_point or x.dtype.is_complex:
             return torch.randn(x.shape, generator=g, dtype=x.dtype)

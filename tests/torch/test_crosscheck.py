@@ -568,3 +568,18 @@ def test_an_op_past_the_time_limit_is_a_note_and_the_check_goes_on():
                             explore_missing=True, jobs=1, backend_options={"opinfos": ("mm",)}, timeout=0.01)
     assert [r.op for r in report.results] == ["aten.mm.default", "aten.relu.default"]
     assert all(r.notes == ["cross-check fails: timeout after 0.01s"] for r in report.results)
+
+
+def test_a_partial_float8_input_is_unchecked_not_a_dtensor_false_positive(backend):
+    """_scaled_mm is linear in self, so DTensor's (P(sum), R, R, R) -> P(sum) is right; but a
+    float8 input's parts round to float8, so no split sums back to it: no verdict."""
+    ops = backend.tensor_ops()
+    func = torch.ops.aten._scaled_mm.default
+    a = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 32).to(torch.float8_e4m3fn).t()
+    case = OpCase(str(func), func, (a, b, torch.tensor(1.0), torch.tensor(1.0)), {"out_dtype": torch.float32},
+                  ("self", "mat2", "scale_a", "scale_b"))
+    rule = ((PartialInput("sum"), Replicate(), Replicate(), Replicate()), (Reduce("sum"),))
+    verdict, detail = check_foreign_rule(FreshInputs(case, ops), *rule, mesh_size=2, seed=1)
+    assert verdict == "unchecked" and detail.startswith(crosscheck_numerics.INEXACT_SPLIT)
+    assert "not found by the explorer; unchecked" in crosscheck._reason("", verdict, detail)
