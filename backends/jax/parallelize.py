@@ -40,6 +40,27 @@ from .tensor_ops import JaxOps
 EXPLORE_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def one_axis_at_a_time(src: planner.Placements, dst: planner.Placements) -> list[planner.Placements]:
+    """The placements from ``src`` to ``dst`` changing one mesh axis at a time: gathers to
+    Replicate first (the last axis first, so a dim cut over several axes is released from
+    its minor axis), then moves between dims, then slices. XLA's partitioner does each such
+    step as one collective, where a change of several axes at once (a dim cut over dp and tp
+    moved to another dim on dp) can leave it no way but to replicate the tensor: an
+    "involuntary full rematerialization". Where a Partial is involved, ``[dst]``: the
+    partitioner places those values itself."""
+    if any(isinstance(p, planner.Partial) for p in (*src, *dst)):
+        return [tuple(dst)]
+    axes = range(len(dst))
+    order = ([a for a in reversed(axes) if src[a] != dst[a] and isinstance(dst[a], planner.Replicate)]
+             + [a for a in axes if src[a] != dst[a] and isinstance(src[a], planner.Shard) and isinstance(dst[a], planner.Shard)]
+             + [a for a in axes if src[a] != dst[a] and isinstance(src[a], planner.Replicate)])
+    path, now = [], list(src)
+    for a in order:
+        now[a] = dst[a]
+        path.append(tuple(now))
+    return path or [tuple(dst)]
+
+
 def planner_mesh(mesh: Mesh) -> planner.Mesh:
     return planner.Mesh.of(tuple(mesh.devices.shape), tuple(str(n) for n in mesh.axis_names))
 
@@ -108,7 +129,8 @@ class Parallelized:
                 if isinstance(a, str) and a in self._tensors:
                     dst = next(wanted)
                     if dst != plan.placement(a):  # the plan reshards this edge
-                        x = self._constrain(x, dst)
+                        for step in one_axis_at_a_time(plan.placement(a), dst):
+                            x = self._constrain(x, step)
                 operands.append(x)
             outs = e.bind(operands)
             for name, x, p in zip(e.outputs, outs, strategy.outputs):

@@ -426,3 +426,37 @@ def test_a_large_batch_mlp_with_dp_across_nodes_is_data_parallel_on_dp_and_megat
     assert par.plan.placement("in0") == (S0, R)
     megatron = {"w1": (R, S1), "b1": (R, S0), "w2": (R, S0)}
     assert {n: par.plan.placement(f"params.{n}") for n in megatron} == megatron
+
+
+def test_a_reshard_of_several_axes_goes_one_axis_at_a_time():
+    from metaspmd.backends.jax.parallelize import one_axis_at_a_time
+
+    R, S = planner.Replicate(), planner.Shard
+    assert one_axis_at_a_time((S(0), S(0)), (S(2), R)) == [(S(0), R), (S(2), R)]  # gather first, minor axis first
+    assert one_axis_at_a_time((R, S(1)), (S(0), S(0))) == [(R, S(0)), (S(0), S(0))]
+    assert one_axis_at_a_time((S(0), R), (S(0), R)) == [(S(0), R)]
+    assert one_axis_at_a_time((planner.Partial("sum"), R), (S(0), S(1))) == [(S(0), S(1))]
+
+
+@needs_devices
+def test_xla_moves_a_dim_cut_over_two_axes_without_replicating_when_told_one_axis_at_a_time(capfd):
+    """(S(0), S(0)) -> (S(2), R) in one constraint: XLA replicates the tensor ("involuntary full
+    rematerialization"); through (S(0), R) it all-gathers on tp, then all-to-alls on dp."""
+    from metaspmd.backends.jax.parallelize import one_axis_at_a_time
+    from metaspmd.backends.jax.shardings import named_sharding
+
+    mesh_2d = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "tp"))
+    R, S = planner.Replicate(), planner.Shard
+    src, dst = (S(0), S(0)), (S(2), R)
+
+    def moved(path):
+        def f(x):
+            x = jax.lax.with_sharding_constraint(x * 2.0, named_sharding(mesh_2d, src, 3))
+            for p in path:
+                x = jax.lax.with_sharding_constraint(x, named_sharding(mesh_2d, p, 3))
+            return x + 1.0
+        jax.jit(f).lower(jnp.ones((4, 16, 64), jnp.float32)).compile()
+        return capfd.readouterr().err
+
+    assert "Involuntary full rematerialization" in moved([dst])  # the check can fail
+    assert "Involuntary full rematerialization" not in moved(one_axis_at_a_time(src, dst))
