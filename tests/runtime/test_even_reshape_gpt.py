@@ -93,5 +93,5 @@ def test_the_plan_matches_one_device(fake_world, cache):
     ref = model(x)
     ref_grads = torch.autograd.grad(ref.sum(), list(model.parameters()))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads):  # a gradient sums thousands of float32 terms, each plan in its own order
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5 * max(1.0, float(r.abs().max())))
