@@ -109,12 +109,9 @@ class Row:
     budget: float = math.nan
     least_replicated: float = math.nan
     planner_us: float = math.nan
-    expert_us: float = math.nan  # the cheapest expert's
     experts: list = field(default_factory=list)  # (name, us, peak B, matches) per expert plan
     peak: float = math.nan
-    expert_peak: float = math.nan
     matches: str = "-"
-    expert_matches: str = "-"
     remat: str = "-"
     noise: str = "-"
     axes: str = ""
@@ -122,7 +119,9 @@ class Row:
 
     @property
     def ratio(self) -> float:
-        return self.planner_us / self.expert_us if self.expert_us else math.nan
+        """The planner's cost over the cheapest expert's that fits the budget."""
+        fits = [us for _, us, _, _ in self.experts if not math.isnan(us)]
+        return self.planner_us / min(fits) if fits else math.nan
 
 
 def _budget(case: Case, replicated: dict, fraction: float, given: float | None) -> tuple[float, float]:
@@ -377,10 +376,6 @@ def _compare(row: Row, case: Case, replicated: dict, experts: dict, args, check)
         row.experts.append((name, exp.total_cost * 1e6, exp.memory, check(exp)))
         if args.show_plans:
             print(f"{name}:\n{exp.table()}")
-    fits = [e for e in row.experts if not math.isnan(e[1])]
-    if fits:
-        cheapest = min(fits, key=lambda e: e[1])
-        row.expert_us, row.expert_peak, row.expert_matches = cheapest[1], cheapest[2], cheapest[3]
 
 
 def _axes(row: Row, input_var, weights, case) -> str:
@@ -420,8 +415,9 @@ def print_rows(rows: list[Row], expert_name: str) -> None:
 # (hidden, heads, batch, seq, layers, mesh): the sizes of a 1-7B-parameter model's layers
 PRODUCTION = ((2048, 16, 16, 2048, 1, (2, 4)), (4096, 32, 8, 2048, 1, (2, 2)), (4096, 32, 8, 2048, 1, (2, 4)),
               (4096, 32, 8, 2048, 1, (4, 2)), (4096, 32, 8, 2048, 2, (2, 4)), (8192, 64, 4, 4096, 1, (2, 4)))
-# Megatron on the synthetic layer (weights as [in, out]): the dim tp cuts
-SYNTHETIC_MEGATRON = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w1": 1, "w2": 0, "bq": 0, "bk": 0, "bv": 0, "b1": 0}
+# Megatron on the synthetic layer (weights as [in, out]), by parameter name after the layer's
+SYNTHETIC_MEGATRON = {"wq": "S1", "wk": "S1", "wv": "S1", "wo": "S0", "w1": "S1", "w2": "S0",
+                      "bq": "S0", "bk": "S0", "bv": "S0", "b1": "S0"}
 
 
 def production_rows(links: dict, time_limit: float = 60.0) -> list[str]:
@@ -441,13 +437,9 @@ def production_rows(links: dict, time_limit: float = 60.0) -> list[str]:
             return planner.plan(ir, strategies, mesh, ties=grads, constraints=constraints, memory_budget=budget,
                                 time_limit=time_limit)
 
-        def tp(p):
-            dim = SYNTHETIC_MEGATRON.get(p.split(".")[1])
-            return R if dim is None else S(dim)
-
-        pure_dp = run({"x": (S(0), S(0)), **{p: (R, R) for p in params}})
-        experts = {name: {"x": (S(0), R), **{p: (S(0) if fsdp else R, tp(p)) for p in params}}
-                   for name, fsdp in (("DP x TP", False), ("FSDP x TP", True))}
+        megatron = {p: SYNTHETIC_MEGATRON[p.split(".")[1]] for p in params if p.split(".")[1] in SYNTHETIC_MEGATRON}
+        replicated, experts = expert_plans(True, megatron, params, "x", R, S)
+        pure_dp = run({"x": (S(0), S(0)), **replicated})
         for budget in (None, 0.9 * pure_dp.memory):
             cells = []
             for constraints in (None, *experts.values()):
@@ -728,7 +720,7 @@ def main(argv=None) -> int:
                     help="the budget as this fraction of the least peak with replicated weights (default 0.9)")
     ap.add_argument("--variants", action="store_true", help="plan the transformer variants instead")
     ap.add_argument("--production", action="store_true",
-                    help="plan synthetic GPT layers at production sizes on 2x4 / 4x2 meshes, dp across nodes "
+                    help="plan synthetic GPT layers at production sizes on 2x2, 2x4 and 4x2 meshes, dp across nodes "
                          "(planning only; --dp-link sets that link)")
     ap.add_argument("--variant-hidden", type=int, default=64)
     ap.add_argument("--variant-heads", type=int, nargs="+", default=[4, 2, 8])

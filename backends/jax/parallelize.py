@@ -98,6 +98,12 @@ class Parallelized:
         sharding = self._sharding(placements, x.ndim)
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
+    def _move(self, x: Any, src: planner.Placements, dst: planner.Placements) -> Any:
+        """``x``, placed ``src``, pinned to ``dst`` one mesh axis at a time."""
+        for step in one_axis_at_a_time(src, dst):
+            x = self._constrain(x, step)
+        return x
+
     @cached_property
     def _tensors(self) -> frozenset[str]:
         ir = self.captured.ir
@@ -111,7 +117,7 @@ class Parallelized:
         for a in c.outputs:
             x = read_atom(env, a)
             if isinstance(a, str) and a in self._final:
-                x = self._constrain(x, self._final[a])
+                x = self._move(x, self.plan.placement(a), self._final[a])
             results.append(x)
         return results
 
@@ -129,8 +135,7 @@ class Parallelized:
                 if isinstance(a, str) and a in self._tensors:
                     dst = next(wanted)
                     if dst != plan.placement(a):  # the plan reshards this edge
-                        for step in one_axis_at_a_time(plan.placement(a), dst):
-                            x = self._constrain(x, step)
+                        x = self._move(x, plan.placement(a), dst)
                 operands.append(x)
             outs = e.bind(operands)
             for name, x, p in zip(e.outputs, outs, strategy.outputs):
