@@ -64,12 +64,15 @@ class Randomness:
     values depend on no input's values (a fill, ``randn_like``): a Partial input is then no
     different from a replicated one, and leaves the output replicated (ranks draw a
     replicated output alike; in-place fills are not value-free, since self keeps its
-    placement).
+    placement). ``shared_dims``: output dims along which one draw is shared (feature
+    dropout draws one mask element per batch and channel, broadcast over the rest): a
+    gather along one would draw it again on every rank, so none is accepted.
     """
 
     deterministic: bool = True
     random: bool = False
     value_free: bool = False
+    shared_dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class Sizes:
 _FLAT = {
     **{name: ("index", name) for name in ("fixed", "values", "bounds_checked", "dropping", "in_range")},
     **{name: ("local", name) for name in ("localize", "padding")},
-    **{name: ("randomness", name) for name in ("deterministic", "random", "value_free")},
+    **{name: ("randomness", name) for name in ("deterministic", "random", "value_free", "shared_dims")},
     "special": ("specials", "special"), "special_always": ("specials", "always"),
     **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes")},
 }
@@ -200,6 +203,7 @@ class OpCase:
     deterministic = _flat("randomness", "deterministic")
     random = _flat("randomness", "random")
     value_free = _flat("randomness", "value_free")
+    shared_dims = _flat("randomness", "shared_dims")
     special = _flat("specials", "special")
     special_always = _flat("specials", "always")
     widen = _flat("sizes", "widen")

@@ -399,6 +399,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         notes = (note,)
     # An in-place fill keeps self's placement, so a Partial self cannot come out replicated.
     value_free = random and random_ops.is_fill(func) and not catalog.written_arg_names(func)
+    shared_dims = random_ops.shared_draw_dims(func, args, kwargs) if random else ()
     if views.is_view_like(func):
         # an out= overload writes what its functional sibling returns (the out tensor is
         # resized to fit): a shard runs the sibling's derived form, sizes rewritten
@@ -434,7 +435,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=_special_values(func),
         special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
-        random=random, value_free=value_free, dropping=dropping, localize=localize,
+        random=random, value_free=value_free, shared_dims=shared_dims, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
     )
 

@@ -361,6 +361,12 @@ def _bernoulli(d: Draw) -> Named:
     return {"self": d.randn(4, 6), "p": d.rand(4, 6)}
 
 
+def _feature_dropout(self_name: str) -> Callable[[Draw], Named]:
+    # in training, half dropped: the mask is drawn per (batch, channel), so the cuts of the
+    # spatial dims are refused, which OpInfo's p = 0 calls (drawing nothing) cannot show
+    return lambda d: {self_name: d.randn(4, 6, 5, 3), "p": 0.5, "train": True}
+
+
 def _normal(d: Draw) -> Named:
     return {"mean": 0.5, "std": d.rand(4, 6) + 0.1}
 
@@ -491,6 +497,8 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
         "ctc_loss:mean, zero_infinity": (_ctc_loss(blank=0, reduction=1, zero_infinity=True), "float64"),
     },
     "aten.repeat_interleave.Tensor": {"repeat_interleave:counts": (_repeat_interleave_counts, "int64")},
+    **{f"aten.{op}.default": {f"{op}:train": (_feature_dropout("self" if op.endswith("_") else "input"), "float64")}
+       for op in ("feature_dropout", "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")},
 }
 _LEAD_BUILDERS = {key: built for calls in LEADING.values() for key, built in calls.items()}
 

@@ -52,6 +52,11 @@ FILL_OVERLOADS = frozenset({
 })
 FILL_NOTE = "random values depending on no input's values: verified on shapes and dtypes; every element drawn once"
 LIMIT_NOTE = "random op: verified in its deterministic limit ({}); every element drawn once"
+# Ops that draw one mask element per (batch, channel) of self and broadcast it over the
+# other dims: cut along one of those, every rank would draw that channel's mask again.
+FEATURE_MASKS = frozenset({"feature_dropout", "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_"})
+FEATURE_NOTE = ("random op: verified in its deterministic limit ({}); one draw per (batch, channel), shared along "
+                "the other dims, which are never cut")
 FACTORY_NOTE = "random factory: replicated when every rank draws with the same generator seed"
 FACTORY_SEED = 0
 
@@ -124,12 +129,14 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.bernoulli_.Tensor": ("p rounded to 0 or 1", _bernoulli_limit),
     "aten.native_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.native_dropout.out": ("p rounded to 0 or 1", _dropout_limit),
-    # elementwise masks; not feature_dropout and feature_alpha_dropout, whose mask is drawn
-    # per channel: cut along another dim, two ranks would draw one channel's mask twice
+    # elementwise masks
     "aten.dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.dropout_.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.alpha_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.alpha_dropout_.default": ("p rounded to 0 or 1", _dropout_limit),
+    # one mask element per (batch, channel), broadcast over the rest (FEATURE_MASKS)
+    **{f"aten.{op}.default": ("p rounded to 0 or 1", _dropout_limit)
+       for op in ("feature_dropout", "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")},
     # dropout on the attention weights, one mask element per (query, key) pair
     "aten.scaled_dot_product_attention.default": ("dropout_p = 0", _attention_limit),
     "aten._scaled_dot_product_attention_math.default": ("dropout_p = 0", _attention_limit),
@@ -213,6 +220,14 @@ def _seeded(fn: Call) -> Call:
     return seeded
 
 
+def shared_draw_dims(func, args: tuple, kwargs: dict) -> tuple[int, ...]:
+    """The output dims along which this call of a random op shares one draw (``OpCase.shared_dims``)."""
+    if catalog.aten_base(func) not in FEATURE_MASKS:
+        return ()
+    named = _named(func, args, kwargs)
+    return tuple(range(2, named["input" if "input" in named else "self"].dim()))
+
+
 def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
     """What the explorer runs for the random op ``func`` (its runner ``fn``; a fill's is
     already zeroed, like ``empty_like``'s), and the note its rules carry. NoLimit when this
@@ -223,13 +238,14 @@ def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
     if name in LIMITS:
         what, limit = LIMITS[name]
         limit(func, tuple(args), dict(kwargs))  # raises where this call has no limit
-        return _in_limit(func, fn, limit), LIMIT_NOTE.format(what)
+        note = FEATURE_NOTE if catalog.aten_base(func) in FEATURE_MASKS else LIMIT_NOTE
+        return _in_limit(func, fn, limit), note.format(what)
     if is_factory(func):
         return _seeded(fn), FACTORY_NOTE
     raise NoLimit(f"{name}: a random op with no deterministic limit")
 
 
 __all__ = [
-    "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "checkable", "checked_form", "draws_nothing",
-    "is_factory", "is_fill",
+    "FEATURE_MASKS", "FEATURE_NOTE", "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "checkable",
+    "checked_form", "draws_nothing", "is_factory", "is_fill", "shared_draw_dims",
 ]

@@ -151,7 +151,8 @@ class Shards:
                     cands = [c for c in cands if not (isinstance(c, Gather) and c.overlap)]  # sides are dropped
             if self.case.random:  # each element drawn once, on one rank
                 replicated = self.case.value_free and not group.dims  # only Partial inputs, which a fill ignores
-                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap)
+                cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap
+                                              and c.dim not in self.case.shared_dims)
                          or (replicated and c == Identity())]
             # an even gather is accepted only where this split cuts its dim evenly too
             valid = [c for c in cands if (even or c != Reduce("avg"))

@@ -130,7 +130,7 @@ def test_a_random_factory_is_replicated_under_a_shared_seed(backend):
 
 def test_random_ops_with_no_checkable_form_stay_nondeterministic(backend):
     with pytest.raises(Skip) as info:
-        backend.cases("aten.feature_dropout.default")  # whole channels dropped: not element by element
+        backend.cases("aten.poisson.default")  # no limit where its draws stop being random
     assert info.value.status == "nondeterministic"
     assert not random_ops.checkable(aten.randint_like.Tensor)  # its bound is a tensor value
     assert not random_ops.checkable(aten.resize_.default)  # uninitialized memory, not random
@@ -160,3 +160,27 @@ def test_a_recurrent_layer_without_dropout_is_explored_and_cut_along_its_batch()
     xs, hs, cs, *weights = e.shard.inputs  # tensor leaves, in order
     assert not any(d.label for w in weights for d in w) and not xs[0].label and xs[1].label and xs[1].label == hs[1].label == cs[1].label
     assert {str(c) for c in _combines(e)} == {"gather(dim=1)"}
+
+
+@pytest.mark.parametrize("op", [aten.feature_dropout.default, aten.feature_alpha_dropout_.default])
+def test_feature_dropout_cuts_batch_and_channels_only(op):
+    """Its mask is one draw per (batch, channel), broadcast over the other dims: cut along
+    one of those, two ranks would draw one channel's mask each. In the deterministic limit
+    every dim gathers; only the shared-draw guard keeps the spatial cuts out."""
+    x = torch.randn(4, 6, 5, 3, dtype=F64)
+    case = torch_case(op, (x, 0.5, True), {}, op)
+    assert case.shared_dims == (2, 3)
+    e = explore_case(case, TorchOps())
+    assert e.status == "ok" and e.partial.is_empty()
+    assert [bool(p.label) for p in e.shard.inputs[0]] == [True, True, False, False]
+    assert {str(c) for c in _combines(e)} == {"gather(dim=0)", "gather(dim=1)"}
+    assert any("one draw per (batch, channel)" in n for n in e.notes)
+    unguarded = explore_case(replace(case, shared_dims=()), TorchOps())
+    assert [bool(p.label) for p in unguarded.shard.inputs[0]] == [True] * 4
+
+
+def test_elementwise_dropout_shares_no_draw():
+    x = torch.randn(4, 6, 5, 3, dtype=F64)
+    case = torch_case(aten.dropout.default, (x, 0.5, True), {}, aten.dropout.default)
+    assert case.shared_dims == ()
+    assert [bool(p.label) for p in explore_case(case, TorchOps()).shard.inputs[0]] == [True] * 4
