@@ -214,6 +214,8 @@ class TorchOps:
                     and expected.layout == torch.strided):
                 if actual.shape != expected.shape:
                     return False
+                if torch.equal(actual, expected):  # most gathers rebuild the exact bits: ~15x cheaper
+                    return True
                 try:
                     a, e = actual.numpy(), expected.numpy()
                 except (RuntimeError, TypeError):  # grad, a conj or neg bit, not on the CPU
