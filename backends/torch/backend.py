@@ -364,8 +364,8 @@ def _scalars_as_tensors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _special_values(func):
     """The case's special-value generator: NaN alone among the data for the NaN-skipping
     ops (nanmean), one NaN or inf in one tensor at a time for the non-finite checks (AMP's
-    unscale), ascending ramps for the histograms, the full set for the others; none for
-    ops that crash on them."""
+    unscale), ascending ramps for the histograms, matrices of chosen ranks for the rank
+    queries, the full set for the others; none for ops that crash on them."""
     if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES:
         return None
     if catalog.aten_base(func) in catalog.NAN_SKIPPING:
@@ -374,6 +374,8 @@ def _special_values(func):
         return sample_data.with_one_nonfinite
     if catalog.aten_base(func) in catalog.BINNING:
         return sample_data.with_ramps
+    if catalog.aten_base(func) in catalog.RANK_QUERIES:
+        return sample_data.with_low_rank
     return sample_data.with_special_values
 
 

@@ -99,12 +99,6 @@ OBJECT_QUERY_REASON = ("a query of the tensor object (layout, storage, autograd 
 SHAPE_COMPARISONS = frozenset({"is_same_size"})
 SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples hold equal: a rule verified there "
                            "would not cover unequal shapes of the same signature")
-# Ops whose answer is a matrix rank: random matrices have full rank, on every shard as on
-# the whole, so the samples pass combines that rank deficiency breaks (a sum of the ranks
-# of row blocks, the rank of a Partial summand). No sample shows it, so no rule is kept.
-RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
-RANK_QUERY_REASON = ("a matrix rank, full on random samples, on every shard as on the whole: they cannot refute "
-                     "a combine that rank deficiency breaks (the ranks of row blocks do not add up)")
 # oneDNN's recurrent layer hands its backward an opaque workspace (bytes laid out for the
 # whole call's sizes) among its results: a shard's workspace is no piece of the whole one,
 # and the backward, given tensors cut unlike its workspace, corrupts the heap. lstm runs
@@ -128,7 +122,11 @@ NONFINITE_CHECKING = frozenset({
 # and histograms, whose random samples land no point in a bin of every dim: empty on every
 # trial, they passed any combine (Partial edges as identity); ascending ramps fill them
 BINNING = frozenset({"histogramdd", "_histogramdd_from_bin_tensors", "_histogramdd_from_bin_cts", "histogram"})
-SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING | NONFINITE_CHECKING | BINNING
+# and rank queries: random matrices have full rank, on every shard as on the whole, so
+# they passed combines that rank deficiency breaks (a sum of the ranks of row blocks, the
+# rank of a Partial summand); matrices of chosen low ranks refute them
+RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
+SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING | NONFINITE_CHECKING | BINNING | RANK_QUERIES
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'
@@ -448,14 +446,12 @@ def is_core(func: torch._ops.OpOverload) -> bool:
 
 def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
     """Why no sharding rule can describe the op (a query of the tensor object, a comparison
-    of shapes its samples hold equal, a matrix rank, an opaque workspace), or None."""
+    of shapes its samples hold equal, an opaque workspace), or None."""
     base = aten_base(func)
     if base in OBJECT_QUERIES:
         return OBJECT_QUERY_REASON
     if base in SHAPE_COMPARISONS:
         return SHAPE_COMPARISON_REASON
-    if base in RANK_QUERIES:
-        return RANK_QUERY_REASON
     if base in OPAQUE_WORKSPACE:
         return OPAQUE_WORKSPACE_REASON
     return None

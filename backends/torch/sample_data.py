@@ -187,4 +187,101 @@ def with_ramps(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dic
     return tuple(new_args), new_kwargs
 
 
-__all__ = ["PATTERNS", "call_scalars", "with_nan_specks", "with_one_nonfinite", "with_ramps", "with_special_values"]
+def _integers(shape: tuple[int, ...], gen: torch.Generator, complex_: bool) -> torch.Tensor:
+    """Integers in [-2, 2] (complex: in both parts), float64 or complex128."""
+    real = torch.randint(-2, 3, shape, generator=gen).to(torch.float64)
+    if not complex_:
+        return real
+    return torch.complex(real, torch.randint(-2, 3, shape, generator=gen).to(torch.float64))
+
+
+def _shaped_rows(factor: torch.Tensor, shape: str) -> torch.Tensor:
+    """``factor`` (rows by rank) with its rows shaped: 'duplicated' copies the first half's
+    rows into the second half, 'zero' zeroes the second half, 'spread' keeps as many rows
+    as its rank, spread from the first row to the last, and zeroes the rest."""
+    m, rank = factor.shape
+    half = m // 2
+    if shape == "duplicated":
+        factor[m - half:] = factor[:half]
+    elif shape == "zero":
+        factor[m - half:] = 0
+    elif shape == "spread":
+        kept = torch.zeros(m, dtype=torch.bool)
+        kept[torch.linspace(0, m - 1, rank).round().long()] = True
+        factor[~kept] = 0
+    return factor
+
+
+def _low_rank_matrix(m: int, n: int, rank: int, symmetric: bool, shape: str, gen: torch.Generator,
+                     complex_: bool) -> torch.Tensor:
+    """An m x n matrix of rank ``rank`` at most: integer factors (m, rank) and (rank, n), so
+    the product is exact and its zero singular values fall below any default tolerance.
+    ``symmetric`` (square only): F diag(d) F^H, as a Hermitian kernel reads it from one
+    triangle. ``shape`` (``LOW_RANK_SHAPES``) shapes the rows of F ('duplicated', 'zero'),
+    or the columns ('duplicated_cols', 'zero_cols'; both where symmetric), or both
+    ('spread'; see ``_shaped_rows``): blocks whose ranks do not add up to the whole's, or
+    do and miss it one by one."""
+    cols = shape.endswith("_cols") or shape == "spread"
+    rows = shape.removesuffix("_cols") if symmetric or not shape.endswith("_cols") else "plain"
+    left = _shaped_rows(_integers((m, rank), gen, complex_), rows)
+    if symmetric:
+        d = torch.randint(1, 3, (rank,), generator=gen).to(torch.float64)
+        d = d * torch.where(torch.rand(rank, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+        return (left * d.to(left.dtype)) @ left.mH
+    right = _integers((n, rank), gen, complex_)
+    return left @ _shaped_rows(right, shape.removesuffix("_cols") if cols else "plain").mT
+
+
+# matrix shapes besides the plain product: each leaves some row or column blocks' ranks
+# other than a share of the whole's
+LOW_RANK_SHAPES = ("duplicated", "zero", "spread", "duplicated_cols", "zero_cols")
+
+
+def with_low_rank(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
+    """The first float tensor of at least two dims (the matrix of a rank query) refilled
+    with matrices of chosen ranks, the other float tensors (its tolerances) with positive
+    values spread over its singular values' range: 2**u for u uniform in [-3, 5], or in
+    [-6, 0] for ``rtol`` (a fraction of the largest singular value).
+
+    Random matrices have full rank, on every row block as on the whole, so the ranks of row
+    blocks added up, and a Partial summand's rank was the whole's. Here matrix ``b`` of the
+    batch has rank ``r = (k - 1 + b) % (p + 1)`` at most (p = min(m, n)): trial after trial,
+    and along a batch, rank 0, full rank and the ranks between. A matrix of full rank is
+    'spread' (a tall one's row blocks then each miss some of its rank); below full rank it
+    is a plain product where ``k + b`` is even, else shaped by ``LOW_RANK_SHAPES`` in turn:
+    row or column halves duplicated or zero, whose ranks neither add up to nor equal the
+    whole's. A square matrix is Hermitian on odd ``k``, which a Hermitian rank (eigenvalues
+    of one triangle) reads as low rank too. A cut that keeps each matrix whole on one shard
+    computes every rank as the whole call does."""
+    def fillable(x) -> bool:
+        return (isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex)
+                and x.layout == torch.strided and x.numel() > 0)
+
+    gen = torch.Generator().manual_seed(seed)
+    floats = [x for x in tree_leaves((list(args), dict(kwargs))) if fillable(x)]
+    matrix = next((x for x in floats if x.dim() >= 2), None)
+
+    def refill(x, relative: bool = False):
+        if not fillable(x):
+            return x
+        if x is not matrix:  # a nonzero singular value of the integer matrices is 0.1 to 40
+            low, high = (-6, 0) if relative else (-3, 5)
+            return (2.0 ** torch.empty(x.shape, dtype=torch.float64).uniform_(low, high, generator=gen)).to(x.dtype)
+        *batch, m, n = x.shape
+        p = min(m, n)
+        out = torch.empty((math.prod(batch), m, n), dtype=torch.complex128 if x.dtype.is_complex else torch.float64)
+        for b in range(out.shape[0]):
+            rank = (k - 1 + b) % (p + 1)
+            if rank == p:
+                shape = "spread"
+            else:
+                shape = "plain" if (k + b) % 2 == 0 else LOW_RANK_SHAPES[(k + b) // 2 % len(LOW_RANK_SHAPES)]
+            out[b] = _low_rank_matrix(m, n, rank, m == n and k % 2 == 1, shape, gen, x.dtype.is_complex)
+        return out.reshape(x.shape).to(x.dtype)
+
+    new_kwargs = {name: tree_map(lambda x, rel=name == "rtol": refill(x, rel), value) for name, value in kwargs.items()}
+    return tuple(tree_map(refill, list(args))), new_kwargs
+
+
+__all__ = ["LOW_RANK_SHAPES", "PATTERNS", "call_scalars", "with_low_rank", "with_nan_specks", "with_one_nonfinite",
+           "with_ramps", "with_special_values"]

@@ -139,14 +139,16 @@ def test_whole_tensor_predicates_hold_on_every_shard_not_each(backend):
     assert _strategies(equal) == {"('S(0)', 'S(0)') -> reduce(min)", "('S(1)', 'S(1)') -> reduce(min)"}
 
 
-def test_queries_of_the_tensor_object_of_shapes_or_of_rank_say_why_they_get_no_rule(backend):
+def test_queries_of_the_tensor_object_or_of_shapes_say_why_they_get_no_rule(backend):
     for op, reason in [("aten.sym_stride.int", catalog.OBJECT_QUERY_REASON),
                        ("aten.is_contiguous.default", catalog.OBJECT_QUERY_REASON),
-                       ("aten.is_same_size.default", catalog.SHAPE_COMPARISON_REASON),
-                       ("aten.linalg_matrix_rank.atol_rtol_tensor", catalog.RANK_QUERY_REASON)]:
+                       ("aten.is_same_size.default", catalog.SHAPE_COMPARISON_REASON)]:
         with pytest.raises(Skip) as info:
             backend.cases(op)
         assert (info.value.status, info.value.reason) == ("replicate-only", reason), op
+    # a matrix rank is explored, on matrices of chosen ranks (tests/torch/test_rank_queries.py)
+    rank = backend.cases("aten.linalg_matrix_rank.atol_rtol_tensor")
+    assert rank and all(c.special_always for c in rank)
 
 
 # --------------------------------------------------------------------------- OpInfo samples
