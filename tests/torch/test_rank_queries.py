@@ -128,13 +128,17 @@ def test_rank_queries_verify_on_low_rank_special_values():
     assert catalog.no_rule_reason(torch.ops.aten.linalg_matrix_rank.atol_rtol_float) is None
 
 
-def test_a_batched_rank_keeps_its_batch_cut_alone():
+@pytest.mark.parametrize("hermitian", [False, True])
+def test_a_batched_rank_keeps_its_batch_cut_alone(hermitian):
     """Default tolerances: random matrices leave every rank full, constant, so no combine
     could be verified; on low-rank trials the batch cut (each matrix whole on one shard)
-    verifies and the row, column and Partial cuts do not."""
+    verifies and the row, column and Partial cuts do not. A Hermitian rank reads one
+    triangle: Partial parts of a low-rank Hermitian matrix are not Hermitian, and their
+    triangles have full rank."""
     def sample(seed: int) -> tuple[tuple, dict]:
         g = torch.Generator().manual_seed(seed)
-        return (torch.randn(4, 5, 3, generator=g, dtype=torch.float64),), {}
+        x = torch.randn(4, 5, 5 if hermitian else 3, generator=g, dtype=torch.float64)
+        return (x + x.mT if hermitian else x,), {"hermitian": hermitian}
 
     ops = get_backend(opinfos=()).tensor_ops()
     case = torch_case(RANK, *sample(0), RANK, fresh=sample)
