@@ -230,6 +230,12 @@ class OpCase:
         return fn(*args, **kwargs)
 
 
+class ShapeRefused(ValueError):
+    """A case's ``fn`` refuses a call on its arguments' shapes alone, before running the op
+    (a kernel that trusts matching shapes, given shards that break them): every call with
+    the same shapes is refused alike, whatever the values (Partial parts, offsets)."""
+
+
 class NoSample(Exception):
     """The backend has no sample input for this op."""
 

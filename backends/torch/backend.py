@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import torch
 
 from metaspmd import pytree
-from metaspmd.case import NoSample, OpCase, Skip
+from metaspmd.case import NoSample, OpCase, ShapeRefused, Skip
 from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
 
@@ -164,7 +164,7 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
 
     Some kernels (pooling backward, batch norm) index one input by another's sizes without
     checking them, and crash the process when only one of them is sharded. Local inputs are
-    refused (ValueError, so the strategy simply fails) unless tensors of equal example shape
+    refused (ShapeRefused, so the strategy simply fails) unless tensors of equal example shape
     shrink alike and the highest-rank tensors shrink along the same dims; with
     ``channels``, 1-D tensors (per-channel statistics) must also keep the length of the
     highest-rank tensors' dim 1. Arguments in ``unread`` (positions or keyword names) are
@@ -195,7 +195,7 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
 
     def fn_checked(*a, **k):
         if not agrees(shapes(a, k)):
-            raise ValueError("inconsistent shards for an op that trusts matching input shapes")
+            raise ShapeRefused("inconsistent shards for an op that trusts matching input shapes")
         return fn(*a, **k)
 
     return fn_checked

@@ -146,6 +146,13 @@ class Memo:
     locals: dict[tuple, tuple[Trial, Any]] = field(default_factory=dict)
     placements: dict[tuple, tuple] = field(default_factory=dict)  # by (group, input count)
     unread: list[int] | None = None  # inputs no output reads (_unread_inputs)
+    # the outputs no combine rebuilt where a group failed on a trial cut by a split
+    # (Shards._valid_combines), by (group, id of the trial, split); the trial is held in locals
+    failed: dict[tuple, frozenset[int]] = field(default_factory=dict)
+    readers: dict[int, frozenset[int]] = field(default_factory=dict)  # by input (_readers)
+    # cut dims whose shards the case refused by shape (ShapeRefused) on a trial cut by a
+    # split, by (dims, id of the trial, split); the trial is held in locals
+    refused: set[tuple] = field(default_factory=set)
     # what is worked out of tensors the search holds (shards of a trial's inputs, whether
     # they differ, whether a leaf is flat along a dim, a Partial input's parts), by a key
     # of their ids: pure functions of those values, asked again by group after group

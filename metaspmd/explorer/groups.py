@@ -75,7 +75,7 @@ class Groups:
         """``group`` with Partial(sum) inputs beside it, then, where none held, Partial(prod)
         float inputs (a scatter-mul whose operand every shard would multiply)."""
         sharded = {i for i, _, _ in group.dims}
-        sets = self._partial_sets(sharded, parts, sharded)
+        sets = [p for p in self._partial_sets(sharded, parts, sharded) if not self._unmendable(group, p)]
         yield from (Group(group.dims, p) for p in sets)
         floats = [p for p in sets if all(self.ops.dtype_kind(self.trials[0].leaves[i]) in (FLOAT, COMPLEX) for i in p)]
         yield from (Group(group.dims, p, partial_op="prod") for p in floats)

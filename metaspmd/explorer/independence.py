@@ -11,9 +11,10 @@ from typing import Any, Sequence
 
 from ..rules import Example, RuleEntry
 from ..spec import (
-    Identity, IndependentSpec, IndexOffset, PartialInput, Reduce, Replicate, ShardIn, joint, tables_from_strategies,
+    Group, Identity, IndependentSpec, IndexOffset, PartialInput, Reduce, Replicate, ShardIn, joint,
+    tables_from_strategies,
 )
-from .common import Trial, bitwise_equal, group_of
+from .common import EXPLORE_SPLIT, Trial, bitwise_equal, group_of
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,32 @@ class IndependentParts:
             if outs is None or not all(bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
                 return True
         return False
+
+    def _unmendable(self, group: Group, inputs: Sequence[int]) -> bool:
+        """Did ``group`` fail on the example at an output none of ``inputs`` reaches? The
+        same cut with them Partial fails there too, untried: that output's shards are the
+        same runs' to the bit, and a Partial group keeps fewer of their combines
+        (``fit_partial``). Only where the example was the first trial that showed anything
+        (``_explore`` stops there), with no one-valued outputs to make the Partial runs
+        uninformative instead."""
+        first = self.trials[0]
+        if first.special or first.nonfinite or first.one_value is not None:
+            return False
+        failed = self.memo.failed.get((group, id(first), EXPLORE_SPLIT), ())
+        return any(not any(j in self._readers(i) for i in inputs) for j in failed)
+
+    def _readers(self, i: int) -> frozenset[int]:
+        """The outputs of the example that change, by a bit, when input ``i`` alone takes a
+        fresh trial's data (every output where none differs there or the call fails)."""
+        hit = self.memo.readers.get(i)
+        if hit is None:
+            first, every = self.trials[0], frozenset(range(len(self.trials[0].outputs)))
+            other = next((t for t in self.trials[1:] if not t.special
+                          and not bitwise_equal(self.ops, t.leaves[i], first.leaves[i])), None)
+            outs = self._replaced(first, i, other.leaves[i]) if other is not None else None
+            hit = self.memo.readers[i] = every if outs is None else frozenset(
+                j for j, (a, b) in enumerate(zip(outs, first.outputs)) if not bitwise_equal(self.ops, a, b))
+        return hit
 
     def _replaced(self, base: Trial, i: int, x: Any) -> list[Any] | None:
         """``base``'s tensor outputs with input ``i`` replaced by ``x``; None where the call

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..case import ShapeRefused
 from ..check import Cut, cut_inputs, shard_inputs
 from ..combine import CutInput, Split, candidate_combines, holds, partial_parts, shard_with_halo
 from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
@@ -49,6 +50,12 @@ class Shards:
             # (an uneven split, a halo), and a gather passes for any reordering there
             return UNINFORMATIVE
 
+        # Partial inputs and offsets keep every shard's shapes: where the same cut was refused
+        # by shape, they are refused alike (batch norm's channel cut beside each Partial set)
+        same_shapes = (group.dims, id(trial), split) if not (group.follow or group.drop or group.local) else None
+        if same_shapes in self.memo.refused:
+            return None
+
         def parts(i: int, x: Any, op: str) -> list[Any]:
             # special values meet parts of x's own sign (inf times parts of both signs is NaN:
             # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
@@ -75,6 +82,10 @@ class Shards:
 
         try:
             return sharded.run(run)
+        except ShapeRefused:
+            if same_shapes is not None:
+                self.memo.refused.add(same_shapes)
+            return None
         except Exception:
             return None
 
@@ -139,7 +150,7 @@ class Shards:
         # with every size pinned a block count of any length is too (a view of [5, 5, 5] as
         # [25, 5] cut along dim 1 interleaves 5 blocks)
         all_pinned = candidates is None and not self._resizable_dims()
-        out = []
+        out, failing = [], []
         for j, glob in enumerate(trial.outputs):
             shards = [loc[j] for loc in locs]
             if candidates is not None:  # verifying: what exploring kept (joints of parts included)
@@ -165,8 +176,15 @@ class Shards:
                 # on unequal shards avg was never a candidate (it is one where identity is, Partial
                 # inputs aside): the caller may cut evenly
                 untried = not even and candidates is None and not group.partial and Identity() in cands
-                return AVG_UNTRIED if untried else None
+                if untried and not failing:
+                    return AVG_UNTRIED
+                if candidates is not None:
+                    return None
+                failing.append(j)  # exploring: every output that fails, for _unmendable
             out.append(valid)
+        if failing:
+            self.memo.failed[(group, id(trial), split)] = frozenset(failing)
+            return None
         return out
 
     def _cut_inputs(self, group: Group, trial: Trial, split: Split) -> dict[int, CutInput]:
