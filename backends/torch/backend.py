@@ -304,9 +304,57 @@ def padding_within(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[.
     return fn_checked
 
 
+def convolution_output_shape(input_shape: tuple, weight_shape: tuple, items: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape of convolution's output on input and weight of these shapes, with ``items``'
+    stride, padding, dilation, transposition, output padding and groups; None where the
+    forward is not defined for them (channels that do not match or split into the groups,
+    a kernel wider than the padded input, an output padding as wide as stride and dilation)."""
+    k = len(input_shape) - 2
+    if k < 1 or len(weight_shape) != k + 2:
+        return None
+
+    def per_dim(name: str) -> list[int]:
+        v = list(items[name])
+        return v * k if len(v) == 1 else v
+
+    stride, padding, dilation, groups = per_dim("stride"), per_dim("padding"), per_dim("dilation"), items["groups"]
+    span = [d * (w - 1) for d, w in zip(dilation, weight_shape[2:])]
+    if items["transposed"]:
+        extra = per_dim("output_padding")
+        if input_shape[1] != weight_shape[0] or any(e >= max(s, d) for e, s, d in zip(extra, stride, dilation)):
+            return None
+        channels = weight_shape[1] * groups
+        spatial = [(n - 1) * s - 2 * p + w + e + 1 for n, s, p, w, e in zip(input_shape[2:], stride, padding, span, extra)]
+    else:
+        if input_shape[1] != weight_shape[1] * groups:
+            return None
+        channels = weight_shape[0]
+        spatial = [(n + 2 * p - w - 1) // s + 1 for n, s, p, w in zip(input_shape[2:], stride, padding, span)]
+    if weight_shape[0] % groups or any(n < 1 for n in spatial):
+        return None
+    return (input_shape[0], channels, *spatial)
+
+
+def convolution_grads(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (convolution's backward) that refuses a grad_output not shaped as the forward's
+    output of input and weight, or an input and weight the forward refuses: the kernel
+    checks only some of that, and loops over input's batch (and grad_output's channels by
+    groups) reading past a grad_output of fewer (its garbage differs from run to run, or
+    not). bias_sizes is left out: the kernel sums grad_output, whatever it says."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        grad, x, w = (tuple(items[n].shape) for n in ("grad_output", "input", "weight"))
+        if grad != convolution_output_shape(x, w, items):
+            raise ShapeRefused("grad_output not shaped as the convolution's output of input and weight")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # catalog.EXACT_GUARDS's conditions, by name
 EXACT_GUARDS: dict[str, Callable[[Callable[..., Any], tuple[str, ...]], Callable[..., Any]]] = {
     "pairs": pairs_of_rows, "pair_grid": pair_grid, "packed_rows": packed_rows, "hidden_states": hidden_states_alike,
+    "conv_output": convolution_grads,
 }
 
 

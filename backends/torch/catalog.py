@@ -335,12 +335,11 @@ def functional_sibling(name: str) -> str | None:
 # Backward ops whose kernels never size one input by another: to_dense_backward and
 # to_mkldnn_backward read input for its layout only; rrelu_with_noise_backward is
 # noise * grad_output in training (self unread) and an elementwise op, which checks that
-# shapes broadcast, otherwise; convolution_backward checks grad_output, input and weight
-# against each other as the forward does (it raises on a cut of one alone). The guard's
-# rule, that tensors of the top rank shrink alike, kept its weight whole beside a cut
-# batch, so it had no batch rule at all.
+# shapes broadcast, otherwise. (convolution_backward does size grad_output by input's
+# batch, unchecked: its exact guard, EXACT_GUARDS, replaces the shared one, whose rule
+# that tensors of the top rank shrink alike kept its weight whole beside a cut batch.)
 SHAPE_SAFE_BACKWARD = frozenset({
-    "to_dense_backward", "to_mkldnn_backward", "rrelu_with_noise_backward", "convolution_backward",
+    "to_dense_backward", "to_mkldnn_backward", "rrelu_with_noise_backward",
 })
 
 
@@ -423,9 +422,13 @@ def reflects(func: torch._ops.OpOverload) -> bool:
 # - packed_rows: unpacking a packed sequence reads data's rows by batch_sizes, one step of
 #   that many rows per entry, sorted longest first;
 # - hidden_states: a recurrent layer walks its hidden states by the layer count and reads
-#   c0 by h0's sizes (an h0 with more layers than c0 read past c0: SIGSEGV).
+#   c0 by h0's sizes (an h0 with more layers than c0 read past c0: SIGSEGV);
+# - conv_output: convolution's backward loops over input's batch, reading grad_output by
+#   it, and takes grad_output's channels, a kernel of another extent and channels that do
+#   not split into the groups unchecked: grad_output must be the forward's output shape.
 EXACT_GUARDS = {
     "_pdist_backward": "pairs", "_cdist_backward": "pair_grid", "_pad_packed_sequence": "packed_rows",
+    "convolution_backward": "conv_output",
     **dict.fromkeys(("lstm", "gru", "rnn_tanh", "rnn_relu"), "hidden_states"),
 }
 

@@ -919,11 +919,12 @@ def test_guard_refuses_inconsistent_shards():
 
 
 def test_convolution_backward_checks_its_own_shapes_and_cuts_its_batch():
-    """convolution_backward raises on a cut of grad_output alone rather than reading past
-    it, so it runs unguarded: its weight (as high in rank as the others) stays whole beside
-    a cut batch, which the guard refused, and data parallelism gets its rule."""
+    """convolution_backward raises on a spatial cut of grad_output alone rather than reading
+    past it; its batch it sizes by input's (guarded exactly, not by the shared guard): its
+    weight (as high in rank as the others) stays whole beside a cut batch, which the shared
+    guard refused, and data parallelism gets its rule."""
     func = torch.ops.aten.convolution_backward.default
-    assert not catalog.trusts_matching_shapes(func)
+    assert catalog.trusts_matching_shapes(func) and catalog.exact_guard(func) == "conv_output"
     grad, x, w = torch.randn(4, 4, 6, dtype=torch.float64), torch.randn(4, 2, 8, dtype=torch.float64), torch.randn(
         4, 2, 3, dtype=torch.float64)
     params = [[4], [1], [0], [1], False, [0], 1, [True, True, True]]
