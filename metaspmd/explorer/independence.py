@@ -129,7 +129,9 @@ class IndependentParts:
             return []
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
         dims = self._resizable_dims() if candidates else []
-        resized = (self._resized_trials(dims) or []) if dims else []
+        # only those the op reproduces: a kernel reading past a lengthened input gives garbage,
+        # which changes from call to call (or not) whatever the input's values
+        resized = [t for t in (self._resized_trials(dims) or []) if self._reproduces(t)] if dims else []
         self.memo.unread = [i for i in candidates if not any(self._reads(i, base, resized) for base in resized)]
         return self.memo.unread
 
