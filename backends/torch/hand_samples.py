@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import catalog
+from . import catalog, random_ops
 
 Named = dict[str, Any]
 
@@ -498,7 +498,7 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
     },
     "aten.repeat_interleave.Tensor": {"repeat_interleave:counts": (_repeat_interleave_counts, "int64")},
     **{f"aten.{op}.default": {f"{op}:train": (_feature_dropout("self" if op.endswith("_") else "input"), "float64")}
-       for op in ("feature_dropout", "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")},
+       for op in sorted(random_ops.FEATURE_MASKS)},
 }
 _LEAD_BUILDERS = {key: built for calls in LEADING.values() for key, built in calls.items()}
 

@@ -135,8 +135,7 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.alpha_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.alpha_dropout_.default": ("p rounded to 0 or 1", _dropout_limit),
     # one mask element per (batch, channel), broadcast over the rest (FEATURE_MASKS)
-    **{f"aten.{op}.default": ("p rounded to 0 or 1", _dropout_limit)
-       for op in ("feature_dropout", "feature_dropout_", "feature_alpha_dropout", "feature_alpha_dropout_")},
+    **{f"aten.{op}.default": ("p rounded to 0 or 1", _dropout_limit) for op in sorted(FEATURE_MASKS)},
     # dropout on the attention weights, one mask element per (query, key) pair
     "aten.scaled_dot_product_attention.default": ("dropout_p = 0", _attention_limit),
     "aten._scaled_dot_product_attention_math.default": ("dropout_p = 0", _attention_limit),
