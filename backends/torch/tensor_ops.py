@@ -140,7 +140,9 @@ class TorchOps:
 
     @_dense_op
     def narrow(self, x, dim, start, length):
-        return x.narrow(dim, start, length).clone()
+        if x.is_contiguous() and not (x.is_quantized or x.is_conj() or x.is_neg()):
+            return x.narrow_copy(dim, start, length)  # one call; contiguous, as the clone would be
+        return x.narrow(dim, start, length).clone()  # keeps a permuted layout where it can
 
     def concat(self, xs: Sequence[torch.Tensor], dim: int):
         sparse = next((x for x in xs if x.layout in _SPARSE), None)
@@ -259,7 +261,10 @@ class TorchOps:
         # laid out as x: kernels pick their code path by layout (MKL's GEMM by which operand
         # is column-major), and a Partial input's summands p and x - p on two paths did not
         # cancel exactly (mm's mat2 on AVX-512), so its Partial rule passed on some CPUs only
-        return torch.empty_like(x).copy_(self._random(x, seed))
+        values = self._random(x, seed)
+        if values is not x and x.is_contiguous():
+            return values  # drawn contiguous, as empty_like would lay it out
+        return torch.empty_like(x).copy_(values)
 
     def _random(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)

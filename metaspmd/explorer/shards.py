@@ -12,7 +12,7 @@ from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
     AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, even_gather, fit_partial, flat_along,
-    one_values,
+    one_values, order_dependent,
 )
 
 
@@ -165,11 +165,21 @@ class Shards:
                 cands = [c for c in cands if (isinstance(c, Gather) and not c.reverse and not c.overlap
                                               and c.dim not in self.case.shared_dims)
                          or (replicated and c == Identity())]
-            # an even gather is accepted only where this split cuts its dim evenly too
-            valid = [c for c in cands if (even or c != Reduce("avg"))
-                     and (not even_gather(c) or (even and c.dim < len(self.ops.shape(glob))
-                                                             and self.ops.shape(glob)[c.dim] % split.n == 0))
-                     and holds(self.ops, c, shards, glob, cut)]
+            def keeps(c) -> bool:  # an even gather only where this split cuts its dim evenly too
+                return ((even or c != Reduce("avg"))
+                        and (not even_gather(c) or (even and c.dim < len(self.ops.shape(glob))
+                                                    and self.ops.shape(glob)[c.dim] % split.n == 0))
+                        and holds(self.ops, c, shards, glob, cut))
+
+            if candidates is None:
+                # exploring: an order-dependent combine (a scan, a reversed gather) that holds
+                # beside the plain gather of its dim is dropped in the end (``_verify``), so
+                # it is not tried there; most cut dims have ten of them
+                held = {c for c in cands if not order_dependent(c) and keeps(c)}
+                plain = {c.dim for c in held if isinstance(c, Gather) and c.plain}
+                valid = [c for c in cands if c in held or (order_dependent(c) and c.dim not in plain and keeps(c))]
+            else:
+                valid = [c for c in cands if keeps(c)]
             if not even:  # avg is only meaningful on equal shards: keep it untested here
                 valid += [c for c in cands if c == Reduce("avg")]
             if not valid:

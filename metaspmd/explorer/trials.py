@@ -24,8 +24,10 @@ class Trials:
 
     def _flatten_out(self, out: Any) -> tuple[list[Any], list[Any]]:
         """The output's tensor leaves and its other leaves, each in order (one walk)."""
-        flat = pytree.leaves(out, _not_container)
         is_tensor = self.ops.is_tensor
+        if is_tensor(out):  # most ops: one tensor, no walk
+            return [out], []
+        flat = pytree.leaves(out, _not_container)
         tensors = [x for x in flat if is_tensor(x)]
         return tensors, [x for x in flat if not is_tensor(x)] if len(tensors) < len(flat) else []
 
