@@ -74,6 +74,13 @@ def test_close_gives_the_reference_verdict_everywhere():
     (np.array([-np.inf, 1.0]), np.array([1.7e308, 1.0]), "float64", False),  # of the other sign
     (np.array([np.nan, 2.0]), np.array([np.nan, 2.0]), "float64", True),  # NaN matches NaN
     (np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-3]), "float64", False),
+    # the first element alone decides a mismatch, unless an expected value is near overflow
+    (np.array([5.0, 2.0]), np.array([1.0, 2.0]), "float64", False),
+    (np.array([np.inf, 2.0]), np.array([1.0, 1e308]), "float64", False),
+    (np.array([np.inf, np.inf]), np.array([1.0e308, 1.7e308]), "float64", True),
+    (np.array([np.nan, 2.0]), np.array([1.0, 2.0]), "float64", False),
+    (np.array([1.0 + 1e-12, 3.0]), np.array([1.0, 3.0]), "float64", True),  # near there: the rest decides
+    (np.array([1j, 2.0]), np.array([0.0, 2.0]), "complex128", False),
 ])
 def test_close_edge_cases(a, e, dtype, expected):
     assert close(a, e, dtype) is expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ _NUMPY_NAMES = {d: str(d).removeprefix("torch.") for d in (
 _SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _STRIDED = torch.strided
+_GENERATOR = threading.local()  # TorchOps._random's
 # float8 kinds: CPU kernels convert and copy them (and _scaled_mm multiplies them) but do no
 # arithmetic or random draws in them; TorchOps computes in float32 and rounds back
 FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -247,6 +249,14 @@ class TorchOps:
         return ""
 
     def one_nonfinite_value(self, x) -> bool:
+        if x.layout is _STRIDED and x.dtype in (torch.float64, torch.float32) and x.is_contiguous():
+            try:  # the common case, answered by one numpy call where a value is finite
+                a = x.numpy()
+            except (RuntimeError, TypeError):  # grad, a neg bit, not on the CPU
+                pass
+            else:
+                if a.size and np.isfinite(a).any():
+                    return False
         if x.layout in _SPARSE and not invalid_sparse(x):
             x = x.to_dense()
         if x.layout != torch.strided or x.numel() == 0 or not (x.dtype.is_floating_point or x.dtype.is_complex):
@@ -267,7 +277,10 @@ class TorchOps:
         return torch.empty_like(x).copy_(values)
 
     def _random(self, x: torch.Tensor, seed: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
+        g = getattr(_GENERATOR, "g", None)  # one per thread (live exploration runs in a pool): reseeded
+        if g is None:
+            g = _GENERATOR.g = torch.Generator()
+        g.manual_seed(seed)
         if x.dtype == torch.bool:  # vary the density by seed so any/all-like outputs vary too
             return torch.rand(x.shape, generator=g) < (0.1, 0.5, 0.9)[seed % 3]
         if x.dtype in FLOAT8:

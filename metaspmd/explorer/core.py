@@ -68,6 +68,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
     def __init__(self, context: Context, trials: Sequence[Trial]):
         super().__init__(context)
         self.trials = list(trials)
+        self.special_trials = [t for t in self.trials if t.special]  # the baseline's _special_trials(), if drawn
         self.memo = Memo()
         self.widened: dict[tuple, list[str]] = {}
 

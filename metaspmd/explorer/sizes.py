@@ -270,7 +270,11 @@ class OtherSizes:
         return all(distinct(t.leaves[i]) for t in self.trials if not t.special)
 
     def _rows_sorted(self, i: int) -> bool:
-        """Is input ``i`` ascending along its last dim (of 3 or more) on every random trial?"""
+        """Is input ``i`` ascending along its last dim (of 3 or more) on every random trial?
+        Once per trials (``Memo.keep``): every lengthening asks it."""
+        return self.memo.keep(("sorted", id(self.trials), i), self.trials, lambda: self._all_ascending(i))
+
+    def _all_ascending(self, i: int) -> bool:
         def ascending(x: Any) -> bool:
             shape = self.ops.shape(x)
             if len(shape) == 0 or shape[-1] < 3 or self.ops.dtype_kind(x) not in (FLOAT, INT):

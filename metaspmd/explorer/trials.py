@@ -148,5 +148,7 @@ class Trials:
         """``x`` with dim ``d`` lengthened to ``length`` by fresh random data (``copies``: by
         copies of its own elements along ``d``)."""
         size = self.ops.shape(x)[d]
-        room = self.ops.narrow(self.ops.concat([x] * -(-length // size), d), d, 0, length - size)
+        extra = length - size  # x's own first elements where it has enough of them
+        room = (self.ops.narrow(x, d, 0, extra) if extra <= size
+                else self.ops.narrow(self.ops.concat([x] * -(-length // size), d), d, 0, extra))
         return self.ops.concat([x, room if copies else self.ops.random_like(room, self.seed * 7919 + seed)], d)

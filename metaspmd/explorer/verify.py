@@ -331,8 +331,9 @@ class Verifier:
         """``alive`` less the identity combines a special-value trial refutes. A Partial input
         that leaves an output whole on random data can still matter on values random data
         never hits: heaviside's values are read only where self is 0."""
-        if self.memo.refuters is None:
-            self.memo.refuters = (self._special_trials() or []) if self.case.specials.special is not None else []
+        if self.memo.refuters is None:  # the baseline's, where it drew them (the same draw)
+            self.memo.refuters = self.special_trials or (
+                (self._special_trials() or []) if self.case.specials.special is not None else [])
         for trial, split in zip(self.memo.refuters, itertools.cycle(TRIAL_SPLITS)):
             locs = self._locals(group, trial, split)
             if locs is None or locs is UNINFORMATIVE:
