@@ -74,7 +74,7 @@ def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
         # with no expected value near overflow (below) nothing excuses an element that is
         # not near, and on unequal data the first element is rarely near (Python numbers:
         # their arithmetic gives inf and NaN without numpy's warnings; NaN decides nothing)
-        x, y = a64.flat[0].item(), e64.flat[0].item()
+        x, y = a64.item(0), e64.item(0)
         if abs(x - y) > atol + rtol * abs(y) and (largest is None or top < largest / 2):
             return False
     with np.errstate(invalid="ignore", over="ignore"):
