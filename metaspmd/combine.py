@@ -250,10 +250,13 @@ def candidate_combines(
     return out
 
 
+_FOLDS = {"sum": "add", "avg": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
+          "logsumexp": "logaddexp", "xor": "bitwise_xor"}  # TensorOps' methods by name
+
+
 def _fold(ops: TensorOps, op: str):
     """The elementwise binary function that reduces or scans by ``op``."""
-    return {"sum": ops.add, "avg": ops.add, "prod": ops.multiply, "max": ops.maximum, "min": ops.minimum,
-            "logsumexp": ops.logaddexp, "xor": ops.bitwise_xor}[op]
+    return getattr(ops, _FOLDS[op])
 
 
 def _scan(ops: TensorOps, combine: Scan, locals_: Sequence[Any]) -> Any:

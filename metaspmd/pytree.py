@@ -86,7 +86,20 @@ def _node(x: Any, is_leaf: Callable[[Any], bool], count: list[int]) -> Callable[
         keyed = [(k, *_slot(v, is_leaf, count)) for k, v in x.items()]
         return lambda new: {k: new[v] if s == _LEAF else v if s == _SAME else v(new) for k, s, v in keyed}
     slots = [_slot(y, is_leaf, count) for y in x]
+    # the values kept in place, then the leaves and subtrees put in: fewer steps per fill
+    # than a test per slot
+    kept = [v if s == _SAME else None for s, v in slots]
+    leaves = [(k, v) for k, (s, v) in enumerate(slots) if s == _LEAF]
+    trees = [(k, v) for k, (s, v) in enumerate(slots) if s == _TREE]
     kind = type(x)
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-        return lambda new: kind(*[new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])
-    return lambda new: kind([new[v] if s == _LEAF else v if s == _SAME else v(new) for s, v in slots])
+    star = isinstance(x, tuple) and hasattr(x, "_fields")  # a namedtuple takes its fields as arguments
+
+    def fill(new: Sequence[Any]) -> Any:
+        out = kept.copy()
+        for k, v in leaves:
+            out[k] = new[v]
+        for k, v in trees:
+            out[k] = v(new)
+        return kind(*out) if star else kind(out)
+
+    return fill
