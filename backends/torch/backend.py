@@ -172,6 +172,8 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     """
 
     def shapes(a: tuple, k: Mapping[str, Any]) -> list[tuple[int, ...]]:
+        if not unread:
+            return _tensor_shapes((a, k))
         read = (tuple(x for i, x in enumerate(a) if i not in unread), {n: x for n, x in k.items() if n not in unread})
         return _tensor_shapes(read)
 
@@ -193,8 +195,14 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
             return len(widths) <= 1
         return True
 
+    verdicts: dict[tuple, bool] = {}  # by the local shapes: every Partial set beside a cut asks again
+
     def fn_checked(*a, **k):
-        if not agrees(shapes(a, k)):
+        local = tuple(shapes(a, k))
+        ok = verdicts.get(local)
+        if ok is None:
+            ok = verdicts[local] = agrees(list(local))
+        if not ok:
             raise ShapeRefused("inconsistent shards for an op that trusts matching input shapes")
         return fn(*a, **k)
 

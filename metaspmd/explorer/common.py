@@ -132,7 +132,7 @@ class Memo:
     """What the search draws or works out once and keeps for every later group: a cache,
     so mutable, and never reset while the search runs."""
 
-    refuters: list[Trial] | None = None  # special-value trials (_whole_on_special_values)
+    refuters: list[Trial] | None = None  # special-value trials (Verifier._specials)
     reserve: list[Trial] = field(default_factory=list)  # more fresh trials (_reserve_trials)
     # resized trials and the amounts taken, by (ids of the trials, amounts asked); the
     # trials are held, so ids stay theirs

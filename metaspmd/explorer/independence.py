@@ -123,8 +123,7 @@ class IndependentParts:
         summable = self._summable_inputs(ints=True)
         pool = self.trials[1:]
         candidates = [i for i in summable if not self._reads(i, first, pool)]  # one call each, most inputs stop here
-        # the entry's own special-value trials where it has them (the same seeds), else drawn now
-        special = ([t for t in self.trials if t.special] or self._special_trials()) if candidates else None
+        special = self._specials() if candidates else None
         if not special:
             return []
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]

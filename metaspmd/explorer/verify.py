@@ -327,14 +327,19 @@ class Verifier:
                 for i, d, _ in group.dims]
         return [p | s for p, s in zip(proven, sums)] if copied else proven
 
+    def _specials(self) -> list[Trial]:
+        """The special-value trials: the baseline's where it drew them, else drawn once
+        (``Memo.refuters``; the same seeds, so the same trials)."""
+        if self.memo.refuters is None:
+            self.memo.refuters = self.special_trials or (
+                (self._special_trials() or []) if self.case.specials.special is not None else [])
+        return self.memo.refuters
+
     def _whole_on_special_values(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the identity combines a special-value trial refutes. A Partial input
         that leaves an output whole on random data can still matter on values random data
         never hits: heaviside's values are read only where self is 0."""
-        if self.memo.refuters is None:  # the baseline's, where it drew them (the same draw)
-            self.memo.refuters = self.special_trials or (
-                (self._special_trials() or []) if self.case.specials.special is not None else [])
-        for trial, split in zip(self.memo.refuters, itertools.cycle(TRIAL_SPLITS)):
+        for trial, split in zip(self._specials(), itertools.cycle(TRIAL_SPLITS)):
             locs = self._locals(group, trial, split)
             if locs is None or locs is UNINFORMATIVE:
                 continue  # the op rejects these inputs split this way: no verdict
