@@ -146,11 +146,14 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                     if not accept(local, self._explore(local)):
                         found.append(halo)
                 continue
-            if self.config.partial and not case.randomness.random and any(
+            # a cut the case refused on the example by its shapes alone (ShapeRefused): Partial
+            # inputs and offsets beside it keep those shapes, and are refused alike, untried
+            taken = (group.dims, id(self.trials[0]), EXPLORE_SPLIT) not in self.memo.refused
+            if taken and self.config.partial and not case.randomness.random and any(
                 accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
             ):
                 continue
-            if self.config.offset and case.index.bounds_checked and not case.randomness.random and any(
+            if taken and self.config.offset and case.index.bounds_checked and not case.randomness.random and any(
                 accept(g, self._explore(g)) for g in self._offset_groups(group)
             ):
                 continue

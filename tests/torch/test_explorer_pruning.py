@@ -59,6 +59,30 @@ def test_a_cut_refused_by_shape_is_not_tried_again_beside_partial_inputs():
     assert memo_calls[0] < plain_calls[0]
 
 
+def test_partial_sets_beside_a_cut_refused_by_shape_are_not_even_made(monkeypatch):
+    """Where the example's plain cut was refused on shapes, the search goes on to halos
+    and the rest without making its Partial sets at all; the entry is the one the search
+    gives when the refusal is a plain error and every set is tried."""
+    from metaspmd.explorer.common import EXPLORE_SPLIT
+    from metaspmd.explorer.groups import Groups
+
+    asked, refused_asked = [], []
+    made = Groups._partial_groups
+
+    def recording(self, group, parts):
+        asked.append(group.dims)
+        if (group.dims, id(self.trials[0]), EXPLORE_SPLIT) in self.memo.refused:
+            refused_asked.append(group.dims)
+        return made(self, group, parts)
+
+    monkeypatch.setattr(Groups, "_partial_groups", recording)
+    case, calls = _counted(_batch_norm_case())
+    entry = explore_case(case, TorchOps())
+    plain_case, _ = _counted(_batch_norm_case(), refusal=ValueError)
+    assert calls[1] > 0 and asked and not refused_asked
+    assert repr(entry) == repr(explore_case(plain_case, TorchOps()))
+
+
 def test_partial_sets_that_cannot_reach_a_failed_output_are_left_untried(monkeypatch):
     """Cut along its batch, batch norm's save_invstd has no combine, and reads neither the
     weight nor the bias nor the running statistics: no Partial set of those mends it."""
