@@ -62,49 +62,48 @@ def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
     wide = np.complex128 if a.dtype.kind == "c" or e.dtype.kind == "c" else np.float64
     a64, e64 = a.astype(wide, copy=False), e.astype(wide, copy=False)  # read, never written
     size = np.abs(e64)
-    top = size.max()
+    top = float(size.max())
+    # A kernel that passes through twice its result (sinh as (e^x - e^-x) / 2) overflows
+    # on one code path and not on another: AVX2 lanes give sinh(89) = inf in float32, the
+    # scalar tail 2.2e38, so where a shard boundary falls moves the overflow. A value
+    # within a factor 2 of the largest finite one equals the infinity of its sign (real
+    # dtypes numpy or ml_dtypes know). With no expected value infinite or near it (most
+    # calls), nothing is excused: an element that is not near decides.
+    largest = None if wide is np.complex128 else largest_finite(dtype)
+    edge = math.inf if largest is None else largest / 2
+    strict = largest is None or top < edge
     # np.isclose(a64, e64, rtol, atol, equal_nan=True), spelled out: its argument checks
     # cost more than the arithmetic on the small tensors compared here. Where every
     # expected value is finite (the largest magnitude is), its isfinite(e) term holds
     # throughout, its NaN term nowhere, and its a == e term implies the tolerance one.
-    largest = None if wide is np.complex128 else largest_finite(dtype)
     if math.isfinite(top):
-        top = float(top)
         atol = atol_rel * max(top, 1e-30)
-        # with no expected value near overflow (below) nothing excuses an element that is
-        # not near, and on unequal data the first element is rarely near (Python numbers:
-        # their arithmetic gives inf and NaN without numpy's warnings; NaN decides nothing)
+        # unequal data rarely has its first elements near (Python numbers: their arithmetic
+        # gives inf and NaN without numpy's warnings; NaN decides nothing)
         x, y = a64.item(0), e64.item(0)
-        if abs(x - y) > atol + rtol * abs(y) and (largest is None or top < largest / 2):
+        if strict and abs(x - y) > atol + rtol * abs(y):
             return False
-    with np.errstate(invalid="ignore", over="ignore"):
-        if math.isfinite(top):
+        with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(a64 - e64)
-            # the largest difference decides most other calls alone (NaN, where actual has
-            # one, decides none): within atol, every element is near; beyond atol plus rtol
-            # of the largest magnitude, that element is not
-            worst = diff.max()
-            if worst <= atol:
-                return True
-            if worst > atol + rtol * top and (largest is None or top < largest / 2):
-                return False
-            near = diff <= atol + rtol * size
-        else:
-            finite = np.isfinite(e64)
-            scale = float(size[finite].max()) if finite.any() else 0.0
-            atol = atol_rel * max(scale, 1e-30)
+        # the largest difference decides most other calls alone (NaN, where actual has one,
+        # decides none): within atol every element is near; beyond atol plus rtol of the
+        # largest magnitude, that element is not
+        worst = diff.max()
+        if worst <= atol:
+            return True
+        if strict and worst > atol + rtol * top:
+            return False
+        near = diff <= atol + rtol * size
+    else:
+        finite = np.isfinite(e64)
+        scale = float(size[finite].max()) if finite.any() else 0.0
+        atol = atol_rel * max(scale, 1e-30)
+        with np.errstate(invalid="ignore", over="ignore"):
             near = ((np.abs(a64 - e64) <= atol + rtol * size) & finite | (a64 == e64)
                     | (np.isnan(a64) & np.isnan(e64)))
     if near.all():
         return True
-    if largest is None:
-        return False
-    # A kernel that passes through twice its result (sinh as (e^x - e^-x) / 2) overflows
-    # on one code path and not on another: AVX2 lanes give sinh(89) = inf in float32, the
-    # scalar tail 2.2e38, so where a shard boundary falls moves the overflow. A value
-    # within a factor 2 of the largest finite one equals the infinity of its sign.
-    edge = largest / 2
-    if float(top) < edge:  # no expected value infinite or near it: nothing to excuse (most calls)
+    if strict:
         return False
     far = ~near  # (near | overflow).all(), read where it is not near
     a64, e64 = a64[far], e64[far]
