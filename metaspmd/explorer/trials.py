@@ -43,9 +43,14 @@ class Trials:
             return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
 
-    def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False) -> Trial:
-        leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
-        bare = Trial(args, kwargs, leaves, [], [], index, special)
+    def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False,
+               like: Trial | None = None, leaves: list[Any] | None = None) -> Trial:
+        """The op run on ``args``, ``kwargs``; ``like``: a trial whose arguments they are with
+        other ``leaves`` (its template fills them alike)."""
+        template = [args, kwargs, like.template[2]] if like is not None else []
+        if leaves is None:
+            leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
+        bare = Trial(args, kwargs, leaves, [], [], index, special, template=template)
         outputs, others = self._call(leaves, bare)
         nonfinite = bool(outputs) and all(self.ops.one_nonfinite_value(o) for o in outputs)
         return Trial(args, kwargs, leaves, outputs, others, index, special, nonfinite,
@@ -137,9 +142,12 @@ class Trials:
             if trial.special:
                 continue
             leaves = [leaf(trial, i, x) for i, x in enumerate(trial.leaves)]
-            args, kwargs = pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, leaves)
+            held = trial.template  # the arguments' containers, made once for the trial's calls
+            like = trial if held and held[0] is trial.args and held[1] is trial.kwargs else None
+            args, kwargs = (held[2](leaves) if like is not None
+                            else pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, leaves))
             try:
-                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index))
+                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index, like=like, leaves=leaves))
             except Exception:
                 return None
         return out
