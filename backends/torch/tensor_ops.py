@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,7 +20,6 @@ _NUMPY_NAMES = {d: str(d).removeprefix("torch.") for d in (
 _SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _STRIDED = torch.strided
-_GENERATOR = threading.local()  # TorchOps._random's
 # float8 kinds: CPU kernels convert and copy them (and _scaled_mm multiplies them) but do no
 # arithmetic or random draws in them; TorchOps computes in float32 and rounds back
 FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -272,15 +270,12 @@ class TorchOps:
         # is column-major), and a Partial input's summands p and x - p on two paths did not
         # cancel exactly (mm's mat2 on AVX-512), so its Partial rule passed on some CPUs only
         values = self._random(x, seed)
-        if values is not x and x.is_contiguous():
+        if values is not x and x.layout is _STRIDED and x.is_contiguous():
             return values  # drawn contiguous, as empty_like would lay it out
         return torch.empty_like(x).copy_(values)
 
     def _random(self, x: torch.Tensor, seed: int) -> torch.Tensor:
-        g = getattr(_GENERATOR, "g", None)  # one per thread (live exploration runs in a pool): reseeded
-        if g is None:
-            g = _GENERATOR.g = torch.Generator()
-        g.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
         if x.dtype == torch.bool:  # vary the density by seed so any/all-like outputs vary too
             return torch.rand(x.shape, generator=g) < (0.1, 0.5, 0.9)[seed % 3]
         if x.dtype in FLOAT8:
