@@ -4,6 +4,11 @@
     python benchmarks/explore_bench.py --ops conv,bn    # calls whose name contains a word
     python benchmarks/explore_bench.py --profile native_batch_norm --top 30
 
+Each side's op runs per call (``runs``, counted in one more, untimed pass) split its time
+into how often it runs the op and what each run costs it (the footer's ms per run):
+verification's fresh trials, other splits and lengthened sizes are the runs discovery
+alone does not make.
+
 Each call is a torch ATen call on small realistic shapes, explored and verified as the
 runtime's live exploration does it (``rules_at_runtime.call_case``, then
 ``explorer.explore_case``), on one thread. Beside it: the discovery loop of EasyDist's
@@ -191,6 +196,38 @@ def explore(case):
     return explore_case(case, TorchOps())
 
 
+class RunCount:
+    """Counts the op's runs through the callables it wraps (one count for all of them)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def wrap(self, fn: Callable | None) -> Callable | None:
+        if fn is None:
+            return None
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def op_runs(case) -> tuple[int, int]:
+    """(metaspmd's, the reference loop's) runs of the op on one exploration of ``case``:
+    its own callable, dropping form and re-based local forms, each counted."""
+    import dataclasses
+
+    ours, ref = RunCount(), RunCount()
+    localize = case.localize
+    counted = dataclasses.replace(
+        case, fn=ours.wrap(case.fn), dropping=ours.wrap(case.dropping),
+        localize=None if localize is None else (lambda local: ours.wrap(localize(local))))
+    explore(counted)
+    easydist_style(ref.wrap(case.fn), case.args, case.kwargs)
+    return ours.n, ref.n
+
+
 def strategies(entry) -> int:
     return len(entry.all_strategies())
 
@@ -244,7 +281,8 @@ def main(argv=None) -> int:
     print("metaspmd: explore_case on rules_at_runtime.call_case (verified); reference: EasyDist's discovery")
     print("loop RE-IMPLEMENTED in this file, without EasyDist's own overheads (2 shards, one allclose, no")
     print(f"verification); 1 thread; CPU ms, least of {a.repeat}")
-    print(f"{'call':<20} {'metaspmd ms':>11} {'strats':>6} {'status':<15} {'ref ms':>8} {'strats':>6} {'ratio':>6}")
+    print(f"{'call':<20} {'metaspmd ms':>11} {'strats':>6} {'runs':>5} {'status':<15} {'ref ms':>8} {'strats':>6} "
+          f"{'runs':>5} {'ratio':>6}")
     rows = []
     for name, fn, args, kwargs in selected:
         case = metaspmd_case(fn, args, kwargs)
@@ -252,14 +290,19 @@ def main(argv=None) -> int:
         # on the case's own inputs and guarded callable (kernels that trust matching shapes
         # crash the process on some cuts: batch norm's running stats)
         rms, found = best_of(lambda: easydist_style(case.fn, case.args, case.kwargs), a.repeat)
-        rows.append((name, ms, strategies(entry), entry.status, rms, found))
-        print(f"{name:<20} {ms:>11.1f} {strategies(entry):>6} {entry.status:<15} {rms:>8.2f} {found:>6} "
-              f"{ms / rms:>6.1f}", flush=True)
+        runs, rruns = op_runs(case)
+        rows.append((name, ms, strategies(entry), entry.status, rms, found, runs, rruns))
+        print(f"{name:<20} {ms:>11.1f} {strategies(entry):>6} {runs:>5} {entry.status:<15} {rms:>8.2f} {found:>6} "
+              f"{rruns:>5} {ms / rms:>6.1f}", flush=True)
     total, rtotal = sum(r[1] for r in rows), sum(r[4] for r in rows)
-    print(f"{'total':<20} {total:>11.1f} {sum(r[2] for r in rows):>6} {'':<15} {rtotal:>8.2f} "
-          f"{sum(r[5] for r in rows):>6} {total / rtotal:>6.1f}")
-    print(f"{'median':<20} {statistics.median(r[1] for r in rows):>11.1f} {'':>6} {'':<15} "
-          f"{statistics.median(r[4] for r in rows):>8.2f}")
+    runs, rruns = sum(r[6] for r in rows), sum(r[7] for r in rows)
+    print(f"{'total':<20} {total:>11.1f} {sum(r[2] for r in rows):>6} {runs:>5} {'':<15} {rtotal:>8.2f} "
+          f"{sum(r[5] for r in rows):>6} {rruns:>5} {total / rtotal:>6.1f}")
+    print(f"{'median':<20} {statistics.median(r[1] for r in rows):>11.1f} {'':>6} "
+          f"{statistics.median(r[6] for r in rows):>5.0f} {'':<15} {statistics.median(r[4] for r in rows):>8.2f} "
+          f"{'':>6} {statistics.median(r[7] for r in rows):>5.0f}")
+    print(f"ms per run: metaspmd {total / runs:.3f}, reference {rtotal / rruns:.3f}; runs per call, metaspmd over "
+          f"reference: median {statistics.median(r[6] / r[7] for r in rows):.1f}")
     return 0
 
 

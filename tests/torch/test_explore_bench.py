@@ -24,10 +24,29 @@ def test_table_gives_both_sides_per_call(bench, capsys):
     assert "RE-IMPLEMENTED" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["mm"], ["relu"])}
     assert set(rows) == {"mm", "relu"}
-    for name, (_, ms, strats, status, ref_ms, ref_strats, ratio) in rows.items():
+    for name, (_, ms, strats, runs, status, ref_ms, ref_strats, ref_runs, ratio) in rows.items():
         assert status == "ok" and int(strats) >= 2 and float(ms) > 0 and float(ref_ms) > 0
         assert int(ref_strats) >= 1  # the reference finds the row cut at least
-    assert int(rows["mm"][2]) > int(rows["mm"][5])  # metaspmd keeps more of mm's strategies (Partial ones)
+        # verification runs the op on fresh trials, other splits and sizes: more than discovery's
+        assert int(runs) > int(ref_runs) >= 3
+    assert int(rows["mm"][2]) > int(rows["mm"][6])  # metaspmd keeps more of mm's strategies (Partial ones)
+    # relu: the global call, then each of its two dims cut in two, one run per shard
+    assert int(rows["relu"][7]) == 5
+    assert "ms per run: metaspmd" in out
+
+
+def test_op_runs_counts_every_run_of_the_op(bench):
+    # relu: the reference runs the global call and two shards per dim; metaspmd's
+    # verification many more. Counting changes neither the inputs nor the explored entry.
+    import torch
+
+    name, fn, args, kwargs = next(c for c in bench.calls() if c[0] == "relu")
+    case = bench.metaspmd_case(fn, args, kwargs)
+    before = case.args[0].clone()
+    runs, ref_runs = bench.op_runs(case)
+    assert ref_runs == 5 and runs > 2 * 5
+    assert torch.equal(case.args[0], before)  # the counting pass leaves the inputs as they were
+    assert repr(bench.explore(case)) == repr(bench.explore(bench.metaspmd_case(fn, args, kwargs)))
 
 
 def test_refuses_bad_arguments(bench, capsys):
