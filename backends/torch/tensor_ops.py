@@ -145,9 +145,9 @@ class TorchOps:
         return x.narrow(dim, start, length).clone()  # keeps a permuted layout where it can
 
     def concat(self, xs: Sequence[torch.Tensor], dim: int):
-        sparse = next((x for x in xs if x.layout in _SPARSE), None)
-        if sparse is not None:
-            return _like(torch.cat([_dense(x) for x in xs], dim), sparse)
+        for x in xs:  # a loop, not a generator: most calls join two to four strided shards
+            if x.layout in _SPARSE:
+                return _like(torch.cat([_dense(y) for y in xs], dim), x)
         return torch.cat(list(xs), dim)
 
     @_dense_op

@@ -174,7 +174,12 @@ class IndependentParts:
 
     def _replaced(self, base: Trial, i: int, x: Any) -> list[Any] | None:
         """``base``'s tensor outputs with input ``i`` replaced by ``x``; None where the call
-        fails or its outputs change in number or in their non-tensor values."""
+        fails or its outputs change in number or in their non-tensor values. Once per
+        (base, i, x) (``Memo.keep``): the independence, unread-input and reader checks ask
+        for the same calls."""
+        return self.memo.keep(("replaced", id(base), i, id(x)), (base, x), lambda: self._run_replaced(base, i, x))
+
+    def _run_replaced(self, base: Trial, i: int, x: Any) -> list[Any] | None:
         leaves = list(base.leaves)
         leaves[i] = x
         try:
