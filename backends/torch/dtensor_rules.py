@@ -294,13 +294,15 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: Rul
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
 
-    from .rules_at_runtime import call_of, live_exploration
+    from .rules_at_runtime import call_of, live_exploration, stand_in_generator
     from .tensor_ops import TorchOps
 
     DTensorSpec = _dtensor()[2]
+    generator = stand_in_generator()  # not the program's generator: its dropout draws stay as they were
     with _disable_current_modes():  # the rules are about the op, not the simulation running it
         stand_in = torch.utils._pytree.tree_map(
-            lambda x: torch.randn(tuple(x.shape), dtype=x.tensor_meta.dtype) if isinstance(x, DTensorSpec) else x,
+            lambda x: (torch.randn(tuple(x.shape), dtype=x.tensor_meta.dtype, generator=generator)
+                       if isinstance(x, DTensorSpec) else x),
             (list(args), kwargs))
         try:
             entry = resolve_call(op_name(op), call_of(op, tuple(stand_in[0]), stand_in[1]), TorchOps(), "torch",

@@ -12,7 +12,7 @@ from metaspmd.resolve import NodeCall
 from . import table
 from .backend import torch_case
 from .capture import Captured, meta_call
-from .samples import call_signature, with_varied_masks
+from .samples import BASE_SEED, call_signature, with_varied_masks
 
 # Live exploration runs in a forked child, with the sweep's per-op time limit; the child
 # must not touch the OpenMP pool the parent already started (it hangs).
@@ -23,6 +23,13 @@ def live_exploration() -> Isolation | None:
     """Where a table miss is explored: in a forked child, or in place in a process that
     started CUDA, which a forked child cannot use again."""
     return LIVE_EXPLORATION if can_fork() and not torch.cuda.is_initialized() else None
+
+
+def stand_in_generator() -> torch.Generator:
+    """The generator of the data live cases make up: seeded alike for every call, so a
+    call always gets the same case, and so the same rules, in any process; and the
+    caller's own generator, which a training run's dropout draws from, stays where it was."""
+    return torch.Generator().manual_seed(BASE_SEED)
 
 
 def _float64(tree):
@@ -45,10 +52,11 @@ def _shrunk(tree, small=(6, 8, 10, 12, 14, 16, 18, 20, 22, 24)):
     if len(sizes) > len(small):
         return tree
     new = dict(zip(sizes, small))
+    generator = stand_in_generator()
 
     def shrink(x):
         if isinstance(x, torch.Tensor):
-            return torch.randn([new.get(s, s) for s in x.shape], dtype=x.dtype)
+            return torch.randn([new.get(s, s) for s in x.shape], dtype=x.dtype, generator=generator)
         return x
 
     return torch.utils._pytree.tree_map(shrink, tree)

@@ -267,6 +267,29 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
         torch.testing.assert_close(got, rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_a_table_miss_explored_under_dtensor_leaves_the_programs_generator(fake_world_of, tmp_path):
+    """DTensor asks for a custom op's strategies in the middle of a program: the stand-ins
+    its live exploration runs on come from a generator of their own, so the program's next
+    draw (a dropout mask) is the one it would have been without metaspmd."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(2)
+    mesh = DeviceMesh("cpu", [0, 1])
+
+    def spec(shape):
+        t = torch.empty(shape)
+        return DTensorSpec(mesh, (Replicate(),), TensorMeta(t.shape, t.stride(), t.dtype))
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    rules = dtensor_rules._call_rules(torch.ops.metaspmd_examples.rms_norm.default,
+                                      (spec((8, 6, 16)), spec((16,)), 1e-6), {}, RuleCache(tmp_path))
+    assert rules  # explored live: rms_norm has no table entry
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
     """gather's index narrower than self, both cut along a dim it does not gather: each
     shard would take self's columns at its own bounds, not the index's. The installed

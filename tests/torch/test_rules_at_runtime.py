@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from metaspmd.backends.torch.capture import capture  # noqa: E402
-from metaspmd.backends.torch.rules_at_runtime import node_call  # noqa: E402
+from metaspmd.backends.torch.rules_at_runtime import call_case, node_call  # noqa: E402
 from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
 from metaspmd.explorer import explore_case  # noqa: E402
 
@@ -57,3 +57,19 @@ def test_norm_partials_reach_dtensor_through_register_only():
     s = Strategy("S1", (ShardIn(1),), (OutputCombine.parse("reduce(norm2)"),))
     assert to_dtensor_placements(project(s, DTENSOR_REGISTER).outputs) == (_NormPartial(2),)
     assert not project(s, DTENSOR_PLAN)
+
+
+def test_a_shrunk_live_case_is_the_same_in_any_process_and_leaves_the_callers_generator():
+    """A large float call is explored on small random stand-ins: drawn from a generator of
+    their own, so the case (and its rules) does not depend on what the program drew
+    before, and a training run's next dropout mask is the one it would have been."""
+    big = (torch.randn(64, 96), torch.randn(96, 80))
+    cases = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        state = torch.get_rng_state()
+        cases.append(call_case(torch.ops.aten.mm.default, big, {}))
+        assert torch.equal(torch.get_rng_state(), state)
+    first, second = cases
+    assert [tuple(x.shape) for x in first.args] == [(6, 10), (10, 8)]  # shrunk, equal sizes kept equal
+    assert all(torch.equal(a, b) for a, b in zip(first.args, second.args))
