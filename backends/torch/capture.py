@@ -110,8 +110,16 @@ def capture(
     _check_inputs(fn_or_module, example_inputs, backward)
     with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-        with torch.backends.mkldnn.flags(enabled=False):
+        with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
             return _capture(fn_or_module, example_inputs, backward, loss_fn)
+
+
+def callers_generators_kept():
+    """A context that gives the caller's random generators back as they were: tracing and
+    recording run the model's dropout, and a program that plans before it trains draws the
+    same masks as one that does not. The CPU generator, and the GPUs' once CUDA is in use."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])
 
 
 def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool) -> None:
@@ -252,14 +260,15 @@ def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> 
 def recorded_values(gm: torch.fx.GraphModule, flat_inputs: list) -> RecordedValues:
     """node name -> (args, kwargs) with the real example values, recorded by running the
     graph once on first access (``metaspmd.ir.RecordedValues``). Recorded outside any mode
-    the caller is in (LocalTensorMode) and without oneDNN, as the graph was traced."""
+    the caller is in (LocalTensorMode), without oneDNN, as the graph was traced, and with
+    the caller's generators given back after."""
 
     def record() -> dict:
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-            with torch.backends.mkldnn.flags(enabled=False):
+            with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
                 return _record_values(gm, flat_inputs)
 
     return RecordedValues(record)
