@@ -151,7 +151,7 @@ class Memo:
     failed: dict[tuple, frozenset[int]] = field(default_factory=dict)
     readers: dict[int, frozenset[int]] = field(default_factory=dict)  # by input (_readers)
     # cut dims whose shards the case refused by shape (ShapeRefused) on a trial cut by a
-    # split, by (dims, id of the trial, split); the trial is held in locals
+    # split, by ``refusal_key``; the trial is held in locals
     refused: set[tuple] = field(default_factory=set)
     # what is worked out of tensors the search holds (shards of a trial's inputs, whether
     # they differ, whether a leaf is flat along a dim, a Partial input's parts), by a key
@@ -165,6 +165,11 @@ class Memo:
         if hit is None:
             hit = self.derived[key] = (held, make())
         return hit[1]
+
+
+def refusal_key(dims: tuple, trial: Trial, split: Any) -> tuple:
+    """The key of ``Memo.refused``: a group's cut dims on a trial cut by a split."""
+    return (dims, id(trial), split)
 
 
 def flat_along(ops: TensorOps, x: Any, d: int) -> bool:

@@ -19,7 +19,7 @@ from ..tensor_ops import TensorOps
 from .baseline import Baseline, Verdict, draw_baseline
 from .common import (
     EXPLORE_SPLIT, TRIAL_SPLITS, UNINFORMATIVE, Context, ExploreConfig, Memo, Trial, cuts_a_dim, error_text,
-    example_of, fit_partial, group_of, halo_gathers_only, no_strategy,
+    example_of, fit_partial, group_of, halo_gathers_only, no_strategy, refusal_key,
 )
 from .groups import Groups
 from .independence import IndependentParts
@@ -148,7 +148,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
                 continue
             # a cut the case refused on the example by its shapes alone (ShapeRefused): Partial
             # inputs and offsets beside it keep those shapes, and are refused alike, untried
-            taken = (group.dims, id(self.trials[0]), EXPLORE_SPLIT) not in self.memo.refused
+            taken = refusal_key(group.dims, self.trials[0], EXPLORE_SPLIT) not in self.memo.refused
             if taken and self.config.partial and not case.randomness.random and any(
                 accept(g, self._explore(g)) for g in self._partial_groups(group, parts)
             ):

@@ -12,7 +12,7 @@ from ..spec import ArgReduce, Gather, GatherPositions, Group, Identity, Reduce
 from ..tensor_ops import INT
 from .common import (
     AVG_UNTRIED, MAX_EVEN_SHARDS, PARTIAL_SPREADS, UNINFORMATIVE, Trial, even_gather, fit_partial, flat_along,
-    one_values, order_dependent,
+    one_values, order_dependent, refusal_key,
 )
 
 
@@ -52,7 +52,7 @@ class Shards:
 
         # Partial inputs and offsets keep every shard's shapes: where the same cut was refused
         # by shape, they are refused alike (batch norm's channel cut beside each Partial set)
-        same_shapes = (group.dims, id(trial), split) if not (group.follow or group.drop or group.local) else None
+        same_shapes = refusal_key(group.dims, trial, split) if not (group.follow or group.drop or group.local) else None
         if same_shapes in self.memo.refused:
             return None
 

@@ -33,15 +33,18 @@ class Trials:
 
     def _call(self, leaves: Sequence[Any], trial: Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
-        # the trial's arguments rebuilt around the leaves by a template made once per trial:
-        # the op runs on every shard of every group
-        held = trial.template
-        if not held or held[0] is not trial.args or held[1] is not trial.kwargs:
-            held[:] = [trial.args, trial.kwargs, pytree.template((trial.args, dict(trial.kwargs)), self.ops.is_tensor)]
-        args, kwargs = held[2](leaves)
+        args, kwargs = self._fill(trial)(leaves)
         if self.config.isolate_calls is not None:
             return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
         return self._flatten_out(self.case.call(args, kwargs, drop, local))
+
+    def _fill(self, trial: Trial) -> Callable[[Sequence[Any]], Any]:
+        """The trial's arguments rebuilt around new leaves, by a template made once per
+        trial (``Trial.template``): the op runs on every shard of every group."""
+        held = trial.template
+        if not held or held[0] is not trial.args or held[1] is not trial.kwargs:
+            held[:] = [trial.args, trial.kwargs, pytree.template((trial.args, dict(trial.kwargs)), self.ops.is_tensor)]
+        return held[2]
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False,
                like: Trial | None = None, leaves: list[Any] | None = None) -> Trial:
@@ -142,12 +145,9 @@ class Trials:
             if trial.special:
                 continue
             leaves = [leaf(trial, i, x) for i, x in enumerate(trial.leaves)]
-            held = trial.template  # the arguments' containers, made once for the trial's calls
-            like = trial if held and held[0] is trial.args and held[1] is trial.kwargs else None
-            args, kwargs = (held[2](leaves) if like is not None
-                            else pytree.replace((trial.args, dict(trial.kwargs)), self.ops.is_tensor, leaves))
+            args, kwargs = self._fill(trial)(leaves)
             try:
-                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index, like=like, leaves=leaves))
+                out.append(self._trial(tuple(args), dict(kwargs), index=trial.index, like=trial, leaves=leaves))
             except Exception:
                 return None
         return out

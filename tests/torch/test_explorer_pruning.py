@@ -63,7 +63,7 @@ def test_partial_sets_beside_a_cut_refused_by_shape_are_not_even_made(monkeypatc
     """Where the example's plain cut was refused on shapes, the search goes on to halos
     and the rest without making its Partial sets at all; the entry is the one the search
     gives when the refusal is a plain error and every set is tried."""
-    from metaspmd.explorer.common import EXPLORE_SPLIT
+    from metaspmd.explorer.common import EXPLORE_SPLIT, refusal_key
     from metaspmd.explorer.groups import Groups
 
     asked, refused_asked = [], []
@@ -71,7 +71,7 @@ def test_partial_sets_beside_a_cut_refused_by_shape_are_not_even_made(monkeypatc
 
     def recording(self, group, parts):
         asked.append(group.dims)
-        if (group.dims, id(self.trials[0]), EXPLORE_SPLIT) in self.memo.refused:
+        if refusal_key(group.dims, self.trials[0], EXPLORE_SPLIT) in self.memo.refused:
             refused_asked.append(group.dims)
         return made(self, group, parts)
 
