@@ -6,7 +6,8 @@ and the per-op exploration time distribution.
 
 --loaded sweeps the ops twice, once on a quiet machine and once with busy processes on
 every core (--hogs), and says whether the two registries are byte-identical: the time
-limit counts CPU time, so a loaded machine must not change a sweep's result.
+limit counts CPU time, so a loaded machine must not change a sweep's result. For a built-in
+backend it also compares both with the committed registry (registry/<backend>/).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def registry_files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.yaml"))}
 
 
+COMMITTED = Path(__file__).resolve().parents[1] / "registry"
+
+
+def differing(got: dict[str, bytes], want: dict[str, bytes]) -> list[str]:
+    return sorted(k for k in got.keys() | want.keys() if got.get(k) != want.get(k))
+
+
 def loaded(config: SweepConfig, hogs: int) -> int:
     """Sweep twice, quiet then with ``hogs`` busy processes, and compare the registries."""
     runs = []
@@ -58,10 +66,19 @@ def loaded(config: SweepConfig, hogs: int) -> int:
         print(f"{name:<{width}} {n:>4} {load:>5.1f} {len(report.results):>5} {report.wall_s:>8.1f} "
               f"{len(report.timed_out()):>9}  {statuses}")
     (_, _, _, _, quiet), (_, _, _, _, busy) = runs
-    differ = sorted(k for k in quiet.keys() | busy.keys() if quiet.get(k) != busy.get(k))
+    differ = differing(quiet, busy)
     print(f"registries byte-identical: {'yes' if not differ else 'no'} ({len(quiet)} files quiet, {len(busy)} loaded)")
     for name in differ[:20]:
         print(f"  differs: {name}")
+    if not config.backend_options:  # the committed files of the ops swept
+        swept = quiet.keys() | busy.keys()
+        committed = {k: v for k, v in registry_files(COMMITTED).items() if k in swept}
+        for name, files in (("quiet", quiet), ("loaded", busy)):
+            stale = differing(files, committed)
+            print(f"{name} run equals the committed registry: {'yes' if not stale else 'no'} "
+                  f"({len(files) - len(stale)} of {len(files)} files)")
+            for path in stale[:20]:
+                print(f"  differs: {path}")
     return 0 if not differ else 1
 
 
