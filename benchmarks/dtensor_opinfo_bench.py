@@ -690,4 +690,6 @@ def _fails(o: Outcome) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
+
+    sys.exit(pipe_safe(main)())

@@ -68,4 +68,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # guard needed: spawned workers re-import this module
-    sys.exit(main())
+    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
+
+    sys.exit(pipe_safe(main)())

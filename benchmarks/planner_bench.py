@@ -247,4 +247,6 @@ def print_table(rows: list[list[str]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
+
+    sys.exit(pipe_safe(main)())

@@ -106,4 +106,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
+
+    sys.exit(pipe_safe(main)())

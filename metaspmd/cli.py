@@ -62,7 +62,7 @@ def seconds(text: str, allow_zero: bool = False) -> float:
     return positive_number(text, allow_zero, "a number of seconds")
 
 
-def _pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
+def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
     """A reader that stops early (``metaspmd coverage | head``) ends the command quietly,
     with the status a tool killed by SIGPIPE has, instead of a BrokenPipeError traceback."""
     @functools.wraps(command)
@@ -98,10 +98,10 @@ op the time it needs; an op that burns no CPU (asleep, blocked) is stopped by --
 any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
-2 usage error (unknown backend, no op matched, --out or --timings not writable: checked before
-any work), 3 some op timed out twice and kept its previous file (--check: no difference found,
-but those ops were not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
-141 stdout closed early (| head).
+2 usage error (unknown backend, no op matched, --out a backend folder or not writable,
+--timings not writable: checked before any work), 3 some op timed out twice and kept its
+previous file (--check: no difference found, but those ops were not compared),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
 """
 
 
@@ -111,7 +111,7 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-@_pipe_safe
+@pipe_safe
 def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     import signal
 
@@ -160,12 +160,17 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.kernels:
         options = (("kernels", args.kernels),)
         try:
-            if backend_module(args.backend) == "metaspmd.backends.tvm":
-                # --help says "instead of the built-in ones"; the TVM backend adds them unless told not to
-                options += (("builtins", False),)
+            module = backend_module(args.backend)
         except SweepError as e:
             print(f"sweep: error: {e}", file=sys.stderr)
             return 2
+        if module == "metaspmd.backends.jax":  # it would sweep every primitive into registry/jax
+            print("sweep: error: --kernels takes torch custom ops or TVM TE kernels; the jax backend sweeps "
+                  "jax's own primitives only", file=sys.stderr)
+            return 2
+        if module == "metaspmd.backends.tvm":
+            # --help says "instead of the built-in ones"; the TVM backend adds them unless told not to
+            options += (("builtins", False),)
     try:
         config = SweepConfig(
             backend=args.backend, out_root=args.out, patterns=patterns, jobs=args.jobs,
@@ -213,7 +218,7 @@ CODEGEN_DOC = """Write the static rule tables in generated/ from the registry (j
 """
 
 
-@_pipe_safe
+@pipe_safe
 def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.codegen.generator import TARGETS, generate
     from metaspmd.registry_io import RegistryError, write_text_atomic
@@ -270,7 +275,7 @@ whose bytes differ. Exit status 2 when a side is neither a git revision nor a re
 """
 
 
-@_pipe_safe
+@pipe_safe
 def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.registry_io import RegistryError
     from metaspmd.rule_diff import diff as diff_registries, load_sides, to_markdown
@@ -311,7 +316,7 @@ can sample.
 COVERED = ("ok", "derived")
 
 
-@_pipe_safe
+@pipe_safe
 def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from collections import Counter
 
@@ -400,7 +405,7 @@ XLA for several CPU devices, which only works before jax starts.
 """
 
 
-@_pipe_safe
+@pipe_safe
 def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     import importlib
 

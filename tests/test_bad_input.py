@@ -321,6 +321,23 @@ def test_kernels_replace_the_tvm_builtins(tmp_path, monkeypatch):
     assert seen[0].backend_options == (("kernels", "my_kernels"), ("builtins", False))
 
 
+def test_sweep_out_must_be_a_registry_root(tmp_path, fake_backend, capsys, monkeypatch):
+    monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.start", lambda self: pytest.fail("the sweep ran"))
+    folder = tmp_path / "reg" / "fake"
+    folder.mkdir(parents=True)
+    (folder / "fake.add.yaml").write_text("")
+    assert cli.sweep(["--backend", fake_backend, "--out", str(folder)]) == 2
+    assert "so it is a backend folder, not a registry root" in capsys.readouterr().err
+    assert cli.sweep(["--backend", fake_backend, "--out", str(folder), "--check"]) == 2
+    assert [p.name for p in folder.iterdir()] == ["fake.add.yaml"]
+
+
+def test_kernels_are_refused_for_jax(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", lambda config: pytest.fail("the sweep ran"))
+    assert cli.sweep(["--backend", "jax", "--kernels", "my_kernels", "--out", str(tmp_path)]) == 2
+    assert "--kernels takes torch custom ops or TVM TE kernels" in capsys.readouterr().err
+
+
 def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
     for args, message in ((["--jobs", "0"], "expected an integer >= 1, got 0"), (["-j", "-1"], "got -1"),
                           (["--ops", ""], "--ops '' names no op pattern"),
@@ -375,3 +392,11 @@ def test_planner_bench_usage_errors(capsys, args, message):
     with pytest.raises(SystemExit) as e:
         planner_bench.main(args)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_benchmark_ends_quietly_on_a_closed_pipe():
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "planner_bench.py"), "--layers", "1",
+                             "--no-highs", "--beam-width", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # `| head -0`
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err, err

@@ -47,7 +47,7 @@ def _truthy(value) -> bool:
     return str(value).lower() not in ("0", "false", "no", "off", "")
 
 
-def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None, fast_compile="1", **_ignored):
+def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None, fast_compile="1"):
     if _truthy(fast_compile):
         _add_xla_flags(FAST_COMPILE_FLAGS)
     if reproducible.in_effect():

@@ -31,6 +31,7 @@ Exit status: 0 done, 1 a rule of ours failed re-verification, 2 usage or registr
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -46,11 +47,13 @@ import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
+from metaspmd.cli import positive_int, seconds
 from metaspmd.registry_io import RegistryError, load_registry
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
 from metaspmd.sweep import SweepConfig, WorkerPool, select_ops, split_patterns
+from metaspmd.sweep.config import unwritable
 from metaspmd.sweep.workers import Task
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
@@ -828,14 +831,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--partials", default="sum",
                    help=f"Partial input placements offered to DTensor, from {','.join(DTENSOR_PARTIALS)} "
                         "(default: sum, the one the explorer tries)")
-    p.add_argument("--max-combos", type=int, default=QueryConfig.max_combos,
+    p.add_argument("--max-combos", type=positive_int, default=QueryConfig.max_combos,
                    help="placement tuples asked per example where DTensor lists none (default %(default)s)")
-    p.add_argument("--max-seconds", type=float, default=QueryConfig.max_seconds,
+    p.add_argument("--max-seconds", type=seconds, default=QueryConfig.max_seconds,
                    help="time spent asking DTensor per example (default %(default)s)")
     p.add_argument("--exhaustive", action="store_true", help="ask every placement tuple, for every op")
-    p.add_argument("--jobs", "-j", type=int, default=None,
+    p.add_argument("--jobs", "-j", type=positive_int, default=None,
                    help="worker processes (default: one per 20 ops, at most the CPU count)")
-    p.add_argument("--timeout", type=float, default=300.0, help="per-op time limit in seconds, 0: none")
+    p.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True), default=300.0,
+                   help="per-op time limit in seconds, 0: none")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where DTensor's answers are cached (default: the metaspmd cache folder)")
     p.add_argument("--no-cache", action="store_true", help="ask DTensor afresh and cache nothing")
@@ -843,7 +847,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="do not replay on real DTensor (fake process group) the missed DTensor rules our own "
                         "replay cannot check: composite ops, size-rewriting ops, out= views")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the full results here")
-    p.add_argument("--limit", type=int, default=50, help="rows per table in the printed report")
+    p.add_argument("--limit", type=positive_int, default=50, help="rows per table in the printed report")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
     return p.parse_args(list(argv) if argv is not None else None)
 
@@ -851,6 +855,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0: done; 1: a rule of ours failed re-verification; 2: usage or registry error."""
     args = parse_args(argv)
+    problem = args.json is not None and unwritable(args.json, folder=False)
+    if problem:  # checked before the work, not after it
+        print(f"crosscheck: error: --json {problem}", file=sys.stderr)
+        return 2
     partials = tuple(p.strip() for p in args.partials.split(",") if p.strip())
     if any(p not in DTENSOR_PARTIALS for p in partials) or args.mesh_size < 2 or args.max_combos < 1:
         print("crosscheck: error: --partials takes sum, avg, max, min; --mesh-size and --max-combos at least 2 and 1",

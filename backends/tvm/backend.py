@@ -122,7 +122,11 @@ def make_backend(kernels: str | Sequence[str] | None = None, builtins: bool = Tr
     if builtins:
         modules.append(importlib.import_module(BUILTIN_MODULE).__name__)
     refs = [kernels] if isinstance(kernels, str) else list(kernels or ())
-    modules += [load_kernel_module(ref) for ref in refs]
+    for ref in refs:
+        module = load_kernel_module(ref)
+        if not REGISTRY.ops([module]):  # else the sweep's only word is "no op matches *"
+            raise ValueError(f"{ref}: defines no TVM kernel (@metaspmd.backends.tvm.kernel)")
+        modules.append(module)
     return TvmBackend(modules)
 
 

@@ -81,6 +81,7 @@ def run_sweep(config: SweepConfig) -> SweepReport:
 
     started = time.perf_counter()
     results: dict[str, OpResult] = {}
+    _check_root(registry_io, config)
     _check_writable(config, config.out_root)  # before any work, not at the first op's file
     with WorkerPool(config) as pool:
         backend = _start(pool, config.backend)
@@ -157,6 +158,16 @@ def _start(pool: WorkerPool, name: str) -> str:
         return pool.start()
     finally:
         timer.cancel()
+
+
+def _check_root(registry_io, config: SweepConfig) -> None:
+    """An existing root must be a registry root: a backend folder (registry/torch) would get a
+    second backend folder inside it, and --check would call every op added."""
+    if config.out_root.exists():
+        try:
+            registry_io.check_registry_root(config.out_root)
+        except registry_io.RegistryError as e:
+            raise SweepError(f"--out {e}") from None
 
 
 def _check_writable(config: SweepConfig, folder: Path) -> None:

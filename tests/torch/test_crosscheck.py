@@ -539,6 +539,26 @@ def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     assert "no op to check" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--max-seconds", "nan"], "--max-seconds: expected a number of seconds: finite and > 0, got 'nan'"),
+    (["--max-seconds", "-1"], "got '-1'"),
+    (["--limit", "-1"], "--limit: expected an integer >= 1, got -1"),
+    (["--max-combos", "0"], "got 0"),
+    (["--timeout", "inf"], "got 'inf'"),
+])
+def test_command_line_numbers_are_checked(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        crosscheck.main(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unwritable_json_fails_before_any_op_is_checked(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(crosscheck, "run", lambda *a, **k: pytest.fail("the check ran"))
+    assert crosscheck.main(["--ops", "aten.relu.default", "--json", str(tmp_path / "file" / "r.json")]) == 2
+    assert f"--json {tmp_path / 'file' / 'r.json'}: {tmp_path / 'file'} is not a folder" in capsys.readouterr().err
+
+
 def test_worker_processes_print_nothing_into_the_report(capfd):
     # aten._print writes its string to stdout from C++; a worker's prints (and torch's C++
     # warnings) would land in the parent's report, where tools read it

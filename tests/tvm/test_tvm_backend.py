@@ -112,6 +112,13 @@ def test_user_module_kernels_are_listed_next_to_the_catalog(backend):
     assert sharded_strategies(record.entries[0]) == paper("[[S1, S2], [S1]]", "{S1: gather(dim=0), S2: gather(dim=1)}")
 
 
+def test_a_kernels_module_without_kernels_is_named(tmp_path):
+    empty = tmp_path / "no_kernels.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(ValueError, match=r"no_kernels.py: defines no TVM kernel"):
+        get_backend(kernels=str(empty))
+
+
 def test_sweep_with_kernels_writes_the_user_kernel_to_its_own_file(tmp_path):
     cmd = [sys.executable, str(ROOT / "tools" / "sweep.py"), "--backend", "tvm", "--kernels", str(USER_KERNELS),
            "--ops", "tvm.scale_rows", "--out", str(tmp_path), "--jobs", "1", "--no-progress"]
