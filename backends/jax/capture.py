@@ -410,13 +410,53 @@ def _joint(fn: Callable, loss_fn: Callable | None) -> Callable:
     def joint(params, *inputs):
         def loss(p):
             out = fn(p, *inputs)
+            if loss_fn is None:
+                _check_differentiable(fn, out)
             value = loss_fn(out) if loss_fn is not None else sum(jnp.sum(x) for x in jax.tree.leaves(out))
+            aval = _value_type(value)
+            if loss_fn is not None and not (aval is not None and aval.shape == () and jnp.issubdtype(aval.dtype,
+                                                                                               jnp.floating)):
+                what = aval.str_short() if aval is not None else f"a {type(value).__name__}"
+                raise TypeError(f"loss_fn returned {what}, not a float scalar: return one computed from "
+                                f"{_name(fn)}'s float outputs, or pass backward=False to plan the forward only")
             return value, out
 
         (_, out), grads = jax.value_and_grad(loss, has_aux=True)(params)
         return out, grads
 
     return joint
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _value_type(x: Any) -> Any:
+    """``x``'s abstract value (shape and dtype), None for what is no array or scalar."""
+    try:
+        aval = jax.typeof(x)
+    except TypeError:
+        return None
+    return aval if isinstance(aval, core.ShapedArray) else None
+
+
+def _check_differentiable(fn: Callable, out: Any) -> None:
+    """Refuse, naming the function and what it returned, an output that the default loss
+    (the sum of its outputs) has no gradient of; jax.grad would only say that it "requires
+    real-valued outputs"."""
+    leaves = jax.tree.leaves(out)
+    if not leaves:
+        what = "None" if out is None else f"a {type(out).__name__} with no arrays"
+        raise TypeError(f"{_name(fn)} returns {what}, so the default loss (the sum of its outputs) has nothing to "
+                        "differentiate: return the outputs to differentiate, or pass backward=False to plan the "
+                        "forward only")
+    avals = [_value_type(x) for x in leaves]
+    if all(a is not None and not jnp.issubdtype(a.dtype, jnp.inexact) for a in avals):
+        types = ", ".join(a.str_short() for a in avals)
+        arrays = "an integer array" if len(avals) == 1 else "only integer arrays"
+        raise TypeError(f"{_name(fn)} returns {arrays} ({types}), which {'carries' if len(avals) == 1 else 'carry'} "
+                        "no gradient, so the default loss (the sum of its outputs) has none to compute: pass "
+                        "backward=False to plan the forward only")
 
 
 def capture(
@@ -434,6 +474,9 @@ def capture(
     ``while_trips``: the trips per call charged a while loop whose bounds are not static
     (one number for all, or by the loop's equation name as ``Captured.loops`` names it);
     default ``WHILE_TRIPS``."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError("loss_fn must be callable (a function of the function's output, returning a scalar array), "
+                        f"got {loss_fn!r}")
     example_inputs = tuple(example_inputs)
     if params is not None:
         traced, args = (_joint(fn, loss_fn) if backward else fn), (params, *example_inputs)

@@ -82,6 +82,8 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
         loss = loss_fn(out) if loss_fn is not None else out.sum()
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"loss_fn returned a {type(loss).__qualname__}, not a tensor")
+        if not loss.requires_grad:
+            _no_gradient(module, out, loss, loss_fn)
         # The seed gradient d(loss)/d(loss) is the constant 1. autograd's default seed,
         # ones_like(loss), traces as a node that reads the loss, so a plan that shards the
         # batch would have to all-reduce the (Partial) loss just to learn its shape; a
@@ -91,6 +93,25 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
         return out, list(grads)
 
     return joint
+
+
+def _no_gradient(module: torch.nn.Module, out: Any, loss: torch.Tensor, loss_fn: Callable | None) -> None:
+    """Raise, naming why, where the loss carries no gradient (autograd would only say that
+    "element 0 of tensors does not require grad")."""
+    name, forward = type(module).__qualname__, "pass backward=False to plan its forward only"
+    if not torch.is_grad_enabled():
+        raise RuntimeError(f"gradients are off where {name} was captured (torch.no_grad() or torch.inference_mode()): "
+                           f"call parallelize outside it, or {forward}")
+    floating = loss.is_floating_point() or loss.is_complex()
+    if loss_fn is None and not floating:
+        raise TypeError(f"{name} returns an integer tensor ({out.dtype}), which carries no gradient, so the default "
+                        f"loss out.sum() has none to compute: {forward}")
+    if loss_fn is None:
+        raise ValueError(f"{name}'s output does not require grad (computed under torch.no_grad() or from detached "
+                         f"values), so the default loss out.sum() has no gradient to compute: {forward}")
+    what = f"an integer tensor ({loss.dtype})" if not floating else "a tensor that does not require grad"
+    raise TypeError(f"loss_fn returned {what}, so there is no gradient to compute: return a float scalar computed "
+                    f"from {name}'s float outputs, or {forward}")
 
 
 def capture(
@@ -107,7 +128,7 @@ def capture(
     hands the backward a workspace that the trace records as None, so the graph cannot run
     again; without it, ``nn.LSTM`` and ``nn.GRU`` trace into matmuls and pointwise ops,
     which have rules and shard."""
-    _check_inputs(fn_or_module, example_inputs, backward)
+    _check_inputs(fn_or_module, example_inputs, backward, loss_fn)
     with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
@@ -122,11 +143,14 @@ def callers_generators_kept():
     return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])
 
 
-def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool) -> None:
+def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: Any = None) -> None:
     """Refuse, naming the value, what would fail deep inside make_fx or autograd."""
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of positional arguments, got a "
                         f"{type(example_inputs).__qualname__} (for one input write (x,))")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError("loss_fn must be callable (a function of the model's output, returning a scalar tensor), "
+                        f"got {loss_fn!r}")
     try:
         from torch.distributed._local_tensor import LocalTensor
     except ImportError:  # a torch without it

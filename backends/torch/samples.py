@@ -729,13 +729,15 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
     """The cached index, building it first when missing or unreadable (one builder at a time).
     A build says so on stderr once: it takes a minute or more, and nothing else prints."""
     path = cache_path(cache_dir, max_signatures)
+    if path.is_dir():  # the rename would fail only after the minute-long build
+        raise IsADirectoryError(_unwritable(path, "it is a directory"))
 
     def cached() -> dict[str, tuple[SampleCall, ...]] | None:
         if rebuild or not path.exists():
             return None
         try:
             return read_index(path)
-        except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format: build it again
+        except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format, the wrong structure (read_index): build it again
             print(f"metaspmd: the sample index {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
                   "rebuilding it", file=sys.stderr, flush=True)
             return None
@@ -782,16 +784,47 @@ def _build_in_child(path: Path, max_signatures: int, log: Callable[[str], None] 
         raise RuntimeError(f"building the sample index {path} failed (exit status {child.returncode})")
 
 
+def _unwritable(path: Path, why: str) -> str:
+    return (f"cannot write the sample index {path} ({why}); remove that path, or set METASPMD_CACHE_DIR "
+            "to another directory")
+
+
 def write_index(path: Path, index: Mapping[str, tuple[SampleCall, ...]]) -> None:
-    """Atomic write: readers never see half a file."""
+    """Atomic write: readers never see half a file, and a failed write leaves no temporary one."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    torch.save(_encode_index(index), tmp)
-    os.replace(tmp, path)
+    raw = _encode_index(index)
+    try:
+        torch.save(raw, tmp)
+        os.replace(tmp, path)
+    except Exception as e:  # not only OSError: torch.save reports a full disk as RuntimeError
+        raise OSError(_unwritable(path, f"{type(e).__name__}: {e}")) from e
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; else a 12 MB leftover per failed build
+
+
+_CALL_KEYS = frozenset({"signature", "args", "kwargs", "ref", "regenerable", "float64"})  # _encode_index's
+
+
+def _check_raw(raw: Any) -> None:
+    """Raise ValueError unless ``raw`` has the shape ``_encode_index`` gives a built index:
+    a non-empty dict, each overload a non-empty list of calls. A file that loads but holds
+    anything else (``{}``) would give a sweep no samples: ``--check`` would report rules lost
+    and a sweep would write a registry with fewer."""
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"holds {'an empty dict' if isinstance(raw, dict) else 'a ' + type(raw).__name__}, "
+                         "not a dict of overloads")
+    for op, calls in raw.items():
+        if not (isinstance(op, str) and isinstance(calls, list) and calls
+                and all(isinstance(c, dict) and c.keys() == _CALL_KEYS for c in calls)):
+            raise ValueError(f"its entry {str(op)[:80]!r} is not a non-empty list of calls with keys {sorted(_CALL_KEYS)}")
 
 
 def read_index(path: Path) -> dict[str, tuple[SampleCall, ...]]:
-    return _decode_index(torch.load(path, weights_only=True))
+    """The index in ``path``; ValueError for a file that loads but is no index ``write_index`` wrote."""
+    raw = torch.load(path, weights_only=True)
+    _check_raw(raw)
+    return _decode_index(raw)
 
 
 __all__ = [

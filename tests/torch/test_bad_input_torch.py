@@ -3,6 +3,8 @@ wrong instead of one from deep inside make_fx, autograd or torch.load."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,11 +29,39 @@ class NoParameters(torch.nn.Module):
         return x * 2
 
 
+class Argmax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).argmax(-1)
+
+
+class Detached(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).detach() * 2
+
+
 @pytest.mark.parametrize("model,inputs,kw,error,message", [
     (TwoOutputs(), "tuple", {}, TypeError, r"TwoOutputs returns a tuple, not a tensor, .* pass loss_fn="),
     (TwoOutputs(), "tuple", {"loss_fn": lambda out: 3}, TypeError, "loss_fn returned a int, not a tensor"),
     (NoParameters(), "tuple", {}, ValueError, "NoParameters has no parameters, .* pass backward=False"),
     (torch.nn.Linear(4, 4), "bare", {}, TypeError, r"example_inputs must be a tuple .* got a Tensor"),
+    (Argmax(), "tuple", {}, TypeError,
+     r"Argmax returns an integer tensor \(torch.int64\), which carries no gradient, .* pass backward=False"),
+    (Detached(), "tuple", {}, ValueError,
+     r"Detached's output does not require grad \(computed under torch.no_grad\(\) or from detached values\), .*"),
+    (Argmax(), "tuple", {"loss_fn": lambda out: out.sum()}, TypeError,
+     r"loss_fn returned an integer tensor \(torch.int64\), .* from Argmax's float outputs, or pass backward=False"),
+    (TwoOutputs(), "tuple", {"loss_fn": lambda out: out[1].sum()}, TypeError,
+     "loss_fn returned a tensor that does not require grad"),
+    (torch.nn.Linear(4, 4), "tuple", {"loss_fn": "mse"}, TypeError,
+     r"loss_fn must be callable \(a function of the model's output, returning a scalar tensor\), got 'mse'"),
 ])
 def test_capture_names_what_is_wrong(model, inputs, kw, error, message):
     x = torch.randn(2, 4)
@@ -43,6 +73,14 @@ def test_capture_works_where_the_checks_allow():
     x = torch.randn(2, 4)
     assert capture(TwoOutputs(), (x,), loss_fn=lambda out: out[0].sum()).n_outputs == 1
     assert capture(NoParameters(), (x,), backward=False).n_user_inputs == 1
+    assert capture(Argmax(), (x,), backward=False).n_outputs == 1
+    assert capture(Detached(), (x,), backward=False).n_outputs == 1
+
+
+def test_capture_under_no_grad_says_gradients_are_off():
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"gradients are off where Linear was captured "
+                                                            r"\(torch.no_grad\(\) or torch.inference_mode\(\)\)"):
+        capture(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
 
 
 def test_local_tensors_are_named_not_recursed_into(fake_world_of):
@@ -68,24 +106,86 @@ def test_parallelize_reports_a_tuple_output_before_planning(fake_world_of):
         parallelize(torch.nn.Linear(4, 4), mesh, (torch.randn(2, 4),), memory_budget=float("nan"))
 
 
-def test_a_corrupt_index_is_rebuilt_and_named(tmp_path, monkeypatch, capsys):
-    small = {"aten.mm.default": ()}
+def test_parallelize_reports_an_output_without_gradient_before_planning(fake_world_of, monkeypatch):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd import runtime
+    from metaspmd.backends.torch.parallelize import parallelize
+
+    fake_world_of(4)
+    monkeypatch.setattr(runtime, "resolve", lambda *a, **k: pytest.fail("rules were looked up"))
+    mesh = DeviceMesh("cpu", list(range(4)), _init_backend=False, _rank=0)
+    with pytest.raises(TypeError, match=r"Argmax returns an integer tensor \(torch.int64\)"):
+        parallelize(Argmax(), mesh, (torch.randn(2, 4),))
+    with pytest.raises(TypeError, match="loss_fn must be callable .* got 'mse'"):
+        parallelize(torch.nn.Linear(4, 4), mesh, (torch.randn(2, 4),), loss_fn="mse")
+
+
+def _small_index():
+    """One call, the least a built index holds: read_index refuses an overload without calls."""
+    ref = samples.SampleRef("mm", "", "float32", "forward", 0, 0)
+    return {"aten.mm.default": (samples.SampleCall("aten.mm.default", "self:f[*,*] mat2:f[*,*]", (), {}, ref),)}
+
+
+def _refs(index):  # SampleCall compares by identity
+    return {op: [c.ref for c in calls] for op, calls in index.items()}
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    """Stands in for the minute-long build in a child process; lists the paths it wrote."""
     built = []
 
-    def build(path, max_signatures, log):  # stands in for the minute-long build in a child process
+    def build(path, max_signatures, log):
         built.append(path)
-        samples.write_index(path, small)
+        samples.write_index(path, _small_index())
 
     monkeypatch.setattr(samples, "_build_in_child", build)
     monkeypatch.setattr(samples.reproducible, "in_effect", lambda: False)
+    return built
+
+
+def test_a_corrupt_index_is_rebuilt_and_named(tmp_path, fake_build, capsys):
+    small = _refs(_small_index())
     path = samples.cache_path(tmp_path)
     path.write_bytes(b"PK\x03\x04 not a torch file")
-    assert samples.load_index(tmp_path) == small
+    assert _refs(samples.load_index(tmp_path)) == small
     err = capsys.readouterr().err
     assert f"the sample index {path} is unreadable" in err and "rebuilding it" in err
-    assert err.count("building the OpInfo sample index") == 1 and built == [path]
-    assert samples.load_index(tmp_path) == small  # read from the rebuilt file: no second build, no message
-    assert built == [path] and capsys.readouterr().err == ""
+    assert err.count("building the OpInfo sample index") == 1 and fake_build == [path]
+    assert _refs(samples.load_index(tmp_path)) == small  # read from the rebuilt file: no second build, no message
+    assert fake_build == [path] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("raw,reason", [
+    ({}, "holds an empty dict"),  # loaded fine and gave a sweep no samples
+    ([], "holds a list"),
+    ({"aten.mm.default": []}, "entry 'aten.mm.default' is not a non-empty list of calls"),
+    ({"aten.mm.default": [{"signature": "s"}]}, "entry 'aten.mm.default' is not a non-empty list of calls"),
+])
+def test_a_well_formed_index_of_the_wrong_structure_is_rebuilt(tmp_path, fake_build, capsys, raw, reason):
+    path = samples.cache_path(tmp_path)
+    torch.save(raw, path)
+    assert _refs(samples.load_index(tmp_path)) == _refs(_small_index())
+    err = capsys.readouterr().err
+    assert f"the sample index {path} is unreadable (ValueError: " in err and reason in err and "rebuilding it" in err
+    assert fake_build == [path]
+
+
+def test_an_index_path_that_is_a_directory_is_named_before_the_build(tmp_path, fake_build):
+    path = samples.cache_path(tmp_path)
+    path.mkdir()
+    with pytest.raises(IsADirectoryError, match=re.escape(f"cannot write the sample index {path} (") + ".*remove that path"):
+        samples.load_index(tmp_path)
+    assert fake_build == []
+
+
+def test_a_failed_write_names_the_index_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "index.pt"
+    path.mkdir()  # the rename fails after the file is saved
+    with pytest.raises(OSError, match=re.escape(f"cannot write the sample index {path} (") + ".*remove that path"):
+        samples.write_index(path, _small_index())
+    assert list(tmp_path.iterdir()) == [path] and not any(path.iterdir())
 
 
 def test_runtime_bench_refuses_zero_repeats(capsys):
