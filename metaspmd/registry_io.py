@@ -20,6 +20,7 @@ import yaml
 from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
+from .signature import signature_error
 from .spec import (
     ArgReduce, CombineSpec, DimLabel, Gather, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec,
     OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, label_number,
@@ -30,6 +31,7 @@ _OP_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
 }
+_NESTING = "values nest too deeply for a registry file"
 
 
 class RegistryError(ValueError):
@@ -143,8 +145,9 @@ def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
 class _Reader:
     """Turns composed YAML nodes into model objects, failing with file:line."""
 
-    def __init__(self, filename: str):
+    def __init__(self, filename: str, folder: str | None = None):
         self.filename = filename
+        self.folder = folder  # the backend folder the file lies in, when known
 
     def fail(self, node: yaml.Node | None, message: str):
         line = node.start_mark.line + 1 if node is not None else 1
@@ -156,13 +159,16 @@ class _Reader:
             self.fail(node, f"tag {node.tag!r} is not allowed in a registry file")
         if isinstance(node, yaml.ScalarNode):
             return _construct(node)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(n) for n in node.value]
-        out: dict[str, Any] = {}
-        for k, v in node.value:
-            key = self.unique_key(k, out, "mapping")
-            out[key] = self.value(v)
-        return out
+        try:  # the reader recurses once per level: a too-deep value fails at its own line
+            if isinstance(node, yaml.SequenceNode):
+                return [self.value(n) for n in node.value]
+            out: dict[str, Any] = {}
+            for k, v in node.value:
+                key = self.unique_key(k, out, "mapping")
+                out[key] = self.value(v)
+            return out
+        except RecursionError:
+            self.fail(node, _NESTING)
 
     def unique_key(self, node: yaml.Node, seen, what: str) -> str:
         """A mapping key not yet in ``seen``: YAML keeps the last of two equal keys, which
@@ -219,6 +225,8 @@ class _Reader:
         for key, name in (("op", op), ("backend", backend)):
             if not _OP_NAME_RE.match(name):
                 self.fail(f[key], f"{key} {name!r} has characters a rule file may not use")
+        if self.folder is not None and backend != self.folder:  # it would go into the wrong backend's table
+            self.fail(f["backend"], f"file holds a {backend!r} rule but lies in the {self.folder}/ folder")
         status = self.string(f["status"], "status")
         if status not in OP_STATUSES:
             self.fail(f["status"], f"unknown status {status!r} (expected one of {', '.join(OP_STATUSES)})")
@@ -237,6 +245,9 @@ class _Reader:
             ("reason", "partial", "offset", "more", "independent", "results", "verified", "notes"), "entry",
         )
         signature = self.string(f["signature"], "signature")
+        why = signature_error(signature)
+        if why is not None:  # codegen would emit it into the table as a key no call ever has
+            self.fail(f["signature"], f"malformed signature {signature!r}: {why}")
         status = self.string(f["status"], "entry status")
         if status not in ENTRY_STATUSES:
             self.fail(f["status"], f"unknown entry status {status!r} (expected one of {', '.join(ENTRY_STATUSES)})")
@@ -387,14 +398,21 @@ class _Reader:
                 self.fail(f["shape"], f"bad tensor shape {shape!r}")
             return TensorArg(tuple(shape), self.string(f["dtype"], "dtype"))
         if isinstance(node, yaml.SequenceNode):
-            return tuple(self.example_value(n) for n in node.value)
+            try:  # as in value: a too-deep value fails at its own line
+                return tuple(self.example_value(n) for n in node.value)
+            except RecursionError:
+                self.fail(node, _NESTING)
         return self.value(node)
 
     def verified(self, node: yaml.Node) -> Verification:
         f = self.mapping(node, ("trials", "shard_counts", "uneven"), (), "verified")
         trials, counts, uneven = self.value(f["trials"]), self.value(f["shard_counts"]), self.value(f["uneven"])
-        if not isinstance(trials, int) or not isinstance(counts, list) or not isinstance(uneven, bool):
-            self.fail(node, "verified needs trials (int), shard_counts (list of int), uneven (bool)")
+        if not _is_count(trials, 0):
+            self.fail(f["trials"], f"verified trials must be a whole number >= 0, got {trials!r}")
+        if not isinstance(counts, list) or not all(_is_count(c, 1) for c in counts):
+            self.fail(f["shard_counts"], f"verified shard_counts must be a list of whole numbers >= 1, got {counts!r}")
+        if not isinstance(uneven, bool):
+            self.fail(f["uneven"], f"verified uneven must be true or false, got {uneven!r}")
         return Verification(trials, tuple(counts), uneven)
 
 
@@ -403,6 +421,11 @@ _scalar_loader = yaml.SafeLoader("")
 
 def _construct(node: yaml.ScalarNode) -> Any:
     return _scalar_loader.construct_object(node, deep=True)
+
+
+def _is_count(v: Any, least: int) -> bool:
+    """A whole number >= ``least``; YAML's true and false are ints to Python."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 def _tensors(v: Any) -> list[TensorArg]:
@@ -433,8 +456,10 @@ def _refuse_anchors(text: str, filename: str) -> None:
                                 "in a registry file (write the value out)")
 
 
-def loads_record(text: str, filename: str = "<string>") -> OpRecord:
-    reader = _Reader(filename)
+def loads_record(text: str, filename: str = "<string>", backend: str | None = None) -> OpRecord:
+    """``backend``: the backend folder the file lies in, if any; a rule of another backend is
+    refused at its ``backend:`` line."""
+    reader = _Reader(filename, backend)
     try:
         _refuse_anchors(text, filename)
         root = yaml.compose(text, Loader=_Loader)
@@ -446,19 +471,34 @@ def loads_record(text: str, filename: str = "<string>") -> OpRecord:
         raise RegistryError(f"{filename}:1: empty file")
     try:
         return reader.record(root)
-    except RecursionError:  # the reader recurses once per level of nesting
-        raise RegistryError(f"{filename}:1: values nest too deeply for a registry file") from None
+    except RecursionError:  # the reader names the line of a too-deep value; this is a last resort
+        raise RegistryError(f"{filename}:1: {_NESTING}") from None
 
 
-def load_record(path: str | os.PathLike) -> OpRecord:
+def read_file(path: str | os.PathLike) -> bytes:
+    """The bytes of a registry file; RegistryError naming the path and the reason when it
+    is there but cannot be read (a folder, a dangling symlink, no permission). A path with
+    nothing at it raises FileNotFoundError as it is: the rule cache reads that as a miss."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            raise
+        raise RegistryError(f"{path}: cannot read: a symlink to {os.readlink(path)}, which does not exist") from None
+    except OSError as e:
+        raise RegistryError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def load_record(path: str | os.PathLike, backend: str | None = None) -> OpRecord:
+    """``backend``: as for loads_record."""
     path = Path(path)
-    data = path.read_bytes()
+    data = read_file(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise RegistryError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
-    return loads_record(text, str(path))
+    return loads_record(text, str(path), backend)
 
 
 def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> Path:
@@ -486,13 +526,8 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     folder = check_registry_root(root, backend) / backend
     records = {}
     for path in sorted(folder.glob("*.yaml")):
-        record = load_record(path)
+        record = load_record(path, backend)
         if path.name != f"{record.op}.yaml":
             raise RegistryError(f"{path}:1: file holds op {record.op!r}; expected {path.stem!r}")
-        if record.backend != backend:  # it would go into the wrong backend's table
-            lines = path.read_text(encoding="utf-8").splitlines()
-            line = next((i + 1 for i, t in enumerate(lines) if t.startswith("backend:")), 1)
-            raise RegistryError(f"{path}:{line}: file holds a {record.backend!r} rule "
-                                f"but lies in the {backend}/ folder")
         records[record.op] = record
     return records

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record
+from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file
 from .rules import OpRecord, RuleEntry
 from .spec import (
     CombineSpec, DimLabel, IndexOffset, N, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialInput, PartialSpec,
@@ -75,7 +75,7 @@ def _records(names: list[str], blobs: dict[str, bytes], rev: str) -> Registry:
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
             raise RegistryError(f"{where}:{line}: not valid UTF-8") from None
-        record = loads_record(text, where)
+        record = loads_record(text, where, Path(name).parent.name)
         out[_key(name, record, where)] = record
     return out
 
@@ -106,11 +106,11 @@ def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
     sides: tuple[Registry, Registry] = ({}, {})
     for name in sorted(old.keys() | new.keys()):
         paths = (old.get(name), new.get(name))
-        if None not in paths and paths[0].read_bytes() == paths[1].read_bytes():
+        if None not in paths and read_file(paths[0]) == read_file(paths[1]):
             continue
         for side, path in zip(sides, paths):
             if path is not None:
-                record = load_record(path)
+                record = load_record(path, Path(name).parent.name)
                 side[_key(name, record, str(path))] = record
     return sides
 

@@ -16,10 +16,13 @@ them, ``self:f[5,4,6] size=[20,6]``; a convolution's halo is its kernel's extent
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Mapping, Sequence
+import re
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .tensor_ops import TensorOps
+if TYPE_CHECKING:  # annotations only: reading a signature needs no numpy
+    from .tensor_ops import TensorOps
 
 # Every dim of an argument keyed by its exact size (a reshape's).
 ALL_DIMS = slice(None)
@@ -103,3 +106,113 @@ def split_signature(sig: str) -> list[tuple[str, str, str]]:
         name, sep, value = token.partition(":") if ":" in token.split("=", 1)[0] else token.partition("=")
         out.append((name, sep or "=", value))
     return out
+
+
+# Signatures as ``signature`` writes them, which ``signature_error`` reads back: arguments
+# split by one space, each ``name:value`` when the value holds a tensor (has_tensor: outside
+# dicts), ``name=value`` when not, or a bare name (split_signature reads it as ``name=``).
+# A value is a tensor ``kind[dims]``, a list ``[v,...]``, a dict ``{k:v,...}``, a quoted
+# repr of a string, or a word: a number, None, True, a dtype, a device (``cuda:0``), a
+# complex (``(1+2j)``).
+_SIG_NAME = re.compile(r"[^ :=\[\]{}(),'\"]+")  # split_signature splits on spaces alone
+_SIG_WORD = re.compile(r"[^\s\[\]{},'\"][^\s\[\]{},]*")  # an object's str may hold quotes
+_SIG_KEY = re.compile(r"[^\s\[\]{},:'\"]+")
+_SIG_STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_SIG_DIMS = re.compile(r"\[(?:(?:\*|\d+)(?:,(?:\*|\d+))*)?\]")
+_SIG_KINDS = frozenset("fciob")  # tensor_ops' dtype kinds (not imported: that module loads numpy)
+
+
+def _sig_expected(sig: str, i: int, what: str) -> ValueError:
+    found = repr(sig[i]) if i < len(sig) else "the end"
+    return ValueError(f"expected {what} at column {i + 1}, found {found}")
+
+
+def _sig_value(sig: str, i: int) -> tuple[int, bool]:
+    """The end of the value starting at ``i``, and whether it holds a tensor outside a dict."""
+    opening = sig[i:i + 1]
+    if opening in ("[", "{"):
+        close, tensor, i = "]" if opening == "[" else "}", False, i + 1
+        if sig[i:i + 1] == close:
+            return i + 1, False
+        while True:
+            if close == "}":
+                key = _SIG_KEY.match(sig, i)
+                if key is None or sig[key.end():key.end() + 1] != ":":
+                    raise _sig_expected(sig, key.end() if key else i, "a dict key and ':'")
+                i, _ = _sig_value(sig, key.end() + 1)  # has_tensor does not look into dicts
+            else:
+                i, inner = _sig_value(sig, i)
+                tensor = tensor or inner
+            if sig[i:i + 1] == close:
+                return i + 1, tensor
+            if sig[i:i + 1] != ",":
+                raise _sig_expected(sig, i, f"',' or '{close}'")
+            i += 1
+    word = _SIG_STRING.match(sig, i) or _SIG_WORD.match(sig, i)
+    if word is None:
+        raise _sig_expected(sig, i, "a value")
+    if sig[word.end():word.end() + 1] != "[":
+        return word.end(), False
+    if word.group() not in _SIG_KINDS:
+        raise _sig_expected(sig, i, "a tensor kind (f, c, i, b or o) before '['")
+    dims = _SIG_DIMS.match(sig, word.end())
+    if dims is None:
+        raise _sig_expected(sig, word.end(), "tensor dims such as [*,1,4]")
+    return dims.end(), True
+
+
+def _sig_plain_end(sig: str, i: int, name: str) -> int:
+    """The end of an '=' value: whatever ``value_token`` made of a value without a tensor
+    (has_tensor does not look into dicts), an object's ``str`` too (``slice(1,2,None)``,
+    ``<class'numpy.float32'>``), so only what no such value has is refused: no value, an
+    unclosed bracket or string, a tensor alone."""
+    start, depth = i, 0
+    while i < len(sig) and (sig[i] != " " or depth):
+        if sig[i] in "'\"" and (i == start or sig[i - 1] in "[{,:"):  # a repr of a string
+            string = _SIG_STRING.match(sig, i)
+            if string is None:
+                raise _sig_expected(sig, len(sig), "a closing quote")
+            i = string.end()
+            continue
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(sig[i], 0)
+        if depth < 0:
+            raise _sig_expected(sig, i, "no closing bracket without an opening one")
+        i += 1
+    if depth:
+        raise _sig_expected(sig, i, "a closing bracket")
+    if i == start:
+        raise _sig_expected(sig, i, "a value")
+    if sig[start:start + 1] in _SIG_KINDS and _SIG_DIMS.fullmatch(sig, start + 1, i):
+        raise ValueError(f"argument {name!r}: ':' goes before a value holding a tensor, '=' before any other")
+    return i
+
+
+@functools.lru_cache(maxsize=8192)  # ops share signatures (self:f[*,*]): each is parsed once
+def signature_error(sig: str) -> str | None:
+    """Why ``sig`` is not a signature as signature.signature writes it; None when it is one."""
+    if not sig:  # a call without arguments
+        return None
+    i = 0
+    try:
+        while True:
+            name = _SIG_NAME.match(sig, i)
+            if name is None:
+                raise _sig_expected(sig, i, "an argument name")
+            i = name.end()
+            sep = sig[i:i + 1]
+            if sep == ":":
+                i, tensor = _sig_value(sig, i + 1)
+                if not tensor:
+                    raise ValueError(f"argument {name.group()!r}: ':' goes before a value holding a tensor, "
+                                     "'=' before any other")
+            elif sep == "=":
+                i = _sig_plain_end(sig, i + 1, name.group())
+            if i == len(sig):
+                return None
+            if sig[i] != " ":
+                raise _sig_expected(sig, i, "' ' between arguments")
+            i += 1
+    except ValueError as e:
+        return str(e)
+    except RecursionError:
+        return "lists nest too deeply"

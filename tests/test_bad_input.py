@@ -185,7 +185,7 @@ def test_diff_of_two_revisions_reads_only_changed_files_and_says_the_same(two_re
     whole = rule_diff.diff(rule_diff.load_side(str(base_folder)), rule_diff.load_side(str(head_folder)))
     read = []
     real = rule_diff.loads_record
-    monkeypatch.setattr(rule_diff, "loads_record", lambda text, name: read.append(name) or real(text, name))
+    monkeypatch.setattr(rule_diff, "loads_record", lambda text, name, *a: read.append(name) or real(text, name, *a))
     base, head = rule_diff.load_sides("HEAD~1", "HEAD", repo)
     # the 20 unchanged jax files and nothing else of either side are left unread
     assert sorted(read) == sorted(

@@ -1,12 +1,26 @@
 """Registry files: deterministic dump, lossless round trip, strict validation with file:line."""
 
 import dataclasses
+import enum
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from metaspmd.registry_io import RegistryError, dump_record, load_record, loads_record, write_record
+from metaspmd import cli, rule_diff
+from metaspmd.registry_io import (
+    RegistryError, dump_record, load_record, load_registry, loads_record, write_record,
+)
 from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
+from metaspmd.signature import signature, signature_error
 from metaspmd.spec import CombineSpec, OffsetSpec, PartialSpec, ShardSpec
+
+np = pytest.importorskip("numpy")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+
+X = np.zeros((3, 1, 4), dtype=np.float32)
 
 MM = """\
 schema: 1
@@ -151,9 +165,11 @@ def test_an_ampersand_in_text_is_not_an_anchor():
     assert loads_record(text, "mm.yaml").entries[0].notes == ("a & b", "&c")
 
 
-def test_deep_nesting_is_an_error_not_a_crash():
-    text = MM.replace("  verified:", "  notes: " + "[" * 5000 + "]" * 5000 + "\n  verified:")
-    with pytest.raises(RegistryError, match=r"^deep.yaml:1: values nest too deeply"):
+@pytest.mark.parametrize("field,depth", [("notes", 5000), ("results", 3000)])
+def test_deep_nesting_is_an_error_at_its_line_not_a_crash(field, depth):
+    """Too deep for the reader's recursion: named by the line of the value, not line 1."""
+    text = MM.replace("  verified:", f"  {field}:\n  - " + "[" * depth + "]" * depth + "\n  verified:")
+    with pytest.raises(RegistryError, match=r"^deep.yaml:14: values nest too deeply"):
         loads_record(text, "deep.yaml")
 
 
@@ -162,3 +178,105 @@ def test_bad_utf8_names_file_and_line(tmp_path):
     path.write_bytes(MM.encode().replace(b"uneven: true", b"uneven: \xff\xfe"))
     with pytest.raises(RegistryError, match=rf"^{path}:13: not valid UTF-8 \(byte 0xff"):
         load_record(path)
+
+
+# --------------------------------------------------------------------------- unreadable entries
+
+
+def _registry_with(tmp_path, make):
+    """A registry root whose torch/ holds aten.mm.default.yaml and, made by ``make``, one bad entry."""
+    folder = tmp_path / "reg" / "torch"
+    folder.mkdir(parents=True)
+    (folder / "aten.mm.default.yaml").write_text(MM)
+    bad = folder / "aten.zz.default.yaml"
+    make(bad)
+    return tmp_path / "reg", bad
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: os.symlink(p.parent / "gone.yaml", p), "a symlink to .*gone.yaml, which does not exist"),
+])
+def test_an_unreadable_entry_is_a_registry_error_naming_it(tmp_path, capsys, make, reason):
+    root, bad = _registry_with(tmp_path, make)
+    for read in (lambda: load_record(bad), lambda: load_registry(root, "torch"),
+                 lambda: rule_diff.load_side(str(root))):
+        with pytest.raises(RegistryError, match=rf"^{bad}: cannot read: {reason}"):
+            read()
+    assert cli.codegen(["--registry", str(root), "--backend", "torch", "--out", str(tmp_path / "gen")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {bad}: cannot read" in err and "Traceback" not in err
+
+
+def test_a_missing_file_stays_file_not_found(tmp_path):
+    """The rule cache reads a FileNotFoundError as a miss, not as a broken entry."""
+    with pytest.raises(FileNotFoundError):
+        load_record(tmp_path / "aten.mm.default.yaml")
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+@pytest.mark.parametrize("sig", [
+    "self::[[f[*,*,*,*]", "self:f[*,*]]", "self:f[*,*", "self:f[*,x]", "self:g[*,*]", "self:f[*,*]  mat2:f[*,*]",
+    "self:f[*,*] ", "self:f[*,*]mat2:f[*,*]", "self:3", "dim=f[*]", "dim=[1,2", "dim=1]", "dim=", "=1",
+    "pad={a:[1}", "x='open", pytest.param("x:" + "[" * 3000 + "f[*]" + "]" * 3000, id="x:[[[...]]] 3000 deep"),
+])
+def test_a_malformed_signature_is_refused_at_its_line(sig):
+    text = MM.replace("- signature: self:f[*,*] mat2:f[*,*]", f"- signature: {sig!r}")
+    assert text != MM
+    with pytest.raises(RegistryError, match=r"^mm.yaml:6: malformed signature"):
+        loads_record(text, "mm.yaml")
+
+
+@pytest.mark.parametrize("sig", [  # as signature.signature writes them (forms of the committed registries)
+    "", "self:f[*,*] mat2:f[*,*]", "self:f[] other:f[1,*,3] alpha=-0.5 out=None keepdim=True dim=[-1]",
+    "tensors:[f[*,*],i[*]] dim=0", "self:[f[*,*],f[*,*]] scalar=2", "t:[f[*],None]", "x=[[0,0],[0,0]] y=[]",
+    "equation='ij,Ab->ijAb' tensors:[f[*,*],f[*,*]]", "operands:[c[*,*]] init_values:[c[]] jaxpr='{add}'",
+    "dtype=torch.float32 device=cpu layout=torch.strided", "device=cuda:0", "x=(1+2j) y=1j z=-inf w=nan v=1e-05",
+    "s='a b' t=\"it's\"", "p={a:1,b:[f[*]]}", "a",
+])
+def test_a_well_formed_signature_is_accepted(sig):
+    assert signature_error(sig) is None
+
+
+class _Color(enum.Enum):
+    RED = 1
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((), {}), ((X, X), {}), ((X,), {"dim": [-1, 0], "keepdim": True}), (([X, np.zeros(2, dtype=np.int64)], 0), {}),
+    ((X,), {"s": "a 'b' c", "t": 'x"y', "n": None, "f": float("nan"), "i": float("-inf"), "c": 1 + 2j, "e": 1e-5}),
+    ((X,), {"d": {"b": [1, 2], "a": X}}), ((X,), {"tup": (1, (2, (3, ())))}),
+    ((X,), {"dtype": np.float32, "color": _Color.RED, "sl": slice(1, 2), "o": object(), "q": "O'Brien"}),
+    (([X, np.float32, slice(1, 2), "it's"],), {}),
+])
+def test_every_signature_the_sweep_writes_is_read_back(args, kwargs):
+    """The loader must take whatever ``signature`` writes, objects' ``str`` included: else a
+    sweep would write files its own codegen refuses."""
+    sig = signature(NumpyOps(), ("self", "other"), args, kwargs)
+    assert signature_error(sig) is None, sig
+
+
+# --------------------------------------------------------------------------- verified, backend
+
+
+@pytest.mark.parametrize("old,new", [
+    ("trials: 3", "trials: -4"), ("trials: 3", "trials: 2.5"), ("trials: 3", "trials: true"),
+    ("trials: 3", "trials: '3'"), ("shard_counts: [2, 3]", "shard_counts: [2, -3]"),
+    ("shard_counts: [2, 3]", "shard_counts: [2, 0]"), ("shard_counts: [2, 3]", "shard_counts: [2, x]"),
+    ("shard_counts: [2, 3]", "shard_counts: 2"), ("uneven: true", "uneven: 1"),
+])
+def test_bad_verified_counts_are_refused_at_their_line(old, new):
+    with pytest.raises(RegistryError, match=r"^mm.yaml:13: verified (trials|shard_counts|uneven) must be"):
+        loads_record(MM.replace(old, new), "mm.yaml")
+
+
+def test_a_rule_of_another_backend_is_refused_at_its_backend_line(tmp_path):
+    assert loads_record(MM, "mm.yaml", "torch").backend == "torch"
+    with pytest.raises(RegistryError, match=r"^jax/mm.yaml:3: file holds a 'torch' rule but lies in the jax/ folder"):
+        loads_record(MM, "jax/mm.yaml", "jax")
+    path = tmp_path / "aten.mm.default.yaml"
+    path.write_text(MM)
+    with pytest.raises(RegistryError, match=rf"^{path}:3: file holds a 'torch' rule"):
+        load_record(path, "jax")

@@ -1,5 +1,6 @@
 """Codegen: deterministic tables, no code injection from crafted YAML, readable rule diffs."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -109,10 +110,14 @@ def test_jax_table_has_shardy_rule(tmp_path):
 def test_crafted_signature_cannot_inject_code(tmp_path):
     evil = "'x\": 1}}\\nimport os; os.system(\"echo pwned\")\\n#'"
     write(tmp_path, "torch", "aten.mm.default", sig=evil.replace("\\n", " "))
+    with pytest.raises(RegistryError, match="malformed signature"):  # no signature looks like that
+        generate(tmp_path, "torch")
+    # one that does: a string argument holding quotes, braces and a newline's escape
+    crafted = "equation='x\\\": 1}}\\nimport os; os.system(\\\"echo pwned\\\")\\n#'"
+    write(tmp_path, "torch", "aten.mm.default", sig=json.dumps(crafted))  # a YAML double-quoted scalar
     text = generate(tmp_path, "torch")
     assert "\nimport os" not in text
-    table = load_module(text)["RULES"]["aten.mm.default"]
-    assert list(table) == ['x": 1}} import os; os.system("echo pwned") #']
+    assert list(load_module(text)["RULES"]["aten.mm.default"]) == [crafted]
 
 
 @pytest.mark.parametrize("field,value,error", [
