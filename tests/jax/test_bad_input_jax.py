@@ -14,8 +14,10 @@ from metaspmd.backends.jax.capture import capture  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-PARAMS = {"w": jnp.ones((4, 4))}
-X = jnp.ones((8, 4))
+# numpy, not jnp: an array made while pytest collects would start jax with one device before
+# tests/runtime asks XLA for eight
+PARAMS = {"w": np.ones((4, 4), np.float32)}
+X = np.ones((8, 4), np.float32)
 
 
 def linear(p, x):
