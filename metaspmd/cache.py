@@ -14,10 +14,12 @@ imports no framework: the framework version is the installed distribution named 
 backend (package metadata), unless the backend registers its own with
 ``register_framework_version`` or the caller passes ``framework_versions``.
 
-A file that cannot be read as a record (bad UTF-8, an alias, a hand edit) is a miss with a
-warning naming it: the op is explored again and the file rewritten. A cache folder that
-cannot be used (read-only, not a folder) turns persistence off with one warning; what
-was explored stays in memory for the process.
+Each file starts with a seal, a comment holding the sha256 of the rest: a rule is trusted
+because the explorer verified it, so a file changed since (a hand edit that still reads as
+a record but holds a wrong rule, a damaged disk) is a miss with a warning naming it, as is
+one that cannot be read as a record (bad UTF-8, an alias): the op is explored again and the
+file rewritten. A cache folder that cannot be used (read-only, not a folder) turns
+persistence off with one warning; what was explored stays in memory for the process.
 """
 
 from __future__ import annotations
@@ -31,11 +33,23 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from . import rules
-from .registry_io import RegistryError, dump_record, load_record, record_path, write_text_atomic
+from .registry_io import RegistryError, dump_record, loads_record, read_file, record_path, write_text_atomic
 from .rules import OpRecord, RuleEntry, make_record
 
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_SEAL = "# metaspmd rule cache, sha256 of what follows: "
+
+
+def _seal(text: str) -> str:
+    """``text`` behind a first line naming its digest (a YAML comment: the file still reads as a record)."""
+    return f"{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n{text}"
+
+
+def _sealed(data: bytes) -> bool:
+    """Whether ``data`` starts with the seal of what follows it."""
+    first, _, rest = data.partition(b"\n")
+    return first == f"{_SEAL}{hashlib.sha256(rest).hexdigest()}".encode()
 
 
 class RuleCacheWarning(UserWarning):
@@ -95,7 +109,12 @@ class RuleCache:
             return None
         path = self.path(backend, op, signature)
         try:
-            record = load_record(path)
+            data = read_file(path)
+            if not _sealed(data):
+                warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it (its seal does not match "
+                              "its content); exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
+                return None
+            record = loads_record(data.decode("utf-8"), str(path))  # the seal is a comment: lines keep their numbers
         except FileNotFoundError:
             return None
         except RegistryError as e:  # its message names the file and line
@@ -119,7 +138,7 @@ class RuleCache:
         if self.persist:
             record: OpRecord = make_record(op, backend, [entry])
             try:
-                write_text_atomic(self.path(backend, op, entry.signature), dump_record(record))
+                write_text_atomic(self.path(backend, op, entry.signature), _seal(dump_record(record)))
             except OSError as e:
                 self._memory_only(e)
 
