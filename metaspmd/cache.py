@@ -7,9 +7,10 @@ processes exploring the same op) never leave a torn file: the last complete one 
 and both hold the same verified rule.
 
 Versioned as the OpInfo sample index is: the files live in a folder named after the
-verifier and schema versions (``rules-v<VERIFIER_VERSION>-s<SCHEMA_VERSION>``) and, inside
-it, one per backend and framework version (``torch-2.13.0_cpu``), so a rule found before a
-soundness fix, or under another build of the framework, is never read back. The core
+verifier and schema versions and the files' own format
+(``rules-v<VERIFIER_VERSION>-s<SCHEMA_VERSION>-c<FORMAT>``) and, inside it, one per backend
+and framework version (``torch-2.13.0_cpu``), so a rule found before a soundness fix, or
+under another build of the framework, is never read back. The core
 imports no framework: the framework version is the installed distribution named like the
 backend (package metadata), unless the backend registers its own with
 ``register_framework_version`` or the caller passes ``framework_versions``.
@@ -39,6 +40,7 @@ from .rules import OpRecord, RuleEntry, make_record
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _SEAL = "# metaspmd rule cache, sha256 of what follows: "
+FORMAT = 2  # 2: sealed files; the unsealed ones of 1 are never read (they would all warn)
 
 
 def _seal(text: str) -> str:
@@ -87,7 +89,7 @@ class RuleCache:
         self._pinned = dict(framework_versions or {})
         self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
         # Read at construction, not import, so a bump in a running test takes effect.
-        self._folder = self.root / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}"
+        self._folder = self.root / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}-c{FORMAT}"
 
     def _backend_folder(self, backend: str) -> str:
         if backend not in self._versions:

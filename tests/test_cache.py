@@ -71,7 +71,8 @@ def test_entries_are_keyed_by_verifier_and_framework_version(tmp_path, monkeypat
     """A rule found under another framework build, or before a verifier fix, is not read."""
     on_213 = RuleCache(tmp_path, framework_versions={"torch": "2.13.0+cpu"})
     on_213.put("torch", RELU, entry())
-    expected = tmp_path / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}" / "torch-2.13.0_cpu" / RELU
+    expected = (tmp_path / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}-c{cache_module.FORMAT}"
+                / "torch-2.13.0_cpu" / RELU)
     assert on_213.path("torch", RELU, "self:f[*]").parent == expected and load_record(on_213.path("torch", RELU, "self:f[*]"))
     assert RuleCache(tmp_path, framework_versions={"torch": "2.13.0+cpu"}).get("torch", RELU, "self:f[*]") == entry()
     assert RuleCache(tmp_path, framework_versions={"torch": "2.12.0"}).get("torch", RELU, "self:f[*]") is None
