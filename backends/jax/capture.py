@@ -414,8 +414,8 @@ def _joint(fn: Callable, loss_fn: Callable | None) -> Callable:
                 _check_differentiable(fn, out)
             value = loss_fn(out) if loss_fn is not None else sum(jnp.sum(x) for x in jax.tree.leaves(out))
             aval = _value_type(value)
-            if loss_fn is not None and not (aval is not None and aval.shape == () and jnp.issubdtype(aval.dtype,
-                                                                                               jnp.floating)):
+            float_scalar = aval is not None and aval.shape == () and jnp.issubdtype(aval.dtype, jnp.floating)
+            if loss_fn is not None and not float_scalar:  # what jax.grad needs
                 what = aval.str_short() if aval is not None else f"a {type(value).__name__}"
                 raise TypeError(f"loss_fn returned {what}, not a float scalar: return one computed from "
                                 f"{_name(fn)}'s float outputs, or pass backward=False to plan the forward only")

@@ -737,7 +737,7 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
             return None
         try:
             return read_index(path)
-        except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format, the wrong structure (read_index): build it again
+        except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format, not an index: build it again
             print(f"metaspmd: the sample index {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
                   "rebuilding it", file=sys.stderr, flush=True)
             return None
@@ -817,7 +817,8 @@ def _check_raw(raw: Any) -> None:
     for op, calls in raw.items():
         if not (isinstance(op, str) and isinstance(calls, list) and calls
                 and all(isinstance(c, dict) and c.keys() == _CALL_KEYS for c in calls)):
-            raise ValueError(f"its entry {str(op)[:80]!r} is not a non-empty list of calls with keys {sorted(_CALL_KEYS)}")
+            raise ValueError(f"its entry {str(op)[:80]!r} is not a non-empty list of calls "
+                             f"with keys {sorted(_CALL_KEYS)}")
 
 
 def read_index(path: Path) -> dict[str, tuple[SampleCall, ...]]:
