@@ -459,6 +459,47 @@ def _check_differentiable(fn: Callable, out: Any) -> None:
                         "backward=False to plan the forward only")
 
 
+def _check_params_differentiable(params: Any) -> None:
+    """Refuse, naming the leaf, a parameter jax.grad cannot differentiate (an integer or
+    bool array, a key, what is no array); jax.grad would name only its dtype."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        aval = _value_type(leaf)
+        if aval is None or not jnp.issubdtype(aval.dtype, jnp.inexact):
+            what = f"a {type(leaf).__name__}" if aval is None else aval.str_short()
+            raise TypeError(f"{_leaf_name('params', path)} is {what}, not a float array, so jax.grad cannot "
+                            "differentiate it: pass it as an input (example_inputs) or close over it "
+                            "(functools.partial), or pass backward=False to plan the forward only")
+
+
+# What an argument used as a Python value (a size, a count, a flag) raises when traced.
+_CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+             jax.errors.TracerIntegerConversionError)
+
+
+def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
+    """``jax.make_jaxpr`` of ``traced`` with its shapes; an error that a static argument
+    explains re-raised with what to do (parallelize traces every argument as an array)."""
+    try:
+        return jax.make_jaxpr(traced, return_shape=True)(*args)
+    except _CONCRETE as err:
+        raise TypeError(f"{_name(fn)} needs a concrete value where it got a traced one. parallelize traces every "
+                        "example input and parameter as an array: fix an argument used as a Python value (a "
+                        f"size, a count, a flag) beforehand, functools.partial(fn, n=4)\n{err}") from err
+    except ValueError as err:
+        if "Non-hashable static arguments" not in str(err):
+            raise
+        raise TypeError(f"{_name(fn)} is jitted with static arguments (static_argnums or static_argnames), but "
+                        "parallelize traces every example input as an array: fix the static ones beforehand, "
+                        f"functools.partial(fn, n=4), and pass the others as example_inputs\n{err}") from err
+    except TypeError as err:
+        if "carry input and carry output must have equal types" not in str(err):
+            raise
+        raise ControlFlowError(
+            "a loop carry changes type between iterations, and a plan gives each carry one placement for "
+            "every iteration: allocate it at its final size and fill it in place (lax.dynamic_update_slice)"
+            f"\n{err}") from err
+
+
 def capture(
     fn: Callable,
     example_inputs: tuple,
@@ -478,19 +519,13 @@ def capture(
         raise TypeError("loss_fn must be callable (a function of the function's output, returning a scalar array), "
                         f"got {loss_fn!r}")
     example_inputs = tuple(example_inputs)
+    if params is not None and backward:
+        _check_params_differentiable(params)
     if params is not None:
         traced, args = (_joint(fn, loss_fn) if backward else fn), (params, *example_inputs)
     else:
         traced, args = fn, example_inputs
-    try:
-        closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(*args)
-    except TypeError as err:
-        if "carry input and carry output must have equal types" not in str(err):
-            raise
-        raise ControlFlowError(
-            "a loop carry changes type between iterations, and a plan gives each carry one placement for "
-            "every iteration: allocate it at its final size and fill it in place (lax.dynamic_update_slice)"
-            f"\n{err}") from err
+    closed, out_shapes = _trace(fn, traced, args)
     with_paths, in_tree = jax.tree_util.tree_flatten_with_path(args)
     names, param_names = [], []
     for path, _ in with_paths:

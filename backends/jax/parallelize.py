@@ -12,14 +12,15 @@ still owns correctness: constraints only steer where values live.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax._src import core
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
@@ -31,7 +32,7 @@ from metaspmd.target import JAX_PLAN
 from .capture import Captured, capture, read_atom
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
-from .shardings import named_sharding, placements_of
+from .shardings import constraint_placements, named_sharding, placements_of
 from .tensor_ops import JaxOps
 
 # Calls explored live at once: most of an exploration is XLA compiles, which release the
@@ -61,6 +62,24 @@ def one_axis_at_a_time(src: planner.Placements, dst: planner.Placements) -> list
     return path or [tuple(dst)]
 
 
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """The mesh parallelize runs on: ``mesh`` itself, or where it has Explicit axes (as
+    ``jax.make_mesh`` makes them) its twin with Auto ones, same devices and names: values
+    are placed with ``with_sharding_constraint``, which refers to Auto axes only."""
+    bad = [n for n in mesh.axis_names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"mesh axis names must be strings, got {bad[0]!r} (axis names {tuple(mesh.axis_names)!r}): "
+                        "name them, Mesh(devices, ('dp', 'tp'))")
+    types = tuple(mesh.axis_types)
+    manual = tuple(n for n, t in zip(mesh.axis_names, types) if t == AxisType.Manual)
+    if manual:
+        raise ValueError(f"mesh axes {manual} are Manual (a shard_map's inside); parallelize plans over Auto or "
+                         f"Explicit axes: jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * n)")
+    if all(t == AxisType.Auto for t in types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(types))
+
+
 def planner_mesh(mesh: Mesh) -> planner.Mesh:
     return planner.Mesh.of(tuple(mesh.devices.shape), tuple(str(n) for n in mesh.axis_names))
 
@@ -76,8 +95,9 @@ class Parallelized:
     captured: Captured
     plan: planner.Plan
     stats: ResolveStats
-    mesh: Mesh
+    mesh: Mesh  # the Auto mesh it runs on
     params: Any = None
+    caller_mesh: Mesh | None = None  # the caller's mesh where it has Explicit axes: outputs are delivered on it
 
     def _sharding(self, placements: planner.Placements, ndim: int) -> NamedSharding | None:
         return named_sharding(self.mesh, placements, ndim)
@@ -212,7 +232,15 @@ class Parallelized:
         """Run the plan: the function's outputs, or ``(out, grads)`` for a forward+backward
         capture. ``params`` replaces the stored parameters (same structure and shapes)."""
         outs = self.jitted(*self._flat_inputs(inputs, params))
-        return jax.tree.unflatten(self.captured.out_tree, outs)
+        return jax.tree.unflatten(self.captured.out_tree, [self._delivered(x) for x in outs])
+
+    def _delivered(self, x: Any) -> Any:
+        """``x`` on the caller's Explicit mesh (the same buffers, retyped), where it would not
+        mix with the caller's arrays on its Auto twin."""
+        s = getattr(x, "sharding", None)
+        if self.caller_mesh is None or not isinstance(s, NamedSharding) or s.mesh != self.mesh:
+            return x
+        return jax.device_put(x, NamedSharding(self.caller_mesh, s.spec))
 
     def lower(self, *inputs: Any, params: Any = None):
         """The jitted program lowered for these inputs (``.compile().as_text()`` shows its HLO)."""
@@ -234,6 +262,7 @@ class JaxRuntime:
     loss_fn: Callable | None = None
     table: Any = None  # the RULES of a table in the generated module's form, instead of the generated one
     while_trips: Any = None  # trips per call charged a while loop without static bounds (capture.WHILE_TRIPS)
+    caller_mesh: Mesh = field(init=False)  # ``mesh`` as given; ``mesh`` becomes its Auto twin (auto_mesh)
 
     name = "jax"
     target = JAX_PLAN
@@ -241,6 +270,11 @@ class JaxRuntime:
     isolation = None  # forking a process that runs XLA's threads is not safe: explore in process
     threads = EXPLORE_THREADS
     quiet = staticmethod(runtime.quiet)
+
+    def __post_init__(self) -> None:
+        # refused here, before the capture: runtime.parallelize makes the runtime first
+        self.caller_mesh, self.mesh = self.mesh, auto_mesh(self.mesh)
+        check_table(self.table)
 
     def planner_mesh(self, mesh: Mesh) -> planner.Mesh:
         return planner_mesh(mesh)
@@ -279,7 +313,9 @@ class JaxRuntime:
             if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == tuple(self.mesh.axis_names):
                 pinned[e.outputs[0]] = placements_of(self.mesh, sharding)
         names = {n: n for n in captured.input_names}
-        pinned.update(named_constraints(names, captured.ir, given, lambda p: placements_of(self.mesh, p)))
+        checked = {key: constraint_placements(self.mesh, key, value, getattr(captured.avals.get(key), "ndim", None))
+                   for key, value in given.items()}
+        pinned.update(named_constraints(names, captured.ir, checked, tuple))
         return pinned
 
     def one_plan(self, solve):
@@ -287,7 +323,27 @@ class JaxRuntime:
         return one_plan(self.mesh, solve)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
-        return Parallelized(captured, plan, stats, mesh, self.params)
+        return Parallelized(captured, plan, stats, self.mesh, self.params,
+                            caller_mesh=None if self.caller_mesh is self.mesh else self.caller_mesh)
+
+
+def check_table(table: Any) -> None:
+    """Refuse, before any work, a ``table`` that is no mapping op -> signature -> entry
+    (RuleTable would fail on its first lookup, saying only that a str has no ``get``)."""
+    if table is None or (isinstance(table, Mapping) and all(isinstance(v, Mapping) for v in table.values())):
+        return
+    raise TypeError(f"table must be the RULES of a rule table, a dict op -> signature -> entry (as "
+                    f"metaspmd.generated.jax_rules.RULES), got {table!r:.80}")
+
+
+def check_early(mesh: Any, constraints: Any) -> None:
+    """What needs no trace, refused before the capture: the mesh (see auto_mesh) and the
+    constraints' values (their keys name traced values: checked once traced)."""
+    if not isinstance(mesh, Mesh):
+        return  # runtime.runtime_for names what it is
+    mesh = auto_mesh(mesh)
+    for key, value in constraints.items() if isinstance(constraints, Mapping) else ():
+        constraint_placements(mesh, key, value)
 
 
 RUNTIME = JaxRuntime
@@ -319,14 +375,16 @@ def parallelize(
     table in the generated module's form, used instead of metaspmd.generated.jax_rules.
     ``constraints``: shardings already decided (PartitionSpec or NamedSharding) by input leaf
     name (``"params.w1"``, ``"in0"``); the function's own ``with_sharding_constraint`` calls
-    are kept too. ``while_trips``: how often a ``while`` loop without static bounds runs per
+    are kept too. A mesh with Explicit axes (``jax.make_mesh``'s default) runs on its Auto
+    twin (see auto_mesh), and the outputs come back on it. ``while_trips``: how often a ``while`` loop without static bounds runs per
     call, which its body's cost is charged (one number, or by the loop's name as
     ``explain()`` lists it; default ``capture.WHILE_TRIPS``, stated there); a scan's length
     and a ``fori_loop``'s constant bounds are counted exactly.
     """
+    check_early(mesh, constraints)
     return runtime.parallelize(fn, mesh, example_inputs, params=params, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
                                cost_model=cost_model, table=table, constraints=constraints, while_trips=while_trips)
 
 
-__all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "parallelize", "planner_mesh"]
+__all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "auto_mesh", "parallelize", "planner_mesh"]

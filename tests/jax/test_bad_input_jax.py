@@ -1,15 +1,36 @@
 """Bad input to JAX's parallelize: an error that names the function, what it returned and
-what to pass instead, instead of one from deep inside jax.grad."""
+what to pass instead, instead of one from deep inside jax.grad.
+
+XLA fixes its CPU device count when jax first starts a backend: this module asks for 8
+before that, as tests/runtime does; if another module started jax first, the tests on
+several devices re-run in a fresh process.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from functools import partial
+
 import pytest
+
+from metaspmd.backends.jax import FAST_COMPILE_FLAGS
+
+_DEVICES = "--xla_force_host_platform_device_count=8"
+_FLAGS = " ".join((_DEVICES, *FAST_COMPILE_FLAGS))
+if _DEVICES not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
 
 jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
+from metaspmd import runtime  # noqa: E402
 from metaspmd.backends.jax.capture import capture  # noqa: E402
+from metaspmd.backends.jax.parallelize import JaxRuntime, parallelize  # noqa: E402
+from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.placement import Shard  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,3 +87,139 @@ def test_parallelize_reports_a_bad_output_before_planning(monkeypatch):
         parallelize(no_output, mesh, (X,), params=PARAMS)
     with pytest.raises(TypeError, match="loss_fn must be callable .* got 'mse'"):
         parallelize(linear, mesh, (X,), params=PARAMS, loss_fn="mse")
+
+
+# --------------------------------------------------------------------------- meshes and constraints
+
+
+def mesh_of(n: int, names=("tp",), **kw) -> Mesh:
+    """A mesh of the first ``n`` devices; skipped where jax started with fewer (they run in
+    a fresh process then: test_in_a_fresh_process)."""
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices, jax started with {jax.device_count()}")
+    return Mesh(np.array(jax.devices()[:n]), names, **kw)
+
+
+@pytest.fixture
+def no_capture(monkeypatch):
+    """Fail a test whose parallelize gets as far as tracing the function."""
+    monkeypatch.setattr(JaxRuntime, "capture", lambda *a, **k: pytest.fail("the function was traced"))
+    monkeypatch.setattr(runtime, "resolve", lambda *a, **k: pytest.fail("rules were looked up"))
+
+
+def test_in_a_fresh_process():
+    if jax.device_count() >= 4:
+        pytest.skip("runs in this process")
+    env = dict(os.environ, XLA_FLAGS=_FLAGS)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "on_devices"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def mlp(p, x):
+    return jax.numpy.tanh(x @ p["w1"]) @ p["w2"]
+
+
+def test_explicit_mesh_runs_on_devices(tmp_path):
+    """jax.make_mesh makes Explicit axes, which with_sharding_constraint refuses: the plan
+    runs on the Auto twin, and its outputs come back on the caller's mesh."""
+    mesh_of(4)
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((4, 16), np.float32), "w2": rng.standard_normal((16, 4), np.float32)}
+    mesh = jax.make_mesh((4,), ("tp",), devices=jax.devices()[:4])
+    assert mesh.axis_types == (AxisType.Explicit,)
+    par = parallelize(mlp, mesh, (X,), params=params, cache=RuleCache(tmp_path),
+                      constraints={"params.w1": NamedSharding(mesh, P(None, "tp"))})
+    out, grads = par(X)
+    np.testing.assert_allclose(out, mlp(params, X), rtol=1e-5, atol=1e-5)
+    assert out.sharding.mesh == mesh
+    ref = jax.grad(lambda p: mlp(p, X).sum())(params)
+    for k in params:
+        np.testing.assert_allclose(grads[k], ref[k], rtol=1e-5, atol=1e-5)
+        assert grads[k].sharding.mesh == mesh  # so they mix with the caller's arrays
+    assert par.plan.placement("params.w1") == (Shard(1),)  # a NamedSharding on the caller's mesh: kept
+    stepped = jax.tree.map(lambda w, g: jax.device_put(w, g.sharding) - 0.1 * g, params, grads)
+    out2, _ = par(X, params=stepped)
+    np.testing.assert_allclose(out2, mlp(jax.tree.map(np.asarray, stepped), X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("names,types,error,message", [
+    ((0,), None, TypeError, r"mesh axis names must be strings, got 0 \(axis names \(0,\)\)"),
+    (("tp",), (AxisType.Manual,), ValueError, r"mesh axes \('tp',\) are Manual .* axis_types=\(AxisType.Auto,\)"),
+])
+def test_mesh_refused_before_the_trace(no_capture, names, types, error, message):
+    mesh = mesh_of(1, names, **({} if types is None else {"axis_types": types}))
+    with pytest.raises(error, match=message):
+        parallelize(linear, mesh, (X,), params=PARAMS)
+
+
+@pytest.mark.parametrize("given,error,message", [
+    (P("dp", None), ValueError, (r"constraint on 'params.w': P\('dp', None\) names axis 'dp', which the mesh lacks "
+                                 r"\(its axes: \('tp',\)\)")),
+    (P("tp", "tp"), ValueError, r"constraint on 'params.w': P\('tp', 'tp'\) uses axis 'tp' twice"),
+    ("tp", TypeError, r"constraint on 'params.w': got 'tp' \(of type str\); pass a PartitionSpec .* a NamedSharding"),
+    (P(P.UNCONSTRAINED), TypeError, r"constraint on 'params.w': .* each entry of a PartitionSpec is a mesh axis name"),
+])
+def test_constraint_refused_naming_its_key(no_capture, given, error, message):
+    with pytest.raises(error, match=message):
+        parallelize(linear, mesh_of(1), (X,), params=PARAMS, constraints={"params.w": given})
+
+
+def test_constraint_cutting_a_dim_against_the_mesh_order(no_capture):
+    """A dim cut over several axes is planned in mesh order: another order is refused, not
+    changed."""
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp"))
+    with pytest.raises(ValueError, match=(r"constraint on 'in0': P\(\('tp', 'dp'\), None\) cuts a dim over \('tp', "
+                                          r"'dp'\), out of the mesh's axis order \('dp', 'tp'\): write \('dp', 'tp'\)")):
+        parallelize(linear, mesh, (X,), params=PARAMS, constraints={"in0": P(("tp", "dp"), None)})
+
+
+def test_constraint_on_another_mesh_refused_on_devices(no_capture):
+    mesh = mesh_of(4)
+    devices = np.array(jax.devices()[:4])
+    for other in (Mesh(devices[:2], ("tp",)), Mesh(devices[::-1], ("tp",)), Mesh(devices, ("dp",))):
+        with pytest.raises(ValueError, match=(r"constraint on 'params.w': a NamedSharding on another mesh, .* than "
+                                              r"parallelize's Mesh\('tp': 4\) on devices \[0, 1, 2, 3\]")):
+            given = NamedSharding(other, P(other.axis_names[0]))
+            parallelize(linear, mesh, (X,), params=PARAMS, constraints={"params.w": given})
+
+
+def test_constraint_longer_than_its_value():
+    rt = JaxRuntime(mesh_of(1), params=PARAMS)
+    captured = rt.capture(linear, (X,))
+    with pytest.raises(ValueError, match=r"constraint on 'params.w': P\('tp', None, None\) has 3 entries, but the "
+                                         r"value has 2 dims"):
+        rt.constraints(captured, {"params.w": P("tp", None, None)})
+    assert rt.constraints(captured, {"params.w": P(None, "tp")})["params.w"] == (Shard(1),)
+
+
+# --------------------------------------------------------------------------- arguments jax.grad or jit refuse
+
+
+@pytest.mark.parametrize("leaf,what", [(3, r"int32\[\]"), (np.ones((2, 2), np.int32), r"int32\[2,2\]"),
+                                       (np.array([True]), r"bool\[1\]")])
+def test_integer_param_named(leaf, what):
+    with pytest.raises(TypeError, match=(rf"params\.n is {what}, not a float array, so jax.grad cannot differentiate "
+                                         r"it: pass it as an input .* or close over it")):
+        capture(lambda p, x: linear(p, x) * 2, (X,), params={**PARAMS, "n": leaf})
+    capture(lambda p, x: linear(p, x), (X,), params={**PARAMS, "n": leaf}, backward=False)  # forward: fine
+
+
+def test_static_arguments_explained():
+    sliced = jax.jit(lambda p, x, n: linear(p, x)[:, :n], static_argnums=2)
+    with pytest.raises(TypeError, match=r"jitted with static arguments .* traces every example input as an array: "
+                                        r"fix the static ones beforehand, functools.partial"):
+        capture(sliced, (X, 2), params=PARAMS)
+    assert capture(partial(sliced, n=2), (X,), params=PARAMS).n_outputs == 1  # as the message says
+    with pytest.raises(TypeError, match=r"repeat needs a concrete value .* functools.partial"):
+        def repeat(p, x, n):
+            for _ in range(n):
+                x = linear(p, x)
+            return x
+        capture(repeat, (X, 2), params=PARAMS)
+
+
+def test_table_that_is_no_mapping(no_capture):
+    with pytest.raises(TypeError, match=r"table must be the RULES of a rule table, a dict op -> signature -> entry .* "
+                                        r"got 'x'"):
+        parallelize(linear, mesh_of(1), (X,), params=PARAMS, table="x")
