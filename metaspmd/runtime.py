@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import math
 import numbers
+import os
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from . import planner
@@ -105,23 +106,84 @@ def runtime_for(mesh: Any) -> Callable[..., RuntimeBackend]:
                     f"(known: {known}; add one with metaspmd.runtime.register_runtime)")
 
 
-def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any) -> None:
-    """Refuse, naming the value, what would otherwise fail deep in capture or the planner,
-    or be ignored: inputs that are no tuple (``tuple(tensor)`` would split a tensor into
-    its rows), and a budget or time limit that is no finite positive number (nan compares
-    false with everything, so a nan budget would constrain nothing)."""
+def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any, *, solver: Any = "ilp",
+                  cache: Any = None, cost_model: Any = None, constraints: Any = None,
+                  options: Mapping[str, Any] | None = None) -> None:
+    """Refuse, naming the option and its value, what would otherwise fail deep in capture,
+    rule lookup or the planner (seconds later, with an error that names neither), or be
+    ignored. ``options``: the runtime's own (``backward``, ``loss_fn``, ...)."""
+    _check_inputs(example_inputs)
+    # None: no budget; a time limit the planner sizes to the ILP
+    _check_positive("memory_budget", memory_budget)
+    _check_positive("time_limit", time_limit)
+    if not isinstance(solver, str) or solver not in planner.SOLVER_CHOICES:
+        raise ValueError(f"solver must be one of {', '.join(map(repr, planner.SOLVER_CHOICES))}, "
+                         f"got {_short(solver)}")
+    _check_cache(cache)
+    if cost_model is not None and not isinstance(cost_model, planner.CostModel):
+        raise TypeError(f"cost_model must be a metaspmd.planner.CostModel or None, got {_shown(cost_model)}: pass "
+                        "planner.CostModel(planner.Mesh.of(shape, names), planner.Device(...)), or None for "
+                        "the default model")
+    if constraints is not None and not isinstance(constraints, Mapping):
+        raise TypeError(f"constraints must be a dict of placements by name (a parameter's name, an input's "
+                        f"position), got {_shown(constraints)}: write {{name: (placement per mesh axis, ...)}}")
+    _check_runtime_options(options or {})
+
+
+def _short(value: Any) -> str:
+    """``value``'s repr, cut short (10**400 is 401 digits)."""
+    r = repr(value)
+    return r if len(r) <= 60 else f"{r[:40]}... ({len(r)} characters)"
+
+
+def _shown(value: Any) -> str:
+    """``value`` in an error about its type: the type's name and the value."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    t = type(value)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} {_short(value)}"
+
+
+def _check_inputs(example_inputs: Any) -> None:
+    # tuple(tensor) would split a tensor into its rows
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError(f"example_inputs must be a tuple of the function's positional arguments, got a "
                         f"{type(example_inputs).__module__}.{type(example_inputs).__qualname__} "
                         "(for one input write (x,))")
-    # None: no budget; a time limit the planner sizes to the ILP
-    for name, value, optional in (("memory_budget", memory_budget, True), ("time_limit", time_limit, True)):
-        if value is None and optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    """None, or a finite number > 0: nan compares false with everything, so a nan budget
+    would constrain nothing, and an int past float's range fails the planner's arithmetic."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number or None, got {_short(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        finite = False
+    if not finite or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {_short(value)}")
+
+
+def _check_cache(cache: Any) -> None:
+    if cache is None or isinstance(cache, RuleCache):
+        return
+    if isinstance(cache, (str, os.PathLike)):
+        fix = f"pass metaspmd.cache.RuleCache({str(cache)!r}) to keep the rules under that folder"
+    else:
+        fix = "pass metaspmd.cache.RuleCache(folder), or None for the default folder"
+    raise TypeError(f"cache must be a metaspmd.cache.RuleCache or None, got {_shown(cache)}: {fix}")
+
+
+def _check_runtime_options(options: Mapping[str, Any]) -> None:
+    """The options every runtime reads the same way (one check for torch and JAX)."""
+    backward = options.get("backward", True)
+    if not isinstance(backward, bool):  # "no" would be true
+        raise TypeError(f"backward must be a bool (True: plan forward and backward; False: forward only), "
+                        f"got {_shown(backward)}")
 
 
 def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
@@ -137,17 +199,20 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     message, bytes per second)``, where it is not an intra-node GPU link (5 µs, 100 GB/s):
     ``{"dp": (10e-6, 25e9)}`` for data parallelism across nodes. ``options`` go to the mesh's runtime
     (``backward``, ``loss_fn``; JAX's ``params`` and ``table``)."""
-    check_options(example_inputs, memory_budget, time_limit)
+    check_options(example_inputs, memory_budget, time_limit, solver=solver, cache=cache, cost_model=cost_model,
+                  constraints=constraints, options=options)
     rt = runtime_for(mesh)(mesh, **options)
     planner_mesh = rt.planner_mesh(mesh).with_links(links)  # refuses an unknown axis before any work
     with rt.quiet():
         captured = rt.capture(fn, tuple(example_inputs))
+        # before rule lookup, which can explore for seconds: a misnamed key fails now
+        pinned = rt.constraints(captured, constraints or {})
         found, stats = resolve(captured.ir, lambda node: rt.node_call(captured, node), rt.ops, rt.name,
                                cache if cache is not None else RuleCache(), isolation=rt.isolation, threads=rt.threads)
     plan = rt.one_plan(lambda: planner.plan(
         captured.ir, rt.strategies(captured, found), planner_mesh, memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
-        constraints=rt.constraints(captured, constraints or {}), **rt.plan_options(captured),
+        constraints=pinned, **rt.plan_options(captured),
     ))
     return rt.run(fn, captured, plan, stats, mesh)
 

@@ -69,6 +69,7 @@ class RuleTable:
     first lookup. Tables added later (a user's own ops, swept offline) take precedence."""
 
     def __init__(self, rules: Mapping[str, Mapping[str, Entry]]):
+        check_rules(rules)  # the shape only: parsing thousands of generated entries would cost a second
         self._base = rules
         self._added: dict[str, Mapping[str, Entry]] = {}
         self._parsed: dict[tuple[str, str], tuple[Strategy, ...]] = {}
@@ -93,6 +94,9 @@ class RuleTable:
         return found
 
     def add(self, rules: Mapping[str, Mapping[str, Entry]]) -> None:
+        """Look ops up in ``rules`` first; each entry is parsed now, so a bad one is refused
+        here, naming it, rather than failing every later lookup in the process."""
+        check_rules(rules, parse=True)
         self._added.update(rules)
         self._parsed.clear()
 
@@ -100,6 +104,34 @@ class RuleTable:
         for op in rules:
             self._added.pop(op, None)
         self._parsed.clear()
+
+
+def check_rules(rules: object, parse: bool = False) -> None:
+    """Refuse what is no table, naming the op and signature: a table is a generated module's
+    ``RULES``, op -> {signature: Entry}. ``parse``: each entry's notation too (what a
+    lookup would do later)."""
+    if not isinstance(rules, Mapping):
+        raise TypeError(f"a rule table is a dict op -> {{signature: Entry}} (a generated module's RULES), "
+                        f"got a {type(rules).__qualname__}")
+    for op, entries in rules.items():
+        if not isinstance(op, str) or not isinstance(entries, Mapping):
+            raise TypeError(f"rule table entry {op!r}: expected an op name -> {{signature: Entry}}, "
+                            f"got {type(op).__qualname__} -> {type(entries).__qualname__} {entries!r:.80}")
+        for sig, entry in entries.items():
+            _check_entry(op, sig, entry, parse)
+
+
+def _check_entry(op: str, sig: object, entry: object, parse: bool) -> None:
+    if not isinstance(sig, str) or not isinstance(entry, Entry):
+        raise TypeError(f"rule table entry {op!r}, signature {sig!r}: expected a str signature -> "
+                        f"metaspmd.table.Entry, got {type(sig).__qualname__} -> {type(entry).__qualname__} "
+                        f"{entry!r:.80}")
+    if parse:
+        try:
+            rule_entry(sig, entry)
+        except Exception as e:  # whatever the parsers raise, named with its entry
+            raise ValueError(f"rule table entry {op!r}, signature {sig!r}: {entry!r:.200} does not parse "
+                             f"({type(e).__name__}: {e})") from e
 
 
 _GENERATED: dict[str, RuleTable] = {}
@@ -113,4 +145,4 @@ def generated(backend: str) -> RuleTable:
     return _GENERATED[backend]
 
 
-__all__ = ["Entry", "RuleTable", "entry_of", "generated", "rule_entry"]
+__all__ = ["Entry", "RuleTable", "check_rules", "entry_of", "generated", "rule_entry"]

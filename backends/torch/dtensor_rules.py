@@ -15,7 +15,7 @@ takes about a second to import): both load on first use.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -338,7 +338,7 @@ def _restore(op: torch._ops.OpOverload) -> None:
             table_[op] = value
 
 
-def register(ops: list[str] | None = None, *, replace_refuted: bool = True,
+def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True,
              cache: RuleCache | None = None) -> RegisterReport:
     """Install table rules into DTensor for ops it has no rule for, and handlers for the ops
     its machinery refuses (``dtensor_handlers``: data-dependent output shapes run
@@ -346,10 +346,12 @@ def register(ops: list[str] | None = None, *, replace_refuted: bool = True,
     strategies in place of DTensor's own rule for the ops where that rule is refuted
     (``REFUTED``): a call whose cut no verified rule keeps is redistributed instead of
     computed wrong; ``False`` leaves DTensor's rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
-    misses are kept (the user's rule cache by default, as ``parallelize``'s)."""
+    misses are kept (the user's rule cache by default, as ``parallelize``'s). ``ops``: op
+    names (``"aten.mm.default"``, one name or several), or None for every op of the table."""
     from . import dtensor_handlers
     from .table import table
 
+    ops = _op_names(ops)
     dtensor_has_rule = sys.modules[__name__].dtensor_has_rule  # lazy, and patchable in tests
     report = RegisterReport()
     rules = table()
@@ -402,10 +404,11 @@ _EXPLORED: dict = {}  # op -> signature -> the strategies register_op explored
 def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None, *,
                 cache: RuleCache | None = None) -> RegisterReport:
     """Find the rules of ``op`` on an example call and install them into DTensor: for a
-    user's custom op (``torch.library.custom_op``), which no table holds and DTensor has no
-    rule for. The rules are explored live (ShardCombine on the call's signature, in a
-    forked child where the process can fork) and cached, like ``parallelize``'s; each call
-    adds its signature to those installed for the op. A call of another signature keeps
+    user's custom op (``torch.library.custom_op``: the object it returns or its
+    ``.default`` overload), which no table holds and DTensor has no rule for. The rules are
+    explored live (ShardCombine on the call's signature, in a forked child where the
+    process can fork) and cached, like ``parallelize``'s; each call adds its signature to
+    those installed for the op. A call of another signature keeps
     DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
@@ -414,6 +417,8 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     from .rules_at_runtime import call_of, live_exploration
     from .tensor_ops import TorchOps
 
+    op = _overload(op)
+    args, kwargs = _example_call(args, kwargs)
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
@@ -421,7 +426,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
         report.skipped[name] = why
         return report
     with _disable_current_modes():  # the rules are about the op, not a simulation the caller runs
-        call = call_of(op, tuple(args), dict(kwargs or {}))
+        call = call_of(op, args, kwargs)
         entry = resolve_call(name, call, TorchOps(), "torch", cache if cache is not None else RuleCache(),
                              live_exploration())
     strategies = tuple(entry.all_strategies())
@@ -433,6 +438,53 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     _clear_sharding_prop_cache()
     report.installed.append(name)
     return report
+
+
+def _op_names(ops) -> list[str] | None:
+    """``register``'s ops as a list of names. One name (or overload) is one op: iterated, a
+    str would be its characters."""
+    if ops is None:
+        return None
+    if isinstance(ops, (str, torch._ops.OpOverload)):
+        ops = [ops]
+    try:
+        given = list(ops)
+    except TypeError:
+        raise TypeError(f"ops must be op names (\"aten.mm.default\" or a list of them) or None, "
+                        f"got {ops!r:.80} of type {type(ops).__qualname__}") from None
+    names = [op_name(n) if isinstance(n, torch._ops.OpOverload) else n for n in given]
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"ops must be op names such as \"aten.mm.default\", got {bad[0]!r:.80} "
+                        f"of type {type(bad[0]).__qualname__}")
+    return names
+
+
+def _overload(op) -> torch._ops.OpOverload:
+    """``register_op``'s op as one overload: a ``torch.library.custom_op`` object gives the
+    overload it defines; a packet (``torch.ops.aten.mm``) names several, so it is refused."""
+    if isinstance(op, torch._ops.OpOverload):
+        return op
+    defined = getattr(op, "_opoverload", None)  # torch.library.custom_op's CustomOpDef
+    if isinstance(defined, torch._ops.OpOverload):
+        return defined
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        overloads = op.overloads() or ["default"]
+        raise TypeError(f"register_op takes one overload of an op, got the packet torch.ops.{op} (overloads: "
+                        f"{', '.join(overloads)}): pass one of them, e.g. torch.ops.{op}.{overloads[0]}")
+    raise TypeError(f"register_op takes an op overload (torch.ops.<namespace>.<op>.<overload>, or a "
+                    f"torch.library.custom_op), got a {type(op).__qualname__} {op!r:.80}")
+
+
+def _example_call(args, kwargs) -> tuple[tuple, dict]:
+    """``register_op``'s example call, checked: ``tuple(tensor)`` would split a tensor into its rows."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of the op's positional arguments, got a "
+                        f"{type(args).__module__}.{type(args).__qualname__} (for one argument write (x,))")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict of the op's keyword arguments or None, got a "
+                        f"{type(kwargs).__qualname__}")
+    return tuple(args), dict(kwargs or {})
 
 
 def _no_installable(op: torch._ops.OpOverload) -> str:

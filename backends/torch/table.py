@@ -47,7 +47,8 @@ def add_table(rules: dict) -> None:
     one's own custom ops (``tools/sweep.py --backend torch --kernels MODULE --out DIR``, then
     ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``parallelize`` and
     ``register`` then find those ops' rules without exploring them live; an op in both
-    tables takes the added one's."""
+    tables takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
+    refused here, naming the entry, and nothing is added: it would break every later lookup."""
     table().add(rules)
     _forget_lookups()
 

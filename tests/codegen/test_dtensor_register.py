@@ -532,3 +532,64 @@ def test_pinv_with_cut_keyword_thresholds_matches_one_device_under_the_replaceme
         assert got.placements == (Shard(0),)
         full = _full_on_every_rank(got)
     torch.testing.assert_close(full, want)
+
+
+# --- bad input to the table and registration APIs: refused when given, naming it ---
+
+from metaspmd.table import Entry  # noqa: E402
+
+
+@pytest.mark.parametrize("rules,error,message", [
+    ({"aten.mm.default": 5}, TypeError,
+     r"rule table entry 'aten.mm.default': expected an op name -> \{signature: Entry\}, got str -> int 5"),
+    ("junk", TypeError, r"a rule table is a dict op -> \{signature: Entry\} .*, got a str"),
+    ({"aten.mm.default": {"self:f[*,*] mat2:f[*,*]": ("[[S1, N], [N, S2]]", "{}")}}, TypeError,
+     (r"rule table entry 'aten.mm.default', signature 'self:f\[\*,\*\] mat2:f\[\*,\*\]': expected a str "
+      r"signature -> metaspmd.table.Entry, got str -> tuple")),
+    ({"aten.mm.default": {"self:f[*,*] mat2:f[*,*]": Entry("[[S1, Q], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}}, ValueError,
+     r"rule table entry 'aten.mm.default', signature 'self:f\[\*,\*\] mat2:f\[\*,\*\]': .* does not parse"),
+])
+def test_add_table_refuses_what_is_no_table_and_keeps_the_tables(rules, error, message):
+    before = table.table().entries("aten.mm.default")
+    with pytest.raises(error, match=message):
+        table.add_table(rules)
+    assert table.table().entries("aten.mm.default") is before  # nothing added: later lookups unharmed
+    x = torch.randn(4, 6)
+    assert table.lookup(torch.ops.aten.mm.default, (x, x.T), {})
+
+
+def test_register_takes_one_op_name_as_that_op():
+    report = dtensor_rules.register(ops="aten.mm.default")
+    try:
+        assert set(report.skipped) | set(report.installed) == {"aten.mm.default"}, report
+    finally:
+        dtensor_rules.unregister(report)
+    with pytest.raises(TypeError, match=r"ops must be op names such as \"aten.mm.default\", got 5 of type int"):
+        dtensor_rules.register(ops=["aten.mm.default", 5])
+    with pytest.raises(TypeError, match=r"ops must be op names .* or None, got 5 of type int"):
+        dtensor_rules.register(ops=5)
+
+
+@pytest.mark.parametrize("op,args,error,message", [
+    (torch.ops.aten.mm, (torch.randn(2, 3), torch.randn(3, 2)), TypeError,
+     (r"register_op takes one overload of an op, got the packet torch.ops.aten.mm \(overloads: default, .*\): "
+      r"pass one of them, e.g. torch.ops.aten.mm.default")),
+    (torch.ops.metaspmd_examples.rms_norm.default, torch.randn(4, 3), TypeError,
+     r"args must be a tuple of the op's positional arguments, got a torch.Tensor \(for one argument write \(x,\)\)"),
+    (len, (1,), TypeError, r"register_op takes an op overload .* got a builtin_function_or_method"),
+])
+def test_register_op_refuses_what_is_no_overload_or_no_call(op, args, error, message):
+    with pytest.raises(error, match=message):
+        dtensor_rules.register_op(op, args)
+
+
+def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
+    from metaspmd.cache import RuleCache
+
+    assert not isinstance(rms_norm, torch._ops.OpOverload)  # torch.library.custom_op's CustomOpDef
+    x, w = torch.randn(8, 6, 16), torch.randn(16)
+    report = dtensor_rules.register_op(rms_norm, (x, w, 1e-6), cache=RuleCache(tmp_path))
+    try:
+        assert report.installed == ["metaspmd_examples.rms_norm.default"], report.skipped
+    finally:
+        dtensor_rules.unregister(report)

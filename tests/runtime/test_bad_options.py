@@ -1,0 +1,137 @@
+"""Bad options to ``parallelize`` fail before any work (capture, rule lookup, exploration:
+seconds) with an error that names the option and its value and says what to pass.
+Constraints are checked right after capture, before rule lookup, naming the user's key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from metaspmd import planner, runtime
+from metaspmd.cache import RuleCache
+
+pytestmark = pytest.mark.timeout(120)
+
+SOLVERS = ", ".join(map(repr, planner.SOLVER_CHOICES))  # the planner's list, whatever it holds
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if parallelize gets as far as finding the mesh's runtime."""
+    monkeypatch.setattr(runtime, "runtime_for", lambda mesh: pytest.fail("parallelize went past its option checks"))
+
+
+@pytest.mark.parametrize("option,error,message", [
+    ({"cache": "/tmp/rules"}, TypeError,
+     (r"cache must be a metaspmd.cache.RuleCache or None, got a str '/tmp/rules': "
+      r"pass metaspmd.cache.RuleCache\('/tmp/rules'\)")),
+    ({"cache": Path("/tmp/rules")}, TypeError, r"cache must be a metaspmd.cache.RuleCache .* got a pathlib\..*Path"),
+    ({"cache": False}, TypeError, r"cache must be a metaspmd.cache.RuleCache or None, got False: pass .*RuleCache\("),
+    ({"cost_model": "fast"}, TypeError, r"cost_model must be a metaspmd.planner.CostModel or None, got a str 'fast'"),
+    ({"solver": "bogus"}, ValueError, f"solver must be one of {re.escape(SOLVERS)}, got 'bogus'"),
+    ({"solver": None}, ValueError, "solver must be one of .*, got None"),
+    ({"memory_budget": 10**400}, ValueError, r"memory_budget must be a finite number > 0, got 10+\.\.\. \(401 characters\)"),
+    ({"time_limit": 10**400}, ValueError, r"time_limit must be a finite number > 0, got 10+\.\.\. \(401 characters\)"),
+    ({"time_limit": "10"}, TypeError, "time_limit must be a number or None, got '10'"),
+    ({"backward": "no"}, TypeError, r"backward must be a bool .* got a str 'no'"),
+    ({"backward": 0}, TypeError, r"backward must be a bool .* got an int 0"),
+    ({"constraints": [("weight", ("S0",))]}, TypeError, r"constraints must be a dict .* got a list"),
+])
+def test_a_bad_option_is_named_before_any_work(no_work, option, error, message):
+    # the checks are the core's: any mesh, any framework (the runtime is never reached)
+    with pytest.raises(error, match=message):
+        runtime.parallelize(lambda x: x, object(), (1.0,), **option)
+
+
+def test_good_options_pass_the_checks(tmp_path):
+    runtime.check_options((1.0,), 2**30, 5, solver=planner.SOLVER_CHOICES[-1], cache=RuleCache(tmp_path),
+                          cost_model=planner.CostModel(planner.Mesh.of((4,), ("x",))), constraints={},
+                          options={"backward": False, "loss_fn": None})
+    runtime.check_options([1.0], None, None)  # every option left at its default
+
+
+# --- torch: constraints, right after capture and before rule lookup ---
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def torch_world(fake_world_of):
+    torch = pytest.importorskip("torch")
+    fake_world_of(WORLD)
+    return torch
+
+
+@pytest.fixture
+def no_lookup(monkeypatch):
+    """Fails the test if parallelize looks rules up (the slow part: exploration)."""
+    monkeypatch.setattr(runtime, "resolve", lambda *a, **k: pytest.fail("rules were looked up"))
+
+
+def _parallelize(torch, constraints, mesh=None, **kw):
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", mesh if mesh is not None else list(range(WORLD)))
+        p = parallelize(model, mesh, (x,), constraints=constraints, **kw)
+        out, _ = p(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    return p
+
+
+def _constraint_error(torch, constraints, error, message, mesh=None):
+    with pytest.raises(error, match=message):
+        _parallelize(torch, constraints, mesh)
+
+
+def test_an_unknown_key_is_refused_before_rule_lookup(torch_world, no_lookup):
+    from torch.distributed.tensor import Shard
+
+    _constraint_error(torch_world, {"wieght": (Shard(0),)}, KeyError,
+                      r"constraint on 'wieght': no such value \(inputs are 'weight', 'bias', 0")
+
+
+def test_too_many_placements_name_the_key_and_the_mesh_axes(torch_world, no_lookup):
+    from torch.distributed.tensor import Shard
+
+    _constraint_error(torch_world, {"weight": (Shard(0), Shard(1))}, ValueError,
+                      r"constraint on 'weight': 2 placements .* but the mesh has 1 axis: give one placement per mesh axis")
+
+
+def test_one_placement_on_a_2d_mesh_is_refused_naming_the_key(torch_world, no_lookup):
+    from torch.distributed.tensor import Shard
+
+    _constraint_error(torch_world, {"weight": Shard(0)}, TypeError,
+                      r"constraint on 'weight': one placement Shard\(dim=0\), but the mesh has 2 axes: "
+                      "give one placement per mesh axis", mesh=[[0, 1], [2, 3]])
+
+
+@pytest.mark.parametrize("value,error,message", [
+    (lambda S: (S(2),), ValueError, r"constraint on 'weight': Shard\(dim=2\) names dim 2, but the value has shape \(8, 8\)"),
+    (lambda S: (S(-3),), ValueError, r"constraint on 'weight': Shard\(dim=-3\) names dim -3, but the value has shape \(8, 8\)"),
+    (lambda S: ("S0",), TypeError, r"constraint on 'weight': 'S0' is not a placement: pass Shard\(dim\), Replicate\(\)"),
+    (lambda S: 0, TypeError, r"constraint on 'weight': expected a tuple of placements, one per mesh axis, got 0 of type int"),
+])
+def test_a_bad_placement_names_the_key(torch_world, no_lookup, value, error, message):
+    from torch.distributed.tensor import Shard
+
+    _constraint_error(torch_world, {"weight": value(Shard)}, error, message)
+
+
+def test_a_negative_shard_dim_and_a_single_placement_on_a_1d_mesh_are_taken(torch_world, tmp_path):
+    """DTensor's Shard(-1) is the last dim; one placement on a 1-D mesh is that axis's."""
+    from torch.distributed.tensor import Shard
+
+    from metaspmd import placement as mp
+
+    p = _parallelize(torch_world, {"weight": (Shard(-1),), "bias": Shard(0)}, cache=RuleCache(tmp_path))
+    weight, bias = (p.captured.ir.input_list[p.captured.param_names.index(n)].name for n in ("weight", "bias"))
+    assert p.plan.placement(weight) == (mp.Shard(1),)
+    assert p.plan.placement(bias) == (mp.Shard(0),)
