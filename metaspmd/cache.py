@@ -120,6 +120,10 @@ class RuleCache:
         except FileNotFoundError:
             return None
         except RegistryError as e:  # its message names the file and line
+            blocker = _not_a_folder(path.parent)
+            if blocker is not None:  # no entry can be there: one warning for the folder, not one per entry
+                self._memory_only(NotADirectoryError(f"{blocker} is a file, not a folder"))
+                return None
             warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {e}",
                           RuleCacheWarning, stacklevel=2)
             return None
@@ -156,6 +160,14 @@ class RuleCache:
             self.persist = False
             warnings.warn(f"rule cache: cannot use {self.root} ({error}); keeping explored rules in memory "
                           "for this process only", RuleCacheWarning, stacklevel=3)
+
+
+def _not_a_folder(folder: Path) -> Path | None:
+    """The path in ``folder``'s place or above it that exists and is no folder, if any."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
 
 
 __all__ = ["RuleCache", "RuleCacheWarning", "default_cache_dir", "framework_version", "register_framework_version"]

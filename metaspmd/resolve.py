@@ -15,7 +15,7 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .cache import RuleCache
 from .case import OpCase
@@ -65,6 +65,10 @@ class NodeCall:
     # makes what ``case`` reads ready (a capture's real values, recorded on first use): run
     # in this process before any exploration, so a forked child finds it done
     prepare: Callable[[], object] | None = None
+    # ``case`` built with each run of the op it makes (to choose its inputs) done by the
+    # runner given, after the op crashed or hung a child: a forked child's runner, or one
+    # that refuses (the op is not run again); None where building ``case`` runs no op
+    probed_case: Callable[[Callable[[Callable[[], Any]], Any]], OpCase] | None = None
 
 
 # the note of an entry whose rules are a neighbouring signature's, verified at the call
@@ -182,7 +186,7 @@ def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation:
             try:
                 found[key] = _timed(lambda: server.run(key), stats)
             except ChildFailed as failure:
-                found[key] = _timed(lambda: _explore_again(call.case(), ops, isolation, failure), stats)
+                found[key] = _timed(lambda: _explore_again(call, ops, isolation, failure), stats)
     return found
 
 
@@ -193,11 +197,19 @@ def _timed(explore: Callable[[], RuleEntry], stats: ResolveStats) -> RuleEntry:
     return entry
 
 
-def _explore_again(case: OpCase, ops: TensorOps, isolation: Isolation, failure: ChildFailed) -> RuleEntry:
+def _explore_again(call: NodeCall, ops: TensorOps, isolation: Isolation, failure: ChildFailed) -> RuleEntry:
     """After an exploration crashed its child: explored again with each op call in a child
     of its own, so that the calls that crash reject their candidates only (as an op error
     would) and the rules that hold are still found. A hang is not retried: every call that
-    hangs would cost the time limit again."""
+    hangs would cost the time limit again. Either way the op never runs in this process,
+    which it could take down or hang with it."""
+    def case(probe: Callable[[Callable[[], Any]], Any]) -> OpCase:
+        return call.probed_case(probe) if call.probed_case is not None else call.case()
+
     if not failure.crashed:
-        return failed_entry(case, ops, f"live exploration {failure}".splitlines()[0])
-    return explore_case(case, ops, config=ExploreConfig(isolate_calls=isolation.run))
+        return failed_entry(case(_not_run), ops, f"live exploration {failure}".splitlines()[0])
+    return explore_case(case(isolation.run), ops, config=ExploreConfig(isolate_calls=isolation.run))
+
+
+def _not_run(op_call: Callable[[], Any]) -> Any:
+    raise ChildFailed("not run again after it hung a child")

@@ -20,7 +20,9 @@ their own that a plan can cut.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import operator
 import warnings
 from collections.abc import Mapping
@@ -53,6 +55,9 @@ class Captured:
     n_outputs: int  # leading graph outputs that are the function's own outputs (then gradients)
     buffer_names: tuple[str, ...] = ()  # graph inputs after the parameters: the module's buffers
     updated_buffers: tuple[str, ...] = ()  # buffers the model writes; their new values are the last outputs
+    inputs: tuple[TracedInput, ...] = ()  # the example inputs' leaves, as the trace took them
+    input_structure: Any = None  # their pytree structure
+    trainable: tuple[int, ...] = ()  # the parameters (by index) whose gradients are the outputs after n_outputs
 
     @functools.cached_property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -63,7 +68,78 @@ class Captured:
         """(parameter input, its gradient output) node names: a gradient is delivered in its
         parameter's placement. Empty when the graph has no backward."""
         grads = self.ir.output_list[self.n_outputs:]
-        return [(self.ir.input_list[i].name, grads[i].name) for i in range(min(len(self.param_names), len(grads)))]
+        return [(self.ir.input_list[i].name, g.name) for i, g in zip(self.trainable, grads)]
+
+    def all_gradients(self, grads: list) -> list:
+        """``grads`` (of the trainable parameters) at every parameter's place, None at a
+        frozen one's (as its ``.grad`` stays)."""
+        full: list = [None] * len(self.param_names)
+        for i, g in zip(self.trainable, grads):
+            full[i] = g
+        return full
+
+
+@dataclass(frozen=True)
+class TracedInput:
+    """One leaf of the example inputs as the trace took it: a tensor of ``shape`` and
+    ``dtype``, or (``dtype`` None) a ``value`` the graph holds as a constant."""
+
+    name: str  # "input 1", "input 0['mask']"
+    shape: tuple[int, ...] | None
+    dtype: torch.dtype | None
+    value: Any = None
+
+
+def traced_inputs(example_inputs: tuple) -> tuple[tuple[TracedInput, ...], Any]:
+    """The example inputs' leaves (``TracedInput``) and their pytree structure."""
+    pairs, structure = torch.utils._pytree.tree_flatten_with_path(tuple(example_inputs))
+    leaves = tuple(
+        TracedInput(_input_name(path), tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor)
+        else TracedInput(_input_name(path), None, None, x)
+        for path, x in pairs)
+    return leaves, structure
+
+
+def _input_name(path: tuple) -> str:
+    return f"input {path[0].idx}{torch.utils._pytree.keystr(path[1:])}"
+
+
+def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
+    """Refuse, naming the input, a call the plan does not hold for: another structure,
+    shape or dtype than the example's, or another value where the example had a number,
+    a string or None, which the trace baked into the graph as a constant (a scale of 2.0
+    would silently stay 2.0)."""
+    if len(inputs) != captured.n_user_inputs:
+        raise TypeError(f"the plan takes {captured.n_user_inputs} inputs, got {len(inputs)}")
+    leaves, structure = torch.utils._pytree.tree_flatten(tuple(inputs))
+    if captured.input_structure is not None and structure != captured.input_structure:
+        raise TypeError(f"the inputs are structured as {structure}, but the plan is for {captured.input_structure}")
+    again = "parallelize again for"
+    for traced, x in zip(captured.inputs, leaves):
+        if traced.dtype is None:
+            if isinstance(x, torch.Tensor) or type(x) is not type(traced.value) or not _same(x, traced.value):
+                raise ValueError(f"{traced.name} is {_shown(x)}, but the plan was traced with {traced.value!r}, "
+                                 f"which the graph holds as a constant: {again} this value, or pass it as a tensor")
+        elif not isinstance(x, torch.Tensor):
+            raise TypeError(f"{traced.name} is {_shown(x)}, but the plan was traced with a tensor there")
+        elif tuple(x.shape) != traced.shape:
+            raise ValueError(f"{traced.name}: shape {tuple(x.shape)}, but the plan is for {traced.shape}: "
+                             f"{again} these shapes")
+        elif x.dtype != traced.dtype:
+            raise TypeError(f"{traced.name}: dtype {x.dtype}, but the plan is for {traced.dtype}: {again} this dtype")
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (a != a and b != b)  # nan traced, nan given
+    except Exception:  # noqa: BLE001 - a value without a plain comparison
+        return a is b
+
+
+def _shown(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return repr(x)
 
 
 def _dtype(x: torch.Tensor) -> str:
@@ -71,7 +147,7 @@ def _dtype(x: torch.Tensor) -> str:
 
 
 def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | None, names: list[str],
-           buffer_names: list[str]):
+           buffer_names: list[str], trainable: tuple[int, ...]):
     def joint(params: list[torch.Tensor], buffers: list[torch.Tensor], *inputs):
         state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
         out = torch.func.functional_call(module, state, inputs)
@@ -82,6 +158,9 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
         loss = loss_fn(out) if loss_fn is not None else out.sum()
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"loss_fn returned a {type(loss).__qualname__}, not a tensor")
+        if loss.dim() != 0:  # autograd would seed it with ones: the gradient of its sum, unasked
+            raise ValueError(f"loss_fn returned a tensor of shape {tuple(loss.shape)}, not a scalar: reduce it "
+                             "(.sum(), .mean()) to the loss to differentiate")
         if not loss.requires_grad:
             _no_gradient(module, out, loss, loss_fn)
         # The seed gradient d(loss)/d(loss) is the constant 1. autograd's default seed,
@@ -89,7 +168,9 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
         # batch would have to all-reduce the (Partial) loss just to learn its shape; a
         # factory op depends on nothing. Same values, one data dependency less.
         seed = torch.ones(loss.shape, dtype=loss.dtype, device=loss.device)
-        grads = torch.autograd.grad(loss, params, grad_outputs=seed)
+        # a parameter the forward does not use gets zeros, as its gradient is
+        grads = torch.autograd.grad(loss, [params[i] for i in trainable], grad_outputs=seed, allow_unused=True,
+                                    materialize_grads=True)
         return out, list(grads)
 
     return joint
@@ -145,6 +226,9 @@ def callers_generators_kept():
 
 def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: Any = None) -> None:
     """Refuse, naming the value, what would fail deep inside make_fx or autograd."""
+    if not callable(fn_or_module):
+        raise TypeError(f"parallelize takes a torch.nn.Module or a function of the example inputs, got "
+                        f"{fn_or_module!r}")
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of positional arguments, got a "
                         f"{type(example_inputs).__qualname__} (for one input write (x,))")
@@ -162,15 +246,24 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
         if backward and next(fn_or_module.parameters(), None) is None:
             raise ValueError(f"{type(fn_or_module).__qualname__} has no parameters, so there are no gradients to "
                              "compute: pass backward=False to plan its forward only")
+        if backward and not any(p.requires_grad for p in fn_or_module.parameters()):
+            raise ValueError(f"every parameter of {type(fn_or_module).__qualname__} is frozen (requires_grad=False), "
+                             "so there are no gradients to compute: pass backward=False to plan its forward only")
+    from torch.distributed.tensor import DTensor
+
     for what, x in values:
         # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
         if LocalTensor and isinstance(x, LocalTensor):
             raise TypeError(f"{what} is a LocalTensor (made inside LocalTensorMode): create the model and its "
                             "example inputs outside the mode; only calling the parallelized model needs it")
+        if isinstance(x, DTensor):  # the plan places every value itself
+            raise TypeError(f"{what} is a DTensor (placed already): pass the model and its example inputs with "
+                            "plain tensors (DTensor.full_tensor()); constraints= keeps placements you have decided")
 
 
 def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,
              loss_fn: Callable[[Any], torch.Tensor] | None) -> Captured:
+    traced, structure = traced_inputs(example_inputs)
     if not isinstance(fn_or_module, torch.nn.Module):
         gm = _make_fx(fn_or_module, example_inputs)
         if _mutates(gm):
@@ -178,18 +271,22 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         unmerge_batched_matmuls(gm)
         values = recorded_values(gm, list(example_inputs))
         ir = to_metair(gm)
-        return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list))
+        return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list),
+                        inputs=traced, input_structure=structure)
     module = fn_or_module
     names = [n for n, _ in module.named_parameters()]
     buffer_names = [n for n, _ in module.named_buffers()]
-    params = [p.detach().requires_grad_(True) for _, p in module.named_parameters()]
+    # frozen parameters (requires_grad=False) get no gradient: none is traced, planned or returned
+    params = [p.detach().requires_grad_(p.requires_grad) for _, p in module.named_parameters()]
+    trainable = tuple(i for i, p in enumerate(params) if p.requires_grad) if backward else ()
     if backward:
-        fn = _joint(module, loss_fn, names, buffer_names)
+        fn = _joint(module, loss_fn, names, buffer_names, trainable)
     else:
         def fn(params, buffers, *inputs):
             state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
             return torch.func.functional_call(module, state, inputs)
-    gm = _make_fx(fn, (params, _buffer_copies(module), *example_inputs), decomposition_table=_DECLARED_WRITES)
+    with _module_state_kept(module):
+        gm = _make_fx(fn, (params, _buffer_copies(module), *example_inputs), decomposition_table=_DECLARED_WRITES)
     written = _written_inputs(gm, len(params), len(buffer_names))
     if written or _mutates(gm):
         gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
@@ -203,7 +300,8 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     ir = to_metair(gm)
     n_outputs = 1 if backward else len(ir.output_list) - len(written)
     updated = tuple(buffer_names[i] for i in written)
-    return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated)
+    return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated,
+                    traced, structure, trainable)
 
 
 def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
@@ -213,9 +311,39 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     whose output shape depends on values, a real tensor constant mixed in) is traced on
     the real values as before."""
     try:
-        return make_fx(fn, tracing_mode="fake", **kwargs)(*args)
+        with _fake_kernel_errors_unlogged():
+            return make_fx(fn, tracing_mode="fake", **kwargs)(*args)
     except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
         return make_fx(fn, **kwargs)(*args)
+
+
+@contextlib.contextmanager
+def _fake_kernel_errors_unlogged():
+    """FakeTensorMode logs a page of traceback for a meta kernel that raises (a wrong input
+    shape) before raising it; the real trace after it says what matters."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _module_state_kept(module: torch.nn.Module):
+    """Every submodule's parameters and buffers given back as they were, whatever tracing
+    did to them: ``functional_call`` restores a submodule registered under two names
+    (``self.a = self.b = layer``) with the traced (fake) tensors it swapped in."""
+    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in module.modules()]
+    try:
+        yield
+    finally:
+        for m, parameters, buffers in saved:
+            m._parameters.clear()
+            m._parameters.update(parameters)
+            m._buffers.clear()
+            m._buffers.update(buffers)
 
 
 def _buffer_copies(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -345,6 +473,7 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
         elif node.op == "call_function" and node.target is operator.getitem:
             env[node.name] = env[node.args[0].name][node.args[1]]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            _refuse_values_read_into_python(node, val)
             if isinstance(val, (list, tuple)):
                 outs = tuple(_var(f"{node.name}.{i}", v) for i, v in enumerate(val))
                 env[node.name] = outs
@@ -363,6 +492,23 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
             raise NotImplementedError(f"cannot capture FX node {node.format_node()}")
     # Constants are planned like inputs, after the graph's own (whose order the runtime follows)
     return MetaIR(tuple(inputs + constants), tuple(ops), tuple(outputs))
+
+
+def _refuse_values_read_into_python(node: torch.fx.Node, val: Any) -> None:
+    """A plan shards tensors: a number the graph reads out of a tensor's values (``.item()``)
+    or a size that depends on them (``x[x > 0]``) and that later ops use has no placement."""
+    if isinstance(val, torch.Tensor) or not node.users:
+        return
+    if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) or v is None for v in val):
+        return
+    used_by = sorted({op_name(u.target) for u in node.users if isinstance(u.target, torch._ops.OpOverload)})
+    if not used_by:
+        return
+    raise ValueError(f"the traced graph reads a Python value out of tensor data at {node.name} "
+                     f"({op_name(node.target)}), and {', '.join(used_by)} use it: from .item(), .tolist() or a "
+                     "size that depends on values (x[mask], nonzero). parallelize plans graphs whose shapes and "
+                     "values stay tensors: keep the value a tensor (y * y.sum() rather than y * y.sum().item()), "
+                     "or mask with torch.where instead of indexing")
 
 
 def arg_names(op: MetaOp) -> tuple[str, ...]:

@@ -20,17 +20,18 @@ from typing import Any, Callable
 import torch
 import torch.fx
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor keeps it private
 from torch.utils._python_dispatch import _disable_current_modes
 
+from metaspmd import placement as mp
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from .capture import Captured, capture
+from .capture import Captured, capture, refuse_other_inputs
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_rules import refuted
 from .rules_at_runtime import live_exploration, node_call
@@ -60,20 +61,17 @@ class Parallelized:
     def __call__(self, *inputs):
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
         Buffers the model writes (running statistics) are written back into the module."""
-        if len(inputs) != self.captured.n_user_inputs:
-            raise TypeError(f"the plan takes {self.captured.n_user_inputs} inputs, got {len(inputs)}")
+        refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
         flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
-        # The plan (and the traced graph) hold for the captured shapes only
-        for x, v in zip(flat, self.captured.ir.input_list):
-            if isinstance(x, torch.Tensor) and tuple(x.shape) != v.shape:
-                raise ValueError(f"{v.name}: shape {tuple(x.shape)}, but the plan is for {v.shape}: "
-                                 "parallelize again for these shapes")
         outs = _PlannedRun(self).run(*flat)
         if self.captured.updated_buffers:
             outs, updates = outs
             with torch.no_grad():
                 for name, new in zip(self.captured.updated_buffers, updates):
                     self.buffers[name].copy_(new.full_tensor() if isinstance(new, DTensor) else new)
+        if self.captured.trainable:  # forward + backward: (outputs, gradients of the trainable parameters)
+            out, grads = _tree_full(outs)
+            return out, self.captured.all_gradients(list(grads))
         return _tree_full(outs)
 
     def explain(self) -> str:
@@ -335,8 +333,15 @@ class TorchRuntime:
 
     def constraints(self, captured: Captured, given) -> dict:
         """Keys: a parameter's or buffer's name (``"fc1.weight"``), a user input's position
-        (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis."""
-        return named_constraints(_user_names(captured), captured.ir, given, lambda ps: map(from_dtensor, ps))
+        (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis (or one
+        placement on a 1-D mesh); ``Shard(-1)`` counts from the last dim, as DTensor's does."""
+        names, shapes = _user_names(captured), _var_shapes(captured)
+        placed = {}
+        for key, value in given.items():
+            shape = shapes.get(names.get(key, key))
+            # a key that names nothing keeps its value: named_constraints refuses it, listing the names
+            placed[key] = value if shape is None else _constraint_placements(key, value, shape, self.mesh.ndim)
+        return named_constraints(names, captured.ir, placed, tuple)
 
     def plan_options(self, captured: Captured) -> dict:
         return {}
@@ -384,3 +389,43 @@ def parallelize(
     return runtime.parallelize(fn_or_module, mesh, example_inputs, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
                                cost_model=cost_model, constraints=constraints)
+
+
+def _var_shapes(captured: Captured) -> dict[str, tuple[int, ...]]:
+    """The shape of every graph var: the inputs' and every node's outputs'."""
+    ir = captured.ir
+    return {v.name: v.shape for v in (*ir.input_list, *(v for op in ir.op_list for v in op.outputs))}
+
+
+def _constraint_placements(key: Any, value: Any, shape: tuple[int, ...], mesh_ndim: int) -> tuple:
+    """A constraint's placements as metaspmd's, one per mesh axis; refused naming the key
+    (the planner would name the graph var, which the user never wrote)."""
+    if isinstance(value, (Placement, mp.Shard, mp.Partial, mp.Replicate)):
+        if mesh_ndim != 1:
+            raise TypeError(f"constraint on {key!r}: one placement {value!r}, but the mesh has {mesh_ndim} axes: "
+                            "give one placement per mesh axis, as a tuple")
+        value = (value,)
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"constraint on {key!r}: expected a tuple of placements, one per mesh axis, got "
+                        f"{value!r} of type {type(value).__qualname__}")
+    if len(value) != mesh_ndim:
+        axes = "1 axis" if mesh_ndim == 1 else f"{mesh_ndim} axes"
+        raise ValueError(f"constraint on {key!r}: {len(value)} placements {tuple(value)}, but the mesh has {axes}: "
+                         "give one placement per mesh axis")
+    return tuple(_constraint_placement(key, p, shape) for p in value)
+
+
+def _constraint_placement(key: Any, p: Any, shape: tuple[int, ...]):
+    """One mesh axis's placement as metaspmd's; a Shard's dim counted from the end where
+    negative (DTensor's ``Shard(-1)``) and refused where the tensor has no such dim."""
+    if isinstance(p, (Shard, mp.Shard)):
+        dim = p.dim + len(shape) if p.dim < 0 else p.dim
+        if not 0 <= dim < len(shape):
+            raise ValueError(f"constraint on {key!r}: {p!r} names dim {p.dim}, but the value has shape {shape} "
+                             f"({len(shape)} dims)")
+        return mp.Shard(dim)
+    try:
+        return from_dtensor(p)
+    except TypeError:
+        raise TypeError(f"constraint on {key!r}: {p!r} is not a placement: pass Shard(dim), Replicate() or "
+                        "Partial() of torch.distributed.tensor") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from metaspmd.case import OpCase
@@ -62,21 +64,30 @@ def _shrunk(tree, small=(6, 8, 10, 12, 14, 16, 18, 20, 22, 24)):
     return torch.utils._pytree.tree_map(shrink, tree)
 
 
-def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> OpCase:
+def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Callable | None = None) -> OpCase:
     """The case live exploration verifies for one call: on small float64 tensors of the
-    call's signature where the op takes them, else on the call's own values."""
+    call's signature where the op takes them, else on the call's own values. ``probe``
+    runs the op's calls that choose them (``NodeCall.probed_case``); None: here."""
     a, k = tuple(args), dict(kwargs)
     for candidate in (_float64(_shrunk((a, k))), _float64((a, k))):
         try:
-            fn(*candidate[0], **candidate[1])
-        except Exception:  # shapes baked into the arguments, or no float64 kernel
+            _run(probe, fn, *candidate)
+        except Exception:  # shapes baked into the arguments, no float64 kernel, a crash in a child
             continue
         a, k = candidate
         break
     # a mask of one value takes one branch only: rules verified there need not hold for
     # the other (masked_fill's Partial self where the mask is False everywhere)
-    a, k = with_varied_masks(fn, a, k)
+    a, k = with_varied_masks(fn, a, k, probe)
     return torch_case(fn, a, k, fn)
+
+
+def _run(probe: Callable | None, fn: Callable, args: tuple, kwargs: dict) -> None:
+    """``fn(*args, **kwargs)``, by ``probe`` where given (a child's result must pickle: none)."""
+    def call() -> None:
+        fn(*args, **kwargs)
+
+    call() if probe is None else probe(call)
 
 
 _SIGNATURES: dict = {}
@@ -98,11 +109,11 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
     def neighbours() -> tuple:
         return tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
 
-    def case() -> OpCase:
+    def case(probe: Callable | None = None) -> OpCase:
         a, k = real() if real is not None else (args, kwargs)
-        return call_case(fn, a, k)
+        return call_case(fn, a, k, probe)
 
-    return NodeCall(sig, found, case, neighbours if found is None else None, prepare)
+    return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case)
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:

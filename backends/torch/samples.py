@@ -568,17 +568,22 @@ def _random_mask(shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
     return mask
 
 
-def with_varied_masks(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def with_varied_masks(func, args: tuple, kwargs: dict, probe=None) -> tuple[tuple, dict]:
     """``args`` and ``kwargs`` with uniform bool masks drawn anew (seeded, both values), if
     the op takes them so; else as they are. For a user's example call, whose padding mask
-    may be all False when the model is traced."""
+    may be all False when the model is traced. ``probe`` runs the op's trial call (in a
+    forked child, after the op crashed one); None: here."""
     if not _uniform_masks(args, kwargs):
         return args, kwargs
     gen = torch.Generator().manual_seed(BASE_SEED)
     varied = tree_map(lambda x: _random_mask(x.shape, gen) if _uniform_mask(x) else x, (list(args), dict(kwargs)))
-    try:
+
+    def trial() -> None:
         with quiet():
             func(*_snapshot(tuple(varied[0])), **_snapshot(varied[1]))
+
+    try:
+        trial() if probe is None else probe(trial)
     except Exception:
         return args, kwargs
     return tuple(varied[0]), varied[1]

@@ -423,3 +423,164 @@ def test_a_users_constraints_are_kept(fake_world, cache):
     with pytest.raises(KeyError, match="no such value"), LocalTensorMode(frozenset(range(WORLD))):
         parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache,
                     constraints={"fc9.weight": (Shard(0),)})
+
+
+class SharedLayer(torch.nn.Module):
+    """One layer registered under two names (a weight-shared recurrence), and a head tied to
+    an embedding's weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = self.b = torch.nn.Linear(16, 16)
+        self.emb = torch.nn.Linear(16, 16, bias=False)
+        self.head = torch.nn.Linear(16, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.emb(self.b(self.a(x))))
+
+
+def test_a_layer_registered_under_two_names_keeps_its_parameters(fake_world, cache):
+    torch.manual_seed(0)
+    model = SharedLayer()
+    before = dict(model.named_parameters(remove_duplicate=False))
+    run_planned(model, torch.randn(8, 16), cache)
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert after.keys() == before.keys()
+    for name, p in after.items():
+        assert p is before[name] and type(p) is torch.nn.Parameter, name
+    assert model.a.weight is model.b.weight and model.head.weight is model.emb.weight
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, scale, mask=None):
+        y = self.fc(x) * scale
+        return y if mask is None else y * mask
+
+
+def test_a_call_unlike_the_example_is_refused_by_input(fake_world, cache):
+    """A number or None in the example is a constant of the traced graph: another value
+    would silently compute with the traced one."""
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        p = parallelize(model, mesh, (x, 2.0, None), cache=cache)
+        out, _ = p(x, 2.0, None)
+        torch.testing.assert_close(out, model(x, 2.0), rtol=1e-4, atol=1e-5)
+        with pytest.raises(ValueError, match=r"input 1 is 3\.0, but the plan was traced with 2\.0, which the graph "
+                                             r"holds as a constant"):
+            p(x, 3.0, None)
+        with pytest.raises(ValueError, match=r"input 1 is 2, but the plan was traced with 2\.0"):
+            p(x, 2, None)
+        with pytest.raises(ValueError, match=r"input 2 is a tensor of shape \(8, 16\), but the plan was traced "
+                                             r"with None"):
+            p(x, 2.0, torch.ones(8, 16))
+        with pytest.raises(TypeError, match=r"input 0: dtype torch.float64, but the plan is for torch.float32"):
+            p(x.double(), 2.0, None)
+        with pytest.raises(TypeError, match=r"input 0 is None, but the plan was traced with a tensor there"):
+            p(None, 2.0, None)
+
+
+@torch.library.custom_op("metaspmd_test::fails_off_shape", mutates_args=())
+def fails_off_shape(x: torch.Tensor, how: str) -> torch.Tensor:
+    """A kernel with a bug on every shape but the model's own: it kills or hangs its process."""
+    if tuple(x.shape) != (8, 16):
+        if how == "crash":
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSEGV)
+        while True:
+            import time
+
+            time.sleep(1)
+    return x * 2
+
+
+fails_off_shape.register_fake(lambda x, how: torch.empty_like(x))
+
+
+class FailsOffShape(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.fc, self.how = torch.nn.Linear(16, 16), how
+
+    def forward(self, x):
+        return fails_off_shape(self.fc(x), self.how)
+
+
+@pytest.mark.parametrize("how", ["crash", "hang"])
+def test_an_op_that_crashes_or_hangs_off_its_shape_costs_its_rules_not_the_caller(fake_world, tmp_path, monkeypatch,
+                                                                                   how):
+    """Live exploration tries the op on other shapes in forked children; after a child
+    dies or hangs, the op must not run in this process again (it did, to rebuild its case)."""
+    from metaspmd.backends.torch import rules_at_runtime
+    from metaspmd.isolation import Isolation
+
+    monkeypatch.setattr(rules_at_runtime, "LIVE_EXPLORATION",
+                        Isolation(timeout=5.0, setup=rules_at_runtime.LIVE_EXPLORATION.setup))
+    torch.manual_seed(0)
+    model, x = FailsOffShape(how), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), backward=False,
+                        cache=RuleCache(tmp_path))
+        out = p(x)
+    torch.testing.assert_close(out, model(x))
+    op = next(n.name for n in p.captured.ir.op_list if "fails_off_shape" in n.op)
+    assert p.plan.strategy(op).label == "R"
+    if how == "hang":
+        assert "timed out" in p.stats.unexplorable[op]
+
+
+class HalfFrozen(torch.nn.Module):
+    """A frozen layer, a trained one, and one the forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen = torch.nn.Linear(16, 16).requires_grad_(False)
+        self.fc = torch.nn.Linear(16, 16)
+        self.spare = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(self.frozen(x))
+
+
+def test_frozen_parameters_get_no_gradient_and_unused_ones_zeros(fake_world, cache):
+    torch.manual_seed(0)
+    model, x = HalfFrozen(), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache)
+        out, grads = p(x)
+    names = [n for n, _ in model.named_parameters()]
+    assert len(grads) == len(names)
+    ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    trained = [p_ for p_ in model.parameters() if p_.requires_grad and not p_ is model.spare.weight
+               and p_ is not model.spare.bias]
+    ref_grads = dict(zip([id(t) for t in trained], torch.autograd.grad(ref.sum(), trained)))
+    for name, param, g in zip(names, model.parameters(), grads):
+        if name.startswith("frozen."):
+            assert g is None, name
+        elif name.startswith("spare."):
+            assert torch.count_nonzero(g) == 0, name
+        else:
+            torch.testing.assert_close(g, ref_grads[id(param)], rtol=1e-4, atol=1e-5, msg=name)
+    # the frozen layer's weight has no gradient to plan: only the trained ones are tied to one
+    assert len(p.captured.parameter_gradient_ties()) == len(names) - 2
+
+
+def test_a_model_or_input_placed_already_is_refused_by_name(fake_world, cache):
+    from torch.distributed.tensor import Replicate, distribute_module, distribute_tensor
+
+    model, placed, x = MLP(16, 32), MLP(16, 32), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        with pytest.raises(TypeError, match=r"example input 0 is a DTensor \(placed already\)"):
+            parallelize(model, mesh, (distribute_tensor(x, mesh, (Replicate(),)),), cache=cache)
+        with pytest.raises(TypeError, match=r"parameter '.*weight' is a DTensor \(placed already\)"):
+            parallelize(distribute_module(placed, mesh), mesh, (x,), cache=cache)

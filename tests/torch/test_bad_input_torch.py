@@ -62,11 +62,40 @@ class Detached(torch.nn.Module):
      "loss_fn returned a tensor that does not require grad"),
     (torch.nn.Linear(4, 4), "tuple", {"loss_fn": "mse"}, TypeError,
      r"loss_fn must be callable \(a function of the model's output, returning a scalar tensor\), got 'mse'"),
+    (torch.nn.Linear(4, 4).requires_grad_(False), "tuple", {}, ValueError,
+     r"every parameter of Linear is frozen \(requires_grad=False\), .* pass backward=False"),
+    (torch.nn.Linear(4, 4), "tuple", {"loss_fn": lambda out: out * 2}, ValueError,
+     r"loss_fn returned a tensor of shape \(2, 4\), not a scalar"),
+    ("model.pt", "tuple", {}, TypeError, r"parallelize takes a torch.nn.Module or a function .* got 'model.pt'"),
 ])
 def test_capture_names_what_is_wrong(model, inputs, kw, error, message):
     x = torch.randn(2, 4)
     with pytest.raises(error, match=message):
         capture(model, (x,) if inputs == "tuple" else x, **kw)
+
+
+class ReadsItem(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * y.sum().item()
+
+
+class MasksByIndexing(ReadsItem):
+    def forward(self, x):
+        y = self.fc(x)
+        return y[y > 0].sum() + y.sum()
+
+
+@pytest.mark.parametrize("model,op", [(ReadsItem(), r"_local_scalar_dense \(aten._local_scalar_dense.default\), "
+                                                    r"and aten.mul.Tensor use it"),
+                                      (MasksByIndexing(), r"\(aten.sym_size.int\)")])
+def test_a_value_read_out_of_tensor_data_is_named(model, op):
+    with pytest.raises(ValueError, match=r"the traced graph reads a Python value out of tensor data at .*" + op):
+        capture(model, (torch.randn(2, 4),))
 
 
 def test_capture_works_where_the_checks_allow():
