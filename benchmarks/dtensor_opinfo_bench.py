@@ -51,6 +51,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from metaspmd.cli import pipe_safe, positive_int, seconds
+
 WORLD = 4
 
 # dtensor_fails of test_dtensor_ops.py: (OpInfo name, variant); xfail then skip.
@@ -411,7 +413,7 @@ def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
         return o
     func = case.opinfo.op
     bwd = []
-    signal.alarm(int(timeout))
+    signal.setitimer(signal.ITIMER_REAL, timeout)  # not alarm(): it takes whole seconds, and alarm(0) is none
     try:
         for s in case.samples:
             converter = DTensorConverter(mesh, s.args, s.kwargs)
@@ -447,9 +449,9 @@ def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
                 if d_out is not None and d_ins and not s.nondeterministic:
                     bwd.append(_backward(tc, d_out, d_ins, s.ref_grads))
     except _Timeout:
-        o.fail(ERROR, f"over {timeout:.0f} s")
+        o.fail(ERROR, f"over {timeout:g} s")
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
     if o.verdict == NONE and o.compared:
         o.verdict = NONDET if o.nondeterministic else PASS
     for kind in (WRONG, ERROR, PASS):  # the worst backward verdict over the combinations
@@ -497,11 +499,15 @@ def run_isolated(case: Case, mesh, tc, timeout: float) -> Outcome:
         chunks.clear()
     if os.WIFSIGNALED(status):
         return Outcome(ERROR, f"process killed by {signal.Signals(os.WTERMSIG(status)).name}")
-    return Outcome(ERROR, f"over {timeout:.0f} s")
+    return Outcome(ERROR, f"over {timeout:g} s")
 
 
 def _key(opinfo) -> str:
-    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+    return _entry_key(opinfo.name, opinfo.variant_test_name)
+
+
+def _entry_key(name: str, variant: str) -> str:
+    return name + (f".{variant}" if variant else "")
 
 
 def opinfos(patterns: list[str] | None):
@@ -591,16 +597,33 @@ WHY = {
 
 COLUMNS = ("plain", "register", "replace")  # DTensor; + register(replace_refuted=False); + register()
 
+# setitimer refuses past about 1e9 s; no op of this test needs a day.
+MAX_TIMEOUT = 86400.0
+
+
+def timeout_seconds(text: str) -> float:
+    """argparse type for --timeout: cli.seconds (finite, > 0) and at most a day."""
+    value = seconds(text)
+    if value > MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMEOUT:g} seconds (a day), got {text!r}")
+    return value
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--ops", nargs="*", help="glob(s) over OpInfo names, e.g. 'nn.functional.conv*' (default: all)")
-    ap.add_argument("--samples", type=int, default=1, help="samples per OpInfo, first ones first (default 1)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per op and run (default 300)")
+    ap.add_argument("--ops", nargs="+", help="glob(s) over OpInfo names, e.g. 'nn.functional.conv*' (default: all)")
+    ap.add_argument("--samples", type=positive_int, default=1, help="samples per OpInfo, first ones first (default 1)")
+    ap.add_argument("--timeout", type=timeout_seconds, default=300.0,
+                    help=f"seconds per op and run, at most {MAX_TIMEOUT:g} (default 300)")
     ap.add_argument("--no-replace", action="store_true", help="leave out the register() column (refuted rules replaced)")
     ap.add_argument("--in-process", action="store_true", help="run every op in this process (a crash ends the run)")
     ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass every way")
     args = ap.parse_args(argv)
+    # before torch starts: a glob that matches no entry would run nothing and exit 0
+    keys = [_entry_key(*e) for e in ENTRIES]
+    unmatched = [g for g in args.ops or () if not any(fnmatch.fnmatch(k, g) for k in keys)]
+    if unmatched:
+        ap.error(f"--ops: no OpInfo entry of the test's lists matches {' '.join(map(repr, unmatched))}")
 
     import torch
     import torch.distributed as dist
@@ -690,6 +713,4 @@ def _fails(o: Outcome) -> bool:
 
 
 if __name__ == "__main__":
-    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
-
-    sys.exit(pipe_safe(main)())
+    sys.exit(pipe_safe(main)())  # `| head` ends it quietly

@@ -59,6 +59,7 @@ import numpy as np
 
 from metaspmd import planner
 from metaspmd.cache import RuleCache
+from metaspmd.cli import pipe_safe, positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible
 from metaspmd.resolve import resolve
 from metaspmd.runtime import runtime_for
@@ -706,41 +707,69 @@ def print_variant(row: Row) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def fraction(text: str) -> float:
+    """argparse type for --budget-fraction: a number in (0, 1]; above 1 the replicated plan
+    fits, which the benchmark is there to rule out (nan would bind nothing)."""
+    value = positive_number(text, what="a fraction")
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction: > 0 and <= 1, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--framework", choices=("torch", "jax", "both"), default="both")
     ap.add_argument("--mesh", choices=("4", "2x2"), default="4", help="a 1-D mesh of 4 or a 2x2 mesh (dp, tp)")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--budget", type=float, default=None, help="bytes per device (default: a fraction of "
-                    "the least peak of any plan whose weights are all replicated)")
-    ap.add_argument("--budget-fraction", type=float, default=0.9,
-                    help="the budget as this fraction of the least peak with replicated weights (default 0.9)")
+    ap.add_argument("--batch", type=positive_int, default=8)
+    ap.add_argument("--seq", type=positive_int, default=64)
+    ap.add_argument("--hidden", type=positive_int, default=256, help="model width, a multiple of --heads")
+    ap.add_argument("--heads", type=positive_int, default=4)
+    ap.add_argument("--budget", type=functools.partial(positive_number, what="a number of bytes"), default=None,
+                    help="bytes per device (default: a fraction of the least peak of any plan whose weights are all "
+                         "replicated)")
+    ap.add_argument("--budget-fraction", type=fraction, default=0.9,
+                    help="the budget as this fraction (0 to 1) of the least peak with replicated weights "
+                         "(default 0.9)")
     ap.add_argument("--variants", action="store_true", help="plan the transformer variants instead")
     ap.add_argument("--production", action="store_true",
                     help="plan synthetic GPT layers at production sizes on 2x2, 2x4 and 4x2 meshes, dp across nodes "
                          "(planning only; --dp-link sets that link)")
-    ap.add_argument("--variant-hidden", type=int, default=64)
-    ap.add_argument("--variant-heads", type=int, nargs="+", default=[4, 2, 8])
-    ap.add_argument("--variant-seq", type=int, default=16)
-    ap.add_argument("--variant-batch", type=int, default=4)
+    ap.add_argument("--variant-hidden", type=positive_int, default=64, help="a multiple of each --variant-heads")
+    ap.add_argument("--variant-heads", type=positive_int, nargs="+", default=[4, 2, 8])
+    ap.add_argument("--variant-seq", type=positive_int, default=16)
+    ap.add_argument("--variant-batch", type=positive_int, default=4)
     ap.add_argument("--cache", type=Path, default=None, help="rule cache folder (default: the user cache)")
     ap.add_argument("--show-plans", action="store_true", help="print each plan's table")
     ap.add_argument("--dp-link", metavar="SECONDS:BYTES_PER_S", default=None,
                     help="2x2 only: the dp axis' link, e.g. 10e-6:25e9 for data parallelism across nodes "
                          "(default: the tp axis' intra-node link, 5e-6:100e9)")
     args = ap.parse_args(argv)
+    # the attention cuts the width into heads: checked here, not as a reshape error mid-run
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
+    uneven = [h for h in args.variant_heads if args.variant_hidden % h]
+    if uneven:
+        ap.error(f"--variant-hidden {args.variant_hidden} is not a multiple of --variant-heads "
+                 f"{' '.join(map(str, uneven))}")
+    # a file (or a folder under one) would cost one warning per cache entry
+    where = args.cache
+    while where is not None and not where.exists() and where != where.parent:
+        where = where.parent
+    if where is not None and where.exists() and not where.is_dir():
+        ap.error(f"--cache {args.cache} is not a folder" if where == args.cache
+                 else f"--cache {args.cache}: {where} is not a folder")
     args.mesh_shape = (4,) if args.mesh == "4" else (2, 2)
     args.links = None
     if args.dp_link:
         if args.mesh != "2x2" and not args.production:
             ap.error("--dp-link needs --mesh 2x2 or --production")
         try:
-            alpha, bandwidth = (float(v) for v in args.dp_link.split(":"))
+            alpha, bandwidth = args.dp_link.split(":")
+            alpha, bandwidth = seconds(alpha, allow_zero=True), positive_number(bandwidth, what="bytes per second")
         except ValueError:
             ap.error(f"--dp-link: expected SECONDS:BYTES_PER_S, got {args.dp_link!r}")
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--dp-link {args.dp_link!r}: {e}")
         args.links = {"dp": (alpha, bandwidth)}
     cache = RuleCache(args.cache) if args.cache else RuleCache()
     t = time.perf_counter()
@@ -779,6 +808,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
-
-    sys.exit(pipe_safe(main)())
+    sys.exit(pipe_safe(main)())  # `| head` ends it quietly

@@ -38,6 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # backends/ beside metaspmd/
 
+from metaspmd.cli import pipe_safe, positive_int
+
 aten = torch.ops.aten
 
 
@@ -247,13 +249,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--ops", default="", help="comma-separated words: only calls whose name contains one")
-    p.add_argument("--repeat", type=int, default=3, help="runs per call, least CPU time taken (default 3)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs per call, least CPU time taken (default 3)")
     p.add_argument("--profile", default="", help="cProfile the metaspmd side of calls matching this word")
-    p.add_argument("--sort", default="cumtime", help="profile sort key (cumtime, tottime)")
-    p.add_argument("--top", type=int, default=40, help="profile lines printed")
+    p.add_argument("--sort", default="cumtime", choices=sorted(pstats.Stats.sort_arg_dict_default),
+                   metavar="KEY", help="profile sort key, one of pstats': %(choices)s (default cumtime)")
+    p.add_argument("--top", type=positive_int, default=40, help="profile lines printed")
     a = p.parse_args(argv)
-    if a.repeat < 1:
-        p.error(f"--repeat: expected an integer >= 1, got {a.repeat}")
     torch.set_num_threads(1)
     words = [w for w in a.ops.split(",") if w]
     selected = [c for c in calls() if not words or any(w in c[0] for w in words)]
@@ -307,6 +308,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
-
-    sys.exit(pipe_safe(main)())
+    sys.exit(pipe_safe(main)())  # `| head` ends it quietly

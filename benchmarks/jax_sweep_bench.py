@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from metaspmd.cli import _ops_given, pipe_safe, positive_int, seconds
 from metaspmd.sweep import SweepConfig, SweepError, run_sweep, split_patterns
 
 
@@ -49,10 +50,11 @@ def one_run(label: str, args, cache: str) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", action="append", default=[], metavar="GLOB")
-    p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS")
+    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1)
+    p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS")
     p.add_argument("--runs", choices=("cold", "both"), default="both", help="cold only, or cold then warm")
     args = p.parse_args(argv)
+    _ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not the full sweep
     rows = [("jobs", str(args.jobs))]
     with tempfile.TemporaryDirectory(prefix="jax-compile-cache-") as cache:
         try:
@@ -62,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         except SweepError as e:
             print(f"jax_sweep_bench: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # the pool has stopped its workers; the registries were temporary
+            print("jax_sweep_bench: interrupted", file=sys.stderr)
+            return 130
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0
 
 
 if __name__ == "__main__":  # guard needed: spawned workers re-import this module
-    from metaspmd.cli import pipe_safe  # `| head` ends it quietly
-
-    sys.exit(pipe_safe(main)())
+    sys.exit(pipe_safe(main)())  # `| head` ends it quietly

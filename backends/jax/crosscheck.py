@@ -35,7 +35,7 @@ from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
-from metaspmd.registry_io import load_record, record_path
+from metaspmd.registry_io import RegistryError, load_record, record_path
 from metaspmd.signature import signature
 from metaspmd.spec import (
     ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn, drops,
@@ -506,11 +506,30 @@ def summarize(results: Sequence[CaseResult], skipped_ops: int) -> list[str]:
 # --------------------------------------------------------------------------- CLI
 
 
+# The jit runs use 8, 4 or 2 devices (_jit_plan): more are never used, and XLA aborts the
+# process when asked for far more CPU devices than it can create.
+MAX_DEVICES = 8
+
+
+def device_count(text: str) -> int:
+    """argparse type for --devices: 0 (no jit runs) or 2..MAX_DEVICES; 1 or a negative
+    count would silently run no jit at all."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not (value == 0 or 2 <= value <= MAX_DEVICES):
+        raise argparse.ArgumentTypeError(f"expected 0 (no jit runs) or an integer from 2 to {MAX_DEVICES}, "
+                                         f"got {text!r}")
+    return value
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
     p.add_argument("--registry", type=Path, help="registry root to read our rules from (default: explore live)")
-    p.add_argument("--devices", type=int, default=8, help="CPU devices for the jit runs (0: no jit runs)")
+    p.add_argument("--devices", type=device_count, default=8,
+                   help=f"CPU devices for the jit runs, 2 to {MAX_DEVICES} (default 8; 0: no jit runs)")
     p.add_argument("--no-reverify", action="store_true", help="skip re-verifying our strategies")
     p.add_argument("--quiet", action="store_true", help="print only cases with misses or failures, and the summary")
     return p.parse_args(argv)
@@ -528,6 +547,7 @@ def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0: done; 1: a rule of ours failed re-verification or a jit run; 2: usage or registry error."""
     args = parse_args(list(argv) if argv is not None else None)
     if args.devices >= 2:
         _ask_for_devices(args.devices)
@@ -545,7 +565,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_devices = min(args.devices, jax.device_count()) if args.devices >= 2 else 0
     if args.devices >= 2 and n_devices < 2:
         print(f"crosscheck: only {jax.device_count()} device(s): no jit runs (set XLA_FLAGS before jax starts)")
-    records = _load_records(args.registry, backend.name, names)
+    try:
+        records = _load_records(args.registry, backend.name, names)
+    except RegistryError as e:  # a broken rule file is a usage error (2), not a failed check (1)
+        print(f"crosscheck: error: {e}", file=sys.stderr)
+        return 2
     results, skipped = [], 0
     for op in names:
         try:

@@ -817,6 +817,34 @@ def report_json(report: Report) -> str:
 # --------------------------------------------------------------------------- command line
 
 
+# DTensor shards no dim smaller than the mesh, and the registry's example dims are small (99%
+# at most 20): past a few dozen devices every rule would read "DTensor lacks it"; the real
+# replay also holds one tensor per simulated rank.
+MAX_MESH = 64
+
+
+def mesh_size(text: str) -> int:
+    """argparse type for --mesh-size: an integer from 2 to MAX_MESH."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 2 <= value <= MAX_MESH:
+        raise argparse.ArgumentTypeError(f"expected an integer from 2 to {MAX_MESH}, got {text!r}")
+    return value
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why ``path`` cannot be a folder (it, or the nearest part of it that exists, is a
+    file), or ''. A cache folder only read is fine: one that cannot be written costs time."""
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if where.exists() and not where.is_dir():
+        return f"{path} is not a folder" if where == path else f"{path}: {where} is not a folder"
+    return ""
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="crosscheck.py --backend torch",
                                 description="Compare the torch registry with DTensor's own sharding rules.")
@@ -826,8 +854,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's)")
     p.add_argument("--explore-missing", action="store_true",
                    help="explore ops without a registry file (with no --ops: every catalog op, slow)")
-    p.add_argument("--mesh-size", type=int, default=QueryConfig.mesh_size,
-                   help="size of the 1-D mesh DTensor plans for (default 2: DTensor shards no dim smaller)")
+    p.add_argument("--mesh-size", type=mesh_size, default=QueryConfig.mesh_size,
+                   help=f"size of the 1-D mesh DTensor plans for, 2 to {MAX_MESH} (default 2: DTensor shards no "
+                        "dim smaller)")
     p.add_argument("--partials", default="sum",
                    help=f"Partial input placements offered to DTensor, from {','.join(DTENSOR_PARTIALS)} "
                         "(default: sum, the one the explorer tries)")
@@ -859,9 +888,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:  # checked before the work, not after it
         print(f"crosscheck: error: --json {problem}", file=sys.stderr)
         return 2
+    problem = args.cache_dir is not None and not args.no_cache and _not_a_folder(args.cache_dir)
+    if problem:  # the cache would be silently skipped
+        print(f"crosscheck: error: --cache-dir {problem}", file=sys.stderr)
+        return 2
     partials = tuple(p.strip() for p in args.partials.split(",") if p.strip())
-    if any(p not in DTENSOR_PARTIALS for p in partials) or args.mesh_size < 2 or args.max_combos < 1:
-        print("crosscheck: error: --partials takes sum, avg, max, min; --mesh-size and --max-combos at least 2 and 1",
+    if any(p not in DTENSOR_PARTIALS for p in partials):
+        print(f"crosscheck: error: --partials takes {', '.join(DTENSOR_PARTIALS)}, got {args.partials!r}",
               file=sys.stderr)
         return 2
     try:

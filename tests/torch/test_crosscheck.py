@@ -535,8 +535,15 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
 
 def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     assert crosscheck.main(["--partials", "median"]) == 2
+    assert "--partials takes sum, avg, max, min, got 'median'" in capsys.readouterr().err
     assert crosscheck.main(["--registry", str(tmp_path), "--ops", "aten.no_such_op.default"]) == 2
     assert "no op to check" in capsys.readouterr().err
+    # a cache folder that is a file would be skipped without a word
+    (tmp_path / "file").write_text("")
+    assert crosscheck.main(["--cache-dir", str(tmp_path / "file")]) == 2
+    assert f"--cache-dir {tmp_path / 'file'} is not a folder" in capsys.readouterr().err
+    assert crosscheck.main(["--cache-dir", str(tmp_path / "file" / "sub")]) == 2
+    assert f"--cache-dir {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} is not a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
@@ -545,6 +552,9 @@ def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     (["--limit", "-1"], "--limit: expected an integer >= 1, got -1"),
     (["--max-combos", "0"], "got 0"),
     (["--timeout", "inf"], "got 'inf'"),
+    # DTensor shards no example dim past a few dozen: every rule would read "DTensor lacks it"
+    (["--mesh-size", "1000000"], "--mesh-size: expected an integer from 2 to 64, got '1000000'"),
+    (["--mesh-size", "1"], "got '1'"),
 ])
 def test_command_line_numbers_are_checked(capsys, args, message):
     with pytest.raises(SystemExit) as e:

@@ -56,3 +56,7 @@ def test_refuses_bad_arguments(bench, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--ops", "no_such_call"])
     assert e.value.code == 2 and "no call's name contains" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # pstats' own sort keys only, checked before any call runs
+        bench.main(["--ops", "mm", "--profile", "mm", "--sort", "bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--sort: invalid choice: 'bogus'" in err and "tottime" in err
