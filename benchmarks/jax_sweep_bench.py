@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from metaspmd.cli import _ops_given, pipe_safe, positive_int, seconds
+from metaspmd.cli import ops_given, pipe_safe, positive_int, seconds
 from metaspmd.sweep import SweepConfig, SweepError, run_sweep, split_patterns
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS")
     p.add_argument("--runs", choices=("cold", "both"), default="both", help="cold only, or cold then warm")
     args = p.parse_args(argv)
-    _ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not the full sweep
+    ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not the full sweep
     rows = [("jobs", str(args.jobs))]
     with tempfile.TemporaryDirectory(prefix="jax-compile-cache-") as cache:
         try:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from metaspmd.cli import _ops_given, pipe_safe, positive_int, seconds
+from metaspmd.cli import ops_given, pipe_safe, positive_int, seconds, whole_number
 from metaspmd.sweep import DEFAULT_TIMEOUT, SweepConfig, SweepError, run_sweep, split_patterns
 
 
@@ -83,17 +83,6 @@ def loaded(config: SweepConfig, hogs: int) -> int:
     return 0 if not differ else 1
 
 
-def count(text: str) -> int:
-    """argparse type: an integer >= 0 (cli has positive_int only; 0 lists no op)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:  # a negative slice would list all ops but the last ones
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="torch")
@@ -101,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1)
     p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS")
     p.add_argument("--kernels", metavar="MODULE")
-    p.add_argument("--slowest", type=count, default=5, help="list this many slowest ops")
+    p.add_argument("--slowest", type=whole_number, default=5, help="list this many slowest ops")
     p.add_argument("--loaded", action="store_true",
                    help="sweep twice, quiet and with every core busy, and compare the registries")
     p.add_argument("--hogs", type=positive_int, default=4 * (os.cpu_count() or 1), metavar="N",
                    help="busy processes for --loaded's second run (default: 4 per core)")
     args = p.parse_args(argv)
-    _ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not every op
+    ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not every op
     if args.kernels is not None and not args.kernels.strip():
         p.error(f"--kernels {args.kernels!r} names no module")  # not the built-in ops
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from metaspmd.registry_io import RegistryError, load_registry
+from metaspmd.registry_io import load_rules
 from metaspmd.table import Entry, entry_of
 
 from .model import CodegenError, check_op_name, shardy_rule
@@ -53,6 +53,11 @@ def _env() -> jinja2.Environment:
     )
 
 
+def emitted(entry) -> bool:
+    """Does the table hold this entry? Only verified ones: what a rule diff counts as present."""
+    return entry.status in VERIFIED
+
+
 def _table_entry(op: str, e, backend: str) -> Entry:
     if backend != "jax":
         return entry_of(e)
@@ -66,7 +71,7 @@ def render(records, backend: str) -> str:
     n_entries = 0
     for op in sorted(records):
         record = records[op]
-        sigs = [(e.signature, _table_entry(op, e, backend)) for e in record.entries if e.status in VERIFIED]
+        sigs = [(e.signature, _table_entry(op, e, backend)) for e in record.entries if emitted(e)]
         if sigs:
             n_entries += len(sigs)
             ops.append((check_op_name(op), sorted(sigs, key=lambda s: s[0])))
@@ -80,7 +85,4 @@ def generate(registry_root: str | Path, backend: str) -> str:
     """The generated module text for one backend (registry errors name file:line). A root
     that is not a registry, or a backend folder without rule files, is an error: its table
     would be empty and replace the real one."""
-    records = load_registry(registry_root, backend)
-    if not records:
-        raise RegistryError(f"{Path(registry_root) / backend}: no rule files (<op>.yaml) to generate a table from")
-    return render(records, backend)
+    return render(load_rules(registry_root, backend), backend)

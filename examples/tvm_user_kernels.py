@@ -1,8 +1,8 @@
-"""A user's own TE kernels, swept next to the built-in catalog:
+"""A user's own TE kernels, swept into a registry of their own:
 
-    python tools/sweep.py --backend tvm --kernels examples/tvm_user_kernels.py --ops 'tvm.scale_rows'
+    python tools/sweep.py --backend tvm --kernels examples/tvm_user_kernels.py --out my_registry
 
-writes registry/tvm/tvm.scale_rows.yaml. Every dim is a symbolic var, so the kernel is
+writes my_registry/tvm/tvm.scale_rows.yaml. Every dim is a symbolic var, so the kernel is
 compiled once and runs on shards of any size.
 """
 

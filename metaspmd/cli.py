@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -27,21 +28,52 @@ from typing import Callable, Sequence
 # editable from the repository, which holds them).
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "registry"
+# The checkout's folders pyproject.toml maps into the package (package-dir).
+_MAPPED = {"metaspmd.backends": "backends", "metaspmd.codegen": "codegen", "metaspmd.generated": "generated"}
+
+
+class _CheckoutFinder:
+    """Finds metaspmd.backends, .codegen and .generated in the checkout this metaspmd/ lies in.
+    Run from a clone (tools/*.py put it first on sys.path), its metaspmd would otherwise get
+    the backends of the checkout installed editable, whose finder maps those names there."""
+
+    @staticmethod
+    def find_spec(name: str, path=None, target=None):
+        if name not in _MAPPED:
+            return None
+        folder = ROOT / _MAPPED[name]
+        return importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+
+
+def _use_checkout_folders() -> None:
+    """Only in a checkout (an installed wheel holds those packages inside metaspmd/), once."""
+    if all((ROOT / folder / "__init__.py").is_file() for folder in _MAPPED.values()) and not any(
+            getattr(f, "__name__", "") == _CheckoutFinder.__name__ for f in sys.meta_path):
+        sys.meta_path.insert(0, _CheckoutFinder)
+
+
+_use_checkout_folders()
 
 
 def _argv(argv: Sequence[str] | None) -> list[str]:
     return sys.argv[1:] if argv is None else list(argv)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a worker count)."""
+def positive_int(text: str, least: int = 1) -> int:
+    """argparse type: an integer >= 1 (a worker count), or >= ``least``."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
     return value
+
+
+def whole_number(text: str) -> int:
+    """argparse type: an integer >= 0 (a count that may be none)."""
+    return positive_int(text, 0)
 
 
 def positive_number(text: str, allow_zero: bool = False, what: str = "a number") -> float:
@@ -79,10 +111,19 @@ def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
     return run
 
 
-def _ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str, ...]) -> None:
+def ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str, ...]) -> None:
     """``--ops ''`` (an unset shell variable, say) is an error, not every op."""
     if values and not patterns:
         p.error(f"--ops {' '.join(map(repr, values))} names no op pattern")
+
+
+def _kernels_given(p: argparse.ArgumentParser, kernels: str | None, out: Path | None) -> None:
+    """``--kernels ''`` would sweep the built-in ops; ``--kernels`` into the repository's
+    registry would add the user's ops to it (and --check would call every built-in op removed)."""
+    if kernels is not None and not kernels.strip():
+        p.error(f"--kernels {kernels!r} names no module")
+    if kernels is not None and out is None:
+        p.error("--kernels sweeps ops of your own into a registry of your own: pass --out DIR")
 
 
 # --------------------------------------------------------------------------- sweep
@@ -98,8 +139,9 @@ op the time it needs; an op that burns no CPU (asleep, blocked) is stopped by --
 any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
-2 usage error (unknown backend, no op matched, --out a backend folder or not writable,
---timings not writable: checked before any work), 3 some op timed out twice and kept its
+2 usage error (unknown backend, no op matched, --kernels without --out, --out a backend
+folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
+--timings not writable: checked before any op runs), 3 some op timed out twice and kept its
 previous file (--check: no difference found, but those ops were not compared),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
 """
@@ -130,7 +172,8 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    help="only ops matching these globs (comma-separated or repeated); default: all")
     p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
                    help="worker processes (default: CPU count)")
-    p.add_argument("--out", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--out", type=Path, help="registry root (default: the repository's registry/; "
+                                             "required with --kernels)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; list ops whose file would change and exit 1 if any")
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
@@ -148,7 +191,9 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    help="let workers print to stderr (hidden by default: framework warnings bury the progress bar)")
     args = p.parse_args(_argv(argv))
     patterns = split_patterns(args.ops)
-    _ops_given(p, args.ops, patterns)
+    ops_given(p, args.ops, patterns)
+    _kernels_given(p, args.kernels, args.out)
+    out = args.out if args.out is not None else REGISTRY
     # checked before any work: a sweep that cannot write its timings must not find out at the end
     problem = args.timings is not None and unwritable(args.timings, folder=False)
     if problem:
@@ -157,7 +202,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     options: tuple = ()
-    if args.kernels:
+    if args.kernels is not None:
         options = (("kernels", args.kernels),)
         try:
             module = backend_module(args.backend)
@@ -173,7 +218,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             options += (("builtins", False),)
     try:
         config = SweepConfig(
-            backend=args.backend, out_root=args.out, patterns=patterns, jobs=args.jobs,
+            backend=args.backend, out_root=out, patterns=patterns, jobs=args.jobs,
             timeout=args.timeout, wall_timeout=args.wall_timeout, check=args.check, resume=args.resume, backend_options=options,
             progress=not args.no_progress, worker_output=args.worker_output,
         )
@@ -215,13 +260,17 @@ CODEGEN_DOC = """Write the static rule tables in generated/ from the registry (j
 
     metaspmd codegen                 # every backend with a table: torch, jax
     metaspmd codegen --check         # exit 1 if generated/ is stale (CI)
+
+Exit status 2 for a bad registry file (named by file:line) and for an --out that cannot
+hold the tables (a file, a symlink loop, a folder at a table's path), --check too; a
+missing --out is stale. A table that is not UTF-8 is stale, and rewritten.
 """
 
 
 @pipe_safe
 def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.codegen.generator import TARGETS, generate
-    from metaspmd.registry_io import RegistryError, write_text_atomic
+    from metaspmd.registry_io import RegistryError, path_problem, same_text, write_text_atomic
 
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all")
@@ -231,6 +280,14 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
+    # --check too: a file or a symlink loop as --out is a mistake, not a stale table (a
+    # missing folder is stale); a folder at a table's path would fail its rename
+    problems = [path_problem(args.out, folder=True)] + [path_problem(args.out / TARGETS[b], folder=False)
+                                                         for b in backends]
+    problem = next((x for x in problems if x), "")
+    if problem:
+        print(f"error: --out {problem}", file=sys.stderr)
+        return 2
     texts = {}
     for backend in backends:  # every table first: a bad registry leaves generated/ as it was
         try:
@@ -241,8 +298,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     stale = []
     for backend, text in texts.items():
         path = args.out / TARGETS[backend]
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
+        if same_text(path, text):  # a file that is not UTF-8 is stale, and rewritten
             print(f"{path.name}: up to date")
             continue
         if args.check:
@@ -251,9 +307,6 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         else:
             try:
                 write_text_atomic(path, text)
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(path, 0o666 & ~umask)  # as a plain write would leave it (the temp file is 0600)
             except OSError as e:
                 print(f"error: cannot write {path}: {e}", file=sys.stderr)
                 return 2
@@ -269,8 +322,10 @@ DIFF_DOC = """Markdown summary of rule changes between two registries, for code 
     metaspmd diff old_registry/ registry/    # registry folders
     metaspmd diff main HEAD --fail-on-loss   # exit 1 when a rule or op is lost
 
-Two revisions read only the files `git diff --name-only` lists; two folders only the files
-whose bytes differ. Exit status 2 when a side is neither a git revision nor a registry root
+A rule counts only where codegen puts it in a table (an entry whose status is ok or
+derived): an entry turned failed loses its rules, though their text stays. Two revisions
+read only the files `git diff --name-only` lists; two folders only the files whose bytes
+differ. Exit status 2 when a side is neither a git revision nor a registry root
 (a backend folder such as registry/torch is refused: it would read as an empty registry).
 """
 
@@ -320,7 +375,7 @@ COVERED = ("ok", "derived")
 def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from collections import Counter
 
-    from metaspmd.registry_io import RegistryError, load_registry
+    from metaspmd.registry_io import RegistryError, load_rules
 
     p = argparse.ArgumentParser(prog=prog, description=COVERAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
@@ -333,7 +388,7 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         if value is not None and not (0 <= value <= 100):  # nan too: no share is below it
             p.error(f"{flag} must be a percentage from 0 to 100, got {value}")
     try:  # before importing torch: a wrong --registry fails at once
-        records = load_registry(args.registry, "torch")
+        records = load_rules(args.registry, "torch")  # as codegen: no rule files is an error, not 0%
     except RegistryError as e:
         print(f"coverage: error: {e}", file=sys.stderr)
         return 2
@@ -426,7 +481,7 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     shared.add_argument("--ops", action="append", default=[])
     shared.add_argument("--registry", type=Path)
     known, _ = shared.parse_known_args(rest)
-    _ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
+    ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
     if known.registry is not None:  # a backend folder would read as a registry without rules
         from metaspmd.registry_io import RegistryError, check_registry_root
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,10 @@ _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
 }
 _NESTING = "values nest too deeply for a registry file"
+# Collections nested deeper than this are refused before composing: libyaml's composer
+# recurses in C, so a file nested some 30,000 deep overflows the C stack (a segfault, not
+# an error). The reader's own recursion stops values about 500 deep already.
+MAX_NESTING = 1000
 
 
 class RegistryError(ValueError):
@@ -120,10 +125,13 @@ def record_path(root: str | os.PathLike, backend: str, op: str) -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    """Write via a temp file in the same folder and rename: readers never see half a file.
+    The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask),
+    not mkstemp's 0600, which would hide it from a group or a CI user reading the checkout."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -131,6 +139,49 @@ def write_text_atomic(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def same_text(path: Path, text: str) -> bool:
+    """Does the file at ``path`` hold ``text``, line ends aside (a checkout may turn \\n into
+    \\r\\n)? No when nothing is there, and no when its bytes are not UTF-8: such a file is
+    stale, to be rewritten, not an error."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    return data.replace(b"\r\n", b"\n") == text.encode("utf-8")
+
+
+def path_problem(path: str | os.PathLike, folder: bool) -> str:
+    """Why ``path`` cannot be used as a folder (``folder``) or as a regular file to read and
+    replace, or '' when it is one or nothing is there (it would be created). Names what a
+    later open or mkdir would fail on only after the work: a symlink loop, a symlink to
+    nothing, a file on the way, a folder where a file belongs and the reverse."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # to be created, unless the way to it ends at a symlink to nothing
+        link = next((p for p in (path, *path.parents) if os.path.islink(p) and not os.path.exists(p)), None)
+        return f"{link} is a symlink to {os.readlink(link)}, which does not exist" if link else ""
+    except NotADirectoryError:
+        return f"{path}: {next(p for p in path.parents if p.exists())} is not a folder"
+    except OSError as e:  # a symlink loop, no permission
+        return f"{path}: {e.strerror or e}"
+    if folder and not stat.S_ISDIR(mode):
+        return f"{path} is not a folder"
+    if not folder and stat.S_ISDIR(mode):
+        return f"{path} is a folder"
+    if not folder and not stat.S_ISREG(mode):
+        return f"{path} is not a regular file"
+    if not folder and not os.access(path, os.R_OK):  # it is compared before it is replaced
+        return f"{path} is not readable"
+    return ""
 
 
 def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
@@ -208,6 +259,14 @@ class _Reader:
             self.fail(node, f"{what} must be a list")
         return node.value
 
+    def built(self, node: yaml.Node, what: str, make, *args):
+        """``make(*args)``, a spec the model validates as a whole (a label on two dims of one
+        input), failing at ``node``'s line."""
+        try:
+            return make(*args)
+        except SpecError as e:
+            self.fail(node, f"{what}: {e}")
+
     def parsed(self, node: yaml.Node, parse, what: str):
         try:
             return parse(self.string(node, what))
@@ -218,8 +277,9 @@ class _Reader:
 
     def record(self, root: yaml.Node) -> OpRecord:
         f = self.mapping(root, ("schema", "op", "backend", "status", "entries"), ("reason",), "rule file")
-        if self.value(f["schema"]) != SCHEMA_VERSION:
-            self.fail(f["schema"], f"schema {self.value(f['schema'])!r} is not supported (expected {SCHEMA_VERSION})")
+        schema = self.value(f["schema"])
+        if not _is_count(schema, 0) or schema != SCHEMA_VERSION:  # true and 1.0 equal 1 too
+            self.fail(f["schema"], f"schema {schema!r} is not supported (expected {SCHEMA_VERSION})")
         op = self.string(f["op"], "op")
         backend = self.string(f["backend"], "backend")
         for key, name in (("op", op), ("backend", backend)):
@@ -289,7 +349,7 @@ class _Reader:
         """One layer of tables (``shard``, ``partial``, ``offset``, ``combine``); a further one
         (after the layers ``before``) matches the first's inputs and ranks and adds labels of its own."""
         first = before[0] if before else None
-        shard = ShardSpec(tuple(
+        shard = self.built(f["shard"], "shard", ShardSpec, tuple(
             tuple(self.parsed(d, DimLabel.parse, "shard label") for d in self.sequence(row, "shard row"))
             for row in self.sequence(f["shard"], "shard")
         ))
@@ -350,7 +410,14 @@ class _Reader:
         rows = self.sequence(node, what)
         if len(rows) != n_inputs:
             self.fail(node, f"{what} lists {len(rows)} inputs, shard lists {n_inputs}")
-        return tuple(tuple(self.parsed(x, parse, f"{what} input") for x in self.sequence(row, f"{what} row")) for row in rows)
+        table = tuple(tuple(self.parsed(x, parse, f"{what} input") for x in self.sequence(row, f"{what} row"))
+                      for row in rows)
+        for i, items in enumerate(table):
+            labels = [x.label for x in items]
+            for label in sorted({x for x in labels if labels.count(x) > 1}, key=label_number):
+                # an input takes one placement per label: the strategy would keep the first
+                self.fail(node, f"{what} input {i} lists {label} twice")
+        return table
 
     def independent(self, node: yaml.Node, used: set[str]) -> IndependentSpec:
         rows = self.sequence(node, "independent")
@@ -409,8 +476,9 @@ class _Reader:
         trials, counts, uneven = self.value(f["trials"]), self.value(f["shard_counts"]), self.value(f["uneven"])
         if not _is_count(trials, 0):
             self.fail(f["trials"], f"verified trials must be a whole number >= 0, got {trials!r}")
-        if not isinstance(counts, list) or not all(_is_count(c, 1) for c in counts):
-            self.fail(f["shard_counts"], f"verified shard_counts must be a list of whole numbers >= 1, got {counts!r}")
+        if not isinstance(counts, list) or not counts or not all(_is_count(c, 1) for c in counts):
+            self.fail(f["shard_counts"], f"verified shard_counts must be a non-empty list of whole numbers >= 1, "
+                                         f"got {counts!r}")
         if not isinstance(uneven, bool):
             self.fail(f["uneven"], f"verified uneven must be true or false, got {uneven!r}")
         return Verification(trials, tuple(counts), uneven)
@@ -440,19 +508,37 @@ def _count_tensors(v: Any) -> int:
     return len(_tensors(v))
 
 
-def _refuse_anchors(text: str, filename: str) -> None:
-    """Fail on the first anchor or alias. An alias makes the composed document a graph:
-    a recursive one (``&a [*a]``) sends the reader into endless recursion, and nested ones
-    (a "billion laughs") expand exponentially. The dumper writes none, so a rule file
-    never needs one."""
-    if "&" not in text:  # no anchor, so no alias either (an undefined one fails composing)
+def _may_nest_deeply(text: str) -> bool:
+    """Could ``text`` nest collections more than MAX_NESTING deep? Every collection on a path
+    opens with an indicator of its own (``[``, ``{``, ``-``, ``:``, ``?``), so a text with
+    fewer of them in all cannot: a few counts, where parsing is needed for a big file only."""
+    return sum(map(text.count, "[{-:?")) > MAX_NESTING
+
+
+def _refuse_events(text: str, filename: str) -> None:
+    """Fail on the first anchor or alias, and on collections nested past MAX_NESTING, from the
+    parser's events (libyaml's parser keeps its own stack: no recursion) before composing.
+
+    An alias makes the composed document a graph: a recursive one (``&a [*a]``) sends the
+    reader into endless recursion, and nested ones (a "billion laughs") expand
+    exponentially. The dumper writes none, so a rule file never needs one."""
+    # no anchor, so no alias either (an undefined one fails composing)
+    if "&" not in text and not _may_nest_deeply(text):
         return
+    depth = 0
     for event in yaml.parse(text, Loader=_Loader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise RegistryError(f"{filename}:{line}: {_NESTING} (more than {MAX_NESTING} levels)")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
         if isinstance(event, yaml.AliasEvent):
-            raise RegistryError(f"{filename}:{event.start_mark.line + 1}: alias *{event.anchor} is not allowed "
+            raise RegistryError(f"{filename}:{line}: alias *{event.anchor} is not allowed "
                                 "in a registry file (write the value out)")
         if isinstance(event, yaml.NodeEvent) and event.anchor is not None:
-            raise RegistryError(f"{filename}:{event.start_mark.line + 1}: anchor &{event.anchor} is not allowed "
+            raise RegistryError(f"{filename}:{line}: anchor &{event.anchor} is not allowed "
                                 "in a registry file (write the value out)")
 
 
@@ -461,18 +547,22 @@ def loads_record(text: str, filename: str = "<string>", backend: str | None = No
     refused at its ``backend:`` line."""
     reader = _Reader(filename, backend)
     try:
-        _refuse_anchors(text, filename)
+        _refuse_events(text, filename)
         root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise RegistryError(f"{filename}:{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:  # PyYAML's pure-Python composer, where libyaml is missing
+        raise RegistryError(f"{filename}:1: {_NESTING}") from None
     if root is None:
         raise RegistryError(f"{filename}:1: empty file")
     try:
         return reader.record(root)
     except RecursionError:  # the reader names the line of a too-deep value; this is a last resort
         raise RegistryError(f"{filename}:1: {_NESTING}") from None
+    except SpecError as e:  # likewise: the reader names the line of a spec it builds
+        raise RegistryError(f"{filename}:1: {e}") from None
 
 
 def read_file(path: str | os.PathLike) -> bytes:
@@ -518,6 +608,15 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
         raise RegistryError(f"{root}: no {backend}/ folder of rule files "
                             f"(backends there: {', '.join(found) or 'none'})")
     return root
+
+
+def load_rules(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
+    """load_registry for a command that reports on a backend's rules (codegen, coverage): a
+    backend folder without rule files is an error, not an empty table or a 0% coverage."""
+    records = load_registry(root, backend)
+    if not records:
+        raise RegistryError(f"{Path(root) / backend}: no rule files (<op>.yaml) in it")
+    return records
 
 
 def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:

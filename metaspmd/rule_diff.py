@@ -4,6 +4,9 @@ Registries come from a folder (a registry root holding ``<backend>/*.yaml``) or 
 revision (its ``registry/`` tree). A rule is one strategy of one signature, identified by
 its input placements; it is shown in paper notation with its own label ``S1``.
 
+A rule counts as present only where codegen puts it in a table (``emitted``: an entry whose
+status is ok or derived), so an entry turned failed loses its rules, though their text stays.
+
 Only files that differ are read: between two revisions, the files ``git diff --name-only``
 lists; between two folders, the files whose bytes differ. An unchanged file adds nothing
 to the diff, and a registry holds thousands.
@@ -15,6 +18,8 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from metaspmd.codegen.generator import emitted
 
 from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file
 from .rules import OpRecord, RuleEntry
@@ -40,6 +45,9 @@ def load_side(where: str, repo: Path | None = None, subdir: str = "registry") ->
 def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "registry") -> tuple[Registry, Registry]:
     """The two sides of a diff, reading only the files that differ between them (see the
     module's doc); a folder against a revision reads both whole."""
+    for name, where in (("base", base), ("head", head)):
+        if not where.strip():  # Path('') is the current folder
+            raise ValueError(f"{name} {where!r} is empty: expected a git revision or a registry folder")
     if Path(base).is_dir() and Path(head).is_dir():
         return _changed_folders(Path(base), Path(head))
     if Path(base).is_dir() or Path(head).is_dir():
@@ -177,10 +185,14 @@ def rule_text(s: Strategy, ranks: tuple[int, ...]) -> str:
 
 def _rules(record: OpRecord) -> dict[str, dict[tuple, tuple[str, tuple[OutputCombine, ...]]]]:
     out = {}
-    for e in record.entries:
+    for e in _emitted(record):
         ranks = tuple(len(row) for row in e.shard.inputs)
         out[e.signature] = {s.inputs: (rule_text(s, ranks), s.outputs) for s in e.all_strategies()}
     return out
+
+
+def _emitted(record: OpRecord) -> list[RuleEntry]:
+    return [e for e in record.entries if emitted(e)]
 
 
 def _strategies(e: RuleEntry | None) -> dict[tuple, tuple[Strategy, tuple[int, ...]]]:
@@ -224,7 +236,7 @@ def diff(base: Registry, head: Registry) -> Diff:
         old, new = base[key], head[key]
         if old.status != new.status:
             d.status.append((backend, op, old.status, new.status, new.reason))
-        old_entries, new_entries = {e.signature: e for e in old.entries}, {e.signature: e for e in new.entries}
+        old_entries, new_entries = {e.signature: e for e in _emitted(old)}, {e.signature: e for e in _emitted(new)}
         for sig in sorted(set(old_entries) | set(new_entries)):
             if _same_rules(old_entries.get(sig), new_entries.get(sig)):
                 continue  # an example or note changed: no rule did (rule texts are costly to write)

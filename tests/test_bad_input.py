@@ -4,6 +4,7 @@ names the path or value, a usable exit status, and nothing overwritten or lost."
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +134,69 @@ def test_coverage_of_a_missing_registry_is_an_error(tmp_path, capsys):
     assert f"{tmp_path / 'nope'}: no such registry folder" in capsys.readouterr().err
 
 
+def test_coverage_of_a_registry_without_rule_files_is_an_error_as_for_codegen(tmp_path, capsys):
+    """Not 0% with exit 0: the same check as codegen's (registry_io.load_rules)."""
+    (tmp_path / "reg" / "torch").mkdir(parents=True)
+    message = f"{tmp_path / 'reg' / 'torch'}: no rule files"
+    assert cli.coverage(["--registry", str(tmp_path / "reg")]) == 2
+    assert message in capsys.readouterr().err
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(tmp_path / "gen")]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shard", ["[[S1, S1], [S2, S3]]", "[[S1(scale=2), S2], [S2, S3]]"])
+def test_a_shard_table_the_model_refuses_is_named_by_every_command(tmp_path, capsys, shard):
+    """A SpecError escaped the loader: a traceback from codegen and coverage, no file:line from diff."""
+    bad = write(tmp_path / "reg", "torch", "aten.mm.default", mm().replace("[[S1, S2], [S2, S3]]", shard))
+    write(tmp_path / "base", "torch", "aten.mm.default")
+    for command, args in ((cli.codegen, ["--registry", str(tmp_path / "reg"), "--out", str(tmp_path / "gen"),
+                                         "--backend", "torch"]),
+                          (cli.coverage, ["--registry", str(tmp_path / "reg")]),
+                          (cli.diff, [str(tmp_path / "base"), str(tmp_path / "reg")])):
+        assert command(args) == 2
+        assert f"{bad}:8: shard: " in capsys.readouterr().err
+    assert not (tmp_path / "gen").exists()
+
+
+def test_codegen_rewrites_a_table_that_is_not_utf8_and_check_calls_it_stale(tmp_path, capsys):
+    """Chosen: stale (exit 1 with --check, rewritten without), not an error: the table is
+    codegen's own output, and a refusal would leave no way to mend it but deleting it."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    table = tmp_path / "gen" / "torch_rules.py"
+    table.parent.mkdir()
+    table.write_bytes(b"\xff\xfe broken\n")
+    args = ["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(table.parent)]
+    assert cli.codegen(args + ["--check"]) == 1
+    assert "torch_rules.py: STALE" in capsys.readouterr().out and table.read_bytes() == b"\xff\xfe broken\n"
+    assert cli.codegen(args) == 0
+    assert cli.codegen(args + ["--check"]) == 0 and "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("odd", ["file", "loop", "folder at the table", "file on the way"])
+def test_codegen_out_that_cannot_hold_tables_is_a_usage_error(tmp_path, capsys, check, odd):
+    """--check said STALE (exit 1) for a file or a symlink loop as --out; a folder at the
+    table's path failed with IsADirectoryError. A missing --out stays stale (see test_cli)."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    out = tmp_path / "gen"
+    if odd == "file":
+        out.write_text("x")
+    elif odd == "loop":
+        out.symlink_to(out)
+    elif odd == "folder at the table":
+        (out / "torch_rules.py").mkdir(parents=True)
+    else:
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "gen"
+    expected = {"file": f"--out {out} is not a folder", "loop": f"--out {out}: Too many levels of symbolic links",
+                "folder at the table": f"--out {out / 'torch_rules.py'} is a folder",
+                "file on the way": f"--out {out}: {tmp_path / 'f'} is not a folder"}[odd]
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(out)]
+                       + ["--check"] * check) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
 # --------------------------------------------------------------------------- rule_diff
 
 
@@ -215,6 +279,30 @@ def test_diff_of_a_missing_revision_names_it(tmp_path, capsys):
     assert "'no-such-rev' is neither a folder nor a git revision" in capsys.readouterr().err
 
 
+def test_an_entry_codegen_leaves_out_loses_its_rules(tmp_path, capsys):
+    """An entry turned failed leaves the table (codegen emits ok and derived entries only),
+    though its rule text is unchanged: the diff said no change and exited 0."""
+    from metaspmd.codegen import generator
+
+    assert rule_diff.emitted is generator.emitted  # one predicate for both
+    base, head = tmp_path / "base", tmp_path / "head"
+    write(base, "torch", "aten.mm.default")
+    write(head, "torch", "aten.mm.default", mm().replace("  status: ok", "  status: failed"))
+    write(head, "torch", "aten.new.default", mm(op="aten.new.default").replace("  status: ok", "  status: replicate-only"))
+    assert cli.diff([str(base), str(head), "--fail-on-loss"]) == 1
+    assert "| 1 | 0 | 0 | 0 | 3 |" in capsys.readouterr().out  # the new op's entry adds no rule either
+    assert cli.diff([str(head), str(base), "--fail-on-loss"]) == 1  # its op is removed
+    assert "| 0 | 1 | 0 | 3 | 0 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["HEAD", ""], ["", "HEAD"], ["HEAD", " "]])
+def test_diff_refuses_an_empty_side_by_name(capsys, args):
+    """'' read as the current folder."""
+    assert cli.diff(args) == 2
+    name, value = ("base", args[0]) if not args[0].strip() else ("head", args[1])
+    assert f"error: {name} {value!r} is empty: expected a git revision or a registry folder" in capsys.readouterr().err
+
+
 def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
     base, head = tmp_path / "base", tmp_path / "head"
     write(base, "torch", "aten.mm.default")
@@ -262,9 +350,9 @@ def test_unwritable_out_fails_before_any_work(tmp_path, fake_backend, monkeypatc
     (tmp_path / "file").write_text("")
     started = []
     monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.start", lambda self: started.append(1) or "fake")
-    with pytest.raises(SweepError, match=rf"cannot write rule files: {tmp_path / 'file' / 'reg'}: "
-                                         rf"{tmp_path / 'file'} is not a folder"):
-        run_sweep(SweepConfig(backend=fake_backend, out_root=tmp_path / "file" / "reg"))
+    for check in (False, True):  # --check too: a file on the way is no registry to compare with
+        with pytest.raises(SweepError, match=rf"--out {tmp_path / 'file' / 'reg'}: {tmp_path / 'file'} is not a folder"):
+            run_sweep(SweepConfig(backend=fake_backend, out_root=tmp_path / "file" / "reg", check=check))
     assert not started
 
 
@@ -330,6 +418,79 @@ def test_sweep_out_must_be_a_registry_root(tmp_path, fake_backend, capsys, monke
     assert "so it is a backend folder, not a registry root" in capsys.readouterr().err
     assert cli.sweep(["--backend", fake_backend, "--out", str(folder), "--check"]) == 2
     assert [p.name for p in folder.iterdir()] == ["fake.add.yaml"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kernels", ""], "--kernels '' names no module"),
+    (["--kernels", " "], "--kernels ' ' names no module"),
+    (["--kernels", "examples/custom_ops.py", "--check"], "--kernels sweeps ops of your own into a registry of "
+                                                          "your own: pass --out DIR"),
+])
+def test_kernels_usage_errors(tmp_path, capsys, monkeypatch, args, message):
+    """--kernels '' swept every built-in op; --kernels without --out wrote the custom op into
+    the repository's registry (and --check called every built-in op's file removed)."""
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", lambda config: pytest.fail("the sweep ran"))
+    out = [] if "--check" in args else ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        cli.sweep(["--backend", "torch", *args, *out])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("odd", ["loop", "file"])
+def test_sweep_out_a_symlink_loop_or_a_file_is_a_usage_error(tmp_path, fake_backend, capsys, monkeypatch, check, odd):
+    out = tmp_path / "out"
+    out.symlink_to(out) if odd == "loop" else out.write_text("x")
+    monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.start", lambda self: pytest.fail("the sweep ran"))
+    assert cli.sweep(["--backend", fake_backend, "--out", str(out), "--no-progress"] + ["--check"] * check) == 2
+    err = capsys.readouterr().err
+    assert (f"--out {out}: Too many levels of symbolic links" if odd == "loop" else f"--out {out} is not a folder") in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_folder_at_a_rule_files_path_is_refused_before_any_op_runs(tmp_path, fake_backend, capsys, monkeypatch,
+                                                                      check):
+    """It failed the rename only after the op's work (IsADirectoryError); --check called it added."""
+    folder = tmp_path / "reg" / "fake" / "fake.add.yaml"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.run", lambda *a, **k: pytest.fail("ops ran"))
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
+                      "--no-progress"] + ["--check"] * check) == 2
+    assert f"1 rule file path(s) not usable: {folder} is a folder" in capsys.readouterr().err
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
+def test_sweep_files_get_the_umask_mode_and_one_not_utf8_would_change(tmp_path, fake_backend, capsys):
+    """Rule files and timings were 0600 (mkstemp's mode); --check of a file that is not UTF-8
+    raised UnicodeDecodeError. Chosen: it would change (exit 1), shown with U+FFFD."""
+    args = ["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
+            "--no-progress"]
+    umask = os.umask(0o027)
+    try:
+        assert cli.sweep(args + ["--timings", str(tmp_path / "t.json")]) == 0
+    finally:
+        os.umask(umask)
+    path = tmp_path / "reg" / "fake" / "fake.add.yaml"
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (path, tmp_path / "t.json")] == [0o640, 0o640]
+    path.write_bytes(path.read_bytes() + b"# \xff\n")
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert cli.sweep(args + ["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "\ufffd" in out and "check: 1 file(s) would change" in out
+    assert path.read_bytes() == before
+
+
+def test_a_backend_that_cannot_load_is_named_with_its_whole_message(tmp_path, capsys, monkeypatch):
+    """clean_reason, meant for the reasons records keep, cut a fatal error's paths down to
+    file names ("kernel module file not found: nope.py")."""
+    (tmp_path / "broken_backend.py").write_text(
+        "def get_backend():\n    raise FileNotFoundError('kernel module file not found: /some/where/nope.py')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers start with the parent's sys.path
+    assert cli.sweep(["--backend", "broken_backend", "--out", str(tmp_path / "reg"), "--no-progress"]) == 2
+    assert ("cannot load backend 'broken_backend': FileNotFoundError: kernel module file not found: "
+            "/some/where/nope.py") in capsys.readouterr().err
 
 
 def test_kernels_are_refused_for_jax(tmp_path, capsys, monkeypatch):

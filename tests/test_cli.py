@@ -3,6 +3,7 @@ and no framework imported to dispatch."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,28 @@ def test_tools_wrappers_call_the_same_commands():
                          ("coverage", "coverage"), ("crosscheck", "crosscheck")):
         text = (ROOT / "tools" / f"{script}.py").read_text(encoding="utf-8")
         assert f"from metaspmd.cli import {name}\n" in text and f"sys.exit({name}())" in text
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A copy of the checkout's code: tools/ and the folders the package is made of."""
+    to = tmp_path_factory.mktemp("clone")
+    for folder in ("metaspmd", "backends", "codegen", "generated", "tools"):
+        shutil.copytree(ROOT / folder, to / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return to
+
+
+@pytest.mark.parametrize("tool", ["sweep", "codegen", "rule_diff", "coverage"])
+def test_a_tool_run_from_a_clone_uses_the_clones_code(clone, tool, tmp_path):
+    """The tools imported the metaspmd installed editable, another checkout's, and wrote its
+    registry/ and generated/; its backends and codegen come through the install's finder."""
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1])\n"  # the tool's imports, not its main
+            "import metaspmd.backends.torch, metaspmd.cli, metaspmd.codegen.generator, metaspmd.generated\n"
+            "for m in (metaspmd.cli, metaspmd.backends.torch, metaspmd.codegen.generator, metaspmd.generated):\n"
+            "    print(m.__file__)\n"
+            "print(metaspmd.cli.REGISTRY)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(clone / "tools" / f"{tool}.py")], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(clone / p) for p in (
+        "metaspmd/cli.py", "backends/torch/__init__.py", "codegen/generator.py", "generated/__init__.py", "registry")]

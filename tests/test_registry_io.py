@@ -3,6 +3,8 @@
 import dataclasses
 import enum
 import os
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from metaspmd import cli, rule_diff
 from metaspmd.registry_io import (
-    RegistryError, dump_record, load_record, load_registry, loads_record, write_record,
+    RegistryError, dump_record, load_record, load_registry, loads_record, write_record, write_text_atomic,
 )
 from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from metaspmd.signature import signature, signature_error
@@ -171,6 +173,81 @@ def test_deep_nesting_is_an_error_at_its_line_not_a_crash(field, depth):
     text = MM.replace("  verified:", f"  {field}:\n  - " + "[" * depth + "]" * depth + "\n  verified:")
     with pytest.raises(RegistryError, match=r"^deep.yaml:14: values nest too deeply"):
         loads_record(text, "deep.yaml")
+
+
+def test_nesting_too_deep_for_libyaml_is_an_error_not_a_segfault():
+    """libyaml composes in C, recursively: 30,000 levels overflowed the C stack (exit 139)
+    before the reader's own check could run. Run in a child, which a crash would not take
+    the test run down with."""
+    code = (
+        "import sys\n"
+        "from metaspmd.registry_io import RegistryError, loads_record\n"
+        "text, n = sys.stdin.read(), 30000\n"
+        "for value in ('[' * n + ']' * n, '{a: ' * n + 'x' + '}' * n, '\\n  ' + '- ' * n + 'x'):\n"
+        "    try:\n"
+        "        loads_record(text.replace('status: ok\\nentries', 'status: ok\\nreason: ' + value + '\\nentries'), 'd.yaml')\n"
+        "    except RegistryError as e:\n"
+        "        print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], input=MM, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    deep = "values nest too deeply for a registry file (more than 1000 levels)"
+    assert done.stdout.splitlines() == [f"d.yaml:5: {deep}", f"d.yaml:5: {deep}", f"d.yaml:6: {deep}"]
+
+
+def test_a_big_shallow_file_passes_the_nesting_scan():
+    """Past 1000 indicators ([ { - : ?) the nesting is measured on the parser's events: a
+    long list of short values is not deep."""
+    notes = "".join(f"  - 'a-b: [c-d] {i}'\n" for i in range(400))
+    text = MM.replace("  verified:", "  notes:\n" + notes + "  verified:")
+    assert len(loads_record(text, "big.yaml").entries[0].notes) == 400
+
+
+@pytest.mark.parametrize("shard,message", [
+    ("[[S1, S1], [S2, S3]]", "input 0 uses one label on two dims"),
+    ("[[S1(scale=2), S2], [S2, S3]]", "S1 cuts dims in proportion but none plainly"),
+])
+def test_a_shard_table_the_model_refuses_names_file_and_line(shard, message):
+    """Each label parses, but the table as a whole is refused: a SpecError escaped the
+    loader with a traceback (codegen, coverage) or without file:line (diff)."""
+    with pytest.raises(RegistryError, match=rf"^mm.yaml:8: shard: {message}"):
+        loads_record(MM.replace("[[S1, S2], [S2, S3]]", shard), "mm.yaml")
+
+
+@pytest.mark.parametrize("schema", ["true", "1.0", "'1'"])
+def test_schema_must_be_the_integer_not_a_value_equal_to_it(schema):
+    with pytest.raises(RegistryError, match=rf"^mm.yaml:1: schema .* is not supported"):
+        loads_record(MM.replace("schema: 1", f"schema: {schema}"), "mm.yaml")
+
+
+@pytest.mark.parametrize("table,line", [
+    ("  partial: [[S4(sum), S4(max)], []]", "partial input 0 lists S4 twice"),
+    ("  offset: [[], [S1, S1(drop)]]", "offset input 1 lists S1 twice"),
+])
+def test_one_label_twice_on_one_input_is_refused(table, line):
+    """An input takes one placement per label: the table kept the first and dropped the other."""
+    text = MM.replace("  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}",
+                      table + "\n  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1), S4: reduce(sum)}")
+    with pytest.raises(RegistryError, match=rf"^mm.yaml:9: {line}"):
+        loads_record(text, "mm.yaml")
+
+
+def test_verified_on_no_shard_count_is_refused():
+    with pytest.raises(RegistryError, match=r"^mm.yaml:13: verified shard_counts must be a non-empty list"):
+        loads_record(MM.replace("shard_counts: [2, 3]", "shard_counts: []"), "mm.yaml")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_get_the_mode_of_a_plain_write(tmp_path, umask, mode):
+    """Not mkstemp's 0600: sweeps wrote rule files and timings a group could not read."""
+    old = os.umask(umask)
+    try:
+        path = write_record(tmp_path, loads_record(MM, "mm.yaml"))
+        write_text_atomic(tmp_path / "t.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "t.json").stat().st_mode) == mode
 
 
 def test_bad_utf8_names_file_and_line(tmp_path):

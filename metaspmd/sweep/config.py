@@ -63,11 +63,12 @@ def unwritable(path: Path, folder: bool) -> str:
     """Why ``path`` (a folder to write files in, or a file to write) cannot be written, or
     ''. Tried by creating and removing a temporary file in the nearest existing folder,
     which also catches read-only file systems and a root user's bypassed permission bits."""
+    from ..registry_io import path_problem
+
     path = Path(path)
-    if path.is_dir() and not folder:
-        return f"{path} is a folder"
-    if path.exists() and not path.is_dir() and folder:
-        return f"{path} is not a folder"
+    problem = path_problem(path, folder)
+    if problem:
+        return problem
     if path.exists() and not folder and not os.access(path, os.W_OK):
         return f"{path} is not writable"
     where = path if folder else path.parent

@@ -163,6 +163,9 @@ def _start(pool: WorkerPool, name: str) -> str:
 def _check_root(registry_io, config: SweepConfig) -> None:
     """An existing root must be a registry root: a backend folder (registry/torch) would get a
     second backend folder inside it, and --check would call every op added."""
+    problem = registry_io.path_problem(config.out_root, folder=True)  # a symlink loop, a file
+    if problem:
+        raise SweepError(f"--out {problem}")
     if config.out_root.exists():
         try:
             registry_io.check_registry_root(config.out_root)
@@ -178,7 +181,9 @@ def _check_writable(config: SweepConfig, folder: Path) -> None:
 
 
 def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> None:
-    """Fail before any work when an op name cannot be a registry file name."""
+    """Fail before any work when an op name cannot be a registry file name, or its file cannot
+    be read and replaced: a folder there would fail the rename only after the op's work (and
+    --check would call it added), a FIFO would block the read."""
     bad = []
     for op in ops:
         try:
@@ -187,6 +192,10 @@ def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> 
             bad.append(op)
     if bad:
         raise SweepError(f"{len(bad)} op name(s) not usable as registry file names: {', '.join(bad[:5])}")
+    problems = [p for p in (registry_io.path_problem(registry_io.record_path(root, backend, op), folder=False)
+                            for op in ops) if p]
+    if problems:
+        raise SweepError(f"{len(problems)} rule file path(s) not usable: {'; '.join(problems[:5])}")
 
 
 def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
@@ -194,9 +203,10 @@ def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
     path = registry_io.record_path(root, record.backend, record.op)
     if not path.is_file():
         return "added", ""
-    old, new = path.read_text(encoding="utf-8"), registry_io.dump_record(record)
-    if old == new:
+    new = registry_io.dump_record(record)
+    if registry_io.same_text(path, new):
         return "unchanged", ""
+    old = path.read_text(encoding="utf-8", errors="replace")  # a file that is not UTF-8 changes: shown as U+FFFD
     lines = difflib.unified_diff(old.splitlines(), new.splitlines(), f"registry/{path.name}", "sweep", lineterm="", n=1)
     return "changed", "\n".join(lines)
 

@@ -27,6 +27,13 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
+def describe_fatal(exc: BaseException) -> str:
+    """An error that stops the sweep (a backend that cannot load), for the user to act on:
+    whole, paths included. clean_reason is for the reasons records keep."""
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 def describe_exit(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         try:

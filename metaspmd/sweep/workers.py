@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import reproducible
 from ..rules import OpRecord
 from .config import SweepConfig, SweepError, backend_module, load_backend, resolve_callable
-from .failures import describe_exception, describe_exit, failed_record
+from .failures import describe_exception, describe_exit, describe_fatal, failed_record
 
 # Loading a backend (importing a framework, scanning its op database) and listing its ops
 # are not op work, so the per-op limit does not apply; this only stops a stuck start.
@@ -170,7 +170,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
             prepare()
         _freeze_loaded()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which aborts
-        conn.send(("fatal", describe_exception(exc)))
+        conn.send(("fatal", describe_fatal(exc)))
         return
     conn.send(("ready", name))
     first = True
