@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from metaspmd.registry_io import load_rules
+from metaspmd.rules import VERIFIED
 from metaspmd.table import Entry, entry_of
 
 from .model import CodegenError, check_op_name, shardy_rule
@@ -21,7 +22,6 @@ from .model import CodegenError, check_op_name, shardy_rule
 TEMPLATES = Path(__file__).parent / "templates"
 TARGETS = {"torch": "torch_rules.py", "jax": "jax_rules.py"}
 TITLES = {"torch": "PyTorch (ATen)", "jax": "JAX", "tvm": "TVM TE"}
-VERIFIED = ("ok", "derived")  # entry statuses whose strategies (possibly none) were verified
 SHARDY_NOTE = """, and, where
 the strategies fit one, ``shardy``: a Shardy factor rule for
 jax.experimental.custom_partitioning (the rule, its reduction and need-replication factors)"""
@@ -53,11 +53,6 @@ def _env() -> jinja2.Environment:
     )
 
 
-def emitted(entry) -> bool:
-    """Does the table hold this entry? Only verified ones: what a rule diff counts as present."""
-    return entry.status in VERIFIED
-
-
 def _table_entry(op: str, e, backend: str) -> Entry:
     if backend != "jax":
         return entry_of(e)
@@ -71,7 +66,7 @@ def render(records, backend: str) -> str:
     n_entries = 0
     for op in sorted(records):
         record = records[op]
-        sigs = [(e.signature, _table_entry(op, e, backend)) for e in record.entries if emitted(e)]
+        sigs = [(e.signature, _table_entry(op, e, backend)) for e in record.entries if e.status in VERIFIED]
         if sigs:
             n_entries += len(sigs)
             ops.append((check_op_name(op), sorted(sigs, key=lambda s: s[0])))

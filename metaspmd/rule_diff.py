@@ -4,7 +4,7 @@ Registries come from a folder (a registry root holding ``<backend>/*.yaml``) or 
 revision (its ``registry/`` tree). A rule is one strategy of one signature, identified by
 its input placements; it is shown in paper notation with its own label ``S1``.
 
-A rule counts as present only where codegen puts it in a table (``emitted``: an entry whose
+A rule counts as present only where codegen puts it in a table (``VERIFIED``: an entry whose
 status is ok or derived), so an entry turned failed loses its rules, though their text stays.
 
 Only files that differ are read: between two revisions, the files ``git diff --name-only``
@@ -19,10 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metaspmd.codegen.generator import emitted
-
 from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file
-from .rules import OpRecord, RuleEntry
+from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (
     CombineSpec, DimLabel, IndexOffset, N, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialInput, PartialSpec,
     ShardIn, ShardSpec, Strategy,
@@ -192,7 +190,8 @@ def _rules(record: OpRecord) -> dict[str, dict[tuple, tuple[str, tuple[OutputCom
 
 
 def _emitted(record: OpRecord) -> list[RuleEntry]:
-    return [e for e in record.entries if emitted(e)]
+    """The entries a table holds (codegen's test too)."""
+    return [e for e in record.entries if e.status in VERIFIED]
 
 
 def _strategies(e: RuleEntry | None) -> dict[tuple, tuple[Strategy, tuple[int, ...]]]:

@@ -26,6 +26,9 @@ ENTRY_STATUSES = ("ok", "derived", "replicate-only", "failed")
 # (control flow) whose rules are its body's ops' rules, composed where it is called (the
 # reason says how), so it has no entries of its own.
 OP_STATUSES = ENTRY_STATUSES + ("nondeterministic", "no-sample", "composite", "skipped")
+# Entry statuses whose strategies (possibly none) were verified: the entries a rule table
+# holds, and what a rule diff counts as present
+VERIFIED = ("ok", "derived")
 
 
 @dataclass(frozen=True)
