@@ -252,6 +252,7 @@ def test_mlp_on_a_2d_mesh_matches_single_device(cache):
     assert_collectives_follow_the_plan(par, x)
 
 
+@pytest.mark.slow  # ~20 s: explores a GPT block's ops live; the MLP and the smaller programs stay in the default run
 @needs_devices
 def test_gpt_block_matches_single_device(mesh, cache):
     params, x = gpt_params(), jax.random.normal(jax.random.key(1), (2, 8, 32), jnp.float32)
