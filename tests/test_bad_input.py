@@ -532,33 +532,3 @@ def test_parallelize_refuses_a_bare_value_as_example_inputs():
     with pytest.raises(TypeError, match=r"example_inputs must be a tuple .* got a numpy\.ndarray \(for one input "
                                         r"write \(x,\)\)"):
         parallelize(lambda x: x, object(), np.zeros((4, 4)))
-
-
-# --------------------------------------------------------------------------- benchmarks
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--mesh", "abc"], "expected a mesh shape such as 8 or 2x4, got 'abc'"),
-    (["--mesh", "2x0"], "got '2x0'"),
-    (["--budget", "0"], "--budget: expected a number: finite and > 0, got '0'"),
-    (["--budget", "nan"], "got 'nan'"),
-    (["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
-    (["--time-limit", "inf"], "got 'inf'"),
-])
-def test_planner_bench_usage_errors(capsys, args, message):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import planner_bench
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    with pytest.raises(SystemExit) as e:
-        planner_bench.main(args)
-    assert e.value.code == 2 and message in capsys.readouterr().err
-
-
-def test_a_benchmark_ends_quietly_on_a_closed_pipe():
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "planner_bench.py"), "--layers", "1",
-                             "--no-highs", "--beam-width", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()  # `| head -0`
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 141 and b"Traceback" not in err, err

@@ -1,7 +1,7 @@
 """Bad options to the benchmarks (benchmarks/*.py) and to the jax cross-check: an argparse
 error (exit 2) naming the option and value, before any framework starts or any work runs,
-and Ctrl-C ending a sweep benchmark quietly with 130. planner_bench's are in test_bad_input.py,
-explore_bench's in torch/test_explore_bench.py, the torch cross-check's in torch/test_crosscheck.py."""
+Ctrl-C ending a sweep benchmark quietly with 130, and a closed pipe with 141. explore_bench's
+are in torch/test_explore_bench.py, the torch cross-check's in torch/test_crosscheck.py."""
 
 from __future__ import annotations
 
@@ -66,6 +66,13 @@ def _module(name: str):
     ("expert_plans_bench", ["--budget", "nan"], "--budget: expected a number of bytes: finite and > 0, got 'nan'"),
     ("expert_plans_bench", ["--budget-fraction", "nan"], "--budget-fraction: expected a fraction: finite and > 0"),
     ("expert_plans_bench", ["--budget-fraction", "1.5"], "expected a fraction: > 0 and <= 1, got '1.5'"),
+    # the planner benchmark
+    ("planner_bench", ["--mesh", "abc"], "expected a mesh shape such as 8 or 2x4, got 'abc'"),
+    ("planner_bench", ["--mesh", "2x0"], "got '2x0'"),
+    ("planner_bench", ["--budget", "0"], "--budget: expected a number: finite and > 0, got '0'"),
+    ("planner_bench", ["--budget", "nan"], "got 'nan'"),
+    ("planner_bench", ["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
+    ("planner_bench", ["--time-limit", "inf"], "got 'inf'"),
     # the sweep benchmarks: '' is no pattern (not every op), counts are counts
     ("sweep_bench", ["--ops", ""], "--ops '' names no op pattern"),
     ("sweep_bench", ["--ops", ",", "--ops", " "], "--ops ',' ' ' names no op pattern"),
@@ -125,3 +132,11 @@ def test_jax_crosscheck_names_a_broken_rule_file_with_exit_2(tmp_path, damage):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"crosscheck: error: {path}:" in proc.stderr
     assert ("not valid UTF-8" if damage == "byte" else "unknown status 'bogus'") in proc.stderr
+
+
+def test_a_benchmark_ends_quietly_on_a_closed_pipe():
+    proc = subprocess.Popen([sys.executable, str(BENCHMARKS / "planner_bench.py"), "--layers", "1",
+                             "--no-highs", "--beam-width", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # `| head -0`
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err, err
