@@ -247,7 +247,7 @@ def best_of(f: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--ops", default="", help="comma-separated words: only calls whose name contains one")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs per call, least CPU time taken (default 3)")
     p.add_argument("--profile", default="", help="cProfile the metaspmd side of calls matching this word")

@@ -2,7 +2,7 @@
 """Plan and run a model on DTensor across processes (gloo on CPU), and check every rank's
 outputs, gradients and buffers against one device.
 
-    torchrun --standalone --nproc-per-node 4 examples/torchrun_parallelize.py --model convnet --budget 800000
+    torchrun --standalone --nproc-per-node 4 examples/torchrun_parallelize.py --model convnet --budget 500000
 
 Every rank captures the model and finds its rules; rank 0 alone plans and sends the plan
 to the others (a time-limited solve can end differently on each rank, and ranks running

@@ -273,13 +273,19 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.registry_io import RegistryError, path_problem, same_text, write_text_atomic
 
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all")
-    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all",
+                   help="all (default): every backend with a table; with --registry, those it holds")
+    p.add_argument("--registry", type=Path, help="registry root (default: the repository's registry/)")
     p.add_argument("--out", type=Path, default=ROOT / "generated",
                    help="output folder (default: the repository's generated/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
+    if args.registry is None:
+        args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
+    elif args.backend == "all":  # a registry of your own ops: the tables of the backends it holds
+        # (none: generate names the registry and what it holds)
+        backends = [b for b in backends if (args.registry / b).is_dir()] or backends
     # --check too: a file or a symlink loop as --out is a mistake, not a stale table (a
     # missing folder is stale); a folder at a table's path would fail its rename
     problems = [path_problem(args.out, folder=True)] + [path_problem(args.out / TARGETS[b], folder=False)

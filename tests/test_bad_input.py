@@ -123,10 +123,25 @@ def test_codegen_refuses_a_registry_that_is_not_one_and_keeps_the_table(tmp_path
 
 
 def test_codegen_writes_no_table_when_another_backend_fails(tmp_path, capsys):
-    write(tmp_path / "reg", "torch", "aten.mm.default")  # no jax/: the jax table fails
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    (tmp_path / "reg" / "jax").mkdir()
+    (tmp_path / "reg" / "jax" / "jax.add.yaml").write_text("schema: 1\nop: [\n")  # the jax table fails
     out = tmp_path / "gen"
     assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(out)]) == 2
-    assert "no jax/ folder" in capsys.readouterr().err and not out.exists()
+    assert "jax.add.yaml:" in capsys.readouterr().err and not out.exists()
+
+
+def test_codegen_of_a_registry_of_ones_own_makes_the_tables_it_has_rules_for(tmp_path, capsys):
+    """A sweep of one's own torch ops (``--kernels``) holds torch/ only: its table, not an
+    error about jax/; the repository's registry still needs every table's folder."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    out = tmp_path / "gen"
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["torch_rules.py"]
+    (tmp_path / "tvm" / "tvm").mkdir(parents=True)
+    (tmp_path / "tvm" / "tvm" / "tvm.dense.yaml").write_text("")
+    assert cli.codegen(["--registry", str(tmp_path / "tvm"), "--out", str(out)]) == 2
+    assert "no jax/ folder of rule files (backends there: tvm)" in capsys.readouterr().err
 
 
 def test_coverage_of_a_missing_registry_is_an_error(tmp_path, capsys):

@@ -149,8 +149,9 @@ SLOW_START_S = 5.0
 def _start(pool: WorkerPool, name: str) -> str:
     """``pool.start()``, saying once on stderr why nothing happens when it is slow."""
     timer = threading.Timer(SLOW_START_S, lambda: print(
-        f"sweep: backend {name!r} is still setting up in its worker (its first sweep on a machine builds "
-        "and caches its sample index, torch's OpInfo samples or JAX's traced programs: a minute or more)",
+        f"sweep: backend {name!r} is still setting up in its worker (loading the framework and its sample "
+        "index; the first sweep on a machine builds that index, torch's OpInfo samples or JAX's traced "
+        "programs: a minute or more)",
         file=sys.stderr, flush=True))
     timer.daemon = True
     timer.start()

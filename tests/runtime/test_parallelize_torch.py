@@ -149,13 +149,15 @@ def test_batch_normalized_convnet_matches_single_device_and_keeps_its_running_st
     reference = copy.deepcopy(model)
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))
-        p = parallelize(model, mesh, (x,), cache=cache, memory_budget=800_000)
+        p = parallelize(model, mesh, (x,), cache=cache, memory_budget=500_000)
         out, grads = p(x)
     ref = reference(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(reference.parameters()))):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
-    assert p.plan.memory <= 800_000 and any(n.strategy.label != "R" for n in p.plan.nodes)
+    assert p.plan.memory <= 500_000  # replicated, the plan needs 623 kB: the budget binds
+    assert any(n.op == "aten.convolution.default" and p.plan.strategy(n.name).label != "R"
+               for n in p.captured.ir.op_list), p.explain()
     assert p.captured.buffer_names == ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
     assert p.captured.updated_buffers == (p.captured.buffer_names if mode == "train" else ())
     for (name, b), (_, r) in zip(model.named_buffers(), reference.named_buffers()):
