@@ -511,7 +511,7 @@ COMMANDS: dict[str, tuple[Callable[..., int], str]] = {
     "sweep": (sweep, "explore a backend's ops and write (or --check) their rule files in registry/"),
     "codegen": (codegen, "write (or --check) the static rule tables in generated/ from the registry"),
     "diff": (diff, "markdown summary of rule changes between two git revisions or registry folders"),
-    "coverage": (coverage, "share of torch overloads (all, OpInfo-reached, core) with verified rules"),
+    "coverage": (coverage, "share of torch overloads (all, OpInfo-reached, core, dense CPU) with verified rules"),
     "crosscheck": (crosscheck, "compare our rules with DTensor's (torch) or Shardy's (jax) own rules"),
 }
 

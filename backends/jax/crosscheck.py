@@ -527,7 +527,8 @@ def device_count(text: str) -> int:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
-    p.add_argument("--registry", type=Path, help="registry root to read our rules from (default: explore live)")
+    p.add_argument("--registry", type=Path, help="registry root to read our rules from (metaspmd crosscheck and tools/crosscheck.py "
+                        "pass the repository's registry/; run as this module alone: explored live)")
     p.add_argument("--devices", type=device_count, default=8,
                    help=f"CPU devices for the jit runs, 2 to {MAX_DEVICES} (default 8; 0: no jit runs)")
     p.add_argument("--no-reverify", action="store_true", help="skip re-verifying our strategies")

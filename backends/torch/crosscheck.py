@@ -846,7 +846,7 @@ def _not_a_folder(path: Path) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="crosscheck.py --backend torch",
+    p = argparse.ArgumentParser(prog="crosscheck --backend torch",
                                 description="Compare the torch registry with DTensor's own sharding rules.")
     p.add_argument("--ops", action="append", default=[], metavar="GLOB",
                    help="only ops matching these globs (comma-separated or repeated); those without a registry "

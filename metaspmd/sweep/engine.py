@@ -208,7 +208,7 @@ def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
     if registry_io.same_text(path, new):
         return "unchanged", ""
     old = path.read_text(encoding="utf-8", errors="replace")  # a file that is not UTF-8 changes: shown as U+FFFD
-    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), f"registry/{path.name}", "sweep", lineterm="", n=1)
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), str(path), "sweep", lineterm="", n=1)
     return "changed", "\n".join(lines)
 
 
