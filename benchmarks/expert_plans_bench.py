@@ -61,6 +61,7 @@ from metaspmd import planner
 from metaspmd.cache import RuleCache
 from metaspmd.cli import pipe_safe, positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible
+from metaspmd.registry_io import path_problem
 from metaspmd.resolve import resolve
 from metaspmd.runtime import runtime_for
 
@@ -752,12 +753,9 @@ def main(argv=None) -> int:
         ap.error(f"--variant-hidden {args.variant_hidden} is not a multiple of --variant-heads "
                  f"{' '.join(map(str, uneven))}")
     # a file (or a folder under one) would cost one warning per cache entry
-    where = args.cache
-    while where is not None and not where.exists() and where != where.parent:
-        where = where.parent
-    if where is not None and where.exists() and not where.is_dir():
-        ap.error(f"--cache {args.cache} is not a folder" if where == args.cache
-                 else f"--cache {args.cache}: {where} is not a folder")
+    problem = args.cache is not None and path_problem(args.cache, folder=True)
+    if problem:
+        ap.error(f"--cache {problem}")
     args.mesh_shape = (4,) if args.mesh == "4" else (2, 2)
     args.links = None
     if args.dp_link:

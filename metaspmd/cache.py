@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from . import rules
-from .registry_io import RegistryError, dump_record, loads_record, read_file, record_path, write_text_atomic
+from .registry_io import (
+    RegistryError, dump_record, loads_record, path_problem, read_file, record_path, write_text_atomic,
+)
 from .rules import OpRecord, RuleEntry, make_record
 
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
@@ -120,9 +122,9 @@ class RuleCache:
         except FileNotFoundError:
             return None
         except RegistryError as e:  # its message names the file and line
-            blocker = _not_a_folder(path.parent)
-            if blocker is not None:  # no entry can be there: one warning for the folder, not one per entry
-                self._memory_only(NotADirectoryError(f"{blocker} is a file, not a folder"))
+            blocker = path_problem(path.parent, folder=True)
+            if blocker:  # no entry can be there: one warning for the folder, not one per entry
+                self._memory_only(NotADirectoryError(blocker))
                 return None
             warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {e}",
                           RuleCacheWarning, stacklevel=2)
@@ -160,14 +162,6 @@ class RuleCache:
             self.persist = False
             warnings.warn(f"rule cache: cannot use {self.root} ({error}); keeping explored rules in memory "
                           "for this process only", RuleCacheWarning, stacklevel=3)
-
-
-def _not_a_folder(folder: Path) -> Path | None:
-    """The path in ``folder``'s place or above it that exists and is no folder, if any."""
-    for p in (folder, *folder.parents):
-        if p.exists():
-            return None if p.is_dir() else p
-    return None
 
 
 __all__ = ["RuleCache", "RuleCacheWarning", "default_cache_dir", "framework_version", "register_framework_version"]

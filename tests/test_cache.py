@@ -149,7 +149,7 @@ def test_an_unusable_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_pat
         assert fresh.get("torch", RELU, "self:f[*]") is None and fresh.get("torch", RELU, "self:f[*,*]") is None
         assert fresh.get("torch", "aten.gelu.default", "self:f[*]") is None
     assert [w.category for w in caught] == [RuleCacheWarning], [str(w.message) for w in caught]
-    assert f"{root} is a file, not a folder" in str(caught[0].message)
+    assert f"{root} is not a folder" in str(caught[0].message)
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes to a read-only folder")

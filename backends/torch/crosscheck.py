@@ -48,7 +48,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.cli import positive_int, seconds
-from metaspmd.registry_io import RegistryError, load_registry
+from metaspmd.registry_io import RegistryError, load_registry, path_problem
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
@@ -834,17 +834,6 @@ def mesh_size(text: str) -> int:
     return value
 
 
-def _not_a_folder(path: Path) -> str:
-    """Why ``path`` cannot be a folder (it, or the nearest part of it that exists, is a
-    file), or ''. A cache folder only read is fine: one that cannot be written costs time."""
-    where = path
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    if where.exists() and not where.is_dir():
-        return f"{path} is not a folder" if where == path else f"{path}: {where} is not a folder"
-    return ""
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="crosscheck --backend torch",
                                 description="Compare the torch registry with DTensor's own sharding rules.")
@@ -888,8 +877,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:  # checked before the work, not after it
         print(f"crosscheck: error: --json {problem}", file=sys.stderr)
         return 2
-    problem = args.cache_dir is not None and not args.no_cache and _not_a_folder(args.cache_dir)
-    if problem:  # the cache would be silently skipped
+    # a cache folder that cannot be written only costs time; one that cannot be a folder is skipped unsaid
+    problem = args.cache_dir is not None and not args.no_cache and path_problem(args.cache_dir, folder=True)
+    if problem:
         print(f"crosscheck: error: --cache-dir {problem}", file=sys.stderr)
         return 2
     partials = tuple(p.strip() for p in args.partials.split(",") if p.strip())

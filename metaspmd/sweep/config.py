@@ -73,9 +73,7 @@ def unwritable(path: Path, folder: bool) -> str:
         return f"{path} is not writable"
     where = path if folder else path.parent
     while not where.exists():  # it would be created: its nearest existing parent must be writable
-        where = where.parent
-    if not where.is_dir():
-        return f"{path}: {where} is not a folder"
+        where = where.parent  # a folder: path_problem refused a file on the way
     try:
         fd, tmp = tempfile.mkstemp(prefix=".metaspmd-write-test.", dir=where)
     except OSError as e:
