@@ -79,6 +79,25 @@ def is_valid(p: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...],
     return True
 
 
+def why_invalid(p: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...], strict: bool = True) -> str:
+    """Why ``is_valid`` refuses ``p`` for a tensor of ``shape``, in words; "" where it does not."""
+    if is_valid(p, shape, mesh_shape, strict):
+        return ""
+    if len(p) != len(mesh_shape):
+        return f"{len(p)} placements for a mesh of {len(mesh_shape)} axes"
+    if len({x.op for x in p if isinstance(x, Partial)}) > 1:
+        return "Partial placements with different reduce ops, which do not commute"
+    for x in p:
+        if isinstance(x, Shard) and x.dim >= len(shape):
+            return f"{x} names dim {x.dim}, but the tensor has {len(shape)} dims"
+    for d, size in enumerate(shape):
+        k = shard_factor(p, mesh_shape, d)
+        if k > 1 and (size % k if strict else size < k):
+            return (f"dim {d} of size {size} does not split evenly in {k}" if strict
+                    else f"dim {d} of size {size} is shorter than its {k} shards")
+    return "not a placement of this tensor"  # unreachable while the checks mirror is_valid's
+
+
 def local_shape(p: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The largest per-device shard shape (uneven splits round up)."""
     return tuple(-(-size // shard_factor(p, mesh_shape, d)) for d, size in enumerate(shape))
@@ -86,5 +105,5 @@ def local_shape(p: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ..
 
 __all__ = [
     "Partial", "Placement", "Placements", "REPLICATE", "Replicate", "Shard", "is_valid", "local_shape",
-    "placements_str", "replicated", "shard_factor",
+    "placements_str", "replicated", "shard_factor", "why_invalid",
 ]

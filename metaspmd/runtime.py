@@ -19,6 +19,8 @@ import os
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from . import planner
+from .placement import placements_str
+from .planner.problem import constraint_problem
 from .cache import RuleCache
 from .ir import MetaIR, MetaOp
 from .isolation import Isolation
@@ -218,18 +220,28 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
 
 
 def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, Any],
-                      placements: Callable[[Any], planner.Placements]) -> dict[str, planner.Placements]:
+                      placements: Callable[[Any], planner.Placements],
+                      mesh_shape: tuple[int, ...]) -> dict[str, planner.Placements]:
     """``given`` keyed by graph var: each key a runtime's user-facing name (``names``) or a
     graph var itself, each value made metaspmd's placements (one per mesh axis) by
-    ``placements``. A key that names nothing is refused with the names there are."""
-    tensors = {v.name for v in ir.input_list} | {v.name for op in ir.op_list for v in op.outputs}
+    ``placements``. A key that names nothing is refused with the names there are, and
+    placements that cannot place the value on a mesh of ``mesh_shape`` (an uneven cut, a
+    Partial input) with the reason, both naming the key (the planner would name the var)."""
+    every = [*ir.input_list, *(v for op in ir.op_list for v in op.outputs)]
+    shapes = {v.name: v.shape for v in every if v.is_tensor}
+    inputs = {v.name for v in ir.input_list}
     out = {}
     for key, value in given.items():
-        var = names.get(key, key if key in tensors else None)
+        var = names.get(key, key if any(v.name == key for v in every) else None)
         if var is None:
             known = ", ".join(repr(k) for k in names)
             raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
-        out[var] = tuple(placements(value))
+        p = tuple(placements(value))
+        why = constraint_problem(p, shapes[var], tuple(mesh_shape), var in inputs) if var in shapes else ""
+        if why:
+            raise ValueError(f"constraint on {key!r}: [{placements_str(p)}] cannot place its shape {shapes[var]} "
+                             f"on a mesh of shape {tuple(mesh_shape)}: {why}")
+        out[var] = p
     return out
 
 

@@ -315,7 +315,7 @@ class JaxRuntime:
         names = {n: n for n in captured.input_names}
         checked = {key: constraint_placements(self.mesh, key, value, getattr(captured.avals.get(key), "ndim", None))
                    for key, value in given.items()}
-        pinned.update(named_constraints(names, captured.ir, checked, tuple))
+        pinned.update(named_constraints(names, captured.ir, checked, tuple, tuple(self.mesh.shape.values())))
         return pinned
 
     def one_plan(self, solve):

@@ -58,6 +58,7 @@ class Captured:
     inputs: tuple[TracedInput, ...] = ()  # the example inputs' leaves, as the trace took them
     input_structure: Any = None  # their pytree structure
     trainable: tuple[int, ...] = ()  # the parameters (by index) whose gradients are the outputs after n_outputs
+    modes: tuple[tuple[str, bool], ...] = ()  # each submodule's name and ``training`` flag, as traced
 
     @functools.cached_property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -301,7 +302,25 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     n_outputs = 1 if backward else len(ir.output_list) - len(written)
     updated = tuple(buffer_names[i] for i in written)
     return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated,
-                    traced, structure, trainable)
+                    traced, structure, trainable, training_modes(module))
+
+
+def training_modes(module: torch.nn.Module) -> tuple[tuple[str, bool], ...]:
+    """Each submodule's name (the module itself as its class) and ``training`` flag."""
+    return tuple((name or type(module).__qualname__, m.training) for name, m in module.named_modules())
+
+
+def refuse_other_modes(captured: Captured, module: torch.nn.Module) -> None:
+    """Refuse a call after ``model.train()`` or ``model.eval()`` changed a mode the trace
+    took: the graph holds train mode's batch statistics and dropout, or eval mode's
+    running statistics, whichever was traced."""
+    now = dict(training_modes(module))
+    for name, traced in captured.modes:
+        if now.get(name, traced) != traced:
+            mode = {True: "training", False: "eval"}
+            raise ValueError(f"module {name!r} is in {mode[now[name]]} mode, but the plan was traced in "
+                             f"{mode[traced]} mode: parallelize again after model.train() or model.eval() "
+                             "(one parallelized model per mode)")
 
 
 def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:

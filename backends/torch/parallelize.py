@@ -24,6 +24,11 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor keeps it private
 from torch.utils._python_dispatch import _disable_current_modes
 
+try:
+    from torch.distributed._local_tensor import LocalTensor
+except ImportError:  # a torch without it
+    LocalTensor = None
+
 from metaspmd import placement as mp
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
@@ -31,9 +36,10 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from .capture import Captured, capture, refuse_other_inputs
+from .capture import Captured, capture, refuse_other_inputs, refuse_other_modes
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_rules import refuted
+from .random_ops import draws_nothing, is_fill
 from .rules_at_runtime import live_exploration, node_call
 from .shared_plan import one_plan
 from .tensor_ops import TorchOps
@@ -55,6 +61,7 @@ class Parallelized:
     mesh: DeviceMesh
     params: tuple[torch.Tensor, ...]
     buffers: dict[str, torch.Tensor]  # the module's own buffers, by name
+    module: torch.nn.Module | None = None  # the module planned (None: a function)
     # node -> runs on DTensor's own rule: the placements are the plan's, so one answer per node
     on_dtensor: dict[str, bool] = field(default_factory=dict, repr=False)
 
@@ -62,6 +69,8 @@ class Parallelized:
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
         Buffers the model writes (running statistics) are written back into the module."""
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
+        if self.module is not None:
+            refuse_other_modes(self.captured, self.module)
         flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
         outs = _PlannedRun(self).run(*flat)
         if self.captured.updated_buffers:
@@ -79,7 +88,14 @@ class Parallelized:
 
 
 def _tree_full(tree: Any) -> Any:
-    return torch.utils._pytree.tree_map(lambda x: x.full_tensor() if isinstance(x, DTensor) else x, tree)
+    return torch.utils._pytree.tree_map(lambda x: _plain(x.full_tensor()) if isinstance(x, DTensor) else x, tree)
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """A full tensor as one tensor: under ``LocalTensorMode`` it is a LocalTensor holding a
+    copy per simulated rank, and a caller's update with it outside the mode (``w -= lr * g``)
+    would apply once per rank."""
+    return x.reconcile() if LocalTensor is not None and isinstance(x, LocalTensor) else x
 
 
 class _PlannedRun(torch.fx.Interpreter):
@@ -94,7 +110,10 @@ class _PlannedRun(torch.fx.Interpreter):
         self.placeholder_index += 1
         if not isinstance(value, torch.Tensor):
             return value
-        return distribute_tensor(value.detach(), self.p.mesh, to_dtensor_placements(self.p.plan.placement(name)))
+        # contiguous, as the example was traced: the graph's views need the strides they
+        # were traced with (a permuted input reshaped is a copy in eager, a view in the graph)
+        return distribute_tensor(value.detach().contiguous(), self.p.mesh,
+                                 to_dtensor_placements(self.p.plan.placement(name)))
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current = n
@@ -118,6 +137,8 @@ class _PlannedRun(torch.fx.Interpreter):
         if target in _VIEWS_OF_STRIDES:
             args = (_contiguous_shard(args[0]), *args[1:])
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
+        if _draws(target, args, kwargs) and any(isinstance(p, Shard) for ps in out_placements for p in ps):
+            return _drawn_whole(target, args, kwargs, out_placements, mesh)
         name = self.current.name
         if name not in self.p.on_dtensor:
             # a refuted DTensor rule (dtensor_rules.REFUTED) never runs a node: its verified rule does
@@ -144,7 +165,38 @@ def _contiguous_shard(x: Any) -> Any:
     if local.is_contiguous():
         return x
     return DTensor.from_local(local.contiguous(), x.device_mesh, x.placements, run_check=False,
-                              shape=x.shape, stride=x.stride())
+                              shape=x.shape, stride=_contiguous_strides(x.shape))
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _draws(target, args, kwargs) -> bool:
+    """Does this call of an op draw random values?"""
+    return torch.Tag.nondeterministic_seeded in target.tags and not draws_nothing(target, args, kwargs)
+
+
+def _drawn_whole(target, args, kwargs, placements, mesh: DeviceMesh):
+    """A random op whose plan cuts an output, run on whole tensors on every rank, each rank
+    keeping its shard of the outputs. Each rank drawing its own shard would draw the same
+    values on every shard (ranks seed alike, and the CPU generator has no per-shard offsets,
+    as DTensor's CUDA RNG tracker has): a dropout mask repeating across shards. Drawn whole,
+    it is the mask one device draws. A fill reads only its input's shape; other random ops
+    (``native_dropout``) gather their inputs."""
+    def whole(x):
+        if not isinstance(x, DTensor):
+            return x
+        return torch.empty(x.shape, dtype=x.dtype) if is_fill(target) else x.full_tensor()
+
+    out = target(*torch.utils._pytree.tree_map(whole, args), **torch.utils._pytree.tree_map(whole, kwargs))
+    it = iter(placements)
+    return torch.utils._pytree.tree_map(
+        lambda x: distribute_tensor(x, mesh, next(it), src_data_rank=None) if isinstance(x, torch.Tensor) else x, out)
 
 
 def _dtensor_agrees(target, args, kwargs, out_placements: list[tuple]) -> bool:
@@ -341,7 +393,7 @@ class TorchRuntime:
             shape = shapes.get(names.get(key, key))
             # a key that names nothing keeps its value: named_constraints refuses it, listing the names
             placed[key] = value if shape is None else _constraint_placements(key, value, shape, self.mesh.ndim)
-        return named_constraints(names, captured.ir, placed, tuple)
+        return named_constraints(names, captured.ir, placed, tuple, tuple(self.mesh.shape))
 
     def plan_options(self, captured: Captured) -> dict:
         return {}
@@ -353,7 +405,8 @@ class TorchRuntime:
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
         module = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
         params = tuple(p.detach() for p in module.parameters())
-        return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()))
+        return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()),
+                            fn if isinstance(fn, torch.nn.Module) else None)
 
 
 RUNTIME = TorchRuntime

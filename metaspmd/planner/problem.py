@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import spec
 from ..ir import MetaIR, MetaOp, MetaVar
-from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str
+from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str, why_invalid
 from ..target import DTENSOR_PLAN, Target, cuts_line_up
 from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
 from .cost import CostModel
@@ -219,6 +219,15 @@ def _order(ir: MetaIR) -> list[tuple[str, object]]:
     return order
 
 
+def constraint_problem(p: Placements, shape: tuple[int, ...], mesh_shape: tuple[int, ...], is_input: bool,
+                       strict: bool = True) -> str:
+    """Why a constraint cannot place a tensor, in words ("" where it can): it must place the
+    tensor validly, and a graph input arrives whole or cut, never as Partial summands."""
+    if is_input and any(isinstance(x, Partial) for x in p):
+        return "a parameter, buffer or input arrives whole or cut, never as Partial summands"
+    return why_invalid(p, shape, mesh_shape, strict)
+
+
 def _checked_constraints(ir: MetaIR, constraints: Mapping[str, Placements], mesh: Mesh,
                          strict: bool) -> dict[str, Placements]:
     """The constraints, each naming a tensor of the graph and placing it validly on the mesh."""
@@ -230,10 +239,10 @@ def _checked_constraints(ir: MetaIR, constraints: Mapping[str, Placements], mesh
         if v is None:
             raise PlannerError(f"constraint on {name!r}: the graph has no tensor of that name")
         p = tuple(p)
-        if not is_valid(p, v.shape, mesh.shape, strict) or (v.name in {u.name for u in ir.input_list}
-                                                            and any(isinstance(x, Partial) for x in p)):
+        why = constraint_problem(p, v.shape, mesh.shape, v.name in {u.name for u in ir.input_list}, strict)
+        if why:
             raise PlannerError(f"constraint on {name!r}: [{placements_str(p)}] cannot place shape {v.shape} "
-                               f"on mesh {mesh.shape}")
+                               f"on mesh {mesh.shape}: {why}")
         out[name] = p
     return out
 

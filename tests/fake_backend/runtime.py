@@ -116,7 +116,7 @@ class NumpyRuntime:
 
     def constraints(self, captured: Captured, given):
         return runtime.named_constraints({i: v.name for i, v in enumerate(captured.ir.input_list)}, captured.ir,
-                                         given, tuple)
+                                         given, tuple, (self.mesh.n,))
 
     def plan_options(self, captured: Captured) -> dict:
         return {}

@@ -1,0 +1,125 @@
+"""Calling a model parallelize() planned on DTensor (fake process group + LocalTensorMode,
+mesh of 4) as a training loop does: inputs laid out otherwise, train and eval modes,
+dropout, an optimizer step with the returned gradients, constraints that cannot hold."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.distributed._local_tensor import LocalTensorMode  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.tensor import Partial, Shard  # noqa: E402
+
+from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
+from metaspmd.cache import RuleCache  # noqa: E402
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def fake_world(fake_world_of):
+    fake_world_of(WORLD)
+    yield
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return RuleCache(tmp_path_factory.mktemp("rules"))
+
+
+def planned(model, x, cache, **kw):
+    with LocalTensorMode(frozenset(range(WORLD))):
+        return parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache, **kw)
+
+
+def call(p, *inputs):
+    with LocalTensorMode(frozenset(range(WORLD))):
+        return p(*inputs)
+
+
+class Flattened(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x.reshape(-1, 16))
+
+
+def test_a_permuted_input_runs_as_a_contiguous_one(fake_world, cache):
+    """The graph's reshape is a view, traced on a contiguous example: a permuted input of
+    the same shape is a copy in eager, and must not reach the view with its own strides."""
+    torch.manual_seed(0)
+    model = Flattened()
+    p = planned(model, torch.randn(2, 8, 16), cache)
+    permuted = torch.randn(16, 8, 2).permute(2, 1, 0)
+    assert not permuted.is_contiguous()
+    out, grads = call(p, permuted)
+    torch.testing.assert_close(out, model(permuted))
+    ref = torch.autograd.grad(model(permuted).sum(), list(model.parameters()))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r)
+
+
+def test_outputs_and_gradients_are_plain_tensors(fake_world, cache):
+    """Under LocalTensorMode a full tensor holds a copy per simulated rank: an SGD step with
+    it outside the mode would apply once per rank."""
+    torch.manual_seed(0)
+    model, x = nn.Linear(16, 16), torch.randn(8, 16)
+    p = planned(model, x, cache)
+    out, (gw, gb) = call(p, x)
+    assert type(out) is torch.Tensor and type(gw) is torch.Tensor and type(gb) is torch.Tensor
+    ref = torch.autograd.grad(model(x).sum(), model.weight)[0]
+    expected = model.weight.detach() - 0.1 * ref
+    with torch.no_grad():
+        model.weight -= 0.1 * gw
+    torch.testing.assert_close(model.weight.detach(), expected)
+
+
+def test_another_training_mode_is_refused_by_module_name(fake_world, cache):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4)).train()
+    x = torch.randn(8, 16)
+    p = planned(model, x, cache)
+    model.eval()
+    before = model[1].running_mean.clone()
+    with pytest.raises(ValueError, match=r"module 'Sequential' is in eval mode, but the plan was traced in training"):
+        call(p, x)
+    assert torch.equal(model[1].running_mean, before)  # nothing ran
+    model.train()
+    model[0].eval()  # one submodule: named
+    with pytest.raises(ValueError, match=r"module '0' is in eval mode"):
+        call(p, x)
+    model[0].train()
+    call(p, x)
+
+
+def test_dropout_draws_the_mask_one_device_draws(fake_world, cache):
+    """A dropout mask cut by columns is drawn whole on every rank, each keeping its shard:
+    the mask one device draws from the same generator state, not one shard's mask
+    repeated on every shard."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)).train(), torch.randn(8, 16)
+    p = planned(model, x, cache)
+    draws = [n for n in p.plan.nodes if "bernoulli" in n.name]
+    assert draws, "dropout traces to a bernoulli fill"
+    assert any("S(" in str(n.strategy) for n in draws), "the plan cuts the draw"
+    torch.manual_seed(5)
+    out, _ = call(p, x)
+    torch.manual_seed(5)
+    ref = model(x)
+    torch.testing.assert_close(out, ref.detach())
+    kept = out != 0
+    assert not all(torch.equal(row[:4], row[4:8]) and torch.equal(row[:4], row[8:12]) for row in kept)
+
+
+@pytest.mark.parametrize("constraints, message", [
+    ({0: (Shard(1),)}, r"constraint on 0: \[S\(1\)\] cannot place its shape \(4, 3, 8, 8\) .*: dim 1 of size 3 "
+                       r"does not split evenly in 4"),
+    ({"2.weight": (Shard(0),)}, r"constraint on '2.weight': .*dim 0 of size 10 does not split evenly in 4"),
+    ({"0.weight": (Partial(),)}, r"constraint on '0.weight': .*never as Partial summands"),
+])
+def test_a_constraint_that_cannot_hold_is_refused_by_its_key(fake_world, cache, constraints, message):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    with pytest.raises(ValueError, match=message):
+        planned(model, torch.randn(4, 3, 8, 8), cache, constraints=constraints)
