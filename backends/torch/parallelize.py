@@ -25,9 +25,9 @@ from torch.distributed.tensor._ops._embedding_ops import _MaskPartial  # DTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 try:
-    from torch.distributed._local_tensor import LocalTensor
+    from torch.distributed._local_tensor import LocalTensor, local_tensor_mode
 except ImportError:  # a torch without it
-    LocalTensor = None
+    LocalTensor = local_tensor_mode = None
 
 from metaspmd import placement as mp
 from metaspmd import planner, runtime
@@ -69,6 +69,7 @@ class Parallelized:
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
         Buffers the model writes (running statistics) are written back into the module."""
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
+        _refuse_fake_collectives()
         if self.module is not None:
             refuse_other_modes(self.captured, self.module)
         flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
@@ -85,6 +86,18 @@ class Parallelized:
 
     def explain(self) -> str:
         return self.plan.table() if hasattr(self.plan, "table") else str(self.plan)
+
+
+def _refuse_fake_collectives() -> None:
+    """The fake process group's collectives move no data: outside ``LocalTensorMode``,
+    which simulates the ranks in one process, a plan that communicates gives wrong values."""
+    import torch.distributed as dist
+
+    if (dist.is_initialized() and dist.get_backend() == "fake" and dist.get_world_size() > 1
+            and (local_tensor_mode is None or local_tensor_mode() is None)):
+        raise RuntimeError("the process group is torch's fake one, whose collectives move no data: call the "
+                           "parallelized model inside LocalTensorMode (torch.distributed._local_tensor), or run "
+                           "one process per rank (torchrun, gloo or nccl)")
 
 
 def _tree_full(tree: Any) -> Any:

@@ -113,6 +113,16 @@ def test_dropout_draws_the_mask_one_device_draws(fake_world, cache):
     assert not all(torch.equal(row[:4], row[4:8]) and torch.equal(row[:4], row[8:12]) for row in kept)
 
 
+def test_a_call_outside_local_tensor_mode_on_the_fake_world_is_refused(fake_world, cache):
+    """The fake process group's collectives move no data: outside LocalTensorMode a plan
+    that communicates would give wrong values silently."""
+    model, x = nn.Linear(16, 16), torch.randn(8, 16)
+    p = planned(model, x, cache)
+    with pytest.raises(RuntimeError, match="fake one, whose collectives move no data: call the parallelized model "
+                                           "inside LocalTensorMode"):
+        p(x)
+
+
 @pytest.mark.parametrize("constraints, message", [
     ({0: (Shard(1),)}, r"constraint on 0: \[S\(1\)\] cannot place its shape \(4, 3, 8, 8\) .*: dim 1 of size 3 "
                        r"does not split evenly in 4"),
