@@ -479,12 +479,15 @@ _CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversion
 def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
     """``jax.make_jaxpr`` of ``traced`` with its shapes; an error that a static argument
     explains re-raised with what to do (parallelize traces every argument as an array)."""
+    def needs_concrete(err: Exception) -> TypeError:
+        return TypeError(f"{_name(fn)} needs a concrete value where it got a traced one. parallelize traces every "
+                         "example input and parameter as an array: fix an argument used as a Python value (a "
+                         f"size, a count, a flag) beforehand, functools.partial(fn, n=4)\n{err}")
+
     try:
         return jax.make_jaxpr(traced, return_shape=True)(*args)
     except _CONCRETE as err:
-        raise TypeError(f"{_name(fn)} needs a concrete value where it got a traced one. parallelize traces every "
-                        "example input and parameter as an array: fix an argument used as a Python value (a "
-                        f"size, a count, a flag) beforehand, functools.partial(fn, n=4)\n{err}") from err
+        raise needs_concrete(err) from err
     except ValueError as err:
         if "Non-hashable static arguments" not in str(err):
             raise
@@ -492,6 +495,8 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
                         "parallelize traces every example input as an array: fix the static ones beforehand, "
                         f"functools.partial(fn, n=4), and pass the others as example_inputs\n{err}") from err
     except TypeError as err:
+        if "must be 1D sequences of concrete values" in str(err):  # a traced number as a shape
+            raise needs_concrete(err) from err
         if "carry input and carry output must have equal types" not in str(err):
             raise
         raise ControlFlowError(

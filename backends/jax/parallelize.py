@@ -26,6 +26,7 @@ from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
+from metaspmd.spec import Reduce, Strategy
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
@@ -221,10 +222,15 @@ class Parallelized:
         leaves, tree = jax.tree.flatten(args)
         if tree != self.captured.in_tree:
             raise ValueError(f"inputs do not match the captured structure: {tree} vs {self.captured.in_tree}")
-        # The plan (and the program) hold for the captured shapes only.
+        # The plan (and the program) hold for the captured shapes and dtypes only: jit would
+        # trace the replay again for others, which fails deep in it or runs a plan made for
+        # other arithmetic (bf16 through a float32 plan).
         for x, v in zip(leaves, self.captured.ir.input_list):
             if v.is_tensor and tuple(jnp.shape(x)) != v.shape:
                 raise ValueError(f"{v.name}: shape {tuple(jnp.shape(x))}, but the plan is for {v.shape}")
+            if v.is_tensor and str(jnp.result_type(x)) != v.dtype:
+                raise TypeError(f"{v.name}: dtype {jnp.result_type(x)}, but the plan is for {v.dtype}: "
+                                "parallelize again for this dtype, or cast the input")
         flat = leaves + [v for _, v in self.captured.consts]
         return [jax.device_put(x, s) for x, s in zip(flat, self.in_shardings)]
 
@@ -249,6 +255,19 @@ class Parallelized:
     def explain(self) -> str:
         loops = "".join(f"\n  {line}" for line in self.captured.loops)
         return f"{self.plan.table()}\n\nrules: {self.stats}" + (f"\nloops:{loops}" if loops else "")
+
+
+def _sums_wrongly_on_meshes_of_axes(e) -> bool:
+    """Does XLA (jax 0.10.2, Shardy and GSPMD alike) sum this op's Partial output over
+    every device of a mesh of several axes, rather than over the axis that cut it? A
+    convolution with ``batch_group_count`` > 1 (a grouped convolution's weight gradient)
+    cut along its batch or spatial dims on one axis of a 2x2 mesh comes back 2x, on a 2x4
+    4x; cut on every axis, or along its channels, it is exact, as is a 1-D mesh."""
+    return e.prim.name == "conv_general_dilated" and e.params.get("batch_group_count", 1) > 1
+
+
+def _summed_output(s: Strategy) -> bool:
+    return any(isinstance(c, Reduce) for o in s.outputs for c in o.options)
 
 
 @dataclass
@@ -291,7 +310,12 @@ class JaxRuntime:
         return RuleTable(self.table) if self.table is not None else None
 
     def strategies(self, captured: Captured, found):
-        return {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
+        kept = {name: without_literals(s, captured.eqn(name).literal_positions) for name, s in found.items()}
+        if sum(size > 1 for size in self.mesh.shape.values()) > 1:
+            for name, strategies in kept.items():
+                if _sums_wrongly_on_meshes_of_axes(captured.eqn(name)):
+                    kept[name] = tuple(s for s in strategies if not _summed_output(s))
+        return kept
 
     def plan_options(self, captured: Captured) -> dict:
         """Loop bodies: each node charged once per iteration, each carry in one placement."""

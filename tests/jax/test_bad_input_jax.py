@@ -223,3 +223,58 @@ def test_table_that_is_no_mapping(no_capture):
     with pytest.raises(TypeError, match=r"table must be the RULES of a rule table, a dict op -> signature -> entry .* "
                                         r"got 'x'"):
         parallelize(linear, mesh_of(1), (X,), params=PARAMS, table="x")
+
+
+def test_a_number_used_as_a_shape_explained():
+    def heads(p, x, n):
+        return linear(p, x).reshape(x.shape[0], n, -1)
+
+    with pytest.raises(TypeError, match=r"heads needs a concrete value .* functools.partial"):
+        capture(heads, (X, 2), params=PARAMS)
+
+
+def test_another_dtype_at_call_is_refused_by_input(tmp_path):
+    par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
+    for dtype in (np.int32, jax.numpy.bfloat16):
+        with pytest.raises(TypeError, match=rf"in0: dtype {jax.numpy.dtype(dtype)}, but the plan is for float32: "
+                                            "parallelize again for this dtype"):
+            par(X.astype(dtype))
+    out, _ = par(X)
+    np.testing.assert_allclose(out, linear(PARAMS, X))
+
+
+def test_a_constraint_that_cannot_place_its_value_names_the_key_on_devices():
+    rt = JaxRuntime(mesh_of(4), params=PARAMS)
+    captured = rt.capture(linear, (np.ones((6, 4), np.float32),))
+    with pytest.raises(ValueError, match=r"constraint on 'in0': \[S\(0\)\] cannot place its shape \(6, 4\) on a mesh of "
+                                         r"shape \(4,\): dim 0 of size 6 does not split evenly in 4"):
+        rt.constraints(captured, {"in0": P("tp", None)})
+
+
+def grouped_conv(p, x):
+    y = jax.lax.conv_general_dilated(x, p["w"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     feature_group_count=2)
+    return jax.numpy.tanh(y).sum()
+
+
+def test_grouped_convolution_weight_gradient_never_summed_on_a_mesh_of_axes_on_devices():
+    """XLA sums a Partial output of a convolution with batch_group_count > 1 (the weight
+    gradient of a grouped one) over every device of a mesh of several axes, not over the
+    axis that cut it (2x on 2x2): those strategies are dropped there, and kept on 1-D meshes."""
+    from metaspmd.spec import Identity, OutputCombine, Reduce, Replicate, ShardIn, Strategy
+
+    params = {"w": np.ones((3, 3, 2, 4), np.float32)}
+    x = np.ones((2, 4, 4, 4), np.float32)
+    summed = Strategy("S1", (ShardIn(0), ShardIn(0)), (OutputCombine.of([Reduce("sum")]),))
+    whole = Strategy("R", (Replicate(), Replicate()), (OutputCombine.of([Identity()]),))
+    for mesh, kept in ((mesh_of(4), 2), (Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "tp")), 1),
+                       (Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("dp", "tp")), 2)):
+        rt = JaxRuntime(mesh, params=params)
+        captured = rt.capture(grouped_conv, (x,))
+        convs = [e.name for e in captured.eqns if e.prim.name == "conv_general_dilated"]
+        weight_grads = [n for n in convs if captured.eqn(n).params["batch_group_count"] > 1]
+        assert weight_grads and len(convs) > len(weight_grads)
+        found = {n: (summed, whole) for n in convs}
+        got = rt.strategies(captured, found)
+        assert all(len(got[n]) == kept for n in weight_grads), mesh
+        assert all(len(got[n]) == 2 for n in convs if n not in weight_grads)  # the forward one keeps both

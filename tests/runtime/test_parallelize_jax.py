@@ -390,6 +390,27 @@ def test_a_convolution_of_one_image_is_cut_along_its_height(mesh, cache):
     assert "collective-permute(" in par.lower(x).compile().as_text()
 
 
+@pytest.mark.slow  # explores a grouped convolution and its gradients live (~1 min on 2 cores)
+@needs_devices
+def test_a_grouped_convolution_on_a_2x2_mesh_under_a_budget_matches_single_device(cache):
+    """XLA sums a Partial weight gradient of a grouped convolution (batch_group_count > 1)
+    over every device of a 2-D mesh: that gradient came back 2x. Such strategies are
+    dropped on meshes of several axes (``_sums_wrongly_on_meshes_of_axes``)."""
+    def net(p, x):
+        y = lax.conv_general_dilated(x, p["w"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     feature_group_count=4)
+        return jnp.tanh(y).mean(axis=(1, 2)) @ p["head"]
+
+    k = jax.random.split(jax.random.key(0), 3)
+    params = {"w": jax.random.normal(k[0], (3, 3, 8, 32), jnp.float32) / 10,
+              "head": jax.random.normal(k[1], (32, 10), jnp.float32)}
+    x = jax.random.normal(k[2], (2, 16, 16, 32), jnp.float32)
+    mesh_2d = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("dp", "tp"))
+    whole = metaspmd.parallelize(net, mesh_2d, (x,), params=params, cache=cache)
+    par = run_planned(net, params, x, mesh_2d, cache, memory_budget=0.5 * whole.plan.memory)
+    assert par.plan.memory <= 0.5 * whole.plan.memory
+
+
 @needs_devices
 def test_constraints_and_annotations_are_kept_and_the_plan_matches_single_device(mesh, cache):
     """A batch cut given by the caller (a PartitionSpec on an input leaf) and a hidden cut
