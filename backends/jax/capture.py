@@ -489,6 +489,10 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
     except _CONCRETE as err:
         raise needs_concrete(err) from err
     except ValueError as err:
+        if "Reverse-mode differentiation does not work for lax.while_loop" in str(err):
+            raise ValueError(f"{_name(fn)} has a while_loop, which jax.grad cannot differentiate: pass "
+                             "backward=False to plan the forward only, or loop with lax.scan (or fori_loop "
+                             f"with static bounds)\n{err}") from err
         if "Non-hashable static arguments" not in str(err):
             raise
         raise TypeError(f"{_name(fn)} is jitted with static arguments (static_argnums or static_argnames), but "

@@ -278,3 +278,13 @@ def test_grouped_convolution_weight_gradient_never_summed_on_a_mesh_of_axes_on_d
         got = rt.strategies(captured, found)
         assert all(len(got[n]) == kept for n in weight_grads), mesh
         assert all(len(got[n]) == 2 for n in convs if n not in weight_grads)  # the forward one keeps both
+
+
+def test_a_while_loop_with_gradients_suggests_the_forward_only():
+    def loop(p, x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jax.numpy.tanh(c[1] @ p["w"])), (0, x))[1]
+
+    with pytest.raises(ValueError, match=r"loop has a while_loop, which jax.grad cannot differentiate: pass "
+                                         r"backward=False to plan the forward only"):
+        capture(loop, (X,), params=PARAMS)
+    assert capture(loop, (X,), params=PARAMS, backward=False).n_outputs == 1
