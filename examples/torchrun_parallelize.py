@@ -34,6 +34,9 @@ MODELS = {
     "gpt": (GPTBlock, (4, 16, 32)),
     "convnet": (lambda: ConvNet().train(), (8, 3, 16, 16)),
     "attention": (FusedAttention, (4, 16, 32)),
+    # dropout in training: ranks drawing a cut mask draw it whole, as one device does
+    "dropout": (lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                            torch.nn.Linear(256, 64)).train(), (8, 64)),
 }
 
 
@@ -73,7 +76,9 @@ def check(args: argparse.Namespace) -> int:
     dist.all_gather_object(plans, p.plan)
     if any(other != plans[0] for other in plans):
         raise SystemExit(f"rank {rank}: the ranks did not get one plan from one solve")
+    torch.manual_seed(1)  # the same draws (dropout's) on one device as across the ranks
     out, grads = p(x)
+    torch.manual_seed(1)
     expected = reference(x)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     for got, want in zip(grads, torch.autograd.grad(expected.sum(), list(reference.parameters()))):

@@ -29,6 +29,17 @@ def test_a_budgeted_gpt_on_two_gloo_ranks_runs_rank_0s_plan_and_matches_one_devi
     assert "S(" in done.stdout  # something is cut
 
 
+# Dropout in training, its mask cut with the activations: each rank draws the mask whole and
+# keeps its shard, so the ranks seeded alike compute what one device does with that seed.
+@pytest.mark.slow
+def test_a_cut_dropout_on_two_gloo_ranks_draws_the_mask_one_device_draws(tmp_path):
+    done = torchrun(2, "--model", "dropout", "--budget", "150000", "--cache", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "dropout on 2 ranks matches one device (one plan" in done.stdout
+    (draw,) = [line for line in done.stdout.splitlines() if line.startswith("bernoulli ")]
+    assert "S(" in draw  # the plan cuts the mask
+
+
 # Four processes (tens of seconds): the slow job. The same plan on DTensor runs in the default
 # run on a fake process group (test_parallelize_torch's batch-normalized ConvNet).
 @pytest.mark.slow
