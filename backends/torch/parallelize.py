@@ -204,7 +204,7 @@ def _drawn_whole(target, args, kwargs, placements, mesh: DeviceMesh):
     def whole(x):
         if not isinstance(x, DTensor):
             return x
-        return torch.empty(x.shape, dtype=x.dtype) if is_fill(target) else x.full_tensor()
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if is_fill(target) else x.full_tensor()
 
     out = target(*torch.utils._pytree.tree_map(whole, args), **torch.utils._pytree.tree_map(whole, kwargs))
     it = iter(placements)
