@@ -24,6 +24,7 @@ from metaspmd.check import cut_inputs, shard_inputs, surviving
 from metaspmd.combine import Split, partial_summands
 from metaspmd.combine import partial_parts as reduced_parts
 from metaspmd.explorer import SPECIAL_TRIALS
+from metaspmd.explorer.common import even_counts, even_gather
 from metaspmd.signature import arg_items
 from metaspmd.spec import Combine, InputPlacement, PartialInput, Reduce, ShardIn, drops
 from metaspmd.tensor_ops import TensorOps
@@ -189,7 +190,8 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
 
     Every combine listed for an output must hold: two trials with inputs from the sample's
     generator, a 4-way split (or the largest that fits) and another count, uneven where
-    the sizes allow; reduce(avg) only on equal shards, where the registry claims it. Then
+    the sizes allow (an even gather: the even counts its dims take, as the explorer's);
+    reduce(avg) only on equal shards, where the registry claims it. Then
     one trial on blind random inputs, where the op accepts them: a rule that fails only
     there holds for the sample's special inputs alone ('data-dependent')."""
     case, ops = inputs.case, inputs.ops
@@ -200,10 +202,21 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
     if example and all(0 in ops.shape(x) for x in example):
         return "vacuous", "empty output: every combine rebuilds it"
     sizes = _sharded_sizes(case, ops, placements)
-    counts = [n for n in (4, 3, 2) if all(s >= n for s in sizes)]
-    if not counts:
-        return "unchecked", "no sharded dim can be cut in 2"
-    trials = [counts[0], next((n for n in counts[1:] if any(s % n for s in sizes)), counts[-1])]
+    even_rule = any(even_gather(c) for opts in options for c in opts)
+    if even_rule:
+        # claimed on even cuts alone (of the inputs and of the dims its gathers join), as the
+        # explorer verified it: an uneven shard of a reshape's split dim does not even run
+        sizes += [ops.shape(example[j])[c.dim] for j, opts in enumerate(options) for c in opts
+                  if even_gather(c) and j < len(example) and c.dim < len(ops.shape(example[j]))]
+        counts = even_counts(sizes)
+        if not counts:
+            return "unchecked", "an even gather, and no shard count cuts its dims evenly"
+        trials = [counts[0], counts[1 % len(counts)]]
+    else:
+        counts = [n for n in (4, 3, 2) if all(s >= n for s in sizes)]
+        if not counts:
+            return "unchecked", "no sharded dim can be cut in 2"
+        trials = [counts[0], next((n for n in counts[1:] if any(s % n for s in sizes)), counts[-1])]
     checked = 0
     for t, n in enumerate(trials):
         even = all(s % n == 0 for s in sizes)
@@ -229,7 +242,7 @@ def reverify(inputs: FreshInputs, placements: Sequence[InputPlacement], options:
             break  # the op refuses unconstrained inputs: the sample's generator is all there is
         if err:
             return "data-dependent", f"holds on the sample's inputs, not on random ones: {err.message}"
-    special = _special_count(placements, trials[0])
+    special = trials[0] if even_rule else _special_count(placements, trials[0])
     even = all(s % special == 0 for s in sizes)
     for choice in itertools.product(*options):
         if Reduce("avg") not in choice:

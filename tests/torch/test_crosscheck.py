@@ -255,6 +255,25 @@ def test_reverify_accepts_right_rules_and_rejects_wrong_ones(backend):
     assert reverify(FreshInputs(empty, ops), partial, ((Identity(),),), seed=3)[0] == "vacuous"
 
 
+def test_an_even_gather_is_reverified_on_the_even_counts_it_claims(backend):
+    """view_copy of [25, 5] as [5, 5, 5] cut along its rows: each shard's rows must make
+    whole [5, 5] blocks, which 5 shards do and 4 cannot (a shard of 7 rows does not even
+    view). The rule claims even cuts alone, so it is checked on those, with each shard's
+    sizes as the runtime gives them (``call_case``)."""
+    from metaspmd.backends.torch.rules_at_runtime import call_case
+
+    ops = backend.tensor_ops()
+    view_copy = torch.ops.aten.view_copy.default
+    case = call_case(view_copy, (torch.randn(25, 5, dtype=torch.float64), [5, 5, 5]), {})
+    assert reverify(FreshInputs(case, ops), (ShardIn(0),), ((Gather(0, even=True),),), seed=3) == (
+        "ok", "2 checks on 5 and 5 shards")
+    verdict, detail = reverify(FreshInputs(case, ops), (ShardIn(0),), ((Gather(1, even=True),),), seed=3)
+    assert verdict == "failed" and "from 5 shards" in detail  # a wrong even gather still fails
+    prime = call_case(view_copy, (torch.randn(7, 5, dtype=torch.float64), [7, 5]), {})
+    assert reverify(FreshInputs(prime, ops), (ShardIn(0),), ((Gather(1, even=True),),), seed=3) == (
+        "unchecked", "an even gather, and no shard count cuts its dims evenly")  # rows 7, columns 5
+
+
 def test_a_rule_true_only_for_the_samples_inputs_is_caught(backend):
     """lerp(self, end, weight) ignores ``end`` where the weight is 0. A sample whose generator
     always draws a zero weight makes (R, P(sum), R) -> R hold on every one of its draws."""
