@@ -18,7 +18,6 @@ from metaspmd.backends.torch.capture import capture  # noqa: E402
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.backends.torch.rules_at_runtime import node_call  # noqa: E402
 from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
-from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.placement import Replicate, Shard  # noqa: E402
 from metaspmd.planner import Infeasible, Mesh, build_problem, solve  # noqa: E402
 from metaspmd.resolve import resolve  # noqa: E402
@@ -34,11 +33,6 @@ pytestmark = pytest.mark.slow  # live exploration of the block's 55 reshapes and
 @pytest.fixture(scope="module")
 def fake_world(fake_world_of):
     fake_world_of(WORLD)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
 
 
 def _block():

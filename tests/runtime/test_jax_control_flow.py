@@ -32,7 +32,6 @@ from metaspmd import planner  # noqa: E402
 from metaspmd.backends.jax.capture import WHILE_TRIPS, ControlFlowError, capture  # noqa: E402
 from metaspmd.backends.jax.parallelize import parallelize  # noqa: E402
 from metaspmd.backends.jax.rules_at_runtime import boundary_rules  # noqa: E402
-from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.placement import REPLICATE, Shard  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -54,11 +53,6 @@ def test_in_a_fresh_process():
 @pytest.fixture(scope="module")
 def mesh():
     return Mesh(np.array(jax.devices()[:4]), ("tp",))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
 
 
 # --------------------------------------------------------------------------- models

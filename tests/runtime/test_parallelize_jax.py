@@ -33,13 +33,12 @@ from metaspmd.backends.jax.capture import capture  # noqa: E402
 from metaspmd.backends.jax.parallelize import parallelize  # noqa: E402
 from metaspmd.backends.jax.shardings import partition_spec  # noqa: E402
 from metaspmd.backends.jax.rules_at_runtime import node_call, without_literals  # noqa: E402
-from metaspmd.cache import RuleCache  # noqa: E402
 from metaspmd.table import Entry as E, RuleTable  # noqa: E402
 import metaspmd  # noqa: E402
 from metaspmd import planner, spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.jax_models import gpt_block, gpt_params, layer_norm  # noqa: E402
+from examples.jax_models import gpt_block, gpt_params  # noqa: E402
 
 ENOUGH_DEVICES = jax.device_count() >= 8
 needs_devices = pytest.mark.skipif(not ENOUGH_DEVICES, reason="jax started with too few devices (fresh process)")
@@ -85,11 +84,6 @@ def combines(*options):
 @pytest.fixture(scope="module")
 def mesh():
     return Mesh(np.array(jax.devices()[:4]), ("tp",))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
 
 
 def run_planned(fn, params, x, mesh, cache, **kw):

@@ -31,11 +31,6 @@ def fake_world(fake_world_of):
     yield
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
-
-
 def run_planned(model, x, cache, **kw):
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))

@@ -13,18 +13,12 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 import metaspmd  # noqa: E402
 from metaspmd import planner  # noqa: E402
-from metaspmd.cache import RuleCache  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.models import MLP  # noqa: E402
 
 R, S0, S1 = planner.Replicate(), planner.Shard(0), planner.Shard(1)
 ACROSS_NODES = {"dp": (10e-6, 25e9)}  # tp keeps the intra-node default, 5 us and 100 GB/s
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
 
 
 @pytest.mark.parametrize("dim,batch", [(256, 8192), pytest.param(512, 8192, marks=pytest.mark.slow)])

@@ -11,7 +11,6 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import Partial, Shard  # noqa: E402
 
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
-from metaspmd.cache import RuleCache  # noqa: E402
 
 WORLD = 4
 
@@ -20,11 +19,6 @@ WORLD = 4
 def fake_world(fake_world_of):
     fake_world_of(WORLD)
     yield
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return RuleCache(tmp_path_factory.mktemp("rules"))
 
 
 def planned(model, x, cache, **kw):
