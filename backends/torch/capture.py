@@ -233,6 +233,9 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of positional arguments, got a "
                         f"{type(example_inputs).__qualname__} (for one input write (x,))")
+    if loss_fn is not None and not isinstance(fn_or_module, torch.nn.Module):
+        raise TypeError("loss_fn applies to a module, whose parameters get gradients: a function has none, and its "
+                        "forward is planned as it is; compute the loss inside the function")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError("loss_fn must be callable (a function of the model's output, returning a scalar tensor), "
                         f"got {loss_fn!r}")
@@ -288,7 +291,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
             return torch.func.functional_call(module, state, inputs)
     with _module_state_kept(module):
         gm = _make_fx(fn, (params, _buffer_copies(module), *example_inputs), decomposition_table=_DECLARED_WRITES)
-    written = _written_inputs(gm, len(params), len(buffer_names))
+    written = _written_inputs(gm, names, len(buffer_names))
     if written or _mutates(gm):
         gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
     if backward:
@@ -308,6 +311,34 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
 def training_modes(module: torch.nn.Module) -> tuple[tuple[str, bool], ...]:
     """Each submodule's name (the module itself as its class) and ``training`` flag."""
     return tuple((name or type(module).__qualname__, m.training) for name, m in module.named_modules())
+
+
+def current_state(captured: Captured, module: torch.nn.Module) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The module's parameters (detached) and buffers as a call finds them, in the trace's
+    order: an optimizer's step in place, ``load_state_dict``, and a parameter or buffer
+    replaced (``m.weight = nn.Parameter(w)``, ``model.to()``) are all seen. Refused, naming
+    it, where one is no longer what the plan was traced for: another set of names, shape,
+    dtype, ``requires_grad``, or train or eval mode."""
+    refuse_other_modes(captured, module)
+    again = "parallelize again for the module as it is now"
+    params, buffers = dict(module.named_parameters()), dict(module.named_buffers())
+    for what, now, traced in (("parameters", params, captured.param_names),
+                              ("buffers", buffers, captured.buffer_names)):
+        if tuple(now) != tuple(traced):
+            raise ValueError(f"the module's {what} are now {sorted(now)}, but the plan was traced with "
+                             f"{sorted(traced)}: {again}")
+    names = (*captured.param_names, *captured.buffer_names)
+    for name, x, v in zip(names, (*params.values(), *buffers.values()), captured.ir.input_list):
+        if tuple(x.shape) != v.shape or _dtype(x) != v.dtype:
+            raise ValueError(f"{name!r} is now {_dtype(x)}{list(x.shape)}, but the plan was traced with "
+                             f"{v.dtype}{list(v.shape)}: {again}")
+    if captured.trainable:
+        trainable = tuple(i for i, p in enumerate(params.values()) if p.requires_grad)
+        if trainable != captured.trainable:
+            changed = sorted(captured.param_names[i] for i in set(trainable) ^ set(captured.trainable))
+            raise ValueError(f"requires_grad changed on {changed} since the plan was traced (frozen parameters "
+                             f"are neither traced nor planned): {again}")
+    return [p.detach() for p in params.values()], buffers
 
 
 def refuse_other_modes(captured: Captured, module: torch.nn.Module) -> None:
@@ -386,16 +417,32 @@ def _batch_norm_declaring_writes(input, weight, bias, running_mean, running_var,
 _DECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_writes}
 
 
-def _written_inputs(gm: torch.fx.GraphModule, n_params: int, n_buffers: int) -> list[int]:
-    """Indices of the buffers some op of ``gm`` writes in place (by its schema)."""
+def _written_inputs(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) -> list[int]:
+    """Indices of the buffers some op of ``gm`` writes in place (by its schema), directly or
+    through a view of one; a write into a parameter (``names``, the leading inputs) is
+    refused, naming it: the plan writes buffers back, and parameters are the caller's."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    buffers = {node: i for i, node in enumerate(placeholders[n_params:n_params + n_buffers])}
+    params = {node: name for node, name in zip(placeholders, names)}
+    buffers = {node: i for i, node in enumerate(placeholders[len(names):len(names) + n_buffers])}
+    base = {node: node for node in placeholders}  # a view's (detach, select, view) input it aliases
     written = set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        for arg, value in zip(node.target._schema.arguments, node.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and value in buffers:
+        schema = node.target._schema
+        returned = schema.returns[0].alias_info if len(schema.returns) == 1 else None
+        for arg, value in zip(schema.arguments, node.args):
+            if returned is not None and arg.alias_info is not None and value in base and (
+                    set(arg.alias_info.before_set) & set(returned.before_set)):
+                base[node] = base[value]  # a write into node is a write into the placeholder
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = base.get(value, value)
+            if value in params:
+                raise ValueError(f"the forward writes parameter {params[value]!r} in place ({op_name(node.target)}; "
+                                 "nn.Embedding(max_norm=...) renormalizes its weight so), which a plan does not "
+                                 "write back: renormalize outside the model under torch.no_grad, or pass no max_norm")
+            if value in buffers:
                 written.add(buffers[value])
     return sorted(written)
 

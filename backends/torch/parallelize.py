@@ -36,7 +36,7 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from .capture import Captured, capture, refuse_other_inputs, refuse_other_modes
+from .capture import Captured, capture, current_state, refuse_other_inputs
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_rules import refuted
 from .random_ops import draws_nothing, is_fill
@@ -59,9 +59,7 @@ class Parallelized:
     plan: planner.Plan
     stats: ResolveStats
     mesh: DeviceMesh
-    params: tuple[torch.Tensor, ...]
-    buffers: dict[str, torch.Tensor]  # the module's own buffers, by name
-    module: torch.nn.Module | None = None  # the module planned (None: a function)
+    module: torch.nn.Module | None = None  # the module planned, read at each call (None: a function)
     # node -> runs on DTensor's own rule: the placements are the plan's, so one answer per node
     on_dtensor: dict[str, bool] = field(default_factory=dict, repr=False)
 
@@ -70,19 +68,17 @@ class Parallelized:
         Buffers the model writes (running statistics) are written back into the module."""
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
         _refuse_fake_collectives()
-        if self.module is not None:
-            refuse_other_modes(self.captured, self.module)
-        flat = list(self.params) + [self.buffers[n] for n in self.captured.buffer_names] + list(inputs)
-        outs = _PlannedRun(self).run(*flat)
+        params, buffers = current_state(self.captured, self.module) if self.module is not None else ([], {})
+        outs = _PlannedRun(self).run(*params, *buffers.values(), *inputs)
         if self.captured.updated_buffers:
             outs, updates = outs
             with torch.no_grad():
                 for name, new in zip(self.captured.updated_buffers, updates):
-                    self.buffers[name].copy_(new.full_tensor() if isinstance(new, DTensor) else new)
+                    buffers[name].copy_(new.full_tensor() if isinstance(new, DTensor) else new)
         if self.captured.trainable:  # forward + backward: (outputs, gradients of the trainable parameters)
             out, grads = _tree_full(outs)
-            return out, self.captured.all_gradients(list(grads))
-        return _tree_full(outs)
+            return _plain_containers(out), self.captured.all_gradients(list(grads))
+        return _plain_containers(_tree_full(outs))
 
     def explain(self) -> str:
         return self.plan.table() if hasattr(self.plan, "table") else str(self.plan)
@@ -102,6 +98,19 @@ def _refuse_fake_collectives() -> None:
 
 def _tree_full(tree: Any) -> Any:
     return torch.utils._pytree.tree_map(lambda x: _plain(x.full_tensor()) if isinstance(x, DTensor) else x, tree)
+
+
+def _plain_containers(x: Any) -> Any:
+    """``x`` with fx's immutable lists and dicts (a traced function's list or dict output)
+    made the plain ones the function returns; tuples, named ones included, kept."""
+    if isinstance(x, dict):
+        return {k: _plain_containers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plain_containers(v) for v in x]
+    if isinstance(x, tuple):
+        items = [_plain_containers(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    return x
 
 
 def _plain(x: torch.Tensor) -> torch.Tensor:
@@ -416,10 +425,7 @@ class TorchRuntime:
         return one_plan(self.mesh, solve)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
-        module = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
-        params = tuple(p.detach() for p in module.parameters())
-        return Parallelized(captured, plan, stats, mesh, params, dict(module.named_buffers()),
-                            fn if isinstance(fn, torch.nn.Module) else None)
+        return Parallelized(captured, plan, stats, mesh, fn if isinstance(fn, torch.nn.Module) else None)
 
 
 RUNTIME = TorchRuntime

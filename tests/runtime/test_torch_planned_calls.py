@@ -127,3 +127,88 @@ def test_a_constraint_that_cannot_hold_is_refused_by_its_key(fake_world, cache, 
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
     with pytest.raises(ValueError, match=message):
         planned(model, torch.randn(4, 3, 8, 8), cache, constraints=constraints)
+
+
+def test_parameters_and_buffers_are_read_at_each_call(fake_world, cache):
+    """A parameter or buffer replaced after planning (``m.weight = nn.Parameter(w)``,
+    ``w.data = ...``, a new buffer tensor) is what the next call computes with, as an
+    update in place is; one of another shape, dtype or requires_grad is refused by name."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16)).train(), torch.randn(8, 16)
+    p = planned(model, x, cache)
+    model[0].weight = nn.Parameter(torch.randn(16, 16))
+    model[0].bias.data = torch.randn(16)
+    model[1].running_mean = torch.randn(16)
+    expected_mean = model[1].running_mean.clone()
+    out, grads = call(p, x)
+    reference = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16)).train()
+    reference.load_state_dict({**model.state_dict(), "1.running_mean": expected_mean})
+    torch.testing.assert_close(out, reference(x).detach())
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)  # the new buffer written back
+    for g, r in zip(grads, torch.autograd.grad(reference(x).sum(), list(reference.parameters()))):
+        torch.testing.assert_close(g, r)
+    model.double()
+    with pytest.raises(ValueError, match=r"'0.weight' is now float64\[16, 16\], but the plan was traced with "
+                                         r"float32\[16, 16\]: parallelize again"):
+        call(p, x)
+    model.float()
+    model[0].bias.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"requires_grad changed on \['0.bias'\] since the plan was traced"):
+        call(p, x)
+    model[0].bias.requires_grad_(True)
+    model[0].extra = nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match=r"the module's parameters are now .*'0.extra'.*: parallelize again"):
+        call(p, x)
+
+
+def test_a_functions_list_and_dict_outputs_come_back_as_list_and_dict(fake_world, cache):
+    def parts(x):
+        return {"a": [x.sum(0), x.mean(0)], "b": (x * 2,)}
+
+    x = torch.randn(8, 16)
+    p = planned(parts, x, cache)
+    out = call(p, x)
+    assert type(out) is dict and type(out["a"]) is list and type(out["b"]) is tuple
+    out["c"] = 1  # the caller's own, as the function's eager result is
+    torch.testing.assert_close(out["a"][1], x.mean(0))
+
+
+def test_a_parameter_written_by_the_forward_is_refused_by_name(fake_world, cache):
+    """nn.Embedding(max_norm=...) renormalizes its weight in place in the forward: the plan
+    writes buffers back, not parameters, so the weight would drift from eager's."""
+    model = nn.Sequential(nn.Embedding(32, 8, max_norm=1.0), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match=r"the forward writes parameter '0.weight' in place \(aten.embedding_renorm_"):
+        planned(model, torch.randint(0, 32, (4, 6)), cache)
+
+
+def test_loss_fn_for_a_function_is_refused(fake_world, cache):
+    with pytest.raises(TypeError, match="loss_fn applies to a module"):
+        planned(lambda x: x * 2, torch.randn(4, 4), cache, loss_fn=lambda out: out.sum())
+
+
+class Counted(nn.Module):
+    """Writes its buffer through views: an element (``__setitem__``) and a slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.seen[0] += x.shape[0]
+            self.seen[1:].add_(x.detach().abs().mean())
+        return self.fc(x)
+
+
+def test_a_buffer_written_through_a_view_is_written_back(fake_world, cache):
+    torch.manual_seed(0)
+    model, x = Counted(), torch.randn(8, 16)
+    reference = Counted()
+    reference.load_state_dict(model.state_dict())
+    p = planned(model, x, cache)
+    for _ in range(2):
+        call(p, x)
+        reference(x)
+    torch.testing.assert_close(model.seen, reference.seen)
+    assert model.seen[0] == 16
