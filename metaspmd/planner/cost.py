@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from ..placement import ARG_PARTIAL_OPS, Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor
+from ..placement import (
+    ARG_PARTIAL_OPS, REPLICATE, Partial, Placement, Placements, Replicate, Shard, local_shape, shard_factor,
+)
 from .flops import dtype_bytes, flops, numel
 from .mesh import Mesh
 
@@ -42,6 +44,16 @@ class Device:
     peak_flops: float = 100e12
     memory_bandwidth: float = 2e12
     collective_launch: float = 1e-6  # seconds per collective call, on top of the alpha-beta terms
+
+
+def regathers(axis: int, src: Placements, dst: Placements) -> bool:
+    """Must ``axis`` gather its cut and cut again, though it may keep its placement? A dim
+    cut on several axes is cut in mesh order, the first axis outermost: where an earlier
+    axis adds or drops a cut of the dim this axis cuts, this axis's local piece is no
+    longer a piece of the new layout (``[R, S(1)] -> [S(1), S(1)]`` moves data between the
+    second axis's devices, which XLA compiles as gathering the whole tensor)."""
+    s = src[axis]
+    return isinstance(s, Shard) and any(src[e] != dst[e] and s in (src[e], dst[e]) for e in range(axis))
 
 
 @dataclass(frozen=True)
@@ -140,16 +152,25 @@ class CostModel:
         self, shape: tuple[int, ...], itemsize: int, src: Placements, dst: Placements
     ) -> tuple[ReshardStep, ...]:
         """Axis by axis, in mesh order; each step moves the buffer that is whole along its
-        axis: earlier axes already hold their ``dst`` placement, later ones still ``src``."""
+        axis: earlier axes already hold their ``dst`` placement, later ones still ``src``.
+        An axis whose cut an earlier axis reorders (``regathers``) gathers it first."""
         total = float(numel(shape) * itemsize)
         steps: list[ReshardStep] = []
         for axis in range(self.mesh.ndim):
-            if src[axis] == dst[axis]:
+            again = regathers(axis, src, dst)
+            if src[axis] == dst[axis] and not again:
                 continue
             nbytes = total / self.others_factor(axis, src, dst)
-            for kind, cost in self._axis_step(axis, src[axis], dst[axis], nbytes):
+            for kind, cost in self._axis_steps(axis, src[axis], dst[axis], nbytes, again):
                 steps.append(ReshardStep(self.mesh.axes[axis].name, kind, src[axis], dst[axis], cost))
         return tuple(steps)
+
+    def _axis_steps(self, axis: int, src: Placement, dst: Placement, nbytes: float,
+                    again: bool) -> list[tuple[str, float]]:
+        """``_axis_step``, or where the axis ``regathers``: its cut gathered, then ``dst`` cut."""
+        if not again:
+            return self._axis_step(axis, src, dst, nbytes)
+        return [("all-gather", self.all_gather(axis, nbytes))] + self._axis_step(axis, REPLICATE, dst, nbytes)
 
     def others_factor(self, axis: int, src: Placements, dst: Placements) -> int:
         """How many ways the other axes split the tensor while ``axis`` is resharded."""
@@ -161,12 +182,13 @@ class CostModel:
         return k
 
     def axis_cost(
-        self, shape: Sequence[int], dtype: str, axis: int, src: Placement, dst: Placement, others: int
+        self, shape: Sequence[int], dtype: str, axis: int, src: Placement, dst: Placement, others: int,
+        again: bool = False,
     ) -> float:
-        """The resharding cost on one axis when the other axes split the tensor ``others`` ways:
-        one term of ``reshard``, which is their sum over axes."""
+        """The resharding cost on one axis when the other axes split the tensor ``others`` ways
+        (``again``: the axis ``regathers``): one term of ``reshard``, their sum over axes."""
         nbytes = float(numel(tuple(shape)) * dtype_bytes(dtype)) / others
-        return sum(cost for _, cost in self._axis_step(axis, src, dst, nbytes))
+        return sum(cost for _, cost in self._axis_steps(axis, src, dst, nbytes, again))
 
     def reshard_steps(
         self, shape: Sequence[int], dtype: str, src: Placements, dst: Placements

@@ -16,7 +16,7 @@ from ..ir import MetaIR, MetaOp, MetaVar
 from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str, why_invalid
 from ..target import DTENSOR_PLAN, Target, cuts_line_up
 from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
-from .cost import CostModel
+from .cost import CostModel, regathers
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .strategies import (
@@ -141,24 +141,27 @@ def _edge_factors(
     shape = cm.mesh.shape
     factors = []
     for a in range(len(shape)):
+        # the earlier axes' placements, where axis a cuts: whether it regathers (cost.regathers)
         def row_key(p: Placements) -> tuple:
-            return (p[a], tuple(isinstance(p[b], Shard) for b in range(a + 1, len(shape))))
+            return (p[a], tuple(isinstance(p[b], Shard) for b in range(a + 1, len(shape))),
+                    p[:a] if isinstance(p[a], Shard) else ())
 
         def col_key(q: Placements) -> tuple:
-            return (q[a], tuple(isinstance(q[b], Shard) for b in range(a)))
+            return (q[a], q[:a])
 
         rk = {k: i for i, k in enumerate(dict.fromkeys(row_key(p) for p in src))}
         ck = {k: i for i, k in enumerate(dict.fromkeys(col_key(q) for q in dst))}
         table = np.zeros((len(rk), len(ck)))
-        for (sa, later), i in rk.items():
+        for (sa, later, before), i in rk.items():
             for (da, earlier), j in ck.items():
-                if sa == da:
+                again = bool(before) and regathers(a, (*before, sa), (*earlier, da))
+                if sa == da and not again:
                     continue
                 others = 1
                 for b, size in enumerate(shape):
-                    if (b > a and later[b - a - 1]) or (b < a and earlier[b]):
+                    if (b > a and later[b - a - 1]) or (b < a and isinstance(earlier[b], Shard)):
                         others *= size
-                table[i, j] = cm.axis_cost(var.shape, var.dtype, a, sa, da, others)
+                table[i, j] = cm.axis_cost(var.shape, var.dtype, a, sa, da, others, again)
         rows = np.array([rk[row_key(p)] for p in src], dtype=np.int64)
         cols = np.array([ck[col_key(q)] for q in dst], dtype=np.int64)
         factors.append(Factor(rows, cols, table))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from metaspmd.ir import MetaVar
-from metaspmd.planner.cost import CostModel, Device
+from metaspmd.planner.cost import CostModel, Device, regathers
 from metaspmd.planner.flops import dtype_bytes, flops
 from metaspmd.planner.mesh import Mesh
 from metaspmd.placement import Partial, Replicate, Shard
@@ -120,7 +120,23 @@ def test_every_placement_pair_costs_at_least_zero_and_identity_is_free():
     places = tensor_placements((8, 8), cm.mesh) + [(P, R), (R, P), (P, P)]
     for a, b in itertools.product(places, places):
         c = cm.reshard((8, 8), "float32", a, b)
-        assert c >= 0 and (c == 0) == (a == b or all(x == y or isinstance(x, Replicate) for x, y in zip(a, b)))
+        local = all(x == y or isinstance(x, Replicate) for x, y in zip(a, b)) and not any(
+            regathers(axis, a, b) for axis in range(2))
+        assert c >= 0 and (c == 0) == (a == b or local)
+
+
+def test_a_cut_reordered_by_an_earlier_axis_is_gathered_first():
+    """A dim cut on both axes of a 2x4 mesh is cut dp-major: device (i, j) holds piece
+    4i + j of 8. From [R, S(1)] (piece j of 4) that is no local slice, and a reduce-scatter
+    on dp from [P, S(1)] gives pieces in tp-major order: the tp cut is gathered first (XLA
+    compiles these to a gather of the whole tensor). Cuts of other dims stay local."""
+    cm = CostModel(Mesh.of((2, 4), ("dp", "tp")))
+    steps = lambda a, b: [str(s) for s in cm.reshard_steps((128, 1024), "float32", a, b)]  # noqa: E731
+    assert steps((R, Shard(1)), (Shard(1), Shard(1))) == ["slice@dp", "all-gather@tp", "slice@tp"]
+    assert steps((P, Shard(1)), (Shard(1), Shard(1))) == ["reduce-scatter@dp", "all-gather@tp", "slice@tp"]
+    assert steps((Shard(1), Shard(1)), (R, Shard(1))) == ["all-gather@dp", "all-gather@tp", "slice@tp"]
+    assert steps((Shard(1), R), (Shard(1), Shard(1))) == ["slice@tp"]  # the inner cut of a local piece
+    assert steps((R, Shard(1)), (Shard(0), Shard(1))) == ["slice@dp"]
 
 
 class _ViewFn:
