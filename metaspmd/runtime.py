@@ -19,11 +19,11 @@ import os
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from . import planner
-from .placement import placements_str
-from .planner.problem import constraint_problem
 from .cache import RuleCache
 from .ir import MetaIR, MetaOp
 from .isolation import Isolation
+from .placement import placements_str
+from .planner.problem import constraint_problem
 from .resolve import NodeCall, ResolveStats, resolve
 from .spec import Strategy
 from .target import Target
@@ -228,11 +228,12 @@ def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, 
     placements that cannot place the value on a mesh of ``mesh_shape`` (an uneven cut, a
     Partial input) with the reason, both naming the key (the planner would name the var)."""
     every = [*ir.input_list, *(v for op in ir.op_list for v in op.outputs)]
+    known_vars = {v.name for v in every}
     shapes = {v.name: v.shape for v in every if v.is_tensor}
     inputs = {v.name for v in ir.input_list}
     out = {}
     for key, value in given.items():
-        var = names.get(key, key if any(v.name == key for v in every) else None)
+        var = names.get(key, key if key in known_vars else None)
         if var is None:
             known = ", ".join(repr(k) for k in names)
             raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")

@@ -191,6 +191,7 @@ def _contiguous_shard(x: Any) -> Any:
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``: the global layout of shards made contiguous."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
