@@ -185,3 +185,17 @@ def test_config_off_switches_reach_the_search():
     base = draw_baseline(context)
     found = Explorer(context, base.trials).search((2, 2))
     assert found.strategies and not any("Partial" in type(p).__name__ for s, _ in found.strategies for p in s)
+
+
+def test_the_search_s_own_arithmetic_warns_nothing():
+    """Rows sorted up to infinities (the lengthening keeps sorted rows sorted, and takes
+    their differences): numpy's floating-point warnings from the explorer's own arithmetic
+    would reach the caller naming no op."""
+    import warnings
+
+    x = np.sort(np.random.default_rng(0).standard_normal((4, 6)), axis=-1)
+    x[:, -2:] = np.inf
+    case = OpCase("scale", lambda a: a * 2, (x,), {}, ("a",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert explore_case(case, OPS).status == "ok"

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .. import pytree
 from ..case import Backend, NoSample, OpCase, Skip
 from ..rules import OpRecord, RuleEntry, Verification, make_record
@@ -217,12 +219,16 @@ class Accepted:
 
 
 def explore_case(case: OpCase, ops: TensorOps, seed: int = 0, config: ExploreConfig = ExploreConfig()) -> RuleEntry:
-    """Explore and verify one example call. Op errors become a 'failed' entry, never an exception."""
+    """Explore and verify one example call. Op errors become a 'failed' entry, never an exception.
+    numpy's floating-point warnings are off throughout: the search draws, splits and compares
+    values out of an op's range on purpose (infinities, NaN), and a warning from its own
+    arithmetic would reach the caller naming no op."""
     try:
-        context = Context.of(case, ops, config, seed)
-        base = draw_baseline(context)
-        found = None if isinstance(base, Verdict) else Explorer(context, base.trials).search(_ranks(ops, case))
-        return entry_of(context, base, found)
+        with np.errstate(all="ignore"):
+            context = Context.of(case, ops, config, seed)
+            base = draw_baseline(context)
+            found = None if isinstance(base, Verdict) else Explorer(context, base.trials).search(_ranks(ops, case))
+            return entry_of(context, base, found)
     except Exception as e:  # a bug in a sample or a wrapper must not stop a sweep
         return failed_entry(case, ops, "explorer: " + error_text(e))
 
