@@ -30,11 +30,6 @@ WORLD, BUDGET = 4, 6e6
 pytestmark = pytest.mark.slow  # live exploration of the block's 55 reshapes and backward ops at full size
 
 
-@pytest.fixture(scope="module")
-def fake_world(fake_world_of):
-    fake_world_of(WORLD)
-
-
 def _block():
     torch.manual_seed(0)
     return GPTBlock(256, 4, 1024), torch.randn(8, 64, 256)

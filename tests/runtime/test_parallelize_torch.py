@@ -25,12 +25,6 @@ from examples.models import MLP, ConvNet, FusedAttention, GPTBlock  # noqa: E402
 WORLD = 4
 
 
-@pytest.fixture(scope="module")
-def fake_world(fake_world_of):
-    fake_world_of(WORLD)
-    yield
-
-
 def run_planned(model, x, cache, **kw):
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = DeviceMesh("cpu", list(range(WORLD)))

@@ -15,12 +15,6 @@ from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 WORLD = 4
 
 
-@pytest.fixture(scope="module")
-def fake_world(fake_world_of):
-    fake_world_of(WORLD)
-    yield
-
-
 def planned(model, x, cache, **kw):
     with LocalTensorMode(frozenset(range(WORLD))):
         return parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache, **kw)
