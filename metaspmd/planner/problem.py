@@ -16,7 +16,7 @@ from ..ir import MetaIR, MetaOp, MetaVar
 from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str, why_invalid
 from ..target import DTENSOR_PLAN, Target, cuts_line_up
 from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
-from .cost import CostModel, regathers
+from .cost import CostModel
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .strategies import (
@@ -141,25 +141,28 @@ def _edge_factors(
     shape = cm.mesh.shape
     factors = []
     for a in range(len(shape)):
-        # the earlier axes' placements, where axis a cuts: whether it regathers (cost.regathers)
+        # Whether axis a regathers (cost.regathers) needs, of the earlier axes, only which
+        # hold the source's cut of the same dim and which dims the destination cuts: keys
+        # no finer than that, since every class is a pair variable per class of the other end
         def row_key(p: Placements) -> tuple:
-            return (p[a], tuple(isinstance(p[b], Shard) for b in range(a + 1, len(shape))),
-                    p[:a] if isinstance(p[a], Shard) else ())
+            same = tuple(p[e] == p[a] for e in range(a)) if isinstance(p[a], Shard) else ()
+            return (p[a], tuple(isinstance(p[b], Shard) for b in range(a + 1, len(shape))), same)
 
         def col_key(q: Placements) -> tuple:
-            return (q[a], q[:a])
+            return (q[a], tuple(q[e] if isinstance(q[e], Shard) else None for e in range(a)))
 
         rk = {k: i for i, k in enumerate(dict.fromkeys(row_key(p) for p in src))}
         ck = {k: i for i, k in enumerate(dict.fromkeys(col_key(q) for q in dst))}
         table = np.zeros((len(rk), len(ck)))
-        for (sa, later, before), i in rk.items():
+        for (sa, later, same), i in rk.items():
             for (da, earlier), j in ck.items():
-                again = bool(before) and regathers(a, (*before, sa), (*earlier, da))
+                # an earlier axis adds or drops the cut of sa's dim: it holds it on one side only
+                again = any(s != (d == sa) for s, d in zip(same, earlier))
                 if sa == da and not again:
                     continue
                 others = 1
                 for b, size in enumerate(shape):
-                    if (b > a and later[b - a - 1]) or (b < a and isinstance(earlier[b], Shard)):
+                    if (b > a and later[b - a - 1]) or (b < a and earlier[b] is not None):
                         others *= size
                 table[i, j] = cm.axis_cost(var.shape, var.dtype, a, sa, da, others, again)
         rows = np.array([rk[row_key(p)] for p in src], dtype=np.int64)
