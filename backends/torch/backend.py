@@ -435,6 +435,18 @@ def _special_values(func):
     return sample_data.with_special_values
 
 
+def _planted(fresh: Callable[[int], tuple] | None, names: tuple[str, ...],
+             skipped: tuple[str, str, Any]) -> Callable[[int], tuple] | None:
+    """``fresh`` with the skipped label planted in each draw (``sample_data.with_sentinel``)."""
+    if fresh is None:
+        return None
+
+    def planted(seed: int) -> tuple[tuple, dict]:
+        return sample_data.with_sentinel(names, *fresh(seed), *skipped)
+
+    return planted
+
+
 def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
                fresh: Callable[[int], tuple] | None = None) -> OpCase:
     """The case the explorer works on for one call of an ATen overload: view-like ops get
@@ -443,6 +455,10 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     are unspecified are compared on shapes and dtypes. The sweep and the runtime's live
     exploration both build cases here, so they find the same rules."""
     names = catalog.positional_names(func)
+    skipped = catalog.sentinel(func)
+    if skipped is not None:  # a label the op skips at one position, in every trial's labels
+        args, kwargs = sample_data.with_sentinel(names, args, kwargs, *skipped)
+        fresh = _planted(fresh, names, skipped)
     fn, candidates, notes, localize = runner, None, (), None
     if catalog.returns_scalars(func):
         fn = _scalars_as_tensors(fn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from typing import Collection
+from typing import Any, Collection
 
 import torch
 
@@ -441,6 +441,27 @@ def exact_guard(func: torch._ops.OpOverload) -> str | None:
 def indexed_dims(func: torch._ops.OpOverload) -> dict[str, tuple[int, ...]]:
     """Per argument name, the dims the op's index inputs address (see INDEXED_DIMS)."""
     return INDEXED_DIMS.get(aten_base(func), {})
+
+
+# Index inputs whose positions an argument's value tells the op to skip (a label of
+# ``ignore_index``: out of the class range, -100 by default, so random labels never hold it,
+# and a mean over the kept labels looked like a mean of shard means). The explorer's samples
+# hold that value at one position (``sentinel``), as padded batches do. Forward ops only:
+# the backward kernels read the count from their total_weight input, and write at their
+# labels unchecked, where an offset label (-100 moved by a shard's start) lands out of bounds.
+SENTINELS: dict[str, tuple[str, str]] = {
+    base: ("target", "ignore_index")
+    for base in ("nll_loss", "nll_loss2d", "nll_loss_nd", "nll_loss_forward", "nll_loss2d_forward", "cross_entropy_loss")
+}
+
+
+def sentinel(func: torch._ops.OpOverload) -> tuple[str, str, Any] | None:
+    """(index input, argument, the argument's schema default) of an op in ``SENTINELS``."""
+    entry = SENTINELS.get(aten_base(func))
+    if entry is None:
+        return None
+    default = next((a.default_value for a in func._schema.arguments if a.name == entry[1]), None)
+    return (*entry, default)
 
 
 def is_core(func: torch._ops.OpOverload) -> bool:

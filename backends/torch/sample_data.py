@@ -135,6 +135,29 @@ def with_special_values(args: tuple, kwargs: dict, k: int, seed: int,
     return tuple(new_args), new_kwargs
 
 
+def with_sentinel(names: tuple[str, ...], args: tuple, kwargs: dict, index: str, argument: str,
+                  default: Any) -> tuple[tuple, dict]:
+    """The call with ``argument``'s value (``default`` where the call leaves it out) at the
+    first element of the index input ``index``: a label the op skips (``ignore_index``)
+    meets one shard only, so a combine that counts every label (a mean of shard means) is
+    refuted. Unchanged where the input is missing or holds fewer than two labels (one
+    skipped label would leave nothing to compute, and every combine would hold on the
+    constant), or the value is not an int."""
+    args, kwargs = tuple(args), dict(kwargs)
+    value = kwargs.get(argument, args[names.index(argument)] if argument in names[: len(args)] else default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return args, kwargs
+    position = names.index(index) if index in names[: len(args)] else None
+    x = args[position] if position is not None else kwargs.get(index)
+    if not isinstance(x, torch.Tensor) or x.numel() < 2 or x.is_floating_point():
+        return args, kwargs
+    planted = x.clone()
+    planted[(0,) * planted.dim()] = value
+    if position is not None:
+        return args[:position] + (planted,) + args[position + 1:], kwargs
+    return args, {**kwargs, index: planted}
+
+
 def with_nan_specks(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
     """``with_special_values`` with NaN alone among finite data: the special pattern plants
     no inf, and the hole is a NaN. An op that skips NaN (nanmean) then sees shards with
@@ -284,4 +307,4 @@ def with_low_rank(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, 
 
 
 __all__ = ["LOW_RANK_SHAPES", "PATTERNS", "call_scalars", "with_low_rank", "with_nan_specks", "with_one_nonfinite",
-           "with_ramps", "with_special_values"]
+           "with_ramps", "with_sentinel", "with_special_values"]

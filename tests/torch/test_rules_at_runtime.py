@@ -73,3 +73,28 @@ def test_a_shrunk_live_case_is_the_same_in_any_process_and_leaves_the_callers_ge
     first, second = cases
     assert [tuple(x.shape) for x in first.args] == [(6, 10), (10, 8)]  # shrunk, equal sizes kept equal
     assert all(torch.equal(a, b) for a, b in zip(first.args, second.args))
+
+
+def test_a_mean_over_labels_that_skip_ignore_index_is_not_a_mean_of_shard_means():
+    """cross_entropy's mean is over the labels it keeps (not ``ignore_index``, -100): a
+    shard of a padded batch divides by its own count. Random labels are never -100, so
+    the explorer's labels hold it at one position, and a batch cut keeps no reduce(avg)."""
+    labels = torch.randint(0, 5, (8,))
+    rules = live_rules(lambda x, t: torch.nn.functional.cross_entropy(x * 2, t), torch.randn(8, 5), labels)
+    _, strategies = rules["aten.nll_loss_forward.default"]
+    assert not any("avg" in s for s in strategies), strategies
+    assert "(P(sum), R) -> (reduce(sum), identity)" in strategies  # the loss is linear in the log-probabilities
+
+
+def test_the_registry_keeps_no_mean_of_shard_means_for_losses_that_skip_labels():
+    from metaspmd.registry_io import load_record
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "registry" / "torch"
+    for name in ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default", "aten.cross_entropy_loss.default",
+                 "aten.nll_loss_nd.default"):
+        record = load_record(root / f"{name}.yaml")
+        for e in record.entries:
+            labels = "target:i" in e.signature  # class probabilities (float targets) skip nothing
+            if labels and ("reduction=1" in e.signature or "reduction" not in e.signature):  # mean (the default)
+                assert "avg" not in str(e.combine), (name, e.signature)
