@@ -27,6 +27,12 @@ from .reduce import Reductions, reduce_problem
 
 SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 
+# The ILP stops once its plan is within this relative gap of the bound it has proven, (cost
+# - bound) / cost: a budgeted plan on a 2-D mesh is usually found within seconds, and proving
+# the last few percent took the rest of the time limit (50 s for a GPT block on 2x2, whose
+# plan was the same; benchmarks/HISTORY.md). The cost model's own error is larger than 3%.
+GAP = 0.03
+
 
 def solve(
     problem: ShardingProblem,
@@ -36,6 +42,7 @@ def solve(
     beam_width: int = 8,
     threads: int = 1,
     started: float | None = None,
+    gap: float = GAP,
 ) -> Plan:
     """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
     CBC for half the time limit and, where CBC proves no optimum and highspy is installed,
@@ -48,7 +55,9 @@ def solve(
     beam search, and a plan stopped by the time limit carries the ILP's bound (its gap).
     ``time_limit``: seconds for all of it (reductions, beam search and the ILP); None sizes
     it to the ILP (``ilp.time_limit_for``); ``started``: the ``time.perf_counter()`` reading
-    it counts from (default now; ``plan`` counts the problem's building too).
+    it counts from (default now; ``plan`` counts the problem's building too); ``gap``: the
+    ILP stops once its plan is within this relative gap of its bound (status 'near-optimal';
+    0 asks for a proof).
     """
     if solver not in SOLVER_CHOICES:
         raise PlannerError(f"unknown solver {solver!r} (expected one of {SOLVER_CHOICES})")
@@ -75,7 +84,7 @@ def solve(
         return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
     name = "highs" if solver == "highs" else "cbc"
     try:
-        found = _solve_ilp(small, solver, time_limit, warm, threads, started)
+        found = _solve_ilp(small, solver, time_limit, warm, threads, started, gap)
     except ImportError as err:  # mip (or highspy) is an optional dependency
         if beam is None:
             raise PlannerError(f"the ILP solver is not installed ({err}) and beam search found no plan") from err
@@ -85,16 +94,23 @@ def solve(
         if reductions.tie or reductions.follow:
             # The heuristic reductions may be what rules every plan out; retry exactly.
             exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
-            return solve(problem, solver, time_limit, exact, beam_width, threads, started)
-        budget = small.memory_budget
-        least = least_memory(small, time_limit or 60.0) if budget is not None else None
-        if least is not None and least > budget * (1 + MEMORY_RTOL):
-            raise Infeasible(f"no plan fits a memory budget of {budget:,.0f} bytes per device: the least any plan "
-                             f"needs is {least:,.0f}") from err
+            return solve(problem, solver, time_limit, exact, beam_width, threads, started, gap)
+        least = _least_memory(small, time_limit)
+        if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
+            raise Infeasible(f"no plan fits a memory budget of {small.memory_budget:,.0f} bytes per device: the least "
+                             f"any plan needs is {least:,.0f}") from err
         raise
     if found is None:  # the time limit stopped the ILP before it had a solution
         if beam is None:
-            raise PlannerError(f"no plan found within the time limit ({time_limit or 'sized to the problem'} s)")
+            # beam search found nothing either: a budget no plan fits, or one only the ILP could meet
+            least = _least_memory(small, time_limit)
+            if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
+                raise Infeasible(f"no plan fits a memory budget of {small.memory_budget:,.0f} bytes per device: the "
+                                 f"least any plan needs is {least:,.0f}")
+            limit = f"{time_limit:g} s" if time_limit else "its time limit, sized to the problem"
+            near = f" (the least any plan needs is {least:,.0f} bytes per device)" if least is not None else ""
+            raise PlannerError(f"no plan found within {limit}: pass a larger time_limit, or a larger memory "
+                               f"budget{near}")
         nothing = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, "no solution", time.perf_counter() - started)
         return make_plan(problem, lighter_inputs(problem, beam[0]), nothing, picked=beam[1].solver)
     name = found.solver
@@ -104,6 +120,11 @@ def solve(
         kept = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, found.status, found.seconds, found.bound)
         return make_plan(problem, lighter_inputs(problem, beam[0]), kept, picked=beam[1].solver)
     return make_plan(problem, lighter_inputs(problem, full), found, picked=name)
+
+
+def _least_memory(small, time_limit: float | None) -> float | None:
+    """The least memory any plan of ``small`` needs (None: no budget, or not known in time)."""
+    return least_memory(small, time_limit or 60.0) if small.memory_budget is not None else None
 
 
 # A problem whose exact reductions leave at most this many choices is solved without the
@@ -123,29 +144,35 @@ def _reduced(cp, reductions: Reductions):
 
 
 def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | None, threads: int,
-               started: float) -> Solution | None:
-    """The ILP's answer by the named solver, or for 'ilp' by CBC and then, unless CBC proved
-    its answer optimal, HiGHS from CBC's incumbent (or the warm start) in the time left: the
-    cheaper answer, with the tighter of the two bounds."""
+               started: float, gap: float = GAP) -> Solution | None:
+    """The ILP's answer by the named solver, or for 'ilp' by CBC and then, unless CBC's answer
+    is within ``gap`` of its bound, HiGHS from CBC's incumbent (or the warm start) in the time
+    left: the cheaper answer, with the tighter of the two bounds."""
     start = warm.assignment if warm else None
     if solver != "ilp":
-        return solve_ilp(small, time_limit, start, solver, threads, started=started)
+        return solve_ilp(small, time_limit, start, solver, threads, mip_gap=gap, started=started)
     try:
         import highspy  # noqa: F401 - only whether it is there
     except ImportError:
-        return solve_ilp(small, time_limit, start, "cbc", threads, started=started)
-    first = solve_ilp(small, time_limit, start, "cbc", threads, started=started, share=0.5)
-    if first is not None and first.status == "optimal":
+        return solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started)
+    first = solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started, share=0.5)
+    if first is not None and first.status in ("optimal", "near-optimal"):
         return first
-    second = solve_ilp(small, time_limit, first.assignment if first else start, "highs", threads, started=started)
+    second = solve_ilp(small, time_limit, first.assignment if first else start, "highs", threads, mip_gap=gap,
+                       started=started)
     answers = [a for a in (first, second) if a is not None]
     if not answers:
         return None
     best = min(answers, key=lambda a: a.cost)
     bounds = [a.bound for a in answers if a.bound is not None]
-    proven = any(a.status == "optimal" for a in answers)
-    return Solution(best.assignment, best.cost, best.solver, "optimal" if proven else best.status,
-                    time.perf_counter() - started, max(bounds) if bounds else None)
+    bound = max(bounds) if bounds else None
+    if any(a.status == "optimal" for a in answers):
+        status = "optimal"
+    elif bound is not None and best.cost - bound <= gap * best.cost:
+        status = "near-optimal"
+    else:
+        status = best.status
+    return Solution(best.assignment, best.cost, best.solver, status, time.perf_counter() - started, bound)
 
 
 def lighter_inputs(problem: ShardingProblem, assignment: Sequence[int]) -> list[int]:
@@ -207,6 +234,7 @@ def plan(
     target: Target = DTENSOR_PLAN,
     constraints: Mapping[str, Placements] | None = None,
     repeats: Mapping[str, float] | None = None,
+    gap: float = GAP,
 ) -> Plan:
     """Choose a strategy for every op and a placement for every graph input of ``ir``.
 
@@ -219,14 +247,15 @@ def plan(
     ``strict``: shards must divide evenly; ``target``: what the runtime runs of a rule
     strategy (``metaspmd.target``: ``DTENSOR_PLAN``, ``JAX_PLAN``); ``constraints``: placements
     a user already decided, by var name; ``repeats``: how often an op runs per call (a loop
-    body's, once per iteration). See build_problem.
+    body's, once per iteration); ``gap``: the relative gap at which the ILP stops (``GAP``;
+    0 asks for a proof). See build_problem.
     """
     started = time.perf_counter()  # the time limit covers the build too
     problem = build_problem(
         ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
         target, constraints, repeats,
     )
-    return solve(problem, solver, time_limit, reductions, beam_width, threads, started)
+    return solve(problem, solver, time_limit, reductions, beam_width, threads, started, gap)
 
 
 def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str | None = None) -> Plan:
@@ -235,4 +264,4 @@ def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str |
     return make_plan(problem, problem.assignment(labels, default))
 
 
-__all__ = ["SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]
+__all__ = ["GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

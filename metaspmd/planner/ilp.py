@@ -236,7 +236,8 @@ def solve_ilp(
     """The best assignment found within ``time_limit`` seconds (model building included;
     None: ``time_limit_for`` the model's size) counted from ``started`` (a perf_counter
     reading, default now; the solver gets at least 5 s of it, or the whole limit when
-    smaller), status 'optimal' when proven, else 'feasible' with the solver's bound; None
+    smaller), status 'optimal' when proven, 'near-optimal' when within ``mip_gap`` of the
+    solver's bound (a relative gap: (cost - bound) / cost), else 'feasible' with it; None
     when the solver found none in time (CBC installs a warm start only after the root
     LP). ``share``: the part of the limit this call may use, counted from ``started``, so
     that a second solver can go on from this one's answer in the rest. Raises Infeasible."""
@@ -301,14 +302,19 @@ def solve_ilp(
     bound = model.objective_bound
     if bound is not None and not math.isfinite(bound):  # HiGHS stopped before any bound: -inf
         bound = None
-    return Solution(
-        assignment,
-        p.evaluate(assignment),
-        solver,
-        "optimal" if status == mip.OptimizationStatus.OPTIMAL else "feasible",
-        time.perf_counter() - start,
-        None if bound is None else max(0.0, bound / TIME_SCALE + const),  # every cost is >= 0
-    )
+    cost = p.evaluate(assignment)
+    bound = None if bound is None else max(0.0, bound / TIME_SCALE + const)  # every cost is >= 0
+    return Solution(assignment, cost, solver, _status(status == mip.OptimizationStatus.OPTIMAL, cost, bound),
+                    time.perf_counter() - start, bound)
+
+
+def _status(stopped_by_gap: bool, cost: float, bound: float | None) -> str:
+    """'optimal' where the bound meets the cost (within the solvers' own 1e-6), 'near-optimal'
+    where the solver stopped within a wider ``mip_gap``, else 'feasible' (the time limit)."""
+    if not stopped_by_gap:
+        return "feasible"
+    exact = bound is not None and cost - bound <= 1e-6 * max(abs(cost), 1e-30)
+    return "optimal" if exact or bound is None else "near-optimal"
 
 
 def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:

@@ -91,3 +91,25 @@ def test_the_beam_and_the_ilp_evaluate_the_same_peak():
         assignment = tight.assignment({n.name: n.strategy.label for n in result.nodes})
         assert result.memory == pytest.approx(float(np.max(tight.choice.liveness.profile(assignment))))
         assert result.memory <= budget * (1 + 1e-9)
+
+
+def test_an_ilp_stopped_with_nothing_found_says_whether_the_budget_can_be_met(monkeypatch):
+    """Where the time limit stops the ILP before any plan and beam search finds none, the
+    error says which to change: the least memory any plan needs decides between a budget no
+    plan fits (Infeasible) and one that wants more time (PlannerError naming time_limit)."""
+    from metaspmd.planner import PlannerError, api
+    from metaspmd.planner.choice import Infeasible as BeamFailed
+    from metaspmd.planner.synthetic import mlp
+
+    def no_beam(*a, **k):
+        raise BeamFailed("beam search: no partial assignment survives")
+
+    ir, strategies = mlp(64, 1024, 4096)
+    fits = plan(ir, strategies, Mesh.of(4)).memory  # the unbudgeted plan's peak: a budget some plan meets
+    monkeypatch.setattr(api, "solve_beam", no_beam)
+    monkeypatch.setattr(api, "_solve_ilp", lambda *a, **k: None)  # stopped before a solution
+    with pytest.raises(Infeasible, match="the least any plan needs is"):
+        solve(build_problem(ir, strategies, Mesh.of(4), memory_budget=1000.0), time_limit=5)
+    with pytest.raises(PlannerError, match=r"within 5 s: pass a larger time_limit, or a larger memory budget \(the "
+                                           r"least any plan needs is [\d,]+ bytes"):
+        solve(build_problem(ir, strategies, Mesh.of(4), memory_budget=fits), time_limit=5)

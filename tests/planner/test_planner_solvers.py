@@ -128,11 +128,11 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
     worse = max((a for a in itertools.product(*(range(n.size) for n in p.nodes)) if p.feasible(a)), key=p.evaluate)
     calls = []
 
-    def fake(small, time_limit, start, solver, threads, started, share=1.0):
+    def fake(small, time_limit, start, solver, threads, started, share=1.0, mip_gap=1e-6):
         calls.append((solver, share, start))
         if solver == "cbc":  # stopped at its share with a poor incumbent and a weak bound
             return Solution(tuple(worse), p.evaluate(worse), "cbc", "feasible", 0.1, 0.0)
-        return solve_ilp(small, time_limit, start, solver, threads, started=started)
+        return solve_ilp(small, time_limit, start, solver, threads, started=started, mip_gap=mip_gap)
 
     monkeypatch.setattr(api, "solve_ilp", fake)
     got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0)
@@ -144,3 +144,22 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
     calls.clear()
     monkeypatch.setattr(api, "solve_ilp", lambda *a, **k: calls.append(a[3]) or exact)
     assert api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0) is exact and calls == ["cbc"]
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_a_solver_told_a_gap_stops_within_it_and_says_so(make_problem, brute_force, solver):
+    """With a gap as wide as the cost itself, the solver may stop on the warm start, the
+    worst plan there is: it reports the plan 'near-optimal' (within the gap of its bound),
+    never 'optimal', unless the bound meets the cost. Asked for a proof (gap 0) it proves."""
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    p = make_problem(np.random.default_rng(5), 5, budget=True)  # a bound the LP leaves 6% short
+    want, _ = brute_force(p)
+    worst = max((a for a in itertools.product(*(range(n.size) for n in p.nodes)) if p.feasible(a)), key=p.evaluate)
+    assert p.evaluate(worst) > want * 1.01
+    loose = solve_ilp(p, warm_start=worst, solver=solver, mip_gap=1.0)
+    assert p.feasible(loose.assignment) and loose.bound is not None and loose.bound <= want * (1 + 1e-9)
+    proven = loose.cost - loose.bound <= 1e-6 * loose.cost
+    assert loose.status == ("optimal" if proven else "near-optimal")
+    exact = solve_ilp(p, warm_start=worst, solver=solver, mip_gap=0.0)
+    assert exact.status == "optimal" and exact.cost == pytest.approx(want, rel=1e-6, abs=1e-12)
