@@ -364,7 +364,18 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
         with _fake_kernel_errors_unlogged():
             return make_fx(fn, tracing_mode="fake", **kwargs)(*args)
     except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
+        pass
+    try:
         return make_fx(fn, **kwargs)(*args)
+    except RuntimeError as err:
+        if "get value out of a tracing tensor" not in str(err):
+            raise
+        # Python that branches on a tensor's value (``if y.sum() > 0``) or slices by one
+        # (``cache[:pos[0]]``): make_fx's own advice (tracing_mode='symbolic') is not the user's
+        raise ValueError("the model reads a tensor's value into Python while it is traced (an if or a loop on a "
+                         "tensor, a slice bound or a size taken from one): parallelize plans one graph for every "
+                         "call, so keep the choice in tensors (torch.where, masks) or pass such values as Python "
+                         "numbers") from err
 
 
 @contextlib.contextmanager

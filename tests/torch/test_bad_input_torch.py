@@ -98,6 +98,26 @@ def test_a_value_read_out_of_tensor_data_is_named(model, op):
         capture(model, (torch.randn(2, 4),))
 
 
+class BranchesOnAValue(ReadsItem):
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if y.sum() > 0 else y
+
+
+class SlicesByATensor(ReadsItem):
+    def forward(self, x, pos):
+        return self.fc(x)[: pos[0]].sum(0)
+
+
+@pytest.mark.parametrize("model,inputs", [(BranchesOnAValue(), (torch.randn(2, 4),)),
+                                          (SlicesByATensor(), (torch.randn(2, 4), torch.tensor([1])))])
+def test_python_that_reads_a_value_while_tracing_is_named_not_make_fx_advice(model, inputs):
+    """make_fx's error suggests its own tracing_mode='symbolic', which the user never passes."""
+    with pytest.raises(ValueError, match=r"reads a tensor's value into Python while it is traced") as info:
+        capture(model, inputs)
+    assert "tracing_mode" not in str(info.value)
+
+
 def test_capture_works_where_the_checks_allow():
     x = torch.randn(2, 4)
     assert capture(TwoOutputs(), (x,), loss_fn=lambda out: out[0].sum()).n_outputs == 1
