@@ -139,6 +139,17 @@ def _fresh_operands(prim: str, params: dict, operands: Sequence[Any], seed: int)
     return new
 
 
+def _as_traced(operands: Sequence[Any], traced: tuple | None) -> list[Any]:
+    """The real operands, a literal of the jaxpr (the number 1, a numpy scalar) as the array
+    the trace has (int32[]): the entry explored then carries the node's signature, which its cache key is,
+    and places that operand as the array it is (kept as a number, it was explored again at
+    every call, and its rules had one tensor fewer)."""
+    if traced is None:
+        return list(operands)
+    return [jnp.asarray(x, dtype=t.dtype) if isinstance(x, (bool, int, float, complex, np.generic)) else x
+            for x, t in zip(operands, traced)]
+
+
 def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ...], tuple, str]:
     prim = node.op.removeprefix("jax.")
     names, args = op_arguments(prim, operands)
@@ -181,7 +192,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
     found = (rules if rules is not None else table()).strategies(node.op, sig)
 
     def case() -> OpCase:
-        operands = captured.values[node.name]
+        operands = _as_traced(captured.values[node.name], traced)
         if prim in OPAQUE:
             def refuse(*_a, **_k):
                 raise Opaque(f"{prim} is control flow: its bodies have fixed shapes, so it stays replicated")

@@ -399,3 +399,34 @@ def test_custom_linear_solve_runs_its_plan_under_a_budget(mesh, cache):
     ref_out, ref_grads = reference(cg_solve, params, b)
     np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5 * float(np.abs(ref_out).max()))
     np.testing.assert_allclose(grads["m"], ref_grads["m"], rtol=1e-4, atol=1e-5 * float(np.abs(ref_grads["m"]).max()))
+
+
+def cond_in_scan(params, x):
+    def layer(h, inp):
+        w, flag = inp
+        h = lax.cond(flag > 0, lambda h: jnp.tanh(h @ w), lambda h: jax.nn.relu(h @ w) * 0.5, h)
+        return h, h.mean()
+
+    h, means = lax.scan(layer, x, (params["w"], jnp.array([1, 0, 1, 0], jnp.int32)))
+    return h @ params["head"], means
+
+
+def test_every_node_is_explored_under_the_signature_its_cache_entry_is_looked_up_by():
+    """A jaxpr literal reaches the capture's recorded operands as a numpy scalar (the 1 the
+    cond's predicate is compared with): explored as that number, the entry was kept under a
+    signature the lookup never asks for, so the node was explored live at every call."""
+    from metaspmd.backends.jax.rules_at_runtime import node_call
+    from metaspmd.backends.jax.tensor_ops import JaxOps
+    from metaspmd.signature import signature
+
+    params = {"w": jax.random.normal(jax.random.key(0), (4, 16, 16)) / 4, "head": jnp.ones((16, 8)) / 4}
+    c = capture(cond_in_scan, (jnp.ones((8, 16), jnp.float32),), params=params)
+    ops, checked = JaxOps(), 0
+    for node in c.ir.op_list:
+        call = node_call(c, node)
+        if call.table_rules is not None:
+            continue
+        case = call.case()
+        assert signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes) == call.signature, node.name
+        checked += 1
+    assert checked
