@@ -141,9 +141,9 @@ def _fresh_operands(prim: str, params: dict, operands: Sequence[Any], seed: int)
 
 def _as_traced(operands: Sequence[Any], traced: tuple | None) -> list[Any]:
     """The real operands, a literal of the jaxpr (the number 1, a numpy scalar) as the array
-    the trace has (int32[]): the entry explored then carries the node's signature, which its cache key is,
-    and places that operand as the array it is (kept as a number, it was explored again at
-    every call, and its rules had one tensor fewer)."""
+    the trace has (int32[]): the entry explored then carries the node's signature, its cache
+    key, and places that operand as the array it is (kept as a number, the node was explored
+    again at every call, and its rules had one tensor fewer)."""
     if traced is None:
         return list(operands)
     return [jnp.asarray(x, dtype=t.dtype) if isinstance(x, (bool, int, float, complex, np.generic)) else x

@@ -45,7 +45,7 @@ def solve(
     gap: float = GAP,
 ) -> Plan:
     """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
-    CBC for half the time limit and, where CBC proves no optimum and highspy is installed,
+    CBC for half the time limit and, where CBC stops short of the gap and highspy is installed,
     HiGHS for the rest from CBC's incumbent: neither dominates (on the expert-plan GPT
     blocks CBC proves a mesh of 4 in 3.5 s where HiGHS takes 22 s, while on JAX's 2x2 HiGHS
     improves CBC's 30 s incumbent by 9%; benchmarks/HISTORY.md).
