@@ -412,15 +412,18 @@ def cond_in_scan(params, x):
 
 
 def test_every_node_is_explored_under_the_signature_its_cache_entry_is_looked_up_by():
-    """A jaxpr literal reaches the capture's recorded operands as a numpy scalar (the 1 the
-    cond's predicate is compared with): explored as that number, the entry was kept under a
-    signature the lookup never asks for, so the node was explored live at every call."""
+    """The case a node is explored on carries the node's own signature, under which the
+    cache keeps and looks up its entry. The JAX audit saw the cond's ``flag > 0`` inside a
+    scan explored live at every call: its operand reached the case as a number (x=1), where
+    the node's signature has an int32[] (``rules_at_runtime._as_traced``)."""
     from metaspmd.backends.jax.rules_at_runtime import node_call
     from metaspmd.backends.jax.tensor_ops import JaxOps
     from metaspmd.signature import signature
 
-    params = {"w": jax.random.normal(jax.random.key(0), (4, 16, 16)) / 4, "head": jnp.ones((16, 8)) / 4}
+    params = {"w": jax.random.normal(jax.random.key(0), (4, 16, 16), jnp.float32) / 4,
+              "head": jnp.ones((16, 8), jnp.float32) / 4}  # float32 as x, with x64 on or off
     c = capture(cond_in_scan, (jnp.ones((8, 16), jnp.float32),), params=params)
+    c.values.record()  # as parallelize does before exploring
     ops, checked = JaxOps(), 0
     for node in c.ir.op_list:
         call = node_call(c, node)
