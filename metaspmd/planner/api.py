@@ -33,6 +33,12 @@ SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 # plan was the same; benchmarks/HISTORY.md). The cost model's own error is larger than 3%.
 GAP = 0.03
 
+# The part of the time limit 'ilp' gives CBC before HiGHS goes on from its answer. CBC is the
+# quicker on the GPT blocks (within 9 s on 2x2), HiGHS where the LP is large (a 3-axis mesh:
+# 2.9 s against CBC's 31.7 s): a third leaves CBC its own cases and HiGHS most of the limit
+# for the others (benchmarks/HISTORY.md).
+CBC_SHARE = 0.3
+
 
 def solve(
     problem: ShardingProblem,
@@ -45,10 +51,9 @@ def solve(
     gap: float = GAP,
 ) -> Plan:
     """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
-    CBC for half the time limit and, where CBC stops short of the gap and highspy is installed,
-    HiGHS for the rest from CBC's incumbent: neither dominates (on the expert-plan GPT
-    blocks CBC proves a mesh of 4 in 3.5 s where HiGHS takes 22 s, while on JAX's 2x2 HiGHS
-    improves CBC's 30 s incumbent by 9%; benchmarks/HISTORY.md).
+    CBC for ``CBC_SHARE`` of the time limit and, where CBC stops short of the gap and highspy
+    is installed, HiGHS for the rest from CBC's incumbent: neither dominates (CBC is the
+    quicker on the expert-plan GPT blocks, HiGHS on large LPs; benchmarks/HISTORY.md).
 
     Beam search runs on the reduced problem (the ILP's warm start) and on the whole graph;
     the plan is the cheapest of those and the ILP's incumbent, so it is never worse than
@@ -155,7 +160,7 @@ def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | No
         import highspy  # noqa: F401 - only whether it is there
     except ImportError:
         return solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started)
-    first = solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started, share=0.5)
+    first = solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started, share=CBC_SHARE)
     if first is not None and first.status in ("optimal", "near-optimal"):
         return first
     second = solve_ilp(small, time_limit, first.assignment if first else start, "highs", threads, mip_gap=gap,
@@ -264,4 +269,4 @@ def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str |
     return make_plan(problem, problem.assignment(labels, default))
 
 
-__all__ = ["GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]
+__all__ = ["CBC_SHARE", "GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

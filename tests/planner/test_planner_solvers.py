@@ -117,7 +117,7 @@ def test_the_time_limit_grows_with_the_ilp_and_stops_short_of_a_minute():
 
 
 def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make_problem, monkeypatch):
-    """'ilp': CBC gets half the limit; where it stops unproven, HiGHS starts from its answer
+    """'ilp': CBC gets a share of the limit; where it stops unproven, HiGHS starts from its answer
     and the cheaper answer is kept with the tighter bound. A proven CBC answer ends it."""
     pytest.importorskip("highspy")
     from metaspmd.planner import api
@@ -136,7 +136,7 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
 
     monkeypatch.setattr(api, "solve_ilp", fake)
     got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0)
-    assert [(s, share) for s, share, _ in calls] == [("cbc", 0.5), ("highs", 1.0)]
+    assert [(s, share) for s, share, _ in calls] == [("cbc", api.CBC_SHARE), ("highs", 1.0)]
     assert calls[1][2] == tuple(worse)  # HiGHS warm-started from CBC's incumbent
     assert got.solver == "highs" and got.status == "optimal"
     assert got.cost == pytest.approx(exact.cost) and got.bound == pytest.approx(exact.cost, rel=1e-6, abs=1e-9)
