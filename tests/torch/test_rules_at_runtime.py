@@ -87,8 +87,10 @@ def test_a_mean_over_labels_that_skip_ignore_index_is_not_a_mean_of_shard_means(
 
 
 def test_the_registry_keeps_no_mean_of_shard_means_for_losses_that_skip_labels():
-    from metaspmd.registry_io import load_record
+    """The sweep's entries of the same losses, at reduction mean, with class labels."""
     from pathlib import Path
+
+    from metaspmd.registry_io import load_record
 
     root = Path(__file__).resolve().parents[2] / "registry" / "torch"
     for name in ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default", "aten.cross_entropy_loss.default",
