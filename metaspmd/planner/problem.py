@@ -135,8 +135,9 @@ def _edge_factors(
     """Reshard cost for every (producer choice, consumer choice), one factor per mesh axis.
 
     The cost on axis ``a`` depends only on the two placements on ``a``, on which later
-    axes shard the source and which earlier axes shard the destination (CostModel's
-    axis-by-axis order), so each factor's table is small.
+    axes shard the source and which dims earlier axes cut on the destination (CostModel's
+    axis-by-axis order), and on which earlier axes cut the source's dim of ``a`` (whether
+    ``a`` regathers), so each factor's table is small.
     """
     shape = cm.mesh.shape
     factors = []
