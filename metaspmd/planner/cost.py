@@ -53,7 +53,14 @@ def regathers(axis: int, src: Placements, dst: Placements) -> bool:
     longer a piece of the new layout (``[R, S(1)] -> [S(1), S(1)]`` moves data between the
     second axis's devices, which XLA compiles as gathering the whole tensor)."""
     s = src[axis]
-    return isinstance(s, Shard) and any(src[e] != dst[e] and s in (src[e], dst[e]) for e in range(axis))
+    return isinstance(s, Shard) and cut_moves(s, [src[e] == s for e in range(axis)], dst[:axis])
+
+
+def cut_moves(cut: Shard, held_before: Sequence[bool], earlier_dst: Sequence[Placement | None]) -> bool:
+    """``regathers`` from what it reads of the earlier axes: whether each held ``cut`` on the
+    source, and what each holds on the destination (the ILP's coarse per-axis keys give
+    these alone): some earlier axis holds the cut on one side only."""
+    return any(held != (d == cut) for held, d in zip(held_before, earlier_dst))
 
 
 @dataclass(frozen=True)
@@ -225,4 +232,4 @@ class CostModel:
         return shard_factor(p, self.mesh.shape, dim)
 
 
-__all__ = ["CostModel", "Device", "ReshardStep"]
+__all__ = ["CostModel", "Device", "ReshardStep", "cut_moves", "regathers"]

@@ -16,7 +16,7 @@ from ..ir import MetaIR, MetaOp, MetaVar
 from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str, why_invalid
 from ..target import DTENSOR_PLAN, Target, cuts_line_up
 from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
-from .cost import CostModel
+from .cost import CostModel, cut_moves
 from .flops import dtype_bytes, is_conv, is_matmul
 from .mesh import Mesh
 from .strategies import (
@@ -157,8 +157,7 @@ def _edge_factors(
         table = np.zeros((len(rk), len(ck)))
         for (sa, later, same), i in rk.items():
             for (da, earlier), j in ck.items():
-                # an earlier axis adds or drops the cut of sa's dim: it holds it on one side only
-                again = any(s != (d == sa) for s, d in zip(same, earlier))
+                again = cut_moves(sa, same, earlier)  # same is empty where sa cuts nothing
                 if sa == da and not again:
                     continue
                 others = 1
