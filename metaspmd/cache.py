@@ -19,8 +19,11 @@ Each file starts with a seal, a comment holding the sha256 of the rest: a rule i
 because the explorer verified it, so a file changed since (a hand edit that still reads as
 a record but holds a wrong rule, a damaged disk) is a miss with a warning naming it, as is
 one that cannot be read as a record (bad UTF-8, an alias): the op is explored again and the
-file rewritten. A cache folder that cannot be used (read-only, not a folder) turns
-persistence off with one warning; what was explored stays in memory for the process.
+file rewritten. An entry whose path cannot be used (a folder, a FIFO or a device where its
+file belongs, a file where its op's folder belongs) is skipped with one warning naming it,
+and its rule kept in memory; the other entries are read and written as usual. A cache
+folder that cannot be used (read-only, not a folder) turns persistence off with one
+warning; what was explored stays in memory for the process.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import importlib.metadata
 import os
 import re
+import stat
 import warnings
 from pathlib import Path
 from typing import Callable, Mapping
@@ -54,6 +58,19 @@ def _sealed(data: bytes) -> bool:
     """Whether ``data`` starts with the seal of what follows it."""
     first, _, rest = data.partition(b"\n")
     return first == f"{_SEAL}{hashlib.sha256(rest).hexdigest()}".encode()
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` holds something other than a file to read, which no rewrite replaces, or
+    ''. Looked at before it is opened: a FIFO there would block the read, /dev/zero fill
+    memory. A symlink to nothing or in a loop is not named: the rewrite replaces the link."""
+    try:
+        mode = os.stat(path).st_mode
+    except NotADirectoryError:
+        return f"{next(p for p in path.parents if p.exists())} is not a folder"
+    except OSError:
+        return ""
+    return "" if stat.S_ISREG(mode) else f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}"
 
 
 class RuleCacheWarning(UserWarning):
@@ -90,6 +107,7 @@ class RuleCache:
         self._memory: dict[tuple[str, str, str], RuleEntry] = {}
         self._pinned = dict(framework_versions or {})
         self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
+        self._skipped: set[Path] = set()  # entries whose path cannot be used, each warned of once
         # Read at construction, not import, so a bump in a running test takes effect.
         self._folder = self.root / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}-c{FORMAT}"
 
@@ -112,25 +130,32 @@ class RuleCache:
         if not self.persist:
             return None
         path = self.path(backend, op, signature)
+        blocker = _not_a_file(path)
+        if blocker:
+            self._unusable_entry(backend, path, blocker)
+            return None
         try:
             data = read_file(path)
-            if not _sealed(data):
-                warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it (its seal does not match "
-                              "its content); exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
-                return None
-            record = loads_record(data.decode("utf-8"), str(path))  # the seal is a comment: lines keep their numbers
         except FileNotFoundError:
             return None
-        except RegistryError as e:  # its message names the file and line
-            blocker = path_problem(path.parent, folder=True)
-            if blocker:  # no entry can be there: one warning for the folder, not one per entry
-                self._memory_only(NotADirectoryError(blocker))
-                return None
-            warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {e}",
-                          RuleCacheWarning, stacklevel=2)
+        except RegistryError as e:  # a dangling symlink, no permission: replaced by the rewrite
+            self._rewrite(str(e))
             return None
         except OSError as e:
-            self._memory_only(e)
+            self._unusable_entry(backend, path, f"{path}: cannot read: {e.strerror or e}")
+            return None
+        if not _sealed(data):
+            warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it (its seal does not match "
+                          "its content); exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
+            return None
+        try:
+            record = loads_record(data.decode("utf-8"), str(path))  # the seal is a comment: lines keep their numbers
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1  # the seal's line counted: it is the file's first
+            self._rewrite(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})")
+            return None
+        except RegistryError as e:  # its message names the file and line
+            self._rewrite(str(e))
             return None
         if (record.op, record.backend) != (op, backend):
             warnings.warn(f"rule cache: {path} holds {record.backend} {record.op}, not {backend} {op}; "
@@ -145,16 +170,41 @@ class RuleCache:
         self._memory[(backend, op, entry.signature)] = entry  # first: a failed write loses nothing
         if self.persist:
             record: OpRecord = make_record(op, backend, [entry])
+            path = self.path(backend, op, entry.signature)
+            if path in self._skipped:
+                return  # warned when it was read: a folder or a device where the file belongs
             try:
-                write_text_atomic(self.path(backend, op, entry.signature), _seal(dump_record(record)))
+                write_text_atomic(path, _seal(dump_record(record)))
             except OSError as e:
-                self._memory_only(e)
+                self._unusable_entry(backend, path, f"{path}: cannot write: {e.strerror or e}")
 
     def remember(self, backend: str, op: str, entry: RuleEntry) -> None:
         """Keep a freshly explored entry, unless it failed: a failure may be the
         environment's (a crash, a time limit), so the next run explores again."""
         if entry.status != "failed":
             self.put(backend, op, entry)
+
+    def _rewrite(self, problem: str) -> None:
+        warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {problem}",
+                      RuleCacheWarning, stacklevel=3)
+
+    def _unusable_entry(self, backend: str, path: Path, problem: str) -> None:
+        """One entry's path cannot be read or written (a folder or a FIFO where its file
+        belongs, a file where its op's folder belongs): that entry is skipped with a warning,
+        the others are used as usual. Where the backend's folder itself cannot be used, no
+        entry can, and persistence is turned off (``_memory_only``)."""
+        folder = self._folder / self._backend_folder(backend)
+        blocker = path_problem(folder, folder=True)
+        if not blocker:  # the folder, or where it would be made
+            there = next(p for p in (folder, *folder.parents) if p.exists())
+            blocker = "" if os.access(there, os.W_OK | os.X_OK) else f"{there} is not writable"
+        if blocker:
+            self._memory_only(OSError(blocker))
+            return
+        if path not in self._skipped:
+            self._skipped.add(path)
+            warnings.warn(f"rule cache: cannot use the entry {path} ({problem}); its op is explored again and "
+                          "its rule kept in memory for this process", RuleCacheWarning, stacklevel=3)
 
     def _memory_only(self, error: OSError) -> None:
         """The folder cannot be used: say so once, and keep rules in memory from now on."""

@@ -2,6 +2,7 @@
 folders, unreadable entries and unusable folders."""
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import multiprocessing as mp
 import os
@@ -128,6 +129,51 @@ def test_a_cached_file_changed_after_it_was_written_is_explored_again_and_rewrit
     assert load_record(path).entry(ADD.signature) == first  # rewritten
     EXPLORED.clear()
     assert resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path)) == first and not EXPLORED
+
+
+def test_a_sealed_entry_that_is_not_utf8_is_explored_again_and_rewritten(tmp_path):
+    """The seal matches (a file written so, or copied whole from a damaged disk), the text
+    does not decode: a warning naming the file and line, not a UnicodeDecodeError at every run."""
+    first = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
+    body = path.read_bytes().split(b"\n", 1)[1].replace(b"status: ok", b"status: \xff", 1)
+    path.write_bytes(cache_module._SEAL.encode() + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    EXPLORED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    assert again == first and EXPLORED
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    line = body[: body.index(b"\xff")].count(b"\n") + 2  # the seal is line 1
+    assert len(ours) == 1 and f"{path}:{line}: not valid UTF-8 (byte 0xff" in ours[0], ours
+    assert load_record(path).entry(ADD.signature) == first  # rewritten
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("block", [
+    lambda path: path.mkdir(parents=True),  # a folder where the entry's file belongs
+    lambda path: (path.parent.parent.mkdir(parents=True), path.parent.write_text("a file, not the op's folder")),
+    pytest.param(lambda path: (path.parent.mkdir(parents=True), _fifo(path)),
+                 marks=pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")),  # would block the read
+    lambda path: (path.parent.mkdir(parents=True), path.symlink_to("/dev/zero")),  # would fill memory
+], ids=["folder", "file for the op's folder", "fifo", "device"])
+def test_an_unusable_entry_is_skipped_with_one_warning_and_the_others_persist(tmp_path, block):
+    cache = RuleCache(tmp_path)
+    path = cache.path("torch", RELU, "self:f[*]")
+    block(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.get("torch", RELU, "self:f[*]") is None
+        cache.remember("torch", RELU, entry())
+        assert cache.get("torch", RELU, "self:f[*]") == entry()  # kept in memory
+        cache.remember("torch", "aten.gelu.default", entry())  # another op's entry is written as usual
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    assert len(ours) == 1 and "cannot use the entry" in ours[0] and str(path) in ours[0], ours
+    assert cache.persist
+    assert RuleCache(tmp_path).get("torch", "aten.gelu.default", "self:f[*]") == entry()
 
 
 def test_an_unusable_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_path):
