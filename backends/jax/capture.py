@@ -501,6 +501,9 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
     except TypeError as err:
         if "must be 1D sequences of concrete values" in str(err):  # a traced number as a shape
             raise needs_concrete(err) from err
+        if traced is fn and "required positional argument" in str(err):  # called as fn(*inputs): no params=
+            raise TypeError(f"{err}: parallelize calls {_name(fn)}(*example_inputs), or {_name(fn)}(params, "
+                            "*example_inputs) when the parameters are passed as params=") from err
         if "carry input and carry output must have equal types" not in str(err):
             raise
         raise ControlFlowError(
@@ -524,6 +527,12 @@ def capture(
     ``while_trips``: the trips per call charged a while loop whose bounds are not static
     (one number for all, or by the loop's equation name as ``Captured.loops`` names it);
     default ``WHILE_TRIPS``."""
+    if any(c.__name__ == "Module" and c.__module__.startswith("torch.nn") for c in type(fn).__mro__):
+        raise TypeError(f"{type(fn).__qualname__} is a torch.nn.Module: plan it on a torch DeviceMesh "
+                        "(torch.distributed.device_mesh), not on a jax Mesh")
+    if not callable(fn):
+        raise TypeError(f"parallelize takes a function of the example inputs (and of params=, if given), got "
+                        f"{fn!r}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError("loss_fn must be callable (a function of the function's output, returning a scalar array), "
                         f"got {loss_fn!r}")

@@ -292,6 +292,11 @@ class JaxRuntime:
 
     def __post_init__(self) -> None:
         # refused here, before the capture: runtime.parallelize makes the runtime first
+        devices = list(self.mesh.devices.flat)
+        twice = next((d for d in devices if devices.count(d) > 1), None)
+        if twice is not None:  # one device cannot hold two shards of an array
+            raise ValueError(f"device {twice} appears {devices.count(twice)} times in the mesh: each position of a "
+                             "jax Mesh needs a device of its own")
         self.caller_mesh, self.mesh = self.mesh, auto_mesh(self.mesh)
         check_table(self.table)
 

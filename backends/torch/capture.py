@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import operator
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -214,7 +216,33 @@ def capture(
     with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
-            return _capture(fn_or_module, example_inputs, backward, loss_fn)
+            try:
+                return _capture(fn_or_module, example_inputs, backward, loss_fn)
+            except _ModelFailed as err:
+                raise RuntimeError(graph_failure(fn_or_module, example_inputs, str(err))) from err.__cause__
+
+
+class _ModelFailed(RuntimeError):
+    """The model itself raised while it was traced on its example inputs (``_make_fx``)."""
+
+
+def graph_failure(fn_or_module, example_inputs: tuple, message: str) -> str:
+    """An op's error while the model's graph ran (traced, recorded or planned), as the model
+    (None: a function planned), its inputs and the op: the FX page it comes with (the node,
+    "Use tlparse") names no input."""
+    first, _, rest = message.partition("\n\nWhile executing")
+    node = re.search(r"target=torch\.ops\.([\w.]+)", rest)
+    what = (type(fn_or_module).__qualname__ if isinstance(fn_or_module, torch.nn.Module)
+            else "the function" if fn_or_module is None else getattr(fn_or_module, "__qualname__", repr(fn_or_module)))
+    leaves = torch.utils._pytree.tree_leaves(list(example_inputs))
+    inputs = ", ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
+                       else type(x).__name__ for x in leaves)
+    params = ""
+    if isinstance(fn_or_module, torch.nn.Module):
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in fn_or_module.parameters()})
+        params = f" and {'/'.join(dtypes)} parameters" if dtypes else ""
+    at = f" at {node.group(1)}" if node else ""
+    return f"{what} fails on its inputs ({inputs}){params}{at}: {first.strip()}"
 
 
 def callers_generators_kept():
@@ -256,6 +284,29 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     from torch.distributed.tensor import DTensor
 
     for what, x in values:
+        if type(x).__module__.split(".")[0] in ("jax", "jaxlib"):
+            raise TypeError(f"{what} is a JAX array: a torch DeviceMesh plans torch modules and functions of torch "
+                            "tensors; plan a JAX function on a jax.sharding.Mesh")
+        if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+            raise TypeError(f"{what} is a {str(x.layout).removeprefix('torch.')} tensor: parallelize plans dense "
+                            "tensors; pass x.to_dense() and keep the sparse form inside the model")
+        if isinstance(x, torch.Tensor) and x.is_meta:
+            raise TypeError(f"{what} is on the meta device, which holds no values to plan and check with: pass "
+                            "real tensors (the planner's one-device check runs the model on them)")
+    # the tensors the trace takes as constants, by name: a module's plain tensor attributes,
+    # the variables a function closes over or reads as globals
+    if isinstance(fn_or_module, torch.nn.Module):
+        values += [(f"attribute {(m + '.' if m else '') + k!r}", v) for m, sub in fn_or_module.named_modules()
+                   for k, v in vars(sub).items() if isinstance(v, torch.Tensor)]
+    else:
+        try:
+            seen = inspect.getclosurevars(fn_or_module)
+        except (TypeError, ValueError):  # a builtin, a callable object: the trace's check stands (_no_local_constants)
+            seen = None
+        if seen is not None:
+            values += [(f"the variable {k!r} the function reads", v)
+                       for k, v in {**seen.globals, **seen.nonlocals}.items() if isinstance(v, torch.Tensor)]
+    for what, x in values:
         # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
         if LocalTensor and isinstance(x, LocalTensor):
             raise TypeError(f"{what} is a LocalTensor (made inside LocalTensorMode): create the model and its "
@@ -273,7 +324,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         if _mutates(gm):
             gm = _make_fx(torch.func.functionalize(gm, remove="mutations"), example_inputs)
         unmerge_batched_matmuls(gm)
-        values = recorded_values(gm, list(example_inputs))
+        values = recorded_values(gm, list(example_inputs), fn_or_module, example_inputs)
         ir = to_metair(gm)
         return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list),
                         inputs=traced, input_structure=structure)
@@ -300,7 +351,8 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         gm.graph.eliminate_dead_code()
         gm.recompile()
     unmerge_batched_matmuls(gm)
-    values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs))
+    values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs),
+                             module, example_inputs)
     ir = to_metair(gm)
     n_outputs = 1 if backward else len(ir.output_list) - len(written)
     updated = tuple(buffer_names[i] for i in written)
@@ -362,20 +414,37 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     the real values as before."""
     try:
         with _fake_kernel_errors_unlogged():
-            return make_fx(fn, tracing_mode="fake", **kwargs)(*args)
+            return _no_local_constants(make_fx(fn, tracing_mode="fake", **kwargs)(*args))
     except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
         pass
     try:
-        return make_fx(fn, **kwargs)(*args)
+        return _no_local_constants(make_fx(fn, **kwargs)(*args))
     except RuntimeError as err:
         if "get value out of a tracing tensor" not in str(err):
-            raise
+            raise _ModelFailed(str(err)) from err
         # Python that branches on a tensor's value (``if y.sum() > 0``) or slices by one
         # (``cache[:pos[0]]``): make_fx's own advice (tracing_mode='symbolic') is not the user's
         raise ValueError("the model reads a tensor's value into Python while it is traced (an if or a loop on a "
                          "tensor, a slice bound or a size taken from one): parallelize plans one graph for every "
                          "call, so keep the choice in tensors (torch.where, masks) or pass such values as Python "
                          "numbers") from err
+
+
+def _no_local_constants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm``, unless it holds a LocalTensor as a constant: a tensor made inside
+    LocalTensorMode that the model reads as an attribute or a closure's variable (not a
+    parameter, buffer or input, which ``_check_inputs`` names) computes per simulated rank
+    outside the trace, and the graph would give its example output whatever the input."""
+    try:
+        from torch.distributed._local_tensor import LocalTensor
+    except ImportError:  # a torch without it
+        return gm
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), LocalTensor):
+            raise TypeError("the model reads a LocalTensor (a tensor made inside LocalTensorMode) that is neither a "
+                            "parameter, a buffer nor an example input: an attribute or a variable it closes over. "
+                            "Create it outside the mode; only calling the parallelized model needs it")
+    return gm
 
 
 @contextlib.contextmanager
@@ -461,9 +530,17 @@ def _written_inputs(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) 
 def _mutates(gm: torch.fx.GraphModule) -> bool:
     """Some op of ``gm`` writes in place (an LSTM's ``sigmoid_``, a backward's ``add_``).
     The graph then reads a value by the node that made it before the write; the plan,
-    which may reshard that value into a copy first, would write the copy instead."""
-    return any(node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-               and node.target._schema.is_mutable for node in gm.graph.nodes)
+    which may reshard that value into a copy first, would write the copy instead.
+    A custom op that writes in place is refused, naming it: functionalize, which removes
+    the writes, cannot rewrite one (its error speaks of alias annotations)."""
+    writers = [node.target for node in gm.graph.nodes if node.op == "call_function"
+               and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable]
+    custom = next((op for op in writers if op.namespace not in ("aten", "prims")), None)
+    if custom is not None:
+        raise ValueError(f"the custom op {custom.name()} writes its input in place (mutates_args): parallelize "
+                         "plans a graph without in-place writes, and torch cannot rewrite a custom op's; give the "
+                         "op a form that returns the new value instead (mutates_args=())")
+    return bool(writers)
 
 
 def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> torch.fx.GraphModule:
@@ -486,11 +563,14 @@ def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> 
     return functional
 
 
-def recorded_values(gm: torch.fx.GraphModule, flat_inputs: list) -> RecordedValues:
+def recorded_values(gm: torch.fx.GraphModule, flat_inputs: list, fn_or_module: Any = None,
+                    example_inputs: tuple = ()) -> RecordedValues:
     """node name -> (args, kwargs) with the real example values, recorded by running the
     graph once on first access (``metaspmd.ir.RecordedValues``). Recorded outside any mode
     the caller is in (LocalTensorMode), without oneDNN, as the graph was traced, and with
-    the caller's generators given back after."""
+    the caller's generators given back after. An op that fails on the real values (a dtype
+    mismatch that the trace's fake tensors let pass) is named with ``fn_or_module`` and its
+    ``example_inputs``."""
 
     def record() -> dict:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -498,7 +578,12 @@ def recorded_values(gm: torch.fx.GraphModule, flat_inputs: list) -> RecordedValu
         with _disable_current_modes(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
             with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
-                return _record_values(gm, flat_inputs)
+                try:
+                    return _record_values(gm, flat_inputs)
+                except RuntimeError as err:
+                    if fn_or_module is None or "\n\nWhile executing" not in str(err):
+                        raise
+                    raise RuntimeError(graph_failure(fn_or_module, example_inputs, str(err))) from err
 
     return RecordedValues(record)
 

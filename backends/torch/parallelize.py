@@ -36,7 +36,7 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from .capture import Captured, capture, current_state, refuse_other_inputs
+from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_rules import refuted
 from .random_ops import draws_nothing, is_fill
@@ -68,8 +68,14 @@ class Parallelized:
         Buffers the model writes (running statistics) are written back into the module."""
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
         _refuse_fake_collectives()
+        _refuse_unsimulated_ranks(self.mesh)
         params, buffers = current_state(self.captured, self.module) if self.module is not None else ([], {})
-        outs = _PlannedRun(self).run(*params, *buffers.values(), *inputs)
+        try:
+            outs = _PlannedRun(self).run(*params, *buffers.values(), *inputs)
+        except RuntimeError as err:  # an op's error as the model, its inputs and the op, not as an FX node
+            if "\n\nWhile executing" not in str(err):
+                raise
+            raise RuntimeError(graph_failure(self.module, inputs, str(err))) from err
         if self.captured.updated_buffers:
             outs, updates = outs
             with torch.no_grad():
@@ -82,6 +88,18 @@ class Parallelized:
 
     def explain(self) -> str:
         return self.plan.table() if hasattr(self.plan, "table") else str(self.plan)
+
+
+def _refuse_unsimulated_ranks(mesh: DeviceMesh) -> None:
+    """Under LocalTensorMode each rank of the mesh must be one the mode simulates: a shard
+    placed on another rank has no local tensor to hold it."""
+    mode = local_tensor_mode() if local_tensor_mode is not None else None
+    if mode is None:
+        return
+    missing = sorted(set(mesh.mesh.flatten().tolist()) - set(mode.ranks))
+    if missing:
+        raise ValueError(f"the mesh has ranks {missing} that the LocalTensorMode around the call does not simulate "
+                         f"(it simulates {sorted(mode.ranks)}): give the mode every rank of the mesh")
 
 
 def _refuse_fake_collectives() -> None:

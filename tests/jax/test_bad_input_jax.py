@@ -153,6 +153,25 @@ def test_mesh_refused_before_the_trace(no_capture, names, types, error, message)
         parallelize(linear, mesh, (X,), params=PARAMS)
 
 
+def test_a_device_twice_in_the_mesh_is_refused_before_the_trace(no_capture):
+    d = jax.devices()[0]
+    with pytest.raises(ValueError, match=rf"device {d} appears 2 times in the mesh"):
+        parallelize(linear, Mesh(np.array([d, d]), ("tp",)), (X,), params=PARAMS)
+
+
+def test_what_is_no_jax_function_is_named():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"Linear is a torch.nn.Module: plan it on a torch DeviceMesh"):
+        capture(torch.nn.Linear(4, 4), (X,))
+    with pytest.raises(TypeError, match=r"parallelize takes a function of the example inputs .* got 3"):
+        capture(3, (X,))
+    # a function of params and inputs, called without params=
+    with pytest.raises(TypeError, match=r"linear\(\) missing 1 required positional argument: 'x': parallelize "
+                                        r"calls linear\(\*example_inputs\), or linear\(params, \*example_inputs\) "
+                                        r"when the parameters are passed as params="):
+        capture(linear, (X,))
+
+
 @pytest.mark.parametrize("given,error,message", [
     (P("dp", None), ValueError, (r"constraint on 'params.w': P\('dp', None\) names axis 'dp', which the mesh lacks "
                                  r"\(its axes: \('tp',\)\)")),

@@ -3,6 +3,7 @@ wrong instead of one from deep inside make_fx, autograd or torch.load."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -142,6 +143,76 @@ def test_local_tensors_are_named_not_recursed_into(fake_world_of):
         capture(torch.nn.Linear(4, 4), (x,))
 
 
+class ScalesByAnAttribute(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.fc, self.scale = torch.nn.Linear(4, 4), scale
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+def test_a_local_tensor_the_model_reads_as_a_constant_is_named(fake_world_of):
+    """Not a parameter, buffer or input: traced as a constant, the graph's output was the
+    example's whatever the input (a wrong answer at every later call)."""
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    fake_world_of(4)
+    with LocalTensorMode(frozenset(range(4))):
+        scale = torch.ones(4) * 2
+    with pytest.raises(TypeError, match=r"attribute 'scale' is a LocalTensor \(made inside LocalTensorMode\)"):
+        capture(ScalesByAnAttribute(scale), (torch.randn(2, 4),))
+
+    def closes_over(x):
+        return (x * scale).relu()
+
+    with pytest.raises(TypeError, match=r"the variable 'scale' the function reads is a LocalTensor"):
+        capture(closes_over, (torch.randn(2, 4),), backward=False)
+    # a callable object hides its variables from inspect: the traced graph's constant is named
+    with pytest.raises(TypeError, match=r"the model reads a LocalTensor .* neither a parameter, a buffer nor an "
+                                        r"example input"):
+        capture(functools.partial(lambda s, x: (x * s).relu(), scale), (torch.randn(2, 4),), backward=False)
+    assert capture(ScalesByAnAttribute(torch.ones(4)), (torch.randn(2, 4),)).n_outputs == 1  # a plain one is fine
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: torch.randn(2, 4).to_sparse(), r"example input 0 is a sparse_coo tensor: parallelize plans dense"),
+    (lambda: torch.empty(2, 4, device="meta"), r"example input 0 is on the meta device"),
+], ids=["sparse", "meta"])
+def test_inputs_without_dense_values_are_named(make, message):
+    with pytest.raises(TypeError, match=message):
+        capture(torch.nn.Linear(4, 4), (make(),))
+
+
+@pytest.mark.parametrize("x,message", [
+    (torch.randn(2, 4).double(), r"Linear fails on its inputs \(float64\[2, 4\]\) and float32 parameters at "
+                                 r"aten\.addmm\.default: mat1 and mat2 must have the same dtype"),
+    (torch.randn(2, 5), r"Linear fails on its inputs \(float32\[2, 5\]\) and float32 parameters: mat1 and mat2 "
+                        r"shapes cannot be multiplied"),
+], ids=["dtype (recording)", "shape (tracing)"])
+def test_an_op_that_fails_on_the_example_names_the_model_its_inputs_and_the_op(x, message):
+    """Not the trace's FX page (the node, 'Use tlparse'), which names no input."""
+    with pytest.raises(RuntimeError, match=message):
+        captured = capture(torch.nn.Linear(4, 4), (x,))
+        captured.values.record()  # recorded on first use: a dtype mismatch fake tensors let through
+
+
+def test_a_custom_op_that_writes_its_input_in_place_is_named():
+    @torch.library.custom_op("metaspmd_test::scale_in_place", mutates_args=("a",))
+    def scale_in_place(a: torch.Tensor) -> None:
+        a.mul_(2)
+
+    scale_in_place.register_fake(lambda a: None)
+
+    def fn(x):
+        y = x.clone()
+        scale_in_place(y)
+        return y.relu()
+
+    with pytest.raises(ValueError, match=r"the custom op metaspmd_test::scale_in_place writes its input in place"):
+        capture(fn, (torch.randn(2, 4),), backward=False)
+
+
 def test_parallelize_reports_a_tuple_output_before_planning(fake_world_of):
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -153,6 +224,25 @@ def test_parallelize_reports_a_tuple_output_before_planning(fake_world_of):
         parallelize(TwoOutputs(), mesh, (torch.randn(2, 4),))
     with pytest.raises(ValueError, match="memory_budget must be a finite number > 0, got nan"):
         parallelize(torch.nn.Linear(4, 4), mesh, (torch.randn(2, 4),), memory_budget=float("nan"))
+
+
+def test_a_call_under_a_local_tensor_mode_missing_mesh_ranks_is_refused(fake_world_of, tmp_path):
+    """A shard on a rank the mode does not simulate has no local tensor: the call failed
+    24 frames into DTensor ("LocalTensor cannot be empty")."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    model, x = torch.nn.Linear(4, 4), torch.randn(4, 4)
+    with LocalTensorMode(frozenset(range(2))):
+        mesh = DeviceMesh("cpu", list(range(4)), _init_backend=False, _rank=0)
+        p = parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
+        with pytest.raises(ValueError, match=r"the mesh has ranks \[2, 3\] that the LocalTensorMode around the "
+                                             r"call does not simulate \(it simulates \[0, 1\]\)"):
+            p(x)
 
 
 def test_parallelize_reports_an_output_without_gradient_before_planning(fake_world_of, monkeypatch):
