@@ -59,7 +59,7 @@ import numpy as np
 
 from metaspmd import planner
 from metaspmd.cache import RuleCache
-from metaspmd.cli import pipe_safe, positive_int, positive_number, seconds
+from metaspmd.cli import path_arg, pipe_safe, positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible
 from metaspmd.registry_io import path_problem
 from metaspmd.resolve import resolve
@@ -739,7 +739,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant-heads", type=positive_int, nargs="+", default=[4, 2, 8])
     ap.add_argument("--variant-seq", type=positive_int, default=16)
     ap.add_argument("--variant-batch", type=positive_int, default=4)
-    ap.add_argument("--cache", type=Path, default=None, help="rule cache folder (default: the user cache)")
+    ap.add_argument("--cache", type=path_arg, default=None, help="rule cache folder (default: the user cache)")
     ap.add_argument("--show-plans", action="store_true", help="print each plan's table")
     ap.add_argument("--dp-link", metavar="SECONDS:BYTES_PER_S", default=None,
                     help="2x2 only: the dp axis' link, e.g. 10e-6:25e9 for data parallelism across nodes "

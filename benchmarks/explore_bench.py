@@ -248,7 +248,7 @@ def best_of(f: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--ops", default="", help="comma-separated words: only calls whose name contains one")
+    p.add_argument("--ops", help="comma-separated words: only calls whose name contains one")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs per call, least CPU time taken (default 3)")
     p.add_argument("--profile", default="", help="cProfile the metaspmd side of calls matching this word")
     p.add_argument("--sort", default="cumtime", choices=sorted(pstats.Stats.sort_arg_dict_default),
@@ -256,7 +256,9 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=positive_int, default=40, help="profile lines printed")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    words = [w for w in a.ops.split(",") if w]
+    words = [w for w in (a.ops or "").split(",") if w.strip()]
+    if a.ops is not None and not words:  # an unset shell variable: an error, not every call
+        p.error(f"--ops {a.ops!r} names no call")
     selected = [c for c in calls() if not words or any(w in c[0] for w in words)]
     if not selected:
         p.error(f"--ops {a.ops!r}: no call's name contains one of these words; the calls: "

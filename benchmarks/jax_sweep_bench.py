@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
+
 from metaspmd.cli import ops_given, pipe_safe, positive_int, seconds
 from metaspmd.sweep import SweepConfig, SweepError, run_sweep, split_patterns
 

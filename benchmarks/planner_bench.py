@@ -34,6 +34,8 @@ import time
 
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
+
 from metaspmd.cli import positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
@@ -73,7 +75,6 @@ def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cac
     gradient) ties, and the seconds rule resolution took."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from examples.models import GPT
     from metaspmd.backends.torch.capture import capture
     from metaspmd.backends.torch.rules_at_runtime import node_call
@@ -99,7 +100,6 @@ def end_to_end(layers_list: list[int], mesh_shape: str, hidden: int, heads: int,
     from torch.distributed._local_tensor import LocalTensorMode
     from torch.distributed.device_mesh import DeviceMesh
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from examples.models import GPT
     from metaspmd import runtime
     from metaspmd.backends.torch.parallelize import TorchRuntime, parallelize
@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--end-to-end", action="store_true",
                    help="time metaspmd.parallelize of the torch GPT (capture, resolve, plan), warm rule cache")
     args = p.parse_args(argv)
+    if args.hidden % args.heads:
+        p.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
     if args.end_to_end:
         return end_to_end(args.layers, args.mesh, args.hidden, args.heads, args.batch, args.seq)
     cache = None

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
+
 from metaspmd.cli import ops_given, pipe_safe, positive_int, seconds, whole_number
 from metaspmd.sweep import DEFAULT_TIMEOUT, SweepConfig, SweepError, run_sweep, split_patterns
 
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not every op
     if args.kernels is not None and not args.kernels.strip():
         p.error(f"--kernels {args.kernels!r} names no module")  # not the built-in ops
+    if args.kernels is not None and args.backend == "jax":
+        p.error("--kernels takes torch custom ops or TVM TE kernels; the jax backend sweeps jax's own primitives only")
     try:
         return run(args)
     except KeyboardInterrupt:  # the pool has stopped its workers; the registries were temporary

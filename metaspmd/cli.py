@@ -20,6 +20,7 @@ import functools
 import importlib.util
 import math
 import os
+import pkgutil
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -87,6 +88,14 @@ def positive_number(text: str, allow_zero: bool = False, what: str = "a number")
         raise argparse.ArgumentTypeError(f"expected {what}: finite and {'>= 0' if allow_zero else '> 0'}, "
                                          f"got {text!r}")
     return value
+
+
+def path_arg(text: str) -> Path:
+    """argparse type: a path that is not empty (an unset shell variable would otherwise
+    name the current folder, and a command would write its files there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return Path(text)
 
 
 def seconds(text: str, allow_zero: bool = False) -> float:
@@ -172,7 +181,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                    help="only ops matching these globs (comma-separated or repeated); default: all")
     p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
                    help="worker processes (default: CPU count)")
-    p.add_argument("--out", type=Path, help="registry root (default: the repository's registry/; "
+    p.add_argument("--out", type=path_arg, help="registry root (default: the repository's registry/; "
                                              "required with --kernels)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; list ops whose file would change and exit 1 if any")
@@ -185,7 +194,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--kernels", metavar="MODULE",
                    help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
                         "TE kernels (tvm) or custom ops (torch)")
-    p.add_argument("--timings", type=Path, metavar="FILE", help="write per-op exploration times here (json)")
+    p.add_argument("--timings", type=path_arg, metavar="FILE", help="write per-op exploration times here (json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--worker-output", action="store_true",
                    help="let workers print to stderr (hidden by default: framework warnings bury the progress bar)")
@@ -275,8 +284,8 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all",
                    help="all (default): every backend with a table; with --registry, those it holds")
-    p.add_argument("--registry", type=Path, help="registry root (default: the repository's registry/)")
-    p.add_argument("--out", type=Path, default=ROOT / "generated",
+    p.add_argument("--registry", type=path_arg, help="registry root (default: the repository's registry/)")
+    p.add_argument("--out", type=path_arg, default=ROOT / "generated",
                    help="output folder (default: the repository's generated/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
@@ -286,6 +295,15 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     elif args.backend == "all":  # a registry of your own ops: the tables of the backends it holds
         # (none: generate names the registry and what it holds)
         backends = [b for b in backends if (args.registry / b).is_dir()] or backends
+        # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
+        known = {m.name for m in pkgutil.iter_modules(importlib.util.find_spec("metaspmd.backends").submodule_search_locations)
+                 if m.ispkg}
+        strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())
+                        if d.is_dir() and d.name not in known and next(d.glob("*.yaml"), None) is not None)
+        if strays:
+            print(f"error: {', '.join(strays)}: rule files in a folder named after no backend (backends: "
+                  f"{', '.join(sorted(known))})", file=sys.stderr)
+            return 2
     # --check too: a file or a symlink loop as --out is a mistake, not a stale table (a
     # missing folder is stale); a folder at a table's path would fail its rename
     problems = [path_problem(args.out, folder=True)] + [path_problem(args.out / TARGETS[b], folder=False)
@@ -384,7 +402,7 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.registry_io import RegistryError, load_rules
 
     p = argparse.ArgumentParser(prog=prog, description=COVERAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's registry/)")
+    p.add_argument("--registry", type=path_arg, default=REGISTRY, help="registry root (default: the repository's registry/)")
     p.add_argument("--list-misses", action="store_true", help="list every OpInfo-reached overload without rules")
     p.add_argument("--list-no-sample", action="store_true", help="list every dense CPU overload whose status is no-sample")
     p.add_argument("--min-reached", type=float, metavar="PCT", help="exit 1 when OpInfo-reached coverage is below PCT")
@@ -485,7 +503,7 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     shared.add_argument("--jobs", "-j", type=positive_int)
     shared.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True))
     shared.add_argument("--ops", action="append", default=[])
-    shared.add_argument("--registry", type=Path)
+    shared.add_argument("--registry", type=path_arg)
     known, _ = shared.parse_known_args(rest)
     ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
     if known.registry is not None:  # a backend folder would read as a registry without rules
@@ -524,6 +542,7 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+@pipe_safe
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _argv(argv)
     if not argv:

@@ -28,7 +28,7 @@ from .spec import (
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_OP_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_OP_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")  # \Z: "$" lets a final newline through
 _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
 }
@@ -549,6 +549,12 @@ def loads_record(text: str, filename: str = "<string>", backend: str | None = No
     try:
         _refuse_events(text, filename)
         root = yaml.compose(text, Loader=_Loader)
+    except yaml.reader.ReaderError as e:  # a character YAML refuses: named by its offset, not a line
+        code = ord(e.character) if isinstance(e.character, str) else e.character
+        # libyaml counts the offset in UTF-8 bytes, PyYAML's own reader in characters
+        before = text.encode("utf-8")[:e.position] if _Loader is not yaml.SafeLoader else text[:e.position]
+        line = before.count(b"\n" if isinstance(before, bytes) else "\n") + 1
+        raise RegistryError(f"{filename}:{line}: not valid YAML: character U+{code:04X}: {e.reason}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1

@@ -36,8 +36,9 @@ def load_side(where: str, repo: Path | None = None, subdir: str = "registry") ->
         return _from_folder(path)
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
+    git.check_registry(where, rev, subdir)
     names = [n for n in git.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir) if n.endswith(".yaml")]
-    return _records(names, git.blobs(rev, names), rev)
+    return _records(names, git.blobs(rev, names), where)
 
 
 def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "registry") -> tuple[Registry, Registry]:
@@ -49,9 +50,13 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     if Path(base).is_dir() and Path(head).is_dir():
         return _changed_folders(Path(base), Path(head))
     if Path(base).is_dir() or Path(head).is_dir():
-        return load_side(base, repo, subdir), load_side(head, repo, subdir)
+        # the revision first: it is checked in a fraction of a second, the folder read in seconds
+        sides = {w: load_side(w, repo, subdir) for w in sorted((base, head), key=lambda w: Path(w).is_dir())}
+        return sides[base], sides[head]
     git = _Git(repo or Path.cwd())
     old, new = git.commit(base), git.commit(head)
+    git.check_registry(base, old, subdir)
+    git.check_registry(head, new, subdir)
     # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
     changed = [n for n in git.lines("diff", "--name-only", "--no-renames", "-z", old, new, "--", subdir)
                if n.endswith(".yaml")]
@@ -141,6 +146,13 @@ class _Git:
             return self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
         except ValueError:
             raise ValueError(f"{rev!r} is neither a folder nor a git revision of {self.repo}") from None
+
+    def check_registry(self, given: str, rev: str, subdir: str) -> None:
+        """ValueError unless ``rev`` holds rule files under ``subdir``: a revision from before
+        the registry would read as an empty one, every rule of the other side gained or lost."""
+        names = self.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir)
+        if not any(n.count("/") == subdir.count("/") + 2 and n.endswith(".yaml") for n in names):
+            raise ValueError(f"{given!r} has no {subdir}/<backend>/<op>.yaml files, so it holds no registry to compare")
 
     def blobs(self, rev: str, names: list[str]) -> dict[str, bytes]:
         """The files ``names`` of ``rev`` that exist there, read by one ``git cat-file``."""

@@ -122,6 +122,18 @@ def test_codegen_refuses_a_registry_that_is_not_one_and_keeps_the_table(tmp_path
     assert cli.codegen(["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(out)]) == 0
 
 
+def test_codegen_refuses_rule_files_in_a_folder_named_after_no_backend(tmp_path, capsys):
+    """A misspelt torch/ was skipped: jax's table written, and --check passed without torch's."""
+    write(tmp_path / "reg", "jax", "jax.op0", mm(op="jax.op0", backend="jax"))
+    write(tmp_path / "reg", "troch", "aten.mm.default")
+    out = tmp_path / "gen"
+    for check in ([], ["--check"]):
+        assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(out), *check]) == 2
+        assert (f"{tmp_path / 'reg' / 'troch'}: rule files in a folder named after no backend"
+                in capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_codegen_writes_no_table_when_another_backend_fails(tmp_path, capsys):
     write(tmp_path / "reg", "torch", "aten.mm.default")
     (tmp_path / "reg" / "jax").mkdir()
@@ -292,6 +304,21 @@ def test_diff_markdown_keeps_one_line_per_item(two_revisions):
 def test_diff_of_a_missing_revision_names_it(tmp_path, capsys):
     assert cli.diff(["no-such-rev", "HEAD"]) == 2
     assert "'no-such-rev' is neither a folder nor a git revision" in capsys.readouterr().err
+
+
+def test_diff_refuses_a_revision_with_no_registry(two_revisions):
+    """One from before the registry read as an empty registry: every rule of the other side
+    gained (exit 0) or lost."""
+    repo, base_folder, _ = two_revisions
+    git(repo, "checkout", "-q", "--orphan", "bare")
+    git(repo, "rm", "-rq", "--cached", ".")
+    (repo / "README").write_text("no registry yet")
+    git(repo, "add", "README")
+    git(repo, "commit", "-qm", "no registry")
+    for base, head in (("bare", "HEAD@{1}"), ("HEAD@{1}", "bare"), (str(base_folder), "bare")):
+        with pytest.raises(ValueError, match="'bare' has no registry/<backend>/<op>.yaml files, so it holds no "
+                                             "registry to compare"):
+            rule_diff.load_sides(base, head, repo)
 
 
 def test_an_entry_codegen_leaves_out_loses_its_rules(tmp_path, capsys):

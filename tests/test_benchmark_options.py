@@ -73,6 +73,11 @@ def _module(name: str):
     ("planner_bench", ["--budget", "nan"], "got 'nan'"),
     ("planner_bench", ["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
     ("planner_bench", ["--time-limit", "inf"], "got 'inf'"),
+    ("planner_bench", ["--hidden", "30", "--heads", "4"], "--hidden 30 is not a multiple of --heads 4"),
+    ("explore_bench", ["--ops", ""], "--ops '' names no call"),
+    ("explore_bench", ["--ops", " , "], "--ops ' , ' names no call"),
+    ("sweep_bench", ["--backend", "jax", "--kernels", "my_kernels"], "--kernels takes torch custom ops or TVM TE"),
+    ("expert_plans_bench", ["--cache", ""], "--cache: expected a path, got ''"),
     # the sweep benchmarks: '' is no pattern (not every op), counts are counts
     ("sweep_bench", ["--ops", ""], "--ops '' names no op pattern"),
     ("sweep_bench", ["--ops", ",", "--ops", " "], "--ops ',' ' ' names no op pattern"),

@@ -257,6 +257,16 @@ def test_bad_utf8_names_file_and_line(tmp_path):
         load_record(path)
 
 
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\ufffe"])
+def test_a_character_yaml_refuses_is_named_at_its_line(char):
+    """libyaml names it by a byte offset (reported as line 1, on two lines, before)."""
+    text = "# écrit à la main\n" + MM.replace("uneven: true", f"uneven: tr{char}ue")  # bytes are not characters
+    line = text[: text.index(char)].count("\n") + 1
+    with pytest.raises(RegistryError, match=rf"^f\.yaml:{line}: not valid YAML: character U\+{ord(char):04X}: "
+                                            r"control characters are not allowed$"):
+        loads_record(text, "f.yaml")
+
+
 # --------------------------------------------------------------------------- unreadable entries
 
 

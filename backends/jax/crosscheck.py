@@ -33,6 +33,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
+from metaspmd.cli import path_arg
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_record, record_path
@@ -527,7 +528,7 @@ def device_count(text: str) -> int:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
-    p.add_argument("--registry", type=Path, help="registry root to read our rules from (metaspmd crosscheck and tools/crosscheck.py "
+    p.add_argument("--registry", type=path_arg, help="registry root to read our rules from (metaspmd crosscheck and tools/crosscheck.py "
                         "pass the repository's registry/; run as this module alone: explored live)")
     p.add_argument("--devices", type=device_count, default=8,
                    help=f"CPU devices for the jit runs, 2 to {MAX_DEVICES} (default 8; 0: no jit runs)")

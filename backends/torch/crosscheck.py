@@ -47,7 +47,7 @@ import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
-from metaspmd.cli import positive_int, seconds
+from metaspmd.cli import path_arg, positive_int, seconds
 from metaspmd.registry_io import RegistryError, load_registry, path_problem
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
@@ -840,7 +840,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ops", action="append", default=[], metavar="GLOB",
                    help="only ops matching these globs (comma-separated or repeated); those without a registry "
                         "file are explored on the fly. Default: every op with a registry file")
-    p.add_argument("--registry", type=Path, default=REGISTRY, help="registry root (default: the repository's)")
+    p.add_argument("--registry", type=path_arg, default=REGISTRY, help="registry root (default: the repository's)")
     p.add_argument("--explore-missing", action="store_true",
                    help="explore ops without a registry file (with no --ops: every catalog op, slow)")
     p.add_argument("--mesh-size", type=mesh_size, default=QueryConfig.mesh_size,
@@ -858,13 +858,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="worker processes (default: one per 20 ops, at most the CPU count)")
     p.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True), default=300.0,
                    help="per-op time limit in seconds, 0: none")
-    p.add_argument("--cache-dir", type=Path, default=None,
+    p.add_argument("--cache-dir", type=path_arg, default=None,
                    help="where DTensor's answers are cached (default: the metaspmd cache folder)")
     p.add_argument("--no-cache", action="store_true", help="ask DTensor afresh and cache nothing")
     p.add_argument("--no-real-dtensor", action="store_true",
                    help="do not replay on real DTensor (fake process group) the missed DTensor rules our own "
                         "replay cannot check: composite ops, size-rewriting ops, out= views")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the full results here")
+    p.add_argument("--json", type=path_arg, metavar="FILE", help="write the full results here")
     p.add_argument("--limit", type=positive_int, default=50, help="rows per table in the printed report")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
     return p.parse_args(list(argv) if argv is not None else None)
@@ -883,7 +883,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"crosscheck: error: --cache-dir {problem}", file=sys.stderr)
         return 2
     partials = tuple(p.strip() for p in args.partials.split(",") if p.strip())
-    if any(p not in DTENSOR_PARTIALS for p in partials):
+    if not partials or any(p not in DTENSOR_PARTIALS for p in partials):  # '' (an unset variable) names none
         print(f"crosscheck: error: --partials takes {', '.join(DTENSOR_PARTIALS)}, got {args.partials!r}",
               file=sys.stderr)
         return 2
