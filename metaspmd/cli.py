@@ -296,8 +296,8 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         # (none: generate names the registry and what it holds)
         backends = [b for b in backends if (args.registry / b).is_dir()] or backends
         # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
-        known = {m.name for m in pkgutil.iter_modules(importlib.util.find_spec("metaspmd.backends").submodule_search_locations)
-                 if m.ispkg}
+        found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
+        known = {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
         strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())
                         if d.is_dir() and d.name not in known and next(d.glob("*.yaml"), None) is not None)
         if strays:

@@ -72,10 +72,12 @@ class Parallelized:
         params, buffers = current_state(self.captured, self.module) if self.module is not None else ([], {})
         try:
             outs = _PlannedRun(self).run(*params, *buffers.values(), *inputs)
-        except RuntimeError as err:  # an op's error as the model, its inputs and the op, not as an FX node
-            if "\n\nWhile executing" not in str(err):
+        except RuntimeError as err:  # the model's own error as the model, its inputs and the op, not an FX node
+            fx_page = "\n\nWhile executing" in str(err)
+            own = _one_device_error(self.captured.gm, params, buffers, inputs) if fx_page else None
+            if own is None:
                 raise
-            raise RuntimeError(graph_failure(self.module, inputs, str(err))) from err
+            raise RuntimeError(graph_failure(self.module, inputs, str(own))) from own
         if self.captured.updated_buffers:
             outs, updates = outs
             with torch.no_grad():
@@ -88,6 +90,19 @@ class Parallelized:
 
     def explain(self) -> str:
         return self.plan.table() if hasattr(self.plan, "table") else str(self.plan)
+
+
+def _one_device_error(gm: torch.fx.GraphModule, params, buffers, inputs) -> Exception | None:
+    """The graph's error on plain tensors, if it fails there too: a planned run's error is
+    then the model's (float16 inputs to float32 weights), not the plan's, and named as such."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            torch.fx.Interpreter(gm).run(*params, *buffers.values(), *inputs)
+    except Exception as e:  # noqa: BLE001 - any error: the model's own
+        return e
+    return None
 
 
 def _refuse_unsimulated_ranks(mesh: DeviceMesh) -> None:

@@ -245,6 +245,27 @@ def test_a_call_under_a_local_tensor_mode_missing_mesh_ranks_is_refused(fake_wor
             p(x)
 
 
+def test_a_planned_call_the_model_itself_fails_names_the_model_and_the_op(fake_world_of, tmp_path):
+    """float16 inputs to float32 weights, planned from cached rules without running the
+    model: the error came at the call, as an FX page."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    model, x = torch.nn.Linear(4, 4), torch.randn(4, 4)
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", list(range(4)))
+        parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))  # float tensors' rules, cached
+        p = parallelize(model, mesh, (x.half(),), cache=RuleCache(tmp_path))
+        with pytest.raises(RuntimeError, match=r"Linear fails on its inputs \(float16\[4, 4\]\) and float32 "
+                                               r"parameters at aten\.addmm\.default: mat1 and mat2 must have the "
+                                               r"same dtype"):
+            p(x.half())
+
+
 def test_parallelize_reports_an_output_without_gradient_before_planning(fake_world_of, monkeypatch):
     from torch.distributed.device_mesh import DeviceMesh
 
