@@ -146,12 +146,15 @@ Time limits: --timeout counts each op's CPU time in its worker, so a loaded mach
 op the time it needs; an op that burns no CPU (asleep, blocked) is stopped by --wall-timeout,
 10x --timeout by default. An op out of time on both of its tries gets no record: its file, if
 any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
+So does an op whose worker is killed by SIGKILL on both tries (the out-of-memory killer: the
+machine's memory, not the op). Other crashes and errors are the op's, recorded as failed and
+named in the summary. Processes an op starts end with its worker.
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
 2 usage error (unknown backend, no op matched, --kernels without --out, --out a backend
 folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
---timings not writable: checked before any op runs), 3 some op timed out twice and kept its
-previous file (--check: no difference found, but those ops were not compared),
+--timings not writable: checked before any op runs), 3 some op timed out (or was killed by
+SIGKILL) twice and kept its previous file (--check: no difference found, but those ops were not compared),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
 """
 
@@ -251,8 +254,9 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             return 2
     timed_out = report.timed_out()
     if timed_out:  # exit 3, not --check's 1: the registry is not known to be stale
-        print(f"sweep: {len(timed_out)} op(s) ran out of time on both tries; their files were left as they were "
-              f"(rerun them with a larger --timeout): {', '.join(r.op for r in timed_out)}", file=sys.stderr)
+        print(f"sweep: {len(timed_out)} op(s) ran out of time (or were killed by SIGKILL, as for memory) on both "
+              f"tries; their files were left as they were (rerun them with a larger --timeout, or more memory): "
+              f"{', '.join(r.op for r in timed_out)}", file=sys.stderr)
     if args.check:
         n = len(report.changes())
         if n:

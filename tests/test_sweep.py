@@ -151,7 +151,8 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
     assert {op: r.retried for op, r in by_op.items() if r.retried} == {
         "fake.hang": hang, "fake.segv": "crashed: SIGSEGV", "fake.abort": "crashed: SIGABRT"}
     rows = summary_rows(report)
-    assert rows["with rules (ok)"] == "4" and rows["failed"] == "6  (crashes 2)"
+    assert rows["with rules (ok)"] == "4"
+    assert rows["failed"] == "6  (crashes 2; fake.abort, fake.escape, fake.exit, fake.raise, fake.segv, fake.threads)"
     assert rows["timed out, no previous file"] == "1  (fake.hang)"
     assert rows["retried"] == "3  (passed on the second try 0: -)"
     assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
@@ -325,7 +326,7 @@ def test_a_worker_exits_when_its_parent_is_killed(outlives_killed_parent):
 # The limit counts CPU time, so a run's result never depends on how fast or loaded the
 # machine is; an op out of time twice keeps its previous file.
 
-SLOW = (("slow", "1"),)  # the fake backend's time-limit ops: fake.spin, fake.busy, fake.nap
+SLOW = (("slow", "1"),)  # the fake backend's time-limit and kill ops: fake.spin, .busy, .nap, .killed, .orphan
 
 
 def test_a_timed_out_op_keeps_its_file(tmp_path, swept):
@@ -344,10 +345,40 @@ def test_a_timed_out_op_keeps_its_file(tmp_path, swept):
         run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.sum", "--wall-timeout", "0.5", *check)
         assert run.returncode == 3, run.stdout + run.stderr
         assert "timed out, kept previous file  1  (fake.hang)" in run.stdout
-        assert "ran out of time on both tries; their files were left as they were" in run.stderr
+        assert "ran out of time (or were killed by SIGKILL, as for memory) on both tries; their files were " \
+               "left as they were" in run.stderr
         assert "would change" not in run.stdout and "up to date" not in run.stdout
     assert "check: no difference; 1 op(s) timed out and were not compared" in run.stdout
     assert files(tmp_path) == before
+
+
+def test_an_op_killed_by_sigkill_keeps_its_file(tmp_path, swept):
+    """The out-of-memory killer's signal says the machine ran short, not what the op is: its
+    file was rewritten as failed ("crashed: SIGKILL") and the sweep exited 0."""
+    copy_of(swept, tmp_path)
+    previous = (tmp_path / "fake" / "fake.add.yaml").read_bytes().replace(b"fake.add", b"fake.killed")
+    (tmp_path / "fake" / "fake.killed.yaml").write_bytes(previous)
+    before = files(tmp_path)
+    report = sweep(tmp_path, patterns=("fake.killed", "fake.segv"), backend_options=SLOW)
+    by_op = {r.op: r for r in report.results}
+    killed = by_op["fake.killed"]
+    assert (killed.status, killed.kept) == ("timed-out", True)
+    assert killed.reason == killed.retried == "killed by SIGKILL (out of memory, or another process)"
+    assert files(tmp_path) == before  # fake.segv's own crash is the op's: recorded as it was
+    rows = summary_rows(report)
+    assert rows["killed (SIGKILL), kept previous file"] == "1  (fake.killed)"
+    assert rows["failed"] == "1  (crashes 1; fake.segv)"
+
+
+def test_processes_an_op_starts_end_with_its_worker(tmp_path, monkeypatch, stops_growing):
+    """A subprocess the op left running outlived the worker the time limit killed, busy
+    after the sweep had ended."""
+    beats = tmp_path / "beats"
+    monkeypatch.setenv("FAKE_ORPHAN_BEATS", str(beats))
+    report = sweep(tmp_path / "out", patterns=("fake.orphan",), timeout=1.0, wall_timeout=1.0, backend_options=SLOW)
+    assert [(r.op, r.status) for r in report.results] == [("fake.orphan", "timed-out")]
+    assert beats.exists(), "fake.orphan's process never ran"
+    assert stops_growing(beats), "the process fake.orphan started outlived the sweep"
 
 
 def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from .engine import TIMED_OUT, SweepReport
 
 # Summary rows, in print order: op statuses (metaspmd.rules.OP_STATUSES).
 SUMMARY_STATUSES = ("ok", "derived", "replicate-only", "nondeterministic", "no-sample", "composite", "skipped", "failed")
+FAILED_NAMED = 20  # failed ops named in the summary; the rest counted
 
 
 def format_summary(report: SweepReport) -> str:
@@ -21,17 +22,21 @@ def format_summary(report: SweepReport) -> str:
         if status in ("composite", "skipped") and not counts[status]:
             continue
         value = str(counts[status])
-        if status == "failed" and crashes:
-            value += f"  (crashes {crashes})"
+        if status == "failed" and failed:  # by name: a crash can be the op's new behaviour
+            names = [r.op for r in failed]
+            shown = ", ".join(names[:FAILED_NAMED]) + (f", ... {len(names) - FAILED_NAMED} more" if len(names) > FAILED_NAMED
+                                                      else "")
+            value += f"  ({f'crashes {crashes}; ' if crashes else ''}{shown})"
         rows.append((status if status != "ok" else "with rules (ok)", value))
-    # An op out of time on both tries gets no record: its file, if any, stays as it was.
-    timed_out = report.timed_out()
-    kept = [r.op for r in timed_out if r.kept]
-    if kept:
-        rows.append(("timed out, kept previous file", f"{len(kept)}  ({', '.join(kept)})"))
-    if len(kept) < len(timed_out):
-        rows.append(("timed out, no previous file", f"{len(timed_out) - len(kept)}  "
-                                                     f"({', '.join(r.op for r in timed_out if not r.kept)})"))
+    # An op out of time (or killed by SIGKILL) on both tries gets no record: its file, if any, stays as it was.
+    for what, group in (("timed out", [r for r in report.timed_out() if not r.reason.startswith("killed")]),
+                        ("killed (SIGKILL)", [r for r in report.timed_out() if r.reason.startswith("killed")])):
+        kept = [r.op for r in group if r.kept]
+        if kept:
+            rows.append((f"{what}, kept previous file", f"{len(kept)}  ({', '.join(kept)})"))
+        if len(kept) < len(group):
+            rows.append((f"{what}, no previous file", f"{len(group) - len(kept)}  "
+                                                       f"({', '.join(r.op for r in group if not r.kept)})"))
     retried = [r for r in report.results if r.retried]
     if retried:  # a crash or time limit that a second try got past was the machine's, not the op's
         passed = [r.op for r in retried if r.status not in ("failed", TIMED_OUT)]

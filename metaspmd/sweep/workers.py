@@ -153,6 +153,9 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
                  failed: str | None = None) -> None:
     # The parent owns Ctrl-C: it stops the sweep and kills the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a process group of its own, which the parent kills whole: processes an op starts
+    # (a subprocess left running) go with their worker, not on, orphaned, after the sweep
+    os.setpgrp()
     exit_with_parent()
     unshared_progress_lock()
     _limit_threads()
@@ -225,6 +228,10 @@ class _Worker:
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join()
+        try:  # what the op started, in the worker's group (alive or not, the group may be)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # no such group left (or not the worker's yet)
+            pass
         self.conn.close()
 
 
@@ -443,7 +450,13 @@ class WorkerPool:
         if not worker.ready:
             self._handle_startup(worker, None)  # raises
         if worker.busy:
-            self._failed(worker, describe_exit(worker.proc.exitcode), time.monotonic() - worker.started, on_outcome)
+            # SIGKILL from outside (our own time limit kills from _retire, after _failed): the
+            # kernel's out-of-memory killer, or someone's kill -9. The machine's doing, not the
+            # op's, so it keeps its file as an op out of time does.
+            killed = worker.proc.exitcode == -signal.SIGKILL
+            reason = "killed by SIGKILL (out of memory, or another process)" if killed else describe_exit(
+                worker.proc.exitcode)
+            self._failed(worker, reason, time.monotonic() - worker.started, on_outcome, timed_out=killed)
         self._replace(worker)
 
     def _failed(self, worker: _Worker, reason: str, seconds: float, on_outcome, timed_out: bool = False) -> None:

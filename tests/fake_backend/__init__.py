@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -86,6 +87,20 @@ def _nap():
     return [_case("fake.nap", np.add, [(4, 6), (4, 6)], ("self", "other"))]
 
 
+def _killed():
+    # As the kernel's out-of-memory killer ends a worker: the machine's doing, not the op's.
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(10)
+
+
+def _orphan():
+    # Starts a process that beats into $FAKE_ORPHAN_BEATS every 0.1 s, then hangs: the
+    # time limit kills the worker, and its process must go with it.
+    beat = "import sys, time\nwhile True:\n    open(sys.argv[1], 'a').write('.')\n    time.sleep(0.1)\n"
+    subprocess.Popen([sys.executable, "-c", beat, os.environ["FAKE_ORPHAN_BEATS"]])
+    time.sleep(3600)
+
+
 def _segfault():
     os.kill(os.getpid(), signal.SIGSEGV)
     time.sleep(10)
@@ -110,11 +125,13 @@ _OPS = {
     "fake.abort": os.abort,
 }
 
-# Listed only with the backend option slow=1: the time-limit tests' ops.
+# Listed only with the backend option slow=1: the time-limit and kill tests' ops.
 _SLOW_OPS = {
     "fake.spin": _spin,
     "fake.busy": lambda: _busy(float(os.environ.get("FAKE_BUSY_S", "1"))),
     "fake.nap": _nap,
+    "fake.killed": _killed,
+    "fake.orphan": _orphan,
 }
 
 
