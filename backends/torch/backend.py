@@ -67,11 +67,15 @@ def _list_out(args: list, dtype: Any) -> list[torch.Tensor]:
     return [torch.empty(0, dtype=d) for d in dtypes]
 
 
-def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtype = torch.float32) -> Callable[..., Any]:
+def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtype = torch.float32,
+                shaped_by: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """``fn(*args, **kwargs)`` that runs ``func`` without touching its inputs.
 
     Written arguments are cloned first; out arguments are allocated (dtype from
-    ``out_spec``, else ``default_dtype``) and must not be passed in.
+    ``out_spec``, else ``default_dtype``) and must not be passed in. ``shaped_by``: the
+    functional op, whose result on the same arguments (a shard's, on a shard) gives the outs
+    their shapes and dtypes, as zeros, for kernels that do not resize an empty out
+    (``_int_mm.out``, ``split_copy.Tensor_out``).
     """
     schema_args = func._schema.arguments
     written = [(i, a.name) for i, a in enumerate(schema_args) if a.name in catalog.written_arg_names(func)]
@@ -106,7 +110,13 @@ def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtyp
                 continue
             if name in hidden and mutated[-1] is not None:
                 extra.append(mutated[-1])
-        for name, listed in out_names:
+        if shaped_by is not None:
+            like = [t for t in pytree.leaves(shaped_by(*args, **kwargs), _is_tensor)]
+            if len(out_names) == 1 and out_names[0][1]:
+                kwargs[out_names[0][0]] = [torch.zeros_like(t) for t in like]
+            else:
+                kwargs.update((name, torch.zeros_like(t)) for (name, _), t in zip(out_names, like, strict=True))
+        for name, listed in out_names if shaped_by is None else ():
             dtype = spec.get(name, default_dtype)
             kwargs[name] = _list_out(args, dtype) if listed else torch.empty(0, dtype=dtype)
         result = func(*args, **kwargs)
@@ -787,7 +797,14 @@ class TorchBackend:
             try:
                 spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
                 runner = make_runner(func, spec)
-                runner(*args, **kwargs)
+                try:
+                    runner(*args, **kwargs)
+                except Exception:
+                    if not catalog.out_arg_names(func):
+                        raise
+                    # a kernel that does not resize an empty out: outs shaped as the functional op's result
+                    runner = make_runner(func, spec, shaped_by=sib_func)
+                    runner(*args, **kwargs)
                 cases.append(self._reserved(self._case(func, args, kwargs, runner, fresh), reserve))
             except Exception:
                 continue  # e.g. an in-place op cannot broadcast its own input

@@ -413,6 +413,48 @@ def _thnn_differentiable_gru_cell_backward(d: Draw) -> Named:
             "hx": d.randn(4, 6), "input_bias": d.randn(18), "hidden_bias": d.randn(18)}
 
 
+def _thnn_differentiable_lstm_cell_backward(d: Draw) -> Named:
+    # an LSTM cell of hidden size 6 over a batch of 4: gates are 4 x 6 wide; both output
+    # grads given (a guess left them None, and the op then returns no tensor)
+    return {"grad_hy": d.randn(4, 6), "grad_cy": d.randn(4, 6), "input_gates": d.randn(4, 24),
+            "hidden_gates": d.randn(4, 24), "input_bias": d.randn(24), "hidden_bias": d.randn(24),
+            "cx": d.randn(4, 6), "cy": d.randn(4, 6)}
+
+
+def _convolution_double_backward(d: Draw) -> Named:
+    # a 2-D convolution of 6 to 4 channels with a 3x3 kernel over 5 images of 9x10, every
+    # second-order grad given (a guess left them None: no tensor output)
+    return {"ggI": d.randn(5, 6, 9, 10), "ggW": d.randn(4, 6, 3, 3), "ggb": d.randn(4), "gO": d.randn(5, 4, 7, 8),
+            "weight": d.randn(4, 6, 3, 3), "self": d.randn(5, 6, 9, 10), "stride": [1, 1], "padding": [0, 0],
+            "dilation": [1, 1], "transposed": False, "output_padding": [0, 0], "groups": 1,
+            "output_mask": [True, True, True]}
+
+
+def _remove_batch_dim(d: Draw) -> Named:
+    # a plain tensor given a batch dim of 5 in front (a guessed 0-d one with batch_size 1
+    # at out_dim 1 asked for 32 GiB)
+    return {"self": d.randn(3, 4), "level": 1, "batch_size": 5, "out_dim": 0}
+
+
+def _matrix_rank_batched(d: Draw) -> Named:
+    # OpInfo's calls are of one matrix: a batch of 4 has rules of its own
+    return {"self": d.randn(4, 5, 6), "tol": 0.5}
+
+
+def _nuclear_norm_batched(d: Draw) -> Named:
+    return {"self": d.randn(4, 5, 6)}
+
+
+def _vander_columns(d: Draw) -> Named:
+    # N given: the output's width no longer follows len(x), so a cut of x is a cut of rows
+    return {"x": d.randn(6), "N": 4}
+
+
+def _histogramdd_range(d: Draw) -> Named:
+    # a fixed range: every shard's bins are the whole input's, so their counts add up
+    return {"self": d.randn(40, 2), "bins": 3, "range": [-3.0, 3.0, -3.0, 3.0]}
+
+
 def _empty_permuted(d: Draw) -> Named:
     return {"size": [4, 6], "physical_layout": [1, 0]}
 
@@ -478,6 +520,9 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_batch_norm_impl_index_backward": (_batch_norm_impl_index_backward, "float32"),
     "_compute_linear_combination": (_compute_linear_combination, "float32"),
     "_thnn_differentiable_gru_cell_backward": (_thnn_differentiable_gru_cell_backward, "float32"),
+    "_thnn_differentiable_lstm_cell_backward": (_thnn_differentiable_lstm_cell_backward, "float32"),
+    "_convolution_double_backward": (_convolution_double_backward, "float32"),
+    "_remove_batch_dim": (_remove_batch_dim, "float32"),
     **{f"{prefix}sparse_{layout}_tensor{suffix}": (_compressed(layout), "float32")
        for layout in ("csr", "csc", "bsr", "bsc") for prefix, suffix in (("", ""), ("_", "_unsafe"))},
     **{f"aten.sparse_{layout}_tensor.{names}": (_compressed(layout, size=False), "float32")
@@ -485,9 +530,11 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
                              ("bsc", "ccol_row_value"))},
 }
 
-# Ops whose OpInfo samples cannot tell their rules apart: these hand samples are explored
-# in place of OpInfo's at the signatures they share (the backend puts them first and drops
-# OpInfo's calls of those signatures), in float64 as OpInfo's are. Keyed by op, then by a
+# Ops whose OpInfo samples cannot tell their rules apart, or reach only calls that have none
+# (one matrix where a batch of them has a cut, a width that follows the input's length):
+# these hand samples are explored in place of OpInfo's at the signatures they share (the
+# backend puts them first and drops OpInfo's calls of those signatures), beside the others,
+# in float64 as OpInfo's are. Keyed by op, then by a
 # name of the call, which ``HandGuess.op`` holds (``inputs`` finds the builder by it).
 LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
     "aten.ctc_loss.Tensor": {
@@ -497,6 +544,10 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
         "ctc_loss:mean, zero_infinity": (_ctc_loss(blank=0, reduction=1, zero_infinity=True), "float64"),
     },
     "aten.repeat_interleave.Tensor": {"repeat_interleave:counts": (_repeat_interleave_counts, "int64")},
+    "aten.linalg_matrix_rank.default": {"linalg_matrix_rank:batched": (_matrix_rank_batched, "float64")},
+    "aten.nuclear_norm.default": {"nuclear_norm:batched": (_nuclear_norm_batched, "float64")},
+    "aten.vander.default": {"vander:N": (_vander_columns, "float64")},
+    "aten.histogramdd.int_bins": {"histogramdd:range": (_histogramdd_range, "float64")},
     **{f"aten.{op}.default": {f"{op}:train": (_feature_dropout("self" if op.endswith("_") else "input"), "float64")}
        for op in sorted(random_ops.FEATURE_MASKS)},
 }

@@ -86,3 +86,26 @@ def test_repeat_interleave_counts_cut_with_positions_offset():
     assert str(entry.combine) == "{S1: gather(dim=0, positions)}"  # each shard's positions moved by its start
     fixed = hand_samples.inputs(func, guess, 0)
     assert _explore(func, lambda seed: fixed).status == "replicate-only"
+
+
+@pytest.mark.parametrize("op,shard,combine", [
+    ("aten.linalg_matrix_rank.default", "[[S1, N, N]]", "{S1: gather(dim=0)}"),
+    ("aten.nuclear_norm.default", "[[S1, N, N]]", "{S1: gather(dim=0)}"),
+    ("aten.vander.default", "[[S1]]", "{S1: gather(dim=0)}"),
+])
+def test_a_lead_with_a_batch_or_a_fixed_width_gets_the_rules_opinfo_calls_lack(op, shard, combine):
+    """OpInfo calls these on one matrix, or with the width following len(x): no strategy
+    holds there, and the op was called replicate-only, which is not true of it."""
+    func = catalog.resolve(op)
+    (guess,) = hand_samples.leading(func)
+    entry = _explore(func, lambda seed: hand_samples.inputs(func, guess, seed))
+    assert (entry.status, str(entry.shard), str(entry.combine)) == ("ok", shard, combine)
+
+
+def test_histogramdd_with_a_range_sums_the_shards_counts():
+    """Without a range each shard's bins are its own data's; with one they are the input's."""
+    func = catalog.resolve("aten.histogramdd.int_bins")
+    (guess,) = hand_samples.leading(func)
+    entry = _explore(func, lambda seed: hand_samples.inputs(func, guess, seed))
+    assert entry.status == "ok" and str(entry.shard) == "[[S1, N]]"
+    assert str(entry.combine).startswith("{S1: [reduce(sum), ")

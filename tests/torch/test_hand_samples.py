@@ -8,9 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from metaspmd.backends.torch import catalog, dense_cpu, hand_samples, schema_samples  # noqa: E402
-from metaspmd.backends.torch.backend import make_runner, torch_case  # noqa: E402
+from metaspmd.backends.torch.backend import TorchBackend, make_runner, torch_case  # noqa: E402
 from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
 from metaspmd.explorer import explore_case  # noqa: E402
+from metaspmd.explorer.common import cuts_a_dim  # noqa: E402
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -40,6 +41,8 @@ BUILT = [
     "aten.randint_like.low_generator_dtype", "aten.empty_permuted.default",
     "aten._batch_norm_no_update.default", "aten._batch_norm_impl_index_backward.default",
     "aten._compute_linear_combination.default", "aten._thnn_differentiable_gru_cell_backward.default",
+    "aten._thnn_differentiable_lstm_cell_backward.default", "aten._convolution_double_backward.default",
+    "aten._remove_batch_dim.default",
     *(f"aten.{prefix}sparse_{layout}_tensor{suffix}" for layout in ("csr", "csc", "bsr", "bsc")
       for prefix, suffix in (("", ".crow_col_value_size" if layout in ("csr", "bsr") else ".ccol_row_value_size"),
                              ("_", "_unsafe.default"))),
@@ -98,6 +101,16 @@ def test_int_mm_gets_exact_rules_from_its_hand_sample():
     entry = explore_case(case, TorchOps())
     assert entry.status == "ok"
     assert str(entry.shard) == "[[S1, S2], [S2, S3]]", entry.shard
+
+
+@pytest.mark.parametrize("name", ["aten._int_mm.out", "aten.split_copy.Tensor_out"])
+def test_an_out_kernel_that_does_not_resize_gets_outs_shaped_by_its_functional_op(name):
+    """Their kernels refuse an empty out (``_int_mm.out``: "Expected result.size(0) to be 8",
+    ``split_copy``: an out of the wrong size), so no sample ran: no-sample, though the op
+    runs on dense CPU tensors. Shaped on each shard by the functional op, they get rules."""
+    case = TorchBackend().cases(name)[0]
+    entry = explore_case(case, TorchOps())
+    assert entry.status in ("ok", "derived") and cuts_a_dim(entry), (entry.status, entry.reason)
 
 
 def test_a_hand_sample_comes_before_schema_guesses():
