@@ -752,9 +752,15 @@ class TorchBackend:
 
     def _with_hand_leads(self, func, cases: list[OpCase]) -> list[OpCase]:
         """``cases`` led by the op's hand samples (``hand_samples.LEADING``), which stand in
-        for OpInfo's calls at the signatures they share."""
+        for OpInfo's calls at the signatures they share; an out= overload takes its
+        functional op's, its outs' dtypes from that op's result."""
         leads = [self._case(func, *hand_samples.inputs(func, g, 0), make_runner(func),
                             lambda seed, g=g: hand_samples.inputs(func, g, seed)) for g in hand_samples.leading(func)]
+        sibling = catalog.functional_sibling(catalog.op_name(func)) if catalog.out_arg_names(func) else None
+        if not leads and sibling is not None:
+            calls = [(*hand_samples.inputs(func, g, 0), lambda seed, g=g: hand_samples.inputs(func, g, seed), False)
+                     for g in hand_samples.leading(catalog.resolve(sibling))]
+            leads = self._cases_from_sibling(func, catalog.resolve(sibling), calls) if calls else []
         led = {call_signature(func, c.args, c.kwargs) for c in leads}
         return leads + [c for c in cases if call_signature(func, c.args, c.kwargs) not in led] if leads else cases
 

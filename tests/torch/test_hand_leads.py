@@ -109,3 +109,14 @@ def test_histogramdd_with_a_range_sums_the_shards_counts():
     entry = _explore(func, lambda seed: hand_samples.inputs(func, guess, seed))
     assert entry.status == "ok" and str(entry.shard) == "[[S1, N]]"
     assert str(entry.combine).startswith("{S1: [reduce(sum), ")
+
+
+def test_an_out_overload_is_led_by_its_functional_ops_hand_samples():
+    """repeat_interleave.Tensor_out had only OpInfo's counts, the same on every trial, and
+    was replicate-only ("output 0 does not vary") where the functional op has its rule."""
+    from metaspmd.backends.torch.backend import TorchBackend
+
+    func = catalog.resolve("aten.repeat_interleave.Tensor_out")
+    (case,) = TorchBackend(model_programs=False)._with_hand_leads(func, [])
+    entry = explore_case(case, TorchOps())
+    assert entry.status == "ok" and str(entry.combine) == "{S1: gather(dim=0, positions)}"
