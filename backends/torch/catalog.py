@@ -106,6 +106,11 @@ SHAPE_COMPARISON_REASON = ("compares the shapes of its inputs, which its samples
 OPAQUE_WORKSPACE = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"})
 OPAQUE_WORKSPACE_REASON = ("oneDNN's recurrent layer and its backward pass an opaque workspace laid out for the "
                            "whole call's sizes: a shard's is no piece of it, so no combine of it can be checked")
+# functorch's wrapping of a tensor as one vmap level's batch: its output is a BatchedTensor,
+# which no op outside that level reads (comparing it raises "Batching rule not implemented")
+VMAP_WRAPPERS = frozenset({"_add_batch_dim"})
+VMAP_WRAPPER_REASON = ("returns a functorch BatchedTensor, vmap's wrapper of one level, whose values no op outside "
+                       "that level reads: no combine of it can be checked")
 # Ops that treat values apart that random floats never hold, so their cases verify on
 # special values too: equal elements (unique_consecutive merges equal neighbours), and
 # NaN, which the NaN-skipping ops skip (the mean of shards' nanmeans is the global one
@@ -478,6 +483,8 @@ def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
         return SHAPE_COMPARISON_REASON
     if base in OPAQUE_WORKSPACE:
         return OPAQUE_WORKSPACE_REASON
+    if base in VMAP_WRAPPERS:
+        return VMAP_WRAPPER_REASON
     return None
 
 

@@ -1153,6 +1153,17 @@ def test_onednn_recurrent_layers_have_no_rule_for_their_opaque_workspace():
     assert reason == catalog.no_rule_reason(torch.ops.aten.mkldnn_rnn_layer.default) and "workspace" in reason
 
 
+def test_a_vmap_batch_wrapper_has_no_rule_for_what_no_op_outside_vmap_reads():
+    """Its record said "failed: Batching rule not implemented for aten::is_nonzero", an error
+    of the explorer's comparison, not of the op."""
+    func = torch.ops.aten._add_batch_dim.default
+    wrapped = func(torch.randn(4, 6), 1, 1)
+    assert wrapped.shape == (4,)  # dim 1 is the level's batch, hidden from ops outside it
+    with pytest.raises(RuntimeError, match="Batching rule not implemented"):
+        repr(wrapped)
+    assert "BatchedTensor" in catalog.no_rule_reason(func)
+
+
 def test_cdist_backward_refuses_a_grid_unlike_its_rows():
     """_cdist_backward reads grad and cdist as x1's rows by x2's rows, unchecked. Its own
     guard refuses grids of other sizes; the shared guard it replaces kept x1's rows whole
