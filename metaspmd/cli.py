@@ -154,19 +154,33 @@ Exit status: 0 done (op failures are recorded, not errors), 1 --check found diff
 2 usage error (unknown backend, no op matched, --kernels without --out, --out a backend
 folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
 --timings not writable: checked before any op runs), 3 some op timed out (or was killed by
-SIGKILL) twice and kept its previous file (--check: no difference found, but those ops were not compared),
-130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141 stdout closed early (| head).
+SIGKILL) twice and kept its previous file (--check: no difference found, but those ops were
+not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP),
+141 stdout closed early (| head).
 """
 
 
 def _stop_on_sigterm(signum, frame):
-    # a CI time limit or `timeout` stops the sweep as Ctrl-C does: the workers are killed
-    # and only complete files remain
+    # a CI time limit, `timeout` or a closed terminal (SIGHUP) stops the sweep as Ctrl-C
+    # does: the workers are killed and only complete files remain
     raise KeyboardInterrupt(signum)
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """The exit status of a sweep stopped by a signal: 128 + its number (130 for Ctrl-C)."""
+    print("sweep: interrupted; files written so far are complete", file=sys.stderr)
+    return 128 + e.args[0] if e.args and isinstance(e.args[0], int) else 130
 
 
 @pipe_safe
 def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    try:
+        return _sweep(argv, prog)
+    except KeyboardInterrupt as e:  # Ctrl-C while it imports and sets up, before any worker
+        return _interrupted(e)
+
+
+def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     import signal
 
     from metaspmd.sweep import (
@@ -213,6 +227,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 2
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGHUP, _stop_on_sigterm)
     options: tuple = ()
     if args.kernels is not None:
         options = (("kernels", args.kernels),)
@@ -239,8 +254,7 @@ def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print("sweep: interrupted; files written so far are complete", file=sys.stderr)
-        return 128 + signal.SIGTERM if e.args == (signal.SIGTERM,) else 130
+        return _interrupted(e)
     if args.check and report.changes():
         print(format_changes(report))
     print(format_summary(report))

@@ -381,6 +381,19 @@ def test_processes_an_op_starts_end_with_its_worker(tmp_path, monkeypatch, stops
     assert stops_growing(beats), "the process fake.orphan started outlived the sweep"
 
 
+def test_sighup_stops_the_sweep_as_sigterm_does(tmp_path):
+    """A closed terminal: the sweep exited 129 with its workers left to notice alone."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", "--out", str(tmp_path), "--timeout", "30",
+         "--ops", "fake.hang"], env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "interrupted; files written so far are complete" in err and "Traceback" not in err
+
+
 def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):
     # fake.nap waits 2.5 s burning no CPU, as an op starved on a loaded machine does: under a
     # 1 s limit it passes; fake.spin burns CPU for ever, and the CPU limit, not the guard, stops it

@@ -741,6 +741,8 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
         if rebuild or not path.exists():
             return None
         try:
+            if not path.is_file():  # a FIFO would block the read, a device fill memory
+                raise OSError("not a regular file")
             return read_index(path)
         except Exception as e:  # noqa: BLE001 - truncated, corrupt, an older format, not an index: build it again
             print(f"metaspmd: the sample index {path} is unreadable ({type(e).__name__}: {str(e)[:200]}); "

@@ -4,6 +4,7 @@ wrong instead of one from deep inside make_fx, autograd or torch.load."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 import pytest
@@ -330,6 +331,17 @@ def test_a_well_formed_index_of_the_wrong_structure_is_rebuilt(tmp_path, fake_bu
     err = capsys.readouterr().err
     assert f"the sample index {path} is unreadable (ValueError: " in err and reason in err and "rebuilding it" in err
     assert fake_build == [path]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_an_index_path_that_is_a_fifo_is_rebuilt_not_read(tmp_path, fake_build, capsys):
+    """torch.load on a FIFO waited for a writer: a sweep hung at start-up for 10 minutes."""
+    path = samples.cache_path(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    assert _refs(samples.load_index(tmp_path)) == _refs(_small_index())
+    assert f"the sample index {path} is unreadable (OSError: not a regular file); rebuilding it" in capsys.readouterr().err
+    assert fake_build == [path] and path.is_file()
 
 
 def test_an_index_path_that_is_a_directory_is_named_before_the_build(tmp_path, fake_build):
