@@ -31,7 +31,7 @@ UNSPECIFIED_VALUES = frozenset({
 # cannot be compared at all.
 UNINITIALIZED = frozenset({
     "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "_resize_output", "_resize_output_",
-    "set", "set_", "empty_quantized", "_nested_tensor_from_mask_left_aligned", "_ctc_loss",
+    "empty_quantized", "_nested_tensor_from_mask_left_aligned", "_ctc_loss",
 })
 # Ops that restride self to a new size (the argument named here, or its shape): to as many
 # elements as self holds they reshape its contiguous data; to any other number the new

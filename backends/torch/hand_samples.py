@@ -455,6 +455,21 @@ def _histogramdd_range(d: Draw) -> Named:
     return {"self": d.randn(40, 2), "bins": 3, "range": [-3.0, 3.0, -3.0, 3.0]}
 
 
+def _set_storage(d: Draw) -> Named:
+    # self re-pointed at another tensor's storage: a Storage is no tensor, so nothing but
+    # self (whose values the op drops) can be cut
+    return {"self": d.randn(4, 6), "source": d.randn(24).untyped_storage()}
+
+
+def _set_storage_offset(source: str):
+    def build(d: Draw) -> Named:
+        # a [4, 6] window 2 elements into 30 (a Storage, or a tensor's storage)
+        data = d.randn(30)
+        return {"self": d.randn(4, 6), "source": data.untyped_storage() if source == "storage" else data,
+                "storage_offset": 2, "size": [4, 6], "stride": [6, 1]}
+    return build
+
+
 def _empty_permuted(d: Draw) -> Named:
     return {"size": [4, 6], "physical_layout": [1, 0]}
 
@@ -523,6 +538,11 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_thnn_differentiable_lstm_cell_backward": (_thnn_differentiable_lstm_cell_backward, "float32"),
     "_convolution_double_backward": (_convolution_double_backward, "float32"),
     "_remove_batch_dim": (_remove_batch_dim, "float32"),
+    **{f"aten.{op}.source_Storage{out}": (_set_storage, "float32") for op in ("set", "set_")
+       for out in ("", "_out") if not (op == "set_" and out)},
+    **{f"aten.{op}.source_Storage_storage_offset{out}": (_set_storage_offset("storage"), "float32")
+       for op in ("set", "set_") for out in ("", "_out") if not (op == "set_" and out)},
+    "aten.set_.source_Tensor_storage_offset": (_set_storage_offset("tensor"), "float32"),
     **{f"{prefix}sparse_{layout}_tensor{suffix}": (_compressed(layout), "float32")
        for layout in ("csr", "csc", "bsr", "bsc") for prefix, suffix in (("", ""), ("_", "_unsafe"))},
     **{f"aten.sparse_{layout}_tensor.{names}": (_compressed(layout, size=False), "float32")

@@ -71,10 +71,21 @@ def test_functional_siblings():
 
 def test_partly_uninitialized_and_uncheckable_random_ops_are_skipped(backend):
     """Random ops with a checkable form are explored (tests/torch/test_random_ops.py)."""
-    for op in ("aten._resize_output_.default", "aten.set_.source_Tensor", "aten.poisson.default"):
+    for op in ("aten._resize_output_.default", "aten.poisson.default"):
         with pytest.raises(Skip) as info:
             backend.cases(op)
         assert info.value.status == "nondeterministic", op
+
+
+def test_set_gives_self_the_sources_data_whatever_self_held(backend):
+    """It was skipped as "output is uninitialized memory": its output is the source's data
+    (a Storage, a tensor's, or a window of one), and self's values are dropped."""
+    for op in ("aten.set_.source_Tensor", "aten.set_.source_Storage", "aten.set_.source_Tensor_storage_offset"):
+        (case, *_) = backend.cases(op)
+        first, again = case.call(case.args, case.kwargs, False, None), case.call(case.args, case.kwargs, False, None)
+        assert torch.equal(first, again), op
+        other_self = (torch.randn_like(case.args[0]), *case.args[1:])
+        assert torch.equal(case.call(other_self, case.kwargs, False, None), first), op
 
 
 def test_ops_with_unspecified_values_get_rules_on_shapes(backend):
