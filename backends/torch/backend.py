@@ -110,15 +110,16 @@ def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtyp
                 continue
             if name in hidden and mutated[-1] is not None:
                 extra.append(mutated[-1])
-        if shaped_by is not None:
-            like = [t for t in pytree.leaves(shaped_by(*args, **kwargs), _is_tensor)]
+        if shaped_by is None:
+            for name, listed in out_names:
+                dtype = spec.get(name, default_dtype)
+                kwargs[name] = _list_out(args, dtype) if listed else torch.empty(0, dtype=dtype)
+        else:
+            like = pytree.leaves(shaped_by(*args, **kwargs), _is_tensor)
             if len(out_names) == 1 and out_names[0][1]:
                 kwargs[out_names[0][0]] = [torch.zeros_like(t) for t in like]
             else:
                 kwargs.update((name, torch.zeros_like(t)) for (name, _), t in zip(out_names, like, strict=True))
-        for name, listed in out_names if shaped_by is None else ():
-            dtype = spec.get(name, default_dtype)
-            kwargs[name] = _list_out(args, dtype) if listed else torch.empty(0, dtype=dtype)
         result = func(*args, **kwargs)
         if not pytree.leaves(result, _is_tensor):  # the core's walk: this runs on every shard
             written_out = [m for m in mutated if m is not None] + [kwargs[name] for name, _ in out_names]

@@ -246,7 +246,7 @@ class Outcome:
     seconds: float
     after: tuple[str, ...] = ()
     retried: str = ""  # why its first try failed, where a crash or time limit sent it round again
-    timed_out: bool = False  # its last try ran out of time (record: the failure result)
+    timed_out: bool = False  # its last try ran out of time, or was killed by SIGKILL (record: the failure result)
 
 
 class WorkerPool:
@@ -256,7 +256,8 @@ class WorkerPool:
     ``on_outcome`` in the parent as each finishes. A worker past the time limit is killed;
     a worker that dies is replaced; either way its op is tried once more (a worker killed
     for memory fails once only), and gets a 'failed' record if it fails again, with
-    ``Outcome.timed_out`` set where that was a time limit.
+    ``Outcome.timed_out`` set where that was a time limit or a SIGKILL (the machine's doing,
+    not the op's: the sweep keeps the op's file).
 
     The limit (``config.timeout``) counts the worker's CPU time since the op was sent, so
     an op slowed by a loaded machine gets the time it needs: wall-clock speed must not
