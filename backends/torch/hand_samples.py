@@ -538,10 +538,11 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "_thnn_differentiable_lstm_cell_backward": (_thnn_differentiable_lstm_cell_backward, "float32"),
     "_convolution_double_backward": (_convolution_double_backward, "float32"),
     "_remove_batch_dim": (_remove_batch_dim, "float32"),
-    **{f"aten.{op}.source_Storage{out}": (_set_storage, "float32") for op in ("set", "set_")
-       for out in ("", "_out") if not (op == "set_" and out)},
-    **{f"aten.{op}.source_Storage_storage_offset{out}": (_set_storage_offset("storage"), "float32")
-       for op in ("set", "set_") for out in ("", "_out") if not (op == "set_" and out)},
+    # by overload: set's others take no Storage (an out= overload's key names it, as the base would every set)
+    **dict.fromkeys(("aten.set.source_Storage", "aten.set.source_Storage_out", "aten.set_.source_Storage"),
+                    (_set_storage, "float32")),
+    **dict.fromkeys(("aten.set.source_Storage_storage_offset", "aten.set.source_Storage_storage_offset_out",
+                     "aten.set_.source_Storage_storage_offset"), (_set_storage_offset("storage"), "float32")),
     "aten.set_.source_Tensor_storage_offset": (_set_storage_offset("tensor"), "float32"),
     **{f"{prefix}sparse_{layout}_tensor{suffix}": (_compressed(layout), "float32")
        for layout in ("csr", "csc", "bsr", "bsc") for prefix, suffix in (("", ""), ("_", "_unsafe"))},
