@@ -1,7 +1,7 @@
 """One environment for the processes that draw samples and verify rules, so that a sweep
 gives the same files on any machine.
 
-Three things a process fixes only when it starts, and that change the sweep's results:
+Four things a process fixes only when it starts, and that change the sweep's results:
 
 - ``PYTHONHASHSEED``: Python salts ``str`` hashes per process, and sample generators
   iterate over sets of strings (OpInfo's meshgrid samples loop over ``{'xy', 'ij'}``).
@@ -17,6 +17,12 @@ Three things a process fixes only when it starts, and that change the sweep's re
   ``mat2`` of ``mm`` was refuted there only. Conditional numerical reproducibility at the
   AVX2 level gives one answer on every machine that has it. (The jax backend caps XLA's
   CPU code at AVX2 too, in a process that starts with these values.)
+- ``ONEDNN_MAX_CPU_ISA``: oneDNN (torch's convolutions, and the samples captured through
+  them) picks its kernels by CPU too, up to AMX, and they round differently:
+  ``convolution_backward`` kept other Partial rules on an AMX machine than on an AVX2 one.
+  Capped at AVX2, as above. (Where torch itself picks oneDNN or its own kernel by CPU,
+  ``_scaled_mm``'s float8 product on AMX only, a backend that sweeps in such a process
+  runs its own kernels: the torch one turns oneDNN off in its workers.)
 
 Sweep and cross-check workers start with these values, and a process that did not start
 with them builds the sample index in one that does. A user's process (live exploration at
@@ -34,6 +40,7 @@ ENV = {
     "PYTHONHASHSEED": "0",
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 
 

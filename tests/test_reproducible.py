@@ -52,3 +52,44 @@ def test_torch_in_a_child_runs_its_avx2_kernels_whatever_the_cpu():
     out = subprocess.run([sys.executable, "-c", code], env=reproducible.child_env(), capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "AVX2"
+
+
+def test_onednn_in_a_child_runs_its_avx2_kernels_whatever_the_cpu():
+    """oneDNN picks its kernels by CPU up to AMX, and they round differently:
+    convolution_backward kept other Partial rules on an AMX machine than on an AVX2 one."""
+    pytest.importorskip("torch")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("ONEDNN_MAX_CPU_ISA=AVX2 names an x86 instruction set")
+    code = "import torch; torch.nn.functional.conv2d(torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))"
+    out = subprocess.run([sys.executable, "-c", code], env={**reproducible.child_env(), "ONEDNN_VERBOSE": "all"},
+                         capture_output=True, text=True, check=True).stdout
+    assert [line.rsplit(",", 1)[1] for line in out.splitlines() if ",isa:" in line] == ["isa:Intel AVX2"], out
+
+
+PREPARED_WORKER = """
+import torch
+from metaspmd.backends.torch import get_backend
+
+get_backend(opinfos=("nn.functional.relu",), model_programs=False).prepare()
+a, b = torch.ones(8, 16).to(torch.float8_e4m3fn), torch.ones(12, 16).to(torch.float8_e4m3fn).t()
+print(torch.backends.mkldnn.enabled)
+print(torch._scaled_mm(a, b, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32).sum().item())
+try:
+    torch._scaled_mm(a, b, torch.tensor(1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64),
+                     out_dtype=torch.float32)
+    print("float64 scales taken")
+except (RuntimeError, ValueError) as e:
+    print(str(e).splitlines()[0])
+"""
+
+
+def test_a_torch_sweep_worker_runs_torchs_own_kernels_whatever_the_cpu():
+    """Where the CPU has AMX, torch runs _scaled_mm's float8 product on oneDNN, which takes
+    float64 scales, and elsewhere on its own kernel, which refuses them: the sample the
+    sweep built, and so the rule file, depended on the machine. A prepared worker runs
+    torch's own kernel on every machine."""
+    pytest.importorskip("torch")
+    pytest.importorskip("expecttest")  # the OpInfo database needs it
+    out = subprocess.run([sys.executable, "-c", PREPARED_WORKER], env=reproducible.child_env(), capture_output=True,
+                         text=True, timeout=300).stdout.splitlines()
+    assert out == ["False", str(8 * 12 * 16.0), "Invalid scaling configuration."], out

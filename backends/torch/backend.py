@@ -23,7 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import torch
 
-from metaspmd import pytree
+from metaspmd import pytree, reproducible
 from metaspmd.case import NoSample, OpCase, ShapeRefused, Skip
 from metaspmd.signature import arg_items
 from metaspmd.sweep.user_modules import load_module
@@ -625,9 +625,17 @@ class TorchBackend:
     def prepare(self) -> None:
         """Load (or build, once per torch version) the sample index and run the model
         programs before any op's time limit starts; the sweep calls this in every worker.
-        Custom ops need neither."""
+        Custom ops need neither. In a process started with ``reproducible.ENV`` (sweep and
+        cross-check workers), ops then run on torch's own kernels, not oneDNN's: torch
+        picks oneDNN for some by the CPU's features (``_scaled_mm``'s float8 product where
+        the CPU has AMX), so the same op ran another kernel, with other rounding and other
+        accepted dtypes, on another machine."""
         if not self.custom_namespaces:
             _ = self.index, self.program_calls
+        if reproducible.in_effect():
+            # for the worker's life: torch's test utilities, which the OpInfo database
+            # imports, refuse `torch.backends.mkldnn.enabled = False` outside flags()
+            torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)
 
     def cases(self, op: str) -> list[OpCase]:
         cases = self._all_cases(op)

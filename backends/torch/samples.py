@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import fcntl
 import functools
 import os
@@ -42,7 +43,7 @@ from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 16  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 17  # bump when capture or selection changes: old caches are then ignored
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
@@ -257,16 +258,53 @@ def _run_sample(info, mode: str, sample, recorder: _Recorder | CompositeRecorder
 def filled_memory():
     """Uninitialised memory filled (NaN, the largest integer) rather than left as it was:
     copy_, fill_ and bernoulli_ get their self from torch.empty, and garbage there made the
-    samples' ranking (_low_entropy) differ from one build of the index to the next."""
+    samples' ranking (_low_entropy) differ from one build of the index to the next. Memory
+    a kernel allocates for itself, which that setting does not reach, is filled too
+    (``_junk_filled_allocations``)."""
     enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True, warn_only=True)  # warn only: no op refuses to run
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
-        yield
+        with _junk_filled_allocations():
+            yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+# c10's own switch (a flag of its CPU allocator, "fill memory with deterministic junk when
+# allocating on CPU"), which torch sets from no Python API: set here on libc10's symbol.
+_JUNK_FILL_FLAG = "FLAGS_caffe2_cpu_allocator_do_junk_fill"
+
+
+@functools.cache
+def _junk_fill_flag() -> ctypes.c_bool | None:
+    """libc10's junk-fill flag, or None in a build that does not export it."""
+    for lib in sorted((Path(torch.__file__).parent / "lib").glob("libc10.*")):
+        try:
+            return ctypes.c_bool.in_dll(ctypes.CDLL(str(lib)), _JUNK_FILL_FLAG)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def _junk_filled_allocations():
+    """Every CPU allocation filled with the same bytes, not left as the heap had it. A
+    kernel's own buffers that a sample reads unwritten (repeat's backward passing one to
+    narrow, linalg.eig's backward to resolve_conj) held the heap's leftovers, so two builds
+    of the index differed there, and so could the rules explored on those samples. Where
+    the flag is missing the heap's bytes stay, as before."""
+    flag = _junk_fill_flag()
+    if flag is None:
+        yield
+        return
+    before, flag.value = flag.value, True
+    try:
+        yield
+    finally:
+        flag.value = before
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # the OpInfo database needs it
 
+from metaspmd import reproducible  # noqa: E402
 from metaspmd.backends.torch import TorchBackend, get_backend  # noqa: E402
 from metaspmd.backends.torch import catalog, samples, schema_samples, views  # noqa: E402
 from metaspmd.case import NoSample, OpCase, Skip  # noqa: E402
@@ -1044,6 +1047,57 @@ def test_unset_buffers_are_filled_alike_on_every_build():
     (b, _), _ = _captured_values((buffer, src), {}, seed=0)
     assert torch.equal(a, b) and not torch.isnan(a).any() and len(set(a.flatten().tolist())) == 12
     assert torch.equal(s, src) and s is not src  # data stays as it is, snapshotted
+
+
+def test_memory_a_kernel_allocates_holds_the_same_bytes_on_every_build():
+    """A kernel's own buffer that a sample reads unwritten (repeat's backward hands one to
+    narrow) held the heap's leftovers, so two index builds differed there. Under
+    filled_memory every CPU allocation holds c10's junk pattern, whatever the heap held
+    (torch.empty shows it where fill_uninitialized_memory is off), and the allocator is as
+    it was afterwards."""
+    from metaspmd.backends.torch.samples import _junk_fill_flag, _junk_filled_allocations, filled_memory
+
+    flag = _junk_fill_flag()
+    assert flag is not None  # the torch this project pins exports it
+    before = flag.value
+    with filled_memory():
+        assert flag.value
+    assert flag.value == before
+    with _junk_filled_allocations():
+        allocated = torch.empty(64, dtype=torch.int64)
+    assert flag.value == before
+    assert allocated.tolist() == [0x7FEDBEEF7FEDBEEF] * 64
+
+
+@pytest.mark.slow  # two index builds in fresh processes (the heap's leftovers differ there)
+def test_the_index_is_the_same_bytes_on_every_build(tmp_path):
+    """The samples of repeat's and linalg.eig's OpInfos, built in two processes, hold the
+    same bytes, among them narrow's and resolve_conj's, which read buffers that backward
+    kernels allocate and leave unwritten."""
+    script = ("import sys, torch; from metaspmd.backends.torch import samples as s; "
+              "index = s.build_index(opinfos=('repeat', 'linalg.eig')); "
+              "torch.save({op: [torch.utils._pytree.tree_leaves((c.args, c.kwargs)) for c in calls] "
+              "for op, calls in index.items()}, sys.argv[1])")
+    built = []
+    for k in range(2):
+        path = tmp_path / f"index{k}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=600,
+                       env=reproducible.child_env())
+        built.append(torch.load(path, weights_only=True))
+    assert {"aten.narrow.default", "aten.resolve_conj.default"} <= built[0].keys()
+    assert built[0].keys() == built[1].keys()
+
+    def raw(x):
+        x = torch.view_as_real(x) if x.is_complex() else x
+        return x.contiguous().reshape(-1).view(torch.uint8) if x.numel() else x
+
+    for op in built[0]:
+        for a, b in zip(built[0][op], built[1][op], strict=True):
+            for x, y in zip(a, b, strict=True):
+                if isinstance(x, torch.Tensor):
+                    assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(raw(x), raw(y)), op
+                else:
+                    assert x == y, op
 
 
 # --------------------------------------------------------------------------- custom ops (--kernels)
