@@ -3,6 +3,7 @@
     python benchmarks/explore_bench.py                  # the 37 calls, table and totals
     python benchmarks/explore_bench.py --ops conv,bn    # calls whose name contains a word
     python benchmarks/explore_bench.py --profile native_batch_norm --top 30
+    python benchmarks/explore_bench.py --stages         # runs per call by explorer stage
 
 Each side's op runs per call (``runs``, counted in one more, untimed pass) split its time
 into how often it runs the op and what each run costs it (the footer's ms per run):
@@ -230,6 +231,72 @@ def op_runs(case) -> tuple[int, int]:
     return ours.n, ref.n
 
 
+# The explorer's stages, by the methods that run the op for them: a run counts toward the
+# innermost of these on its call stack. Discovery is what EasyDist's loop does too (the
+# example cut in two); the rest is verification.
+STAGES = {
+    "baseline": ("draw_baseline",),
+    "discovery": ("_explore", "_search"),
+    "fresh trials": ("_verify", "_verify_even"),
+    "other sizes": ("_cuts_on_other_sizes", "_partials_on_other_sizes", "_amounts_on_other_sizes"),
+    "value checks": ("_check_avg_evenly", "_refute_on_ties", "_reduces_on_three_shards", "_whole_on_special_values",
+                     "_where_parts_cancel"),
+    "independence": ("_independent_parts", "_independent_spec", "_beside_unread"),
+}
+_STAGE_OF = {method: stage for stage, methods in STAGES.items() for method in methods}
+
+
+class StageCount:
+    """Counts the op's runs per explorer stage (``STAGES``), through the callables it wraps."""
+
+    def __init__(self):
+        self.runs = dict.fromkeys(STAGES, 0)
+
+    def wrap(self, fn: Callable | None) -> Callable | None:
+        if fn is None:
+            return None
+
+        def counted(*args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name not in _STAGE_OF:
+                frame = frame.f_back
+            if frame is not None:  # a run outside explore_case (none today) counts nowhere
+                self.runs[_STAGE_OF[frame.f_code.co_name]] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def stage_runs(case) -> dict[str, int]:
+    """metaspmd's runs of the op on one exploration of ``case``, per stage."""
+    import dataclasses
+
+    count = StageCount()
+    localize = case.localize
+    explore(dataclasses.replace(
+        case, fn=count.wrap(case.fn), dropping=count.wrap(case.dropping),
+        localize=None if localize is None else (lambda local: count.wrap(localize(local)))))
+    return count.runs
+
+
+def print_stages(selected) -> int:
+    """Runs of the op per call and stage, and each stage's share of all of them."""
+    print("metaspmd's runs of the op per call, by the explorer stage that made them (discovery: the example")
+    print("cut in two, as EasyDist's loop does; the others verify what it found)")
+    width = max(len(s) for s in STAGES) + 1
+    print(f"{'call':<20}" + "".join(f"{s:>{width}}" for s in STAGES) + f"{'all':>7}")
+    totals = dict.fromkeys(STAGES, 0)
+    for name, fn, args, kwargs in selected:
+        runs = stage_runs(metaspmd_case(fn, args, kwargs))
+        for s, n in runs.items():
+            totals[s] += n
+        print(f"{name:<20}" + "".join(f"{runs[s]:>{width}}" for s in STAGES) + f"{sum(runs.values()):>7}", flush=True)
+    every = sum(totals.values())
+    print(f"{'total':<20}" + "".join(f"{totals[s]:>{width}}" for s in STAGES) + f"{every:>7}")
+    print(f"{'share':<20}" + "".join(f"{100 * totals[s] / max(every, 1):>{width - 1}.1f}%" for s in STAGES))
+    return 0
+
+
 def strategies(entry) -> int:
     return len(entry.all_strategies())
 
@@ -254,6 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("--sort", default="cumtime", choices=sorted(pstats.Stats.sort_arg_dict_default),
                    metavar="KEY", help="profile sort key, one of pstats': %(choices)s (default cumtime)")
     p.add_argument("--top", type=positive_int, default=40, help="profile lines printed")
+    p.add_argument("--stages", action="store_true",
+                   help="instead of times: metaspmd's runs of the op per call, by explorer stage")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     words = [w for w in (a.ops or "").split(",") if w.strip()]
@@ -265,6 +334,8 @@ def main(argv=None) -> int:
                 + ", ".join(c[0] for c in calls()))
     if a.profile and not any(a.profile in c[0] for c in selected):
         p.error(f"--profile {a.profile!r}: no selected call's name contains it")
+    if a.stages:
+        return print_stages(selected)
     if a.profile:
         chosen = [c for c in selected if a.profile in c[0]]
         cases = [metaspmd_case(fn, args, kwargs) for _, fn, args, kwargs in chosen]

@@ -60,3 +60,19 @@ def test_refuses_bad_arguments(bench, capsys):
         bench.main(["--ops", "mm", "--profile", "mm", "--sort", "bogus"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--sort: invalid choice: 'bogus'" in err and "tottime" in err
+
+
+def test_stages_split_every_run_of_the_op(bench, capsys):
+    """--stages: each run counted toward one stage; their sum is op_runs' count, and relu's
+    discovery is its two dims cut in two (four shard runs) plus its Partial look."""
+    name, fn, args, kwargs = next(c for c in bench.calls() if c[0] == "relu")
+    runs = bench.stage_runs(bench.metaspmd_case(fn, args, kwargs))
+    assert list(runs) == list(bench.STAGES)
+    assert sum(runs.values()) == bench.op_runs(bench.metaspmd_case(fn, args, kwargs))[0]
+    assert runs["baseline"] > 0 and runs["discovery"] >= 4 and runs["fresh trials"] > runs["discovery"]
+    assert bench.main(["--ops", "relu,mm", "--stages"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    relu = next(line.split() for line in lines if line.startswith("relu "))
+    assert [int(n) for n in relu[1:]] == [*runs.values(), sum(runs.values())]
+    share = next(line for line in lines if line.startswith("share"))
+    assert share.count("%") == len(bench.STAGES)
