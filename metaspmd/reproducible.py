@@ -1,7 +1,7 @@
 """One environment for the processes that draw samples and verify rules, so that a sweep
 gives the same files on any machine.
 
-Four things a process fixes only when it starts, and that change the sweep's results:
+Five things a process fixes only when it starts, and that change the sweep's results:
 
 - ``PYTHONHASHSEED``: Python salts ``str`` hashes per process, and sample generators
   iterate over sets of strings (OpInfo's meshgrid samples loop over ``{'xy', 'ij'}``).
@@ -22,7 +22,12 @@ Four things a process fixes only when it starts, and that change the sweep's res
   ``convolution_backward`` kept other Partial rules on an AMX machine than on an AVX2 one.
   Capped at AVX2, as above. (Where torch itself picks oneDNN or its own kernel by CPU,
   ``_scaled_mm``'s float8 product on AMX only, a backend that sweeps in such a process
-  runs its own kernels: the torch one turns oneDNN off in its workers.)
+  runs its own kernels: the torch one turns oneDNN off in its workers, and NNPACK, which
+  blocks its sums by the CPU's cache sizes.)
+- ``FBGEMM_ENABLE_INSTRUCTIONS``: fbgemm generates its embedding-bag and quantized GEMM
+  kernels for the CPU's widest set, which no setting above reaches; no rule was seen to
+  change with it (their sums run in one order either way), and it is capped at AVX2 all
+  the same.
 
 Sweep and cross-check workers start with these values, and a process that did not start
 with them builds the sample index in one that does. A user's process (live exploration at
@@ -41,6 +46,7 @@ ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
 }
 
 

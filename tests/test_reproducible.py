@@ -72,7 +72,7 @@ from metaspmd.backends.torch import get_backend
 
 get_backend(opinfos=("nn.functional.relu",), model_programs=False).prepare()
 a, b = torch.ones(8, 16).to(torch.float8_e4m3fn), torch.ones(12, 16).to(torch.float8_e4m3fn).t()
-print(torch.backends.mkldnn.enabled)
+print(torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled())
 print(torch._scaled_mm(a, b, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32).sum().item())
 try:
     torch._scaled_mm(a, b, torch.tensor(1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64),
@@ -87,9 +87,10 @@ def test_a_torch_sweep_worker_runs_torchs_own_kernels_whatever_the_cpu():
     """Where the CPU has AMX, torch runs _scaled_mm's float8 product on oneDNN, which takes
     float64 scales, and elsewhere on its own kernel, which refuses them: the sample the
     sweep built, and so the rule file, depended on the machine. A prepared worker runs
-    torch's own kernel on every machine."""
+    torch's own kernel on every machine, and no NNPACK convolution (its sums are blocked
+    by the CPU's cache sizes)."""
     pytest.importorskip("torch")
     pytest.importorskip("expecttest")  # the OpInfo database needs it
     out = subprocess.run([sys.executable, "-c", PREPARED_WORKER], env=reproducible.child_env(), capture_output=True,
                          text=True, timeout=300).stdout.splitlines()
-    assert out == ["False", str(8 * 12 * 16.0), "Invalid scaling configuration."], out
+    assert out == ["False False", str(8 * 12 * 16.0), "Invalid scaling configuration."], out

@@ -626,16 +626,19 @@ class TorchBackend:
         """Load (or build, once per torch version) the sample index and run the model
         programs before any op's time limit starts; the sweep calls this in every worker.
         Custom ops need neither. In a process started with ``reproducible.ENV`` (sweep and
-        cross-check workers), ops then run on torch's own kernels, not oneDNN's: torch
-        picks oneDNN for some by the CPU's features (``_scaled_mm``'s float8 product where
-        the CPU has AMX), so the same op ran another kernel, with other rounding and other
-        accepted dtypes, on another machine."""
+        cross-check workers), ops then run on torch's own kernels, not oneDNN's or
+        NNPACK's, whose choices follow the machine: torch picks oneDNN for some ops by the
+        CPU's features (``_scaled_mm``'s float8 product where the CPU has AMX), so the same
+        op ran another kernel, with other rounding and other accepted dtypes, elsewhere;
+        NNPACK blocks a convolution's channel sums by the CPU's cache sizes (a batch of 16
+        or more, 256 input channels: other bits with an L1 cache of 32 KiB than of 48)."""
         if not self.custom_namespaces:
             _ = self.index, self.program_calls
         if reproducible.in_effect():
             # for the worker's life: torch's test utilities, which the OpInfo database
             # imports, refuse `torch.backends.mkldnn.enabled = False` outside flags()
             torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)
+            torch.backends.nnpack.set_flags(False)
 
     def cases(self, op: str) -> list[OpCase]:
         cases = self._all_cases(op)
