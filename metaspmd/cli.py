@@ -528,7 +528,11 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
         from metaspmd.registry_io import RegistryError, check_registry_root
 
         try:
-            check_registry_root(known.registry)
+            root = check_registry_root(known.registry)
+            # an empty registry explores every op live; one holding other backends' rules
+            # but not this one's is a wrong path, which would explore live unsaid
+            if any(d.is_dir() and next(d.glob("*.yaml"), None) is not None for d in root.iterdir()):
+                check_registry_root(root, args.backend)
         except RegistryError as e:
             shared.error(str(e))
     try:

@@ -552,6 +552,22 @@ def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_crosscheck_refuses_a_registry_without_the_backends_rules(tmp_path, capsys):
+    """A registry root holding other backends' rules but not this one's would have every op
+    explored live, unsaid; an empty one is how the backend explores every op live."""
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "jax.add.yaml").write_text("")
+    with pytest.raises(SystemExit) as e:
+        cli.crosscheck(["--backend", "torch", "--registry", str(tmp_path)])
+    assert e.value.code == 2
+    assert f"{tmp_path}: no torch/ folder of rule files (backends there: jax)" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    # past the registry check, to the dispatch: an unknown backend is the next refusal
+    assert cli.crosscheck(["--backend", "no_such_backend", "--registry", str(empty)]) == 2
+    assert "no cross-check for backend 'no_such_backend'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- parallelize
 
 
