@@ -53,6 +53,7 @@ def _add_same_shapes(x, y):
     return x + y
 
 
+@pytest.mark.slow  # a fresh child per crashing shard, 10 s; the runtime's crash test runs in the default job
 def test_live_exploration_finds_the_rules_of_an_op_that_crashes_on_some_shards(tmp_path):
     from metaspmd.cache import RuleCache
     from metaspmd.case import OpCase

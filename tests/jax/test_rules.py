@@ -189,6 +189,7 @@ def test_strided_slice_bounds_re_base_to_the_shard():
     assert _rebase_split({"sizes": (2, 3, 1), "axis": 1}, 0, 0, 2, 4) is None
 
 
+@pytest.mark.slow  # 8 s; the proportional and overlapping window cuts are checked in the default job
 def test_a_padded_window_op_pads_only_its_outer_shards(backend, ops):
     # select_and_scatter_add with padding (1, 1): a shard of windows reads its operand range
     # one element early; the first shard's range starts in the padding, which it pads, and
