@@ -210,23 +210,29 @@ class RunCount:
             return None
 
         def counted(*args, **kwargs):
-            self.n += 1
+            self.count()
             return fn(*args, **kwargs)
 
         return counted
 
+    def count(self) -> None:
+        self.n += 1
 
-def op_runs(case) -> tuple[int, int]:
-    """(metaspmd's, the reference loop's) runs of the op on one exploration of ``case``:
-    its own callable, dropping form and re-based local forms, each counted."""
+
+def counted_case(case, wrap: Callable[[Callable | None], Callable | None]):
+    """``case`` with its own callable, dropping form and re-based local forms each passed
+    through ``wrap`` (a counter's)."""
     import dataclasses
 
-    ours, ref = RunCount(), RunCount()
     localize = case.localize
-    counted = dataclasses.replace(
-        case, fn=ours.wrap(case.fn), dropping=ours.wrap(case.dropping),
-        localize=None if localize is None else (lambda local: ours.wrap(localize(local))))
-    explore(counted)
+    return dataclasses.replace(case, fn=wrap(case.fn), dropping=wrap(case.dropping),
+                               localize=None if localize is None else (lambda local: wrap(localize(local))))
+
+
+def op_runs(case) -> tuple[int, int]:
+    """(metaspmd's, the reference loop's) runs of the op on one exploration of ``case``."""
+    ours, ref = RunCount(), RunCount()
+    explore(counted_case(case, ours.wrap))
     easydist_style(ref.wrap(case.fn), case.args, case.kwargs)
     return ours.n, ref.n
 
@@ -246,36 +252,26 @@ STAGES = {
 _STAGE_OF = {method: stage for stage, methods in STAGES.items() for method in methods}
 
 
-class StageCount:
+class StageCount(RunCount):
     """Counts the op's runs per explorer stage (``STAGES``), through the callables it wraps."""
 
     def __init__(self):
+        super().__init__()
         self.runs = dict.fromkeys(STAGES, 0)
 
-    def wrap(self, fn: Callable | None) -> Callable | None:
-        if fn is None:
-            return None
-
-        def counted(*args, **kwargs):
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_name not in _STAGE_OF:
-                frame = frame.f_back
-            if frame is not None:  # a run outside explore_case (none today) counts nowhere
-                self.runs[_STAGE_OF[frame.f_code.co_name]] += 1
-            return fn(*args, **kwargs)
-
-        return counted
+    def count(self) -> None:
+        super().count()
+        frame = sys._getframe(2)  # the caller of the wrapped callable
+        while frame is not None and frame.f_code.co_name not in _STAGE_OF:
+            frame = frame.f_back
+        if frame is not None:  # a run outside explore_case (none today) counts nowhere
+            self.runs[_STAGE_OF[frame.f_code.co_name]] += 1
 
 
 def stage_runs(case) -> dict[str, int]:
     """metaspmd's runs of the op on one exploration of ``case``, per stage."""
-    import dataclasses
-
     count = StageCount()
-    localize = case.localize
-    explore(dataclasses.replace(
-        case, fn=count.wrap(case.fn), dropping=count.wrap(case.dropping),
-        localize=None if localize is None else (lambda local: count.wrap(localize(local)))))
+    explore(counted_case(case, count.wrap))
     return count.runs
 
 

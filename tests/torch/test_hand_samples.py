@@ -154,8 +154,8 @@ def test_a_sample_failure_of_an_op_without_a_dense_kernel_says_so():
 
 
 def test_coverage_counts_and_lists_the_dense_cpu_overloads_without_a_sample(tmp_path, capsys):
-    """On a registry of the committed no-sample files and a few with rules (loading all
-    3,110 twice took most of this test's 12 s)."""
+    """On a registry of the committed no-sample files and three with rules: loading all
+    3,110 files, twice, took most of this test's time."""
     import re
     import shutil
 
