@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 import time
 
@@ -40,6 +41,9 @@ from metaspmd.cli import positive_int, positive_number, seconds
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
 from metaspmd.planner.synthetic import GPTConfig, gpt
+
+
+MAX_SIMULATED_RANKS = 64  # --end-to-end runs every rank's tensors in one process
 
 
 def parse_mesh(text: str) -> Mesh:
@@ -92,7 +96,6 @@ def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cac
 def end_to_end(layers_list: list[int], mesh_shape: str, hidden: int, heads: int, batch: int, seq: int) -> int:
     """``parallelize`` end to end per size, warm rule cache: total, capture, resolve, plan."""
     import contextlib
-    import math
     import tempfile
 
     import torch
@@ -182,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
     if args.end_to_end:
+        world = math.prod(int(s) for s in args.mesh.lower().split("x"))
+        if world > MAX_SIMULATED_RANKS:  # each rank is simulated in this process (LocalTensorMode)
+            p.error(f"--end-to-end simulates every rank in this process: a mesh of at most {MAX_SIMULATED_RANKS} "
+                    f"devices, got {args.mesh} ({world})")
         return end_to_end(args.layers, args.mesh, args.hidden, args.heads, args.batch, args.seq)
     cache = None
     if args.captured:

@@ -74,6 +74,8 @@ def _module(name: str):
     ("planner_bench", ["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
     ("planner_bench", ["--time-limit", "inf"], "got 'inf'"),
     ("planner_bench", ["--hidden", "30", "--heads", "4"], "--hidden 30 is not a multiple of --heads 4"),
+    ("planner_bench", ["--end-to-end", "--mesh", "99999999999"],
+     "--end-to-end simulates every rank in this process: a mesh of at most 64 devices, got 99999999999"),
     ("explore_bench", ["--ops", ""], "--ops '' names no call"),
     ("explore_bench", ["--ops", " , "], "--ops ' , ' names no call"),
     ("sweep_bench", ["--backend", "jax", "--kernels", "my_kernels"], "--kernels takes torch custom ops or TVM TE"),
