@@ -46,8 +46,13 @@ from metaspmd.planner.synthetic import GPTConfig, gpt
 MAX_SIMULATED_RANKS = 64  # --end-to-end runs every rank's tensors in one process
 
 
+def mesh_sizes(text: str) -> tuple[int, ...]:
+    """The axis sizes of a mesh shape such as 8 or 2x4 (checked by ``mesh_text``)."""
+    return tuple(int(s) for s in text.lower().split("x"))
+
+
 def parse_mesh(text: str) -> Mesh:
-    shape = tuple(int(s) for s in text.lower().split("x"))
+    shape = mesh_sizes(text)
     return Mesh.of(shape, tuple(("dp", "tp", "pp")[: len(shape)]) if len(shape) <= 3 else None)
 
 
@@ -108,7 +113,7 @@ def end_to_end(layers_list: list[int], mesh_shape: str, hidden: int, heads: int,
     from metaspmd.backends.torch.parallelize import TorchRuntime, parallelize
     from metaspmd.cache import RuleCache
 
-    shape = [int(s) for s in mesh_shape.lower().split("x")]
+    shape = list(mesh_sizes(mesh_shape))
     world = math.prod(shape)
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=world)
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
     if args.end_to_end:
-        world = math.prod(int(s) for s in args.mesh.lower().split("x"))
+        world = math.prod(mesh_sizes(args.mesh))
         if world > MAX_SIMULATED_RANKS:  # each rank is simulated in this process (LocalTensorMode)
             p.error(f"--end-to-end simulates every rank in this process: a mesh of at most {MAX_SIMULATED_RANKS} "
                     f"devices, got {args.mesh} ({world})")
