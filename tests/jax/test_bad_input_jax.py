@@ -111,7 +111,7 @@ def test_in_a_fresh_process():
     if jax.device_count() >= 4:
         pytest.skip("runs in this process")
     env = dict(os.environ, XLA_FLAGS=_FLAGS)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "on_devices"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__, "-k", "on_devices"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 

@@ -45,7 +45,7 @@ COLLECTIVES = r"(all-reduce|all-gather|reduce-scatter|all-to-all|collective-perm
 @pytest.mark.skipif(ENOUGH_DEVICES, reason="runs in this process")
 def test_in_a_fresh_process():
     env = dict(os.environ, XLA_FLAGS=_FLAGS)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-m", "slow or not slow"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__, "-m", "slow or not slow"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 

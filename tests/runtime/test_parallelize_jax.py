@@ -53,7 +53,7 @@ SPELLINGS = {"all-reduce": ("all-reduce",), "reduce-scatter": ("reduce-scatter",
 @pytest.mark.skipif(ENOUGH_DEVICES, reason="runs in this process")
 def test_in_a_fresh_process():
     env = dict(os.environ, XLA_FLAGS=_FLAGS)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", DEVICE_TESTS]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", __file__, "-k", DEVICE_TESTS]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
