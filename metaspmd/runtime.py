@@ -121,7 +121,7 @@ def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any, *, s
     if not isinstance(solver, str) or solver not in planner.SOLVER_CHOICES:
         raise ValueError(f"solver must be one of {', '.join(map(repr, planner.SOLVER_CHOICES))}, "
                          f"got {_short(solver)}")
-    _check_cache(cache)
+    check_cache(cache)
     if cost_model is not None and not isinstance(cost_model, planner.CostModel):
         raise TypeError(f"cost_model must be a metaspmd.planner.CostModel or None, got {_shown(cost_model)}: pass "
                         "planner.CostModel(planner.Mesh.of(shape, names), planner.Device(...)), or None for "
@@ -170,7 +170,8 @@ def _check_positive(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {_short(value)}")
 
 
-def _check_cache(cache: Any) -> None:
+def check_cache(cache: Any) -> None:
+    """``cache``: a RuleCache or None (the user's default one)."""
     if cache is None or isinstance(cache, RuleCache):
         return
     if isinstance(cache, (str, os.PathLike)):
@@ -180,12 +181,24 @@ def _check_cache(cache: Any) -> None:
     raise TypeError(f"cache must be a metaspmd.cache.RuleCache or None, got {_shown(cache)}: {fix}")
 
 
+def check_flag(name: str, value: Any, meaning: str) -> None:
+    """A yes/no option must be a bool: "no" would be true."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool ({meaning}), got {_shown(value)}")
+
+
 def _check_runtime_options(options: Mapping[str, Any]) -> None:
     """The options every runtime reads the same way (one check for torch and JAX)."""
-    backward = options.get("backward", True)
-    if not isinstance(backward, bool):  # "no" would be true
-        raise TypeError(f"backward must be a bool (True: plan forward and backward; False: forward only), "
-                        f"got {_shown(backward)}")
+    check_flag("backward", options.get("backward", True), "True: plan forward and backward; False: forward only")
+
+
+def _check_cost_model_mesh(cost_model: planner.CostModel | None, mesh: planner.Mesh, links: Any) -> None:
+    """Before capture: a cost model is built on one mesh, its links included."""
+    if cost_model is None or cost_model.mesh == mesh:
+        return
+    build = f"planner.Mesh.of({mesh.shape}, {mesh.names})" + (".with_links(links)" if links else "")
+    raise ValueError(f"cost_model was built for {cost_model.mesh.described()}, but the plan's mesh is "
+                     f"{mesh.described()}: build the cost model on {build}")
 
 
 def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: float | None = None,
@@ -205,6 +218,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
                   constraints=constraints, options=options)
     rt = runtime_for(mesh)(mesh, **options)
     planner_mesh = rt.planner_mesh(mesh).with_links(links)  # refuses an unknown axis before any work
+    _check_cost_model_mesh(cost_model, planner_mesh, links)
     with rt.quiet():
         captured = rt.capture(fn, tuple(example_inputs))
         # before rule lookup, which can explore for seconds: a misnamed key fails now
@@ -253,4 +267,5 @@ def one_process(solve: Callable[[], planner.Plan]) -> planner.Plan:
     """The default ``RuntimeBackend.one_plan``: a single process plans for itself."""
     return solve()
 
-__all__ = ["Captured", "RuntimeBackend", "named_constraints", "one_process", "parallelize", "quiet", "register_runtime", "runtime_for"]
+__all__ = ["Captured", "RuntimeBackend", "check_cache", "check_flag", "check_options", "named_constraints",
+           "one_process", "parallelize", "quiet", "register_runtime", "runtime_for"]

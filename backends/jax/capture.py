@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -64,6 +65,11 @@ WHILE_TRIPS = 10
 
 class ControlFlowError(ValueError):
     """Control flow whose plan could not keep one placement per carry."""
+
+
+class CarryTypeError(ControlFlowError, TypeError):
+    """A loop carry whose shape or dtype changes between iterations: a TypeError, as jax's
+    own error for it is."""
 
 
 class _Boundary:
@@ -506,10 +512,10 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
                             "*example_inputs) when the parameters are passed as params=") from err
         if "carry input and carry output must have equal types" not in str(err):
             raise
-        raise ControlFlowError(
-            "a loop carry changes type between iterations, and a plan gives each carry one placement for "
-            "every iteration: allocate it at its final size and fill it in place (lax.dynamic_update_slice)"
-            f"\n{err}") from err
+        raise CarryTypeError(
+            "a loop carry changes type (shape or dtype) between iterations, and a plan gives each carry one "
+            "placement for every iteration: give it its final dtype before the loop, and a growing buffer its "
+            f"final size, filled in place (lax.dynamic_update_slice)\n{err}") from err
 
 
 def capture(
@@ -533,9 +539,7 @@ def capture(
     if not callable(fn):
         raise TypeError(f"parallelize takes a function of the example inputs (and of params=, if given), got "
                         f"{fn!r}")
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError("loss_fn must be callable (a function of the function's output, returning a scalar array), "
-                        f"got {loss_fn!r}")
+    check_capture_options(params, backward, loss_fn, while_trips)
     example_inputs = tuple(example_inputs)
     if params is not None and backward:
         _check_params_differentiable(params)
@@ -614,6 +618,7 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
     scan's length; a while loop's static bounds (``static_trips``), else the estimate
     ``given`` (one number, or by loop name), else ``WHILE_TRIPS`` or the loop's
     ``trips_bound`` where that is less."""
+    check_while_trips(given)
     trips: dict = {}
     sources: dict = {}
     estimated: list[str] = []
@@ -653,10 +658,35 @@ def loop_trips(eqns: Sequence[FlatEqn], consts: Mapping[str, Any],
                 sources[name] = ("an estimate: no static bounds" if at_most is None else
                                  f"an estimate: no static count, at most {at_most}") + "; parallelize(while_trips=...) sets it"
             continue
-        if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
-            raise ValueError(f"while_trips for {name}: a finite number >= 0, got {n!r}")
         trips[name], sources[name] = n, "given: while_trips"
     return trips, sources
+
+
+def check_capture_options(params: Any, backward: Any, loss_fn: Any, while_trips: Any) -> None:
+    """The options ``capture`` reads, refused by name before anything is traced."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError("loss_fn must be callable (a function of the function's output, returning a scalar array), "
+                        f"got {loss_fn!r}")
+    if loss_fn is not None and (params is None or backward is False):
+        raise ValueError("loss_fn is the loss whose gradients the backward computes, which needs params= and "
+                         "backward=True; without them the forward alone is planned: drop loss_fn, or pass both")
+    check_while_trips(while_trips)
+
+
+def check_while_trips(given: Any) -> None:
+    """``while_trips`` before the trace: None, one finite number >= 0, or such numbers by
+    loop name (which names are loops is known once traced)."""
+    if given is None:
+        return
+    by_name = given.items() if isinstance(given, Mapping) else [(None, given)]
+    for name, n in by_name:
+        where = "while_trips" if name is None else f"while_trips[{name!r}]"
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"while_trips names loops by str (as explain() lists them), got the key {name!r}")
+        if isinstance(n, bool) or not isinstance(n, numbers.Real):
+            raise TypeError(f"{where} must be a number of trips per call (or a dict of them by loop name), got {n!r}")
+        if not math.isfinite(n) or n < 0:
+            raise ValueError(f"{where} must be a finite number >= 0, got {n!r}")
 
 
 # comparison -> the same test with its operands swapped
@@ -809,6 +839,7 @@ def _aval(a: Atom, avals: dict) -> Any:
     return a.aval if isinstance(a, core.Literal) else avals[a]
 
 
-__all__ = ["BOUNDARY", "CARRY", "COND_MERGE", "Captured", "ControlFlowError", "FlatEqn", "REGIONS", "Region", "SCAN_SLICE",
-           "RecordedValues", "SCAN_STACK", "WHILE_TRIPS", "capture", "loop_trips", "op_arguments", "read_atom",
-           "record_values", "static_trips", "to_metair", "trips_bound", "walk"]
+__all__ = ["BOUNDARY", "CARRY", "COND_MERGE", "CarryTypeError", "Captured", "ControlFlowError", "FlatEqn", "REGIONS",
+           "Region", "SCAN_SLICE", "RecordedValues", "SCAN_STACK", "WHILE_TRIPS", "capture", "check_capture_options",
+           "check_while_trips", "loop_trips", "op_arguments", "read_atom", "record_values", "static_trips", "to_metair",
+           "trips_bound", "walk"]

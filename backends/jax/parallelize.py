@@ -30,7 +30,7 @@ from metaspmd.spec import Reduce, Strategy
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
-from .capture import Captured, capture, read_atom
+from .capture import Captured, capture, check_capture_options, read_atom
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
 from .shardings import constraint_placements, named_sharding, placements_of
@@ -299,6 +299,7 @@ class JaxRuntime:
                              "jax Mesh needs a device of its own")
         self.caller_mesh, self.mesh = self.mesh, auto_mesh(self.mesh)
         check_table(self.table)
+        check_capture_options(self.params, self.backward, self.loss_fn, self.while_trips)
 
     def planner_mesh(self, mesh: Mesh) -> planner.Mesh:
         return planner_mesh(mesh)
@@ -394,6 +395,7 @@ def parallelize(
     table: Any = None,
     constraints: dict | None = None,
     while_trips: float | dict | None = None,
+    links: dict | None = None,
 ) -> Parallelized:
     """Capture ``fn``, find every node's rules (table, cache, live ShardCombine), plan on
     ``mesh``, and return a callable that runs the plan under jit.
@@ -408,12 +410,14 @@ def parallelize(
     twin (see auto_mesh), and the outputs come back on it. ``while_trips``: how often a ``while`` loop without static bounds runs per
     call, which its body's cost is charged (one number, or by the loop's name as
     ``explain()`` lists it; default ``capture.WHILE_TRIPS``, stated there); a scan's length
-    and a ``fori_loop``'s constant bounds are counted exactly.
+    and a ``fori_loop``'s constant bounds are counted exactly. ``links``: each named mesh
+    axis's ``(seconds per message, bytes per second)`` (``metaspmd.parallelize``'s).
     """
     check_early(mesh, constraints)
     return runtime.parallelize(fn, mesh, example_inputs, params=params, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
-                               cost_model=cost_model, table=table, constraints=constraints, while_trips=while_trips)
+                               cost_model=cost_model, table=table, constraints=constraints, while_trips=while_trips,
+                               links=links)
 
 
 __all__ = ["JaxRuntime", "Parallelized", "RUNTIME", "auto_mesh", "parallelize", "planner_mesh"]

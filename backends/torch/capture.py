@@ -191,8 +191,9 @@ def _no_gradient(module: torch.nn.Module, out: Any, loss: torch.Tensor, loss_fn:
         raise TypeError(f"{name} returns an integer tensor ({out.dtype}), which carries no gradient, so the default "
                         f"loss out.sum() has none to compute: {forward}")
     if loss_fn is None:
-        raise ValueError(f"{name}'s output does not require grad (computed under torch.no_grad() or from detached "
-                         f"values), so the default loss out.sum() has no gradient to compute: {forward}")
+        raise ValueError(f"{name}'s output does not require grad (its forward reads none of its parameters, or "
+                         f"computes under torch.no_grad() or from detached values), so the default loss out.sum() "
+                         f"has no gradient to compute: {forward}")
     what = f"an integer tensor ({loss.dtype})" if not floating else "a tensor that does not require grad"
     raise TypeError(f"loss_fn returned {what}, so there is no gradient to compute: return a float scalar computed "
                     f"from {name}'s float outputs, or {forward}")
@@ -267,6 +268,9 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError("loss_fn must be callable (a function of the model's output, returning a scalar tensor), "
                         f"got {loss_fn!r}")
+    if loss_fn is not None and not backward:
+        raise ValueError("loss_fn is the loss the backward differentiates, but backward=False plans the forward "
+                         "only: drop loss_fn, or pass backward=True")
     try:
         from torch.distributed._local_tensor import LocalTensor
     except ImportError:  # a torch without it
@@ -420,6 +424,8 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     try:
         return _no_local_constants(make_fx(fn, **kwargs)(*args))
     except RuntimeError as err:
+        if type(err) is not RuntimeError:  # the model's own class (NotImplementedError, ...): as it is
+            raise
         if "get value out of a tracing tensor" not in str(err):
             raise _ModelFailed(str(err)) from err
         # Python that branches on a tensor's value (``if y.sum() > 0``) or slices by one

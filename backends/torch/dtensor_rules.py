@@ -293,6 +293,7 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: Rul
         return ()  # stand-ins for positions or masks would be made up: replicate
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
+    from metaspmd.runtime import check_cache
 
     from .rules_at_runtime import call_of, live_exploration, stand_in_generator
     from .tensor_ops import TorchOps
@@ -347,10 +348,15 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     (``REFUTED``): a call whose cut no verified rule keeps is redistributed instead of
     computed wrong; ``False`` leaves DTensor's rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s). ``ops``: op
-    names (``"aten.mm.default"``, one name or several), or None for every op of the table."""
+    names (``"aten.mm.default"``), overloads or packets (``torch.ops.aten.mm``: each of its
+    overloads), one or several, or None for every op of the table."""
+    from metaspmd.runtime import check_cache, check_flag
+
     from . import dtensor_handlers
     from .table import table
 
+    check_flag("replace_refuted", replace_refuted, "True: verified rules replace DTensor's refuted ones")
+    check_cache(cache)
     ops = _op_names(ops)
     dtensor_has_rule = sys.modules[__name__].dtensor_has_rule  # lazy, and patchable in tests
     report = RegisterReport()
@@ -412,6 +418,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
+    from metaspmd.runtime import check_cache
 
     from .dtensor import dtensor_has_rule
     from .rules_at_runtime import call_of, live_exploration
@@ -419,6 +426,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
     op = _overload(op)
     args, kwargs = _example_call(args, kwargs)
+    check_cache(cache)
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
@@ -445,14 +453,19 @@ def _op_names(ops) -> list[str] | None:
     str would be its characters."""
     if ops is None:
         return None
-    if isinstance(ops, (str, torch._ops.OpOverload)):
-        ops = [ops]
+    if isinstance(ops, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        ops = [ops]  # a packet iterates as its overloads' bare names ("default")
     try:
         given = list(ops)
     except TypeError:
         raise TypeError(f"ops must be op names (\"aten.mm.default\" or a list of them) or None, "
                         f"got {ops!r:.80} of type {type(ops).__qualname__}") from None
-    names = [op_name(n) if isinstance(n, torch._ops.OpOverload) else n for n in given]
+    names = []
+    for n in given:
+        if isinstance(n, torch._ops.OpOverloadPacket):
+            names += [op_name(getattr(n, o)) for o in n.overloads()]
+        else:
+            names.append(op_name(n) if isinstance(n, torch._ops.OpOverload) else n)
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
         raise TypeError(f"ops must be op names such as \"aten.mm.default\", got {bad[0]!r:.80} "

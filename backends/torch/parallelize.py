@@ -106,15 +106,19 @@ def _one_device_error(gm: torch.fx.GraphModule, params, buffers, inputs) -> Exce
 
 
 def _refuse_unsimulated_ranks(mesh: DeviceMesh) -> None:
-    """Under LocalTensorMode each rank of the mesh must be one the mode simulates: a shard
-    placed on another rank has no local tensor to hold it."""
+    """Under LocalTensorMode the mode simulates exactly the mesh's ranks: a shard placed on
+    a rank it does not simulate has no local tensor to hold it, and a simulated rank outside
+    the mesh has no coordinate on it (DTensor asserts deep inside)."""
     mode = local_tensor_mode() if local_tensor_mode is not None else None
     if mode is None:
         return
-    missing = sorted(set(mesh.mesh.flatten().tolist()) - set(mode.ranks))
-    if missing:
-        raise ValueError(f"the mesh has ranks {missing} that the LocalTensorMode around the call does not simulate "
-                         f"(it simulates {sorted(mode.ranks)}): give the mode every rank of the mesh")
+    ranks, simulated = set(mesh.mesh.flatten().tolist()), set(mode.ranks)
+    if ranks != simulated:
+        missing, extra = sorted(ranks - simulated), sorted(simulated - ranks)
+        what = (f"has ranks {missing} that the LocalTensorMode around the call does not simulate" if missing else
+                f"lacks ranks {extra} that the LocalTensorMode around the call simulates")
+        raise ValueError(f"the mesh {what} (the mode simulates {sorted(simulated)}, the mesh has {sorted(ranks)}): "
+                         f"give the mode exactly the mesh's ranks, LocalTensorMode(frozenset({sorted(ranks)}))")
 
 
 def _refuse_fake_collectives() -> None:
@@ -488,13 +492,16 @@ def parallelize(
     cache: RuleCache | None = None,
     cost_model: planner.CostModel | None = None,
     constraints: dict | None = None,
+    links: dict | None = None,
 ) -> Parallelized:
     """Capture, look up or explore every node's rules, plan on ``mesh``, and return a
     callable that runs the plan on DTensor (a module runs forward + backward).
-    ``constraints``: DTensor placements already decided, by parameter name or input position."""
+    ``constraints``: DTensor placements already decided, by parameter name or input position.
+    ``links``: each named mesh axis's ``(seconds per message, bytes per second)``
+    (``metaspmd.parallelize``'s)."""
     return runtime.parallelize(fn_or_module, mesh, example_inputs, backward=backward, loss_fn=loss_fn,
                                memory_budget=memory_budget, time_limit=time_limit, solver=solver, cache=cache,
-                               cost_model=cost_model, constraints=constraints)
+                               cost_model=cost_model, constraints=constraints, links=links)
 
 
 def _var_shapes(captured: Captured) -> dict[str, tuple[int, ...]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
@@ -21,6 +22,10 @@ class MeshAxis:
     beta: float = 1.0 / DEFAULT_BANDWIDTH
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"a mesh axis name must be a str, got {self.name!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, numbers.Integral):
+            raise TypeError(f"mesh axis {self.name!r}: its size must be an int, got {self.size!r}")
         if self.size < 1:
             raise ValueError(f"mesh axis {self.name!r} has size {self.size}")
         if self.alpha < 0 or self.beta < 0:
@@ -92,12 +97,24 @@ class Mesh:
     def __str__(self) -> str:
         return "Mesh(" + ", ".join(f"{a.name}={a.size}" for a in self.axes) + ")"
 
+    def described(self) -> str:
+        """Like ``str``, with each axis's link where it is not the default: two meshes that
+        differ only in their links read differently."""
+        default = (DEFAULT_ALPHA, 1.0 / DEFAULT_BANDWIDTH)
+        return "Mesh(" + ", ".join(
+            f"{a.name}={a.size}" + ("" if (a.alpha, a.beta) == default else f" ({a.alpha:g} s per message, "
+                                                                           f"{1 / a.beta:g} bytes/s)")
+            for a in self.axes) + ")"
+
     def with_links(self, links: Mapping[str, tuple[float, float]] | None) -> "Mesh":
         """This mesh with the named axes' links replaced: ``{"dp": (alpha, bandwidth)}``,
         seconds per message and bytes per second (``{"dp": (10e-6, 25e9)}`` for an axis that
         crosses nodes). Axes not named keep theirs."""
-        if not links:
+        if links is None:
             return self
+        if not isinstance(links, Mapping):  # a str would be read as its letters
+            raise TypeError(f"links must be a dict of (seconds per message, bytes per second) by mesh axis name, "
+                            f"got {links!r:.60}: write {{{self.names[0]!r}: (10e-6, 25e9)}}")
         unknown = sorted(set(links) - set(self.names))
         if unknown:
             raise ValueError(f"links: no mesh axis named {', '.join(map(repr, unknown))} (axes are {list(self.names)})")

@@ -286,7 +286,8 @@ def build_problem(
     """
     cm = cost_model or CostModel(mesh)
     if cm.mesh != mesh:
-        raise PlannerError("the cost model was built for another mesh")
+        raise PlannerError(f"the cost model was built for another mesh: {cm.mesh.described()}, not the plan's "
+                           f"{mesh.described()}")
     names: list[str] = []
     ops: list[MetaOp | None] = []
     outputs: list[tuple[MetaVar, ...]] = []

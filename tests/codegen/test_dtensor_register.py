@@ -570,6 +570,33 @@ def test_register_takes_one_op_name_as_that_op():
         dtensor_rules.register(ops=5)
 
 
+def test_register_takes_a_packet_as_each_of_its_overloads():
+    """A packet iterates as its overloads' bare names ("default"): each was skipped as
+    "no rule in the table" and nothing was registered."""
+    report = dtensor_rules.register(torch.ops.aten.mm)
+    try:
+        named = set(report.skipped) | set(report.installed)
+        assert named == {f"aten.mm.{o}" for o in torch.ops.aten.mm.overloads()}, report
+        assert report.skipped["aten.mm.default"] == "DTensor has its own rule"
+    finally:
+        dtensor_rules.unregister(report)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: dtensor_rules.register(["aten.mm.default"], replace_refuted="no"),
+     r"replace_refuted must be a bool \(True: .*\), got a str 'no'"),
+    (lambda: dtensor_rules.register(["aten.mm.default"], cache="/tmp/rules"),
+     r"cache must be a metaspmd.cache.RuleCache or None, got a str '/tmp/rules': pass "
+     r"metaspmd.cache.RuleCache\('/tmp/rules'\)"),
+    (lambda: dtensor_rules.register_op(rms_norm, (torch.randn(4, 16), torch.randn(16), 1e-6), cache="/tmp/rules"),
+     r"cache must be a metaspmd.cache.RuleCache or None, got a str '/tmp/rules'"),
+])
+def test_register_refuses_options_of_the_wrong_type_before_any_work(call, message, monkeypatch):
+    monkeypatch.setattr(dtensor_rules, "_install", lambda *a: pytest.fail("installed"))
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
 @pytest.mark.parametrize("op,args,error,message", [
     (torch.ops.aten.mm, (torch.randn(2, 3), torch.randn(3, 2)), TypeError,
      (r"register_op takes one overload of an op, got the packet torch.ops.aten.mm \(overloads: default, .*\): "

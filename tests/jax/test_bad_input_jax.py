@@ -307,3 +307,50 @@ def test_a_while_loop_with_gradients_suggests_the_forward_only():
                                          r"backward=False to plan the forward only"):
         capture(loop, (X,), params=PARAMS)
     assert capture(loop, (X,), params=PARAMS, backward=False).n_outputs == 1
+
+
+def test_a_loop_carry_that_changes_dtype_stays_a_type_error():
+    """jax's own error for it is a TypeError; the advice names the dtype too."""
+    from metaspmd.backends.jax.capture import CarryTypeError, ControlFlowError
+
+    def loop(x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1].astype(np.float16)), (0, x))[1]
+
+    with pytest.raises(TypeError, match=r"changes type \(shape or dtype\) .* give it its final dtype before the loop"
+                       ) as raised:
+        capture(loop, (X,))
+    assert isinstance(raised.value, CarryTypeError) and isinstance(raised.value, ControlFlowError)
+
+
+@pytest.mark.parametrize("kw,error,message", [
+    ({"while_trips": "x"}, TypeError, r"while_trips must be a number of trips per call .* got 'x'"),
+    ({"while_trips": True}, TypeError, r"while_trips must be a number of trips per call .* got True"),
+    ({"while_trips": -1}, ValueError, r"while_trips must be a finite number >= 0, got -1"),
+    ({"while_trips": {"while_3": float("inf")}}, ValueError, r"while_trips\['while_3'\] must be a finite number"),
+    ({"while_trips": {3: 4}}, TypeError, r"while_trips names loops by str .* got the key 3"),
+    ({"loss_fn": lambda out: out.sum(), "params": None}, ValueError,
+     r"loss_fn is the loss whose gradients the backward computes, which needs params= and backward=True"),
+    ({"loss_fn": lambda out: out.sum(), "backward": False}, ValueError, r"loss_fn is the loss whose gradients"),
+    ({"links": "fast"}, TypeError, r"links must be a dict of \(seconds per message, bytes per second\) by mesh axis "
+                                   r"name, got 'fast'"),
+    ({"links": {"dp": (1e-5, 1e9)}}, ValueError, r"links: no mesh axis named 'dp' \(axes are \['tp'\]\)"),
+])
+def test_options_refused_before_the_trace(no_capture, kw, error, message):
+    """Each was read only when a loop without static bounds was traced, or never."""
+    kw = {"params": PARAMS, **kw}
+    fn = linear if kw["params"] is not None else (lambda x: x * 2)
+    with pytest.raises(error, match=message):
+        parallelize(fn, mesh_of(1), (X,), **kw)
+
+
+def test_a_cost_model_of_another_mesh_is_refused_before_the_trace(no_capture):
+    from metaspmd import planner
+
+    other = planner.CostModel(planner.Mesh.of((4,), ("x",)))
+    with pytest.raises(ValueError, match=r"cost_model was built for Mesh\(x=4\), but the plan's mesh is "
+                                         r"Mesh\(tp=1\): build the cost model on planner.Mesh.of\(\(1,\), \('tp',\)\)"):
+        parallelize(linear, mesh_of(1), (X,), params=PARAMS, cost_model=other)
+    same = planner.CostModel(planner.Mesh.of((1,), ("tp",)))
+    with pytest.raises(ValueError, match=r"but the plan's mesh is Mesh\(tp=1 \(1e-05 s per message, 1e\+09 bytes/s\)\)"
+                                         r": build the cost model on .*\.with_links\(links\)"):
+        parallelize(linear, mesh_of(1), (X,), params=PARAMS, cost_model=same, links={"tp": (1e-5, 1e9)})

@@ -33,6 +33,11 @@ def test_a_bad_link_is_refused_by_name(links, message):
         Mesh.of((2, 2), ("dp", "tp")).with_links(links)
 
 
+def test_links_that_are_no_dict_are_refused_not_read_as_letters():
+    with pytest.raises(TypeError, match=r"links must be a dict .* got 'fast': write \{'dp': \(10e-6, 25e9\)\}"):
+        Mesh.of((2, 2), ("dp", "tp")).with_links("fast")
+
+
 def test_the_planner_moves_traffic_off_a_slow_axis():
     ir, strategies = mlp(64, 1024, 4096)
     fast = Mesh.of((2, 2), ("a", "b"))

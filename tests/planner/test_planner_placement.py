@@ -24,6 +24,18 @@ def test_mesh_rejects_bad_arguments(kwargs):
         Mesh.of(**kwargs)
 
 
+@pytest.mark.parametrize("shape,names,message", [
+    (("4",), ("x",), r"mesh axis 'x': its size must be an int, got '4'"),
+    ((2.5,), ("x",), r"mesh axis 'x': its size must be an int, got 2.5"),
+    ((True,), ("x",), r"mesh axis 'x': its size must be an int, got True"),
+    ((2,), (0,), r"a mesh axis name must be a str, got 0"),
+])
+def test_mesh_names_a_size_or_name_of_the_wrong_type(shape, names, message):
+    """'4' < 1 raised "'<' not supported"; 2.5 was taken."""
+    with pytest.raises(TypeError, match=message):
+        Mesh.of(shape, names)
+
+
 def test_two_axes_may_split_one_dim_and_must_divide_it():
     assert shard_factor((Shard(0), Shard(0)), (2, 4), 0) == 8
     assert is_valid((Shard(0), Shard(0)), (16, 3), (2, 4))

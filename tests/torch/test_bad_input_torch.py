@@ -57,7 +57,8 @@ class Detached(torch.nn.Module):
     (Argmax(), "tuple", {}, TypeError,
      r"Argmax returns an integer tensor \(torch.int64\), which carries no gradient, .* pass backward=False"),
     (Detached(), "tuple", {}, ValueError,
-     r"Detached's output does not require grad \(computed under torch.no_grad\(\) or from detached values\), .*"),
+     r"Detached's output does not require grad \(its forward reads none of its parameters, or computes under "
+     r"torch.no_grad\(\) or from detached values\), .*"),
     (Argmax(), "tuple", {"loss_fn": lambda out: out.sum()}, TypeError,
      r"loss_fn returned an integer tensor \(torch.int64\), .* from Argmax's float outputs, or pass backward=False"),
     (TwoOutputs(), "tuple", {"loss_fn": lambda out: out[1].sum()}, TypeError,
@@ -69,6 +70,8 @@ class Detached(torch.nn.Module):
     (torch.nn.Linear(4, 4), "tuple", {"loss_fn": lambda out: out * 2}, ValueError,
      r"loss_fn returned a tensor of shape \(2, 4\), not a scalar"),
     ("model.pt", "tuple", {}, TypeError, r"parallelize takes a torch.nn.Module or a function .* got 'model.pt'"),
+    (torch.nn.Linear(4, 4), "tuple", {"loss_fn": lambda out: out.sum(), "backward": False}, ValueError,
+     r"loss_fn is the loss the backward differentiates, but backward=False plans the forward only"),
 ])
 def test_capture_names_what_is_wrong(model, inputs, kw, error, message):
     x = torch.randn(2, 4)
@@ -198,6 +201,29 @@ def test_an_op_that_fails_on_the_example_names_the_model_its_inputs_and_the_op(x
         captured.values.record()  # recorded on first use: a dtype mismatch fake tensors let through
 
 
+class RaisesItsOwn(torch.nn.Module):
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.fc, self.error = torch.nn.Linear(4, 4), error
+
+    def forward(self, x):
+        self.fc(x)
+        raise self.error
+
+
+class ModelsOwnError(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("error", [NotImplementedError("todo"), ModelsOwnError("mine"), KeyError("k")])
+def test_the_models_own_error_comes_through_as_it_is(error):
+    """Only torch's plain RuntimeError (an op failing on the example) is reworded to name the
+    model and its inputs: a class of the model's own is the caller's to catch."""
+    with pytest.raises(type(error)) as raised:
+        capture(RaisesItsOwn(error), (torch.randn(2, 4),))
+    assert raised.value is error
+
+
 def test_a_custom_op_that_writes_its_input_in_place_is_named():
     @torch.library.custom_op("metaspmd_test::scale_in_place", mutates_args=("a",))
     def scale_in_place(a: torch.Tensor) -> None:
@@ -242,7 +268,26 @@ def test_a_call_under_a_local_tensor_mode_missing_mesh_ranks_is_refused(fake_wor
         mesh = DeviceMesh("cpu", list(range(4)), _init_backend=False, _rank=0)
         p = parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
         with pytest.raises(ValueError, match=r"the mesh has ranks \[2, 3\] that the LocalTensorMode around the "
-                                             r"call does not simulate \(it simulates \[0, 1\]\)"):
+                                             r"call does not simulate \(the mode simulates \[0, 1\], the mesh has "
+                                             r"\[0, 1, 2, 3\]\)"):
+            p(x)
+
+
+def test_a_call_under_a_local_tensor_mode_of_more_ranks_than_the_mesh_is_refused(fake_world_of, tmp_path):
+    """A simulated rank outside the mesh has no coordinate on it: DTensor asserted deep inside."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    model, x = torch.nn.Linear(4, 4), torch.randn(4, 4)
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", [0, 1, 2], _init_backend=False, _rank=0)
+        p = parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
+        with pytest.raises(ValueError, match=r"the mesh lacks ranks \[3\] that the LocalTensorMode around the call "
+                                             r"simulates .* LocalTensorMode\(frozenset\(\[0, 1, 2\]\)\)"):
             p(x)
 
 
