@@ -105,7 +105,9 @@ def seconds(text: str, allow_zero: bool = False) -> float:
 
 def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
     """A reader that stops early (``metaspmd coverage | head``) ends the command quietly,
-    with the status a tool killed by SIGPIPE has, instead of a BrokenPipeError traceback."""
+    with the status a tool killed by SIGPIPE has, instead of a BrokenPipeError traceback;
+    Ctrl-C ends it with one line and status 130, instead of a KeyboardInterrupt traceback
+    (every tool writes its files whole, so nothing is left half-written)."""
     @functools.wraps(command)
     def run(*args, **kwargs) -> int:
         try:
@@ -116,6 +118,10 @@ def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
             # Python flushes stdout again at exit: point it at /dev/null so that fails quietly too
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + 13  # SIGPIPE
+        except KeyboardInterrupt:
+            name = command.__name__ if command.__name__ != "main" else os.path.basename(sys.argv[0])
+            print(f"{name}: interrupted", file=sys.stderr)
+            return 128 + 2  # SIGINT
 
     return run
 

@@ -21,7 +21,7 @@ import yaml
 from .rules import (
     ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
 )
-from .signature import signature_error
+from .signature import example_disagreement, signature_error
 from .spec import (
     ArgReduce, CombineSpec, DimLabel, Gather, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec,
     OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, label_number,
@@ -209,7 +209,11 @@ class _Reader:
         if node.tag not in _STANDARD_TAGS:
             self.fail(node, f"tag {node.tag!r} is not allowed in a registry file")
         if isinstance(node, yaml.ScalarNode):
-            return _construct(node)
+            try:
+                return _construct(node)
+            except ValueError as e:  # an int past the 4,300 digits Python converts
+                shown = node.value if len(node.value) <= 40 else f"{node.value[:40]}... ({len(node.value)} characters)"
+                self.fail(node, f"cannot read the value {shown}: {e}")
         try:  # the reader recurses once per level: a too-deep value fails at its own line
             if isinstance(node, yaml.SequenceNode):
                 return [self.value(n) for n in node.value]
@@ -321,6 +325,9 @@ class _Reader:
         used = set().union(*(layer.labels() for layer in layers))
         independent = self.independent(f["independent"], used) if "independent" in f else None
         example = self.example(f["example"])
+        why = example_disagreement(signature, example.args)
+        if why is not None:  # codegen would key the example's rules by a call they were not verified on
+            self.fail(f["signature"], f"signature {signature!r} disagrees with the example: {why}")
         n_tensors = sum(_count_tensors(v) for _, v in example.args)
         if n_tensors != len(shard.inputs):
             self.fail(f["shard"], f"shard lists {len(shard.inputs)} inputs but the example has {n_tensors} tensor inputs")

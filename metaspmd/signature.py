@@ -100,12 +100,10 @@ def signature(ops: TensorOps, arg_names: tuple[str, ...], args: tuple, kwargs: M
 
 
 def split_signature(sig: str) -> list[tuple[str, str, str]]:
-    """``'self:f[*,*] dim=-1'`` -> ``[('self', ':', 'f[*,*]'), ('dim', '=', '-1')]``."""
-    out = []
-    for token in sig.split(" ") if sig else ():
-        name, sep, value = token.partition(":") if ":" in token.split("=", 1)[0] else token.partition("=")
-        out.append((name, sep or "=", value))
-    return out
+    """``'self:f[*,*] dim=-1'`` -> ``[('self', ':', 'f[*,*]'), ('dim', '=', '-1')]``; a bare
+    name is ``(name, '=', '')``. Split where the reader ends each argument, not at every
+    space: a string value may hold one (``s='a b'``). ValueError for a malformed ``sig``."""
+    return list(_arguments(sig))
 
 
 # Signatures as ``signature`` writes them, which ``signature_error`` reads back: arguments
@@ -187,32 +185,80 @@ def _sig_plain_end(sig: str, i: int, name: str) -> int:
     return i
 
 
+_SIG_TENSOR = re.compile(r"([fciob])\[([^\]]*)\]")
+
+
+def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> str | None:
+    """Where a well-formed signature disagrees with the example call written beside it
+    (``(name, value)`` pairs, tensors as objects with ``shape`` and ``dtype``); None where
+    they agree. ``tensor_token`` writes a dim ``*`` where the example's size is above 1 and
+    the size itself otherwise (or where the op's rules key on it), and kind ``b`` for bool."""
+    parts = split_signature(sig)
+    names = [name for name, _, _ in parts]
+    if names != [name for name, _ in example_args]:
+        return f"the signature names the arguments {names}, the example {[name for name, _ in example_args]}"
+    for (name, sep, value), (_, v) in zip(parts, example_args):
+        tokens = _SIG_TENSOR.findall(_SIG_STRING.sub("''", value)) if sep == ":" else []  # not in a string
+        tensors = _example_tensors(v)
+        if len(tokens) != len(tensors):
+            return f"argument {name!r} holds {len(tokens)} tensors in the signature, {len(tensors)} in the example"
+        for (kind, dims), t in zip(tokens, tensors):
+            sizes = dims.split(",") if dims else []
+            if len(sizes) != len(t.shape):
+                return f"argument {name!r} has rank {len(sizes)} in the signature, {len(t.shape)} in the example"
+            for d, (token, n) in enumerate(zip(sizes, t.shape)):
+                if (n <= 1) if token == "*" else (int(token) != n):
+                    return f"argument {name!r} has dim {d} {token} in the signature, {n} in the example"
+            if (kind == "b") != (t.dtype == "bool"):
+                return f"argument {name!r} is of kind {kind!r} in the signature but {t.dtype} in the example"
+    return None
+
+
+def _example_tensors(v: Any) -> list:
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for x in v for t in _example_tensors(x)]
+    return []
+
+
 @functools.lru_cache(maxsize=8192)  # ops share signatures (self:f[*,*]): each is parsed once
+def _arguments(sig: str) -> tuple[tuple[str, str, str], ...]:
+    """``sig``'s arguments as (name, separator, value), read as ``signature`` writes them;
+    ValueError naming the column where ``sig`` is not such a signature."""
+    out: list[tuple[str, str, str]] = []
+    i = 0
+    while sig:  # "": a call without arguments
+        name = _SIG_NAME.match(sig, i)
+        if name is None:
+            raise _sig_expected(sig, i, "an argument name")
+        i = name.end()
+        sep = sig[i:i + 1]
+        if sep == ":":
+            end, tensor = _sig_value(sig, i + 1)
+            if not tensor:
+                raise ValueError(f"argument {name.group()!r}: ':' goes before a value holding a tensor, "
+                                 "'=' before any other")
+        elif sep == "=":
+            end = _sig_plain_end(sig, i + 1, name.group())
+        else:  # a bare name: an empty value
+            end, sep = i, ""
+        out.append((name.group(), sep or "=", sig[i + 1:end]))
+        i = end
+        if i == len(sig):
+            break
+        if sig[i] != " ":
+            raise _sig_expected(sig, i, "' ' between arguments")
+        i += 1
+    return tuple(out)
+
+
 def signature_error(sig: str) -> str | None:
     """Why ``sig`` is not a signature as signature.signature writes it; None when it is one."""
-    if not sig:  # a call without arguments
-        return None
-    i = 0
     try:
-        while True:
-            name = _SIG_NAME.match(sig, i)
-            if name is None:
-                raise _sig_expected(sig, i, "an argument name")
-            i = name.end()
-            sep = sig[i:i + 1]
-            if sep == ":":
-                i, tensor = _sig_value(sig, i + 1)
-                if not tensor:
-                    raise ValueError(f"argument {name.group()!r}: ':' goes before a value holding a tensor, "
-                                     "'=' before any other")
-            elif sep == "=":
-                i = _sig_plain_end(sig, i + 1, name.group())
-            if i == len(sig):
-                return None
-            if sig[i] != " ":
-                raise _sig_expected(sig, i, "' ' between arguments")
-            i += 1
+        _arguments(sig)
     except ValueError as e:
         return str(e)
     except RecursionError:
         return "lists nest too deeply"
+    return None

@@ -265,7 +265,9 @@ def two_revisions(tmp_path):
           mm(op="aten.bmm.default").replace("status: ok\nentries", 'status: failed\nreason: "crashed:\\nx"\nentries'))
     write(reg, "torch", "aten.addmm.default", mm(op="aten.addmm.default").replace("[6, 4]", "[8, 4]"))
     (reg / "torch" / "aten.matmul.default.yaml").unlink()
-    write(reg, "torch", "aten.new.default", mm(op="aten.new.default", sig='"a\\nb"'))
+    write(reg, "torch", "aten.new.default",  # a string argument holding a newline
+          mm(op="aten.new.default", sig='"self:f[*,*] mat2:f[*,*] eq=\'a\\nb\'"').replace(
+              "    mat2: {shape: [4, 5], dtype: float64}\n", "    mat2: {shape: [4, 5], dtype: float64}\n    eq: \"a\\nb\"\n"))
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "head")
     return repo, tmp_path / "base" / "tree" / "registry", reg
@@ -298,7 +300,7 @@ def test_diff_markdown_keeps_one_line_per_item(two_revisions):
     md = rule_diff.to_markdown(rule_diff.diff(*rule_diff.load_sides("HEAD~1", "HEAD", repo)), "HEAD~1", "HEAD")
     items = md.split("### Ops added", 1)[1].splitlines()
     assert all(line == "" or line.startswith(("- ", "### ")) for line in items), md
-    assert "`a\\nb`" in md and "(crashed:\\nx)" in md
+    assert "eq='a\\nb'`" in md and "(crashed:\\nx)" in md
 
 
 def test_diff_of_a_missing_revision_names_it(tmp_path, capsys):

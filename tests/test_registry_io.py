@@ -15,7 +15,7 @@ from metaspmd.registry_io import (
     RegistryError, dump_record, load_record, load_registry, loads_record, write_record, write_text_atomic,
 )
 from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
-from metaspmd.signature import signature, signature_error
+from metaspmd.signature import signature, signature_error, split_signature
 from metaspmd.spec import CombineSpec, OffsetSpec, PartialSpec, ShardSpec
 
 np = pytest.importorskip("numpy")
@@ -43,7 +43,7 @@ entries:
 
 def entry(**kw):
     base = dict(
-        signature="self:f[*,*] mat2:f[*,*]", status="ok",
+        signature="self:f[*,*] mat2:f[*,*] alpha=0.5 dims=[1,2]", status="ok",
         shard=ShardSpec.parse("[[S1, S2], [S2, S3]]"), partial=PartialSpec.parse("[[S4(sum)], []]"),
         combine=CombineSpec.parse("{S1: gather(dim=0), S2: reduce(sum), S3: 'gather(dim=1, halo=1)', S4: reduce(sum)}".replace("'", "")),
         example=Example((("self", TensorArg((6, 4), "float64")), ("mat2", TensorArg((4, 5), "float64")), ("alpha", 0.5), ("dims", (1, 2)))),
@@ -54,7 +54,10 @@ def entry(**kw):
 
 
 def test_round_trip_is_lossless_and_deterministic(tmp_path):
-    record = make_record("aten.mm.default", "torch", [entry(), entry(signature="a", status="replicate-only", reason="r")])
+    record = make_record("aten.mm.default", "torch", [entry(), entry(signature="self:f[*,*] mat2:f[*,*] alpha=1 dims=[1,2]", status="replicate-only", reason="r",
+                example=Example((("self", TensorArg((6, 4), "float64")), ("mat2", TensorArg((4, 5), "float64")),
+                                 ("alpha", 1), ("dims", (1, 2))))),
+    ])
     text = dump_record(record)
     assert loads_record(text) == record
     assert dump_record(loads_record(text)) == text
@@ -65,7 +68,7 @@ def test_round_trip_is_lossless_and_deterministic(tmp_path):
 
 
 def test_index_offsets_round_trip_and_expand():
-    e = entry(shard=ShardSpec.parse("[[S1, N], [N]]"), partial=PartialSpec.parse("[[], []]"),
+    e = entry(signature="weight:f[*,*] indices:i[*]", shard=ShardSpec.parse("[[S1, N], [N]]"), partial=PartialSpec.parse("[[], []]"),
               combine=CombineSpec.parse("{S1: reduce(sum)}"), offset=OffsetSpec.parse("[[], [S1(0)]]"),
               example=Example((("weight", TensorArg((6, 4), "float64")), ("indices", TensorArg((3,), "int64")))))
     text = dump_record(make_record("aten.embedding.default", "torch", [e]))
@@ -367,3 +370,35 @@ def test_a_rule_of_another_backend_is_refused_at_its_backend_line(tmp_path):
     path.write_text(MM)
     with pytest.raises(RegistryError, match=rf"^{path}:3: file holds a 'torch' rule"):
         load_record(path, "jax")
+
+
+@pytest.mark.parametrize("sig,why", [
+    ("self:f[*,*,*] mat2:f[*,*]", r"argument 'self' has rank 3 in the signature, 2 in the example"),
+    ("self:f[7,*] mat2:f[*,*]", r"argument 'self' has dim 0 7 in the signature, 6 in the example"),
+    ("a:f[*,*] b:f[*,*]", r"the signature names the arguments \['a', 'b'\], the example \['self', 'mat2'\]"),
+    ("self:f[*,*]", r"the signature names the arguments \['self'\], the example \['self', 'mat2'\]"),
+    ("self:b[*,*] mat2:f[*,*]", r"argument 'self' is of kind 'b' in the signature but float64 in the example"),
+    ("self:[f[*,*],f[*]] mat2:f[*,*]", r"argument 'self' holds 2 tensors in the signature, 1 in the example"),
+])
+def test_a_signature_that_disagrees_with_its_example_is_refused_at_its_line(sig, why):
+    """Codegen put such a file's rules into the table under a key of calls they were never
+    verified on (a rank-3 key for rank-2 shard rows)."""
+    with pytest.raises(RegistryError, match=rf"^mm.yaml:6: signature .* disagrees with the example: {why}"):
+        loads_record(MM.replace("- signature: self:f[*,*] mat2:f[*,*]", f"- signature: {sig!r}"), "mm.yaml")
+
+
+def test_a_string_argument_holding_a_space_is_one_argument():
+    """split_signature split at every space: s='a b' read as two arguments."""
+    assert split_signature("self:f[*,1] s='a b' t=\"it's\" flag") == [
+        ("self", ":", "f[*,1]"), ("s", "=", "'a b'"), ("t", "=", "\"it's\""), ("flag", "=", "")]
+    text = MM.replace("- signature: self:f[*,*] mat2:f[*,*]", "- signature: \"self:f[*,*] mat2:f[*,*] s='a b'\"")
+    text = text.replace("    mat2: {shape: [4, 5], dtype: float64}\n", "    mat2: {shape: [4, 5], dtype: float64}\n"
+                        "    s: a b\n")
+    assert loads_record(text, "mm.yaml").entries[0].example.args[2] == ("s", "a b")
+
+
+def test_an_int_too_long_to_read_is_refused_at_its_line():
+    """An int past Python's 4,300 digits was a traceback in codegen, coverage and crosscheck."""
+    with pytest.raises(RegistryError, match=r"^mm.yaml:1: cannot read the value 1{40}\.\.\. \(5000 characters\): "
+                                            r"Exceeds the limit"):
+        loads_record(MM.replace("schema: 1", "schema: " + "1" * 5000), "mm.yaml")

@@ -113,8 +113,10 @@ def test_crafted_signature_cannot_inject_code(tmp_path):
     with pytest.raises(RegistryError, match="malformed signature"):  # no signature looks like that
         generate(tmp_path, "torch")
     # one that does: a string argument holding quotes, braces and a newline's escape
-    crafted = "equation='x\\\": 1}}\\nimport os; os.system(\\\"echo pwned\\\")\\n#'"
-    write(tmp_path, "torch", "aten.mm.default", sig=json.dumps(crafted))  # a YAML double-quoted scalar
+    value = "'x\\\": 1}}\\nimport os; os.system(\\\"echo pwned\\\")\\n#'"
+    crafted = f"self:f[*,*] mat2:f[*,*] equation={value}"
+    path = write(tmp_path, "torch", "aten.mm.default", sig=json.dumps(crafted))  # a YAML double-quoted scalar
+    path.write_text(path.read_text().replace("  results:", f"    equation: {json.dumps(value)}\n  results:"))
     text = generate(tmp_path, "torch")
     assert "\nimport os" not in text
     assert list(load_module(text)["RULES"]["aten.mm.default"]) == [crafted]
@@ -133,7 +135,7 @@ def test_crafted_fields_are_rejected(tmp_path, field, value, error):
 
 
 def test_shardy_rule_marks_unshardable_dims_need_replication():
-    text = MM.format(op="x", backend="jax", sig="s").replace(
+    text = MM.format(op="x", backend="jax", sig="'self:f[*,*] mat2:f[*,*]'").replace(
         "[[S1, S2], [S2, S3]]", "[[S1, N], [N, S3]]").replace("S2: reduce(sum), ", "")
     rule = shardy_rule(loads_record(text).entries[0])
     assert rule.rule == "s1 r1, r2 s3 -> s1 s3" and rule.need_replication_factors == ("r1", "r2")
