@@ -59,7 +59,7 @@ import numpy as np
 
 from metaspmd import planner
 from metaspmd.cache import RuleCache
-from metaspmd.cli import path_arg, pipe_safe, positive_int, positive_number, seconds
+from metaspmd.cli import path_arg, pipe_safe, positive_int, positive_number, refuse_unused, seconds
 from metaspmd.planner import Infeasible
 from metaspmd.registry_io import path_problem
 from metaspmd.resolve import resolve
@@ -745,6 +745,16 @@ def main(argv=None) -> int:
                     help="2x2 only: the dp axis' link, e.g. 10e-6:25e9 for data parallelism across nodes "
                          "(default: the tp axis' intra-node link, 5e-6:100e9)")
     args = ap.parse_args(argv)
+    block = ("--batch", "--seq", "--hidden", "--heads", "--budget")  # the GPT block's, not the variants'
+    variant = ("--variant-hidden", "--variant-heads", "--variant-seq", "--variant-batch")
+    if args.production:  # synthetic layers at production sizes, planned only
+        refuse_unused(ap, args, {o: "does not apply to --production (synthetic layers, planning only)" for o in
+                                 ("--variants", "--framework", "--mesh", "--budget-fraction", "--cache", "--show-plans",
+                                  *block, *variant)})
+    elif args.variants:
+        refuse_unused(ap, args, {o: "does not apply to --variants (--variant-* set their sizes)" for o in block})
+    else:
+        refuse_unused(ap, args, {o: "needs --variants" for o in variant})
     # the attention cuts the width into heads: checked here, not as a reshape error mid-run
     if args.hidden % args.heads:
         ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
 
-from metaspmd.cli import positive_int, positive_number, seconds
+from metaspmd.cli import positive_int, positive_number, refuse_unused, seconds
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
 from metaspmd.planner.synthetic import GPTConfig, gpt
@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
-    if args.end_to_end:
+    if args.end_to_end:  # parallelize's own planner settings: none of the synthetic table's
+        refuse_unused(p, args, {o: "does not apply to --end-to-end" for o in
+                                ("--captured", "--budget", "--time-limit", "--beam-width", "--no-highs")})
         world = math.prod(mesh_sizes(args.mesh))
         if world > MAX_SIMULATED_RANKS:  # each rank is simulated in this process (LocalTensorMode)
             p.error(f"--end-to-end simulates every rank in this process: a mesh of at most {MAX_SIMULATED_RANKS} "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
 
-from metaspmd.cli import ops_given, pipe_safe, positive_int, seconds, whole_number
+from metaspmd.cli import ops_given, pipe_safe, positive_int, refuse_unused, seconds, whole_number
 from metaspmd.sweep import DEFAULT_TIMEOUT, SweepConfig, SweepError, run_sweep, split_patterns
 
 
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hogs", type=positive_int, default=4 * (os.cpu_count() or 1), metavar="N",
                    help="busy processes for --loaded's second run (default: 4 per core)")
     args = p.parse_args(argv)
+    refuse_unused(p, args, {} if args.loaded else {"--hogs": "needs --loaded"})
     ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not every op
     if args.kernels is not None and not args.kernels.strip():
         p.error(f"--kernels {args.kernels!r} names no module")  # not the built-in ops

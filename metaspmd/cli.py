@@ -23,7 +23,7 @@ import os
 import pkgutil
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 # The checkout's root: default registry/ and generated/ folders (the package is installed
 # editable from the repository, which holds them).
@@ -124,6 +124,15 @@ def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
             return 128 + 2  # SIGINT
 
     return run
+
+
+def refuse_unused(p: argparse.ArgumentParser, args: argparse.Namespace, unused: Mapping[str, str]) -> None:
+    """Refuse an option this run would ignore: ``unused`` maps each such option (``"--top"``)
+    to why (``"needs --profile"``). One left at its default changes nothing, so it passes."""
+    for option, why in unused.items():
+        dest = option.lstrip("-").replace("-", "_")
+        if getattr(args, dest) != p.get_default(dest):
+            p.error(f"{option} {why}")
 
 
 def ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str, ...]) -> None:
@@ -523,7 +532,7 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     # The backends' shared options, checked here so that no backend starts a pool of 0 workers
     # or checks every op for an empty --ops; the arguments go on unchanged.
     shared = argparse.ArgumentParser(prog=f"{prog or 'crosscheck'} --backend {args.backend}", add_help=False,
-                                     allow_abbrev=False)
+                                     allow_abbrev=False, usage="%(prog)s [OPTIONS] (--help lists them)")
     shared.add_argument("--jobs", "-j", type=positive_int)
     shared.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True))
     shared.add_argument("--ops", action="append", default=[])

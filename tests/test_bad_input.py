@@ -554,6 +554,22 @@ def test_crosscheck_usage_errors_before_the_backend_runs(capsys):
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_crosscheck_takes_no_shortened_option(capsys):
+    """cli.crosscheck checks --registry and --ops by their full names: the backend took
+    --reg DIR as --registry and read the repository's registry instead, unsaid."""
+    with pytest.raises(SystemExit) as e:
+        cli.crosscheck(["--backend", "torch", "--reg", "/some/registry", "--jobs", "1"])
+    assert e.value.code == 2 and "unrecognized arguments: --reg /some/registry" in capsys.readouterr().err
+
+
+def test_a_tool_stopped_by_ctrl_c_says_so_in_one_line(capsys):
+    def coverage() -> int:
+        raise KeyboardInterrupt
+
+    assert cli.pipe_safe(coverage)() == 130
+    assert capsys.readouterr().err == "coverage: interrupted\n"
+
+
 def test_crosscheck_refuses_a_registry_without_the_backends_rules(tmp_path, capsys):
     """A registry root holding other backends' rules but not this one's would have every op
     explored live, unsaid; an empty one is how the backend explores every op live."""

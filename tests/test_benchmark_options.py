@@ -87,6 +87,17 @@ def _module(name: str):
     ("sweep_bench", ["--loaded", "--hogs", "-5"], "--hogs: expected an integer >= 1, got -5"),
     ("sweep_bench", ["--slowest", "-1"], "--slowest: expected an integer >= 0, got -1"),
     ("sweep_bench", ["--jobs", "0"], "expected an integer >= 1, got 0"),
+    # options the run would ignore
+    ("explore_bench", ["--top", "5"], "--top needs --profile"),
+    ("explore_bench", ["--sort", "tottime"], "--sort needs --profile"),
+    ("explore_bench", ["--stages", "--profile", "mm"], "--profile does not combine with --stages"),
+    ("sweep_bench", ["--hogs", "5"], "--hogs needs --loaded"),
+    ("expert_plans_bench", ["--variant-seq", "5"], "--variant-seq needs --variants"),
+    ("expert_plans_bench", ["--variants", "--production"], "--variants does not apply to --production"),
+    ("expert_plans_bench", ["--production", "--mesh", "2x2"], "--mesh does not apply to --production"),
+    ("expert_plans_bench", ["--variants", "--hidden", "128"], "--hidden does not apply to --variants"),
+    ("planner_bench", ["--end-to-end", "--captured"], "--captured does not apply to --end-to-end"),
+    ("planner_bench", ["--end-to-end", "--budget", "0.5"], "--budget does not apply to --end-to-end"),
     ("jax_sweep_bench", ["--ops", ""], "--ops '' names no op pattern"),
     ("jax_sweep_bench", ["--timeout", "nan"], "--timeout: expected a number of seconds: finite and > 0, got 'nan'"),
 ])

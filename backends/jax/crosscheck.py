@@ -526,7 +526,8 @@ def device_count(text: str) -> int:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # cli.crosscheck reads --registry and --ops by their full names
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
     p.add_argument("--registry", type=path_arg, help="registry root to read our rules from (metaspmd crosscheck and tools/crosscheck.py "
                         "pass the repository's registry/; run as this module alone: explored live)")

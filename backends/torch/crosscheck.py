@@ -48,7 +48,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.cli import path_arg, positive_int, seconds
-from metaspmd.registry_io import RegistryError, load_registry, path_problem
+from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
@@ -835,7 +835,7 @@ def mesh_size(text: str) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="crosscheck --backend torch",
+    p = argparse.ArgumentParser(prog="crosscheck --backend torch", allow_abbrev=False,  # see cli.crosscheck
                                 description="Compare the torch registry with DTensor's own sharding rules.")
     p.add_argument("--ops", action="append", default=[], metavar="GLOB",
                    help="only ops matching these globs (comma-separated or repeated); those without a registry "
@@ -908,7 +908,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  progress=args.progress, quiet=True)
     print(format_report(report, args.limit))
     if args.json:
-        args.json.write_text(report_json(report) + "\n", encoding="utf-8")
+        write_text_atomic(args.json, report_json(report) + "\n")  # a missing folder is made (as unwritable allows)
     return 1 if report.failures() else 0
 
 

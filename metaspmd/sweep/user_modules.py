@@ -17,7 +17,8 @@ def load_module(ref: str) -> str:
     path = Path(ref)
     if ref.endswith(".py") or path.is_file():
         if not path.is_file():
-            raise FileNotFoundError(f"kernel module file not found: {ref}")
+            raise FileNotFoundError(f"kernel module {ref} is a folder, not a .py file" if path.is_dir() else
+                                    f"kernel module file not found: {ref}")
         name = f"{USER_PACKAGE}.{path.stem}"
         loaded = sys.modules.get(name)
         if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():

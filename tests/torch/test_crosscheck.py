@@ -532,7 +532,7 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
     real_run = crosscheck.run
     opinfos = {"opinfos": ("mm", "nn.functional.relu"), "max_signatures": 2}
     monkeypatch.setattr(crosscheck, "run", lambda *a, **k: real_run(*a, backend_options=opinfos, **k))
-    out, cache = tmp_path / "out.json", tmp_path / "cache"
+    out, cache = tmp_path / "new" / "out.json", tmp_path / "cache"  # --json into a folder not made yet
     argv = ["--registry", str(tmp_path / "registry"), "--ops", "aten.mm.default", "--cache-dir", str(cache),
             "--json", str(out)]
     assert crosscheck.main(argv) == 0
