@@ -125,8 +125,9 @@ def _sig_expected(sig: str, i: int, what: str) -> ValueError:
     return ValueError(f"expected {what} at column {i + 1}, found {found}")
 
 
-def _sig_value(sig: str, i: int) -> tuple[int, bool]:
-    """The end of the value starting at ``i``, and whether it holds a tensor outside a dict."""
+def _sig_value(sig: str, i: int, tensors: list | None = None) -> tuple[int, bool]:
+    """The end of the value starting at ``i``, and whether it holds a tensor outside a dict;
+    ``tensors`` gets each such tensor's (kind, dims text)."""
     opening = sig[i:i + 1]
     if opening in ("[", "{"):
         close, tensor, i = "]" if opening == "[" else "}", False, i + 1
@@ -139,7 +140,7 @@ def _sig_value(sig: str, i: int) -> tuple[int, bool]:
                     raise _sig_expected(sig, key.end() if key else i, "a dict key and ':'")
                 i, _ = _sig_value(sig, key.end() + 1)  # has_tensor does not look into dicts
             else:
-                i, inner = _sig_value(sig, i)
+                i, inner = _sig_value(sig, i, tensors)
                 tensor = tensor or inner
             if sig[i:i + 1] == close:
                 return i + 1, tensor
@@ -156,6 +157,8 @@ def _sig_value(sig: str, i: int) -> tuple[int, bool]:
     dims = _SIG_DIMS.match(sig, word.end())
     if dims is None:
         raise _sig_expected(sig, word.end(), "tensor dims such as [*,1,4]")
+    if tensors is not None:
+        tensors.append((word.group(), dims.group()[1:-1]))
     return dims.end(), True
 
 
@@ -185,9 +188,6 @@ def _sig_plain_end(sig: str, i: int, name: str) -> int:
     return i
 
 
-_SIG_TENSOR = re.compile(r"([fciob])\[([^\]]*)\]")
-
-
 def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> str | None:
     """Where a well-formed signature disagrees with the example call written beside it
     (``(name, value)`` pairs, tensors as objects with ``shape`` and ``dtype``); None where
@@ -198,7 +198,9 @@ def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> s
     if names != [name for name, _ in example_args]:
         return f"the signature names the arguments {names}, the example {[name for name, _ in example_args]}"
     for (name, sep, value), (_, v) in zip(parts, example_args):
-        tokens = _SIG_TENSOR.findall(_SIG_STRING.sub("''", value)) if sep == ":" else []  # not in a string
+        tokens: list[tuple[str, str]] = []
+        if sep == ":":
+            _sig_value(value, 0, tokens)
         tensors = _example_tensors(v)
         if len(tokens) != len(tensors):
             return f"argument {name!r} holds {len(tokens)} tensors in the signature, {len(tensors)} in the example"
