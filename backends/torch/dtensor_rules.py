@@ -293,7 +293,6 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: Rul
         return ()  # stand-ins for positions or masks would be made up: replicate
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
-    from metaspmd.runtime import check_cache
 
     from .rules_at_runtime import call_of, live_exploration, stand_in_generator
     from .tensor_ops import TorchOps
