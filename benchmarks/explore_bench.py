@@ -322,10 +322,10 @@ def main(argv=None) -> int:
     p.add_argument("--stages", action="store_true",
                    help="instead of times: metaspmd's runs of the op per call, by explorer stage")
     a = p.parse_args(argv)
-    profile_only = {} if a.profile else {"--top": "needs --profile", "--sort": "needs --profile"}
-    refuse_unused(p, a, {**profile_only, **({"--profile": "does not combine with --stages",
-                                            "--repeat": "does not apply to --stages (it counts runs)"}
-                                           if a.stages else {})})
+    unused = {} if a.profile else {"--top": "needs --profile", "--sort": "needs --profile"}
+    if a.stages:
+        unused |= {"--profile": "does not combine with --stages", "--repeat": "does not apply to --stages (it counts runs)"}
+    refuse_unused(p, a, unused)
     torch.set_num_threads(1)
     words = [w for w in (a.ops or "").split(",") if w.strip()]
     if a.ops is not None and not words:  # an unset shell variable: an error, not every call
