@@ -658,7 +658,8 @@ class TorchBackend:
             raise Skip("replicate-only", no_rule)
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
-            raise Skip("nondeterministic", reason)
+            raise Skip("nondeterministic", reason if catalog.aten_base(func) in catalog.UNINITIALIZED
+                       else f"{reason}: {random_ops.UNCHECKABLE}")
         if not catalog.aten_base(func):  # a custom op: no OpInfo, no functional sibling
             if op in self.custom_examples:
                 return [self._example_case(func, args, kwargs) for args, kwargs in self.custom_examples[op]]

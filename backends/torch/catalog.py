@@ -49,6 +49,9 @@ RANDOM = frozenset({
     "feature_alpha_dropout", "native_dropout", "rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_",
     "_fused_dropout", "_standard_gamma", "_sample_dirichlet", "binomial",
 })
+# Ops tagged nondeterministic_seeded that draw nothing: _fused_sdp_choice only names the
+# attention kernel its arguments would run (its dropout_p is one of them).
+TAGGED_DRAWING_NOTHING = frozenset({"_fused_sdp_choice"})
 
 # Ops that abort the process (native asserts, segfaults) on inputs guessed from the schema,
 # found by running every overload's schema-built inputs in a child process; and ops that
@@ -272,10 +275,15 @@ def keeps_numel(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return math.prod(size) == bound["self"].numel()
 
 
+def tagged_random(func: torch._ops.OpOverload) -> bool:
+    """Is the op tagged as drawing random numbers (``nondeterministic_seeded``), and does it?"""
+    return torch.Tag.nondeterministic_seeded in func.tags and aten_base(func) not in TAGGED_DRAWING_NOTHING
+
+
 def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:
     """Why the op's output cannot be compared across runs, or None."""
     base = aten_base(func)
-    if torch.Tag.nondeterministic_seeded in func.tags:
+    if tagged_random(func):
         return "tagged nondeterministic_seeded (random sampling)"
     if base in RANDOM or base.rstrip("_") in RANDOM:
         return "draws random numbers"
@@ -528,6 +536,6 @@ __all__ = [
     "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
     "functional_sibling", "is_core", "keeps_numel", "overloads_in",
-    "nondeterministic_reason", "op_name", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
+    "nondeterministic_reason", "op_name", "tagged_random", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

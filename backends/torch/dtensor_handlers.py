@@ -21,6 +21,10 @@ its own elements (DTensor's handler takes only the identity view) is the same vi
 rank's full tensor. And in-place views whose out-of-place rule DTensor has (``transpose_``,
 which ``stft``'s decomposition calls) get that rule, as DTensor gives ``squeeze_`` its own.
 
+A random op ``register()`` installs strategies for gets ``drawing_handler``: drawn whole on
+every rank, each keeping its shard (``drawn_whole``, which ``parallelize`` runs too), since
+ranks seeded alike would draw one shard's values on every shard.
+
 DTensor moves positional tensors only: an op ``register()`` installs that takes keyword-only
 tensors (a histogram's ``weight=``) gets ``keyword_handler``, DTensor's own dispatch, which
 replicates the keyword DTensors first where no verified strategy keeps them where they lie.
@@ -259,6 +263,63 @@ def install_keyword_handler(op: torch._ops.OpOverload) -> bool:
     return True
 
 
+def drawn_whole(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, placements: list, mesh):
+    """A random op run on whole tensors on every rank, each rank keeping its shard of the
+    outputs (``placements``: each tensor output's, in order). Each rank drawing its own shard
+    would draw the same values on every shard (ranks seed alike, and the CPU generator has
+    no per-shard offsets, as DTensor's CUDA RNG tracker has): a dropout mask repeating
+    across shards. Drawn whole, it is the mask one device draws. A fill reads only its
+    input's shape; other random ops (``native_dropout``) gather their inputs."""
+    from torch.distributed.tensor import distribute_tensor
+    from torch.utils._pytree import tree_map
+
+    from .random_ops import is_fill
+
+    DTensor = _dtensor()[0]
+
+    def whole(x):
+        if not isinstance(x, DTensor):
+            return x
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if is_fill(op_call) else x.full_tensor()
+
+    out = op_call(*tree_map(whole, args), **tree_map(whole, kwargs))
+    it = iter(placements)
+    return tree_map(lambda x: distribute_tensor(x, mesh, next(it), src_data_rank=None)
+                    if isinstance(x, torch.Tensor) else x, out)
+
+
+def drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """DTensor's dispatch for a random op ``register()`` installed strategies for (a
+    functional one: ``register()`` leaves ops that write an input to DTensor), drawn whole
+    (``drawn_whole``) at the output placements DTensor's propagation picks from those
+    strategies; DTensor's own dispatch where the call draws nothing (dropout with p = 0)."""
+    from torch.utils._pytree import tree_flatten
+
+    from .random_ops import draws_nothing
+
+    if draws_nothing(op_call, args, kwargs):
+        return keyword_handler(op_call, args, kwargs)
+    d = _dtensor()[0]._op_dispatcher
+    info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(info)
+    placements = [s.placements for s in tree_flatten(info.output_sharding.output_spec)[0] if s is not None]
+    return drawn_whole(op_call, args, kwargs, placements, info.compute_mesh)
+
+
+def install_drawing_handler(op: torch._ops.OpOverload) -> bool:
+    """``drawing_handler`` for a random op ``register()`` installed strategies for, where
+    DTensor has no handler of its own; whether it was put."""
+    DTensor = _dtensor()[0]
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    if op in _INSTALLED:
+        return True
+    if op in handlers:
+        return False
+    _INSTALLED[op] = ("handler", None)
+    handlers[op] = drawing_handler
+    return True
+
+
 _INSTALLED: dict = {}  # op -> (where, what was there before): "handler" or "strategy"
 
 
@@ -340,4 +401,5 @@ def uninstall(names) -> None:
 
 
 __all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused",
-           "install", "install_keyword_handler", "keyword_handler", "replicated_handler", "uninstall"]
+           "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
+           "keyword_handler", "replicated_handler", "uninstall"]

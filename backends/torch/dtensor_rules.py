@@ -29,7 +29,7 @@ from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
-from .catalog import exact_sizes, op_name, positional_names
+from .catalog import exact_sizes, op_name, positional_names, tagged_random
 from .views import shards_rewrite_call
 
 if TYPE_CHECKING:
@@ -387,7 +387,9 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             continue
         _install(op, _sharding_fn(op, op_rules))
         report.installed.append(name)
-        if dtensor_handlers.install_keyword_handler(op):
+        # a random op draws whole on every rank: drawn shard by shard, every shard's draw would be the same
+        if (tagged_random(op) and dtensor_handlers.install_drawing_handler(op)) or \
+                dtensor_handlers.install_keyword_handler(op):
             report.handled.append(name)
     if replace_refuted:
         for name in sorted(REFUTED):

@@ -36,10 +36,12 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
+from . import catalog
 from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
+from .dtensor_handlers import drawn_whole
 from .dtensor_rules import refuted
-from .random_ops import draws_nothing, is_fill
+from .random_ops import draws_nothing
 from .rules_at_runtime import live_exploration, node_call
 from .shared_plan import one_plan
 from .tensor_ops import TorchOps
@@ -197,7 +199,7 @@ class _PlannedRun(torch.fx.Interpreter):
             args = (_contiguous_shard(args[0]), *args[1:])
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
         if _draws(target, args, kwargs) and any(isinstance(p, Shard) for ps in out_placements for p in ps):
-            return _drawn_whole(target, args, kwargs, out_placements, mesh)
+            return drawn_whole(target, args, kwargs, out_placements, mesh)
         name = self.current.name
         if name not in self.p.on_dtensor:
             # a refuted DTensor rule (dtensor_rules.REFUTED) never runs a node: its verified rule does
@@ -238,25 +240,7 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 
 def _draws(target, args, kwargs) -> bool:
     """Does this call of an op draw random values?"""
-    return torch.Tag.nondeterministic_seeded in target.tags and not draws_nothing(target, args, kwargs)
-
-
-def _drawn_whole(target, args, kwargs, placements, mesh: DeviceMesh):
-    """A random op whose plan cuts an output, run on whole tensors on every rank, each rank
-    keeping its shard of the outputs. Each rank drawing its own shard would draw the same
-    values on every shard (ranks seed alike, and the CPU generator has no per-shard offsets,
-    as DTensor's CUDA RNG tracker has): a dropout mask repeating across shards. Drawn whole,
-    it is the mask one device draws. A fill reads only its input's shape; other random ops
-    (``native_dropout``) gather their inputs."""
-    def whole(x):
-        if not isinstance(x, DTensor):
-            return x
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if is_fill(target) else x.full_tensor()
-
-    out = target(*torch.utils._pytree.tree_map(whole, args), **torch.utils._pytree.tree_map(whole, kwargs))
-    it = iter(placements)
-    return torch.utils._pytree.tree_map(
-        lambda x: distribute_tensor(x, mesh, next(it), src_data_rank=None) if isinstance(x, torch.Tensor) else x, out)
+    return catalog.tagged_random(target) and not draws_nothing(target, args, kwargs)
 
 
 def _dtensor_agrees(target, args, kwargs, out_placements: list[tuple]) -> bool:

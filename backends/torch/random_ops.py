@@ -6,10 +6,10 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
 - **fills** (``uniform_``, ``randn_like``, ``bernoulli.p``, ...): the values depend on no
   input's values, only on shapes, dtypes and scalar parameters. Like ``empty_like``, they
   are compared on shapes and dtypes (outputs zeroed).
-- **ops with a deterministic limit** (``bernoulli(p)``, ``native_dropout`` and ``dropout``
-  with p in {0, 1}, ``normal(mean, std=0)``, ``rrelu`` with lower = upper, attention with
-  dropout_p = 0, ``lstm``/``gru``/``rnn_*`` with dropout = 0, ``multinomial`` of one-hot
-  rows with replacement): run in that limit, they are ordinary deterministic ops, and the
+- **ops with a deterministic limit** (``bernoulli(p)`` and ``binomial`` with p in {0, 1},
+  ``native_dropout`` and ``dropout`` with p in {0, 1}, ``normal(mean, std=0)``, ``rrelu``
+  with lower = upper, attention with dropout_p = 0, ``lstm``/``gru``/``rnn_*`` with
+  dropout = 0, ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary deterministic ops, and the
   explorer finds how their values depend on the inputs' values, element by element.
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
   a fixed seed, as ranks sharing a generator seed do.
@@ -42,9 +42,10 @@ class NoLimit(ValueError):
 # their bound is a tensor whose value sets the range.
 FILLS = frozenset({
     "uniform", "uniform_", "normal_", "cauchy", "cauchy_", "exponential", "exponential_", "geometric",
-    "geometric_", "log_normal", "log_normal_", "random", "random_", "rand_like", "randn_like",
+    "geometric_", "log_normal", "log_normal_", "random", "random_", "rand_like", "randn_like", "normal_functional",
 })
 FILL_OVERLOADS = frozenset({
+    "aten.normal.out",  # normal_functional's out=, not the Tensor-mean forms'
     "aten.bernoulli.p", "aten.bernoulli.float_out", "aten.bernoulli_.float", "aten.randint_like.default",
     "aten.randint_like.generator", "aten.randint_like.generator_out", "aten.randint_like.low_dtype",
     "aten.randint_like.low_dtype_out", "aten.randint_like.low_generator_dtype",
@@ -59,6 +60,7 @@ FEATURE_NOTE = ("random op: verified in its deterministic limit ({}); one draw p
                 "the other dims, which are never cut")
 FACTORY_NOTE = "random factory: replicated when every rank draws with the same generator seed"
 FACTORY_SEED = 0
+UNCHECKABLE = "no form the explorer can check it in (a fill, a deterministic limit, a factory) is known for it"
 
 
 def _named(func, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -83,6 +85,11 @@ def _bernoulli_limit(func, args, kwargs):
     key = "p" if any(a.name == "p" for a in func._schema.arguments) else "self"  # bernoulli(self=p) or (self, p)
     p = _named(func, args, kwargs)[key]
     return _replace(func, args, kwargs, **{key: (p > 0.5).to(p.dtype)})
+
+
+def _binomial_limit(func, args, kwargs):
+    prob = _named(func, args, kwargs)["prob"]
+    return _replace(func, args, kwargs, prob=(prob > 0.5).to(prob.dtype))
 
 
 def _dropout_limit(func, args, kwargs):
@@ -127,6 +134,8 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.bernoulli.Tensor": ("p rounded to 0 or 1", _bernoulli_limit),
     "aten.bernoulli.Tensor_out": ("p rounded to 0 or 1", _bernoulli_limit),
     "aten.bernoulli_.Tensor": ("p rounded to 0 or 1", _bernoulli_limit),
+    "aten.binomial.default": ("prob rounded to 0 or 1", _binomial_limit),
+    "aten.binomial.out": ("prob rounded to 0 or 1", _binomial_limit),
     "aten.native_dropout.default": ("p rounded to 0 or 1", _dropout_limit),
     "aten.native_dropout.out": ("p rounded to 0 or 1", _dropout_limit),
     # elementwise masks
@@ -152,6 +161,7 @@ LIMITS: dict[str, tuple[str, Callable]] = {
     "aten.rrelu_with_noise.default": ("lower = upper", _rrelu_limit),
     "aten.rrelu_with_noise.out": ("lower = upper", _rrelu_limit),
     "aten.rrelu_with_noise_.default": ("lower = upper", _rrelu_limit),
+    "aten.rrelu_with_noise_functional.default": ("lower = upper", _rrelu_limit),
     "aten.rrelu.default": ("lower = upper", _rrelu_limit),
     "aten.rrelu_.default": ("lower = upper", _rrelu_limit),
     "aten.multinomial.default": ("one-hot rows, with replacement", _multinomial_limit),
@@ -245,6 +255,6 @@ def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
 
 
 __all__ = [
-    "FEATURE_MASKS", "FEATURE_NOTE", "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "checkable",
-    "checked_form", "draws_nothing", "is_factory", "is_fill", "shared_draw_dims",
+    "FEATURE_MASKS", "FEATURE_NOTE", "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "UNCHECKABLE",
+    "checkable", "checked_form", "draws_nothing", "is_factory", "is_fill", "shared_draw_dims",
 ]

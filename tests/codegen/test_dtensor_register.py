@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from metaspmd import placement as mp  # noqa: E402
 from metaspmd import spec as spec_  # noqa: E402
-from metaspmd.backends.torch import dtensor_rules, get_backend, table  # noqa: E402
+from metaspmd.backends.torch import dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
 from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
@@ -265,6 +265,39 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
             dtensor_rules.unregister(report)
     for got in full:
         torch.testing.assert_close(got, rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op, make", [
+    ("aten.binomial.default", lambda: (torch.full((8, 6), 50.0), torch.full((8, 6), 0.5))),
+    ("aten.normal.Tensor_float", lambda: (torch.randn(8, 6), 2.7)),  # a std the table holds
+    ("aten.exponential.default", lambda: (torch.zeros(8, 6),)),  # a fill: its input's shape alone
+])
+def test_a_registered_random_op_draws_what_one_device_draws(fake_world_of, op, make):
+    """Ranks seed alike (LocalTensorMode's simulated generators do): each drawing its own
+    shard, every shard would hold the first shard's draw. register() runs the random ops it
+    installs drawn whole, so the cut output is the draw one device makes."""
+    fake_world_of(WORLD)
+    mesh = DeviceMesh("cpu", list(range(WORLD)))
+    overload = dtensor_rules._resolve(op)
+    args = make()
+    torch.manual_seed(3)
+    expected = overload(*args)
+    report = dtensor_rules.register([op])
+    try:
+        # installed now, or by the module's register() where its fixture is alive in this process
+        assert DTensor._op_dispatcher._custom_op_handlers.get(overload) is dtensor_handlers.drawing_handler, report
+        with LocalTensorMode(WORLD):
+            placed = [distribute_tensor(a, mesh, [Shard(0)]) if isinstance(a, torch.Tensor) else a for a in args]
+            torch.manual_seed(3)
+            got = overload(*placed)
+            outs = got if isinstance(got, tuple) else (got,)
+            assert all(o.placements == (Shard(0),) for o in outs)
+            full = [_full_on_every_rank(o) for o in outs]
+    finally:
+        dtensor_rules.unregister(report)
+    for g, e in zip(full, expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(g, e)
+    assert not torch.equal(full[0][:2], full[0][2:4])  # not the first shard's draw again
 
 
 def test_a_table_miss_explored_under_dtensor_leaves_the_programs_generator(fake_world_of, tmp_path):

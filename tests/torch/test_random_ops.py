@@ -184,3 +184,43 @@ def test_elementwise_dropout_shares_no_draw():
     case = torch_case(aten.dropout.default, (x, 0.5, True), {}, aten.dropout.default)
     assert case.shared_dims == ()
     assert [bool(p.label) for p in explore_case(case, TorchOps()).shard.inputs[0]] == [True] * 4
+
+
+def test_binomial_is_checked_with_prob_rounded_and_gathers_only():
+    count = torch.full((6, 4), 5.0, dtype=F64)
+    prob = torch.rand(6, 4, dtype=F64, generator=torch.Generator().manual_seed(0))
+    e = explore_case(torch_case(aten.binomial.default, (count, prob), {}, aten.binomial.default), TorchOps())
+    assert e.status == "ok" and any("prob rounded to 0 or 1" in n for n in e.notes)
+    assert e.partial.is_empty()  # a sum of draws is not a draw
+    assert sorted(str(c) for c in _combines(e)) == ["gather(dim=0)", "gather(dim=1)"]
+
+
+def test_rrelu_with_noise_functional_cuts_its_output_and_noise_alike():
+    x, noise = torch.randn(6, 4, dtype=F64), torch.zeros(6, 4, dtype=F64)
+    op = aten.rrelu_with_noise_functional.default
+    e = explore_case(torch_case(op, (x, noise, 0.1, 0.3, True), {}, op), TorchOps())
+    assert e.status == "ok" and any("lower = upper" in n for n in e.notes)
+    assert {tuple(str(o) for o in outs) for outs in e.combine.as_dict().values()} == {
+        ("gather(dim=0)", "gather(dim=0)"), ("gather(dim=1)", "gather(dim=1)")}
+
+
+def test_normal_functional_and_its_out_are_fills():
+    assert random_ops.is_fill(aten.normal_functional.default) and random_ops.is_fill(aten.normal.out)
+    assert not random_ops.is_fill(aten.normal.Tensor_float)  # its mean is a tensor's values
+    e = explore_case(torch_case(aten.normal_functional.default, (torch.randn(6, 4, dtype=F64), 0.0, 1.0), {},
+                                aten.normal_functional.default), TorchOps())
+    assert e.status == "ok" and random_ops.FILL_NOTE in e.notes
+    assert all(isinstance(c, Gather) for c in _combines(e) if str(c) != "identity")
+
+
+def test_a_tagged_op_that_draws_nothing_is_explored_as_deterministic():
+    """_fused_sdp_choice carries the nondeterministic_seeded tag but only names a kernel."""
+    assert torch.Tag.nondeterministic_seeded in aten._fused_sdp_choice.default.tags
+    assert catalog.nondeterministic_reason(aten._fused_sdp_choice.default) is None
+    assert catalog.nondeterministic_reason(aten.poisson.default) is not None
+
+
+def test_an_uncheckable_random_op_says_why_no_rule_is_verified(backend):
+    with pytest.raises(Skip) as info:
+        backend.cases("aten._standard_gamma.default")
+    assert info.value.reason.endswith(random_ops.UNCHECKABLE)
