@@ -545,8 +545,6 @@ WHY = {
     "tensor_split": "its composite reads the Tensor indices' values through their data pointer, which a "
                     "DTensor wrapper has not: no dispatch to intercept",
     "to_sparse": "a sparse COO output: DTensor wraps strided tensors only",
-    "nn.functional.ctc_loss": "_ctc_loss is data-dependent and nondeterministic in the registry (log_alpha holds "
-                              "uninitialized memory): no all-replicated handler claims ranks agree",
     "nn.functional.embedding": "LocalTensorMode's per-rank ints (LocalIntNode) have no guard_int, which "
                                "embedding's decomposition asks for: the simulation's machinery, before any rule",
     "nn.functional.fractional_max_pool2d": "its Python wrapper draws the random samples as a plain tensor "

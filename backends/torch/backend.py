@@ -471,6 +471,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         args, kwargs = sample_data.with_sentinel(names, args, kwargs, *skipped)
         fresh = _planted(fresh, names, skipped)
     fn, candidates, notes, localize = runner, None, (), None
+    if catalog.aten_base(func) in catalog.UNWRITTEN_FILLED:
+        fn = runner = catalog.unwritten_filled(runner)
     if catalog.returns_scalars(func):
         fn = _scalars_as_tensors(fn)
     dropping = dropping_form(func, runner)

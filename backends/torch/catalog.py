@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 import torch
 
@@ -27,12 +27,15 @@ UNSPECIFIED_VALUES = frozenset({
     "_make_dep_token",  # an empty 0-d tensor: a token whose value nothing reads
 })
 # Ops whose output is partly uninitialized memory (_resize_output keeps old data, quantized
-# empties carry scales, _ctc_loss's log_alpha past each target's length): their results
-# cannot be compared at all.
+# empties carry scales): their results cannot be compared at all.
 UNINITIALIZED = frozenset({
     "_empty_affine_quantized", "_empty_per_channel_affine_quantized", "_resize_output", "_resize_output_",
-    "empty_quantized", "_nested_tensor_from_mask_left_aligned", "_ctc_loss",
+    "empty_quantized", "_nested_tensor_from_mask_left_aligned",
 })
+# Ops that leave parts of an output they allocate unwritten (_ctc_loss's log_alpha past each
+# target's length), run under torch's deterministic algorithms, which fill new memory with
+# NaN: the unwritten parts compare as NaN at the same positions, the written ones by value.
+UNWRITTEN_FILLED = frozenset({"_ctc_loss"})
 # Ops that restride self to a new size (the argument named here, or its shape): to as many
 # elements as self holds they reshape its contiguous data; to any other number the new
 # elements are uninitialized memory, or the kept ones a prefix of the storage. Only calls of
@@ -278,6 +281,23 @@ def keeps_numel(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
 def tagged_random(func: torch._ops.OpOverload) -> bool:
     """Is the op tagged as drawing random numbers (``nondeterministic_seeded``), and does it?"""
     return torch.Tag.nondeterministic_seeded in func.tags and aten_base(func) not in TAGGED_DRAWING_NOTHING
+
+
+def unwritten_filled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` under torch's deterministic algorithms, whose fill of new memory (NaN) makes
+    the parts of an output an op leaves unwritten the same on every run (``UNWRITTEN_FILLED``)."""
+    def filled(*args, **kwargs):
+        was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        fill = torch.utils.deterministic.fill_uninitialized_memory
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(was, warn_only=warn_only)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
+
+    return filled
 
 
 def nondeterministic_reason(func: torch._ops.OpOverload) -> str | None:
@@ -533,9 +553,9 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
+    "UNWRITTEN_FILLED", "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
     "custom_op_namespaces",
     "functional_sibling", "is_core", "keeps_numel", "overloads_in",
-    "nondeterministic_reason", "op_name", "tagged_random", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
+    "nondeterministic_reason", "op_name", "tagged_random", "unwritten_filled", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
     "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

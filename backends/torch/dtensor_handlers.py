@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from . import catalog
+
 # op -> why DTensor cannot run it: its fake-tensor propagation raises on any placement.
 _SHAPE = "output shape depends on the input's values, which DTensor's fake-tensor propagation cannot know"
 REPLICATED = {
@@ -52,6 +54,10 @@ REPLICATED = {
     "aten.allclose.default": "returns a bool computed from the values, which fake-tensor propagation cannot know",
     "aten._histogramdd_bin_edges.default":
         "returns a list of tensors, which register_sharding cannot carry and DTensor has no rule for",
+    # log_alpha's last dim is twice the longest target's length plus one; the op leaves its
+    # entries past each target's length unwritten, run under torch's NaN fill (catalog.UNWRITTEN_FILLED)
+    "aten._ctc_loss.default": _SHAPE + " (log_alpha's length is the longest target's)",
+    "aten._ctc_loss.Tensor": _SHAPE + " (log_alpha's length is the longest target's)",
 }
 
 # Ops the sweep found no cut for (registry status replicate-only, so absent from the
@@ -62,14 +68,6 @@ REPLICATE_ONLY = {
     "aten.linspace.Scalar_Tensor": "no cut: a 0-d end",
     "aten.logspace.Scalar_Tensor": "no cut: a 0-d end",
     "aten.logspace.Tensor_Scalar": "no cut: a 0-d start",
-}
-
-# Data-dependent ops (tagged so) left to DTensor's error, and why.
-NOT_REPLICATED = {
-    "aten._ctc_loss.default":
-        "registry: nondeterministic (log_alpha holds uninitialized memory): ranks would differ in a Replicate output",
-    "aten._ctc_loss.Tensor":
-        "registry: nondeterministic (log_alpha holds uninitialized memory): ranks would differ in a Replicate output",
 }
 
 # Ops whose DTensor rule or handler raises on some calls: (what is extended, why).
@@ -130,7 +128,8 @@ def replicated_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     if info.args_tree_spec is not None:
         local_args = tree_unflatten(local_args, info.args_tree_spec)
     local_kwargs = {k: full(info.schema.kwargs_schema[k], v) for k, v in info.local_kwargs.items()}
-    out = op_call(*local_args, **local_kwargs)
+    run = catalog.unwritten_filled(op_call) if catalog.aten_base(op_call) in catalog.UNWRITTEN_FILLED else op_call
+    out = run(*local_args, **local_kwargs)  # ranks agree on what the op leaves unwritten too
     return tree_map(lambda t: DTensor(t, _replicated_spec(mesh, t), requires_grad=False)
                     if isinstance(t, torch.Tensor) else t, out)
 
@@ -400,6 +399,6 @@ def uninstall(names) -> None:
             table[op] = before
 
 
-__all__ = ["EXTENDED", "INPLACE_VIEWS", "NOT_REPLICATED", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused",
+__all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused",
            "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
            "keyword_handler", "replicated_handler", "uninstall"]

@@ -34,6 +34,9 @@ G = torch.Generator().manual_seed(0)
 X = torch.where(torch.rand(8, 4, generator=G) > 0.5, torch.randn(8, 4, generator=G), torch.zeros(8, 4))
 INTS = torch.randint(0, 5, (8,), generator=G)
 SIGNAL, WINDOW = torch.randn(100, generator=G), torch.hann_window(10)
+# made here, outside LocalTensorMode, where a draw would differ by rank
+CTC = (torch.randn(12, 4, 5, generator=G).log_softmax(2), torch.randint(1, 5, (10,), generator=G),
+       torch.tensor([12, 10, 12, 8]), torch.tensor([3, 1, 4, 2]))
 
 
 def _status(name: str) -> str:
@@ -58,20 +61,17 @@ def _full(x):
 
 def test_every_replicated_op_is_deterministic_in_the_registry():
     """The all-replicated strategy is sound for a deterministic op: the registry's status
-    says the sweep ran it so (ok, derived, replicate-only); the ops left out are not."""
+    says the sweep ran it so (ok, derived, replicate-only)."""
     for name in dtensor_handlers.REPLICATED:
         assert _status(name) in ("ok", "derived", "replicate-only"), name
     for name in dtensor_handlers.REPLICATE_ONLY:
         assert _status(name) == "replicate-only", name
-    for name in dtensor_handlers.NOT_REPLICATED:
-        assert _status(name) == "nondeterministic", name
 
 
 def test_every_data_dependent_op_dtensor_lacks_is_handled_or_has_a_reason():
     """Ops tagged with a data-dependent output (shape or value) are the ones DTensor's
-    fake-tensor propagation refuses: each one DTensor has no rule for is either run
-    all-replicated or named with why not (composite ones decompose before DTensor sees
-    them; out= variants write their inputs)."""
+    fake-tensor propagation refuses: each one DTensor has no rule for is run all-replicated
+    (composite ones decompose before DTensor sees them; out= variants write their inputs)."""
     from metaspmd.backends.torch.dtensor import dtensor_has_rule
 
     tags = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
@@ -86,7 +86,7 @@ def test_every_data_dependent_op_dtensor_lacks_is_handled_or_has_a_reason():
             if not any(t in op.tags for t in tags) or op._schema.is_mutable or dtensor_has_rule(op) \
                     or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
                 continue
-            if name not in dtensor_handlers.REPLICATED and name not in dtensor_handlers.NOT_REPLICATED:
+            if name not in dtensor_handlers.REPLICATED:
                 missing.append(name)
     assert not missing, missing
 
@@ -118,8 +118,8 @@ def before(mesh):
 
 
 # table rules register() installs that these calls need: masked_select's backward scatters
-# into zeros (masked_scatter); stft pads its signal by reflection
-WITH = ALL + ["aten.masked_scatter.default", "aten.reflection_pad1d.default"]
+# into zeros (masked_scatter); stft pads its signal by reflection; ctc_loss's backward
+WITH = ALL + ["aten._ctc_loss_backward.Tensor", "aten.masked_scatter.default", "aten.reflection_pad1d.default"]
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +186,29 @@ def test_masked_select_gradient_and_bincount_and_allclose(mesh, handled):
     d = distribute_tensor(X, mesh, [Shard(0)])
     assert torch.allclose(d, d) is True
     assert torch.allclose(d, d + 1) is False
+
+
+def test_ctc_loss_runs_replicated_with_the_same_log_alpha_on_every_rank(mesh, handled):
+    """_ctc_loss's log_alpha is as long as the longest target (a value), and the op leaves
+    it unwritten past each target's length: run replicated under torch's NaN fill of new
+    memory, every rank holds the same log_alpha, and the loss and its gradient are one
+    device's."""
+    log_probs, targets, input_lengths, target_lengths = CTC
+    x = log_probs.clone().requires_grad_(True)
+    want = torch.nn.functional.ctc_loss(x, targets, input_lengths, target_lengths)
+    (want_grad,) = torch.autograd.grad(want, x)
+    dx = distribute_tensor(log_probs, mesh, [Shard(1)]).requires_grad_(True)
+    placed = [distribute_tensor(t, mesh, [Replicate()]) for t in (targets, input_lengths, target_lengths)]
+    got = torch.nn.functional.ctc_loss(dx, *placed)
+    (grad,) = torch.autograd.grad(got, dx)
+    torch.testing.assert_close(_full(got), want.detach())
+    torch.testing.assert_close(_full(grad), want_grad)
+    _, log_alpha = torch.ops.aten._ctc_loss.Tensor(dx.detach(), *placed, 0, False)
+    assert log_alpha.placements == (Replicate(),)
+    ranks = list(log_alpha.to_local()._local_tensors.values())
+    assert ranks[0].isnan().any()  # the unwritten part, filled
+    for r in ranks[1:]:
+        torch.testing.assert_close(r, ranks[0], equal_nan=True, rtol=0, atol=0)
 
 
 def test_a_plain_tensor_mixed_in_is_refused_as_dtensor_refuses_it(mesh, handled):

@@ -1302,3 +1302,23 @@ def test_unbind_of_a_dim_of_two_is_derived_not_failed():
     e = explore_case(torch_case(func, (torch.randn(2, 3, 5, dtype=torch.float64),), {}, make_runner(func)),
                      get_backend(opinfos=()).tensor_ops())
     assert e.status == "derived" and [str(c) for c in e.combine.as_dict()["S2"]] == ["gather(dim=0)", "gather(dim=0)"]
+
+
+def test_ctc_loss_runs_with_the_memory_it_leaves_unwritten_filled():
+    """_ctc_loss leaves log_alpha unwritten past each target's length: run under torch's NaN
+    fill, two runs agree and the explorer can judge it. No cut holds: log_alpha is as long as
+    the longest target of the batch, so a shard of the batch can make it shorter."""
+    from metaspmd.backends.torch.backend import torch_case
+    from metaspmd.backends.torch.tensor_ops import TorchOps
+
+    op = torch.ops.aten._ctc_loss.Tensor
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(6, 4, 5, dtype=torch.float64, generator=g).log_softmax(2),
+            torch.randint(1, 5, (4, 3), generator=g), torch.tensor([6, 5, 6, 4]), torch.tensor([3, 2, 1, 3]))
+    assert catalog.nondeterministic_reason(op) is None
+    case = torch_case(op, args, {}, op)
+    first, second = case.fn(*args), case.fn(*args)
+    assert first[1].isnan().any()
+    torch.testing.assert_close(first, second, equal_nan=True, rtol=0, atol=0)
+    entry = explore_case(case, TorchOps())
+    assert entry.status == "replicate-only", entry.reason
