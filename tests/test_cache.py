@@ -198,6 +198,26 @@ def test_an_unusable_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_pat
     assert f"{root} is not a folder" in str(caught[0].message)
 
 
+def test_a_folder_the_process_may_not_write_keeps_rules_in_memory_with_one_warning(tmp_path, monkeypatch):
+    """The read-only folder below as any user sees it, root included (whom chmod does not
+    stop): every write refused, the folder not writable by os.access."""
+    def refused(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(cache_module, "write_text_atomic", refused)
+    monkeypatch.setattr(cache_module.os, "access", lambda path, mode: False)
+    cache = RuleCache(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache.put("torch", RELU, entry())
+        cache.put("torch", RELU, entry("self:f[*,*]"))
+    assert [w.category for w in caught] == [RuleCacheWarning], [str(w.message) for w in caught]
+    assert "is not writable" in str(caught[0].message) and "in memory" in str(caught[0].message)
+    assert not cache.persist
+    assert cache.get("torch", RELU, "self:f[*]") == entry()
+    assert cache.get("torch", RELU, "self:f[*,*]") == entry("self:f[*,*]")
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes to a read-only folder")
 def test_a_read_only_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_path):
     tmp_path.chmod(0o500)
