@@ -344,7 +344,7 @@ RULES = {
         'input:f[*,*,*] weight:f[*,*,5] bias=None stride=[1] padding=[0] dilation=[1] transposed=False output_padding=[0] groups=1 benchmark=False deterministic=False cudnn_enabled=False allow_tf32=False': E('[[S1, S2, N], [S3, S2, N]]', '{S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1), S4: reduce(sum), S5: reduce(sum)}', partial='[[S4(sum)], [S5(sum)]]'),
     },
     'aten._convolution_double_backward.default': {
-        'ggI:f[*,*,*,*] ggW:f[*,*,*,*] ggb:f[*] gO:f[*,*,*,*] weight:f[*,*,3,3] self:f[*,*,*,*] stride=[1,1] padding=[0,0] dilation=[1,1] transposed=False output_padding=[0,0] groups=1 output_mask=[True,True,True]': E('[[N, N, N, N], [N, N, N, N], [N], [N, N, N, N], [N, N, N, N], [N, N, N, N]]', '{S1: [identity, reduce(sum), reduce(sum)]}', partial='[[], [], [], [S1(sum)], [], []]'),
+        'ggI:f[*,*,*,*] ggW:f[*,*,*,*] ggb:f[*] gO:f[*,*,*,*] weight:f[*,*,3,3] self:f[*,*,*,*] stride=[1,1] padding=[0,0] dilation=[1,1] transposed=False output_padding=[0,0] groups=1 output_mask=[True,True,True]': E('[[S1, N, N, N], [S2, N, N, N], [S2], [S1, S2, N, N], [S2, N, N, N], [S1, N, N, N]]', '{S1: [gather(dim=0), gather(dim=0), reduce(sum)], S2: [gather(dim=1), reduce(sum), gather(dim=0)], S3: [identity, reduce(sum), reduce(sum)]}', partial='[[], [], [], [S3(sum)], [], []]'),
     },
     'aten._convolution_mode.default': {
         "input:f[*,*,*] weight:f[*,1,4] bias:f[*] stride=[1] padding='same' dilation=[2] groups=2": E('[[S1, N, N], [N, N, N], [N]]', '{S1: gather(dim=0), S2: reduce(sum), S3: reduce(sum)}', partial='[[S2(sum)], [S3(sum)], [S2(sum), S3(sum)]]'),

@@ -370,10 +370,27 @@ def convolution_grads(fn: Callable[..., Any], names: tuple[str, ...]) -> Callabl
     return fn_checked
 
 
+def convolution_double_grads(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (convolution's double backward) that refuses inputs not shaped as one
+    convolution's: gO as the forward's output of self and weight, ggI as self, ggW as weight
+    and ggb as gO's channels. Its convolutions and their backward size some of these by
+    others (``convolution_grads``)."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        x, w, g = (tuple(items[n].shape) for n in ("self", "weight", "gO"))
+        wanted = {"ggI": x, "ggW": w, "ggb": g[1:2]}
+        if g != convolution_output_shape(x, w, items) or any(
+                items.get(n) is not None and tuple(items[n].shape) != shape for n, shape in wanted.items()):
+            raise ShapeRefused("gO, ggI, ggW or ggb not shaped as one convolution's of self and weight")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # catalog.EXACT_GUARDS's conditions, by name
 EXACT_GUARDS: dict[str, Callable[[Callable[..., Any], tuple[str, ...]], Callable[..., Any]]] = {
     "pairs": pairs_of_rows, "pair_grid": pair_grid, "packed_rows": packed_rows, "hidden_states": hidden_states_alike,
-    "conv_output": convolution_grads,
+    "conv_output": convolution_grads, "conv_double_output": convolution_double_grads,
 }
 
 

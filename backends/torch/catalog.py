@@ -458,10 +458,13 @@ def reflects(func: torch._ops.OpOverload) -> bool:
 #   c0 by h0's sizes (an h0 with more layers than c0 read past c0: SIGSEGV);
 # - conv_output: convolution's backward loops over input's batch, reading grad_output by
 #   it, and takes grad_output's channels, a kernel of another extent and channels that do
-#   not split into the groups unchecked: grad_output must be the forward's output shape.
+#   not split into the groups unchecked: grad_output must be the forward's output shape;
+# - conv_double_output: its double backward runs convolutions and their backward: gO the
+#   forward's output shape, ggI and ggW shaped as self and weight (the shared guard kept the
+#   weights whole beside a cut batch).
 EXACT_GUARDS = {
     "_pdist_backward": "pairs", "_cdist_backward": "pair_grid", "_pad_packed_sequence": "packed_rows",
-    "convolution_backward": "conv_output",
+    "convolution_backward": "conv_output", "_convolution_double_backward": "conv_double_output",
     **dict.fromkeys(("lstm", "gru", "rnn_tanh", "rnn_relu"), "hidden_states"),
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -948,6 +949,28 @@ def test_convolution_backward_checks_its_own_shapes_and_cuts_its_batch():
     batch = entry.shard.inputs[0][0].label
     assert batch and entry.shard.inputs[1][0].label == batch and all(d.label != batch for d in entry.shard.inputs[2])
     assert [str(o) for o in entry.combine.as_dict()[batch]] == ["gather(dim=0)", "reduce(sum)", "reduce(sum)"]
+
+
+def test_convolution_double_backward_is_guarded_exactly_and_cuts_its_batch():
+    """The shared guard kept the weights (as high in rank as the batch's tensors) whole
+    beside a cut batch, and so refused it: the exact guard takes one convolution's shapes,
+    refuses any other (gO not the forward's output of self and weight), and data
+    parallelism gets its rule."""
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._convolution_double_backward.default
+    assert catalog.exact_guard(func) == "conv_double_output"
+    r = functools.partial(torch.randn, dtype=torch.float64)
+    ggI, ggW, ggb, gO, w, x = r(4, 2, 8), r(3, 2, 3), r(3), r(4, 3, 6), r(3, 2, 3), r(4, 2, 8)
+    params = ([1], [0], [1], False, [0], 1, [True, True, True])
+    case = torch_case(func, (ggI, ggW, ggb, gO, w, x, *params), {}, func)
+    with pytest.raises(ValueError, match="one convolution's"):
+        case.fn(ggI, ggW, ggb, gO[:2], w, x, *params)  # gO's batch cut alone
+    entry = explore_case(case, TorchBackend().tensor_ops())
+    batch = entry.shard.inputs[0][0].label
+    assert batch and entry.shard.inputs[3][0].label == batch and entry.shard.inputs[5][0].label == batch
+    assert all(d.label != batch for d in entry.shard.inputs[4])
+    assert [str(o) for o in entry.combine.as_dict()[batch]] == ["gather(dim=0)", "gather(dim=0)", "reduce(sum)"]
 
 
 def test_guard_refuses_a_batch_cut_in_one_input_only():
