@@ -387,10 +387,23 @@ def convolution_double_grads(fn: Callable[..., Any], names: tuple[str, ...]) -> 
     return fn_checked
 
 
+def square_factor(fn: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` (_cholesky_solve_helper) that refuses an A that is not square, has other than
+    self's rows, or another batch: the kernel hands LAPACK self's sizes and reads A by them."""
+    def fn_checked(*a, **k):
+        items = dict(arg_items(names, a, k))
+        b, f = items["self"].shape, items["A"].shape
+        if len(f) < 2 or len(b) != len(f) or f[-1] != f[-2] or b[-2] != f[-1] or b[:-2] != f[:-2]:
+            raise ShapeRefused("A not a square factor of self's rows and batch")
+        return fn(*a, **k)
+
+    return fn_checked
+
+
 # catalog.EXACT_GUARDS's conditions, by name
 EXACT_GUARDS: dict[str, Callable[[Callable[..., Any], tuple[str, ...]], Callable[..., Any]]] = {
     "pairs": pairs_of_rows, "pair_grid": pair_grid, "packed_rows": packed_rows, "hidden_states": hidden_states_alike,
-    "conv_output": convolution_grads, "conv_double_output": convolution_double_grads,
+    "conv_output": convolution_grads, "conv_double_output": convolution_double_grads, "square_factor": square_factor,
 }
 
 

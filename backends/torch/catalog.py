@@ -73,7 +73,7 @@ CRASH_ON_GUESSED_INPUTS = frozenset({
     # crash with another signal, or not at all, from run to run (_cholesky_solve_helper on a
     # guessed non-square A, nnpack on guessed shapes), or give other results (weight norm on a
     # g and norms shaped like v)
-    "aten._cholesky_solve_helper.default", "aten._cholesky_solve_helper.out",
+    "aten._cholesky_solve_helper.out",
     "aten._nnpack_spatial_convolution.default", "aten._nnpack_spatial_convolution.out",
     "aten._weight_norm_interface.default", "aten._weight_norm_interface.out",
     "aten._weight_norm_interface_backward.default", "aten._weight_norm_interface_backward.out",
@@ -461,10 +461,13 @@ def reflects(func: torch._ops.OpOverload) -> bool:
 #   not split into the groups unchecked: grad_output must be the forward's output shape;
 # - conv_double_output: its double backward runs convolutions and their backward: gO the
 #   forward's output shape, ggI and ggW shaped as self and weight (the shared guard kept the
-#   weights whole beside a cut batch).
+#   weights whole beside a cut batch);
+# - square_factor: _cholesky_solve_helper hands LAPACK self's sizes and reads A by them: A
+#   square, as many rows as self, one batch (a cut of A alone corrupted the heap).
 EXACT_GUARDS = {
     "_pdist_backward": "pairs", "_cdist_backward": "pair_grid", "_pad_packed_sequence": "packed_rows",
     "convolution_backward": "conv_output", "_convolution_double_backward": "conv_double_output",
+    "_cholesky_solve_helper": "square_factor",
     **dict.fromkeys(("lstm", "gru", "rnn_tanh", "rnn_relu"), "hidden_states"),
 }
 

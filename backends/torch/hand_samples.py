@@ -274,6 +274,13 @@ def _orgqr(d: Draw) -> Named:
     return {"self": d.randn(2, 5, 3), "input2": d.randn(2, 3)}
 
 
+def _cholesky_solve_helper(d: Draw) -> Named:
+    # a batch of right-hand sides and the lower Cholesky factors of well-conditioned matrices
+    m = d.randn(2, 4, 4)
+    return {"self": d.randn(2, 4, 3), "A": torch.linalg.cholesky(m @ m.mT + 4 * torch.eye(4, dtype=m.dtype)),
+            "upper": False}
+
+
 def _linalg_cond(d: Draw) -> Named:
     return {"self": d.randn(3, 4, 4), "p": "fro"}
 
@@ -381,9 +388,10 @@ def _randint_like(d: Draw) -> Named:
 
 # Ops whose schema-guessed inputs crash the process (they left catalog.CRASH_ON_GUESSED_INPUTS
 # for these builders, which come before any guess): each was explored in a process of its own
-# without a crash and got verified rules. _cholesky_solve_helper and
-# _sobol_engine_initialize_state_ corrupt memory on the explorer's cuts even from valid inputs,
-# and NNPACK refuses this CPU: they stay on the list, with no builder.
+# without a crash and got verified rules. _sobol_engine_initialize_state_ corrupts memory on
+# the explorer's cuts even from valid inputs, and NNPACK refuses this CPU: they stay on the
+# list, with no builder. _cholesky_solve_helper's cuts of A alone are refused by its exact
+# guard (catalog.EXACT_GUARDS), and its builder leads.
 
 
 def _batch_norm_no_update(d: Draw) -> Named:
@@ -506,6 +514,7 @@ BUILDERS: dict[str, tuple[Callable[[Draw], Named], str]] = {
     "glu_backward_jvp": (_glu_backward_jvp, "float32"),
     "nuclear_norm": (_nuclear_norm, "float32"),
     "orgqr": (_orgqr, "float32"),
+    "_cholesky_solve_helper": (_cholesky_solve_helper, "float64"),
     "linalg_cond": (_linalg_cond, "float32"),
     "_conj_copy": (_complex_self, "float32"),
     "view_as_real_copy": (_complex_self, "float32"),

@@ -973,6 +973,27 @@ def test_convolution_double_backward_is_guarded_exactly_and_cuts_its_batch():
     assert [str(o) for o in entry.combine.as_dict()[batch]] == ["gather(dim=0)", "gather(dim=0)", "reduce(sum)"]
 
 
+def test_cholesky_solve_helper_cuts_its_batch_and_columns_and_never_its_factor_alone():
+    """Its kernel hands LAPACK self's sizes and reads A by them (a cut of A alone corrupted
+    the heap): the exact guard refuses any A that is not a square factor of self's rows
+    and batch, and the hand-built sample finds the batch and right-hand-side column cuts."""
+    from metaspmd.backends.torch import hand_samples
+    from metaspmd.backends.torch.backend import torch_case
+
+    func = torch.ops.aten._cholesky_solve_helper.default
+    assert catalog.exact_guard(func) == "square_factor" and hand_samples.guess_for(func) is not None
+    args, kwargs = hand_samples.inputs(func, hand_samples.guess_for(func), 0)
+    case = torch_case(func, args, kwargs, func)
+    b, factor, upper = args
+    for cut in (factor[:, :2], factor[:, :, :2], factor[:1]):
+        with pytest.raises(ValueError, match="square factor"):
+            case.fn(b, cut, upper)
+    entry = explore_case(case, TorchBackend().tensor_ops())
+    assert entry.status == "ok"
+    assert sorted(str(c) for o in entry.combine.as_dict().values() for c in o) == [
+        "gather(dim=0)", "gather(dim=2)", "reduce(sum)"]  # batch, columns, a Partial right-hand side
+
+
 def test_guard_refuses_a_batch_cut_in_one_input_only():
     """lu_unpack sizes its work by LU_data's batch and writes past a buffer when the pivots'
     batch is whole: such local calls are refused, a batch cut in both runs."""
