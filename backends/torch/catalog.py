@@ -287,8 +287,8 @@ def unwritten_filled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` under torch's deterministic algorithms, whose fill of new memory (NaN) makes
     the parts of an output an op leaves unwritten the same on every run (``UNWRITTEN_FILLED``)."""
     def filled(*args, **kwargs):
-        was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-        fill = torch.utils.deterministic.fill_uninitialized_memory
+        was, fill = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         torch.use_deterministic_algorithms(True)
         torch.utils.deterministic.fill_uninitialized_memory = True
         try:
@@ -559,9 +559,9 @@ def returns_scalars(func: torch._ops.OpOverload) -> bool:
 
 
 __all__ = [
-    "UNWRITTEN_FILLED", "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "all_overloads", "aten_overloads", "composite_implicit_overloads",
-    "custom_op_namespaces",
-    "functional_sibling", "is_core", "keeps_numel", "overloads_in",
-    "nondeterministic_reason", "op_name", "tagged_random", "unwritten_filled", "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name",
-    "trusts_matching_shapes", "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
+    "CRASH_ON_GUESSED_INPUTS", "CRASH_ON_SPECIAL_VALUES", "NAMESPACE", "UNWRITTEN_FILLED", "all_overloads",
+    "aten_overloads", "composite_implicit_overloads", "custom_op_namespaces", "functional_sibling", "is_core",
+    "keeps_numel", "overloads_in", "nondeterministic_reason", "op_name", "tagged_random", "unwritten_filled",
+    "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name", "trusts_matching_shapes",
+    "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
 ]

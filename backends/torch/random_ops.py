@@ -9,8 +9,9 @@ on one rank, from the distribution the global op gives it. Three kinds can be ch
 - **ops with a deterministic limit** (``bernoulli(p)`` and ``binomial`` with p in {0, 1},
   ``native_dropout`` and ``dropout`` with p in {0, 1}, ``normal(mean, std=0)``, ``rrelu``
   with lower = upper, attention with dropout_p = 0, ``lstm``/``gru``/``rnn_*`` with
-  dropout = 0, ``multinomial`` of one-hot rows with replacement): run in that limit, they are ordinary deterministic ops, and the
-  explorer finds how their values depend on the inputs' values, element by element.
+  dropout = 0, ``multinomial`` of one-hot rows with replacement): run in that limit, they
+  are ordinary deterministic ops, and the explorer finds how their values depend on the
+  inputs' values, element by element.
 - **factories** (``rand``, ``randperm``, ...): no tensor input, nothing to shard; run with
   a fixed seed, as ranks sharing a generator seed do.
 
