@@ -385,7 +385,9 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         if not any(_installable(op, ss) for ss in op_rules.values()):
             report.skipped[name] = _no_installable(op)
             continue
-        _install(op, _sharding_fn(op, op_rules))
+        # the table's rules at its signatures; a call of another signature (another scalar,
+        # rank or dtype) gets its own, found as parallelize finds a table miss's
+        _install(op, _verified_fn(op, cache))
         report.installed.append(name)
         # a random op draws whole on every rank: drawn shard by shard, every shard's draw would be the same
         if (tagged_random(op) and dtensor_handlers.install_drawing_handler(op)) or \

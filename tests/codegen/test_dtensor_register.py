@@ -267,6 +267,28 @@ def test_register_op_explores_a_custom_op_and_installs_its_rules(fake_world_of, 
         torch.testing.assert_close(got, rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_a_call_the_table_misses_gets_verified_cuts_of_its_own(fake_world_of, tmp_path):
+    """The table holds _add_relu.Scalar at other=2; a call at other=0.25 is another
+    signature. register() finds its rules as parallelize finds a table miss's (neighbouring
+    signatures' rules verified at the call, or live), cached: it stays cut, as one device."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    mesh = DeviceMesh("cpu", list(range(WORLD)))
+    op = torch.ops.aten._add_relu.Scalar
+    x = torch.randn(8, 6)
+    assert table.lookup(op, (x, 2), {}) and table.lookup(op, (x, 0.25), {}) is None
+    report = dtensor_rules.register(["aten._add_relu.Scalar"], cache=RuleCache(tmp_path))
+    try:
+        with LocalTensorMode(WORLD):
+            got = op(distribute_tensor(x, mesh, [Shard(1)]), 0.25)
+            assert got.placements == (Shard(1),)
+            full = _full_on_every_rank(got)
+    finally:
+        dtensor_rules.unregister(report)
+    torch.testing.assert_close(full, op(x, 0.25))
+
+
 @pytest.mark.parametrize("op, make", [
     ("aten.binomial.default", lambda: (torch.full((8, 6), 50.0), torch.full((8, 6), 0.5))),
     ("aten.normal.Tensor_float", lambda: (torch.randn(8, 6), 2.7)),  # a std the table holds
