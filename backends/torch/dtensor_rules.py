@@ -122,33 +122,40 @@ def dtensor_placements(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> 
     return [(ins, outs) for _, ins, outs in _installable(op, lookup(op, args, kwargs) or ())]
 
 
-def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
+def _strategy_fn(op: torch._ops.OpOverload, rules_of):
     """DTensor's strategy function for ``op``: all-Replicate, then the verified strategies
-    at the call's signature whose cuts line up at its shapes."""
-    from .table import _SPEC_OPS
-
+    ``rules_of(args, kwargs)`` gives the call (a tuple kept by its source, so what DTensor
+    runs of it is worked out once), those whose cuts line up at the call's shapes."""
     _, Replicate, _ = _dtensor()
-    names, sized = positional_names(op), exact_sizes(op)
     n_out = len(op._schema.returns)
-    installable = {sig: _installable(op, ss) for sig, ss in strategies_by_sig.items()}
-    by_label = {sig: {s.label: s for s in ss} for sig, ss in strategies_by_sig.items()}
+    runnable: dict = {}  # id of a rules tuple -> (the tuple, what DTensor runs of it, by label)
 
     def strategies(*args, **kwargs):
         specs = _spec_leaves(args, kwargs)
         out = [([Replicate()] * n_out, [Replicate()] * len(specs))]
-        sig = signature(_SPEC_OPS, names, args, kwargs, sized)
+        rules = rules_of(args, kwargs)
+        held = runnable.get(id(rules))
+        if held is None or held[0] is not rules:
+            held = runnable[id(rules)] = (rules, _installable(op, rules), {s.label: s for s in rules})
         shapes = [tuple(a.shape) for a in specs]
-        seen = set()
-        for s, ins, outs in installable.get(sig, ()):
+        for s, ins, outs in held[1]:
             if len(ins) != len(shapes) or len(outs) != n_out:
-                continue  # another number of tensors than this table entry's
-            if (ins, outs) in seen or not cuts_line_up(s, shapes, by_label[sig]):
-                continue
-            seen.add((ins, outs))
-            out.append((list(outs), list(ins)))
+                continue  # another number of tensors than this entry's
+            if (list(outs), list(ins)) not in out and cuts_line_up(s, shapes, held[2]):
+                out.append((list(outs), list(ins)))
         return out
 
     return strategies
+
+
+def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
+    """DTensor's strategy function for ``op``: the verified strategies at the call's
+    signature (``strategies_by_sig``), none at another."""
+    from .table import _SPEC_OPS
+
+    names, sized = positional_names(op), exact_sizes(op)
+    return _strategy_fn(op, lambda args, kwargs: strategies_by_sig.get(
+        signature(_SPEC_OPS, names, args, kwargs, sized), ()))
 
 
 def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
@@ -252,33 +259,24 @@ _REPLACED: dict = {}  # op -> what DTensor had for it: (single-dim strategy, its
 
 
 def _verified_fn(op: torch._ops.OpOverload, cache: RuleCache | None = None):
-    """A strategy function for an op whose DTensor rule is replaced: all-Replicate, then the
-    verified strategies of the call. The table's where it has the call's signature; else
-    the call's own, found as ``parallelize`` finds a table miss's (neighbouring signatures'
-    rules verified at the call, or live ShardCombine, in a forked child, cached)."""
+    """DTensor's strategy function for ``op``: the verified strategies of the call. The
+    table's where it has the call's signature; else the call's own, found as ``parallelize``
+    finds a table miss's (neighbouring signatures' rules verified at the call, or live
+    ShardCombine, in a forked child, cached)."""
     from .table import call_key
 
-    _, Replicate, _ = _dtensor()
-    n_out = len(op._schema.returns)
     found: dict = {}
 
-    def strategies(*args, **kwargs):
-        specs = _spec_leaves(args, kwargs)
-        out = [([Replicate()] * n_out, [Replicate()] * len(specs))]
+    def rules_of(args, kwargs):
         try:
             key = call_key((args, kwargs))
-            rules = found[key] if key in found else found.setdefault(key, _call_rules(op, args, kwargs, cache))
         except TypeError:  # an unhashable argument
-            rules = _call_rules(op, args, kwargs, cache)
-        shapes = [tuple(a.shape) for a in specs]
-        by_label = {s.label: s for s in rules}
-        for s, ins, outs in _installable(op, rules):
-            if len(ins) == len(shapes) and len(outs) == n_out and cuts_line_up(s, shapes, by_label) \
-                    and (list(outs), list(ins)) not in out:
-                out.append((list(outs), list(ins)))
-        return out
+            return _call_rules(op, args, kwargs, cache)
+        if key not in found:
+            found[key] = _call_rules(op, args, kwargs, cache)
+        return found[key]
 
-    return strategies
+    return _strategy_fn(op, rules_of)
 
 
 def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: RuleCache | None = None
