@@ -294,9 +294,9 @@ def drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     strategies; DTensor's own dispatch where the call draws nothing (dropout with p = 0)."""
     from torch.utils._pytree import tree_flatten
 
-    from .random_ops import draws_nothing
+    from .random_ops import draws
 
-    if draws_nothing(op_call, args, kwargs):
+    if not draws(op_call, args, kwargs):
         return keyword_handler(op_call, args, kwargs)
     d = _dtensor()[0]._op_dispatcher
     info = d.unwrap_to_op_info(op_call, args, kwargs)

@@ -36,12 +36,11 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from . import catalog
 from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_handlers import drawn_whole
 from .dtensor_rules import refuted
-from .random_ops import draws_nothing
+from .random_ops import draws
 from .rules_at_runtime import live_exploration, node_call
 from .shared_plan import one_plan
 from .tensor_ops import TorchOps
@@ -198,7 +197,7 @@ class _PlannedRun(torch.fx.Interpreter):
         if target in _VIEWS_OF_STRIDES:
             args = (_contiguous_shard(args[0]), *args[1:])
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
-        if _draws(target, args, kwargs) and any(isinstance(p, Shard) for ps in out_placements for p in ps):
+        if draws(target, args, kwargs) and any(isinstance(p, Shard) for ps in out_placements for p in ps):
             return drawn_whole(target, args, kwargs, out_placements, mesh)
         name = self.current.name
         if name not in self.p.on_dtensor:
@@ -236,11 +235,6 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
         strides.append(step)
         step *= max(size, 1)
     return tuple(reversed(strides))
-
-
-def _draws(target, args, kwargs) -> bool:
-    """Does this call of an op draw random values?"""
-    return catalog.tagged_random(target) and not draws_nothing(target, args, kwargs)
 
 
 def _dtensor_agrees(target, args, kwargs, out_placements: list[tuple]) -> bool:

@@ -192,6 +192,11 @@ def draws_nothing(func, args: tuple, kwargs: dict) -> bool:
     return all(named[k] == limited.get(k) for k in scalars)
 
 
+def draws(func, args: tuple, kwargs: dict) -> bool:
+    """Does this call of an op draw random values (tagged so, and not at its limit)?"""
+    return catalog.tagged_random(func) and not draws_nothing(func, args, kwargs)
+
+
 def is_fill(func) -> bool:
     name = catalog.op_name(func)
     return name in FILL_OVERLOADS or name.split(".")[1] in FILLS
@@ -257,5 +262,5 @@ def checked_form(func, fn: Call, args: tuple, kwargs: dict) -> tuple[Call, str]:
 
 __all__ = [
     "FEATURE_MASKS", "FEATURE_NOTE", "FILL_NOTE", "FACTORY_NOTE", "LIMITS", "NO_DRAWS_NOTE", "NoLimit", "UNCHECKABLE",
-    "checkable", "checked_form", "draws_nothing", "is_factory", "is_fill", "shared_draw_dims",
+    "checkable", "checked_form", "draws", "draws_nothing", "is_factory", "is_fill", "shared_draw_dims",
 ]
