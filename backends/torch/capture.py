@@ -21,6 +21,7 @@ their own that a plan can cut.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -61,6 +62,8 @@ class Captured:
     input_structure: Any = None  # their pytree structure
     trainable: tuple[int, ...] = ()  # the parameters (by index) whose gradients are the outputs after n_outputs
     modes: tuple[tuple[str, bool], ...] = ()  # each submodule's name and ``training`` flag, as traced
+    updated_inputs: tuple[int, ...] = ()  # input tensors (leaf indices) the model writes; new values last
+    constants: tuple[HeldConstant, ...] = ()  # tensors the graph holds as constants, by name
 
     @functools.cached_property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -91,6 +94,56 @@ class TracedInput:
     shape: tuple[int, ...] | None
     dtype: torch.dtype | None
     value: Any = None
+
+
+@dataclass(frozen=True)
+class HeldConstant:
+    """A tensor the trace holds as a constant: a module's plain tensor attribute, or a
+    variable a function closes over or reads as a global. ``current`` reads what the name
+    holds now."""
+
+    what: str  # "attribute 'mask'", "the variable 'w' the function reads"
+    traced: torch.Tensor
+    current: Callable[[], Any]
+
+
+def held_constants(fn_or_module) -> tuple[HeldConstant, ...]:
+    """The tensors the trace will take as constants, by name."""
+    if isinstance(fn_or_module, torch.nn.Module):
+        return tuple(HeldConstant(f"attribute {(m + '.' if m else '') + k!r}", v, functools.partial(_attribute, sub, k))
+                     for m, sub in fn_or_module.named_modules() for k, v in vars(sub).items()
+                     if isinstance(v, torch.Tensor))
+    read = _variables_read(fn_or_module)
+    return tuple(HeldConstant(f"the variable {k!r} the function reads", v,
+                              functools.partial(_variable_read, fn_or_module, k))
+                 for k, v in read.items() if isinstance(v, torch.Tensor))
+
+
+def _attribute(module: torch.nn.Module, name: str) -> Any:
+    return vars(module).get(name)
+
+
+def _variables_read(fn) -> dict[str, Any]:
+    try:
+        seen = inspect.getclosurevars(fn)
+    except (TypeError, ValueError):  # a builtin, a callable object: the trace's check stands (_no_local_constants)
+        return {}
+    return {**seen.globals, **seen.nonlocals}
+
+
+def _variable_read(fn, name: str) -> Any:
+    return _variables_read(fn).get(name)
+
+
+def refuse_replaced_constants(captured: Captured) -> None:
+    """Refuse, naming it, a call after a tensor the graph holds as a constant was replaced
+    (``m.mask = new``): the plan would silently compute with the traced one. A constant
+    changed in place is the same tensor, which the graph reads."""
+    for c in captured.constants:
+        if c.current() is not c.traced:
+            raise ValueError(f"{c.what} was replaced since the plan was traced, and the graph holds the traced "
+                             "tensor as a constant: register it as a buffer (module.register_buffer) or pass it as "
+                             "an input, which each call reads, change it in place, or parallelize again")
 
 
 def traced_inputs(example_inputs: tuple) -> tuple[tuple[TracedInput, ...], Any]:
@@ -213,12 +266,14 @@ def capture(
     hands the backward a workspace that the trace records as None, so the graph cannot run
     again; without it, ``nn.LSTM`` and ``nn.GRU`` trace into matmuls and pointwise ops,
     which have rules and shard."""
-    _check_inputs(fn_or_module, example_inputs, backward, loss_fn)
+    constants = held_constants(fn_or_module)
+    _check_inputs(fn_or_module, example_inputs, backward, loss_fn, constants)
     with warnings.catch_warnings():  # switching oneDNN's flags warns about Intel GPUs
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
             try:
-                return _capture(fn_or_module, example_inputs, backward, loss_fn)
+                return dataclasses.replace(_capture(fn_or_module, example_inputs, backward, loss_fn),
+                                           constants=constants)
             except _ModelFailed as err:
                 raise RuntimeError(graph_failure(fn_or_module, example_inputs, str(err))) from err.__cause__
 
@@ -254,7 +309,8 @@ def callers_generators_kept():
     return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])
 
 
-def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: Any = None) -> None:
+def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: Any = None,
+                  constants: tuple[HeldConstant, ...] = ()) -> None:
     """Refuse, naming the value, what would fail deep inside make_fx or autograd."""
     if not callable(fn_or_module):
         raise TypeError(f"parallelize takes a torch.nn.Module or a function of the example inputs, got "
@@ -297,19 +353,7 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
         if isinstance(x, torch.Tensor) and x.is_meta:
             raise TypeError(f"{what} is on the meta device, which holds no values to plan and check with: pass "
                             "real tensors (the planner's one-device check runs the model on them)")
-    # the tensors the trace takes as constants, by name: a module's plain tensor attributes,
-    # the variables a function closes over or reads as globals
-    if isinstance(fn_or_module, torch.nn.Module):
-        values += [(f"attribute {(m + '.' if m else '') + k!r}", v) for m, sub in fn_or_module.named_modules()
-                   for k, v in vars(sub).items() if isinstance(v, torch.Tensor)]
-    else:
-        try:
-            seen = inspect.getclosurevars(fn_or_module)
-        except (TypeError, ValueError):  # a builtin, a callable object: the trace's check stands (_no_local_constants)
-            seen = None
-        if seen is not None:
-            values += [(f"the variable {k!r} the function reads", v)
-                       for k, v in {**seen.globals, **seen.nonlocals}.items() if isinstance(v, torch.Tensor)]
+    values += [(c.what, c.traced) for c in constants]
     for what, x in values:
         # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
         if LocalTensor and isinstance(x, LocalTensor):
@@ -323,15 +367,19 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
 def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,
              loss_fn: Callable[[Any], torch.Tensor] | None) -> Captured:
     traced, structure = traced_inputs(example_inputs)
+    # Tracing (on real values where fake ones fail) and recording run the model, which may
+    # write its inputs: each runs on fresh copies, and the caller's example stays as it was.
     if not isinstance(fn_or_module, torch.nn.Module):
-        gm = _make_fx(fn_or_module, example_inputs)
-        if _mutates(gm):
-            gm = _make_fx(torch.func.functionalize(gm, remove="mutations"), example_inputs)
+        gm = _make_fx(fn_or_module, _input_copies(example_inputs))
+        _, written_inputs = _written(gm, [], 0)
+        if written_inputs or _mutates(gm):
+            gm = _functionalized_function(gm, written_inputs, _input_copies(example_inputs))
         unmerge_batched_matmuls(gm)
-        values = recorded_values(gm, list(example_inputs), fn_or_module, example_inputs)
+        values = recorded_values(gm, torch.utils._pytree.tree_leaves(_input_copies(example_inputs)), fn_or_module,
+                                 example_inputs)
         ir = to_metair(gm)
-        return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list),
-                        inputs=traced, input_structure=structure)
+        return Captured(ir, gm, (), len(example_inputs), values, len(ir.output_list) - len(written_inputs),
+                        inputs=traced, input_structure=structure, updated_inputs=tuple(written_inputs))
     module = fn_or_module
     names = [n for n, _ in module.named_parameters()]
     buffer_names = [n for n, _ in module.named_buffers()]
@@ -345,23 +393,25 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
             state = {**dict(zip(names, params)), **dict(zip(buffer_names, buffers))}
             return torch.func.functional_call(module, state, inputs)
     with _module_state_kept(module):
-        gm = _make_fx(fn, (params, _buffer_copies(module), *example_inputs), decomposition_table=_DECLARED_WRITES)
-    written = _written_inputs(gm, names, len(buffer_names))
-    if written or _mutates(gm):
-        gm = _functionalized(gm, written, params, _buffer_copies(module), example_inputs)
+        gm = _make_fx(fn, (params, _buffer_copies(module), *_input_copies(example_inputs)),
+                      decomposition_table=_DECLARED_WRITES)
+    written, written_inputs = _written(gm, names, len(buffer_names))
+    if written or written_inputs or _mutates(gm):
+        gm = _functionalized(gm, written, written_inputs, params, _buffer_copies(module),
+                             _input_copies(example_inputs))
     if backward:
         # The loss itself is no output (only its gradients are): drop it and anything
         # else nothing reads. The traced ATen graph is functional, so this is exact.
         gm.graph.eliminate_dead_code()
         gm.recompile()
     unmerge_batched_matmuls(gm)
-    values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module) + list(example_inputs),
-                             module, example_inputs)
+    values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module)
+                             + torch.utils._pytree.tree_leaves(_input_copies(example_inputs)), module, example_inputs)
     ir = to_metair(gm)
-    n_outputs = 1 if backward else len(ir.output_list) - len(written)
+    n_outputs = 1 if backward else len(ir.output_list) - len(written) - len(written_inputs)
     updated = tuple(buffer_names[i] for i in written)
     return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated,
-                    traced, structure, trainable, training_modes(module))
+                    traced, structure, trainable, training_modes(module), tuple(written_inputs))
 
 
 def training_modes(module: torch.nn.Module) -> tuple[tuple[str, bool], ...]:
@@ -483,8 +533,17 @@ def _module_state_kept(module: torch.nn.Module):
 
 
 def _buffer_copies(module: torch.nn.Module) -> list[torch.Tensor]:
-    """Tracing and recording run the model, which may write its buffers: they run on copies."""
+    """Tracing and recording run the model, which may write its buffers: they run on copies
+    (and on copies of the example inputs, ``_input_copies``)."""
     return [b.detach().clone() for b in module.buffers()]
+
+
+def _input_copies(example_inputs: tuple) -> tuple:
+    """The example inputs with each tensor copied, requiring grad as it does."""
+    def copy(x):
+        return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+
+    return torch.utils._pytree.tree_map(copy, tuple(example_inputs))
 
 
 def _batch_norm_declaring_writes(input, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -503,15 +562,17 @@ def _batch_norm_declaring_writes(input, weight, bias, running_mean, running_var,
 _DECLARED_WRITES = {torch.ops.aten.native_batch_norm.default: _batch_norm_declaring_writes}
 
 
-def _written_inputs(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) -> list[int]:
-    """Indices of the buffers some op of ``gm`` writes in place (by its schema), directly or
-    through a view of one; a write into a parameter (``names``, the leading inputs) is
-    refused, naming it: the plan writes buffers back, and parameters are the caller's."""
+def _written(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) -> tuple[list[int], list[int]]:
+    """The buffers (by index) and the user inputs' tensors (by leaf index) that some op of
+    ``gm`` writes in place (by its schema), directly or through a view of one; a write into
+    a parameter (``names``, the leading inputs) is refused, naming it: the plan writes
+    buffers and inputs back, as eager would leave them, and parameters are the caller's."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     params = {node: name for node, name in zip(placeholders, names)}
     buffers = {node: i for i, node in enumerate(placeholders[len(names):len(names) + n_buffers])}
+    inputs = {node: i for i, node in enumerate(placeholders[len(names) + n_buffers:])}
     base = {node: node for node in placeholders}  # a view's (detach, select, view) input it aliases
-    written = set()
+    written, written_inputs = set(), set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
@@ -530,7 +591,9 @@ def _written_inputs(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) 
                                  "write back: renormalize outside the model under torch.no_grad, or pass no max_norm")
             if value in buffers:
                 written.add(buffers[value])
-    return sorted(written)
+            if value in inputs:
+                written_inputs.add(inputs[value])
+    return sorted(written), sorted(written_inputs)
 
 
 def _mutates(gm: torch.fx.GraphModule) -> bool:
@@ -549,18 +612,38 @@ def _mutates(gm: torch.fx.GraphModule) -> bool:
     return bool(writers)
 
 
-def _functionalized(gm, written: list[int], params, buffers, example_inputs) -> torch.fx.GraphModule:
-    """``gm`` retraced without in-place writes: it returns (its outputs, the written
-    buffers' new values), or just its outputs where no buffer is written. ``gm`` is plain
-    ATen by now (autograd already traced), which ``functionalize`` composes with."""
+def _functionalized(gm, written: list[int], written_inputs: list[int], params, buffers,
+                    example_inputs) -> torch.fx.GraphModule:
+    """``gm`` retraced without in-place writes: it returns (its outputs, the new values of the
+    written buffers, then of the written inputs' tensors), or just its outputs where it
+    writes neither. ``gm`` is plain ATen by now (autograd already traced), which
+    ``functionalize`` composes with."""
     def with_updates(params, buffers, *inputs):
         out = gm(params, buffers, *inputs)
-        return (out, [buffers[i] for i in written]) if written else out
+        leaves = torch.utils._pytree.tree_leaves(inputs)
+        updates = [buffers[i] for i in written] + [leaves[i] for i in written_inputs]
+        return (out, updates) if updates else out
 
-    functional = _make_fx(torch.func.functionalize(with_updates, remove="mutations"),
-                          ([p.detach() for p in params], buffers, *example_inputs))
-    # The new values are outputs now; the copies back into the inputs that
-    # functionalize appends are the writes themselves, which the runtime does instead.
+    return _without_writes_back(_make_fx(torch.func.functionalize(with_updates, remove="mutations"),
+                                         ([p.detach() for p in params], buffers, *example_inputs)))
+
+
+def _functionalized_function(gm, written_inputs: list[int], example_inputs) -> torch.fx.GraphModule:
+    """A function's ``gm`` retraced without in-place writes: (its outputs, the new values of
+    the written inputs' tensors), or just its outputs where it writes no input."""
+    def with_updates(*inputs):
+        out = gm(*inputs)
+        leaves = torch.utils._pytree.tree_leaves(inputs)
+        return (out, [leaves[i] for i in written_inputs]) if written_inputs else out
+
+    return _without_writes_back(_make_fx(torch.func.functionalize(with_updates, remove="mutations"),
+                                         example_inputs))
+
+
+def _without_writes_back(functional: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The new values are outputs now; the copies back into the inputs that functionalize
+    appends are the writes themselves, which the runtime does instead (on the caller's
+    tensors, after the planned run)."""
     placeholders = {n for n in functional.graph.nodes if n.op == "placeholder"}
     for node in list(functional.graph.nodes):
         if node.target is torch.ops.aten.copy_.default and node.args[0] in placeholders and not node.users:

@@ -36,7 +36,7 @@ from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints
 from metaspmd.target import DTENSOR_PLAN
 
-from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs
+from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs, refuse_replaced_constants
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
 from .dtensor_handlers import drawn_whole
 from .dtensor_rules import refuted
@@ -66,8 +66,10 @@ class Parallelized:
 
     def __call__(self, *inputs):
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
-        Buffers the model writes (running statistics) are written back into the module."""
+        Buffers the model writes (running statistics) are written back into the module, and
+        input tensors it writes in place into the caller's inputs, as eager leaves them."""
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
+        refuse_replaced_constants(self.captured)
         _refuse_fake_collectives()
         _refuse_unsimulated_ranks(self.mesh)
         params, buffers = current_state(self.captured, self.module) if self.module is not None else ([], {})
@@ -79,11 +81,14 @@ class Parallelized:
             if own is None:
                 raise
             raise RuntimeError(graph_failure(self.module, inputs, str(own))) from own
-        if self.captured.updated_buffers:
+        if self.captured.updated_buffers or self.captured.updated_inputs:
             outs, updates = outs
-            with torch.no_grad():
-                for name, new in zip(self.captured.updated_buffers, updates):
-                    buffers[name].copy_(new.full_tensor() if isinstance(new, DTensor) else new)
+            leaves = torch.utils._pytree.tree_leaves(inputs)
+            written = ([buffers[name] for name in self.captured.updated_buffers]
+                       + [leaves[i] for i in self.captured.updated_inputs])
+            with torch.no_grad():  # as eager leaves them: written in place
+                for x, new in zip(written, updates):
+                    x.copy_(_plain(new.full_tensor()) if isinstance(new, DTensor) else new)
         if self.captured.trainable:  # forward + backward: (outputs, gradients of the trainable parameters)
             out, grads = _tree_full(outs)
             return _plain_containers(out), self.captured.all_gradients(list(grads))

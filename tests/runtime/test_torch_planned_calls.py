@@ -206,3 +206,81 @@ def test_a_buffer_written_through_a_view_is_written_back(fake_world, cache):
         reference(x)
     torch.testing.assert_close(model.seen, reference.seen)
     assert model.seen[0] == 16
+
+
+def written_inputs(a, parts):
+    """Writes its first input, and the second through a view inside a dict."""
+    a.add_(1)
+    parts["b"][0].mul_(2)
+    return a * parts["b"].sum(0)
+
+
+class WritesItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.fc(x)
+
+
+def test_inputs_written_in_place_are_written_back_and_the_example_is_left_alone(fake_world, tmp_path):
+    """As eager leaves them: the caller's inputs hold the model's writes after a call, and
+    planning (which traces and, on a cold cache, runs the graph) writes none of them."""
+    from metaspmd.cache import RuleCache
+
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 16), torch.randn(4, 16)
+    example = (a.clone(), {"b": b.clone()})
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(written_inputs, DeviceMesh("cpu", list(range(WORLD))), example, cache=RuleCache(tmp_path))
+    assert torch.equal(example[0], a) and torch.equal(example[1]["b"], b)
+    given, eager = (a.clone(), {"b": b.clone()}), (a.clone(), {"b": b.clone()})
+    torch.testing.assert_close(call(p, *given), written_inputs(*eager))
+    torch.testing.assert_close(given, eager)
+
+    model, x = WritesItsInput(), torch.randn(8, 16)
+    p = planned(model, x.clone(), RuleCache(tmp_path / "module"))
+    given, eager = x.clone(), x.clone()
+    out, grads = call(p, given)
+    reference = model(eager)
+    torch.testing.assert_close(out, reference.detach())
+    torch.testing.assert_close(given, eager)
+    for g, r in zip(grads, torch.autograd.grad(reference.sum(), list(model.parameters()))):
+        torch.testing.assert_close(g, r)
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.mask = torch.ones(16)  # a plain attribute: the trace holds it as a constant
+
+    def forward(self, x):
+        return self.fc(x) * self.mask
+
+
+def test_a_constant_replaced_after_planning_is_refused_by_name(fake_world, cache):
+    """The graph holds a module's plain tensor attribute, or a tensor a function closes
+    over, as a constant: changed in place it is still what the graph reads; replaced, the
+    plan would compute with the old one, so the call is refused, naming it."""
+    model, x = Masked(), torch.randn(8, 16)
+    p = planned(model, x, cache)
+    model.mask[:8] = 0  # in place: the same tensor
+    out, _ = call(p, x)
+    torch.testing.assert_close(out, model(x).detach())
+    model.mask = torch.zeros(16)
+    with pytest.raises(ValueError, match=r"attribute 'mask' was replaced since the plan was traced"):
+        call(p, x)
+
+    scale = torch.full((16,), 2.0)
+
+    def scaled(x):
+        return x * scale
+
+    p = planned(scaled, x, cache)
+    torch.testing.assert_close(call(p, x), x * 2)
+    scale = torch.full((16,), 3.0)  # noqa: F841 - rebinds the variable the function reads
+    with pytest.raises(ValueError, match=r"the variable 'scale' the function reads was replaced"):
+        call(p, x)
