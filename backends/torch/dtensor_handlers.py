@@ -34,6 +34,8 @@ Nothing here imports DTensor at module import: ``install`` does, from ``register
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import catalog
@@ -247,17 +249,16 @@ def keyword_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
                         if isinstance(v, DTensor) else v, kwargs))
 
 
-def install_keyword_handler(op: torch._ops.OpOverload) -> bool:
+def install_keyword_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
     """``keyword_handler`` for an op ``register()`` installed strategies for that takes
-    keyword-only tensors, where DTensor has no handler of its own; whether it was put."""
+    keyword-only tensors, where DTensor has no handler of its own and none is installed
+    already; whether it was put (by ``owner``, the report ``uninstall`` takes it back for)."""
     DTensor = _dtensor()[0]
     handlers = DTensor._op_dispatcher._custom_op_handlers
-    if op in _INSTALLED:
-        return True
-    if op in handlers or op._schema.is_mutable or not any(
+    if op in _INSTALLED or op in handlers or op._schema.is_mutable or not any(
             a.kwarg_only and "Tensor" in str(a.type) for a in op._schema.arguments):
         return False
-    _INSTALLED[op] = ("handler", None)
+    _INSTALLED[op] = ("handler", None, owner)
     handlers[op] = keyword_handler
     return True
 
@@ -305,21 +306,20 @@ def drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     return drawn_whole(op_call, args, kwargs, placements, info.compute_mesh)
 
 
-def install_drawing_handler(op: torch._ops.OpOverload) -> bool:
+def install_drawing_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
     """``drawing_handler`` for a random op ``register()`` installed strategies for, where
-    DTensor has no handler of its own; whether it was put."""
+    DTensor has no handler of its own and none is installed already; whether it was put
+    (by ``owner``)."""
     DTensor = _dtensor()[0]
     handlers = DTensor._op_dispatcher._custom_op_handlers
-    if op in _INSTALLED:
-        return True
-    if op in handlers:
+    if op in _INSTALLED or op in handlers:
         return False
-    _INSTALLED[op] = ("handler", None)
+    _INSTALLED[op] = ("handler", None, owner)
     handlers[op] = drawing_handler
     return True
 
 
-_INSTALLED: dict = {}  # op -> (where, what was there before): "handler" or "strategy"
+_INSTALLED: dict = {}  # op -> (where: "handler" or "strategy", what was there before, the report that put it)
 
 
 def _resolve(name: str):
@@ -328,10 +328,11 @@ def _resolve(name: str):
     return getattr(packet, overload, None) if packet is not None else None
 
 
-def install(names=None, has_rule=None) -> list[str]:
-    """Install the handlers (of ``names`` only, when given); return the ops installed.
-    ``has_rule(op)``: whether DTensor has a rule of its own, which a replicated handler
-    never shadows."""
+def install(names=None, has_rule=None, owner: Any = None) -> list[str]:
+    """Install the handlers (of ``names`` only, when given) not installed already; return
+    the ops this call installed, for ``owner`` (the report ``uninstall`` takes them back
+    for). ``has_rule(op)``: whether DTensor has a rule of its own, which a replicated
+    handler never shadows."""
     DTensor = _dtensor()[0]
     dispatcher = DTensor._op_dispatcher
     handlers, p = dispatcher._custom_op_handlers, dispatcher.sharding_propagator
@@ -341,19 +342,18 @@ def install(names=None, has_rule=None) -> list[str]:
         if op is None or names is not None and name not in names:
             continue
         if op in _INSTALLED:
-            done.append(name)
             continue
         if name in REPLICATED:
             if op in handlers or (has_rule is not None and has_rule(op)):
                 continue  # DTensor runs it its own way here
-            _INSTALLED[op] = ("handler", None)
+            _INSTALLED[op] = ("handler", None, owner)
             handlers[op] = replicated_handler
         elif name in REPLICATE_ONLY:
             if has_rule is not None and has_rule(op):
                 continue
             from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
-            _INSTALLED[op] = ("strategy", None)
+            _INSTALLED[op] = ("strategy", None, owner)
             kwarg_names = [a.name for a in op._schema.arguments if a.kwarg_only] or None
             p.register_op_strategy(op, _replicated_strategy(op), RuntimeSchemaInfo(0, kwarg_names, needs_pytree=True))
         elif name in INPLACE_VIEWS:
@@ -362,33 +362,34 @@ def install(names=None, has_rule=None) -> list[str]:
             from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
             from torch.distributed.tensor._ops._view_ops import register_op_strategy_map
 
-            _INSTALLED[op] = ("strategy", None)
+            _INSTALLED[op] = ("strategy", None, owner)
             register_op_strategy_map(op, getattr(torch, INPLACE_VIEWS[name]), schema_info=RuntimeSchemaInfo(1),
                                      strict_view=True)
         elif name == "aten.logsumexp.default":
             own = p.op_strategy_funcs.get(op)
             if own is None:
                 continue  # another DTensor: its rule is not the one extended here
-            _INSTALLED[op] = ("strategy", own)
+            _INSTALLED[op] = ("strategy", own, owner)
             p.op_strategy_funcs[op] = _logsumexp_strategy(own)
         elif name == "aten.as_strided.default":
             own = handlers.get(op)
             if own is None:
                 continue
-            _INSTALLED[op] = ("handler", own)
+            _INSTALLED[op] = ("handler", own, owner)
             handlers[op] = _as_strided_handler(own)
         done.append(name)
     return done
 
 
-def uninstall(names) -> None:
+def uninstall(names, owner: Any = None) -> None:
+    """Give DTensor back what it had for ``names``: those ``owner`` installed (any, if None)."""
     DTensor = _dtensor()[0]
     dispatcher = DTensor._op_dispatcher
     for name in names:
         op = _resolve(name)
-        if op not in _INSTALLED:
+        if op not in _INSTALLED or owner is not None and _INSTALLED[op][2] is not owner:
             continue
-        where, before = _INSTALLED.pop(op)
+        where, before, _ = _INSTALLED.pop(op)
         p = dispatcher.sharding_propagator
         table = dispatcher._custom_op_handlers if where == "handler" else p.op_strategy_funcs
         if before is None:

@@ -358,6 +358,11 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     dtensor_has_rule = sys.modules[__name__].dtensor_has_rule  # lazy, and patchable in tests
     report = RegisterReport()
     rules = table()
+    if ops is not None:
+        unknown = [name for name in ops if _resolve(name) is None]
+        if unknown:
+            raise ValueError(f"no op is named {', '.join(map(repr, unknown))} in this torch: op names are "
+                             "namespace.op.overload, as str(torch.ops.aten.mm.default) gives ('aten.mm.default')")
     for name in sorted(ops if ops is not None else rules.ops()):
         if replace_refuted and name in REFUTED:
             continue  # below
@@ -368,6 +373,9 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         op = _resolve(name) if entries is not None else None
         if op is None:
             report.skipped[name] = "no rule in the table" if entries is None else "not an ATen op here"
+            continue
+        if op in _OWNERS:
+            report.skipped[name] = "installed already, by an earlier register()"
             continue
         if dtensor_has_rule(op):
             report.skipped[name] = "DTensor has its own rule"
@@ -386,26 +394,31 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         # the table's rules at its signatures; a call of another signature (another scalar,
         # rank or dtype) gets its own, found as parallelize finds a table miss's
         _install(op, _verified_fn(op, cache))
+        _OWNERS[op] = report
         report.installed.append(name)
         # a random op draws whole on every rank: drawn shard by shard, every shard's draw would be the same
-        if (tagged_random(op) and dtensor_handlers.install_drawing_handler(op)) or \
-                dtensor_handlers.install_keyword_handler(op):
+        if (tagged_random(op) and dtensor_handlers.install_drawing_handler(op, report)) or \
+                dtensor_handlers.install_keyword_handler(op, report):
             report.handled.append(name)
     if replace_refuted:
         for name in sorted(REFUTED):
             op = _resolve(name)
             if ops is not None and name not in ops or op is None:
                 continue
-            if op not in _REPLACED:
-                _replace(op, cache)
+            if op in _REPLACED:
+                report.skipped[name] = "replaced already, by an earlier register()"
+                continue
+            _replace(op, cache)
+            _OWNERS[op] = report
             report.installed.append(name)
             report.replaced.append(name)
-    report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule)
+    report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)
     _clear_sharding_prop_cache()
     return report
 
 
 _EXPLORED: dict = {}  # op -> signature -> the strategies register_op explored
+_OWNERS: dict = {}  # op -> the report of the register() or register_op() call that installed its strategies
 
 
 def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None, *,
@@ -444,6 +457,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
         return report
     _EXPLORED.setdefault(op, {})[entry.signature] = strategies
     _install(op, _sharding_fn(op, _EXPLORED[op]))
+    _OWNERS[op] = report  # the op's signatures so far, all of which unregister(report) takes back
     _clear_sharding_prop_cache()
     report.installed.append(name)
     return report
@@ -510,13 +524,21 @@ def _no_installable(op: torch._ops.OpOverload) -> str:
 
 
 def unregister(report: RegisterReport) -> None:
-    """Remove what ``register`` installed (tests, or switching tables in one process)."""
+    """Remove what ``register`` (or ``register_op``) installed, as the report it returned
+    says (tests, or switching tables in one process): what that call installed and no later
+    call took over; DTensor's own rules are never touched. Repeating it does nothing."""
     from . import dtensor_handlers
 
-    dtensor_handlers.uninstall(report.handled)
+    if not isinstance(report, RegisterReport):
+        raise TypeError(f"unregister takes the RegisterReport that register() or register_op() returned, got "
+                        f"{report!r:.80} of type {type(report).__qualname__}")
+    dtensor_handlers.uninstall(report.handled, owner=report)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = _resolve(name)
+        if _OWNERS.get(op) is not report:
+            continue  # undone already, or installed again since by another call
+        del _OWNERS[op]
         _EXPLORED.pop(op, None)
         if op in _REPLACED:
             _restore(op)
