@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import yaml
 
 from .rules import (
-    ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, Example, OpRecord, RuleEntry, TensorArg, Verification,
+    ENTRY_STATUSES, OP_STATUSES, SCHEMA_VERSION, VERIFIED, Example, OpRecord, RuleEntry, TensorArg, Verification,
+    summarize_status,
 )
 from .signature import example_disagreement, signature_error
 from .spec import (
@@ -296,6 +297,12 @@ class _Reader:
             self.fail(f["status"], f"unknown status {status!r} (expected one of {', '.join(OP_STATUSES)})")
         reason = self.string(f["reason"], "reason") if "reason" in f else ""
         entries = tuple(self.entry(n) for n in self.sequence(f["entries"], "entries"))
+        # the op's status is its entries' best (what coverage counts), and verified rules need entries
+        if entries and status != summarize_status(entries)[0]:
+            self.fail(f["status"], f"status {status!r} disagrees with the entries, whose best is "
+                                   f"{summarize_status(entries)[0]!r}")
+        if not entries and status in VERIFIED:
+            self.fail(f["status"], f"status {status!r} with no entries: a verified rule is an entry")
         sigs = [e.signature for e in entries]
         if len(set(sigs)) != len(sigs):
             self.fail(f["entries"], "two entries share a signature")
@@ -346,9 +353,8 @@ class _Reader:
         n_out = {len(outs) for _, outs in combine.by_label}
         if results and n_out and n_out != {len(results)}:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
-        if results:
-            for fields, layer in zip(tables, layers):
-                self.output_dims(fields["combine"], layer.combine, results)
+        for fields, layer in zip(tables, layers):
+            self.output_dims(fields["combine"], layer.combine, results)
         return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
                          independent, first.offset, more)
 
@@ -403,12 +409,18 @@ class _Reader:
 
     def output_dims(self, node: yaml.Node, combine: CombineSpec, results: Sequence[TensorArg]) -> None:
         """Every combine dim names a dim of its output: codegen would otherwise emit a
-        Shard(dim) that does not exist (``gather(dim=7)`` of a rank-3 output)."""
+        Shard(dim) that does not exist (``gather(dim=7)`` of a rank-3 output). The outputs'
+        ranks are the entry's ``results``, which an entry with such a combine must list."""
         for label, outs in combine.by_label:
             for k, out in enumerate(outs):
-                rank = len(results[k].shape)
                 for c in out.options:
-                    if isinstance(c, (Gather, Scan, GatherPositions)) and c.dim >= rank:
+                    if not isinstance(c, (Gather, Scan, GatherPositions)):
+                        continue
+                    if not results:
+                        self.fail(node, f"{label}: {c} names a dim of output {k}, but the entry lists no results "
+                                        "to check it against")
+                    rank = len(results[k].shape)
+                    if c.dim >= rank:
                         self.fail(node, f"{label}: {c} names dim {c.dim} of output {k}, which has rank {rank} "
                                         f"(shape {list(results[k].shape)})")
 

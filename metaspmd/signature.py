@@ -116,7 +116,7 @@ _SIG_NAME = re.compile(r"[^ :=\[\]{}(),'\"]+")  # split_signature splits on spac
 _SIG_WORD = re.compile(r"[^\s\[\]{},'\"][^\s\[\]{},]*")  # an object's str may hold quotes
 _SIG_KEY = re.compile(r"[^\s\[\]{},:'\"]+")
 _SIG_STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
-_SIG_DIMS = re.compile(r"\[(?:(?:\*|\d+)(?:,(?:\*|\d+))*)?\]")
+_SIG_DIMS = re.compile(r"\[(?:(?:\*|\d{1,9})(?:,(?:\*|\d{1,9}))*)?\]")
 _SIG_KINDS = frozenset("fciob")  # tensor_ops' dtype kinds (not imported: that module loads numpy)
 
 

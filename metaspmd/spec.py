@@ -26,19 +26,21 @@ SCAN_OPS = ("sum", "prod", "max", "min", "logsumexp")
 # sum holds (scatter-mul into an operand every shard would multiply)
 PARTIAL_OPS = ("sum", "prod")
 
-_LABEL = r"S[1-9][0-9]*"
+# numbers of at most 9 digits: a longer one is refused as a bad spec, not left to int()
+_LABEL = r"S[1-9][0-9]{0,8}"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _DIM_RE = re.compile(rf"^({_LABEL})(?:\((.+)\))?$")
-_DIM_ARG_RE = re.compile(r"^(halo|scale|extend)=([1-9][0-9]*)$|^(local)$")
+_DIM_ARG_RE = re.compile(r"^(halo|scale|extend)=([1-9][0-9]{0,8})$|^(local)$")
 _PARTIAL_RE = re.compile(rf"^({_LABEL})\(([a-z][a-z0-9]*)\)$")
 _GATHER_RE = re.compile(
-    r"^gather\(dim=(0|[1-9][0-9]*)(?:, halo=(?:([1-9][0-9]*)|\((0|[1-9][0-9]*), (0|[1-9][0-9]*)\)))?"
-    r"(?:, block=([2-9]|[1-9][0-9]+))?(?:, overlap=([1-9][0-9]*))?(, reverse=true)?(, even=true)?\)$"
+    r"^gather\(dim=(0|[1-9][0-9]{0,8})"
+    r"(?:, halo=(?:([1-9][0-9]{0,8})|\((0|[1-9][0-9]{0,8}), (0|[1-9][0-9]{0,8})\)))?"
+    r"(?:, block=([2-9]|[1-9][0-9]{1,8}))?(?:, overlap=([1-9][0-9]{0,8}))?(, reverse=true)?(, even=true)?\)$"
 )
 _REDUCE_RE = re.compile(r"^reduce\(([a-z][a-z0-9]*)\)$")
-_SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]*), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
-_ARG_REDUCE_RE = re.compile(r"^argreduce\(([a-z]+), input=(0|[1-9][0-9]*)\)$")
-_POSITIONS_RE = re.compile(r"^gather\(dim=(0|[1-9][0-9]*), positions(?:=(0|[1-9][0-9]*))?\)$")
+_SCAN_RE = re.compile(r"^scan\(dim=(0|[1-9][0-9]{0,8}), op=([a-z][a-z0-9]*)(, reverse=true)?\)$")
+_ARG_REDUCE_RE = re.compile(r"^argreduce\(([a-z]+), input=(0|[1-9][0-9]{0,8})\)$")
+_POSITIONS_RE = re.compile(r"^gather\(dim=(0|[1-9][0-9]{0,8}), positions(?:=(0|[1-9][0-9]{0,8}))?\)$")
 ARG_REDUCE_OPS = ("max", "min")
 
 
@@ -496,7 +498,7 @@ class PartialSpec(_PerInput):
 
 
 # what follows an offset's name: nothing, (component), (drop) or (component, drop)
-_OFFSET_ARGS = r"(?:\((?:(0|[1-9][0-9]*)|(drop)|(0|[1-9][0-9]*), (drop))\))?"
+_OFFSET_ARGS = r"(?:\((?:(0|[1-9][0-9]{0,8})|(drop)|(0|[1-9][0-9]{0,8}), (drop))\))?"
 _OFFSET_RE = re.compile(rf"^({_LABEL}){_OFFSET_ARGS}$")
 _INDEX_OFFSET_RE = re.compile(rf"^O{_OFFSET_ARGS}$")
 

@@ -30,7 +30,7 @@ RELU = "aten.relu.default"
 
 def entry(sig="self:f[*]"):
     return RuleEntry(sig, "ok", ShardSpec.parse("[[S1]]"), PartialSpec(((),)), CombineSpec.parse("{S1: gather(dim=0)}"),
-                     Example((("self", TensorArg((8,), "float32")),)))
+                     Example((("self", TensorArg((8,), "float32")),)), results=(TensorArg((8,), "float32"),))
 
 
 def test_xdg_location(monkeypatch, tmp_path):

@@ -38,6 +38,8 @@ entries:
     self: {shape: [6, 4], dtype: float64}
     mat2: {shape: [4, 5], dtype: float64}
   verified: {trials: 3, shard_counts: [2, 3], uneven: true}
+  results:
+  - {shape: [6, 5], dtype: float64}
 """
 
 
@@ -47,7 +49,7 @@ def entry(**kw):
         shard=ShardSpec.parse("[[S1, S2], [S2, S3]]"), partial=PartialSpec.parse("[[S4(sum)], []]"),
         combine=CombineSpec.parse("{S1: gather(dim=0), S2: reduce(sum), S3: 'gather(dim=1, halo=1)', S4: reduce(sum)}".replace("'", "")),
         example=Example((("self", TensorArg((6, 4), "float64")), ("mat2", TensorArg((4, 5), "float64")), ("alpha", 0.5), ("dims", (1, 2)))),
-        verified=Verification(3, (2, 3), True), notes=("a note",),
+        verified=Verification(3, (2, 3), True), notes=("a note",), results=(TensorArg((6, 5), "float64"),),
     )
     base.update(kw)
     return RuleEntry(**base)
