@@ -141,13 +141,22 @@ def ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str
         p.error(f"--ops {' '.join(map(repr, values))} names no op pattern")
 
 
-def _kernels_given(p: argparse.ArgumentParser, kernels: str | None, out: Path | None) -> None:
-    """``--kernels ''`` would sweep the built-in ops; ``--kernels`` into the repository's
-    registry would add the user's ops to it (and --check would call every built-in op removed)."""
+def _kernels_given(p: argparse.ArgumentParser, kernels: str | None) -> None:
+    """``--kernels ''`` would sweep the built-in ops."""
     if kernels is not None and not kernels.strip():
         p.error(f"--kernels {kernels!r} names no module")
-    if kernels is not None and out is None:
-        p.error("--kernels sweeps ops of your own into a registry of your own: pass --out DIR")
+
+
+def _own_registry(p: argparse.ArgumentParser, what: str, out: Path | None) -> None:
+    """Ops of your own (``--kernels``, a backend module outside metaspmd.backends) go into a
+    registry of your own: in the repository's they would add to it or overwrite its files
+    (a kernel named ``pad``), and --check would call every built-in op removed."""
+    if out is None:
+        p.error(f"{what} sweeps ops of your own into a registry of your own: pass --out DIR")
+    inside = Path(os.path.realpath(out))  # a symlink loop is refused later, by name
+    if inside == REGISTRY.resolve() or REGISTRY.resolve() in inside.parents:
+        p.error(f"{what} sweeps ops of your own into a registry of your own, not the repository's {REGISTRY}: "
+                "pass --out DIR outside it")
 
 
 # --------------------------------------------------------------------------- sweep
@@ -233,7 +242,16 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     args = p.parse_args(_argv(argv))
     patterns = split_patterns(args.ops)
     ops_given(p, args.ops, patterns)
-    _kernels_given(p, args.kernels, args.out)
+    _kernels_given(p, args.kernels)
+    try:
+        module = backend_module(args.backend)
+    except SweepError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    if args.kernels is not None:
+        _own_registry(p, "--kernels", args.out)
+    elif not module.startswith("metaspmd.backends."):
+        _own_registry(p, f"--backend {args.backend}", args.out)
     out = args.out if args.out is not None else REGISTRY
     # checked before any work: a sweep that cannot write its timings must not find out at the end
     problem = args.timings is not None and unwritable(args.timings, folder=False)
@@ -246,11 +264,6 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     options: tuple = ()
     if args.kernels is not None:
         options = (("kernels", args.kernels),)
-        try:
-            module = backend_module(args.backend)
-        except SweepError as e:
-            print(f"sweep: error: {e}", file=sys.stderr)
-            return 2
         if module == "metaspmd.backends.jax":  # it would sweep every primitive into registry/jax
             print("sweep: error: --kernels takes torch custom ops or TVM TE kernels; the jax backend sweeps "
                   "jax's own primitives only", file=sys.stderr)
@@ -318,11 +331,16 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all",
                    help="all (default): every backend with a table; with --registry, those it holds")
     p.add_argument("--registry", type=path_arg, help="registry root (default: the repository's registry/)")
-    p.add_argument("--out", type=path_arg, default=ROOT / "generated",
-                   help="output folder (default: the repository's generated/)")
+    p.add_argument("--out", type=path_arg,
+                   help="output folder (default: the repository's generated/, for the repository's registry only)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
+    if args.out is None:
+        if args.registry is not None and args.registry.resolve() != REGISTRY.resolve():
+            # the repository's tables would become the tables of a registry of your own
+            p.error(f"--registry {args.registry} is not the repository's registry: pass --out DIR for its tables")
+        args.out = ROOT / "generated"
     if args.registry is None:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
     elif args.backend == "all":  # a registry of your own ops: the tables of the backends it holds

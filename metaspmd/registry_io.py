@@ -650,8 +650,16 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     folder = check_registry_root(root, backend) / backend
     records = {}
     for path in sorted(folder.glob("*.yaml")):
-        record = load_record(path, backend)
-        if path.name != f"{record.op}.yaml":
-            raise RegistryError(f"{path}:1: file holds op {record.op!r}; expected {path.stem!r}")
+        record = load_op_file(path, backend)
         records[record.op] = record
     return records
+
+
+def load_op_file(path: str | os.PathLike, backend: str) -> OpRecord:
+    """One file of a ``backend`` folder: a rule of another backend, or of another op than
+    the file's name says, is refused, naming the file."""
+    path = Path(path)
+    record = load_record(path, backend)
+    if path.name != f"{record.op}.yaml":
+        raise RegistryError(f"{path}:1: file holds op {record.op!r}; expected {path.stem!r}")
+    return record

@@ -473,6 +473,7 @@ def test_timings_that_fail_late_keep_the_summary_and_exit_2(tmp_path, fake_backe
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", fail)  # --check writes nothing else
+    (tmp_path / "reg").mkdir()  # a registry to check
     rc = cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
                     "--no-progress", "--check", "--timings", str(tmp_path / "t.json")])
     out = capsys.readouterr()
@@ -517,6 +518,39 @@ def test_kernels_usage_errors(tmp_path, capsys, monkeypatch, args, message):
     with pytest.raises(SystemExit) as e:
         cli.sweep(["--backend", "torch", *args, *out])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [
+    ["--backend", "tvm", "--kernels", "examples/tvm_user_kernels.py", "--out", str(cli.REGISTRY)],
+    ["--backend", "tvm", "--kernels", "examples/tvm_user_kernels.py", "--out", str(cli.REGISTRY / "tvm")],
+    ["--backend", "fake_backend"],
+    ["--backend", "fake_backend", "--out", str(cli.REGISTRY)],
+])
+def test_ops_of_your_own_never_go_into_the_repositorys_registry(capsys, monkeypatch, fake_backend, args):
+    """A user's kernel named pad overwrote registry/tvm/tvm.pad.yaml; a backend module of
+    your own wrote registry/<its name>/ beside the built-in ones."""
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", lambda config: pytest.fail("the sweep ran"))
+    with pytest.raises(SystemExit) as e:
+        cli.sweep(args + ["--no-progress"])
+    assert e.value.code == 2
+    assert "sweeps ops of your own into a registry of your own" in capsys.readouterr().err
+
+
+def test_sweep_check_of_a_missing_registry_is_a_usage_error(tmp_path, fake_backend, capsys):
+    """It said every op's file would change, exit 1: a misspelt --out looked stale."""
+    missing = tmp_path / "typo"
+    assert cli.sweep(["--backend", fake_backend, "--out", str(missing), "--check", "--no-progress"]) == 2
+    assert f"--out {missing}: no such registry folder to check" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_codegen_of_a_registry_of_your_own_needs_an_out(tmp_path, capsys):
+    """Its table replaced the repository's generated/ one (1,160 lines of jax rules became 33)."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    with pytest.raises(SystemExit) as e:
+        cli.codegen(["--registry", str(tmp_path / "reg")])
+    assert e.value.code == 2
+    assert f"--registry {tmp_path / 'reg'} is not the repository's registry: pass --out DIR" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("check", [False, True])

@@ -36,7 +36,7 @@ from metaspmd.check import cut_inputs, shard_inputs, surviving
 from metaspmd.cli import path_arg
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
-from metaspmd.registry_io import RegistryError, load_record, record_path
+from metaspmd.registry_io import RegistryError, load_op_file, record_path
 from metaspmd.signature import signature
 from metaspmd.spec import (
     ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn, drops,
@@ -545,7 +545,7 @@ def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> d
     for op in ops:
         path = record_path(root, backend_name, op)
         if path.exists():
-            records[op] = load_record(path)
+            records[op] = load_op_file(path, backend_name)
     return records
 
 

@@ -172,6 +172,8 @@ def _check_root(registry_io, config: SweepConfig) -> None:
             registry_io.check_registry_root(config.out_root)
         except registry_io.RegistryError as e:
             raise SweepError(f"--out {e}") from None
+    elif config.check:  # a misspelt --out would read as a registry with every file to add
+        raise SweepError(f"--out {config.out_root}: no such registry folder to check")
 
 
 def _check_writable(config: SweepConfig, folder: Path) -> None:

@@ -354,3 +354,22 @@ def test_a_cost_model_of_another_mesh_is_refused_before_the_trace(no_capture):
     with pytest.raises(ValueError, match=r"but the plan's mesh is Mesh\(tp=1 \(1e-05 s per message, 1e\+09 bytes/s\)\)"
                                          r": build the cost model on .*\.with_links\(links\)"):
         parallelize(linear, mesh_of(1), (X,), params=PARAMS, cost_model=same, links={"tp": (1e-5, 1e9)})
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda text: text, r"jax\.add\.yaml:1: file holds op 'jax\.sub'; expected 'jax\.add'"),  # jax.sub's file
+    (lambda text: text.replace("backend: jax", "backend: torch"), r"file holds a 'torch' rule but lies in the jax/ folder"),
+])
+def test_crosscheck_refuses_a_file_of_another_op_or_backend(tmp_path, edit, message):
+    """It checked jax.sub's rules (or a torch file's) as jax.add's, and reported success."""
+    from pathlib import Path
+
+    from metaspmd.backends.jax.crosscheck import _load_records
+    from metaspmd.registry_io import RegistryError
+
+    registry = Path(__file__).resolve().parents[2] / "registry" / "jax"
+    (tmp_path / "jax").mkdir()
+    source = "jax.sub.yaml" if "op 'jax" in message else "jax.add.yaml"
+    (tmp_path / "jax" / "jax.add.yaml").write_text(edit((registry / source).read_text()))
+    with pytest.raises(RegistryError, match=message):
+        _load_records(tmp_path, "jax", ["jax.add"])
