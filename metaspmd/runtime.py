@@ -12,7 +12,9 @@ none. A fourth framework is one module that calls ``register_runtime``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
+import inspect
 import math
 import numbers
 import os
@@ -106,6 +108,28 @@ def runtime_for(mesh: Any) -> Callable[..., RuntimeBackend]:
     known = ", ".join(sorted(_RUNTIMES))
     raise TypeError(f"parallelize has no runtime for a {type(mesh).__module__}.{type(mesh).__qualname__} mesh "
                     f"(known: {known}; add one with metaspmd.runtime.register_runtime)")
+
+
+def _refuse_unknown_options(factory: Callable[..., RuntimeBackend], mesh: Any, options: Mapping[str, Any]) -> None:
+    """Refuse an option the mesh's runtime does not take, naming it and the ones it does
+    (its constructor's TypeError names an internal class): a misspelt ``los_fn``, JAX's
+    ``params`` on a torch mesh."""
+    try:
+        accepted = [name for name, p in inspect.signature(factory).parameters.items()
+                    if name != "mesh" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):  # a factory without a signature: its own error stands
+        return
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], accepted + _OPTIONS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise TypeError(f"parallelize got an unknown option {unknown[0]!r}{hint}: on a "
+                        f"{type(mesh).__module__}.{type(mesh).__qualname__} it takes "
+                        f"{', '.join(_OPTIONS + accepted)}")
+
+
+# parallelize's own options, beside those of the mesh's runtime
+_OPTIONS = ["memory_budget", "time_limit", "solver", "cache", "cost_model", "constraints", "links"]
 
 
 def check_options(example_inputs: Any, memory_budget: Any, time_limit: Any, *, solver: Any = "ilp",
@@ -216,7 +240,9 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     (``backward``, ``loss_fn``; JAX's ``params`` and ``table``)."""
     check_options(example_inputs, memory_budget, time_limit, solver=solver, cache=cache, cost_model=cost_model,
                   constraints=constraints, options=options)
-    rt = runtime_for(mesh)(mesh, **options)
+    factory = runtime_for(mesh)
+    _refuse_unknown_options(factory, mesh, options)
+    rt = factory(mesh, **options)
     planner_mesh = rt.planner_mesh(mesh).with_links(links)  # refuses an unknown axis before any work
     _check_cost_model_mesh(cost_model, planner_mesh, links)
     with rt.quiet():

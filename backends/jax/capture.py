@@ -407,6 +407,20 @@ def _live(eqns: list[FlatEqn], outputs: Sequence[Atom]) -> list[FlatEqn]:
     return kept[::-1]
 
 
+def refuse_non_arrays(inputs: tuple) -> None:
+    """Refuse, naming the input, a leaf jax would not take as an array: a torch tensor (its
+    dtype fails deep in jax), a string (jax.jit's advice on static_argnums, which parallelize
+    has not)."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tuple(inputs))[0]:
+        name = _leaf_name(f"in{path[0].idx}", path[1:])
+        if type(x).__module__.split(".")[0] == "torch":
+            raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__qualname__}: a jax Mesh plans and runs "
+                            "functions of jax arrays (jnp.asarray(x.numpy())); plan torch code on a torch DeviceMesh")
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"{name} is a {type(x).__qualname__} ({x!r:.40}), and parallelize traces every input as an "
+                            "array: bind it beforehand, functools.partial(fn, mode=...), and pass the arrays alone")
+
+
 def _leaf_name(prefix: str, path) -> str:
     rest = jax.tree_util.keystr(path, simple=True, separator=".")
     return f"{prefix}.{rest}" if rest else prefix
@@ -494,6 +508,10 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
         return jax.make_jaxpr(traced, return_shape=True)(*args)
     except _CONCRETE as err:
         raise needs_concrete(err) from err
+    except IndexError as err:
+        if "must be static integers" not in str(err):  # a traced number as a slice bound
+            raise
+        raise needs_concrete(err) from err
     except ValueError as err:
         if "Reverse-mode differentiation does not work for lax.while_loop" in str(err):
             raise ValueError(f"{_name(fn)} has a while_loop, which jax.grad cannot differentiate: pass "
@@ -541,6 +559,7 @@ def capture(
                         f"{fn!r}")
     check_capture_options(params, backward, loss_fn, while_trips)
     example_inputs = tuple(example_inputs)
+    refuse_non_arrays(example_inputs)
     if params is not None and backward:
         _check_params_differentiable(params)
     if params is not None:

@@ -30,7 +30,7 @@ from metaspmd.spec import Reduce, Strategy
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
-from .capture import Captured, capture, check_capture_options, read_atom
+from .capture import Captured, capture, check_capture_options, read_atom, refuse_non_arrays
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
 from .shardings import constraint_placements, named_sharding, placements_of
@@ -218,6 +218,7 @@ class Parallelized:
         return jax.jit(self._run, in_shardings=self.in_shardings)
 
     def _flat_inputs(self, inputs: tuple, params: Any) -> list[Any]:
+        refuse_non_arrays(inputs)
         args = (self.params if params is None else params, *inputs) if self.params is not None else inputs
         leaves, tree = jax.tree.flatten(args)
         if tree != self.captured.in_tree:

@@ -204,6 +204,18 @@ def op_name(func: torch._ops.OpOverload) -> str:
     return str(func)
 
 
+def overload_named(name: str) -> torch._ops.OpOverload | None:
+    """The overload ``op_name`` names (``aten.mm.default``), or None where this torch has
+    none of that name (a misspelling, a name without its overload)."""
+    parts = name.split(".", 2) if isinstance(name, str) else ()
+    if len(parts) != 3 or not all(parts):
+        return None
+    namespace, family, overload = parts
+    packet = getattr(getattr(torch.ops, namespace, None), family, None)
+    found = getattr(packet, overload, None) if packet is not None else None
+    return found if isinstance(found, torch._ops.OpOverload) else None
+
+
 def aten_base(func: torch._ops.OpOverload) -> str:
     """The base name of an ATen op (``mm`` of ``aten::mm.out``), which the catalog's sets
     name; '' for an op of another namespace (a user's custom op that shares a name with

@@ -322,12 +322,6 @@ def install_drawing_handler(op: torch._ops.OpOverload, owner: Any = None) -> boo
 _INSTALLED: dict = {}  # op -> (where: "handler" or "strategy", what was there before, the report that put it)
 
 
-def _resolve(name: str):
-    namespace, family, overload = name.split(".", 2)
-    packet = getattr(getattr(torch.ops, namespace), family, None)
-    return getattr(packet, overload, None) if packet is not None else None
-
-
 def install(names=None, has_rule=None, owner: Any = None) -> list[str]:
     """Install the handlers (of ``names`` only, when given) not installed already; return
     the ops this call installed, for ``owner`` (the report ``uninstall`` takes them back
@@ -338,7 +332,7 @@ def install(names=None, has_rule=None, owner: Any = None) -> list[str]:
     handlers, p = dispatcher._custom_op_handlers, dispatcher.sharding_propagator
     done = []
     for name in sorted(set(REPLICATED) | set(REPLICATE_ONLY) | set(EXTENDED) | set(INPLACE_VIEWS)):
-        op = _resolve(name)
+        op = catalog.overload_named(name)
         if op is None or names is not None and name not in names:
             continue
         if op in _INSTALLED:
@@ -386,7 +380,7 @@ def uninstall(names, owner: Any = None) -> None:
     DTensor = _dtensor()[0]
     dispatcher = DTensor._op_dispatcher
     for name in names:
-        op = _resolve(name)
+        op = catalog.overload_named(name)
         if op not in _INSTALLED or owner is not None and _INSTALLED[op][2] is not owner:
             continue
         where, before, _ = _INSTALLED.pop(op)

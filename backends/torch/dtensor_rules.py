@@ -29,7 +29,7 @@ from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
-from .catalog import exact_sizes, op_name, positional_names, tagged_random
+from .catalog import exact_sizes, op_name, overload_named, positional_names, tagged_random
 from .views import shards_rewrite_call
 
 if TYPE_CHECKING:
@@ -70,12 +70,6 @@ def _clear_sharding_prop_cache() -> None:
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
         _clear_sharding_prop_cache()
-
-
-def _resolve(name: str) -> torch._ops.OpOverload | None:
-    namespace, family, overload = name.split(".", 2)
-    packet = getattr(getattr(torch.ops, namespace), family, None)
-    return getattr(packet, overload, None) if packet is not None else None
 
 
 def _supported_schema(op: torch._ops.OpOverload) -> str:
@@ -359,7 +353,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     report = RegisterReport()
     rules = table()
     if ops is not None:
-        unknown = [name for name in ops if _resolve(name) is None]
+        unknown = [name for name in ops if overload_named(name) is None]
         if unknown:
             raise ValueError(f"no op is named {', '.join(map(repr, unknown))} in this torch: op names are "
                              "namespace.op.overload, as str(torch.ops.aten.mm.default) gives ('aten.mm.default')")
@@ -370,7 +364,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             continue  # a handler, below: DTensor's propagation cannot run a strategy for it
 
         entries = rules.entries(name)
-        op = _resolve(name) if entries is not None else None
+        op = overload_named(name) if entries is not None else None
         if op is None:
             report.skipped[name] = "no rule in the table" if entries is None else "not an ATen op here"
             continue
@@ -402,7 +396,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             report.handled.append(name)
     if replace_refuted:
         for name in sorted(REFUTED):
-            op = _resolve(name)
+            op = overload_named(name)
             if ops is not None and name not in ops or op is None:
                 continue
             if op in _REPLACED:
@@ -440,6 +434,9 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
     op = _overload(op)
     args, kwargs = _example_call(args, kwargs)
+    problem = _schema_problem(op, args, kwargs)
+    if problem:  # before exploring: every run would fail, and the report would blame DTensor
+        raise TypeError(f"the example call of {op_name(op)} does not fit its schema ({op._schema}): {problem}")
     check_cache(cache)
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
@@ -515,6 +512,23 @@ def _example_call(args, kwargs) -> tuple[tuple, dict]:
     return tuple(args), dict(kwargs or {})
 
 
+def _schema_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """How ``args`` and ``kwargs`` fail to bind to ``op``'s arguments, or ''."""
+    arguments = op._schema.arguments
+    positional = [a.name for a in arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        return f"it takes at most {len(positional)} positional arguments, got {len(args)}"
+    unknown = sorted(set(kwargs) - {a.name for a in arguments})
+    if unknown:
+        return f"it has no argument {unknown[0]!r}"
+    twice = sorted(set(positional[:len(args)]) & set(kwargs))
+    if twice:
+        return f"argument {twice[0]!r} is given both by position and by keyword"
+    given = set(positional[:len(args)]) | set(kwargs)
+    missing = [a.name for a in arguments if a.name not in given and not a.has_default_value()]
+    return f"argument {missing[0]!r} is missing" if missing else ""
+
+
 def _no_installable(op: torch._ops.OpOverload) -> str:
     if makes_sparse(op_name(op)):
         return "it gives a sparse tensor, which a DTensor cannot hold"
@@ -535,7 +549,7 @@ def unregister(report: RegisterReport) -> None:
     dtensor_handlers.uninstall(report.handled, owner=report)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
-        op = _resolve(name)
+        op = overload_named(name)
         if _OWNERS.get(op) is not report:
             continue  # undone already, or installed again since by another call
         del _OWNERS[op]

@@ -402,6 +402,11 @@ class TorchRuntime:
     ops = TorchOps()
     threads = 1  # kernels use the process's threads; exploration forks a child instead
 
+    def __post_init__(self):
+        # planned inside a LocalTensorMode, it runs there: a mesh the mode does not simulate
+        # is refused now, not at the first call after capture, lookup and planning
+        _refuse_unsimulated_ranks(self.mesh)
+
     @property
     def isolation(self):
         return live_exploration()

@@ -102,7 +102,7 @@ def solve(
             return solve(problem, solver, time_limit, exact, beam_width, threads, started, gap)
         least = _least_memory(small, time_limit)
         if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
-            raise Infeasible(f"no plan fits a memory budget of {small.memory_budget:,.0f} bytes per device: the least "
+            raise Infeasible(f"no plan fits a memory budget of {_amount(small.memory_budget)} bytes per device: the least "
                              f"any plan needs is {least:,.0f}") from err
         raise
     if found is None:  # the time limit stopped the ILP before it had a solution
@@ -110,7 +110,7 @@ def solve(
             # beam search found nothing either: a budget no plan fits, or one only the ILP could meet
             least = _least_memory(small, time_limit)
             if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
-                raise Infeasible(f"no plan fits a memory budget of {small.memory_budget:,.0f} bytes per device: the "
+                raise Infeasible(f"no plan fits a memory budget of {_amount(small.memory_budget)} bytes per device: the "
                                  f"least any plan needs is {least:,.0f}")
             limit = f"{time_limit:g} s" if time_limit else "its time limit, sized to the problem"
             near = f" (the least any plan needs is {least:,.0f} bytes per device)" if least is not None else ""
@@ -267,6 +267,11 @@ def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str |
     """The plan of hand-picked strategy labels (a hand-written Megatron, DP or FSDP plan),
     costed by the same model the planner uses."""
     return make_plan(problem, problem.assignment(labels, default))
+
+
+def _amount(n: float) -> str:
+    """Bytes as a whole number with separators; a budget below one byte as it is (1e-300, not 0)."""
+    return f"{n:,.0f}" if n >= 1 else f"{n:g}"
 
 
 __all__ = ["CBC_SHARE", "GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from metaspmd import placement as mp  # noqa: E402
 from metaspmd import spec as spec_  # noqa: E402
-from metaspmd.backends.torch import dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
+from metaspmd.backends.torch import catalog, dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
 from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
@@ -69,7 +69,7 @@ def _no_empty_shard(size: int) -> bool:
 
 def _pick(backend, op_name):
     """An example call and a non-trivial table strategy for it."""
-    op = dtensor_rules._resolve(op_name)
+    op = catalog.overload_named(op_name)
     for case in backend.cases(op_name):
         tensors = [a for a in case.args if isinstance(a, torch.Tensor)]
         if any(isinstance(a, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in a) for a in case.args):
@@ -300,7 +300,7 @@ def test_a_registered_random_op_draws_what_one_device_draws(fake_world_of, op, m
     installs drawn whole, so the cut output is the draw one device makes."""
     fake_world_of(WORLD)
     mesh = DeviceMesh("cpu", list(range(WORLD)))
-    overload = dtensor_rules._resolve(op)
+    overload = catalog.overload_named(op)
     args = make()
     torch.manual_seed(3)
     expected = overload(*args)
@@ -394,7 +394,7 @@ def _replicated_and_cut(backend, name, mesh, want=None):
     """Every example call of the op (``want`` filters them) run all-replicated, and the
     first with a verified cut that DTensor shards without empty shards run with it: ('' or
     the first failure, whether a cut ran, how many calls ran)."""
-    op = dtensor_rules._resolve(name)
+    op = catalog.overload_named(name)
     try:
         with _disable_current_modes():  # samples are made as plain tensors
             cases = [c for c in backend.cases(name) if want is None or want(c)]
@@ -661,6 +661,10 @@ def test_register_refuses_options_of_the_wrong_type_before_any_work(call, messag
     (torch.ops.metaspmd_examples.rms_norm.default, torch.randn(4, 3), TypeError,
      r"args must be a tuple of the op's positional arguments, got a torch.Tensor \(for one argument write \(x,\)\)"),
     (len, (1,), TypeError, r"register_op takes an op overload .* got a builtin_function_or_method"),
+    (torch.ops.metaspmd_examples.rms_norm.default, (torch.randn(4, 3), torch.randn(3), 1e-6, 2), TypeError,
+     r"the example call of metaspmd_examples.rms_norm.default does not fit its schema \(metaspmd_examples::rms_norm"
+     r".*\): it takes at most 3 positional arguments, got 4"),
+    (torch.ops.aten.mm.default, (torch.randn(2, 3),), TypeError, r"aten.mm.default .*: argument 'mat2' is missing"),
 ])
 def test_register_op_refuses_what_is_no_overload_or_no_call(op, args, error, message):
     with pytest.raises(error, match=message):

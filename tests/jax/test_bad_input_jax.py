@@ -252,6 +252,25 @@ def test_a_number_used_as_a_shape_explained():
         capture(heads, (X, 2), params=PARAMS)
 
 
+def test_a_number_used_as_a_slice_bound_explained():
+    with pytest.raises(TypeError, match=r"<lambda> needs a concrete value .* functools.partial"):
+        capture(lambda p, x, n: linear(p, x)[:n], (X, 2), params=PARAMS)
+
+
+def test_a_torch_tensor_or_a_string_is_named_at_capture_and_at_call(tmp_path):
+    """jax's own errors named neither the input nor parallelize's way: a dtype it cannot
+    interpret, jax.jit's advice on static_argnums."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"in0 is a torch\.Tensor: a jax Mesh plans and runs functions of jax arrays"):
+        capture(lambda a: a * 2, (torch.ones(8, 4),))
+    with pytest.raises(TypeError, match=r"in1 is a str \('train'\), and parallelize traces every input as an array: "
+                                        r"bind it beforehand, functools.partial"):
+        capture(lambda p, x, mode: linear(p, x), (X, "train"), params=PARAMS)
+    par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
+    with pytest.raises(TypeError, match=r"in0 is a torch\.Tensor"):
+        par(torch.ones(8, 4))
+
+
 def test_another_dtype_at_call_is_refused_by_input(tmp_path):
     par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
     for dtype in (np.int32, jax.numpy.bfloat16):

@@ -135,3 +135,17 @@ def test_a_negative_shard_dim_and_a_single_placement_on_a_1d_mesh_are_taken(torc
     weight, bias = (p.captured.ir.input_list[p.captured.param_names.index(n)].name for n in ("weight", "bias"))
     assert p.plan.placement(weight) == (mp.Shard(1),)
     assert p.plan.placement(bias) == (mp.Shard(0),)
+
+
+@pytest.mark.parametrize("option,message", [
+    ({"los_fn": None}, r"unknown option 'los_fn' \(did you mean 'loss_fn'\?\): on a torch\..*DeviceMesh it takes "
+                       r"memory_budget, .*, backward, loss_fn$"),
+    ({"params": {}}, r"unknown option 'params': on a torch\..*DeviceMesh it takes"),  # JAX's, not torch's
+])
+def test_an_option_the_meshs_runtime_does_not_take_is_named_with_those_it_does(torch_world, option, message):
+    """It was the runtime class's own TypeError (TorchRuntime.__init__() got an unexpected
+    keyword argument), naming an internal class and no option it takes."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with pytest.raises(TypeError, match=message):
+        runtime.parallelize(lambda x: x * 2, DeviceMesh("cpu", list(range(WORLD))), (torch_world.randn(4),), **option)

@@ -264,13 +264,16 @@ def test_a_call_under_a_local_tensor_mode_missing_mesh_ranks_is_refused(fake_wor
 
     fake_world_of(4)
     model, x = torch.nn.Linear(4, 4), torch.randn(4, 4)
-    with LocalTensorMode(frozenset(range(2))):
+    message = (r"the mesh has ranks \[2, 3\] that the LocalTensorMode around the call does not simulate \(the "
+               r"mode simulates \[0, 1\], the mesh has \[0, 1, 2, 3\]\)")
+    with LocalTensorMode(frozenset(range(4))):
         mesh = DeviceMesh("cpu", list(range(4)), _init_backend=False, _rank=0)
         p = parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
-        with pytest.raises(ValueError, match=r"the mesh has ranks \[2, 3\] that the LocalTensorMode around the "
-                                             r"call does not simulate \(the mode simulates \[0, 1\], the mesh has "
-                                             r"\[0, 1, 2, 3\]\)"):
+    with LocalTensorMode(frozenset(range(2))):
+        with pytest.raises(ValueError, match=message):
             p(x)
+        with pytest.raises(ValueError, match=message):  # planned under it: refused before the capture
+            parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
 
 
 def test_a_call_under_a_local_tensor_mode_of_more_ranks_than_the_mesh_is_refused(fake_world_of, tmp_path):
@@ -283,12 +286,16 @@ def test_a_call_under_a_local_tensor_mode_of_more_ranks_than_the_mesh_is_refused
 
     fake_world_of(4)
     model, x = torch.nn.Linear(4, 4), torch.randn(4, 4)
-    with LocalTensorMode(frozenset(range(4))):
+    message = r"the mesh lacks ranks \[3\] that the LocalTensorMode around the call simulates .* LocalTensorMode\(" \
+              r"frozenset\(\[0, 1, 2\]\)\)"
+    with LocalTensorMode(frozenset(range(3))):
         mesh = DeviceMesh("cpu", [0, 1, 2], _init_backend=False, _rank=0)
         p = parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
-        with pytest.raises(ValueError, match=r"the mesh lacks ranks \[3\] that the LocalTensorMode around the call "
-                                             r"simulates .* LocalTensorMode\(frozenset\(\[0, 1, 2\]\)\)"):
+    with LocalTensorMode(frozenset(range(4))):
+        with pytest.raises(ValueError, match=message):
             p(x)
+        with pytest.raises(ValueError, match=message):
+            parallelize(model, mesh, (x,), cache=RuleCache(tmp_path))
 
 
 def test_a_planned_call_the_model_itself_fails_names_the_model_and_the_op(fake_world_of, tmp_path):
