@@ -211,8 +211,23 @@ def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> s
             for d, (token, n) in enumerate(zip(sizes, t.shape)):
                 if (n <= 1) if token == "*" else (int(token) != n):
                     return f"argument {name!r} has dim {d} {token} in the signature, {n} in the example"
-            if (kind == "b") != (t.dtype == "bool"):
+            expected = _kind_of_name(t.dtype)
+            if (kind == "b") != (t.dtype == "bool") or expected is not None and kind != expected:
                 return f"argument {name!r} is of kind {kind!r} in the signature but {t.dtype} in the example"
+    return None
+
+
+def _kind_of_name(dtype: Any) -> str | None:
+    """The kind every framework gives a dtype of this name, or None where they differ or it
+    is none of the common ones (``int4`` is an integer to jax, not to torch)."""
+    if not isinstance(dtype, str):
+        return None
+    if dtype.startswith("complex"):
+        return "c"
+    if dtype in ("float16", "bfloat16", "float32", "float64"):
+        return "f"
+    if dtype in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        return "i"
     return None
 
 

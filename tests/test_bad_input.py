@@ -680,3 +680,16 @@ def test_parallelize_refuses_a_bare_value_as_example_inputs():
     with pytest.raises(TypeError, match=r"example_inputs must be a tuple .* got a numpy\.ndarray \(for one input "
                                         r"write \(x,\)\)"):
         parallelize(lambda x: x, object(), np.zeros((4, 4)))
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: d, r"kernel module .* is a folder, not a \.py file"),
+    (lambda d: (d / "boom.py").write_text("raise RuntimeError('boom at import')\n") and d / "boom.py",
+     r"kernel module .*boom\.py failed on import: RuntimeError: boom at import"),
+])
+def test_a_kernel_module_that_cannot_load_is_named(tmp_path, make, message):
+    """A folder was 'No module named /tmp/k'; a module raising on import named only the backend."""
+    from metaspmd.sweep.user_modules import load_module
+
+    with pytest.raises((FileNotFoundError, ImportError), match=message):
+        load_module(str(make(tmp_path)))

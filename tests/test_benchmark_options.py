@@ -158,3 +158,11 @@ def test_a_benchmark_ends_quietly_on_a_closed_pipe():
     proc.stdout.close()  # `| head -0`
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and b"Traceback" not in err, err
+
+
+def test_a_time_limit_past_the_solvers_range_is_no_limit_without_a_warning():
+    """CBC took 1e308 s as 'no limit' only after printing that it ignores it."""
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "planner_bench.py"), "--layers", "1", "--no-highs",
+                           "--beam-width", "1", "--time-limit", "1e308"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "valid range" not in proc.stdout + proc.stderr and "optimal" in proc.stdout

@@ -380,6 +380,8 @@ def test_a_rule_of_another_backend_is_refused_at_its_backend_line(tmp_path):
     ("a:f[*,*] b:f[*,*]", r"the signature names the arguments \['a', 'b'\], the example \['self', 'mat2'\]"),
     ("self:f[*,*]", r"the signature names the arguments \['self'\], the example \['self', 'mat2'\]"),
     ("self:b[*,*] mat2:f[*,*]", r"argument 'self' is of kind 'b' in the signature but float64 in the example"),
+    ("self:c[*,*] mat2:f[*,*]", r"argument 'self' is of kind 'c' in the signature but float64 in the example"),
+    ("self:i[*,*] mat2:f[*,*]", r"argument 'self' is of kind 'i' in the signature but float64 in the example"),
     ("self:[f[*,*],f[*]] mat2:f[*,*]", r"argument 'self' holds 2 tensors in the signature, 1 in the example"),
 ])
 def test_a_signature_that_disagrees_with_its_example_is_refused_at_its_line(sig, why):

@@ -214,6 +214,15 @@ class _Builder:
                     self.model += lhs - rhs == 0
 
 
+# CBC takes at most 1e12 seconds and ignores a larger limit with a warning, running with
+# none: a limit past it is no limit either way, so it is passed as the most CBC takes
+_MOST_SECONDS = 1e12
+
+
+def _solver_seconds(seconds: float) -> float:
+    return min(seconds, _MOST_SECONDS)
+
+
 def time_limit_for(columns: int) -> float:
     """Seconds to give the ILP of ``columns`` variables: 10 s, plus 1 s per 250 columns
     (a 10,000-node GPT reduces to about 15,000, whose root LP alone takes seconds on a
@@ -293,7 +302,7 @@ def solve_ilp(
         model.start = b.start
 
     left = share * time_limit - (time.perf_counter() - (start if started is None else started))
-    status = model.optimize(max_seconds=max(left, min(5.0, share * time_limit), 0.1))
+    status = model.optimize(max_seconds=_solver_seconds(max(left, min(5.0, share * time_limit), 0.1)))
     if status == mip.OptimizationStatus.INFEASIBLE:
         raise Infeasible("no assignment meets the memory budget and ties")
     if model.num_solutions == 0:
@@ -338,7 +347,7 @@ def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:
     for level in levels:
         model += level - peak <= 0
     model.objective = mip.minimize(peak)
-    if model.optimize(max_seconds=time_limit) != mip.OptimizationStatus.OPTIMAL:
+    if model.optimize(max_seconds=_solver_seconds(time_limit)) != mip.OptimizationStatus.OPTIMAL:
         return None
     return p.memory_offset + model.objective_value / scale
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ def load_module(ref: str) -> str:
     """Import ``ref``, a dotted module name or a .py file, and return the name it is
     registered under in ``sys.modules`` (what its ops' builders find it by)."""
     path = Path(ref)
-    if ref.endswith(".py") or path.is_file():
+    if ref.endswith(".py") or path.is_file() or "/" in ref or os.sep in ref:  # a path, not a module name
         if not path.is_file():
             raise FileNotFoundError(f"kernel module {ref} is a folder, not a .py file" if path.is_dir() else
                                     f"kernel module file not found: {ref}")
@@ -28,11 +29,18 @@ def load_module(ref: str) -> str:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except BaseException as e:
             sys.modules.pop(name, None)
+            if isinstance(e, Exception):  # the file by name: the worker's report names only the backend
+                raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
             raise
         return name
-    return importlib.import_module(ref).__name__
+    try:
+        return importlib.import_module(ref).__name__
+    except ImportError:
+        raise
+    except Exception as e:
+        raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
 
 
 __all__ = ["USER_PACKAGE", "load_module"]
