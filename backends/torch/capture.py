@@ -119,6 +119,15 @@ def held_constants(fn_or_module) -> tuple[HeldConstant, ...]:
                  for k, v in read.items() if isinstance(v, torch.Tensor))
 
 
+def _read_by(gm: torch.fx.GraphModule, constants: tuple[HeldConstant, ...]) -> tuple[HeldConstant, ...]:
+    """Those of ``constants`` the graph holds (its ``get_attr`` tensors are the very
+    tensors): an attribute the model never reads, or writes itself, is no constant of it."""
+    held = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+    storages = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    return tuple(c for c in constants if any(t is c.traced for t in held)
+                 or c.traced.device.type != "meta" and c.traced.untyped_storage().data_ptr() in storages)
+
+
 def _attribute(module: torch.nn.Module, name: str) -> Any:
     return vars(module).get(name)
 
@@ -272,8 +281,8 @@ def capture(
         warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         with torch.backends.mkldnn.flags(enabled=False), callers_generators_kept():
             try:
-                return dataclasses.replace(_capture(fn_or_module, example_inputs, backward, loss_fn),
-                                           constants=constants)
+                captured = _capture(fn_or_module, example_inputs, backward, loss_fn)
+                return dataclasses.replace(captured, constants=_read_by(captured.gm, constants))
             except _ModelFailed as err:
                 raise RuntimeError(graph_failure(fn_or_module, example_inputs, str(err))) from err.__cause__
 
@@ -518,18 +527,26 @@ def _fake_kernel_errors_unlogged():
 
 @contextlib.contextmanager
 def _module_state_kept(module: torch.nn.Module):
-    """Every submodule's parameters and buffers given back as they were, whatever tracing
-    did to them: ``functional_call`` restores a submodule registered under two names
-    (``self.a = self.b = layer``) with the traced (fake) tensors it swapped in."""
-    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in module.modules()]
+    """Every submodule's parameters, buffers and plain tensor attributes given back as they
+    were, whatever tracing did to them: ``functional_call`` restores a submodule registered
+    under two names (``self.a = self.b = layer``) with the traced (fake) tensors it swapped
+    in, and a forward that keeps a result (``self.last = y.detach()``) would leave a traced one."""
+    def tensors(m):
+        return {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
+
+    saved = [(m, dict(m._parameters), dict(m._buffers), tensors(m)) for m in module.modules()]
     try:
         yield
     finally:
-        for m, parameters, buffers in saved:
+        for m, parameters, buffers, attributes in saved:
             m._parameters.clear()
             m._parameters.update(parameters)
             m._buffers.clear()
             m._buffers.update(buffers)
+            for k in tensors(m).keys() - attributes.keys():  # made by the trace
+                delattr(m, k)
+            for k, v in attributes.items():
+                setattr(m, k, v)
 
 
 def _buffer_copies(module: torch.nn.Module) -> list[torch.Tensor]:

@@ -284,3 +284,26 @@ def test_a_constant_replaced_after_planning_is_refused_by_name(fake_world, cache
     scale = torch.full((16,), 3.0)  # noqa: F841 - rebinds the variable the function reads
     with pytest.raises(ValueError, match=r"the variable 'scale' the function reads was replaced"):
         call(p, x)
+
+
+class KeepsItsOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.last = torch.zeros(8, 16)  # written by the forward, never read
+
+    def forward(self, x):
+        y = self.fc(x)
+        self.last = y.detach()
+        return y
+
+
+def test_an_attribute_the_forward_only_writes_is_no_constant_and_tracing_leaves_it(fake_world, cache):
+    """Planning left the trace's fake tensor in the attribute, and the constant check
+    must not refuse what the graph never reads."""
+    model, x = KeepsItsOutput(), torch.randn(8, 16)
+    before = model.last
+    p = planned(model, x, cache)
+    assert model.last is before
+    out, _ = call(p, x)
+    torch.testing.assert_close(out, model.fc(x).detach())
