@@ -202,7 +202,7 @@ class _PlannedRun(torch.fx.Interpreter):
         if target in _VIEWS_OF_STRIDES:
             args = (_contiguous_shard(args[0]), *args[1:])
         out_placements = [to_dtensor_placements(p) for p in strategy.outputs]
-        if draws(target, args, kwargs) and any(isinstance(p, Shard) for ps in out_placements for p in ps):
+        if draws(target, args, kwargs):
             return drawn_whole(target, args, kwargs, out_placements, mesh)
         name = self.current.name
         if name not in self.p.on_dtensor:

@@ -101,6 +101,26 @@ def test_dropout_draws_the_mask_one_device_draws(fake_world, cache):
     assert not all(torch.equal(row[:4], row[4:8]) and torch.equal(row[:4], row[8:12]) for row in kept)
 
 
+def test_replicated_draws_follow_one_devices_generator_from_draw_to_draw_and_call_to_call(fake_world, cache):
+    """Two dropouts planned replicated: each drew on a plain tensor, which LocalTensorMode's
+    per-rank generator states never saw, so the second mask was the first again and every
+    call drew the same masks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16), nn.Dropout(0.5)).train()
+    x = torch.randn(8, 16)
+    p = planned(model, x, cache)
+    assert any("bernoulli" in n.name and n.strategy.label == "R" for n in p.plan.nodes), p.explain()
+    torch.manual_seed(5)
+    outs = [call(p, x) for _ in range(2)]
+    torch.manual_seed(5)
+    refs = [model(x) for _ in range(2)]
+    for (out, grads), ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref.detach())
+        for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
+            torch.testing.assert_close(g, r)
+    assert not torch.equal(outs[0][0], outs[1][0])
+
+
 def test_a_call_outside_local_tensor_mode_on_the_fake_world_is_refused(fake_world, cache):
     """The fake process group's collectives move no data: outside LocalTensorMode a plan
     that communicates would give wrong values silently."""
