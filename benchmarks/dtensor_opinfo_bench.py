@@ -659,7 +659,8 @@ def main(argv=None) -> int:
           + (f" (not in this torch: {missing})" if missing else "")
           + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
     for column, report in reports.items():
-        print(f"{column}: register({'' if column == 'replace' else 'replace_refuted=False'}) {report}")
+        then = " then, on top of the register column's," if column == "replace" and "register" in reports else ""
+        print(f"{column}:{then} register({'' if column == 'replace' else 'replace_refuted=False'}) {report}")
     print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return 0
 
