@@ -89,7 +89,7 @@ def _constrainable(x: Any) -> bool:
     return isinstance(x, jax.Array) and x.ndim > 0 and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: jax.jit(par) hashes the callable it is given
 class Parallelized:
     """A captured function with its plan; call it like the function (minus ``params``)."""
 

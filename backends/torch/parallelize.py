@@ -52,7 +52,7 @@ def planner_mesh(mesh: DeviceMesh) -> planner.Mesh:
     return planner.Mesh.of(tuple(mesh.shape), names)
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity, as a function is (torch.compile, jax.jit of a wrapper)
 class Parallelized:
     """A captured function with its plan, callable on the caller's inputs."""
 

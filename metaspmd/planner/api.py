@@ -102,16 +102,14 @@ def solve(
             return solve(problem, solver, time_limit, exact, beam_width, threads, started, gap)
         least = _least_memory(small, time_limit)
         if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
-            raise Infeasible(f"no plan fits a memory budget of {_amount(small.memory_budget)} bytes per device: the least "
-                             f"any plan needs is {least:,.0f}") from err
+            raise _no_plan_fits(small, least) from err
         raise
     if found is None:  # the time limit stopped the ILP before it had a solution
         if beam is None:
             # beam search found nothing either: a budget no plan fits, or one only the ILP could meet
             least = _least_memory(small, time_limit)
             if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
-                raise Infeasible(f"no plan fits a memory budget of {_amount(small.memory_budget)} bytes per device: the "
-                                 f"least any plan needs is {least:,.0f}")
+                raise _no_plan_fits(small, least)
             limit = f"{time_limit:g} s" if time_limit else "its time limit, sized to the problem"
             near = f" (the least any plan needs is {least:,.0f} bytes per device)" if least is not None else ""
             raise PlannerError(f"no plan found within {limit}: pass a larger time_limit, or a larger memory "
@@ -125,6 +123,17 @@ def solve(
         kept = Solution(tuple(beam[0]), cp.evaluate(beam[0]), name, found.status, found.seconds, found.bound)
         return make_plan(problem, lighter_inputs(problem, beam[0]), kept, picked=beam[1].solver)
     return make_plan(problem, lighter_inputs(problem, full), found, picked=name)
+
+
+def _no_plan_fits(small, least: float) -> Infeasible:
+    """The budget is below what any plan needs; where that is the replicated plan's own
+    memory, no cut lowers it, and the likely reason is said: uneven dims stay whole."""
+    why = ""
+    if least >= small.memory([0] * len(small.nodes)) * (1 - MEMORY_RTOL):
+        why = (", the replicated plan's: no cut lowers it. A dim is cut only into equal pieces, so it must divide "
+               "by the size of the mesh axis it is cut along (dims that do not stay whole)")
+    return Infeasible(f"no plan fits a memory budget of {_amount(small.memory_budget)} bytes per device: the least "
+                      f"any plan needs is {least:,.0f}{why}")
 
 
 def _least_memory(small, time_limit: float | None) -> float | None:

@@ -271,6 +271,13 @@ def test_a_torch_tensor_or_a_string_is_named_at_capture_and_at_call(tmp_path):
         par(torch.ones(8, 4))
 
 
+def test_a_planned_function_is_a_callable_jax_jit_takes(tmp_path):
+    """jax.jit hashes its callable: a plain dataclass has no hash (unhashable type: 'Parallelized')."""
+    par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
+    out, grads = jax.jit(par)(X)
+    np.testing.assert_allclose(out, linear(PARAMS, X))
+
+
 def test_another_dtype_at_call_is_refused_by_input(tmp_path):
     par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
     for dtype in (np.int32, jax.numpy.bfloat16):

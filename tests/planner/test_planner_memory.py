@@ -51,6 +51,17 @@ def test_the_budget_is_on_the_peak_and_the_least_peak_is_named():
         plan(ir, strategies, MESH, memory_budget=1.4 * MIB)
 
 
+def test_a_budget_below_the_replicated_plan_that_no_cut_lowers_says_why():
+    """Dims that do not divide the mesh axis stay whole, so the least any plan needs is the
+    replicated plan's; the error said only the number."""
+    g = GraphBuilder()
+    x = g.input("x", (3, 1021))  # neither dim divides by 2
+    ir, strategies = g.build([g.unary("aten.relu.default", x, name="relu")])
+    with pytest.raises(Infeasible, match=r"the least any plan needs is [\d,]+, the replicated plan's: no cut lowers "
+                                         r"it\. A dim is cut only into equal pieces, so it must divide by the size"):
+        plan(ir, strategies, MESH, memory_budget=1000)
+
+
 class _View:
     is_view = True  # as torch marks t, view, transpose ... in the op schema
 
