@@ -393,7 +393,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 DIFF_DOC = """Markdown summary of rule changes between two registries, for code review.
 
-    metaspmd diff main HEAD                  # git revisions (their registry/)
+    metaspmd diff main HEAD                  # git revisions (their registry/) of the repository you are in
     metaspmd diff old_registry/ registry/    # registry folders
     metaspmd diff main HEAD --fail-on-loss   # exit 1 when a rule or op is lost
 
@@ -403,6 +403,15 @@ read only the files `git diff --name-only` lists; two folders only the files who
 differ. Exit status 2 when a side is neither a git revision nor a registry root
 (a backend folder such as registry/torch is refused: it would read as an empty registry).
 """
+
+
+def _repository_here() -> Path | None:
+    """The git repository the current folder lies in (whose revisions a user names), or None
+    outside any: then the installed checkout's."""
+    import subprocess
+
+    found = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
 
 
 @pipe_safe
@@ -416,7 +425,7 @@ def diff(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--fail-on-loss", action="store_true", help="exit 1 when any rule or op is lost")
     args = p.parse_args(_argv(argv))
     try:
-        base, head = load_sides(args.base, args.head, ROOT)
+        base, head = load_sides(args.base, args.head, _repository_here() or ROOT)
     except (RegistryError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

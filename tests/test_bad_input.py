@@ -333,6 +333,15 @@ def test_diff_of_two_revisions_reads_only_changed_files_and_says_the_same(two_re
     assert rule_diff.to_markdown(folders, "a", "b") == rule_diff.to_markdown(whole, "a", "b")
 
 
+def test_diff_of_revisions_reads_the_repository_you_are_in(two_revisions, monkeypatch, capsys):
+    """It read the installed checkout's history: in another clone, a change that lost rules
+    diffed as no change, and --fail-on-loss passed."""
+    repo, _, _ = two_revisions
+    monkeypatch.chdir(repo / "registry" / "torch")  # anywhere inside it
+    assert cli.diff(["HEAD~1", "HEAD", "--fail-on-loss"]) == 1
+    assert "`torch/aten.matmul.default` (was ok)" in capsys.readouterr().out
+
+
 def test_diff_markdown_keeps_one_line_per_item(two_revisions):
     repo, _, _ = two_revisions
     md = rule_diff.to_markdown(rule_diff.diff(*rule_diff.load_sides("HEAD~1", "HEAD", repo)), "HEAD~1", "HEAD")
