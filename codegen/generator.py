@@ -60,8 +60,9 @@ def _table_entry(op: str, e, backend: str) -> Entry:
     return entry_of(e, (sr.rule, sr.reduction_factors, sr.need_replication_factors) if sr else ())
 
 
-def render(records, backend: str) -> str:
-    """The table module of one backend: every verified entry, in the rule model's terms."""
+def render(records, backend: str, source: str = "registry") -> str:
+    """The table module of one backend: every verified entry, in the rule model's terms;
+    ``source``: the registry root it was made from, as its header names it."""
     ops = []
     n_entries = 0
     for op in sorted(records):
@@ -72,6 +73,7 @@ def render(records, backend: str) -> str:
             ops.append((check_op_name(op), sorted(sigs, key=lambda s: s[0])))
     return _env().get_template("rules.py.j2").render(
         ops=ops, n_ops=len(ops), n_entries=n_entries, backend=Code(backend), title=Code(TITLES[backend]),
+        source=Code(" ".join(source.split())),  # one comment line, whatever the path holds
         shardy_note=Code(SHARDY_NOTE if backend == "jax" else ""),
     )
 
@@ -80,4 +82,5 @@ def generate(registry_root: str | Path, backend: str) -> str:
     """The generated module text for one backend (registry errors name file:line). A root
     that is not a registry, or a backend folder without rule files, is an error: its table
     would be empty and replace the real one."""
-    return render(load_rules(registry_root, backend), backend)
+    own = Path(registry_root).resolve() != (Path(__file__).resolve().parent.parent / "registry").resolve()
+    return render(load_rules(registry_root, backend), backend, str(registry_root) if own else "registry")

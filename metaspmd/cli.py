@@ -285,6 +285,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         return _interrupted(e)
     if args.check and report.changes():
         print(format_changes(report))
+    print(f"registry: {out}")  # which one: `metaspmd` runs the installed checkout's
     print(format_summary(report))
     if args.timings:
         try:
@@ -344,8 +345,6 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.registry is None:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
     elif args.backend == "all":  # a registry of your own ops: the tables of the backends it holds
-        # (none: generate names the registry and what it holds)
-        backends = [b for b in backends if (args.registry / b).is_dir()] or backends
         # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
         found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
         known = {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
@@ -355,6 +354,13 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             print(f"error: {', '.join(strays)}: rule files in a folder named after no backend (backends: "
                   f"{', '.join(sorted(known))})", file=sys.stderr)
             return 2
+        held = [b for b in backends if (args.registry / b).is_dir()]
+        others = sorted(d.name for d in (args.registry.iterdir() if args.registry.is_dir() else ()) if d.is_dir())
+        if not held and others:  # a tvm registry: codegen makes no table for it
+            print(f"error: {args.registry} holds no {'/, '.join(backends)}/ folder: codegen makes the tables of "
+                  f"{', '.join(backends)} (folders there: {', '.join(others)})", file=sys.stderr)
+            return 2
+        backends = held or backends
     # --check too: a file or a symlink loop as --out is a mistake, not a stale table (a
     # missing folder is stale); a folder at a table's path would fail its rename
     problems = [path_problem(args.out, folder=True)] + [path_problem(args.out / TARGETS[b], folder=False)
@@ -363,6 +369,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if problem:
         print(f"error: --out {problem}", file=sys.stderr)
         return 2
+    print(f"tables of {args.registry} in {args.out}")  # which ones: `metaspmd` runs the installed checkout's
     texts = {}
     for backend in backends:  # every table first: a bad registry leaves generated/ as it was
         try:

@@ -190,7 +190,7 @@ def test_codegen_of_a_registry_of_ones_own_makes_the_tables_it_has_rules_for(tmp
     (tmp_path / "tvm" / "tvm").mkdir(parents=True)
     (tmp_path / "tvm" / "tvm" / "tvm.dense.yaml").write_text("")
     assert cli.codegen(["--registry", str(tmp_path / "tvm"), "--out", str(out)]) == 2
-    assert "no jax/ folder of rule files (backends there: tvm)" in capsys.readouterr().err
+    assert "holds no jax/, torch/ folder: codegen makes the tables of jax, torch (folders there: tvm)" in capsys.readouterr().err
 
 
 def test_coverage_of_a_missing_registry_is_an_error(tmp_path, capsys):
