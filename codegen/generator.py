@@ -78,9 +78,8 @@ def render(records, backend: str, source: str = "registry") -> str:
     )
 
 
-def generate(registry_root: str | Path, backend: str) -> str:
+def generate(registry_root: str | Path, backend: str, source: str = "registry") -> str:
     """The generated module text for one backend (registry errors name file:line). A root
     that is not a registry, or a backend folder without rule files, is an error: its table
-    would be empty and replace the real one."""
-    own = Path(registry_root).resolve() != (Path(__file__).resolve().parent.parent / "registry").resolve()
-    return render(load_rules(registry_root, backend), backend, str(registry_root) if own else "registry")
+    would be empty and replace the real one. ``source``: the root as the header names it."""
+    return render(load_rules(registry_root, backend), backend, source)

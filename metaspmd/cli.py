@@ -337,8 +337,9 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
+    own = args.registry is not None and args.registry.resolve() != REGISTRY.resolve()
     if args.out is None:
-        if args.registry is not None and args.registry.resolve() != REGISTRY.resolve():
+        if own:
             # the repository's tables would become the tables of a registry of your own
             p.error(f"--registry {args.registry} is not the repository's registry: pass --out DIR for its tables")
         args.out = ROOT / "generated"
@@ -373,7 +374,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     texts = {}
     for backend in backends:  # every table first: a bad registry leaves generated/ as it was
         try:
-            texts[backend] = generate(args.registry, backend)
+            texts[backend] = generate(args.registry, backend, str(args.registry) if own else "registry")
         except RegistryError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
