@@ -326,7 +326,7 @@ RULES = {
     'jax.dynamic_slice': {
         'operand:c[*] start_indices:[i[]] slice_sizes=[1]': E('[[N], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], []]'),
         'operand:f[*,*,*] start_indices:[i[],i[],i[]] slice_sizes=[3,1,2]': E('[[N, N, N], [], [], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], [], [], []]'),
-        'operand:f[*,*] start_indices:[i[],i[]] slice_sizes=[1,0]': E('[[S1, S2], [], []]', '{S1: identity | reduce(sum) | reduce(prod), S2: identity | reduce(sum) | reduce(prod), S3: identity | reduce(sum)}', partial='[[S3(sum)], [], []]'),
+        'operand:f[*,*] start_indices:[i[],i[]] slice_sizes=[1,0]': E('[[S1, S2], [], []]', '{S1: identity, S2: identity, S3: identity}', partial='[[S3(sum)], [], []]'),
     },
     'jax.dynamic_update_slice': {
         'operand:c[*] update:c[1] start_indices:[i[]]': E('[[S1], [N], []]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)], [S2(sum)], []]', offset='[[], [], [S1(drop)]]'),
@@ -1003,7 +1003,7 @@ RULES = {
     'jax.slice': {
         'x:f[*,*,*] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None': E('[[S1(local), S2(local), S3]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: gather(dim=2), S4: reduce(sum)}', partial='[[S4(sum)]]',
             shardy=('r1 r2 s3 -> r3 r4 s3', (), ('r1', 'r2', 'r3', 'r4'))),
-        'x:f[*,*] limit_indices=[2,1] start_indices=[1,1] strides=[1,1]': E('[[S1(local), S2]]', '{S1: gather(dim=0), S2: identity | reduce(sum) | reduce(prod), S3: identity | reduce(sum)}', partial='[[S3(sum)]]',
+        'x:f[*,*] limit_indices=[2,1] start_indices=[1,1] strides=[1,1]': E('[[S1(local), S2]]', '{S1: gather(dim=0), S2: identity, S3: identity}', partial='[[S3(sum)]]',
             shardy=('r1 r2 -> r3 r4', (), ('r1', 'r2', 'r3', 'r4'))),
         'x:f[*] limit_indices=[2] start_indices=[1] strides=None': E('[[S1(local)]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)]]',
             shardy=('r1 -> r2', (), ('r1', 'r2'))),

@@ -21,15 +21,18 @@ class Split:
     """How one dim of size ``size`` is cut into ``n`` shards.
 
     ``skew`` makes the first shard larger than the rest, so uneven splits are exercised
-    beyond the near-equal ones that ``size % n != 0`` already gives.
+    beyond the near-equal ones that ``size % n != 0`` already gives; ``narrow`` leaves every
+    shard after the first one element wide, as ``torch.chunk`` (DTensor's split) does to a
+    last shard (7 over 4: 2, 2, 2, 1).
     """
 
     n: int
     skew: bool = False
+    narrow: bool = False
 
     def bounds(self, size: int) -> list[tuple[int, int]] | None:
         """(start, length) per shard, or None when ``size`` cannot be cut this way."""
-        b = _bounds(self.n, self.skew, size)
+        b = _bounds(self.n, self.skew, size, self.narrow)
         return None if b is None else list(b)
 
     def is_even(self, size: int) -> bool:
@@ -38,10 +41,12 @@ class Split:
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every shard run and every evenness test
-def _bounds(n: int, skew: bool, size: int) -> tuple[tuple[int, int], ...] | None:
+def _bounds(n: int, skew: bool, size: int, narrow: bool = False) -> tuple[tuple[int, int], ...] | None:
     if size < n:
         return None
-    if skew:
+    if narrow:
+        lengths = [size - (n - 1)] + [1] * (n - 1)
+    elif skew:
         rest = max(1, size // (2 * n))
         lengths = [size - rest * (n - 1)] + [rest] * (n - 1)
     else:

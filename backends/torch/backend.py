@@ -67,6 +67,13 @@ def _list_out(args: list, dtype: Any) -> list[torch.Tensor]:
     return [torch.empty(0, dtype=d) for d in dtypes]
 
 
+def _left_empty(result: Any, expected: Any) -> bool:
+    """Is a tensor of ``result`` empty where the functional op's ``expected`` one is not?"""
+    got = [t for t in pytree.leaves(result, lambda x: isinstance(x, torch.Tensor))]
+    want = [t for t in pytree.leaves(expected, lambda x: isinstance(x, torch.Tensor))]
+    return any(g.numel() == 0 and w.numel() > 0 for g, w in zip(got, want))
+
+
 def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtype = torch.float32,
                 shaped_by: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """``fn(*args, **kwargs)`` that runs ``func`` without touching its inputs.
@@ -846,14 +853,19 @@ class TorchBackend:
         cases = []
         for args, kwargs, fresh, reserve in calls:
             try:
-                spec = _out_spec_from_result(func, sib_func(*args, **kwargs)) if catalog.out_arg_names(func) else {}
+                expected = sib_func(*args, **kwargs)
+                spec = _out_spec_from_result(func, expected) if catalog.out_arg_names(func) else {}
                 runner = make_runner(func, spec)
                 try:
-                    runner(*args, **kwargs)
+                    left_empty = _left_empty(runner(*args, **kwargs), expected)
                 except Exception:
                     if not catalog.out_arg_names(func):
                         raise
-                    # a kernel that does not resize an empty out: outs shaped as the functional op's result
+                    left_empty = True
+                if left_empty and catalog.out_arg_names(func):
+                    # a kernel that does not resize an empty out, loudly or silently
+                    # (binary_cross_entropy_backward's returns it empty): outs shaped as the
+                    # functional op's result
                     runner = make_runner(func, spec, shaped_by=sib_func)
                     runner(*args, **kwargs)
                 cases.append(self._reserved(self._case(func, args, kwargs, runner, fresh), reserve))

@@ -11,9 +11,10 @@ For one example call of an op:
    every combine (gather with halo/block, reduce, identity, scan, argreduce) that rebuilds
    each output.
 3. Verify the survivors on fresh inputs: 2, 3 and 4 shards and a skewed uneven split,
-   each with new data from the sample's own generator. Only combines that hold on every trial
-   stay; reduce(avg) is checked on equal shards only, and order picks (max, min, argmax,
-   argmin) on data with repeated values too.
+   each with new data from the sample's own generator, and shards one element wide. Only
+   combines that hold on every trial stay; reduce(avg) is checked on equal shards only,
+   order picks (max, min, argmax, argmin) on data with repeated values too, and an output
+   empty on every trial at other sizes where it has elements.
 
 Soundness guards: an op whose global output differs between two identical calls is
 nondeterministic; an output that does not change across fresh inputs cannot tell combines

@@ -102,6 +102,36 @@ class OtherSizes:
             kept.append(OutputCombine.of(opts))
         return kept
 
+    def _empty_throughout(self) -> list[int]:
+        """The outputs with no elements on every trial."""
+        return [j for j in range(len(self.trials[0].outputs))
+                if all(0 in self.ops.shape(t.outputs[j]) for t in self.trials)]
+
+    def _empty_outputs_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """An output empty on every trial passes every combine, so a rule stands for it only
+        where it stays empty at the other sizes of its signature, or holds there:
+        ``linalg_lstsq``'s residuals are empty while the matrix has fewer rows than columns,
+        and a gather of a cut right-hand side once it has more. The unpinned dims are
+        lengthened so that the order of their lengths turns around (distinct lengths stay
+        distinct, equal ones equal: 2 and 3 become 5 and 4); the trials where such an output
+        then has elements judge the combines (``_held_on``), and none stands where it then
+        has another rank. Where the op refuses them, or the output stays empty, the
+        emptiness is taken to be the signature's."""
+        dims = [(i, d) for i, d in self._resizable_dims() if not self._may_index(i)]
+        lengths = sorted({self.ops.shape(self.trials[0].leaves[i])[d] for i, d in dims})
+        if not lengths:
+            return outs
+        turned = {size: lengths[-1] + len(lengths) - k for k, size in enumerate(lengths)}
+        amounts = {(i, d): turned[size] - size
+                   for i, d in dims for size in [self.ops.shape(self.trials[0].leaves[i])[d]]}
+        empty = self._empty_throughout()
+        filled = [t for t in self._resized_by(amounts) or ()
+                  if len(t.outputs) == len(outs) and any(0 not in self.ops.shape(t.outputs[j]) for j in empty)]
+        ranks = [len(self.ops.shape(o)) for o in self.trials[0].outputs]
+        if any([len(self.ops.shape(o)) for o in t.outputs] != ranks for t in filled):
+            return None  # the output takes another rank there ([0] then [batch, k]): nothing was verified of it
+        return self._held_on(group, outs, filled, skip_refused=True) if filled else outs
+
     def _held_on(self, group: Group, outs: list[OutputCombine], trials: list[Trial],
                  skip_refused: bool = False, enough: int | None = None) -> list[OutputCombine] | None:
         """``outs`` with the combines that fail on one of ``trials`` dropped. The trials
