@@ -404,12 +404,12 @@ RULES = {
             shardy=('s1 s2 -> s1 s2', (), ())),
     },
     'jax.gather': {
-        "operand:f[*,*,*] start_indices:i[*,*] dimension_numbers='GatherDimensionNumbers(offset_dims=(1,2),collapsed_slice_dims=(0,),start_index_map=(0,1,2),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.PROMISE_IN_BOUNDS' slice_sizes=[1,3,2] unique_indices=False": E('[[S1, S2, N], [S3, N]]', '{S1: reduce(sum), S2: gather(dim=1), S3: gather(dim=0), S4: reduce(sum)}', partial='[[S4(sum)], []]', offset='[[], [S1(0, drop)]]',
-            shardy=('r1 s2 r2, s3 r3 -> s3 s2 r4', (), ('r1', 'r2', 'r3', 'r4'))),
-        "operand:f[*,*,*] start_indices:i[1] dimension_numbers='GatherDimensionNumbers(offset_dims=(0,1),collapsed_slice_dims=(0,),start_index_map=(0,),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.CLIP' slice_sizes=[1,10,10] unique_indices=False": E('[[S1, S2, S3], [N]]', '{S1: reduce(sum), S2: gather(dim=0), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)], []]', offset='[[], [S1(drop)]]',
-            shardy=('r1 s2 s3, r2 -> s2 s3', (), ('r1', 'r2'))),
         "operand:f[*,*] start_indices:i[*,*] dimension_numbers='GatherDimensionNumbers(offset_dims=(1,),collapsed_slice_dims=(0,),start_index_map=(0,1),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.PROMISE_IN_BOUNDS' slice_sizes=[1,5] unique_indices=False": E('[[S1, N], [S2, N]]', '{S1: reduce(sum), S2: gather(dim=0), S3: reduce(sum)}', partial='[[S3(sum)], []]', offset='[[], [S1(0, drop)]]',
             shardy=('r1 r2, s2 r3 -> s2 r4', (), ('r1', 'r2', 'r3', 'r4'))),
+        "operand:f[*,10,10] start_indices:i[1] dimension_numbers='GatherDimensionNumbers(offset_dims=(0,1),collapsed_slice_dims=(0,),start_index_map=(0,),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.CLIP' slice_sizes=[1,10,10] unique_indices=False": E('[[S1, S2, S3], [N]]', '{S1: reduce(sum), S2: gather(dim=0), S3: gather(dim=1), S4: reduce(sum)}', partial='[[S4(sum)], []]', offset='[[], [S1(drop)]]',
+            shardy=('r1 s2 s3, r2 -> s2 s3', (), ('r1', 'r2'))),
+        "operand:f[*,3,*] start_indices:i[*,*] dimension_numbers='GatherDimensionNumbers(offset_dims=(1,2),collapsed_slice_dims=(0,),start_index_map=(0,1,2),operand_batching_dims=(),start_indices_batching_dims=())' fill_value=None indices_are_sorted=False mode='GatherScatterMode.PROMISE_IN_BOUNDS' slice_sizes=[1,3,2] unique_indices=False": E('[[S1, S2, N], [S3, N]]', '{S1: reduce(sum), S2: gather(dim=1), S3: gather(dim=0), S4: reduce(sum)}', partial='[[S4(sum)], []]', offset='[[], [S1(0, drop)]]',
+            shardy=('r1 s2 r2, s3 r3 -> s3 s2 r4', (), ('r1', 'r2', 'r3', 'r4'))),
     },
     'jax.ge': {
         'x:f[1,*] y:f[*,*]': E('[[N, S1], [S2, S1]]', '{S1: gather(dim=1), S2: gather(dim=0)}',
@@ -616,11 +616,11 @@ RULES = {
         'x:f[]': E('[[]]', '{S1: reduce(sum)}', partial='[[S1(sum)]]'),
     },
     'jax.nextafter': {
-        'x1:f[*,*] x2:f[*,*]': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: identity}', partial='[[S3(sum)], [S3(sum), S4(sum)]]',
+        'x1:f[*,*] x2:f[*,*]': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1)}',
             shardy=('s1 s2, s1 s2 -> s1 s2', (), ())),
-        'x1:f[*,*] x2:f[1,*]': E('[[S1, S2], [N, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: identity}', partial='[[S3(sum)], [S3(sum), S4(sum)]]',
+        'x1:f[*,*] x2:f[1,*]': E('[[S1, S2], [N, S2]]', '{S1: gather(dim=0), S2: gather(dim=1)}',
             shardy=('s1 s2, r1 s2 -> s1 s2', (), ('r1',))),
-        'x1:f[1,*] x2:f[*,*]': E('[[N, S1], [S2, S1]]', '{S1: gather(dim=1), S2: gather(dim=0), S3: reduce(sum), S4: identity}', partial='[[S3(sum)], [S3(sum), S4(sum)]]',
+        'x1:f[1,*] x2:f[*,*]': E('[[N, S1], [S2, S1]]', '{S1: gather(dim=1), S2: gather(dim=0)}',
             shardy=('r1 s1, s2 s1 -> s2 s1', (), ('r1',))),
     },
     'jax.not': {
@@ -1001,7 +1001,7 @@ RULES = {
             shardy=('s1 s2 -> s1 s2', (), ())),
     },
     'jax.slice': {
-        'x:f[*,*,*] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None': E('[[S1(local), S2(local), S3]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: gather(dim=2), S4: reduce(sum)}', partial='[[S4(sum)]]',
+        'x:f[*,*,10] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None': E('[[S1(local), S2(local), S3]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: gather(dim=2), S4: reduce(sum)}', partial='[[S4(sum)]]',
             shardy=('r1 r2 s3 -> r3 r4 s3', (), ('r1', 'r2', 'r3', 'r4'))),
         'x:f[*,*] limit_indices=[2,1] start_indices=[1,1] strides=[1,1]': E('[[S1(local), S2]]', '{S1: gather(dim=0), S2: identity, S3: identity}', partial='[[S3(sum)]]',
             shardy=('r1 r2 -> r3 r4', (), ('r1', 'r2', 'r3', 'r4'))),

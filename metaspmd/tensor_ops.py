@@ -24,6 +24,10 @@ TOLERANCES = {
     "complex64": (1e-4, 1e-5),
 }
 LOW_TOLERANCE = (2e-2, 1e-2)
+# Ops (by base name, the same in torch and jax) whose result is a step of one ulp: any
+# tolerance passes a combine within it (Partial parts each stepped by their own ulp), so
+# the backends compare their outputs as the integers of their bits.
+ULP_STEPS = frozenset({"nextafter"})
 _INEXACT = ("float", "bfloat", "complex")  # dtype names compared within a tolerance
 _MAX = np.maximum.reduce
 

@@ -20,19 +20,19 @@ from jax._src import core
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import signature
-from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, ULP_STEPS
 
 from . import program_index, programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
 from .params import (
-    SHAPE_PARAMS, check_shapes, exact_sizes, flatten_operands, for_shards, group_operands, signature_params,
+    SHAPE_PARAMS, check_shapes, exact_sizes, first_shape, flatten_operands, for_shards, group_operands, signature_params,
 )
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
 from .local_params import localizer, padding_of
 from .programs import Occurrence
-from .tensor_ops import JaxOps, kind_of
+from .tensor_ops import JaxOps, compared_as_bits, kind_of
 
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
@@ -93,7 +93,7 @@ class _AvalOps:
 def abstract_signature(occ: Occurrence) -> str:
     names, args = group_operands(occ.primitive, list(occ.in_avals))
     params = signature_params(occ.params)
-    return signature(_AvalOps(), names, args, params, exact_sizes(occ.primitive, params))
+    return signature(_AvalOps(), names, args, params, exact_sizes(occ.primitive, params, first_shape(args)))
 
 
 def _preference(occ: Occurrence) -> tuple:
@@ -218,10 +218,11 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     # widen: a primitive's operands take any length (params are refitted to the shapes it
     # gets), and the explorer widens no dim that integer operands could index;
     # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
-    return OpCase(op=op, fn=call, args=args, kwargs=kwargs, arg_names=names, fresh=fresh,
+    return OpCase(op=op, fn=compared_as_bits(call) if prim in ULP_STEPS else call, args=args, kwargs=kwargs,
+                  arg_names=names, fresh=fresh,
                   fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
                   bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),
-                  localize=localizer(call), padding=padding_of(call), exact_sizes=exact_sizes(prim, kwargs),
+                  localize=localizer(call), padding=padding_of(call), exact_sizes=exact_sizes(prim, kwargs, first_shape(args)),
                   notes=_identity_notes(prim))
 
 

@@ -76,14 +76,48 @@ def signature_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def exact_sizes(prim: str, params: Mapping[str, Any]) -> dict[str, slice]:
+# The slicing primitives' operand and the param that sizes its slice, per dim.
+_SPANNING = {"slice": "x", "dynamic_slice": "operand", "gather": "operand"}
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    """A tuple of ints from a raw param or its signature_params text ('(1,2,10)')."""
+    if isinstance(value, str):
+        return tuple(int(v) for v in re.findall(r"-?\d+", value))
+    return tuple(int(v) for v in value)
+
+
+def spanning_dims(prim: str, params: Mapping[str, Any], shape: Sequence[int]) -> list[int]:
+    """The operand dims of 2 or more that a slicing primitive takes whole: its shards take
+    their own length there (``for_shards``), which is the global slice only while the
+    slice spans the dim, so those sizes key its rules."""
+    if prim == "slice":
+        starts, limits = _ints(params["start_indices"]), _ints(params["limit_indices"])
+        return [d for d, (s, lim, n) in enumerate(zip(starts, limits, shape)) if n >= 2 and s == 0 and lim == n]
+    sizes = _ints(params["slice_sizes"])
+    return [d for d, (k, n) in enumerate(zip(sizes, shape)) if n >= 2 and k == n]
+
+
+def first_shape(args: Sequence[Any]) -> tuple[int, ...] | None:
+    """The first operand's shape (an array's or an aval's), for ``exact_sizes``."""
+    return tuple(int(n) for n in args[0].shape) if args and hasattr(args[0], "shape") else None
+
+
+def exact_sizes(prim: str, params: Mapping[str, Any], operand: Sequence[int] | None = None) -> dict[str, slice]:
     """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): every
     dim of a reshape's operand, which maps dims by their sizes (new_sizes [6, 4] merges dims
     0 and 1 of [2, 3, 4] and splits dim 0 of [4, 3, 2]); a convolution kernel's spatial
-    extent, which sets its halo: rhs_spec's dims after the two feature dims. ``params``: raw
-    or as signature_params gives them."""
+    extent, which sets its halo: rhs_spec's dims after the two feature dims; the dims a
+    slice, dynamic slice or gather of an ``operand`` of that shape takes whole
+    (``spanning_dims``: a slice of 10 of a dim of 10 is the whole dim, of a dim of 20 is
+    not). ``params``: raw or as signature_params gives them."""
     if prim == "reshape":
         return {"x": ALL_DIMS}
+    if prim in _SPANNING:
+        if operand is None:
+            raise ValueError(f"jax.{prim}: the operand's shape keys its rules; none given")
+        pinned = span(spanning_dims(prim, params, operand))
+        return {_SPANNING[prim]: pinned} if pinned else {}
     if prim != "conv_general_dilated":
         return {}
     numbers = params.get("dimension_numbers")

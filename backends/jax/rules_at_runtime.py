@@ -23,14 +23,14 @@ from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
 from metaspmd.spec import Replicate, Strategy
 from metaspmd.table import RuleTable, generated
-from metaspmd.tensor_ops import FLOAT, INT, OTHER
+from metaspmd.tensor_ops import FLOAT, INT, OTHER, ULP_STEPS
 
 from .backend import clamped_positions, dropping_form, localizer, padding_of
 from .capture import BOUNDARY, CARRY, SCAN_SLICE, SCAN_STACK, Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
-from .params import exact_sizes
-from .tensor_ops import JaxOps, kind_of
+from .params import exact_sizes, first_shape
+from .tensor_ops import JaxOps, compared_as_bits, kind_of
 
 _OPS = JaxOps()
 
@@ -153,7 +153,7 @@ def _as_traced(operands: Sequence[Any], traced: tuple | None) -> list[Any]:
 def node_signature(node: MetaOp, operands: Sequence[Any]) -> tuple[tuple[str, ...], tuple, str]:
     prim = node.op.removeprefix("jax.")
     names, args = op_arguments(prim, operands)
-    return names, args, signature(_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
+    return names, args, signature(_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs, first_shape(args)))
 
 
 def _derived(node: MetaOp, prim: str, found: tuple[spec.Strategy, ...], ndims: Sequence[int]) -> NodeCall:
@@ -186,7 +186,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
         return _derived(node, prim, _identity_rules(ndims[0]), ndims)
     if traced is not None:
         names, args = op_arguments(prim, traced)
-        sig = signature(_TRACED_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs))
+        sig = signature(_TRACED_OPS, names, args, node.kwargs, exact_sizes(prim, node.kwargs, first_shape(args)))
     else:
         names, args, sig = node_signature(node, captured.values[node.name])
     found = (rules if rules is not None else table()).strategies(node.op, sig)
@@ -197,10 +197,11 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
             def refuse(*_a, **_k):
                 raise Opaque(f"{prim} is control flow: its bodies have fixed shapes, so it stays replicated")
 
-            return OpCase(node.op, refuse, op_arguments(prim, operands)[1], dict(node.kwargs), names,
-                          exact_sizes=exact_sizes(prim, node.kwargs))
+            args = op_arguments(prim, operands)[1]
+            return OpCase(node.op, refuse, args, dict(node.kwargs), names,
+                          exact_sizes=exact_sizes(prim, node.kwargs, first_shape(args)))
         params = captured.eqn(node.name).params
-        fn = _identity if prim in VALUE_IDENTITIES else node.fn
+        fn = _identity if prim in VALUE_IDENTITIES else compared_as_bits(node.fn) if prim in ULP_STEPS else node.fn
         example = _widened(_varied(prim, operands, 0))
         try:  # some kernels have no float64 form, or params pin float32: explore as is
             fn(*op_arguments(prim, example)[1])
@@ -221,7 +222,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
         # as the sweep's cases: XLA never reads past an operand, so positions may be offset
         return OpCase(node.op, fn, a, dict(node.kwargs), names, fresh=fresh, fixed=fixed,
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
-                      localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs))
+                      localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs, first_shape(a)))
 
     return NodeCall(sig, found, case, prepare=getattr(captured.values, "record", None))
 

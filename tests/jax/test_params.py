@@ -39,6 +39,34 @@ def test_a_convolution_is_keyed_by_its_kernel_extent():
     assert exact_sizes("add", {}) == {}
 
 
+def test_a_slice_that_spans_its_dim_keys_the_rule_by_that_dim():
+    """A shard slices its own length where the slice spans the dim (for_shards), which is
+    the global slice only while it does: 10 of a dim of 10 is the whole dim, 10 of 20 is
+    not. The spanned dims' sizes enter the signature, so a rule found at (10, 10, 10) is
+    not the one looked up at (12, 12, 20)."""
+    from metaspmd.backends.jax.backend import _AvalOps
+    from metaspmd.signature import signature
+    import jax
+
+    params = {"start_indices": (0, 1, 0), "limit_indices": (1, 2, 10), "strides": None}
+    assert exact_sizes("slice", params, (10, 10, 10)) == {"x": slice(2, 3)}
+    assert exact_sizes("slice", signature_params(params), (10, 10, 10)) == {"x": slice(2, 3)}
+    assert exact_sizes("slice", params, (12, 12, 20)) == {}
+
+    def sig(shape):
+        x = jax.core.ShapedArray(shape, "float32")
+        plain_params = signature_params(params)
+        return signature(_AvalOps(), ("x",), (x,), plain_params, exact_sizes("slice", plain_params, shape))
+
+    assert sig((10, 10, 10)).startswith("x:f[*,*,10]") and sig((12, 12, 20)).startswith("x:f[*,*,*]")
+    # gather and dynamic_slice by their slice_sizes, where a slice takes a whole dim of 2 or more
+    assert exact_sizes("gather", {"slice_sizes": (1, 3, 2)}, (2, 3, 3)) == {"operand": slice(1, 2)}
+    assert exact_sizes("dynamic_slice", {"slice_sizes": (1, 4)}, (5, 4)) == {"operand": slice(1, 2)}
+    assert exact_sizes("dynamic_slice", {"slice_sizes": (1, 1)}, (1, 4)) == {}
+    with pytest.raises(ValueError, match="operand's shape"):
+        exact_sizes("gather", {"slice_sizes": (1, 3, 2)})
+
+
 def test_operand_layout():
     names, args = group_operands("dynamic_update_slice", ["op", "upd", "i0", "i1"])
     assert names == ("operand", "update", "start_indices") and args == ("op", "upd", ["i0", "i1"])
@@ -60,3 +88,23 @@ def test_shape_params_follow_the_shards():
     assert p["limit_indices"] == (3, 3)  # full-range dims follow, partial ones stay
     same = {"shape": (2, 3), "broadcast_dimensions": (1,)}
     assert for_shards("broadcast_in_dim", same, [(3,)], [(3,)]) == same
+
+
+def test_an_ulp_step_is_compared_bit_for_bit():
+    """jax's nextafter, as the sweep and the runtime run it (``compared_as_bits``): its
+    outputs are the integers of their bits, so no Partial input passes within a tolerance."""
+    import jax
+    import jax.numpy as jnp
+
+    from metaspmd.backends.jax.tensor_ops import JaxOps, compared_as_bits
+    from metaspmd.case import OpCase
+    from metaspmd.explorer import explore_case
+    from metaspmd.spec import ShardIn, strategies
+
+    fn = compared_as_bits(jax.lax.nextafter)
+    x, y = jax.random.normal(jax.random.key(0), (6, 4)), jax.random.normal(jax.random.key(1), (6, 4))
+    bits = fn(x, y)
+    assert jnp.issubdtype(bits.dtype, jnp.integer) and bits.dtype.itemsize == x.dtype.itemsize and bits.shape == (6, 4)
+    e = explore_case(OpCase("jax.nextafter", fn, (x, y), {}, ("x1", "x2")), JaxOps())
+    rules = list(strategies(e.shard, e.partial, e.combine, e.offset))
+    assert {r.inputs for r in rules} == {(ShardIn(0), ShardIn(0)), (ShardIn(1), ShardIn(1))}

@@ -161,9 +161,10 @@ def test_a_slice_of_a_cut_dim_runs_on_each_shard_with_its_own_bounds(backend, op
     # uneven local outputs concatenate to the slice (Shardy's permutation factor)
     case = _case(backend, ops, "jax.slice", "x:f[*] limit_indices=[2] start_indices=[1] strides=None")
     assert (("S(0, local)",), ("gather(dim=0)",)) in _strategies(explore_case(case, ops)).values()
-    # re-based params fix the cut dim alone: dim 2, sliced whole, follows a lengthened
-    # trial's length on every shard as it does on the whole operand, so the cut holds there
-    case = _case(backend, ops, "jax.slice", "x:f[*,*,*] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None")
+    # re-based params fix the cut dim alone: dim 2, sliced whole, keys the rule by its
+    # size (10 of a dim of 10; of a dim of 20 the slice is not whole), and every shard
+    # slices all of its own there
+    case = _case(backend, ops, "jax.slice", "x:f[*,*,10] limit_indices=[1,2,10] start_indices=[0,1,0] strides=None")
     assert (("S(0, local)",), ("gather(dim=0)",)) in _strategies(explore_case(case, ops)).values()
     # each piece of a split keeps its part of the shard; unstack's pieces come from the shard
     # that holds them, zeros elsewhere, so they sum

@@ -98,3 +98,12 @@ def test_an_out_kernel_that_returns_its_empty_out_is_run_on_a_sized_one():
         out = case.fn(*case.args, **case.kwargs)
         first = out[0] if isinstance(out, (tuple, list)) else out
         assert first.numel() > 0, case.signature if hasattr(case, "signature") else case.args
+
+
+def test_an_ulp_step_is_compared_bit_for_bit():
+    """nextafter of summed parts differs from the sum of the parts' nextafters by about an
+    ulp, which any tolerance passes; compared as bits, no Partial rule stands, and the cuts
+    do."""
+    x, y = torch.randn(6, 4, dtype=F64), torch.randn(6, 4, dtype=F64)
+    rules = _rules(_explore(aten.nextafter.default, [x, y]))
+    assert {r.inputs for r in rules} == {(ShardIn(0), ShardIn(0)), (ShardIn(1), ShardIn(1))}
