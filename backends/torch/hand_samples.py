@@ -449,6 +449,13 @@ def _matrix_rank_batched(d: Draw) -> Named:
     return {"self": d.randn(4, 5, 6), "tol": 0.5}
 
 
+def _lstsq_tall(d: Draw) -> Named:
+    # OpInfo's matrices are wide (2 x 3), where gels leaves the residuals empty and every
+    # combine of them passes; a tall one has residuals, which a cut of b's columns gathers
+    # (and which stay a gather of empties where a call of this signature is wide)
+    return {"self": d.randn(6, 3), "b": d.randn(6, 4), "driver": "gels"}
+
+
 def _nuclear_norm_batched(d: Draw) -> Named:
     return {"self": d.randn(4, 5, 6)}
 
@@ -576,6 +583,7 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
     "aten.repeat_interleave.Tensor": {"repeat_interleave:counts": (_repeat_interleave_counts, "int64")},
     "aten.linalg_matrix_rank.default": {"linalg_matrix_rank:batched": (_matrix_rank_batched, "float64")},
     "aten.nuclear_norm.default": {"nuclear_norm:batched": (_nuclear_norm_batched, "float64")},
+    "aten.linalg_lstsq.default": {"linalg_lstsq:tall": (_lstsq_tall, "float64")},
     "aten.vander.default": {"vander:N": (_vander_columns, "float64")},
     "aten.histogramdd.int_bins": {"histogramdd:range": (_histogramdd_range, "float64")},
     **{f"aten.{op}.default": {f"{op}:train": (_feature_dropout("self" if op.endswith("_") else "input"), "float64")}
