@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from . import pytree
 
 # Dtype kinds: the only dtype facts the core reasons about.
 FLOAT, COMPLEX, INT, BOOL, OTHER = "f", "c", "i", "b", "o"
@@ -28,6 +30,19 @@ LOW_TOLERANCE = (2e-2, 1e-2)
 # tolerance passes a combine within it (Partial parts each stepped by their own ulp), so
 # the backends compare their outputs as the integers of their bits.
 ULP_STEPS = frozenset({"nextafter"})
+
+
+def compared_as_bits(fn: Callable[..., Any], is_tensor: Callable[[Any], bool], bits: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``fn`` with every tensor output ``x`` (``is_tensor``) replaced by ``bits(x)``, the
+    integers of a float's bits (a backend's bitcast; other tensors as they are): compared
+    exactly, so a combine must rebuild every bit, as gathers and identity do."""
+    def as_bits(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return pytree.replace(out, is_tensor, [bits(x) for x in pytree.leaves(out, is_tensor)])
+
+    return as_bits
+
+
 _INEXACT = ("float", "bfloat", "complex")  # dtype names compared within a tolerance
 _MAX = np.maximum.reduce
 

@@ -20,7 +20,7 @@ from jax._src import core
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import signature
-from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, ULP_STEPS
+from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, ULP_STEPS, compared_as_bits
 
 from . import program_index, programs
 from .catalog import catalog, primitive_of
@@ -32,7 +32,7 @@ from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
 from .local_params import localizer, padding_of
 from .programs import Occurrence
-from .tensor_ops import JaxOps, compared_as_bits, kind_of
+from .tensor_ops import JaxOps, float_bits, kind_of
 
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
@@ -218,7 +218,7 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     # widen: a primitive's operands take any length (params are refitted to the shapes it
     # gets), and the explorer widens no dim that integer operands could index;
     # bounds_checked: XLA clamps, fills or drops out-of-range positions, never reads past
-    return OpCase(op=op, fn=compared_as_bits(call) if prim in ULP_STEPS else call, args=args, kwargs=kwargs,
+    return OpCase(op=op, fn=compared_as_bits(call, JaxOps().is_tensor, float_bits) if prim in ULP_STEPS else call, args=args, kwargs=kwargs,
                   arg_names=names, fresh=fresh,
                   fixed=IDENTITY_OPERANDS.get(prim, frozenset()), widen=True, values=VALUE_OPERANDS.get(prim, frozenset()),
                   bounds_checked=True, dropping=dropping_form(call), in_range=clamped_positions(call),

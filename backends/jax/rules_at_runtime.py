@@ -23,14 +23,14 @@ from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
 from metaspmd.spec import Replicate, Strategy
 from metaspmd.table import RuleTable, generated
-from metaspmd.tensor_ops import FLOAT, INT, OTHER, ULP_STEPS
+from metaspmd.tensor_ops import FLOAT, INT, OTHER, ULP_STEPS, compared_as_bits
 
 from .backend import clamped_positions, dropping_form, localizer, padding_of
 from .capture import BOUNDARY, CARRY, SCAN_SLICE, SCAN_STACK, Captured, op_arguments
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, condition
 from .params import exact_sizes, first_shape
-from .tensor_ops import JaxOps, compared_as_bits, kind_of
+from .tensor_ops import JaxOps, float_bits, kind_of
 
 _OPS = JaxOps()
 
@@ -201,7 +201,7 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
             return OpCase(node.op, refuse, args, dict(node.kwargs), names,
                           exact_sizes=exact_sizes(prim, node.kwargs, first_shape(args)))
         params = captured.eqn(node.name).params
-        fn = _identity if prim in VALUE_IDENTITIES else compared_as_bits(node.fn) if prim in ULP_STEPS else node.fn
+        fn = _identity if prim in VALUE_IDENTITIES else compared_as_bits(node.fn, _OPS.is_tensor, float_bits) if prim in ULP_STEPS else node.fn
         example = _widened(_varied(prim, operands, 0))
         try:  # some kernels have no float64 form, or params pin float32: explore as is
             fn(*op_arguments(prim, example)[1])

@@ -18,21 +18,11 @@ from jax import lax
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, close_tensors
 
 
-def compared_as_bits(fn):
-    """``fn`` with its float outputs read as the integers of their bits, compared exactly
-    (``metaspmd.tensor_ops.ULP_STEPS``): a combine must rebuild every bit, as gathers and
-    identity do."""
-    widths = {8: jnp.int64, 4: jnp.int32, 2: jnp.int16, 1: jnp.int8}
-
-    def bits(x):
-        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating):
-            return lax.bitcast_convert_type(x, widths[x.dtype.itemsize])
-        return x
-
-    def as_bits(*args, **kwargs):
-        return jax.tree_util.tree_map(bits, fn(*args, **kwargs))
-
-    return as_bits
+def float_bits(x: jax.Array) -> jax.Array:
+    """A float array's bits as integers of its width; any other array as it is."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return lax.bitcast_convert_type(x, {8: jnp.int64, 4: jnp.int32, 2: jnp.int16, 1: jnp.int8}[x.dtype.itemsize])
+    return x
 
 
 def _is_extended(x: jax.Array) -> bool:

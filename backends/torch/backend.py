@@ -26,7 +26,7 @@ import torch
 from metaspmd import pytree, reproducible
 from metaspmd.case import NoSample, OpCase, ShapeRefused, Skip
 from metaspmd.signature import arg_items
-from metaspmd.tensor_ops import ULP_STEPS
+from metaspmd.tensor_ops import ULP_STEPS, compared_as_bits
 from metaspmd.sweep.user_modules import load_module
 
 from . import catalog, hand_samples, local_params, model_programs, random_ops, sample_data, views
@@ -449,21 +449,11 @@ def _zeros_for_unspecified(fn: Callable[..., Any]) -> Callable[..., Any]:
     return zeroed
 
 
-_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-
-
-def _as_bits(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its float outputs read as the integers of their bits (``ULP_STEPS``):
-    compared exactly, so a combine must rebuild every bit, as gathers and identity do."""
-    def bits(x):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.contiguous().view(_BITS[x.element_size()])
-        return x
-
-    def as_bits(*args, **kwargs):
-        return torch.utils._pytree.tree_map(bits, fn(*args, **kwargs))
-
-    return as_bits
+def _float_bits(x: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bits as integers of its width; any other tensor as it is."""
+    if x.is_floating_point():
+        return x.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[x.element_size()])
+    return x
 
 
 def _scalars_as_tensors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -531,7 +521,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     if catalog.returns_scalars(func):
         fn = _scalars_as_tensors(fn)
     if catalog.aten_base(func).rstrip("_") in ULP_STEPS:  # nextafter_ too
-        fn = _as_bits(fn)
+        fn = compared_as_bits(fn, lambda x: isinstance(x, torch.Tensor), _float_bits)
     dropping = dropping_form(func, runner)
     random = catalog.nondeterministic_reason(func) is not None and random_ops.checkable(func)
     if catalog.unspecified_values(func) or (random and random_ops.is_fill(func)):

@@ -96,12 +96,13 @@ def test_an_ulp_step_is_compared_bit_for_bit():
     import jax
     import jax.numpy as jnp
 
-    from metaspmd.backends.jax.tensor_ops import JaxOps, compared_as_bits
+    from metaspmd.backends.jax.tensor_ops import JaxOps, float_bits
     from metaspmd.case import OpCase
     from metaspmd.explorer import explore_case
     from metaspmd.spec import ShardIn, strategies
+    from metaspmd.tensor_ops import compared_as_bits
 
-    fn = compared_as_bits(jax.lax.nextafter)
+    fn = compared_as_bits(jax.lax.nextafter, JaxOps().is_tensor, float_bits)
     x, y = jax.random.normal(jax.random.key(0), (6, 4)), jax.random.normal(jax.random.key(1), (6, 4))
     bits = fn(x, y)
     assert jnp.issubdtype(bits.dtype, jnp.integer) and bits.dtype.itemsize == x.dtype.itemsize and bits.shape == (6, 4)
