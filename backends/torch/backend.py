@@ -70,9 +70,10 @@ def _list_out(args: list, dtype: Any) -> list[torch.Tensor]:
 
 def _left_empty(result: Any, expected: Any) -> bool:
     """Is a tensor of ``result`` empty where the functional op's ``expected`` one is not?"""
-    got = [t for t in pytree.leaves(result, lambda x: isinstance(x, torch.Tensor))]
-    want = [t for t in pytree.leaves(expected, lambda x: isinstance(x, torch.Tensor))]
-    return any(g.numel() == 0 and w.numel() > 0 for g, w in zip(got, want))
+    def tensors(tree: Any) -> list[torch.Tensor]:
+        return pytree.leaves(tree, lambda x: isinstance(x, torch.Tensor))
+
+    return any(g.numel() == 0 and w.numel() > 0 for g, w in zip(tensors(result), tensors(expected)))
 
 
 def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtype = torch.float32,
@@ -863,16 +864,18 @@ class TorchBackend:
         cases = []
         for args, kwargs, fresh, reserve in calls:
             try:
-                expected = sib_func(*args, **kwargs)
-                spec = _out_spec_from_result(func, expected) if catalog.out_arg_names(func) else {}
+                outs = bool(catalog.out_arg_names(func))
+                expected = sib_func(*args, **kwargs) if outs else None
+                spec = _out_spec_from_result(func, expected) if outs else {}
                 runner = make_runner(func, spec)
                 try:
-                    left_empty = _left_empty(runner(*args, **kwargs), expected)
+                    result = runner(*args, **kwargs)  # an in-place op may refuse its own input's shape
+                    left_empty = outs and _left_empty(result, expected)
                 except Exception:
-                    if not catalog.out_arg_names(func):
+                    if not outs:
                         raise
                     left_empty = True
-                if left_empty and catalog.out_arg_names(func):
+                if left_empty:
                     # a kernel that does not resize an empty out, loudly or silently
                     # (binary_cross_entropy_backward's returns it empty): outs shaped as the
                     # functional op's result

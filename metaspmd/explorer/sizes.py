@@ -103,11 +103,12 @@ class OtherSizes:
         return kept
 
     def _empty_throughout(self) -> list[int]:
-        """The outputs with no elements on every trial."""
+        """The outputs with no elements on every trial (``empty`` below)."""
         return [j for j in range(len(self.trials[0].outputs))
                 if all(0 in self.ops.shape(t.outputs[j]) for t in self.trials)]
 
-    def _empty_outputs_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+    def _empty_outputs_on_other_sizes(self, group: Group, outs: list[OutputCombine],
+                                      empty: list[int]) -> list[OutputCombine] | None:
         """An output empty on every trial passes every combine, so a rule stands for it only
         where it stays empty at the other sizes of its signature, or holds there:
         ``linalg_lstsq``'s residuals are empty while the matrix has fewer rows than columns,
@@ -117,14 +118,13 @@ class OtherSizes:
         then has elements judge the combines (``_held_on``), and none stands where it then
         has another rank. Where the op refuses them, or the output stays empty, the
         emptiness is taken to be the signature's."""
-        dims = [(i, d) for i, d in self._resizable_dims() if not self._may_index(i)]
-        lengths = sorted({self.ops.shape(self.trials[0].leaves[i])[d] for i, d in dims})
+        dims = {(i, d): self.ops.shape(self.trials[0].leaves[i])[d]
+                for i, d in self._resizable_dims() if not self._may_index(i)}
+        lengths = sorted(set(dims.values()))
         if not lengths:
             return outs
         turned = {size: lengths[-1] + len(lengths) - k for k, size in enumerate(lengths)}
-        amounts = {(i, d): turned[size] - size
-                   for i, d in dims for size in [self.ops.shape(self.trials[0].leaves[i])[d]]}
-        empty = self._empty_throughout()
+        amounts = {key: turned[size] - size for key, size in dims.items()}
         filled = [t for t in self._resized_by(amounts) or ()
                   if len(t.outputs) == len(outs) and any(0 not in self.ops.shape(t.outputs[j]) for j in empty)]
         ranks = [len(self.ops.shape(o)) for o in self.trials[0].outputs]

@@ -173,8 +173,9 @@ class Verifier:
             result = self._cuts_on_other_sizes(group, result)
             if result is None:
                 return None
-        if self._empty_throughout():
-            result = self._empty_outputs_on_other_sizes(group, result)
+        empty = self._empty_throughout()
+        if empty:
+            result = self._empty_outputs_on_other_sizes(group, result, empty)
             if result is None:
                 return None
         return Verified(tuple(result), frozenset(counts), uneven)
