@@ -18,6 +18,7 @@ from jax import lax
 from jax._src import config as jax_config
 from jax._src import core
 
+from metaspmd import pytree
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import signature
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, ULP_STEPS, compared_as_bits
@@ -226,6 +227,10 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
                   notes=_identity_notes(prim))
 
 
+def _shapes(occ: Occurrence) -> tuple:
+    return tuple(tuple(a.shape) for a in occ.in_avals)
+
+
 def _identity_notes(prim: str) -> tuple[str, ...]:
     return tuple(f"{name}: the identity of the computation (jax.lax.reduce leaves other values undefined)"
                  for name in sorted(IDENTITY_OPERANDS.get(prim, ())))
@@ -271,6 +276,32 @@ class JaxBackend:
             calls = [o for o in everything if is_model(programs.programs()[o.program])]
             models = [(sig, o) for sig, o in choose(calls) if sig not in chosen]
             out += self._built(op, models, self.model_cases)[0]
+        return out
+
+    def cases_at_other_sizes(self, op: str, per_signature: int) -> list[OpCase]:
+        """Up to ``per_signature`` more program calls of ``op`` per signature, each at other
+        operand shapes than the call the sweep explored (``cases``): where the cross-check
+        re-verifies the registry's rules."""
+        ops = self.tensor_ops()
+        taken: dict[str, list[tuple]] = {  # per explored signature, the shapes taken
+            signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes):
+                [tuple(tuple(ops.shape(x)) for x in pytree.leaves((tuple(c.args), dict(c.kwargs)), ops.is_tensor))]
+            for c in self.cases(op)
+        }
+        out = []
+        for occ in program_index.index()[primitive_of(op)]:
+            try:
+                sig = abstract_signature(occ)
+            except ValueError:
+                continue
+            kept = taken.get(sig)
+            if kept is None or _shapes(occ) in kept or len(kept) > per_signature:
+                continue
+            try:
+                out.append(build_case(op, occ))
+            except Exception:  # a program that does not run eagerly: as in ``cases``
+                continue
+            kept.append(_shapes(occ))
         return out
 
     @staticmethod

@@ -17,6 +17,9 @@ devices, with collectives doing the combine (``collectives``: psum and friends, 
 collective permute for a reversed gather, a carry of edge slices for a scan).
 
     python tools/crosscheck.py --backend jax --ops 'jax.dot_general,jax.add'
+
+With ``--other-calls N`` there is no Shardy comparison: every registry rule is re-verified
+on up to N more program calls of its signature, at other operand shapes.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
-from metaspmd.cli import path_arg
+from metaspmd.cli import path_arg, positive_int
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
 from metaspmd.signature import signature
+from metaspmd.tensor_ops import TOLERANCES
+from metaspmd.target import cuts_line_up
 from metaspmd.spec import (
     ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn, drops,
 )
@@ -436,6 +441,58 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
     return result
 
 
+def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signature: int) -> int:
+    """Every registry rule re-verified (``reverify``) on up to ``per_signature`` more calls of
+    its signature at other shapes (``JaxBackend.cases_at_other_sizes``), where the runtime
+    applies it (``cuts_line_up``). Prints the failures and a summary; 1 if one fails."""
+    ops = backend.tensor_ops()
+    counts, failed = Counter(), []
+    for op in names:
+        record = records.get(op)
+        if record is None:
+            continue
+        try:
+            cases = backend.cases_at_other_sizes(op, per_signature)
+        except (NoSample, Skip):
+            continue
+        for case in cases:
+            entry = record.entry(signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes))
+            if entry is None:
+                continue  # a signature the registry has no entry for: explored live at run time
+            counts["calls"] += 1
+            shapes = [tuple(ops.shape(x)) for x in _leaves(case, ops)]
+            strategies = entry.all_strategies()
+            by_label = {s.label: s for s in strategies}
+            for s in strategies:
+                if not cuts_line_up(s, shapes, by_label):
+                    counts["not applied"] += 1
+                    continue
+                if _parts_round(ops, case, s):
+                    counts["unchecked"] += 1
+                    continue
+                problem = reverify(case, ops, s)
+                counts["failed" if problem else "ok"] += 1
+                if problem:
+                    failed.append(f"{op}  {entry.signature}  {shapes}  {s.label}: {problem}")
+                    print(f"FAILED {failed[-1]}", flush=True)
+    print(f"rules re-verified on other calls of their signatures (up to {per_signature} per signature): "
+          f"{counts['calls']} calls, {counts['ok']} ok, {counts['failed']} failed, "
+          f"{counts['not applied']} not applied (cuts of unequal lengths), "
+          f"{counts['unchecked']} unchecked (Partial(sum) parts of a low-precision float round)")
+    return 1 if failed else 0
+
+
+def _parts_round(ops, case, strategy) -> bool:
+    """Has ``strategy`` a Partial(sum) input of a low-precision float dtype (bfloat16,
+    float16)? Its parts, drawn in that dtype, do not sum back to it within the dtype's
+    tolerance, so the op on them differs from the op on the input for a rule that holds:
+    no verdict either way. (The signature's kind ``f`` holds every float width; the sweep
+    explores the wide ones.)"""
+    leaves = _leaves(case, ops)
+    return any(isinstance(p, PartialInput) and p.op == "sum" and ops.dtype_kind(leaves[i]) == "f"
+               and ops.dtype_name(leaves[i]) not in TOLERANCES for i, p in enumerate(strategy.inputs))
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -535,6 +592,9 @@ def parse_args(argv):
                    help=f"CPU devices for the jit runs, 2 to {MAX_DEVICES} (default 8; 0: no jit runs)")
     p.add_argument("--no-reverify", action="store_true", help="skip re-verifying our strategies")
     p.add_argument("--quiet", action="store_true", help="print only cases with misses or failures, and the summary")
+    p.add_argument("--other-calls", type=positive_int, metavar="N",
+                   help="instead of comparing with Shardy, re-verify every registry rule on up to N more program "
+                        "calls of its signature, at other operand shapes than the explored call")
     return p.parse_args(argv)
 
 
@@ -573,6 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RegistryError as e:  # a broken rule file is a usage error (2), not a failed check (1)
         print(f"crosscheck: error: {e}", file=sys.stderr)
         return 2
+    if args.other_calls:
+        return recheck_other_calls(backend, names, records, args.other_calls)
     results, skipped = [], 0
     for op in names:
         try:

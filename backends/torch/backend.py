@@ -34,8 +34,8 @@ from .composite_calls import composite_names
 from .dropping import dropping_form
 from .model_calls import MODELS_ATTR, model_calls, unique_calls
 from .samples import (
-    BASE_SEED, MAX_SIGNATURES, SampleCall, build_index, call_signature, load_index, regenerate, runs_in_float64,
-    to_float64,
+    BASE_SEED, MAX_SIGNATURES, SampleCall, build_index, call_signature, calls_at_other_sizes, load_index, regenerate,
+    runs_in_float64, to_float64,
 )
 from .schema_samples import find_schema_sample, runs_on_fresh_inputs, schema_inputs
 from .tensor_ops import TorchOps
@@ -698,6 +698,29 @@ class TorchBackend:
             raise Skip("nondeterministic", catalog.RESIZE_REASON)
         return kept
 
+    def cases_at_other_sizes(self, op: str, per_signature: int) -> list[OpCase]:
+        """More OpInfo calls of ``op`` (of its functional sibling, for an in-place or out
+        overload without calls of its own), up to ``per_signature`` per signature, each at
+        other tensor shapes than the call the sweep explored: where the cross-check
+        re-verifies the registry's rules (``samples.calls_at_other_sizes``)."""
+        func = catalog.resolve(op)
+        source = op if op in self.index else catalog.functional_sibling(op)
+        if source not in self.index:
+            return []
+        explored = self.index[source]
+        calls = calls_at_other_sizes(source, {c.ref.opinfo for c in explored}, per_signature, explored)
+        if source == op:
+            cases = []
+            for c in calls:
+                try:
+                    cases.append(self._captured_case(func, c))
+                except random_ops.NoLimit:
+                    continue  # a random op's call without a deterministic limit, as in ``cases``
+        else:
+            sib_func = catalog.resolve(source)
+            cases = self._cases_from_sibling(func, sib_func, [self._sibling_call(sib_func, c, False) for c in calls])
+        return [c for c in cases if catalog.keeps_numel(func, c.args, c.kwargs)]
+
     def _all_cases(self, op: str) -> list[OpCase]:
         try:
             func = catalog.resolve(op)
@@ -834,18 +857,20 @@ class TorchBackend:
         if sibling is None:
             return []
         sib_func = catalog.resolve(sibling)
-        calls = []
-        for call, reserve in self._calls(sibling):
-            args, kwargs = tuple(call.args), dict(call.kwargs)
-            if call.float64:
-                args, kwargs = to_float64((args, kwargs))
-            calls.append((args, kwargs, self._fresh_for(sib_func, call), reserve))
+        calls = [self._sibling_call(sib_func, call, reserve) for call, reserve in self._calls(sibling)]
         if not calls:
             for args, kwargs in self.program_calls.get(sibling, ())[: model_programs.MAX_MODEL_SIGNATURES]:
                 if runs_in_float64(sib_func, args, kwargs):
                     args, kwargs = to_float64((args, kwargs))
                 calls.append((tuple(args), dict(kwargs), None, False))
         return self._cases_from_sibling(func, sib_func, calls)
+
+    def _sibling_call(self, sib_func, call: SampleCall, reserve: bool) -> tuple[tuple, dict, Callable | None, bool]:
+        """A functional sibling's indexed call as ``_cases_from_sibling`` takes it."""
+        args, kwargs = tuple(call.args), dict(call.kwargs)
+        if call.float64:
+            args, kwargs = to_float64((args, kwargs))
+        return args, kwargs, self._fresh_for(sib_func, call), reserve
 
     def _sibling_schema_cases(self, func, op: str) -> list[OpCase]:
         """Cases for an in-place or out overload from its functional overload's schema-built

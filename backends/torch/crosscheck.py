@@ -25,6 +25,8 @@ non-replicated input, and the output placements it gives.
 
 DTensor's answers are cached per op (crosscheck_dtensor.AnswerCache): a first full run
 spends most of its time asking decomposition-based rules; later runs only re-verify.
+With ``--other-calls N`` there is no DTensor comparison: every rule is re-verified on up to
+N more OpInfo calls of its signature, at other shapes (crosscheck_other_calls).
 Exit status: 0 done, 1 a rule of ours failed re-verification, 2 usage or registry error.
 """
 
@@ -51,7 +53,7 @@ from metaspmd.cli import path_arg, positive_int, seconds
 from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
-from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
+from metaspmd.spec import Combine, Gather, InputPlacement
 from metaspmd.sweep import SweepConfig, WorkerPool, select_ops, split_patterns
 from metaspmd.sweep.config import unwritable
 from metaspmd.sweep.workers import Task
@@ -59,18 +61,20 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 
 from . import catalog
 from .crosscheck_dtensor import (
-    DTENSOR_PARTIALS, NORM2, PARTIAL_RE, QUERIED, SHARD_RE, STRIDED_SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
+    DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
     answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
 )
+from .crosscheck_notation import (
+    NO_EXAMPLES, RULE_STATUSES, OurRule, fmt_rule, input_key, our_rules, output_key, parse_input, parse_output,
+)
 from .crosscheck_numerics import INEXACT_SPLIT, FreshInputs, check_foreign_rule, reverify
+from .crosscheck_other_calls import Recheck, recheck_op
 from .crosscheck_real import REAL, REAL_CANNOT_RUN, REAL_RAISES
 from .crosscheck_real import replay as real_dtensor_replay
 
 REGISTRY = Path(__file__).resolve().parent.parent.parent / "registry"
-RULE_STATUSES = ("ok", "derived")
 EXTRA_KINDS = ("dtensor-lacks", "no-dtensor-rule", "no-placement", "not-compared")
 VERDICTS = ("ok", "failed", "data-dependent", "vacuous", "unchecked")
-NO_EXAMPLES = ("no-sample", "nondeterministic", "skipped")  # record statuses reached before any example ran
 NO_LIMIT = 30 * 24 * 3600.0  # a pool's time limit where none is asked: longer than any check
 
 
@@ -80,126 +84,9 @@ class Config:
     seed: int = 1  # fresh data for the numerical checks
     cache: str | None = None  # folder of DTensor answers; None: no cache
     real_dtensor: bool = True  # replay the misses our own replay cannot check on real DTensor
-
-
-# --------------------------------------------------------------------------- notation
-
-
-# Reduce ops DTensor's Partial names differently (c10d's names).
-DTENSOR_REDUCE_NAMES = {"prod": "product"}
-OUR_REDUCE_NAMES = {v: k for k, v in DTENSOR_REDUCE_NAMES.items()}
-
-
-def input_key(p: InputPlacement) -> str | None:
-    """DTensor's name for an input placement; None when it has none (input halo, proportional
-    cut, index offset)."""
-    if isinstance(p, ShardIn):
-        return f"S({p.dim})" if p.plain else None
-    if isinstance(p, PartialInput):
-        return f"P({DTENSOR_REDUCE_NAMES.get(p.op, p.op)})"
-    return "R" if isinstance(p, Replicate) else None
-
-
-def output_key(c: Combine) -> str | None:
-    """DTensor's name for a combine; None when it has none (halo, overlap, reverse, scan, xor,
-    argreduce). A block gather is DTensor's _StridedShard: block b of every shard, then
-    block b + 1."""
-    if isinstance(c, Gather):
-        if c.plain or (c.even and c.block == 1):  # an even gather is DTensor's Shard on even cuts
-            return f"S({c.dim})"
-        return f"_S({c.dim}, {c.block})" if not (c.halo or c.halo_end or c.reverse or c.overlap) else None
-    if isinstance(c, Reduce):
-        if c.op == "xor":
-            return None  # no Partial placement folds by xor
-        return NORM2 if c.op == "norm2" else f"P({DTENSOR_REDUCE_NAMES.get(c.op, c.op)})"
-    if isinstance(c, Identity):
-        return "R"
-    return None
-
-
-def parse_input(key: str) -> InputPlacement:
-    if key == "R":
-        return Replicate()
-    m = SHARD_RE.match(key)
-    if m:
-        return ShardIn(int(m[1]))
-    m = PARTIAL_RE.match(key)
-    if m and OUR_REDUCE_NAMES.get(m[1], m[1]) in REDUCE_OPS:
-        return PartialInput(OUR_REDUCE_NAMES.get(m[1], m[1]))
-    raise ValueError(f"no input placement of ours for {key!r}")
-
-
-def parse_output(key: str) -> Combine | None:
-    """Our combine for a DTensor output placement; None for the ones we have no combine
-    for (_StridedShard, _NormPartial, ...)."""
-    if key == "R":
-        return Identity()
-    m = SHARD_RE.match(key)
-    if m:
-        return Gather(int(m[1]))
-    m = STRIDED_SHARD_RE.match(key)
-    if m:
-        return Gather(int(m[1]), block=int(m[2]))
-    if key == NORM2:
-        return Reduce("norm2")
-    m = PARTIAL_RE.match(key)
-    if m and OUR_REDUCE_NAMES.get(m[1], m[1]) in REDUCE_OPS:
-        return Reduce(OUR_REDUCE_NAMES.get(m[1], m[1]))
-    return None
-
-
-def fmt_rule(inputs: Key, outputs: Key) -> str:
-    return f"({', '.join(inputs)}) -> ({', '.join(outputs)})"
-
-
-@dataclass(frozen=True)
-class OurRule:
-    """One strategy of an entry: per output, the placements it may take (alternatives)."""
-
-    inputs: Key
-    options: tuple[tuple[str, ...], ...]  # DTensor names of each output's combines
-    placements: tuple[InputPlacement, ...]
-    combines: tuple[tuple[Combine, ...], ...]
-    expressible: bool  # every input, and some combine of every output, has a DTensor name
-
-    def gives(self, outputs: Key) -> bool:
-        return self.expressible and len(outputs) == len(self.options) and all(
-            o in opts for o, opts in zip(outputs, self.options)
-        )
-
-    def text(self) -> str:
-        if self.expressible:
-            return fmt_rule(self.inputs, tuple(" | ".join(o) for o in self.options))
-        outs = ", ".join(" | ".join(str(c) for c in cs) for cs in self.combines)
-        return f"({', '.join(str(p) for p in self.placements)}) -> ({outs})"
-
-
-def bool_key(key: str) -> str:
-    """The one name of a bool output's Partial: sum, like max, is logical or (DTensor says
-    P(sum) where the explorer, which tries only max and min on bools, finds P(max))."""
-    return "P(max)" if key == "P(sum)" else key
-
-
-def our_rules(entry: RuleEntry | None) -> list[OurRule]:
-    """The entry's strategies with at least one non-replicated input."""
-    if entry is None or entry.status not in RULE_STATUSES:
-        return []
-    bools = [r.dtype == "bool" for r in entry.results]
-    rules = []
-    for s in entry.all_strategies():
-        if all(isinstance(p, Replicate) for p in s.inputs):
-            continue
-        ins = tuple(input_key(p) for p in s.inputs)
-        opts = tuple(
-            tuple(dict.fromkeys(bool_key(k) if j < len(bools) and bools[j] else k
-                                for k in map(output_key, o.options) if k))
-            for j, o in enumerate(s.outputs)
-        )
-        rules.append(OurRule(
-            tuple(k or str(p) for k, p in zip(ins, s.inputs)), opts, s.inputs, tuple(o.options for o in s.outputs),
-            None not in ins and all(opts),
-        ))
-    return rules
+    # > 0: no DTensor comparison; every rule re-verified on up to this many more calls of
+    # its signature, at other shapes (crosscheck_other_calls)
+    other_calls: int = 0
 
 
 # --------------------------------------------------------------------------- comparison
@@ -250,6 +137,8 @@ class OpResult:
     queries: int = 0
     misses: list[Miss] = field(default_factory=list)
     extras: list[Extra] = field(default_factory=list)
+    rechecks: list[Recheck] = field(default_factory=list)  # --other-calls
+    not_applied: int = 0  # --other-calls: rules x calls where the rule's cuts do not line up (cuts_line_up)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -568,6 +457,9 @@ def _check_one(op: str, record: OpRecord | None, explore: bool, config: Config) 
     try:
         if record is None and explore:
             record = explore_op(backend, op)
+        if config.other_calls:
+            result = OpResult(op, "-", status=record.status if record else "missing")
+            return recheck_op(backend, op, record, config.other_calls, config.seed, result), record
         return crosscheck_op(backend, op, record, config, _WORKER["cache"]), record
     except Exception as e:  # one bad op must not stop the check
         note = f"cross-check fails: {type(e).__name__}: {str(e)[:160]}"
@@ -597,8 +489,8 @@ class Report:
     def extras(self) -> list[Extra]:
         return [e for r in self.results for e in r.extras]
 
-    def failures(self) -> list[Extra]:
-        return [e for e in self.extras() if e.verdict == "failed"]
+    def failures(self) -> list[Extra | Recheck]:
+        return [e for r in self.results for e in (*r.extras, *r.rechecks) if e.verdict == "failed"]
 
     def dtensor_cannot_run(self) -> list[OpResult]:
         """Ops DTensor cannot run at all (no rule, or a decomposition that fails on every
@@ -804,6 +696,34 @@ def format_report(report: Report, limit: int = 50) -> str:
     return "\n".join(lines)
 
 
+def format_rechecks(report, limit: int = 50) -> str:
+    """The printed report of a ``--other-calls`` run."""
+    rechecks = [r for res in report.results for r in res.rechecks]
+    verdicts = Counter(r.verdict for r in rechecks)
+    ops_checked = sum(bool(res.rechecks) for res in report.results)
+    lines = [
+        f"Rules re-verified on other calls of their signatures (up to {report.config.other_calls} per signature, "
+        f"at other shapes than the explored call): {len(report.results)} ops, {ops_checked} with such calls, "
+        f"{sum(res.examples for res in report.results)} calls",
+        "",
+    ]
+    lines += _table([(v, verdicts[v]) for v in VERDICTS]
+                    + [("not applied: cuts of unequal lengths", sum(res.not_applied for res in report.results))],
+                    ("verdict", "rules x calls"))
+    lines.append(f"\n{report.seconds:.1f} s in all")
+    for verdict, title in (("failed", "FAILED re-verification:"),
+                           ("data-dependent", "Rules that hold only on the sample's own inputs:")):
+        bad = [r for r in rechecks if r.verdict == verdict]
+        if bad:
+            lines += ["", title + (f" (first {limit} of {len(bad)})" if len(bad) > limit else "")]
+            lines += _table([(r.op, r.signature, r.shapes, r.rule, r.detail) for r in bad[:limit]],
+                            ("op", "signature", "shapes", "rule", "detail"))
+    notes = [(res.op, n) for res in report.results for n in res.notes]
+    if notes:
+        lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
+    return "\n".join(lines)
+
+
 def report_json(report: Report) -> str:
     return json.dumps({
         "config": asdict(report.config),
@@ -864,6 +784,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-real-dtensor", action="store_true",
                    help="do not replay on real DTensor (fake process group) the missed DTensor rules our own "
                         "replay cannot check: composite ops, size-rewriting ops, out= views")
+    p.add_argument("--other-calls", type=positive_int, metavar="N",
+                   help="instead of comparing with DTensor, re-verify every rule on up to N more OpInfo calls of "
+                        "its signature, at other tensor shapes than the explored call")
     p.add_argument("--json", type=path_arg, metavar="FILE", help="write the full results here")
     p.add_argument("--limit", type=positive_int, default=50, help="rows per table in the printed report")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
@@ -902,17 +825,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cache = None if args.no_cache else str(args.cache_dir or default_cache_folder())
     query = QueryConfig(args.mesh_size, partials, args.max_combos, args.max_seconds, args.exhaustive)
-    config = Config(query, cache=cache, real_dtensor=not args.no_real_dtensor)
+    config = Config(query, cache=cache, real_dtensor=not args.no_real_dtensor, other_calls=args.other_calls or 0)
     jobs = args.jobs or max(1, min(os.cpu_count() or 1, len(ops) // 20))  # a worker costs seconds to start
     report = run(ops, records, config, bool(patterns) or args.explore_missing, jobs, timeout=args.timeout,
                  progress=args.progress, quiet=True)
-    print(format_report(report, args.limit))
+    print(format_rechecks(report, args.limit) if config.other_calls else format_report(report, args.limit))
     if args.json:
         write_text_atomic(args.json, report_json(report) + "\n")  # a missing folder is made (as unwritable allows)
     return 1 if report.failures() else 0
 
 
 __all__ = [
-    "Config", "Extra", "Miss", "OpResult", "OurRule", "Report", "crosscheck_op", "format_report", "input_key", "main",
-    "our_rules", "output_key", "parse_input", "parse_output", "report_json", "run",
+    "Config", "Extra", "Miss", "OpResult", "OurRule", "Report", "crosscheck_op", "format_rechecks", "format_report",
+    "input_key", "main", "our_rules", "output_key", "parse_input", "parse_output", "report_json", "run",
 ]

@@ -29,7 +29,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy
 import torch
@@ -468,7 +468,7 @@ def _composite_kernels_if(composite: bool):
     return composite_kernels() if composite else contextlib.nullcontext()
 
 
-def _capture_pass(pool: _Pool, mode: str, dtype: torch.dtype, opinfos: Collection[str] | None,
+def _capture_pass(pool: _Pool | _EveryCall, mode: str, dtype: torch.dtype, opinfos: Collection[str] | None,
                   composite: bool) -> None:
     for info in _op_db():
         if opinfos is not None and info.name not in opinfos:
@@ -696,6 +696,48 @@ def build_index(max_signatures: int = MAX_SIGNATURES, log: Callable[[str], None]
     if log:
         log(f"checked regeneration and float64: {time.perf_counter() - start:.1f} s")
     return index
+
+
+@dataclass
+class _EveryCall:
+    """The calls of one overload, several per signature (distinct tensor shapes), in
+    discovery order: the index keeps one call per signature."""
+
+    op: str
+    per_signature: int
+    passed_over: Collection[tuple[str, tuple]] = ()  # (signature, shapes) of calls not wanted
+    by_signature: dict[str, list[SampleCall]] = field(default_factory=dict)
+
+    def offer(self, func, args: tuple, kwargs: dict, ref_of: Callable[[str, str], SampleRef]) -> Callable[[], None] | None:
+        name = op_name(func)
+        if name != self.op or not _cacheable((args, kwargs)):
+            return None
+        sig = call_signature(func, args, kwargs)
+        ref = ref_of(name, sig)  # counts occurrences as regeneration does
+        kept = self.by_signature.setdefault(sig, [])
+        shapes = shapes_of(args, kwargs)
+        if len(kept) >= self.per_signature or (sig, tuple(shapes)) in self.passed_over or any(
+                shapes_of(c.args, c.kwargs) == shapes for c in kept):
+            return None
+        call = SampleCall(name, sig, *_captured_values(args, kwargs, BASE_SEED), ref)
+        return lambda: kept.append(call) if len(kept) < self.per_signature else None
+
+
+def calls_at_other_sizes(op: str, opinfos: Collection[str], per_signature: int,
+                         explored: Sequence[SampleCall] = ()) -> list[SampleCall]:
+    """Up to ``per_signature`` calls of ``op`` per signature, each at other tensor shapes
+    than the others and than the ``explored`` calls, from the samples of the OpInfos named
+    in ``opinfos`` (regenerable as the index's are). A rule is verified on one call of its
+    signature and applied at every other: these are calls to check that on."""
+    from .catalog import resolve
+
+    func = resolve(op)
+    pool = _EveryCall(op, per_signature, {(c.signature, tuple(shapes_of(c.args, c.kwargs))) for c in explored})
+    composite = op in composite_names()
+    with torch.random.fork_rng(devices=[]), quiet(), filled_memory(), _one_thread(), _composite_kernels_if(composite):
+        for mode, dtype in PASSES:
+            _capture_pass(pool, mode, dtype, opinfos, composite)
+    return [_finish(c, func) for calls in pool.by_signature.values() for c in calls]
 
 
 # --------------------------------------------------------------------------- disk cache

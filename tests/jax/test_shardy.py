@@ -185,3 +185,37 @@ def test_arg_reduce_collective_matches_argmax_on_cpu_devices():
     proc = subprocess.run([sys.executable, "-c", _ARG_REDUCE_SCRIPT], capture_output=True, text=True, timeout=120,
                           env=env, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.slow  # ~80 s of jax's eager runs; the torch twin (tests/torch/test_crosscheck.py) runs by default
+def test_other_calls_reverify_the_rules_of_their_signature(capsys):
+    """``--other-calls``: the registry's dot_general rules re-verified on more harness calls of
+    their signatures at other shapes; a wrong combine there fails."""
+    import dataclasses
+
+    from metaspmd.backends.jax import get_backend
+    from metaspmd.backends.jax.crosscheck import recheck_other_calls
+    from metaspmd.registry_io import load_record
+    from metaspmd.signature import signature
+    from metaspmd.spec import CombineSpec
+
+    backend = get_backend()
+    ops = backend.tensor_ops()
+    cases = backend.cases_at_other_sizes("jax.dot_general", 2)
+    explored = {signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes): [ops.shape(x) for x in c.args]
+                for c in backend.cases("jax.dot_general")}
+    assert cases
+    for c in cases:  # never the explored call of a signature again
+        assert explored.get(signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes)) != [ops.shape(x) for x in c.args]
+    record = load_record(ROOT / "registry" / "jax" / "jax.dot_general.yaml")
+    assert recheck_other_calls(backend, ["jax.dot_general"], {"jax.dot_general": record}, 2) == 0
+    out = capsys.readouterr().out
+    assert ", 0 failed" in out and " 0 calls" not in out
+    sig = signature(ops, cases[0].arg_names, cases[0].args, cases[0].kwargs, cases[0].exact_sizes)
+    entry = record.entry(sig)
+    labels = [label for label, _ in entry.combine.by_label]
+    wrong = dataclasses.replace(entry, combine=CombineSpec.parse(
+        "{" + ", ".join(f"{label}: identity" for label in labels) + "}"))
+    bad = dataclasses.replace(record, entries=(wrong,))
+    assert recheck_other_calls(backend, ["jax.dot_general"], {"jax.dot_general": bad}, 2) == 1
+    assert "FAILED jax.dot_general" in capsys.readouterr().out

@@ -23,12 +23,14 @@ from metaspmd.backends.torch.crosscheck_real import REAL_CANNOT_RUN, REAL_RAISES
 from metaspmd.case import OpCase  # noqa: E402
 from metaspmd.explorer import explore_case, explore_op  # noqa: E402
 from metaspmd.registry_io import write_record  # noqa: E402
+from metaspmd.signature import signature  # noqa: E402
 from metaspmd.spec import ArgReduce, CombineSpec, Gather, Identity, PartialInput, Reduce, Replicate, Scan, ShardIn  # noqa: E402
 
 OPS = ("aten.mm.default", "aten.add.Tensor", "aten.sum.dim_IntList", "aten.relu.default", "aten.scatter_reduce.two")
 OPINFOS = ("mm", "add", "sum", "nn.functional.relu", "scatter_reduce")
 MM = torch.ops.aten.mm.default
 WRONG_RELU = "{S1: gather(dim=1), S2: gather(dim=1), S3: gather(dim=2)}"  # S1 shards dim 0, not 1
+WRONG_MM = "{S1: gather(dim=1), S2: reduce(sum), S3: gather(dim=1)}"  # S1 cuts self's rows: dim 0
 
 
 @pytest.fixture(scope="module")
@@ -632,3 +634,50 @@ def test_a_partial_float8_input_is_unchecked_not_a_dtensor_false_positive(backen
     verdict, detail = check_foreign_rule(FreshInputs(case, ops), *rule, mesh_size=2, seed=1)
     assert verdict == "unchecked" and detail.startswith(crosscheck_numerics.INEXACT_SPLIT)
     assert "not found by the explorer; unchecked" in crosscheck._reason("", verdict, detail)
+
+
+# --------------------------------------------------------------------------- --other-calls
+
+
+def test_other_calls_share_a_signature_at_other_shapes(backend):
+    explored = {(c.signature, str([list(x.shape) for x in c.args if isinstance(x, torch.Tensor)]))
+                for c in backend.index["aten.mm.default"]}
+    cases = backend.cases_at_other_sizes("aten.mm.default", 2)
+    ops = backend.tensor_ops()
+    sigs = [signature(ops, c.arg_names, c.args, c.kwargs, c.exact_sizes) for c in cases]
+    assert "self:f[*,*] mat2:f[*,*]" in sigs
+    for case, sig in zip(cases, sigs):
+        assert (sig, str([list(x.shape) for x in case.args])) not in explored  # never the explored call again
+    assert max(sigs.count(s) for s in sigs) <= 2
+    # an out= overload without OpInfo calls of its own takes its functional sibling's
+    assert backend.cases_at_other_sizes("aten.mm.out", 2)
+
+
+def test_other_calls_reverify_the_rules_of_their_signature(backend, records):
+    config = crosscheck.Config(other_calls=3)
+    record = records["aten.mm.default"]
+    good = crosscheck.recheck_op(backend, record.op, record, 3, 1, crosscheck.OpResult(record.op, "-"))
+    assert good.rechecks and all(r.verdict == "ok" for r in good.rechecks)
+    entry = next(e for e in record.entries if e.signature == "self:f[*,*] mat2:f[*,*]")
+    bad = dataclasses.replace(entry, combine=CombineSpec.parse(WRONG_MM))
+    wrong = dataclasses.replace(record, entries=(bad,))
+    result = crosscheck.recheck_op(backend, record.op, wrong, 3, 1, crosscheck.OpResult(record.op, "-"))
+    failed = [r for r in result.rechecks if r.verdict == "failed"]
+    assert failed and {r.rule for r in failed} == {"(S(0), R) -> (S(1))"}
+    explored = " ".join(str(list(v.shape)) for _, v in entry.example.args)
+    assert all(r.signature == entry.signature and r.shapes != explored for r in failed)
+    report = crosscheck.Report(config, [good, result])
+    assert report.failures() == failed
+    text = crosscheck.format_rechecks(report)
+    assert "FAILED re-verification" in text and failed[0].shapes in text
+
+
+def test_other_calls_skip_rules_whose_cuts_do_not_line_up(records):
+    """The runtime applies a label only where its dims have one length (target.cuts_line_up):
+    scatter's index narrower than self, cut with it, is never run; nor is it rechecked."""
+    entry = next(e for e in records["aten.mm.default"].entries if e.signature == "self:f[*,*] mat2:f[*,*]")
+    every = {r.text() for r in crosscheck.our_rules(entry)}
+    assert {"(S(0), R) -> (S(0))", "(S(1), S(0)) -> (P(sum))"} <= every
+    assert {r.text() for r in crosscheck.our_rules(entry, [(3, 4), (4, 5)])} == every
+    unequal = {r.text() for r in crosscheck.our_rules(entry, [(3, 4), (6, 5)])}
+    assert "(S(0), R) -> (S(0))" in unequal and "(S(1), S(0)) -> (P(sum))" not in unequal
