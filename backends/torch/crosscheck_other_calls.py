@@ -36,10 +36,10 @@ class Recheck:
     detail: str = ""
 
 
-def recheck_op(backend, op: str, record: OpRecord | None, per_signature: int, seed: int,
-               result):
-    """Fill ``result`` (a crosscheck.OpResult) with the rechecks of ``record``'s rules on up to
-    ``per_signature`` more calls of each of its signatures."""
+def recheck_op(backend, op: str, record: OpRecord | None, per_signature: int, seed: int, result):
+    """``result`` (the op's crosscheck.OpResult, which imports this module) filled with the
+    rechecks of ``record``'s rules on up to ``per_signature`` more calls of each of its
+    signatures."""
     start = time.perf_counter()
     if record is None or record.status in NO_EXAMPLES:
         return result
@@ -52,13 +52,14 @@ def recheck_op(backend, op: str, record: OpRecord | None, per_signature: int, se
     for case in cases:
         sig = signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes)
         entry = record.entry(sig)
-        if not our_rules(entry):
-            continue  # a signature the registry has no entry for: explored live at run time
+        every = our_rules(entry)
+        if not every:
+            continue  # a signature the registry has no rule for: explored live at run time
         result.examples += 1
         shapes = [tuple(ops.shape(x)) for x in pytree.leaves((tuple(case.args), dict(case.kwargs)), ops.is_tensor)]
         shown = " ".join(str(list(shape)) for shape in shapes)
         applied = our_rules(entry, shapes)  # the rules the runtime applies at this call
-        result.not_applied += len(our_rules(entry)) - len(applied)
+        result.not_applied += len(every) - len(applied)
         fresh = FreshInputs(case, ops)
         for rule in applied:
             verdict, detail = reverify(fresh, rule.placements, rule.combines, seed)
