@@ -696,7 +696,7 @@ def format_report(report: Report, limit: int = 50) -> str:
     return "\n".join(lines)
 
 
-def format_rechecks(report, limit: int = 50) -> str:
+def format_rechecks(report: Report, limit: int = 50) -> str:
     """The printed report of a ``--other-calls`` run."""
     rechecks = [r for res in report.results for r in res.rechecks]
     verdicts = Counter(r.verdict for r in rechecks)
