@@ -272,9 +272,17 @@ def cuts_line_up(s: spec.Strategy, shapes: Sequence[tuple[int, ...]], by_label: 
     return True
 
 
+
+def lined_up(rules: Sequence[spec.Strategy], shapes: Sequence[tuple[int, ...]]) -> list[spec.Strategy]:
+    """The strategies of one op (``rules``: all of them, joints too) whose cuts line up at a
+    call with these input shapes (``cuts_line_up``): those the runtime applies there."""
+    by_label = {s.label: s for s in rules}
+    return [s for s in rules if cuts_line_up(s, shapes, by_label)]
+
+
 Projection = Union[AxisStrategy, Refusal]
 
 __all__ = [
     "AxisStrategy", "DTENSOR_PLAN", "DTENSOR_REGISTER", "JAX_PARTITION", "JAX_PLAN", "Projection", "Refusal", "Target",
-    "cuts_line_up", "makes_sparse", "output_placement", "project", "projections",
+    "cuts_line_up", "lined_up", "makes_sparse", "output_placement", "project", "projections",
 ]

@@ -42,7 +42,7 @@ from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
 from metaspmd.signature import signature
 from metaspmd.tensor_ops import TOLERANCES
-from metaspmd.target import cuts_line_up
+from metaspmd.target import lined_up
 from metaspmd.spec import (
     ArgReduce, Gather, Identity, IndexOffset, OutputCombine, PartialInput, Reduce, Replicate, Scan, ShardIn, drops,
 )
@@ -444,7 +444,7 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
 def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signature: int) -> int:
     """Every registry rule re-verified (``reverify``) on up to ``per_signature`` more calls of
     its signature at other shapes (``JaxBackend.cases_at_other_sizes``), where the runtime
-    applies it (``cuts_line_up``). Prints the failures and a summary; 1 if one fails."""
+    applies it (``target.lined_up``). Prints the failures and a summary; 1 if one fails."""
     ops = backend.tensor_ops()
     counts, failed = Counter(), []
     for op in names:
@@ -462,11 +462,9 @@ def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signat
             counts["calls"] += 1
             shapes = [tuple(ops.shape(x)) for x in _leaves(case, ops)]
             strategies = entry.all_strategies()
-            by_label = {s.label: s for s in strategies}
-            for s in strategies:
-                if not cuts_line_up(s, shapes, by_label):
-                    counts["not applied"] += 1
-                    continue
+            applied = lined_up(strategies, shapes)
+            counts["not applied"] += len(strategies) - len(applied)
+            for s in applied:
                 if _parts_round(ops, case, s):
                     counts["unchecked"] += 1
                     continue

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from metaspmd.rules import RuleEntry
 from metaspmd.spec import REDUCE_OPS, Combine, Gather, Identity, InputPlacement, PartialInput, Reduce, Replicate, ShardIn
-from metaspmd.target import cuts_line_up
+from metaspmd.target import lined_up
 
 from .crosscheck_dtensor import NORM2, PARTIAL_RE, SHARD_RE, STRIDED_SHARD_RE, Key
 
@@ -119,17 +119,14 @@ def bool_key(key: str) -> str:
 
 def our_rules(entry: RuleEntry | None, shapes: Sequence[tuple[int, ...]] | None = None) -> list[OurRule]:
     """The entry's strategies with at least one non-replicated input; with ``shapes`` (a
-    call's input shapes), only those the runtime applies there (``target.cuts_line_up``)."""
+    call's input shapes), only those the runtime applies there (``target.lined_up``)."""
     if entry is None or entry.status not in RULE_STATUSES:
         return []
     bools = [r.dtype == "bool" for r in entry.results]
     rules = []
     strategies = entry.all_strategies()
-    by_label = {s.label: s for s in strategies}
-    for s in strategies:
+    for s in strategies if shapes is None else lined_up(strategies, shapes):
         if all(isinstance(p, Replicate) for p in s.inputs):
-            continue
-        if shapes is not None and not cuts_line_up(s, shapes, by_label):
             continue
         ins = tuple(input_key(p) for p in s.inputs)
         opts = tuple(

@@ -4,7 +4,7 @@ The sweep verifies a rule on one example call per signature; the runtime then ap
 at every call of that signature, at whatever sizes the signature leaves open (``*``).
 This check takes up to N more OpInfo calls of each signature, at other tensor shapes
 (``TorchBackend.cases_at_other_sizes``), and re-verifies every rule of the signature's
-entry that the runtime applies there (``target.cuts_line_up``: a label's dims of one
+entry that the runtime applies there (``target.lined_up``: a label's dims of one
 length) with the cross-check's own numerics (``crosscheck_numerics.reverify``: 4, 3 and 2
 shards, uneven cuts, blind random inputs, cancelling and special values).
 

@@ -14,7 +14,7 @@ import numpy as np
 from .. import spec
 from ..ir import MetaIR, MetaOp, MetaVar
 from ..placement import Partial, Placements, REPLICATE, Shard, is_valid, placements_str, why_invalid
-from ..target import DTENSOR_PLAN, Target, cuts_line_up
+from ..target import DTENSOR_PLAN, Target, lined_up
 from .choice import Buffer, ChoiceEdge, ChoiceNode, ChoiceProblem, Factor, Liveness, Tie, TieMember
 from .cost import CostModel, cut_moves
 from .flops import dtype_bytes, is_conv, is_matmul
@@ -112,8 +112,7 @@ def _node_rules(op: MetaOp, rules: Sequence[spec.Strategy], ins: Sequence[MetaVa
     tensor ones (non-tensor outputs are then Replicate); then the fills the compiler makes."""
     tensor_pos = [i for i, v in enumerate(op.outputs) if v.is_tensor]
     n_all, n_in = len(op.outputs), len(ins)
-    by_label = {r.label: r for r in rules}
-    rules = [r for r in rules if cuts_line_up(r, [v.shape for v in ins], by_label)]
+    rules = lined_up(rules, [v.shape for v in ins])
     fitted = axis_strategies(rules, n_in, n_all, target, op.op) + _fills(op, ins, target)
     if len(tensor_pos) != n_all:
         for r in axis_strategies(rules, n_in, len(tensor_pos), target, op.op):
