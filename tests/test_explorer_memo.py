@@ -169,3 +169,25 @@ def test_a_trials_argument_template_goes_with_the_trial():
     del a, b, trial, out, fill
     gc.collect()
     assert gone() is None  # nothing but the trial held its arguments
+
+
+def test_a_large_example_is_explored_without_the_memos_tensors(monkeypatch):
+    """Inputs past MEMO_ELEMENTS (a model's real sizes, explored live) keep no shard outputs
+    and no derived tensors in the memo, and find the same entry."""
+    from metaspmd.explorer import core
+
+    entry = explore_case(_independent_case(), OPS)
+    memos = []
+    made = core.Memo
+
+    def recorded(**kwargs):
+        memos.append(made(**kwargs))
+        return memos[-1]
+
+    monkeypatch.setattr(core, "Memo", recorded)
+    monkeypatch.setattr(core, "MEMO_ELEMENTS", 0)
+    assert repr(explore_case(_independent_case(), OPS)) == repr(entry)
+    assert memos and all(not m.holds_values and not m.locals and not m.derived for m in memos)
+    monkeypatch.setattr(core, "MEMO_ELEMENTS", 1 << 20)
+    explore_case(_independent_case(), OPS)
+    assert memos[-1].holds_values and memos[-1].locals and memos[-1].derived

@@ -130,7 +130,12 @@ class Trial:
 @dataclass
 class Memo:
     """What the search draws or works out once and keeps for every later group: a cache,
-    so mutable, and never reset while the search runs."""
+    so mutable, and never reset while the search runs. ``holds_values``: False for a large
+    example (a live call at a model's real sizes), where the shard outputs (``locals``) and
+    derived tensors (``keep``) would be held for every group, trial and split, most of
+    the exploration's memory: they are worked out again when asked."""
+
+    holds_values: bool = True
 
     refuters: list[Trial] | None = None  # special-value trials (Verifier._specials)
     reserve: list[Trial] = field(default_factory=list)  # more fresh trials (_reserve_trials)
@@ -161,6 +166,8 @@ class Memo:
     def keep(self, key: tuple, held: Any, make: Callable[[], Any]) -> Any:
         """``make()`` once per ``key``; ``held`` (the objects whose ids ``key`` names) is kept
         beside the value, so that no other object takes those ids while the memo lives."""
+        if not self.holds_values:
+            return make()
         hit = self.derived.get(key)
         if hit is None:
             hit = self.derived[key] = (held, make())

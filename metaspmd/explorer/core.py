@@ -5,8 +5,9 @@ one rule."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -60,6 +61,15 @@ class Found:
     notes: tuple[str, ...] = ()
 
 
+# Inputs of more elements than this (a model's real sizes, met live; the sweep's examples
+# hold a few thousand) are explored without the memo's tensors (``Memo.holds_values``).
+MEMO_ELEMENTS = 1 << 20
+
+
+def _elements(ops: TensorOps, leaves: Sequence[Any]) -> int:
+    return sum(math.prod(ops.shape(x)) for x in leaves)
+
+
 class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, IndependentParts):
     """The search stage of one example call, on the baseline's trials. Each base class is
     one part of the work, on the state set here: the ``Context`` fields (``Trials``),
@@ -71,7 +81,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
         super().__init__(context)
         self.trials = list(trials)
         self.special_trials = [t for t in self.trials if t.special]  # the baseline's _special_trials(), if drawn
-        self.memo = Memo()
+        self.memo = Memo(holds_values=_elements(self.ops, self.trials[0].leaves) <= MEMO_ELEMENTS)
         self.widened: dict[tuple, list[str]] = {}
 
     def search(self, ranks: tuple[int, ...]) -> Found:

@@ -24,6 +24,8 @@ class Shards:
         (group, trial, split) (``Memo.locals``): the search across independent parts, the
         halo and Partial refuters and a refused cut's second look ask for the same runs,
         which a deterministic op answers alike (nothing writes them)."""
+        if not self.memo.holds_values:
+            return self._run_locals(group, trial, split)
         key = (group, id(trial), split)
         hit = self.memo.locals.get(key)
         if hit is None:
