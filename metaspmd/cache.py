@@ -10,7 +10,8 @@ Versioned as the OpInfo sample index is: the files live in a folder named after 
 verifier and schema versions and the files' own format
 (``rules-v<VERIFIER_VERSION>-s<SCHEMA_VERSION>-c<FORMAT>``) and, inside it, one per backend
 and framework version (``torch-2.13.0_cpu``), so a rule found before a soundness fix, or
-under another build of the framework, is never read back. The core
+under another build of the framework, is never read back. A user's op is keyed by a
+fingerprint of its code as well (``implementation``: see ``get``). The core
 imports no framework: the framework version is the installed distribution named like the
 backend (package metadata), unless the backend registers its own with
 ``register_framework_version`` or the caller passes ``framework_versions``.
@@ -45,6 +46,7 @@ from .rules import OpRecord, RuleEntry, make_record
 
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,150}")
 _SEAL = "# metaspmd rule cache, sha256 of what follows: "
 FORMAT = 2  # 2: sealed files; the unsealed ones of 1 are never read (they would all warn)
 
@@ -58,6 +60,14 @@ def _sealed(data: bytes) -> bool:
     """Whether ``data`` starts with the seal of what follows it."""
     first, _, rest = data.partition(b"\n")
     return first == f"{_SEAL}{hashlib.sha256(rest).hexdigest()}".encode()
+
+
+def _stored_name(op: str) -> str:
+    """The op's name in its files: itself, or for a name no rule file may hold (a user's
+    ``ns::op`` primitive, one too long for a file name), a readable stand-in and a digest."""
+    if _FILE_NAME.fullmatch(op):
+        return op
+    return f"_{_UNSAFE.sub('_', op)[:100]}-{hashlib.sha256(op.encode()).hexdigest()[:12]}"
 
 
 def _not_a_file(path: Path) -> str:
@@ -117,19 +127,26 @@ class RuleCache:
             self._versions[backend] = f"{backend}-{_UNSAFE.sub('_', version)}"
         return self._versions[backend]
 
-    def path(self, backend: str, op: str, signature: str) -> Path:
-        """Where the entry of (op, signature) lives on disk."""
-        digest = hashlib.sha256(signature.encode()).hexdigest()[:24]
-        folder = record_path(self._folder, self._backend_folder(backend), op).with_suffix("")
+    def path(self, backend: str, op: str, signature: str, implementation: str = "") -> Path:
+        """Where the entry of (op, signature) lives on disk: a folder per op, named after it
+        (an op name no file may have, a user's ``ns::op`` primitive, by its digest), and a
+        file per signature and implementation."""
+        digest = hashlib.sha256((signature + (f"\n{implementation}" if implementation else "")).encode()).hexdigest()[:24]
+        folder = record_path(self._folder, self._backend_folder(backend), _stored_name(op)).with_suffix("")
         return folder / f"{digest}.yaml"
 
-    def get(self, backend: str, op: str, signature: str) -> RuleEntry | None:
-        key = (backend, op, signature)
+    def get(self, backend: str, op: str, signature: str, implementation: str | None = "") -> RuleEntry | None:
+        """The entry of (op, signature), or None. ``implementation``: '' for a framework's
+        own op (the framework's version keys it), else a fingerprint of the user's code
+        behind it (``fingerprint.code_fingerprint``), part of the key; None where that code
+        cannot be read: its entries live in memory only, since nothing would tell a file
+        written for an older version of the op from one for this."""
+        key = (backend, op, signature, implementation)
         if key in self._memory:
             return self._memory[key]
-        if not self.persist:
+        if not self.persist or implementation is None:
             return None
-        path = self.path(backend, op, signature)
+        path = self.path(backend, op, signature, implementation)
         blocker = _not_a_file(path)
         if blocker:
             self._unusable_entry(backend, path, blocker)
@@ -157,7 +174,7 @@ class RuleCache:
         except RegistryError as e:  # its message names the file and line
             self._rewrite(str(e))
             return None
-        if (record.op, record.backend) != (op, backend):
+        if (record.op, record.backend) != (_stored_name(op), backend):
             warnings.warn(f"rule cache: {path} holds {record.backend} {record.op}, not {backend} {op}; "
                           "exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
             return None
@@ -166,23 +183,28 @@ class RuleCache:
             self._memory[key] = entry
         return entry
 
-    def put(self, backend: str, op: str, entry: RuleEntry) -> None:
-        self._memory[(backend, op, entry.signature)] = entry  # first: a failed write loses nothing
-        if self.persist:
-            record: OpRecord = make_record(op, backend, [entry])
-            path = self.path(backend, op, entry.signature)
+    def put(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "") -> None:
+        """Keep ``entry`` (``implementation`` as ``get`` takes it)."""
+        self._memory[(backend, op, entry.signature, implementation)] = entry  # first: a failed write loses nothing
+        if self.persist and implementation is not None:
+            record: OpRecord = make_record(_stored_name(op), backend, [entry])
+            path = self.path(backend, op, entry.signature, implementation)
             if path in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
+            text = _seal(dump_record(record))
             try:
-                write_text_atomic(path, _seal(dump_record(record)))
+                try:
+                    write_text_atomic(path, text)
+                except FileNotFoundError:  # the folder removed after it was made (a cache cleared meanwhile)
+                    write_text_atomic(path, text)
             except OSError as e:
                 self._unusable_entry(backend, path, f"{path}: cannot write: {e.strerror or e}")
 
-    def remember(self, backend: str, op: str, entry: RuleEntry) -> None:
+    def remember(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "") -> None:
         """Keep a freshly explored entry, unless it failed: a failure may be the
         environment's (a crash, a time limit), so the next run explores again."""
         if entry.status != "failed":
-            self.put(backend, op, entry)
+            self.put(backend, op, entry, implementation)
 
     def _rewrite(self, problem: str) -> None:
         warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {problem}",

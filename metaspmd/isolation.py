@@ -27,9 +27,10 @@ from .sweep.workers import exit_with_parent
 class ChildFailed(Exception):
     """The child process crashed, hung past its time limit, or raised; says which."""
 
-    def __init__(self, reason: str, crashed: bool = False):
+    def __init__(self, reason: str, crashed: bool = False, timed_out: bool = False):
         super().__init__(reason)
         self.crashed = crashed  # killed by a signal or an exit, not a time limit or an exception
+        self.timed_out = timed_out
 
 
 def can_fork() -> bool:
@@ -66,7 +67,7 @@ class ForkServer:
         self._conn.send_bytes(pickle.dumps(key))
         if not self._conn.poll(self.isolation.timeout):
             self._stop()
-            raise ChildFailed(f"timed out after {self.isolation.timeout:g} s")
+            raise ChildFailed(f"timed out after {self.isolation.timeout:g} s", timed_out=True)
         try:
             kind, value = pickle.loads(self._conn.recv_bytes())
         except EOFError:  # the child died before it could answer

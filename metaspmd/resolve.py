@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -69,6 +70,9 @@ class NodeCall:
     # runner given, after the op crashed or hung a child: a forked child's runner, or one
     # that refuses (the op is not run again); None where building ``case`` runs no op
     probed_case: Callable[[Callable[[Callable[[], Any]], Any]], OpCase] | None = None
+    # '' for a framework's own op; for a user's op, a fingerprint of its code, part of its
+    # cache key (None: code that cannot be read, cached in memory only; see RuleCache.get)
+    implementation: str | None = ""
 
 
 # the note of an entry whose rules are a neighbouring signature's, verified at the call
@@ -113,7 +117,7 @@ def resolve(
     for node in ir.op_list:
         call = calls[node.name]
         if call.table_rules is None:
-            hit = cache.get(backend, node.op, call.signature)
+            hit = cache.get(backend, node.op, call.signature, call.implementation)
             if hit is not None:
                 entries[node.name] = hit
             else:
@@ -138,7 +142,8 @@ def resolve(
             entry = explored[key]
             counted.add(key)
             stats.live += 1
-            cache.remember(backend, node.op, entry)
+            cache.remember(backend, node.op, entry, call.implementation)
+            _warn_if_failed(node.op, entry, node.name)
         else:
             entry = explored[key]
             stats.cache += 1
@@ -156,14 +161,27 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
                  isolation: Isolation | None = None) -> RuleEntry:
     """The verified rules of one call outside a graph (an op registered on its own): from
     the cache, or explored live as ``resolve`` explores a node's, and then cached."""
-    entry = cache.get(backend, op, call.signature)
+    entry = cache.get(backend, op, call.signature, call.implementation)
     if entry is None:
         key = (op, call.signature)
         if call.prepare is not None:
             call.prepare()
         entry = _explore({key: call}, ops, isolation, ResolveStats())[key]
-        cache.remember(backend, op, entry)
+        cache.remember(backend, op, entry, call.implementation)
+        _warn_if_failed(op, entry)
     return entry
+
+
+class LiveExplorationWarning(UserWarning):
+    """An op the table lacks could not be explored (it crashed, hung or raised on its
+    example call): it runs replicated."""
+
+
+def _warn_if_failed(op: str, entry: RuleEntry, node: str = "") -> None:
+    if entry.status == "failed":
+        at = f" (node {node})" if node else ""
+        warnings.warn(f"{op}{at}: live exploration failed, so it runs replicated: {entry.reason}",
+                      LiveExplorationWarning, stacklevel=3)
 
 
 def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation: Isolation | None,
@@ -201,14 +219,40 @@ def _explore_again(call: NodeCall, ops: TensorOps, isolation: Isolation, failure
     """After an exploration crashed its child: explored again with each op call in a child
     of its own, so that the calls that crash reject their candidates only (as an op error
     would) and the rules that hold are still found. A hang is not retried: every call that
-    hangs would cost the time limit again. Either way the op never runs in this process,
-    which it could take down or hang with it."""
+    hangs would cost the time limit again: the first call that hangs leaves the op
+    replicated (the calls after it are not made, and the verifier reads a run that fails
+    as the op refusing those inputs, which may skip a check). Either way the op never runs
+    in this process, which it could take down or hang with it."""
     def case(probe: Callable[[Callable[[], Any]], Any]) -> OpCase:
         return call.probed_case(probe) if call.probed_case is not None else call.case()
 
     if not failure.crashed:
         return failed_entry(case(_not_run), ops, f"live exploration {failure}".splitlines()[0])
-    return explore_case(case(isolation.run), ops, config=ExploreConfig(isolate_calls=isolation.run))
+    calls = _UntilOneHangs(isolation)
+    explored = case(calls.run)
+    entry = explore_case(explored, ops, config=ExploreConfig(isolate_calls=calls.run))
+    if calls.hung:
+        return failed_entry(explored, ops, f"live exploration: {calls.hung} (its calls run one by one, "
+                                           "after one crashed the child)")
+    return entry
+
+
+class _UntilOneHangs:
+    """Runs each of an op's calls in a child of its own (``Isolation.run``) until one
+    hangs past the time limit (``hung`` says so); the calls after it fail unrun."""
+
+    def __init__(self, isolation: Isolation):
+        self.isolation, self.hung = isolation, ""
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        if self.hung:
+            raise ChildFailed(f"not run: a call {self.hung}")
+        try:
+            return self.isolation.run(fn)
+        except ChildFailed as e:
+            if e.timed_out:
+                self.hung = str(e)
+            raise
 
 
 def _not_run(op_call: Callable[[], Any]) -> Any:

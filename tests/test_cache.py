@@ -231,3 +231,47 @@ def test_a_read_only_cache_folder_keeps_rules_in_memory_with_one_warning(tmp_pat
         assert cache.get("torch", RELU, "self:f[*]") == entry()
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_a_users_op_is_keyed_by_its_code_and_one_whose_code_cannot_be_read_stays_in_memory(tmp_path):
+    cache = RuleCache(tmp_path)
+    cache.remember("torch", "mylib.op.default", entry(), "abc")
+    fresh = RuleCache(tmp_path)
+    assert fresh.get("torch", "mylib.op.default", "self:f[*]", "abc") == entry()
+    assert fresh.get("torch", "mylib.op.default", "self:f[*]", "abd") is None  # the op's code changed
+    assert fresh.get("torch", "mylib.op.default", "self:f[*]") is None
+    cache.remember("torch", "cpp.op.default", entry(), None)
+    assert cache.get("torch", "cpp.op.default", "self:f[*]", None) == entry()  # this process keeps it
+    assert RuleCache(tmp_path).get("torch", "cpp.op.default", "self:f[*]", None) is None
+    assert not list(tmp_path.rglob("cpp.op.default*"))
+
+
+@pytest.mark.parametrize("op", ["jax.mylib::scale", "jax.my scale", ".hidden", "x" * 300])
+def test_an_op_name_no_file_may_have_is_cached_under_its_digest(tmp_path, op):
+    RuleCache(tmp_path).remember("jax", op, entry())
+    assert RuleCache(tmp_path).get("jax", op, "self:f[*]") == entry()
+    assert RuleCache(tmp_path).get("jax", op + "x", "self:f[*]") is None
+    assert all(len(p.name) < 200 for p in tmp_path.rglob("*"))
+
+
+def test_a_cache_folder_removed_while_an_entry_is_written_is_made_again(tmp_path, monkeypatch):
+    """Another process clearing the cache between the folder's mkdir and the temp file: the
+    write is tried again, not reported as an unwritable folder for the rest of the process."""
+    import shutil
+    import tempfile
+
+    real_mkstemp, removed = tempfile.mkstemp, []
+
+    def cleared_first(*args, **kwargs):
+        if not removed:
+            removed.append(True)
+            shutil.rmtree(tmp_path / "cache")
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", cleared_first)
+    cache = RuleCache(tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.remember("torch", RELU, entry())
+    assert removed and cache.persist
+    assert RuleCache(tmp_path / "cache").get("torch", RELU, "self:f[*]") == entry()

@@ -70,6 +70,36 @@ def test_live_exploration_finds_the_rules_of_an_op_that_crashes_on_some_shards(t
     assert len(cuts) >= 2  # each dim of both inputs, cut alike
 
 
+def _crash_or_hang_on_shards(x, y):
+    if x.shape != y.shape or x.shape[0] < 6:  # a shard of one input alone, or rows cut: crashes
+        os.kill(os.getpid(), signal.SIGFPE)
+    if x.shape[1] < 4:  # columns cut: hangs
+        time.sleep(60)
+    return x + y
+
+
+def test_after_a_crash_the_first_call_that_hangs_ends_the_exploration(tmp_path):
+    """Explored again call by call after a crash, an op that also hangs costs one time
+    limit, not one per hanging call, and stays replicated: its checks were cut short."""
+    from metaspmd.cache import RuleCache
+    from metaspmd.case import OpCase
+    from metaspmd.ir import MetaIR, MetaOp, MetaVar
+    from metaspmd.resolve import LiveExplorationWarning, NodeCall, resolve
+
+    x, y = MetaVar("x", (6, 4)), MetaVar("y", (6, 4))
+    ir = MetaIR((x, y), (MetaOp("add", "crash_or_hang", (x, y), {}, (MetaVar("out", (6, 4)),)),), ())
+    values = (np.random.randn(6, 4), np.random.randn(6, 4))
+    call = NodeCall("x:f[*,*] y:f[*,*]", None, lambda: OpCase("crash_or_hang", _crash_or_hang_on_shards, values, {},
+                                                               ("x", "y")))
+    start = time.perf_counter()
+    with pytest.warns(LiveExplorationWarning, match=r"crash_or_hang \(node add\): live exploration failed.*timed out"):
+        strategies, stats = resolve(ir, lambda op: call, NumpyOps(), "numpy", RuleCache(tmp_path),
+                                    isolation=Isolation(timeout=1.0))
+    assert time.perf_counter() - start < 8  # one limit (1 s) and the forks, not a limit per hanging call
+    assert strategies["add"] == () and "timed out after 1 s" in stats.unexplorable["add"]
+    assert not list(tmp_path.rglob("*.yaml"))  # a failure is not cached: the next run explores again
+
+
 _KILLED_PARENT = """
 import sys, time
 from metaspmd.isolation import ForkServer, Isolation

@@ -700,16 +700,42 @@ def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
             if isinstance(target, torch._ops.OpOverload):
-                values[self._current] = (args, kwargs)
-            return super().call_function(target, args, kwargs)
+                values[self._current.name] = (args, kwargs)
+            out = super().call_function(target, args, kwargs)
+            if isinstance(target, torch._ops.OpOverload) and target.namespace not in _TORCH_NAMESPACES:
+                _check_fake_kernel(target, self._current, out)
+            return out
 
         def run_node(self, n):
-            self._current = n.name
+            self._current = n
             return super().run_node(n)
 
     with torch.no_grad():
         Recorder(gm).run(*flat_inputs)
     return values
+
+
+_TORCH_NAMESPACES = frozenset({"aten", "prims"})
+
+
+def _check_fake_kernel(op: torch._ops.OpOverload, node: torch.fx.Node, out: Any) -> None:
+    """A user's op whose fake kernel (``register_fake``) disagrees with its real one on the
+    example: the plan is made from the traced (fake) shapes and the rules from the real
+    ones, so the run would fail later, deep in DTensor, without naming the op."""
+    def described(leaves: list) -> list[str]:
+        return [f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves]
+
+    fake = torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    real = torch.utils._pytree.tree_leaves(out)
+    tensors = [(f, r) for f, r in zip(fake, real) if isinstance(f, torch.Tensor)]
+    static = all(isinstance(d, int) for f, _ in tensors for d in f.shape)  # data-dependent sizes: not comparable
+    if "val" not in node.meta or not static:
+        return
+    if len(fake) != len(real) or any(not isinstance(r, torch.Tensor) or tuple(f.shape) != tuple(r.shape)
+                                     or f.dtype != r.dtype for f, r in tensors):
+        raise TypeError(f"{op} (node {node.name}): its fake kernel gives {described(fake)} but the op returns "
+                        f"{described(real)} on the example inputs; the plan is made from the fake kernel's "
+                        "shapes, so they must agree (see the op's register_fake)")
 
 
 def _var(name: str, x: Any) -> MetaVar:

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from metaspmd.case import OpCase
+from metaspmd.fingerprint import code_fingerprint
 from metaspmd.ir import MetaOp
 from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import NodeCall
@@ -113,7 +114,26 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
         a, k = real() if real is not None else (args, kwargs)
         return call_case(fn, a, k, probe)
 
-    return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case)
+    return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case,
+                    implementation(fn) if found is None else "")
+
+
+# torch's own namespaces: their ops change with torch's version, which keys the rule cache
+_TORCH_NAMESPACES = frozenset({"aten", "prims"})
+
+
+def implementation(fn: torch._ops.OpOverload) -> str | None:
+    """The rule cache's key for the code behind ``fn`` (``NodeCall.implementation``): ''
+    for torch's own ops; for a ``torch.library.custom_op``, a fingerprint of its Python
+    kernels; None for an op whose kernels are not Python functions metaspmd can read (C++,
+    ``Library.impl``), which is then cached in memory only."""
+    if fn.namespace in _TORCH_NAMESPACES:
+        return ""
+    definition = torch._library.custom_ops.OPDEFS.get(fn._schema.name)
+    if definition is None:
+        return None
+    kernels = [definition._init_fn, *definition._backend_fns.values()]
+    return code_fingerprint(k for k in kernels if k is not None)
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:

@@ -4,6 +4,7 @@ models match single-device outputs and gradients."""
 import importlib.util
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from metaspmd import planner  # noqa: E402
 from metaspmd.backends.torch import dtensor_rules  # noqa: E402
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.resolve import LiveExplorationWarning  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.custom_ops import RMSNormed  # noqa: E402
@@ -519,7 +521,8 @@ def test_an_op_that_crashes_or_hangs_off_its_shape_costs_its_rules_not_the_calle
                         Isolation(timeout=5.0, setup=rules_at_runtime.LIVE_EXPLORATION.setup))
     torch.manual_seed(0)
     model, x = FailsOffShape(how), torch.randn(8, 16)
-    with LocalTensorMode(frozenset(range(WORLD))):
+    with LocalTensorMode(frozenset(range(WORLD))), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), backward=False,
                         cache=RuleCache(tmp_path))
         out = p(x)
@@ -528,6 +531,36 @@ def test_an_op_that_crashes_or_hangs_off_its_shape_costs_its_rules_not_the_calle
     assert p.plan.strategy(op).label == "R"
     if how == "hang":
         assert "timed out" in p.stats.unexplorable[op]
+        assert any(issubclass(w.category, LiveExplorationWarning) and "timed out" in str(w.message)
+                   and op in str(w.message) for w in caught)
+
+
+@torch.library.custom_op("metaspmd_test::column_sums", mutates_args=())
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
+
+
+column_sums.register_fake(lambda x: torch.empty_like(x))  # wrong: the op drops dim 0
+
+
+class ColumnSums(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return column_sums(self.fc(x))
+
+
+def test_a_custom_op_whose_fake_kernel_disagrees_with_its_real_one_is_named(fake_world, cache):
+    """The plan reads the fake kernel's shapes, the rules the real ones: the call failed
+    later, deep inside DTensor ("narrow unexpectedly changed concrete size")."""
+    model, x = ColumnSums(), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        with pytest.raises(TypeError, match=r"metaspmd_test.column_sums.default \(node column_sums\): its fake kernel "
+                                            r"gives \['torch.float32 \[8, 16\]'\] but the op returns "
+                                            r"\['torch.float32 \[16\]'\]"):
+            parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), backward=False, cache=cache)
 
 
 class HalfFrozen(torch.nn.Module):
