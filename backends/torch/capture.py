@@ -40,7 +40,7 @@ from metaspmd.ir import MetaIR, MetaOp, MetaVar, RecordedValues
 from metaspmd.tensor_ops import TensorOps
 
 from .batched_matmuls import unmerge_batched_matmuls
-from .catalog import op_name, positional_names
+from .catalog import TORCH_NAMESPACES, op_name, positional_names
 from .tensor_ops import TorchOps
 
 _OPS: TensorOps = TorchOps()
@@ -702,7 +702,7 @@ def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:
             if isinstance(target, torch._ops.OpOverload):
                 values[self._current.name] = (args, kwargs)
             out = super().call_function(target, args, kwargs)
-            if isinstance(target, torch._ops.OpOverload) and target.namespace not in _TORCH_NAMESPACES:
+            if isinstance(target, torch._ops.OpOverload) and target.namespace not in TORCH_NAMESPACES:
                 _check_fake_kernel(target, self._current, out)
             return out
 
@@ -713,9 +713,6 @@ def _record_values(gm: torch.fx.GraphModule, flat_inputs: list) -> dict:
     with torch.no_grad():
         Recorder(gm).run(*flat_inputs)
     return values
-
-
-_TORCH_NAMESPACES = frozenset({"aten", "prims"})
 
 
 def _check_fake_kernel(op: torch._ops.OpOverload, node: torch.fx.Node, out: Any) -> None:

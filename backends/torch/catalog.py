@@ -17,6 +17,8 @@ import torch
 from metaspmd.signature import ALL_DIMS, arg_items
 
 NAMESPACE = "aten"
+# torch's own ops, which change with its version; any other namespace holds a user's ops
+TORCH_NAMESPACES = frozenset({NAMESPACE, "prims"})
 
 TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
 

@@ -12,7 +12,7 @@ from metaspmd.ir import MetaOp
 from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import NodeCall
 
-from . import table
+from . import catalog, table
 from .backend import torch_case
 from .capture import Captured, meta_call
 from .samples import BASE_SEED, call_signature, with_varied_masks
@@ -118,16 +118,12 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
                     implementation(fn) if found is None else "")
 
 
-# torch's own namespaces: their ops change with torch's version, which keys the rule cache
-_TORCH_NAMESPACES = frozenset({"aten", "prims"})
-
-
 def implementation(fn: torch._ops.OpOverload) -> str | None:
     """The rule cache's key for the code behind ``fn`` (``NodeCall.implementation``): ''
     for torch's own ops; for a ``torch.library.custom_op``, a fingerprint of its Python
     kernels; None for an op whose kernels are not Python functions metaspmd can read (C++,
     ``Library.impl``), which is then cached in memory only."""
-    if fn.namespace in _TORCH_NAMESPACES:
+    if fn.namespace in catalog.TORCH_NAMESPACES:
         return ""
     definition = torch._library.custom_ops.OPDEFS.get(fn._schema.name)
     if definition is None:
