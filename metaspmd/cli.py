@@ -196,6 +196,17 @@ def _interrupted(e: KeyboardInterrupt) -> int:
     return 128 + e.args[0] if e.args and isinstance(e.args[0], int) else 130
 
 
+def _reproducible_environment(command: str) -> None:
+    """The command's environment as its workers' (``reproducible.for_command``): the
+    variables a user set that would change its results are left out, and named."""
+    from metaspmd import reproducible
+
+    dropped = reproducible.for_command()
+    if dropped:
+        print(f"{command}: leaving out {', '.join(dropped)} (set in the environment): the results must not depend "
+              "on them", file=sys.stderr)
+
+
 @pipe_safe
 def sweep(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
@@ -240,6 +251,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     p.add_argument("--worker-output", action="store_true",
                    help="let workers print to stderr (hidden by default: framework warnings bury the progress bar)")
     args = p.parse_args(_argv(argv))
+    _reproducible_environment("sweep")
     patterns = split_patterns(args.ops)
     ops_given(p, args.ops, patterns)
     _kernels_given(p, args.kernels)
@@ -574,6 +586,8 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     shared.add_argument("--registry", type=path_arg)
     known, _ = shared.parse_known_args(rest)
     ops_given(shared, known.ops, tuple(x.strip() for v in known.ops for x in v.split(",") if x.strip()))
+    if not {"-h", "--help"} & set(rest):
+        _reproducible_environment("crosscheck")
     if known.registry is not None:  # a backend folder would read as a registry without rules
         from metaspmd.registry_io import RegistryError, check_registry_root
 

@@ -29,6 +29,19 @@ Five things a process fixes only when it starts, and that change the sweep's res
   change with it (their sums run in one order either way), and it is capped at AVX2 all
   the same.
 
+And one that a process reads when it imports a framework: ``JAX_PLATFORMS`` is ``cpu``,
+so a machine with an accelerator sweeps JAX on the same CPU kernels as one without.
+
+Variables a user may have set for their own work, which change which samples a framework
+gives or what it computes, are left out of these processes (``UNSET``): the OpInfo test
+harness's (``PYTORCH_OPINFO_SAMPLE_INPUT_INDEX`` keeps one sample per OpInfo, so a worker
+replaying sample k finds none), JAX's configuration (``JAX_NUMPY_RANK_PROMOTION=raise``
+fails the model programs that broadcast by rank, which the program index then leaves out;
+``JAX_DEFAULT_PRNG_IMPL`` changes the key type), ``XLA_FLAGS`` (the backend sets its own)
+and ``MKL_ENABLE_INSTRUCTIONS``, which overrides ``MKL_CBWR``'s code path. The sweep and
+cross-check commands set their own environment so too (``for_command``), as they list ops
+and build the indexes before any worker starts.
+
 Sweep and cross-check workers start with these values, and a process that did not start
 with them builds the sample index in one that does. A user's process (live exploration at
 run time) keeps its own settings: its rules are verified on the machine that uses them.
@@ -37,6 +50,7 @@ run time) keeps its own settings: its rules are verified on the machine that use
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 from typing import Iterator
@@ -47,21 +61,46 @@ ENV = {
     "MKL_CBWR": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "JAX_PLATFORMS": "cpu",
 }
+# names, and name prefixes ending in "_", of the variables left out (see above)
+UNSET = ("PYTORCH_OPINFO_", "PYTORCH_TEST_", "JAX_", "XLA_FLAGS", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE")
+
+
+def unset_names(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
+    """The variables of ``environ`` that ``UNSET`` leaves out, those ``ENV`` sets excepted."""
+    return sorted(k for k in environ if k not in ENV
+                  and any(k.startswith(u) if u.endswith("_") else k == u for u in UNSET))
+
+
+# read once, as the frameworks read them: a backend sets XLA_FLAGS of its own later
+_UNSET_AT_START = {k: os.environ[k] for k in unset_names()}
+
+
+def started_under(prefix: str) -> str:
+    """'' where this process started without ``UNSET``'s variables named ``prefix``...;
+    else a digest of them, for the name of a cache built here (JAX's program index), which
+    then stays apart from the one a sweep reads."""
+    given = sorted((k, v) for k, v in _UNSET_AT_START.items() if k.startswith(prefix))
+    return hashlib.sha256(repr(given).encode()).hexdigest()[:10] if given else ""
 
 
 def in_effect() -> bool:
-    """Did this process start with these values? (The hash seed is read off the
-    interpreter's start-up flags; the others off the environment, which frameworks read
-    once, when they load.)"""
+    """Did this process start with these values, and without ``UNSET``'s? (The hash seed
+    is read off the interpreter's start-up flags; the others off the environment, which
+    frameworks read once, when they load.)"""
     others = {k: v for k, v in ENV.items() if k != "PYTHONHASHSEED"}
-    return sys.flags.hash_randomization == 0 and all(os.environ.get(k) == v for k, v in others.items())
+    return (sys.flags.hash_randomization == 0 and all(os.environ.get(k) == v for k, v in others.items())
+            and not _UNSET_AT_START)
 
 
 @contextlib.contextmanager
 def for_children() -> Iterator[None]:
-    """Processes started inside get these values; this process's environment is restored."""
-    saved = {k: os.environ.get(k) for k in ENV}
+    """Processes started inside get these values, without ``UNSET``'s; this process's
+    environment is restored."""
+    saved = {k: os.environ.get(k) for k in [*ENV, *unset_names()]}
+    for k in unset_names():
+        del os.environ[k]
     os.environ.update(ENV)
     try:
         yield
@@ -74,8 +113,20 @@ def for_children() -> Iterator[None]:
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment with these values, for a subprocess."""
-    return {**os.environ, **ENV}
+    """This process's environment with these values, without ``UNSET``'s, for a subprocess."""
+    dropped = set(unset_names())
+    return {**{k: v for k, v in os.environ.items() if k not in dropped}, **ENV}
 
 
-__all__ = ["ENV", "child_env", "for_children", "in_effect"]
+def for_command() -> list[str]:
+    """This process's environment as its workers' will be, but for the hash seed, which
+    only a process's start sets: for a command that lists ops and builds indexes itself,
+    before it imports a framework. Returns the names of the variables it removed."""
+    names = unset_names()
+    for k in names:
+        del os.environ[k]
+    os.environ.update(ENV)
+    return names
+
+
+__all__ = ["ENV", "UNSET", "child_env", "for_command", "for_children", "in_effect", "started_under", "unset_names"]

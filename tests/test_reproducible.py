@@ -94,3 +94,63 @@ def test_a_torch_sweep_worker_runs_torchs_own_kernels_whatever_the_cpu():
     out = subprocess.run([sys.executable, "-c", PREPARED_WORKER], env=reproducible.child_env(), capture_output=True,
                          text=True, timeout=300).stdout.splitlines()
     assert out == ["False False", str(8 * 12 * 16.0), "Invalid scaling configuration."], out
+
+
+def _unset_report(queue) -> None:
+    queue.put(({k: v for k, v in os.environ.items() if k.startswith(("JAX_", "PYTORCH_OPINFO_", "XLA_FLAGS"))},
+               reproducible.in_effect()))
+
+
+USER_SETTINGS = {"PYTORCH_OPINFO_SAMPLE_INPUT_INDEX": "0", "JAX_NUMPY_RANK_PROMOTION": "raise", "XLA_FLAGS": "--x=1"}
+
+
+def test_children_start_without_the_variables_a_user_set_that_change_results(monkeypatch):
+    """A user's PYTORCH_OPINFO_SAMPLE_INPUT_INDEX (one sample per OpInfo) or JAX
+    configuration changed the registry a sweep wrote; workers start without them, and the
+    parent keeps them."""
+    for k, v in USER_SETTINGS.items():
+        monkeypatch.setenv(k, v)
+    assert reproducible.unset_names() == sorted(USER_SETTINGS)
+    assert not set(USER_SETTINGS) & set(reproducible.child_env()) and reproducible.child_env()["JAX_PLATFORMS"] == "cpu"
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with reproducible.for_children():
+        child = ctx.Process(target=_unset_report, args=(queue,))
+        child.start()
+    child.join(60)
+    assert queue.get(timeout=5) == ({"JAX_PLATFORMS": "cpu"}, True)
+    assert all(os.environ[k] == v for k, v in USER_SETTINGS.items())
+
+
+def test_a_process_started_under_them_is_not_reproducible_and_names_its_jax_caches_apart():
+    code = ("from metaspmd import reproducible as r; import os; os.environ.pop('JAX_NUMPY_RANK_PROMOTION');"
+            "print(r.in_effect(), bool(r.started_under('JAX_')))")
+    env = {**reproducible.child_env(), "JAX_NUMPY_RANK_PROMOTION": "raise"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]  # read at its start, as jax reads it
+    out = subprocess.run([sys.executable, "-c", code.replace("os.environ.pop('JAX_NUMPY_RANK_PROMOTION');", "")],
+                         env=reproducible.child_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]
+
+
+def test_for_command_leaves_them_out_of_a_commands_own_environment_and_names_them(monkeypatch):
+    for k, v in USER_SETTINGS.items():
+        monkeypatch.setenv(k, v)
+    for k in reproducible.ENV:
+        monkeypatch.setenv(k, os.environ.get(k, ""))  # restored after the test, as the others
+    assert reproducible.for_command() == sorted(USER_SETTINGS)
+    assert not reproducible.unset_names() and all(os.environ[k] == v for k, v in reproducible.ENV.items())
+
+
+def test_a_sweep_under_a_users_opinfo_setting_gives_the_committed_files():
+    """With PYTORCH_OPINFO_SAMPLE_INPUT_INDEX=0 inherited, the workers replayed sample 0
+    only: linalg_cholesky was verified on fresh inputs that are not positive-definite and
+    came out replicate-only."""
+    pytest.importorskip("torch")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTORCH_OPINFO_SAMPLE_INPUT_INDEX": "0"}
+    out = subprocess.run([sys.executable, os.path.join(root, "tools", "sweep.py"), "--backend", "torch", "--ops",
+                          "aten.linalg_cholesky.default", "--check", "--jobs", "1", "--no-progress"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "leaving out PYTORCH_OPINFO_SAMPLE_INPUT_INDEX" in out.stderr

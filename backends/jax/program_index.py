@@ -10,8 +10,9 @@ programs are traced again, in this process, when the entry is first read (``__ge
 so listing the catalog traces nothing.
 
 The file's name carries a format number, the jax version, the float64 setting (it changes
-avals and so equations) and a digest of the modules that define and walk the programs, so
-any of those changing gives a new file; one that does not parse or does not match the
+avals and so equations), a digest of the modules that define and walk the programs and,
+in a process started with jax configured by environment variables (``JAX_*``, which a
+sweep leaves out), a digest of those, so any of those changing gives a new file; one that does not parse or does not match the
 programs of this process is rebuilt. It is written atomically, one builder at a time, in
 ``$METASPMD_CACHE_DIR`` or ``$XDG_CACHE_HOME/metaspmd`` (``~/.cache/metaspmd``).
 """
@@ -31,10 +32,13 @@ from typing import Callable, Iterator
 
 import jax
 
+from metaspmd import reproducible
+
 from . import model_programs, program, programs, samples
 from .programs import Occurrence
 
-FORMAT_VERSION = 1  # bump when the file's layout changes
+FORMAT_VERSION = 2  # bump when the file's layout changes (2: or what built it: files traced under
+# JAX_NUMPY_RANK_PROMOTION=raise lacked programs; such a process now names its own file)
 
 Location = tuple[str, tuple[int, ...]]  # program name, equation path
 
@@ -60,7 +64,8 @@ def _digest() -> str:
 
 def cache_path(cache_dir: Path | None = None) -> Path:
     x64 = "x64" if jax.config.jax_enable_x64 else "x32"
-    name = f"jax-{jax.__version__}-programs-v{FORMAT_VERSION}-{x64}-{_digest()}.json.gz"
+    config = reproducible.started_under("JAX_")  # jax's configuration by environment, which sweeps leave out
+    name = f"jax-{jax.__version__}-programs-v{FORMAT_VERSION}-{x64}-{_digest()}{'-' + config if config else ''}.json.gz"
     return Path(cache_dir or default_cache_dir()) / name
 
 

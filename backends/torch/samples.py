@@ -43,7 +43,8 @@ from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
 from .composite_calls import CompositeRecorder, composite_kernels, composite_names
 from .tensor_ops import TorchOps
 
-FORMAT_VERSION = 17  # bump when capture or selection changes: old caches are then ignored
+FORMAT_VERSION = 18  # bump when capture or selection changes: old caches are then ignored (18: ones built
+# under a variable reproducible.UNSET now leaves out could hold other samples)
 BASE_SEED = 0  # the seed the cached examples were generated with
 FRESH_SEEDS = 4  # a schema-built sample runs on the seeds after BASE_SEED too (explorer trials)
 MAX_SIGNATURES = 4  # explored per overload
