@@ -238,6 +238,10 @@ REFUTED = {
         "with its keyword rtol (or atol) cut, DTensor's rule calls the output Replicate and runs each rank "
         "on its own rows of the thresholds, never redistributing them (linalg_pinv.rcond_tensor decomposes "
         "into it: each rank's output holds only its rows)",
+    "aten.gather.default":
+        "with index cut along a dim it does not gather and shorter there than self, DTensor's rule runs each "
+        "rank's index rows against self's first rows (self Replicate) or against its own, longer, shard of "
+        "self's rows (self cut alike): wrong values (take_along_dim decomposes into it)",
     "aten.fill_.Scalar":  # for a Partial self only: other placements keep DTensor's rule
         "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
         "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",

@@ -115,20 +115,29 @@ def backend():
 
 F = torch.nn.functional
 # Calls DTensor 2.13 answers wrong on its own rules (dtensor_rules.REFUTED): a convolution's
-# input cut along a spatial dim, and cosine_embedding_loss with its second input's columns cut.
+# input cut along a spatial dim, cosine_embedding_loss with its second input's columns cut,
+# and gather with its index's rows cut where it has fewer than self.
 _G = torch.Generator().manual_seed(0)
 CONV_X, CONV_W = torch.randn(4, 3, 8, 8, generator=_G), torch.randn(4, 3, 3, 3, generator=_G)
 COS_A, COS_B, COS_T = torch.randn(4, 8, generator=_G), torch.randn(4, 8, generator=_G), torch.tensor([1., -1., 1., -1.])
+# gather's index cut along its rows, fewer than self's
+GATHER_SELF, GATHER_INDEX = torch.randn(12, 4, generator=_G), torch.randint(0, 4, (4, 4), generator=_G)
+
+
+def _gather_1(x, index):
+    return torch.gather(x, 1, index)
 
 
 def _refuted_calls(mesh):
     """(conv2d of a height-cut input, cosine_embedding_loss of a column-cut input, conv2d of a
-    batch-cut input): each output's placements and full value (or why there is none: the
-    ranks disagree)."""
+    batch-cut input, gather of a row-cut index from a replicated and a row-cut self): each
+    output's placements and full value (or why there is none: the ranks disagree)."""
     out = []
     for fn, args in ((F.conv2d, ((CONV_X, Shard(2)), (CONV_W, Replicate()))),
                      (F.cosine_embedding_loss, ((COS_A, Replicate()), (COS_B, Shard(1)), (COS_T, Replicate()))),
-                     (F.conv2d, ((CONV_X, Shard(0)), (CONV_W, Replicate())))):
+                     (F.conv2d, ((CONV_X, Shard(0)), (CONV_W, Replicate()))),
+                     (_gather_1, ((GATHER_SELF, Replicate()), (GATHER_INDEX, Shard(0)))),
+                     (_gather_1, ((GATHER_SELF, Shard(0)), (GATHER_INDEX, Shard(0))))):
         got = fn(*(distribute_tensor(t, mesh, [p]) for t, p in args), **({"padding": 1} if fn is F.conv2d else {}))
         try:
             out.append((got.placements, _full_on_every_rank(got)))
@@ -522,12 +531,15 @@ def test_every_installed_op_runs_replicated_and_with_a_verified_cut(results, bac
 
 def test_dtensor_answers_the_refuted_calls_wrong_on_its_own_rules(results):
     """What REFUTED records, on plain DTensor 2.13: a height-cut convolution returns the
-    wrong shape; cosine_embedding_loss with column-cut input2 the wrong value. (When DTensor
+    wrong shape; cosine_embedding_loss with column-cut input2 the wrong value; gather with
+    a row-cut index shorter than self wrong values. (When DTensor
     fixes them, this fails: the replacement is then no longer needed.)"""
     out, _ = results
-    (conv, cos, _), _ = out["refuted calls"]
+    (conv, cos, _, *gathers), _ = out["refuted calls"]
     assert isinstance(conv[1], AssertionError) or conv[1].shape != F.conv2d(CONV_X, CONV_W, padding=1).shape
     assert not torch.allclose(cos[1], F.cosine_embedding_loss(COS_A, COS_B, COS_T))
+    for placements, got in gathers:
+        assert isinstance(got, AssertionError) or not torch.equal(got, _gather_1(GATHER_SELF, GATHER_INDEX))
 
 
 def test_refuted_calls_run_right_under_the_replacement(results):
@@ -535,10 +547,12 @@ def test_refuted_calls_run_right_under_the_replacement(results):
     the batch-cut convolution, right before, stays right and stays cut (a verified rule)."""
     out, report = results
     assert set(dtensor_rules.REFUTED) <= set(report.replaced)
-    (_, _, plain_batch), (conv, cos, batch) = out["refuted calls"]
+    (_, _, plain_batch, *_), (conv, cos, batch, *gathers) = out["refuted calls"]
     want = F.conv2d(CONV_X, CONV_W, padding=1)
     torch.testing.assert_close(conv[1], want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cos[1], F.cosine_embedding_loss(COS_A, COS_B, COS_T))
+    for placements, got in gathers:
+        torch.testing.assert_close(got, _gather_1(GATHER_SELF, GATHER_INDEX), rtol=0, atol=0)
     torch.testing.assert_close(plain_batch[1], want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(batch[1], want, rtol=1e-5, atol=1e-5)
     assert batch[0] == (Shard(0),)
