@@ -20,15 +20,20 @@ def _report(queue) -> None:
     queue.put((sys.flags.hash_randomization, {k: os.environ.get(k) for k in reproducible.ENV}, reproducible.in_effect()))
 
 
-def test_spawned_children_start_with_the_environment_and_the_parent_keeps_its_own():
-    before = {k: os.environ.get(k) for k in reproducible.ENV}
+def _in_spawned_child(report):
+    """What ``report`` puts in its queue, in a child spawned under ``for_children``."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     with reproducible.for_children():
-        child = ctx.Process(target=_report, args=(queue,))
+        child = ctx.Process(target=report, args=(queue,))
         child.start()
     child.join(60)
-    randomized, env, in_effect = queue.get(timeout=5)
+    return queue.get(timeout=5)
+
+
+def test_spawned_children_start_with_the_environment_and_the_parent_keeps_its_own():
+    before = {k: os.environ.get(k) for k in reproducible.ENV}
+    randomized, env, in_effect = _in_spawned_child(_report)
     assert randomized == 0 and env == reproducible.ENV and in_effect
     assert {k: os.environ.get(k) for k in reproducible.ENV} == before
 
@@ -112,13 +117,7 @@ def test_children_start_without_the_variables_a_user_set_that_change_results(mon
         monkeypatch.setenv(k, v)
     assert reproducible.unset_names() == sorted(USER_SETTINGS)
     assert not set(USER_SETTINGS) & set(reproducible.child_env()) and reproducible.child_env()["JAX_PLATFORMS"] == "cpu"
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    with reproducible.for_children():
-        child = ctx.Process(target=_unset_report, args=(queue,))
-        child.start()
-    child.join(60)
-    assert queue.get(timeout=5) == ({"JAX_PLATFORMS": "cpu"}, True)
+    assert _in_spawned_child(_unset_report) == ({"JAX_PLATFORMS": "cpu"}, True)
     assert all(os.environ[k] == v for k, v in USER_SETTINGS.items())
 
 
