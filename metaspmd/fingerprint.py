@@ -68,6 +68,8 @@ def _add_code(digest: Any, code: types.CodeType) -> set[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _add_code(digest, const)
+        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: its order follows the salted string hashes
+            digest.update(repr(sorted(const, key=repr)).encode())
         else:
             digest.update(repr(const).encode())
     return names
