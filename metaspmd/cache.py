@@ -40,13 +40,12 @@ from typing import Callable, Mapping
 
 from . import rules
 from .registry_io import (
-    RegistryError, dump_record, loads_record, path_problem, read_file, record_path, write_text_atomic,
+    RegistryError, dump_record, loads_record, path_problem, read_file, record_path, usable_name, write_text_atomic,
 )
 from .rules import OpRecord, RuleEntry, make_record
 
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,150}")
 _SEAL = "# metaspmd rule cache, sha256 of what follows: "
 FORMAT = 2  # 2: sealed files; the unsealed ones of 1 are never read (they would all warn)
 
@@ -65,7 +64,7 @@ def _sealed(data: bytes) -> bool:
 def _stored_name(op: str) -> str:
     """The op's name in its files: itself, or for a name no rule file may hold (a user's
     ``ns::op`` primitive, one too long for a file name), a readable stand-in and a digest."""
-    if _FILE_NAME.fullmatch(op):
+    if usable_name(op) and len(op) <= 150:  # a file name holds 255 bytes, the digest's suffix besides
         return op
     return f"_{_UNSAFE.sub('_', op)[:100]}-{hashlib.sha256(op.encode()).hexdigest()[:12]}"
 

@@ -119,8 +119,13 @@ def dump_record(record: OpRecord) -> str:
     return f"# metaspmd rules for {record.op} ({record.backend}); regenerate with tools/sweep.py\n" + body
 
 
+def usable_name(name: str) -> bool:
+    """Whether ``name`` may name an op or a backend in a rule file (and its file's name)."""
+    return bool(_OP_NAME_RE.match(name))
+
+
 def record_path(root: str | os.PathLike, backend: str, op: str) -> Path:
-    if not _OP_NAME_RE.match(op) or not _OP_NAME_RE.match(backend):
+    if not usable_name(op) or not usable_name(backend):
         raise RegistryError(f"op name {op!r} / backend {backend!r} is not usable as a file name")
     return Path(root) / backend / f"{op}.yaml"
 
@@ -288,7 +293,7 @@ class _Reader:
         op = self.string(f["op"], "op")
         backend = self.string(f["backend"], "backend")
         for key, name in (("op", op), ("backend", backend)):
-            if not _OP_NAME_RE.match(name):
+            if not usable_name(name):
                 self.fail(f[key], f"{key} {name!r} has characters a rule file may not use")
         if self.folder is not None and backend != self.folder:  # it would go into the wrong backend's table
             self.fail(f["backend"], f"file holds a {backend!r} rule but lies in the {self.folder}/ folder")

@@ -12,8 +12,8 @@ so listing the catalog traces nothing.
 The file's name carries a format number, the jax version, the float64 setting (it changes
 avals and so equations), a digest of the modules that define and walk the programs and,
 in a process started with jax configured by environment variables (``JAX_*``, which a
-sweep leaves out), a digest of those, so any of those changing gives a new file; one that does not parse or does not match the
-programs of this process is rebuilt. It is written atomically, one builder at a time, in
+sweep leaves out), a digest of those, so any of those changing gives a new file; one that
+does not parse or does not match the programs of this process is rebuilt. It is written atomically, one builder at a time, in
 ``$METASPMD_CACHE_DIR`` or ``$XDG_CACHE_HOME/metaspmd`` (``~/.cache/metaspmd``).
 """
 

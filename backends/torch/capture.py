@@ -722,11 +722,12 @@ def _check_fake_kernel(op: torch._ops.OpOverload, node: torch.fx.Node, out: Any)
     def described(leaves: list) -> list[str]:
         return [f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves]
 
-    fake = torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    if "val" not in node.meta:
+        return
+    fake = torch.utils._pytree.tree_leaves(node.meta["val"])
     real = torch.utils._pytree.tree_leaves(out)
     tensors = [(f, r) for f, r in zip(fake, real) if isinstance(f, torch.Tensor)]
-    static = all(isinstance(d, int) for f, _ in tensors for d in f.shape)  # data-dependent sizes: not comparable
-    if "val" not in node.meta or not static:
+    if not all(isinstance(d, int) for f, _ in tensors for d in f.shape):  # data-dependent sizes: not comparable
         return
     if len(fake) != len(real) or any(not isinstance(r, torch.Tensor) or tuple(f.shape) != tuple(r.shape)
                                      or f.dtype != r.dtype for f, r in tensors):
