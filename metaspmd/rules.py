@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1
 # Bump with every soundness fix of the explorer or verifier, or any change of what an
 # entry means: rules that live exploration cached under an older version are then never
 # trusted, but explored again (the rule cache keys its folders by this number).
-VERIFIER_VERSION = 1
+VERIFIER_VERSION = 2  # 2: live cases run out= and in-place ops on fresh outs and cloned inputs
 # Joint strategies of independent parts offered per entry: (labels per part + 1) ** parts
 # grows fast for long lists; the single labels always remain.
 JOINT_LIMIT = 64

@@ -158,8 +158,8 @@ def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
     (``_expanded``). They follow the call's signature, values included (a padding, a fill
     value), so every argument keys DTensor's cache of them; ``register_sharding`` keys on
     tensors and int arguments only, and would hand a call the strategies of another
-    padding. ``own``: DTensor's own strategy function for an in-place op whose rule is
-    replaced, for a self placement that no verified strategy keeps."""
+    padding. ``own``: DTensor's own strategy function for an op whose rule is refuted at
+    some calls only (``REFUTED_AT``), which its other calls keep."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
@@ -170,13 +170,12 @@ def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
 def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     """The verified strategies over the mesh, less those DTensor would not run as placed.
     DTensor redistributes positional tensors only (``OpSchema.args_spec``): a keyword tensor
-    (``weight=`` of a histogram) is used as it is, so a strategy that places it otherwise
-    computes on the wrong values. An in-place op writes self's storage, so self is never
-    moved, while its placement may change as the rule says (DTensor's dispatcher re-specs
-    self in place: ``fill_`` of a Partial(sum) self holds the fill on every rank). A self
-    placement no verified strategy keeps goes to DTensor's own rule where that rule is not
-    the refuted one (``REFUTED`` names Partial self placements for the in-place op it
-    lists); else DTensor reports no strategy."""
+    (``weight=`` of a histogram, an out= tensor) is used as it is, so a strategy that places
+    it otherwise computes on the wrong values. An in-place op writes self's storage, so
+    self is never moved, while its placement may change as the rule says (DTensor's
+    dispatcher re-specs self in place: ``fill_`` of a Partial(sum) self holds the fill on
+    every rank). A call DTensor's rule is not refuted at (``REFUTED_AT``) goes to that
+    rule, ``own``."""
     from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
@@ -187,23 +186,24 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
 
     args = tuple(spec(a) for a in op_schema.args_schema)
     kwargs = {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
+    if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
+        return own(op_schema)
     rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
     fixed = [s.placements for s in _spec_leaves((), kwargs)]
-    if op._schema.is_mutable:
+    self_written = op._schema.arguments[0].alias_info is not None and op._schema.arguments[0].alias_info.is_write
+    if self_written:
         fixed_self = _spec_leaves(args, {})[0].placements
     keep = []
     for s in expanded.strategies:
         placed = [x.placements for x in s.input_specs]
         if fixed and placed[len(placed) - len(fixed):] != fixed:
             continue
-        if op._schema.is_mutable and placed[0] != fixed_self:
+        if self_written and placed[0] != fixed_self:
             continue
         keep.append(s)
     expanded.strategies = keep
-    if not keep and own is not None and op._schema.is_mutable and not any(p.is_partial() for p in fixed_self):
-        return own(op_schema)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
 
@@ -242,15 +242,52 @@ REFUTED = {
         "with index cut along a dim it does not gather and shorter there than self, DTensor's rule runs each "
         "rank's index rows against self's first rows (self Replicate) or against its own, longer, shard of "
         "self's rows (self cut alike): wrong values (take_along_dim decomposes into it)",
-    "aten.fill_.Scalar":  # for a Partial self only: other placements keep DTensor's rule
+    "aten.fill_.Scalar":  # for a Partial self only (REFUTED_AT)
         "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
         "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",
 }
 
 
+def _partial_self(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    return any(p.is_partial() for p in args[0].placements)
+
+
+def _every_dim_as_an_empty_list(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """``dim=[]`` on a tensor with dims, which ATen reduces whole."""
+    arguments = op._schema.arguments
+    i = next(k for k, a in enumerate(arguments) if a.name == "dim")
+    if i < len(args):
+        dim = args[i]
+    else:
+        dim = kwargs.get("dim", arguments[i].default_value if arguments[i].has_default_value() else None)
+    return isinstance(dim, (list, tuple)) and not dim and len(args[0].shape) > 0
+
+
+# The reductions whose dim=[] means every dim (sum(x, dim=[]) sums all of x, and amax's
+# default dim is []): DTensor's rules (_infer_reduction_dims) read it as no dim and keep
+# the input's cut, giving one partial result per rank (keepdim) or an IndexError.
+_EMPTY_DIM_REDUCTIONS = (
+    "aten.amax.default", "aten.amax.out", "aten.amin.default", "aten.amin.out", "aten.linalg__powsum.default",
+    "aten.linalg_vector_norm.default", "aten.logsumexp.default", "aten.mean.dim", "aten.mean.out",
+    "aten.nansum.default", "aten.std.correction", "aten.std.correction_out", "aten.sum.dim_IntList",
+    "aten.var.correction", "aten.var.correction_out", "aten.var_mean.correction", "aten.var_mean.correction_out",
+)
+REFUTED.update({
+    name: "with dim=[] (every dim, in ATen) on a cut input, DTensor's rule reduces no dim and keeps the cut: "
+          "each rank's own reduction, called one cut result (wrong values with keepdim, an IndexError without; "
+          "the backward of norm(p=inf) sums its maxima so)"
+    for name in _EMPTY_DIM_REDUCTIONS})
+# The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
+# of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
+REFUTED_AT = {"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
+
+
 def refuted(op: torch._ops.OpOverload) -> str:
-    """Why DTensor's own rule for ``op`` is not to be trusted, or ''."""
-    return REFUTED.get(op_name(op), "")
+    """Why DTensor's own rule for ``op`` is not to be trusted at any call, or ''. An op
+    refuted at some calls only (``REFUTED_AT``) gives '': at such a call DTensor's output
+    placements are not the verified rule's, which ``parallelize`` checks node by node."""
+    name = op_name(op)
+    return "" if name in REFUTED_AT else REFUTED.get(name, "")
 
 
 _REPLACED: dict = {}  # op -> what DTensor had for it: (single-dim strategy, its schema info, legacy rule, handler)
@@ -318,7 +355,7 @@ def _replace(op: torch._ops.OpOverload, cache: RuleCache | None = None) -> None:
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
                      p.op_to_rules.pop(op, None), handlers.pop(op, None),
                      p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
-    _install(op, _verified_fn(op, cache), own=_REPLACED[op][4])
+    _install(op, _verified_fn(op, cache), own=_REPLACED[op][4] if op_name(op) in REFUTED_AT else None)
 
 
 def _restore(op: torch._ops.OpOverload) -> None:

@@ -8,8 +8,8 @@ takes the placed inputs as they are and gives the planned outputs (the two agree
 for view-like ops, whose shape arguments DTensor rewrites for each shard. DTensor's rule
 is not taken on trust: its convolution rule, for one, reads only the input's placements,
 and calls an output Replicate that a weight cut by output channels leaves cut; and the
-ops whose DTensor rule is refuted on real DTensor (``dtensor_rules.REFUTED``) always run
-by their verified rule, as ``register()`` makes DTensor run them.
+ops whose DTensor rule is refuted on real DTensor at every call (``dtensor_rules.REFUTED``)
+always run by their verified rule, as ``register()`` makes DTensor run them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import NodeCall
 
 from . import catalog, table
-from .backend import torch_case
+from .backend import _out_spec_from_kwargs, make_runner, torch_case
 from .capture import Captured, meta_call
 from .samples import BASE_SEED, call_signature, with_varied_masks
 
@@ -68,11 +68,14 @@ def _shrunk(tree, small=(6, 8, 10, 12, 14, 16, 18, 20, 22, 24)):
 def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Callable | None = None) -> OpCase:
     """The case live exploration verifies for one call: on small float64 tensors of the
     call's signature where the op takes them, else on the call's own values. ``probe``
-    runs the op's calls that choose them (``NodeCall.probed_case``); None: here."""
+    runs the op's calls that choose them (``NodeCall.probed_case``); None: here. The op
+    runs as the sweep runs it (``make_runner``): an argument it writes is cloned first and
+    its out= tensors are allocated afresh, of the call's dtypes; written in place, every
+    shard's run would share one out= tensor, and its outputs all equal the last one's."""
     a, k = tuple(args), dict(kwargs)
     for candidate in (_float64(_shrunk((a, k))), _float64((a, k))):
         try:
-            _run(probe, fn, *candidate)
+            _run(probe, _runner(fn, candidate[1]), *candidate)
         except Exception:  # shapes baked into the arguments, no float64 kernel, a crash in a child
             continue
         a, k = candidate
@@ -80,7 +83,11 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     # a mask of one value takes one branch only: rules verified there need not hold for
     # the other (masked_fill's Partial self where the mask is False everywhere)
     a, k = with_varied_masks(fn, a, k, probe)
-    return torch_case(fn, a, k, fn)
+    return torch_case(fn, a, k, _runner(fn, k))
+
+
+def _runner(fn: torch._ops.OpOverload, kwargs: dict) -> Callable:
+    return make_runner(fn, _out_spec_from_kwargs(fn, kwargs)[0])
 
 
 def _run(probe: Callable | None, fn: Callable, args: tuple, kwargs: dict) -> None:

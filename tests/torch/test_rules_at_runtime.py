@@ -100,3 +100,36 @@ def test_the_registry_keeps_no_mean_of_shard_means_for_losses_that_skip_labels()
             labels = "target:i" in e.signature  # class probabilities (float targets) skip nothing
             if labels and ("reduction=1" in e.signature or "reduction" not in e.signature):  # mean (the default)
                 assert "avg" not in str(e.combine), (name, e.signature)
+
+
+def _live_call_rules(op, args, kwargs) -> dict[str, set[str]]:
+    """The live case's strategies for one call, by the input placements they take."""
+    entry = explore_case(call_case(op, args, kwargs), TorchOps())
+    out: dict[str, set[str]] = {}
+    for s in entry.strategies():
+        ins, outs = str(s).split(": ", 1)[1].split(" -> ")
+        out.setdefault(ins, set()).add(outs)
+    return out
+
+
+def test_a_live_out_call_writes_a_fresh_out_on_every_run():
+    """An out= call's tensor is allocated afresh for each run, as the sweep's runner does.
+    Passed through, every shard's run wrote the one out tensor, every output was then the
+    last run's, and a cut self passed as identity: mean.out over every dim (dim=[]) was
+    called the mean of any one shard, and var.correction_out's the same."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    mean = _live_call_rules(torch.ops.aten.mean.out, (x, [], True), {"out": torch.empty(1, 1)})
+    assert mean["(S(0), R)"] == {"(reduce(avg))"} and mean["(S(1), R)"] == {"(reduce(avg))"}, mean
+    var = _live_call_rules(torch.ops.aten.var.correction_out, (x, []),
+                           {"correction": 1, "keepdim": True, "out": torch.empty(1, 1)})
+    assert not any("S(" in ins.split(",")[0] for ins in var), var  # a variance is no combine of shards' ones
+
+
+def test_a_live_in_place_call_runs_on_a_copy_of_self():
+    """An in-place call writes a clone of self on each run: the trial's own data stays as
+    drawn for the runs after it."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    before = x.clone()
+    rules = _live_call_rules(torch.ops.aten.add_.Tensor, (x, torch.randn(1, 4)), {})
+    assert torch.equal(x, before)
+    assert rules["(S(0), R)"] == {"(gather(dim=0))"}, rules
