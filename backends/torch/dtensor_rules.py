@@ -277,9 +277,31 @@ REFUTED.update({
           "each rank's own reduction, called one cut result (wrong values with keepdim, an IndexError without; "
           "the backward of norm(p=inf) sums its maxima so)"
     for name in _EMPTY_DIM_REDUCTIONS})
+
+
+def _dim_from_the_end(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """A negative ``dim`` (counted from the last)."""
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return isinstance(dim, int) and dim < 0
+
+
+# DTensor's rules that check a dim against the input's cut without first counting a
+# negative dim from the last: cumsum(x, -1) of a column-cut x scans each rank's columns on
+# their own, and calls the result cut (scan_strategy); argmax(x, -2) of a row-cut x fails.
+_SCANS = ("aten.cumprod.default", "aten.cumsum.default", "aten.logcumsumexp.default")
+_ARG_REDUCTIONS = ("aten.argmax.default", "aten.argmin.default")
+REFUTED.update({
+    name: "with a negative dim (cumsum(x, -1)) along the input's cut, DTensor's rule keeps the cut: each rank "
+          "scans its own slice from its start, called one cut result (wrong values)"
+    for name in _SCANS})
+REFUTED.update({
+    name: "with a negative dim other than -1 (argmax(x, -2)) along the input's cut, DTensor's rule gives a "
+          "strategy its own dispatch cannot run (a view of the wrong size)"
+    for name in _ARG_REDUCTIONS})
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
-REFUTED_AT = {"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
+REFUTED_AT = ({"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
+              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS})
 
 
 def refuted(op: torch._ops.OpOverload) -> str:

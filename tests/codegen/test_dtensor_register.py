@@ -146,39 +146,47 @@ def _refuted_calls(mesh):
     return out
 
 
-# Reductions whose dim=[] means every dim, each called so (keepdim=True; the out= ones with a
-# replicated out of the result's shape) on rows of EMPTY_X cut over the mesh, no shard empty:
-# DTensor 2.13's rules reduce no dim there (dtensor_rules.REFUTED_AT).
+# One call per op that REFUTED_AT names (but fill_, cosine_embedding_loss's above), at a call
+# it refutes, with the placement of EMPTY_X that shows it (no shard empty): the reductions
+# whose dim=[] means every dim (keepdim=True; the out= ones with a replicated out of the
+# result's shape), which DTensor 2.13's rules read as no dim; and the scans and arg-reductions
+# along a cut dim counted from the end.
 EMPTY_X = torch.randn(8, 6, generator=_G).abs() + 0.5
 _A = torch.ops.aten
-EMPTY_DIM_CALLS = {
-    "aten.amax.default": lambda x, o: _A.amax.default(x, [], True),
-    "aten.amax.out": lambda x, o: _A.amax.out(x, [], True, out=o),
-    "aten.amin.default": lambda x, o: _A.amin.default(x, [], True),
-    "aten.amin.out": lambda x, o: _A.amin.out(x, [], True, out=o),
-    "aten.linalg__powsum.default": lambda x, o: _A.linalg__powsum.default(x, 3, [], True),
-    "aten.linalg_vector_norm.default": lambda x, o: _A.linalg_vector_norm.default(x, 2, [], True),
-    "aten.logsumexp.default": lambda x, o: _A.logsumexp.default(x, [], True),
-    "aten.mean.dim": lambda x, o: _A.mean.dim(x, [], True),
-    "aten.mean.out": lambda x, o: _A.mean.out(x, [], True, out=o),
-    "aten.nansum.default": lambda x, o: _A.nansum.default(x, [], True),
-    "aten.std.correction": lambda x, o: _A.std.correction(x, [], correction=1, keepdim=True),
-    "aten.std.correction_out": lambda x, o: _A.std.correction_out(x, [], correction=1, keepdim=True, out=o),
-    "aten.sum.dim_IntList": lambda x, o: _A.sum.dim_IntList(x, [], True),
-    "aten.var.correction": lambda x, o: _A.var.correction(x, [], correction=1, keepdim=True),
-    "aten.var.correction_out": lambda x, o: _A.var.correction_out(x, [], correction=1, keepdim=True, out=o),
-    "aten.var_mean.correction": lambda x, o: _A.var_mean.correction(x, [], correction=1, keepdim=True)[0],
-    "aten.var_mean.correction_out": lambda x, o: _A.var_mean.correction_out(
-        x, [], correction=1, keepdim=True, out0=o, out1=o.clone())[0],
+_ROWS, _COLUMNS = Shard(0), Shard(1)
+REFUTED_AT_CALLS = {
+    "aten.amax.default": (lambda x, o: _A.amax.default(x, [], True), _ROWS),
+    "aten.amax.out": (lambda x, o: _A.amax.out(x, [], True, out=o), _ROWS),
+    "aten.amin.default": (lambda x, o: _A.amin.default(x, [], True), _ROWS),
+    "aten.amin.out": (lambda x, o: _A.amin.out(x, [], True, out=o), _ROWS),
+    "aten.linalg__powsum.default": (lambda x, o: _A.linalg__powsum.default(x, 3, [], True), _ROWS),
+    "aten.linalg_vector_norm.default": (lambda x, o: _A.linalg_vector_norm.default(x, 2, [], True), _ROWS),
+    "aten.logsumexp.default": (lambda x, o: _A.logsumexp.default(x, [], True), _ROWS),
+    "aten.mean.dim": (lambda x, o: _A.mean.dim(x, [], True), _ROWS),
+    "aten.mean.out": (lambda x, o: _A.mean.out(x, [], True, out=o), _ROWS),
+    "aten.nansum.default": (lambda x, o: _A.nansum.default(x, [], True), _ROWS),
+    "aten.std.correction": (lambda x, o: _A.std.correction(x, [], correction=1, keepdim=True), _ROWS),
+    "aten.std.correction_out": (lambda x, o: _A.std.correction_out(x, [], correction=1, keepdim=True, out=o), _ROWS),
+    "aten.sum.dim_IntList": (lambda x, o: _A.sum.dim_IntList(x, [], True), _ROWS),
+    "aten.var.correction": (lambda x, o: _A.var.correction(x, [], correction=1, keepdim=True), _ROWS),
+    "aten.var.correction_out": (lambda x, o: _A.var.correction_out(x, [], correction=1, keepdim=True, out=o), _ROWS),
+    "aten.var_mean.correction": (lambda x, o: _A.var_mean.correction(x, [], correction=1, keepdim=True)[0], _ROWS),
+    "aten.var_mean.correction_out": (lambda x, o: _A.var_mean.correction_out(
+        x, [], correction=1, keepdim=True, out0=o, out1=o.clone())[0], _ROWS),
+    "aten.cumsum.default": (lambda x, o: torch.cumsum(x, -1), _COLUMNS),
+    "aten.cumprod.default": (lambda x, o: torch.cumprod(x, -2), _ROWS),
+    "aten.logcumsumexp.default": (lambda x, o: torch.logcumsumexp(x, -1), _COLUMNS),
+    "aten.argmax.default": (lambda x, o: torch.argmax(x, -2), _ROWS),
+    "aten.argmin.default": (lambda x, o: torch.argmin(x, -2, keepdim=True), _ROWS),
 }
 
 
-def _empty_dim_calls(mesh) -> dict:
-    """Each EMPTY_DIM_CALLS call on a row-cut input: its full value, or the error it raised."""
+def _refuted_at_calls(mesh) -> dict:
+    """Each REFUTED_AT_CALLS call on its cut input: its full value, or the error it raised."""
     out = {}
-    for name, fn in EMPTY_DIM_CALLS.items():
+    for name, (fn, placement) in REFUTED_AT_CALLS.items():
         try:
-            got = fn(distribute_tensor(EMPTY_X, mesh, [Shard(0)]),
+            got = fn(distribute_tensor(EMPTY_X, mesh, [placement]),
                      distribute_tensor(torch.zeros(1, 1), mesh, [Replicate()]))
             out[name] = _full_on_every_rank(got)
         except Exception as e:  # noqa: BLE001 -- DTensor's IndexError, or ranks that disagree
@@ -207,7 +215,7 @@ def results(fake_world_of, backend, tmp_path_factory):
             except NotImplementedError:
                 before[name] = "NotImplementedError"
         plain = _refuted_calls(mesh)
-        plain_empty_dim = _empty_dim_calls(mesh)
+        plain_refuted_at = _refuted_at_calls(mesh)
         # Everything DTensor lacks: composite ops (cdist) decompose into others (_cdist_forward).
         # And DTensor's refuted rules replaced; a call the table misses is explored live.
         report = dtensor_rules.register(replace_refuted=True, cache=RuleCache(tmp_path_factory.mktemp("rules")))
@@ -220,9 +228,9 @@ def results(fake_world_of, backend, tmp_path_factory):
                 got = e
             out[name] = (before[name], got, expected[name], ins)
         replaced = _refuted_calls(mesh)
-        replaced_empty_dim = _empty_dim_calls(mesh)
+        replaced_refuted_at = _refuted_at_calls(mesh)
     out["refuted calls"] = (plain, replaced)
-    out["empty dim calls"] = (plain_empty_dim, replaced_empty_dim)
+    out["refuted-at calls"] = (plain_refuted_at, replaced_refuted_at)
     yield out, report
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
@@ -740,19 +748,18 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
         dtensor_rules.unregister(report)
 
 
-def test_every_reduction_refuted_at_dim_empty_is_called_so(results):
-    """The list REFUTED_AT keeps for dim=[] is the one this test calls."""
-    assert set(EMPTY_DIM_CALLS) == {n for n, at in dtensor_rules.REFUTED_AT.items() if n != "aten.fill_.Scalar"}
+def test_every_op_refuted_at_some_calls_is_called_at_one(results):
+    assert set(REFUTED_AT_CALLS) | {"aten.fill_.Scalar"} == set(dtensor_rules.REFUTED_AT)
 
 
-@pytest.mark.parametrize("name", sorted(EMPTY_DIM_CALLS))
-def test_a_reduction_over_every_dim_as_an_empty_list(results, name):
-    """On DTensor's own rule the call is wrong (each rank's reduction of its rows, called
-    the cut of one value) or fails; under register() it matches one device. (When DTensor
-    fixes it, the first part fails: the replacement is then no longer needed.)"""
+@pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
+def test_a_call_refuted_at_runs_right_under_the_replacement(results, name):
+    """On DTensor's own rule the call is wrong (each rank's reduction or scan of its own
+    slice, called one cut result) or fails; under register() it matches one device. (When
+    DTensor fixes it, the first part fails: the replacement is then no longer needed.)"""
     out, report = results
-    plain, replaced = (calls[name] for calls in out["empty dim calls"])
-    want = EMPTY_DIM_CALLS[name](EMPTY_X, torch.zeros(1, 1))
+    plain, replaced = (calls[name] for calls in out["refuted-at calls"])
+    want = REFUTED_AT_CALLS[name][0](EMPTY_X, torch.zeros(1, 1))
     assert isinstance(plain, Exception) or not torch.allclose(plain, want), plain
     assert name in report.replaced
     assert not isinstance(replaced, Exception), f"{type(replaced).__name__}: {replaced}"
