@@ -1,3 +1,4 @@
+import os
 import random
 import subprocess
 import sys
@@ -22,6 +23,20 @@ def _seeded():
         torch.manual_seed(0)
     except ImportError:
         pass
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """A command run in process (``tests/test_bad_input.py`` runs ``sweep`` and
+    ``crosscheck`` so) sets its workers' environment in its own (``reproducible.for_command``),
+    as a command should. Taken back after each test: left, ``ONEDNN_MAX_CPU_ISA=AVX2``
+    reached the first oneDNN call of a later test in the same worker: on a machine with AMX,
+    torch sends int8 and float8 matmuls to oneDNN, which has no primitive for them there."""
+    saved = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per phase
+    yield
+    for k in [k for k in os.environ if k not in saved and k != "PYTEST_CURRENT_TEST"]:
+        del os.environ[k]
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
