@@ -219,11 +219,14 @@ class RegisterReport:
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
     replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
     handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, or DTensor's extended)
+    guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from refuted answers (GUARDS)
 
     def __str__(self) -> str:
         replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
         handled = f"; handlers for {len(self.handled)} ops DTensor's machinery refuses" if self.handled else ""
-        return f"installed metaspmd rules for {len(self.installed)} ops{replaced}{handled}; skipped {len(self.skipped)}"
+        guarded = f"; guarded: {', '.join(self.guarded)}" if self.guarded else ""
+        return (f"installed metaspmd rules for {len(self.installed)} ops{replaced}{handled}{guarded}; "
+                f"skipped {len(self.skipped)}")
 
 
 # DTensor 2.13 rules refuted on real DTensor (fake process group and LocalTensorMode,
@@ -302,6 +305,54 @@ REFUTED.update({
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
 REFUTED_AT = ({"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
               | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS})
+
+
+# DTensor 2.13 derives a rule for an op it has none for from the op's decomposition, traced
+# on a mesh of one device (torch.distributed.tensor._decompositions), where every cut is
+# even: a mean inside it gives Partial(avg), the mean of the ranks' means, which is the mean
+# only where every rank holds as many elements. On an uneven cut (10 rows over 4 ranks)
+# mse_loss, smooth_l1_loss and soft_margin_loss returned the mean of unequal shards' means.
+# Guarded: such a strategy is dropped where an input it takes is cut unevenly.
+DECOMPOSED_AVG = "DTensor's decomposition rules keep Partial(avg) on even cuts only"
+_GUARDS: dict = {}  # guard -> the report of the register() call that put it
+
+
+def _even_avg_only(propagate):
+    """DTensor's decomposition propagation, less the strategies with a Partial(avg) output
+    that take an input cut unevenly."""
+    from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
+
+    def averaged(spec) -> bool:
+        return any(p.is_partial() and getattr(p, "reduce_op", None) == "avg" for p in spec.placements)
+
+    def propagate_strategy(op_schema):
+        found = propagate(op_schema)
+        if found is None:
+            return found
+        kept = [s for s in found.strategies
+                if not any(averaged(o) for o in tree_leaves(s.output_specs) if o is not None)
+                or all(is_tensor_evenly_shardable(i.shape, i) for i in s.input_specs or ())]
+        if kept:  # never none: DTensor asks for at least one
+            found.strategies = kept
+        return found
+
+    return propagate_strategy
+
+
+def _guard_decompositions(report: RegisterReport) -> None:
+    if DECOMPOSED_AVG in _GUARDS:
+        return
+    decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
+    decomp.propagate_strategy = _even_avg_only(type(decomp).propagate_strategy.__get__(decomp))
+    _GUARDS[DECOMPOSED_AVG] = report
+    report.guarded.append(DECOMPOSED_AVG)
+
+
+def _unguard_decompositions(report: RegisterReport) -> None:
+    if _GUARDS.get(DECOMPOSED_AVG) is report:
+        del _GUARDS[DECOMPOSED_AVG]
+        decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
+        decomp.__dict__.pop("propagate_strategy", None)
 
 
 def refuted(op: torch._ops.OpOverload) -> str:
@@ -399,8 +450,10 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     its machinery refuses (``dtensor_handlers``: data-dependent output shapes run
     all-replicated); report what was done. ``replace_refuted`` (default): also put verified
     strategies in place of DTensor's own rule for the ops where that rule is refuted
-    (``REFUTED``): a call whose cut no verified rule keeps is redistributed instead of
-    computed wrong; ``False`` leaves DTensor's rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
+    (``REFUTED``, or at the calls ``REFUTED_AT`` picks): a call whose cut no verified rule
+    keeps is redistributed instead of computed wrong, and DTensor's decomposition path keeps
+    ``Partial(avg)`` on even cuts only (``DECOMPOSED_AVG``); ``False`` leaves DTensor's
+    rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s). ``ops``: op
     names (``"aten.mm.default"``), overloads or packets (``torch.ops.aten.mm``: each of its
     overloads), one or several, or None for every op of the table."""
@@ -469,6 +522,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _OWNERS[op] = report
             report.installed.append(name)
             report.replaced.append(name)
+        _guard_decompositions(report)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)
     _clear_sharding_prop_cache()
     return report
@@ -610,6 +664,7 @@ def unregister(report: RegisterReport) -> None:
         raise TypeError(f"unregister takes the RegisterReport that register() or register_op() returned, got "
                         f"{report!r:.80} of type {type(report).__qualname__}")
     dtensor_handlers.uninstall(report.handled, owner=report)
+    _unguard_decompositions(report)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = overload_named(name)

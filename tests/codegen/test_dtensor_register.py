@@ -194,6 +194,28 @@ def _refuted_at_calls(mesh) -> dict:
     return out
 
 
+# Losses DTensor derives a rule for from their decomposition, whose mean gives Partial(avg):
+# on an uneven cut of rows (10 over 4 ranks) the ranks' means are of unequal shards.
+UNEVEN_X, UNEVEN_Y = torch.randn(10, 7, generator=_G), torch.randn(10, 7, generator=_G)
+EVEN_X, EVEN_Y = torch.randn(8, 12, generator=_G), torch.randn(8, 12, generator=_G)
+MEAN_LOSSES = {
+    "mse_loss": F.mse_loss, "smooth_l1_loss": F.smooth_l1_loss,
+    "soft_margin_loss": lambda x, y: F.soft_margin_loss(x, y.sign()),
+}
+
+
+def _mean_losses(mesh, x=UNEVEN_X, y=UNEVEN_Y) -> dict:
+    """Each of MEAN_LOSSES on row-cut inputs: (placements, full value) or the error."""
+    out = {}
+    for name, fn in MEAN_LOSSES.items():
+        try:
+            got = fn(distribute_tensor(x, mesh, [Shard(0)]), distribute_tensor(y, mesh, [Shard(0)]))
+            out[name] = (got.placements, _full_on_every_rank(got))
+        except Exception as e:  # noqa: BLE001 -- ranks that disagree
+            out[name] = (None, e)
+    return out
+
+
 @pytest.fixture(scope="module")
 def results(fake_world_of, backend, tmp_path_factory):
     from metaspmd.cache import RuleCache
@@ -216,6 +238,7 @@ def results(fake_world_of, backend, tmp_path_factory):
                 before[name] = "NotImplementedError"
         plain = _refuted_calls(mesh)
         plain_refuted_at = _refuted_at_calls(mesh)
+        plain_losses = _mean_losses(mesh)
         # Everything DTensor lacks: composite ops (cdist) decompose into others (_cdist_forward).
         # And DTensor's refuted rules replaced; a call the table misses is explored live.
         report = dtensor_rules.register(replace_refuted=True, cache=RuleCache(tmp_path_factory.mktemp("rules")))
@@ -229,8 +252,11 @@ def results(fake_world_of, backend, tmp_path_factory):
             out[name] = (before[name], got, expected[name], ins)
         replaced = _refuted_calls(mesh)
         replaced_refuted_at = _refuted_at_calls(mesh)
+        replaced_losses = _mean_losses(mesh)
+        even_losses = _mean_losses(mesh, EVEN_X, EVEN_Y)
     out["refuted calls"] = (plain, replaced)
     out["refuted-at calls"] = (plain_refuted_at, replaced_refuted_at)
+    out["mean losses"] = (plain_losses, replaced_losses, even_losses)
     yield out, report
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
@@ -782,3 +808,32 @@ def test_the_gradient_of_an_inf_norm_counts_its_maxima_once(results):
         rows = torch.ops.aten.sum.dim_IntList(distribute_tensor(x, mesh, [Shard(0)]), [1], True)
         assert rows.placements == (Shard(0),)  # DTensor's own rule, not refuted there
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(MEAN_LOSSES))
+def test_a_mean_from_a_decomposition_is_no_mean_of_uneven_shards(results, name):
+    """DTensor's rule from the loss's decomposition, traced on one device where every cut is
+    even, calls the mean of 10 rows over 4 ranks Partial(avg): the mean of the ranks' means,
+    wrong (when DTensor fixes it, the first assert fails). register() drops such a strategy
+    where an input is cut unevenly; on an even cut it stays, and is right."""
+    out, report = results
+    plain, replaced, even = out["mean losses"]
+    want = MEAN_LOSSES[name](UNEVEN_X, UNEVEN_Y)
+    assert plain[name][0] == (Partial("avg"),) and not torch.allclose(plain[name][1], want)
+    assert dtensor_rules.DECOMPOSED_AVG in report.guarded
+    assert replaced[name][0] != (Partial("avg"),)
+    torch.testing.assert_close(replaced[name][1], want)
+    assert even[name][0] == (Partial("avg"),)
+    torch.testing.assert_close(even[name][1], MEAN_LOSSES[name](EVEN_X, EVEN_Y))
+
+
+def test_unregister_takes_the_decomposition_guard_back(results, fake_world_of):
+    """The guard is the register() call's that put it: a second call puts none, and
+    unregistering the first leaves DTensor's own propagation."""
+    _, report = results
+    decomp = DTensor._op_dispatcher.sharding_propagator.decomp_strategy
+    assert "propagate_strategy" in vars(decomp)
+    again = dtensor_rules.register(["aten.mm.default"])
+    assert not again.guarded
+    dtensor_rules.unregister(again)
+    assert "propagate_strategy" in vars(decomp)
