@@ -174,9 +174,10 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     it otherwise computes on the wrong values. An in-place op writes self's storage, so
     self is never moved, while its placement may change as the rule says (DTensor's
     dispatcher re-specs self in place: ``fill_`` of a Partial(sum) self holds the fill on
-    every rank). A call DTensor's rule is not refuted at (``REFUTED_AT``) goes to that
-    rule, ``own``."""
-    from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
+    every rank). Strategies that hold for even cuts only go where a cut is uneven
+    (``_on_uneven_cuts``). A call DTensor's rule is not refuted at (``REFUTED_AT``) goes to
+    that rule, ``own``."""
+    from torch.distributed.tensor._op_schema import OpSchema, OpStrategy, TupleStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
     def spec(x):
@@ -203,7 +204,8 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
         if self_written and placed[0] != fixed_self:
             continue
         keep.append(s)
-    expanded.strategies = keep
+    called = OpSchema(op_schema.op, args, kwargs)  # the call's specs, for its output shapes
+    expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
 
@@ -307,50 +309,86 @@ REFUTED_AT = ({"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_emp
               | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS})
 
 
+def _on_uneven_cuts(strategies, op_schema, propagator) -> list:
+    """``strategies`` (DTensor's, over the mesh) less those that hold for even cuts only,
+    where an input they take is cut unevenly along the mesh dim they use: a Partial(avg)
+    output, the mean of the ranks' means, is the mean only of equal shards; and an output
+    cut along a dim of another length than the input's cut dim has local lengths that are
+    not torch.chunk's, which DTensor takes them for (pixel_shuffle of 5 columns over 4
+    ranks gives them 4, 4, 2 and 0 output columns; DTensor reads 3, 3, 3 and 1)."""
+    from torch.distributed.tensor._dtensor_spec import TensorMeta
+    from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable_on_dim
+
+    def uneven_cuts(specs) -> dict:
+        """mesh dim -> the lengths of the input dims cut unevenly along it."""
+        out: dict = {}
+        for spec in specs:
+            for m, p in enumerate(spec.placements):
+                if p.is_shard() and not is_tensor_evenly_shardable_on_dim(spec.shape, spec, p.dim):
+                    out.setdefault(m, set()).add(spec.shape[p.dim])
+        return out
+
+    def holds(outputs, metas, uneven: dict) -> bool:
+        for spec, meta in zip(outputs, metas):
+            if spec is None:
+                continue
+            for m, p in enumerate(spec.placements):
+                if m not in uneven:
+                    continue
+                if p.is_partial() and getattr(p, "reduce_op", None) == "avg":
+                    return False
+                if p.is_shard() and (meta is None or uneven[m] != {meta.shape[p.dim]}):
+                    return False
+        return True
+
+    metas, kept = None, []
+    for s in strategies:
+        uneven = uneven_cuts(s.input_specs or ())
+        if uneven:
+            if metas is None:
+                got = propagator._propagate_tensor_meta(op_schema)
+                metas = [got] if isinstance(got, TensorMeta) or got is None else list(got)
+            outputs = s.output_specs if isinstance(s.output_specs, tuple) else (s.output_specs,)
+            if not holds(outputs, metas, uneven):
+                continue
+        kept.append(s)
+    return kept
+
+
 # DTensor 2.13 derives a rule for an op it has none for from the op's decomposition, traced
 # on a mesh of one device (torch.distributed.tensor._decompositions), where every cut is
-# even: a mean inside it gives Partial(avg), the mean of the ranks' means, which is the mean
-# only where every rank holds as many elements. On an uneven cut (10 rows over 4 ranks)
-# mse_loss, smooth_l1_loss and soft_margin_loss returned the mean of unequal shards' means.
-# Guarded: such a strategy is dropped where an input it takes is cut unevenly.
-DECOMPOSED_AVG = "DTensor's decomposition rules keep Partial(avg) on even cuts only"
+# even, so it keeps strategies that hold for even cuts only (``_on_uneven_cuts``): mse_loss,
+# smooth_l1_loss, soft_margin_loss and binary_cross_entropy_with_logits of 10 rows over 4
+# ranks averaged unequal shards' means. Guarded: those strategies are dropped there.
+DECOMPOSED_EVEN = "DTensor's decomposition rules keep what holds for even cuts only to even cuts"
 _GUARDS: dict = {}  # guard -> the report of the register() call that put it
 
 
-def _even_avg_only(propagate):
-    """DTensor's decomposition propagation, less the strategies with a Partial(avg) output
-    that take an input cut unevenly."""
-    from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
-
-    def averaged(spec) -> bool:
-        return any(p.is_partial() and getattr(p, "reduce_op", None) == "avg" for p in spec.placements)
-
+def _even_cuts_only(decomp, propagate):
+    """DTensor's decomposition propagation, less what ``_on_uneven_cuts`` drops."""
     def propagate_strategy(op_schema):
         found = propagate(op_schema)
-        if found is None:
-            return found
-        kept = [s for s in found.strategies
-                if not any(averaged(o) for o in tree_leaves(s.output_specs) if o is not None)
-                or all(is_tensor_evenly_shardable(i.shape, i) for i in s.input_specs or ())]
-        if kept:  # never none: DTensor asks for at least one
-            found.strategies = kept
+        if found is not None:
+            kept = _on_uneven_cuts(found.strategies, op_schema, decomp.sharding_prop)
+            if kept:  # never none: DTensor asks for at least one
+                found.strategies = kept
         return found
 
     return propagate_strategy
 
 
 def _guard_decompositions(report: RegisterReport) -> None:
-    if DECOMPOSED_AVG in _GUARDS:
+    if DECOMPOSED_EVEN in _GUARDS:
         return
     decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
-    decomp.propagate_strategy = _even_avg_only(type(decomp).propagate_strategy.__get__(decomp))
-    _GUARDS[DECOMPOSED_AVG] = report
-    report.guarded.append(DECOMPOSED_AVG)
+    decomp.propagate_strategy = _even_cuts_only(decomp, type(decomp).propagate_strategy.__get__(decomp))
+    _GUARDS[DECOMPOSED_EVEN] = report
+    report.guarded.append(DECOMPOSED_EVEN)
 
 
 def _unguard_decompositions(report: RegisterReport) -> None:
-    if _GUARDS.get(DECOMPOSED_AVG) is report:
-        del _GUARDS[DECOMPOSED_AVG]
+    if _GUARDS.get(DECOMPOSED_EVEN) is report:
+        del _GUARDS[DECOMPOSED_EVEN]
         decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
         decomp.__dict__.pop("propagate_strategy", None)
 
@@ -452,7 +490,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     strategies in place of DTensor's own rule for the ops where that rule is refuted
     (``REFUTED``, or at the calls ``REFUTED_AT`` picks): a call whose cut no verified rule
     keeps is redistributed instead of computed wrong, and DTensor's decomposition path keeps
-    ``Partial(avg)`` on even cuts only (``DECOMPOSED_AVG``); ``False`` leaves DTensor's
+    what holds for even cuts only to even cuts (``DECOMPOSED_EVEN``); ``False`` leaves DTensor's
     rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s). ``ops``: op
     names (``"aten.mm.default"``), overloads or packets (``torch.ops.aten.mm``: each of its

@@ -201,6 +201,7 @@ EVEN_X, EVEN_Y = torch.randn(8, 12, generator=_G), torch.randn(8, 12, generator=
 MEAN_LOSSES = {
     "mse_loss": F.mse_loss, "smooth_l1_loss": F.smooth_l1_loss,
     "soft_margin_loss": lambda x, y: F.soft_margin_loss(x, y.sign()),
+    "binary_cross_entropy_with_logits": lambda x, y: F.binary_cross_entropy_with_logits(x, y.sigmoid()),
 }
 
 
@@ -815,15 +816,17 @@ def test_a_mean_from_a_decomposition_is_no_mean_of_uneven_shards(results, name):
     """DTensor's rule from the loss's decomposition, traced on one device where every cut is
     even, calls the mean of 10 rows over 4 ranks Partial(avg): the mean of the ranks' means,
     wrong (when DTensor fixes it, the first assert fails). register() drops such a strategy
-    where an input is cut unevenly; on an even cut it stays, and is right."""
+    where an input is cut unevenly; on an even cut it stays, and is right
+    (binary_cross_entropy_with_logits runs the table's rules, which register() installs)."""
     out, report = results
     plain, replaced, even = out["mean losses"]
     want = MEAN_LOSSES[name](UNEVEN_X, UNEVEN_Y)
     assert plain[name][0] == (Partial("avg"),) and not torch.allclose(plain[name][1], want)
-    assert dtensor_rules.DECOMPOSED_AVG in report.guarded
+    assert dtensor_rules.DECOMPOSED_EVEN in report.guarded
     assert replaced[name][0] != (Partial("avg"),)
     torch.testing.assert_close(replaced[name][1], want)
-    assert even[name][0] == (Partial("avg"),)
+    if f"aten.{name}.default" not in report.installed:  # DTensor's own strategy, derived, stays
+        assert even[name][0] == (Partial("avg"),)
     torch.testing.assert_close(even[name][1], MEAN_LOSSES[name](EVEN_X, EVEN_Y))
 
 
@@ -837,3 +840,23 @@ def test_unregister_takes_the_decomposition_guard_back(results, fake_world_of):
     assert not again.guarded
     dtensor_rules.unregister(again)
     assert "propagate_strategy" in vars(decomp)
+
+
+def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):
+    """pixel_shuffle of a width cut gathers the ranks' outputs, each twice its input's
+    width: right as a concatenation, but DTensor takes a cut's local lengths to be
+    torch.chunk's. Of 5 columns over 4 ranks (2, 2, 1, 0) the outputs hold 4, 4, 2 and 0
+    columns, which DTensor read as 3, 3, 3 and 1 (the rule DTensor derives from the
+    decomposition, and the verified one register() installs, alike). On such a cut the
+    strategy goes; on an even one (8 columns) it stays."""
+    _, report = results
+    assert "aten.pixel_shuffle.default" in report.installed
+    g = torch.Generator().manual_seed(2)
+    for width, cut in ((5, False), (8, True)):
+        x = torch.randn(2, 12, 3, width, generator=g)
+        with LocalTensorMode(frozenset(range(WORLD))):
+            mesh = DeviceMesh("cpu", list(range(WORLD)))
+            got = F.pixel_shuffle(distribute_tensor(x, mesh, [Shard(3)]), 2)
+            full = _full_on_every_rank(got)
+        assert (got.placements == (Shard(3),)) == cut, (width, got.placements)
+        torch.testing.assert_close(full, F.pixel_shuffle(x, 2))
