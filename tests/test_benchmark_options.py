@@ -52,6 +52,8 @@ def _module(name: str):
     ("dtensor_opinfo_bench", ["--ops", "cummax", "nosuchop", "no*such"],
      "--ops: no OpInfo entry of the test's lists matches 'nosuchop' 'no*such'"),
     ("dtensor_opinfo_bench", ["--ops", ""], "matches ''"),
+    # DTensor's rules at edge arguments
+    ("dtensor_edge_bench", ["--family", "dim=[]"], "--family: invalid choice: 'dim=[]'"),
     # the expert plans
     ("expert_plans_bench", ["--framework", "torch", "--heads", "0"], "--heads: expected an integer >= 1, got 0"),
     ("expert_plans_bench", ["--framework", "torch", "--heads", "3"], "--hidden 256 is not a multiple of --heads 3"),

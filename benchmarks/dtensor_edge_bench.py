@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""DTensor's rules at the edges of their arguments: plain DTensor against ``register()``.
+
+    python benchmarks/dtensor_edge_bench.py                  # every family
+    python benchmarks/dtensor_edge_bench.py --family uneven --only-failing
+
+Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2), ``uneven`` (10 rows and
+7 columns over 4 ranks), ``edge-values``.
+
+PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
+sizes it sets to split evenly, with the dims they name. These calls take what users write
+and that test does not: ``dim=[]`` (every dim, in ATen: ``torch.amax(x)``'s default), a dim
+counted from the end (``cumsum(x, -1)``), sizes that do not split evenly over the mesh (10
+rows over 4 ranks, which DTensor cuts as ``torch.chunk`` does), and edge values of
+``tril``, ``roll``, ``flip`` and the like. Each call runs with every placement of its inputs
+on a mesh of 4 (Replicate or Shard along each dim; fake process group and
+``LocalTensorMode``) and is compared, on every simulated rank, with one device.
+
+Per call and column: placements right / wrong (another value or shape, silently) / error
+(an exception, DTensor's refusal included). ``regressions``: placements right on plain
+DTensor and not after ``register()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from metaspmd.cli import pipe_safe
+
+WORLD = 4
+FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values")
+
+
+def cases(torch) -> list[tuple[str, str, object, list]]:
+    """(family, call, fn, inputs); inputs drawn here, outside LocalTensorMode."""
+    F, A = torch.nn.functional, torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    x, y = rand(8, 12).abs() + 0.5, rand(8, 12)
+    ux, uy, pix = rand(10, 7), rand(10, 7), rand(2, 12, 3, 5)
+    out = []
+    for name, fn in {
+        "amax(x, keepdim=True)": lambda t: torch.amax(t, keepdim=True),
+        "amin(x, [], True)": lambda t: A.amin.default(t, [], True),
+        "sum(x, [], True)": lambda t: A.sum.dim_IntList(t, [], True),
+        "sum(x, [])": lambda t: A.sum.dim_IntList(t, []),
+        "mean(x, [], True)": lambda t: A.mean.dim(t, [], True),
+        "nansum(x, [], True)": lambda t: A.nansum.default(t, [], True),
+        "logsumexp(x, [], True)": lambda t: A.logsumexp.default(t, [], True),
+        "vector_norm(x, 2, [], True)": lambda t: A.linalg_vector_norm.default(t, 2, [], True),
+        "var(x, [], keepdim=True)": lambda t: A.var.correction(t, [], correction=1, keepdim=True),
+        "std(x, [], keepdim=True)": lambda t: A.std.correction(t, [], correction=1, keepdim=True),
+        "var_mean(x, [], keepdim=True)": lambda t: A.var_mean.correction(t, [], correction=1, keepdim=True)[1],
+        "grad of norm(x, inf)": lambda t: _grad(torch, lambda v: torch.linalg.vector_norm(v, float("inf")), t),
+        "any(x > 1, [], True)": lambda t: A.any.dims(t > 1, [], True),
+    }.items():
+        out.append(("empty-dims", name, fn, [x]))
+    for d in (-1, -2):
+        for name, fn in {
+            "cumsum": lambda t, d=d: torch.cumsum(t, d), "cumprod": lambda t, d=d: torch.cumprod(t, d),
+            "logcumsumexp": lambda t, d=d: torch.logcumsumexp(t, d), "argmax": lambda t, d=d: torch.argmax(t, d),
+            "argmin": lambda t, d=d: torch.argmin(t, d, keepdim=True), "cummax": lambda t, d=d: torch.cummax(t, d)[0],
+            "softmax": lambda t, d=d: torch.softmax(t, d), "sort": lambda t, d=d: torch.sort(t, d)[0],
+            "topk": lambda t, d=d: torch.topk(t, 2, d)[0],
+        }.items():
+            out.append(("from-end", f"{name}(x, {d})", fn, [y]))
+    for name, (fn, ins) in {
+        "mse_loss": (F.mse_loss, [ux, uy]), "smooth_l1_loss": (F.smooth_l1_loss, [ux, uy]),
+        "soft_margin_loss": (lambda a, b: F.soft_margin_loss(a, b.sign()), [ux, uy]),
+        "bce_with_logits": (lambda a, b: F.binary_cross_entropy_with_logits(a, b.sigmoid()), [ux, uy]),
+        "huber_loss": (F.huber_loss, [ux, uy]), "l1_loss": (F.l1_loss, [ux, uy]),
+        "kl_div(batchmean)": (lambda a, b: F.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean"), [ux, uy]),
+        "mean(x)": (lambda a: a.mean(), [ux]), "var(x, 0)": (lambda a: a.var(0), [ux]),
+        "pixel_shuffle(x, 2)": (lambda a: F.pixel_shuffle(a, 2), [pix]), "layer_norm": (lambda a: F.layer_norm(a, (7,)), [ux]),
+        "cat([x, y], 1)": (lambda a, b: torch.cat([a, b], 1), [ux, uy]), "x @ y.T": (lambda a, b: a @ b.T, [ux, uy]),
+        "repeat_interleave(x, 2, 0)": (lambda a: a.repeat_interleave(2, 0), [ux]), "flip(x, [0])": (lambda a: a.flip(0), [ux]),
+    }.items():
+        out.append(("uneven", name, fn, ins))
+    for name, (fn, ins) in {
+        "tril(x)": (torch.tril, [y]), "triu(x, 1)": (lambda a: torch.triu(a, 1), [y]), "flip(x, [])": (lambda a: a.flip([]), [y]),
+        "roll(x, 3, 0)": (lambda a: a.roll(3, 0), [y]), "roll(x, 5)": (lambda a: a.roll(5), [y]),
+        "diagonal(x, 1)": (lambda a: a.diagonal(1), [y]), "narrow(x, 1, -5, 3)": (lambda a: a.narrow(1, -5, 3), [y]),
+        "x[1::3]": (lambda a: a[1::3], [y]), "pad(x, (-1, -2))": (lambda a: F.pad(a, (-1, -2)), [y]),
+        "vector_norm(x, 0)": (lambda a: torch.linalg.vector_norm(a, 0), [y]), "prod(x)": (lambda a: a.prod(), [x]),
+    }.items():
+        out.append(("edge-values", name, fn, ins))
+    return out
+
+
+def _grad(torch, f, t):
+    t = t.detach().requires_grad_()
+    f(t).backward()
+    return t.grad
+
+
+def run(torch, fn, ins, mesh) -> tuple[int, int, int]:
+    """(right, wrong, error) over every placement of the inputs."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    want = fn(*ins)
+    counts = [0, 0, 0]
+    for placements in itertools.product(*[[Replicate()] + [Shard(d) for d in range(t.dim())] for t in ins]):
+        try:
+            got = fn(*[distribute_tensor(t, mesh, [p]) for t, p in zip(ins, placements)])
+            full = got.full_tensor() if isinstance(got, DTensor) else got
+            ranks = list(full._local_tensors.values()) if hasattr(full, "_local_tensors") else [full]
+            right = all(r.shape == want.shape and torch.allclose(r.double(), want.double(), rtol=1e-4, atol=1e-5,
+                                                                  equal_nan=True) for r in ranks)
+            counts[0 if right else 1] += 1
+        except Exception:  # noqa: BLE001 -- DTensor's refusal counts as an error, not a wrong answer
+            counts[2] += 1
+    return tuple(counts)
+
+
+@pipe_safe
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--family", choices=FAMILIES, action="append", help="only these families (default: all)")
+    ap.add_argument("--only-failing", action="store_true", help="print only calls not right on every placement")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.dtensor_rules import register
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("fake", rank=0, world_size=WORLD)
+    chosen = [c for c in cases(torch) if not args.family or c[0] in args.family]
+    results, times = {}, {}
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        for column in ("plain", "register()"):
+            t = time.perf_counter()
+            if column != "plain":
+                report = register()
+            for family, name, fn, ins in chosen:
+                results.setdefault((family, name), {})[column] = run(torch, fn, ins, mesh)
+            times[column] = time.perf_counter() - t
+
+    print(f"{'family':13} {'call':30} {'plain right/wrong/error':>24} {'register() right/wrong/error':>29}")
+    totals = {c: [0, 0, 0] for c in ("plain", "register()")}
+    regressions = 0
+    for (family, name), by in results.items():
+        for c, counts in by.items():
+            totals[c] = [a + b for a, b in zip(totals[c], counts)]
+        regressions += max(0, by["plain"][0] - by["register()"][0])
+        if args.only_failing and not (by["plain"][1] or by["plain"][2] or by["register()"][1] or by["register()"][2]):
+            continue
+        print(f"{family:13} {name:30} {'/'.join(map(str, by['plain'])):>24} {'/'.join(map(str, by['register()'])):>29}")
+    print(f"\n{'totals':44} {'/'.join(map(str, totals['plain'])):>24} {'/'.join(map(str, totals['register()'])):>29}")
+    print(f"calls: {len(results)}; calls wrong anywhere: plain {sum(1 for b in results.values() if b['plain'][1])}, "
+          f"register() {sum(1 for b in results.values() if b['register()'][1])}; placements right on plain and not "
+          f"after register() (regressions): {regressions}")
+    print(f"register(): {report}")
+    print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
