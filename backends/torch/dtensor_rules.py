@@ -221,7 +221,7 @@ class RegisterReport:
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
     replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
     handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, or DTensor's extended)
-    guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from refuted answers (GUARDS)
+    guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from refuted answers (DECOMPOSED_EVEN)
 
     def __str__(self) -> str:
         replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
@@ -383,7 +383,8 @@ def _guard_decompositions(report: RegisterReport) -> None:
     decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
     decomp.propagate_strategy = _even_cuts_only(decomp, type(decomp).propagate_strategy.__get__(decomp))
     _GUARDS[DECOMPOSED_EVEN] = report
-    report.guarded.append(DECOMPOSED_EVEN)
+    if DECOMPOSED_EVEN not in report.guarded:
+        report.guarded.append(DECOMPOSED_EVEN)
 
 
 def _unguard_decompositions(report: RegisterReport) -> None:
@@ -489,8 +490,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     all-replicated); report what was done. ``replace_refuted`` (default): also put verified
     strategies in place of DTensor's own rule for the ops where that rule is refuted
     (``REFUTED``, or at the calls ``REFUTED_AT`` picks): a call whose cut no verified rule
-    keeps is redistributed instead of computed wrong, and DTensor's decomposition path keeps
-    what holds for even cuts only to even cuts (``DECOMPOSED_EVEN``); ``False`` leaves DTensor's
+    keeps is redistributed instead of computed wrong, and (``ops`` None) DTensor's decomposition
+    path keeps what holds for even cuts only to even cuts (``DECOMPOSED_EVEN``); ``False`` leaves DTensor's
     rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
     misses are kept (the user's rule cache by default, as ``parallelize``'s). ``ops``: op
     names (``"aten.mm.default"``), overloads or packets (``torch.ops.aten.mm``: each of its
@@ -560,7 +561,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _OWNERS[op] = report
             report.installed.append(name)
             report.replaced.append(name)
-        _guard_decompositions(report)
+        if ops is None:  # DTensor's machinery, for every op: not for a call that names some
+            _guard_decompositions(report)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)
     _clear_sharding_prop_cache()
     return report

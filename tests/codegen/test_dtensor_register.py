@@ -830,9 +830,10 @@ def test_a_mean_from_a_decomposition_is_no_mean_of_uneven_shards(results, name):
     torch.testing.assert_close(even[name][1], MEAN_LOSSES[name](EVEN_X, EVEN_Y))
 
 
-def test_unregister_takes_the_decomposition_guard_back(results, fake_world_of):
-    """The guard is the register() call's that put it: a second call puts none, and
-    unregistering the first leaves DTensor's own propagation."""
+def test_the_decomposition_guard_is_the_whole_registers_and_goes_with_it(results):
+    """The guard is put by a register() of every op, once: a call that names ops puts none,
+    and unregistering that call leaves it; unregistering the one that put it takes it back
+    (done here on the guard alone, so the module's register() stays)."""
     _, report = results
     decomp = DTensor._op_dispatcher.sharding_propagator.decomp_strategy
     assert "propagate_strategy" in vars(decomp)
@@ -840,6 +841,12 @@ def test_unregister_takes_the_decomposition_guard_back(results, fake_world_of):
     assert not again.guarded
     dtensor_rules.unregister(again)
     assert "propagate_strategy" in vars(decomp)
+    dtensor_rules._unguard_decompositions(report)
+    try:
+        assert "propagate_strategy" not in vars(decomp)
+    finally:
+        dtensor_rules._guard_decompositions(report)
+    assert report.guarded == [dtensor_rules.DECOMPOSED_EVEN]
 
 
 def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):
