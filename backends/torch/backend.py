@@ -140,7 +140,7 @@ def make_runner(func, out_spec: OutSpec | None = None, default_dtype: torch.dtyp
     return fn
 
 
-def _out_spec_from_kwargs(func, kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+def out_spec_from_kwargs(func, kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
     """Split captured out arguments from the rest: (out spec, other kwargs)."""
     outs = set(catalog.out_arg_names(func))
     spec = {}
@@ -777,7 +777,7 @@ class TorchBackend:
         return self._case(func, tuple(args), dict(kwargs), make_runner(func), None)
 
     def _captured_case(self, func, call: SampleCall, source: SampleCall | None = None) -> OpCase:
-        spec, kwargs = _out_spec_from_kwargs(func, call.kwargs)
+        spec, kwargs = out_spec_from_kwargs(func, call.kwargs)
         args = tuple(call.args)
         if call.float64:
             args, kwargs = to_float64((args, kwargs))
@@ -944,4 +944,4 @@ class TorchBackend:
         return [self._case(func, args, kwargs, runner, fresh)], ""
 
 
-__all__ = ["TorchBackend", "make_runner"]
+__all__ = ["TorchBackend", "make_runner", "out_spec_from_kwargs"]

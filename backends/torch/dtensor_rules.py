@@ -204,7 +204,7 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
         if self_written and placed[0] != fixed_self:
             continue
         keep.append(s)
-    called = OpSchema(op_schema.op, args, kwargs)  # the call's specs, for its output shapes
+    called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
@@ -346,7 +346,8 @@ def _on_uneven_cuts(strategies, op_schema, propagator) -> list:
         uneven = uneven_cuts(s.input_specs or ())
         if uneven:
             if metas is None:
-                got = propagator._propagate_tensor_meta(op_schema)
+                # not the cached one: it keys on the arguments its schema info names only
+                got = propagator._propagate_tensor_meta_non_cached(op_schema)
                 metas = [got] if isinstance(got, TensorMeta) or got is None else list(got)
             outputs = s.output_specs if isinstance(s.output_specs, tuple) else (s.output_specs,)
             if not holds(outputs, metas, uneven):

@@ -13,7 +13,7 @@ from metaspmd.isolation import Isolation, can_fork
 from metaspmd.resolve import NodeCall
 
 from . import catalog, table
-from .backend import _out_spec_from_kwargs, make_runner, torch_case
+from .backend import make_runner, out_spec_from_kwargs, torch_case
 from .capture import Captured, meta_call
 from .samples import BASE_SEED, call_signature, with_varied_masks
 
@@ -87,7 +87,8 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
 
 
 def _runner(fn: torch._ops.OpOverload, kwargs: dict) -> Callable:
-    return make_runner(fn, _out_spec_from_kwargs(fn, kwargs)[0])
+    """``fn`` as ``make_runner`` runs it, its outs of the dtypes of the call's own."""
+    return make_runner(fn, out_spec_from_kwargs(fn, kwargs)[0])
 
 
 def _run(probe: Callable | None, fn: Callable, args: tuple, kwargs: dict) -> None:
