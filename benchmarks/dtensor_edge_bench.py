@@ -81,13 +81,16 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         "huber_loss": (F.huber_loss, [ux, uy]), "l1_loss": (F.l1_loss, [ux, uy]),
         "kl_div(batchmean)": (lambda a, b: F.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean"), [ux, uy]),
         "mean(x)": (lambda a: a.mean(), [ux]), "var(x, 0)": (lambda a: a.var(0), [ux]),
-        "pixel_shuffle(x, 2)": (lambda a: F.pixel_shuffle(a, 2), [pix]), "layer_norm": (lambda a: F.layer_norm(a, (7,)), [ux]),
+        "pixel_shuffle(x, 2)": (lambda a: F.pixel_shuffle(a, 2), [pix]),
+        "layer_norm": (lambda a: F.layer_norm(a, (7,)), [ux]),
         "cat([x, y], 1)": (lambda a, b: torch.cat([a, b], 1), [ux, uy]), "x @ y.T": (lambda a, b: a @ b.T, [ux, uy]),
-        "repeat_interleave(x, 2, 0)": (lambda a: a.repeat_interleave(2, 0), [ux]), "flip(x, [0])": (lambda a: a.flip(0), [ux]),
+        "repeat_interleave(x, 2, 0)": (lambda a: a.repeat_interleave(2, 0), [ux]),
+        "flip(x, [0])": (lambda a: a.flip(0), [ux]),
     }.items():
         out.append(("uneven", name, fn, ins))
     for name, (fn, ins) in {
-        "tril(x)": (torch.tril, [y]), "triu(x, 1)": (lambda a: torch.triu(a, 1), [y]), "flip(x, [])": (lambda a: a.flip([]), [y]),
+        "tril(x)": (torch.tril, [y]), "triu(x, 1)": (lambda a: torch.triu(a, 1), [y]),
+        "flip(x, [])": (lambda a: a.flip([]), [y]),
         "roll(x, 3, 0)": (lambda a: a.roll(3, 0), [y]), "roll(x, 5)": (lambda a: a.roll(5), [y]),
         "diagonal(x, 1)": (lambda a: a.diagonal(1), [y]), "narrow(x, 1, -5, 3)": (lambda a: a.narrow(1, -5, 3), [y]),
         "x[1::3]": (lambda a: a[1::3], [y]), "pad(x, (-1, -2))": (lambda a: F.pad(a, (-1, -2)), [y]),

@@ -305,7 +305,8 @@ REFUTED.update({
     for name in _ARG_REDUCTIONS})
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
-REFUTED_AT = ({"aten.fill_.Scalar": _partial_self} | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
+REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
+              | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
               | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS})
 
 

@@ -147,11 +147,11 @@ def _refuted_calls(mesh):
 
 
 # One call per op that REFUTED_AT names (but fill_, cosine_embedding_loss's above), at a call
-# it refutes, with the placement of EMPTY_X that shows it (no shard empty): the reductions
+# it refutes, with the placement of REFUTED_AT_X that shows it (no shard empty): the reductions
 # whose dim=[] means every dim (keepdim=True; the out= ones with a replicated out of the
 # result's shape), which DTensor 2.13's rules read as no dim; and the scans and arg-reductions
 # along a cut dim counted from the end.
-EMPTY_X = torch.randn(8, 6, generator=_G).abs() + 0.5
+REFUTED_AT_X = torch.randn(8, 6, generator=_G).abs() + 0.5
 _A = torch.ops.aten
 _ROWS, _COLUMNS = Shard(0), Shard(1)
 REFUTED_AT_CALLS = {
@@ -186,7 +186,7 @@ def _refuted_at_calls(mesh) -> dict:
     out = {}
     for name, (fn, placement) in REFUTED_AT_CALLS.items():
         try:
-            got = fn(distribute_tensor(EMPTY_X, mesh, [placement]),
+            got = fn(distribute_tensor(REFUTED_AT_X, mesh, [placement]),
                      distribute_tensor(torch.zeros(1, 1), mesh, [Replicate()]))
             out[name] = _full_on_every_rank(got)
         except Exception as e:  # noqa: BLE001 -- DTensor's IndexError, or ranks that disagree
@@ -790,7 +790,7 @@ def test_a_call_refuted_at_runs_right_under_the_replacement(results, name):
     DTensor fixes it, the first part fails: the replacement is then no longer needed.)"""
     out, report = results
     plain, replaced = (calls[name] for calls in out["refuted-at calls"])
-    want = REFUTED_AT_CALLS[name][0](EMPTY_X, torch.zeros(1, 1))
+    want = REFUTED_AT_CALLS[name][0](REFUTED_AT_X, torch.zeros(1, 1))
     assert isinstance(plain, Exception) or not torch.allclose(plain, want), plain
     assert name in report.replaced
     assert not isinstance(replaced, Exception), f"{type(replaced).__name__}: {replaced}"
@@ -802,7 +802,7 @@ def test_the_gradient_of_an_inf_norm_counts_its_maxima_once(results):
     sum(mask, dim=[], keepdim=True): on a row-cut input DTensor's rule counted each rank's
     own maxima, and every rank but the one holding the maximum divided by 0. Other calls of
     sum keep DTensor's rule."""
-    x = EMPTY_X.clone()
+    x = REFUTED_AT_X.clone()
     x[5, 2] = 10.0
     want = torch.func.grad(lambda t: torch.linalg.vector_norm(t, float("inf")))(x)
     with LocalTensorMode(frozenset(range(WORLD))):
