@@ -4,6 +4,7 @@
 
     python benchmarks/dtensor_opinfo_bench.py                 # all 217 entries, first sample each
     python benchmarks/dtensor_opinfo_bench.py --ops 'nn.functional.conv*' --samples 3
+    python benchmarks/dtensor_opinfo_bench.py --all --uneven --mesh 2x2 --only-failing
 
 The ops are the two lists of ``test/distributed/tensor/test_dtensor_ops.py`` (a 2026
 revision): ``dtensor_fails`` (xfail and skip) and ``dtensor_fails_no_strategy``. Each
@@ -36,12 +37,23 @@ replaces DTensor's refuted rules by verified ones ("replace").
 child, so an op that crashes the process counts as an error. An op that still fails in the
 last column has its reason (``WHY``) in the note column; the run ends with the list of
 failing ops that have none.
+
+Beyond the test: ``--all`` runs every OpInfo of torch's ``op_db``, not only the lists;
+``--uneven`` keeps OpInfo's own sizes (L, M, S, XS = 20, 10, 5, 3, which 4 mostly does not
+divide) and cuts every dim of size > 1, so shards are unequal or empty, as users' sizes
+make them and the test never does; ``--mesh 2x2`` places each input over both dims of a
+2 x 2 mesh (Replicate or Shard(d) on each, the same dim twice included). Those two draw at
+most ``MAX_COMBINATIONS`` combinations per sample, with a seed fixed by the op's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import itertools
+import logging
+import math
+import random
 import signal
 import sys
 import time
@@ -54,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metaspmd.cli import pipe_safe, positive_int, seconds
 
 WORLD = 4
+MESHES = {"4": (4,), "2x2": (2, 2)}
+MAX_COMBINATIONS = 64  # per sample, with --uneven or a 2-D mesh (every combination otherwise)
 
 # dtensor_fails of test_dtensor_ops.py: (OpInfo name, variant); xfail then skip.
 DTENSOR_FAILS_XFAIL = [
@@ -353,15 +367,16 @@ def build_case(opinfo, n_samples: int) -> Case:
                 break
             args, kwargs = [s.input] + list(s.args), dict(s.kwargs)
             ref_args, ref_kwargs = reconcile_args(args, kwargs)
-            ref = opinfo.op(*ref_args, **ref_kwargs)
-            ref = _concat_if_split(opinfo.op, args, ref)
+            raw = opinfo.op(*ref_args, **ref_kwargs)
+            ref = _concat_if_split(opinfo.op, args, raw)
             try:
                 again = _concat_if_split(opinfo.op, args, _probe(opinfo.op, ref_args, ref_kwargs))
             except Exception:  # noqa: BLE001 -- the probe's copies or modes refused: a plain second run
                 again = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
             nondeterministic = _key(opinfo) in NONDETERMINISTIC or _draws(kwargs) or not _same(ref, again)
             sample = Sample(args, kwargs, ref, nondeterministic=nondeterministic)
-            out, ins = _first_differentiable(ref), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]
+            # the first piece of a split, as run_case takes it, not the pieces concatenated
+            out, ins = _first_differentiable(raw), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]
             if out is not None and ins:
                 try:
                     sample.ref_grads = torch.autograd.grad(out.sum(), ins, allow_unused=True)
@@ -400,7 +415,49 @@ def _backward(tc, d_out, d_inputs, ref_grads) -> tuple[str, str]:
     return PASS, ""
 
 
-def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
+def every_cut_converter(uneven: bool):
+    """A ``DTensorConverter`` that places each tensor input over every mesh dim, Replicate
+    or Shard(d) along each dim of size > 1 (divisible by the mesh dim's size unless
+    ``uneven``), and draws at most ``MAX_COMBINATIONS`` of the combinations."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.testing._internal.distributed._tensor.common_dtensor import DTensorConverter
+
+    class EveryCut(DTensorConverter):
+        def __init__(self, mesh, args, kwargs, seed: str):
+            super().__init__(mesh, args, kwargs)
+            choices = [self.gen_sharding_choices_for_arg(a) for a in self.flatten_args + self.flatten_kwargs
+                       if isinstance(a, torch.Tensor)]
+            total = math.prod(len(c) for c in choices)
+            picked = range(total) if total <= MAX_COMBINATIONS else sorted(
+                random.Random(seed).sample(range(total), MAX_COMBINATIONS))
+            self.sharding_combs = iter([_nth_combination(choices, i) for i in picked])
+
+        def gen_sharding_choices_for_arg(self, arg):
+            if arg.dtype == torch.bool:  # as the test: c10d has no bool collectives
+                return [(Replicate(),) * self.mesh.ndim]
+            per_dim = [[Replicate()] + [Shard(d) for d, n in enumerate(arg.shape)
+                                        if n > 1 and (uneven or n % self.mesh.size(m) == 0)]
+                       for m in range(self.mesh.ndim)]
+            return list(itertools.product(*per_dim))
+
+        def to_dist_tensor(self, t, mesh, placements):
+            return super().to_dist_tensor(t, mesh, list(placements[0]))
+
+    return EveryCut
+
+
+def _nth_combination(choices: list, i: int) -> tuple:
+    """The ``i``-th element of ``itertools.product(*choices)``."""
+    out = []
+    for c in reversed(choices):
+        i, r = divmod(i, len(c))
+        out.append(c[r])
+    return tuple(reversed(out))
+
+
+def run_case(case: Case, mesh, tc, timeout: float, converter_class=None) -> Outcome:
+    """``converter_class``: one made by ``every_cut_converter``, or None for torch's own."""
     import torch
     from torch.distributed.tensor import DTensor
     from torch.testing._internal.distributed._tensor.common_dtensor import (
@@ -416,7 +473,8 @@ def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
     signal.setitimer(signal.ITIMER_REAL, timeout)  # not alarm(): it takes whole seconds, and alarm(0) is none
     try:
         for s in case.samples:
-            converter = DTensorConverter(mesh, s.args, s.kwargs)
+            converter = DTensorConverter(mesh, s.args, s.kwargs) if converter_class is None else \
+                converter_class(mesh, s.args, s.kwargs, seed=case.key)
             for d_args, d_kwargs in converter:
                 if not converter.successful():
                     o.fail(ERROR, "not every tensor input converts to a DTensor")
@@ -462,7 +520,7 @@ def run_case(case: Case, mesh, tc, timeout: float) -> Outcome:
     return o
 
 
-def run_isolated(case: Case, mesh, tc, timeout: float) -> Outcome:
+def run_isolated(case: Case, mesh, tc, timeout: float, converter_class=None) -> Outcome:
     """``run_case`` in a forked child: DTensor's own convolution backward handler crashes
     the process (SIGSEGV) on some placements, which then counts as an error of that op."""
     import os
@@ -474,7 +532,7 @@ def run_isolated(case: Case, mesh, tc, timeout: float) -> Outcome:
     if pid == 0:  # the child: run, report, leave without cleanup
         os.close(r)
         try:
-            data = pickle.dumps(run_case(case, mesh, tc, timeout))
+            data = pickle.dumps(run_case(case, mesh, tc, timeout, converter_class))
         except BaseException as e:  # noqa: BLE001
             data = pickle.dumps(Outcome(ERROR, _short(e)))
         with os.fdopen(w, "wb") as f:
@@ -510,16 +568,23 @@ def _entry_key(name: str, variant: str) -> str:
     return name + (f".{variant}" if variant else "")
 
 
-def opinfos(patterns: list[str] | None):
-    """The OpInfos of the listed entries that the test instantiates (float32 on the CPU)."""
+def every_entry() -> list[tuple[str, str]]:
+    """(name, variant) of every OpInfo of torch's op_db."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return sorted({(o.name, o.variant_test_name) for o in op_db})
+
+
+def opinfos(patterns: list[str] | None, entries: list = ENTRIES, even_sizes: bool = True):
+    """The OpInfos of ``entries`` that the test instantiates (float32 on the CPU)."""
     import torch
     import torch.testing._internal.common_methods_invocations as common_ops
     from torch.testing._internal.common_methods_invocations import op_db
 
-    # as the test: sizes that split evenly over 4
-    common_ops.L, common_ops.M, common_ops.S, common_ops.XS = 24, 12, 4, 2
+    if even_sizes:  # as the test: sizes that split evenly over 4
+        common_ops.L, common_ops.M, common_ops.S, common_ops.XS = 24, 12, 4, 2
     out, missing = [], []
-    for name, variant in ENTRIES:
+    for name, variant in entries:
         found = [o for o in op_db if o.name == name and o.variant_test_name == variant]
         if not found:
             missing.append((name, variant))
@@ -593,6 +658,35 @@ WHY = {
         "signal.windows.hamming", "signal.windows.hann", "signal.windows.kaiser", "signal.windows.nuttall")},
 }
 
+# Errors met off the test's lists and cuts (--all, --uneven, --mesh) whose message says what
+# refused, for an op with no WHY: (part of the message, reason). Loud by design; a wrong
+# answer never gets one.
+_EMPTY_SHARD = ("an uneven cut leaves a rank an empty shard (fewer elements than ranks along the cut), and the "
+                "op's kernel refuses an empty input: DTensor runs each rank's shard as it is")
+REFUSALS = (
+    ("Cannot flatten unevenly sharded tensor", "DTensor's view rules refuse to flatten an uneven cut (a view "
+                                               "does not redistribute)"),
+    ("cannot be evenly sharded", "DTensor's own rule refuses the uneven cut"),
+    ("not supported with DTensor", "DTensor refuses the op"),
+    ("got mixed torch.Tensor and DTensor", "a plain tensor made below DTensor's dispatch (by a composite or a "
+                                           "backward formula) meets a DTensor, and DTensor refuses the mix"),
+    ("must have at least one element", _EMPTY_SHARD), ("over an empty dimension", _EMPTY_SHARD),
+    ("input.numel() == 0", _EMPTY_SHARD), ("on an empty tensor", _EMPTY_SHARD), ("MKL FFT error", _EMPTY_SHARD),
+)
+
+
+def reason(key: str, o: Outcome) -> str:
+    """Why ``o`` fails: WHY's entry, or a refusal its error messages name (``REFUSALS``)."""
+    if key in WHY:
+        return WHY[key]
+    if o.wrong_anywhere or WRONG in (o.verdict, o.bwd):
+        return ""
+    messages = [d for v, d in ((o.verdict, o.detail), (o.bwd, o.bwd_detail)) if v == ERROR]
+    if not messages or not all(any(part in m for part, _ in REFUSALS) for m in messages):
+        return ""
+    return "refused: " + "; ".join(sorted({r for m in messages for part, r in REFUSALS if part in m}))
+
+
 COLUMNS = ("plain", "register", "replace")  # DTensor; + register(replace_refuted=False); + register()
 
 # setitimer refuses past about 1e9 s; no op of this test needs a day.
@@ -616,12 +710,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-replace", action="store_true", help="leave out the register() column (refuted rules replaced)")
     ap.add_argument("--in-process", action="store_true", help="run every op in this process (a crash ends the run)")
     ap.add_argument("--only-failing", action="store_true", help="print only rows that do not pass every way")
+    ap.add_argument("--all", action="store_true", help="every OpInfo of torch's op_db, not only the test's lists")
+    ap.add_argument("--uneven", action="store_true",
+                    help="OpInfo's own sizes (20, 10, 5, 3) and Shard(d) along every dim of size > 1, uneven cuts "
+                         f"included (at most {MAX_COMBINATIONS} combinations per sample)")
+    ap.add_argument("--mesh", choices=sorted(MESHES), default="4",
+                    help=f"4 (the test's) or 2x2: each input placed over both mesh dims (at most {MAX_COMBINATIONS} "
+                         "combinations per sample)")
     args = ap.parse_args(argv)
-    # before torch starts: a glob that matches no entry would run nothing and exit 0
-    keys = [_entry_key(*e) for e in ENTRIES]
-    unmatched = [g for g in args.ops or () if not any(fnmatch.fnmatch(k, g) for k in keys)]
-    if unmatched:
-        ap.error(f"--ops: no OpInfo entry of the test's lists matches {' '.join(map(repr, unmatched))}")
+    if not args.all:  # before torch starts: a glob that matches no entry would run nothing and exit 0
+        _check_globs(ap, args.ops, ENTRIES, "of the test's lists ")
 
     import torch
     import torch.distributed as dist
@@ -630,17 +728,22 @@ def main(argv=None) -> int:
     from torch.testing._internal.common_utils import TestCase
 
     warnings.filterwarnings("ignore")
+    logging.getLogger("torch.distributed.tensor").setLevel(logging.ERROR)  # a warning per nested gather on 2x2
+    entries = every_entry() if args.all else ENTRIES
+    if args.all:
+        _check_globs(ap, args.ops, entries, "of op_db ")
     torch.set_num_threads(1)  # each op runs in a forked child, which must not inherit a started thread pool
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
     dist.init_process_group("fake", rank=0, world_size=WORLD)
     tc = TestCase()
-    found, missing = opinfos(args.ops)
+    found, missing = opinfos(args.ops, entries, even_sizes=not args.uneven)
     run = run_case if args.in_process else run_isolated
+    converter_class = every_cut_converter(args.uneven) if args.uneven or args.mesh != "4" else None
     columns = COLUMNS[:2] if args.no_replace else COLUMNS
     results: dict[str, dict] = {_key(o): {} for o, _ in found}
     times, reports = {}, {}
     with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = init_device_mesh("cpu", (WORLD,))
+        mesh = init_device_mesh("cpu", MESHES[args.mesh])
         t = time.perf_counter()
         cases = [build_case(o, args.samples) if float32 else None for o, float32 in found]
         times["samples"] = time.perf_counter() - t
@@ -651,18 +754,27 @@ def main(argv=None) -> int:
             if column != "plain":
                 reports[column] = register(replace_refuted=column == "replace")
             for (o, _), case in zip(found, cases):
-                results[_key(o)][column] = run(case, mesh, tc, args.timeout) if case else Outcome()
+                results[_key(o)][column] = run(case, mesh, tc, args.timeout, converter_class) if case else Outcome()
             times[column] = time.perf_counter() - t
 
     _print_table(results, columns, args.only_failing)
-    print(f"\nOpInfos: {len(found)} from {len(ENTRIES)} entries"
+    print(f"\nOpInfos: {len(found)} from {len(entries)} entries"
           + (f" (not in this torch: {missing})" if missing else "")
           + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
+    print(f"mesh {args.mesh}; " + ("OpInfo's own sizes, every dim cut (uneven included)" if args.uneven
+                                   else "the test's sizes, dims cut where they split evenly"))
     for column, report in reports.items():
         then = " then, on top of the register column's," if column == "replace" and "register" in reports else ""
         print(f"{column}:{then} register({'' if column == 'replace' else 'replace_refuted=False'}) {report}")
     print("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return 0
+
+
+def _check_globs(ap, globs, entries, of: str) -> None:
+    keys = [_entry_key(*e) for e in entries]
+    unmatched = [g for g in globs or () if not any(fnmatch.fnmatch(k, g) for k in keys)]
+    if unmatched:
+        ap.error(f"--ops: no OpInfo entry {of}matches {' '.join(map(repr, unmatched))}")
 
 
 def totals(results: dict, which: str) -> dict:
@@ -691,7 +803,8 @@ def _print_table(results: dict, columns: tuple, only_failing: bool) -> None:
             continue
         note = next((o.detail or o.bwd_detail for o in reversed(row) if o.detail or o.bwd_detail), "")
         if _fails(row[-1]):
-            note = f"why: {WHY[k]}" if k in WHY else f"(no reason recorded) {note}"
+            why = reason(k, row[-1])
+            note = f"why: {why}" if why else f"(no reason recorded) {note}"
         flags = ("W! " if any(o.wrong_anywhere for o in row[1:]) else "") + (
             "REGRESSION " if any(row[0].verdict == PASS != o.verdict for o in row[1:]) else "")
         cells = "".join(f"{o.verdict:<9}{o.bwd:<7}" for o in row)
@@ -703,7 +816,7 @@ def _print_table(results: dict, columns: tuple, only_failing: bool) -> None:
         print(f"{k:<16}" + "".join(f"{sums[c][k]:>10}" for c in columns))
     print(f"{'regressions':<16}{'':>10}" + "".join(
         f"{sum(1 for r in results.values() if r['plain'].verdict == PASS != r[c].verdict):>10}" for c in columns[1:]))
-    unexplained = sorted(k for k, r in results.items() if _fails(r[columns[-1]]) and k not in WHY)
+    unexplained = sorted(k for k, r in results.items() if _fails(r[columns[-1]]) and not reason(k, r[columns[-1]]))
     print(f"failing in the last column with no reason recorded (WHY): {unexplained or 'none'}")
 
 

@@ -52,6 +52,7 @@ def _module(name: str):
     ("dtensor_opinfo_bench", ["--ops", "cummax", "nosuchop", "no*such"],
      "--ops: no OpInfo entry of the test's lists matches 'nosuchop' 'no*such'"),
     ("dtensor_opinfo_bench", ["--ops", ""], "matches ''"),
+    ("dtensor_opinfo_bench", ["--uneven", "--mesh", "3x3"], "--mesh: invalid choice: '3x3'"),
     # DTensor's rules at edge arguments
     ("dtensor_edge_bench", ["--family", "dim=[]"], "--family: invalid choice: 'dim=[]'"),
     # the expert plans
