@@ -4,8 +4,9 @@
     python benchmarks/dtensor_edge_bench.py                  # every family
     python benchmarks/dtensor_edge_bench.py --family uneven --only-failing
 
-Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2), ``uneven`` (10 rows and
-7 columns over 4 ranks), ``edge-values``.
+Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2, the gradients of
+``select`` and ``narrow`` among them), ``uneven`` (10 rows and 7 columns over 4 ranks),
+``edge-values``.
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -74,6 +75,13 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
             "topk": lambda t, d=d: torch.topk(t, 2, d)[0],
         }.items():
             out.append(("from-end", f"{name}(x, {d})", fn, [y]))
+    w = rand(4, 6)
+    for name, (fn, ins) in {
+        "grad of select(x, -1, 1)": (lambda a: _grad(torch, lambda v: v.select(-1, 1).pow(2).sum(), a), [y]),
+        "grad of narrow(x, -1, 2, 4) @ w": (
+            lambda a, b: _grad(torch, lambda v: (v.narrow(-1, 2, 4) @ b).pow(2).sum(), a), [y, w]),
+    }.items():
+        out.append(("from-end", name, fn, ins))
     for name, (fn, ins) in {
         "mse_loss": (F.mse_loss, [ux, uy]), "smooth_l1_loss": (F.smooth_l1_loss, [ux, uy]),
         "soft_margin_loss": (lambda a, b: F.soft_margin_loss(a, b.sign()), [ux, uy]),

@@ -96,10 +96,13 @@ def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> t
     """The strategies DTensor runs, each with its placements per input and per output. A
     derived rule that cuts an input of ``squeeze_copy`` or ``as_strided_copy`` holds only
     with the call's arguments rewritten from the local shard (a shard of one row must not
-    be squeezed), which DTensor does not do: there only rules with no cut input stay."""
+    be squeezed), which DTensor does not do: there only rules with no cut input stay. It
+    does for the ops whose size argument it restates from the output's local shape
+    (``select_backward``, ``slice_backward``, the upsample backwards)."""
     from .dtensor import to_dtensor_placements
 
-    name, rewrites = op_name(op), shards_rewrite_call(op)
+    restated = op in _dtensor()[0]._op_dispatcher.sharding_propagator.op_to_shape_and_stride_idx
+    name, rewrites = op_name(op), shards_rewrite_call(op) and not restated
     out = []
     for s in strategies:
         a = project(s, DTENSOR_REGISTER, name)
@@ -257,14 +260,18 @@ def _partial_self(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return any(p.is_partial() for p in args[0].placements)
 
 
+def _argument(op: torch._ops.OpOverload, args: tuple, kwargs: dict, name: str):
+    """The value of ``op``'s argument ``name`` at this call: passed, or its default."""
+    arguments = op._schema.arguments
+    i = next(k for k, a in enumerate(arguments) if a.name == name)
+    if i < len(args):
+        return args[i]
+    return kwargs.get(name, arguments[i].default_value if arguments[i].has_default_value() else None)
+
+
 def _every_dim_as_an_empty_list(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """``dim=[]`` on a tensor with dims, which ATen reduces whole."""
-    arguments = op._schema.arguments
-    i = next(k for k, a in enumerate(arguments) if a.name == "dim")
-    if i < len(args):
-        dim = args[i]
-    else:
-        dim = kwargs.get("dim", arguments[i].default_value if arguments[i].has_default_value() else None)
+    dim = _argument(op, args, kwargs, "dim")
     return isinstance(dim, (list, tuple)) and not dim and len(args[0].shape) > 0
 
 
@@ -286,7 +293,7 @@ REFUTED.update({
 
 def _dim_from_the_end(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """A negative ``dim`` (counted from the last)."""
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    dim = _argument(op, args, kwargs, "dim")
     return isinstance(dim, int) and dim < 0
 
 
@@ -303,11 +310,23 @@ REFUTED.update({
     name: "with a negative dim other than -1 (argmax(x, -2)) along the input's cut, DTensor's rule gives a "
           "strategy its own dispatch cannot run (a view of the wrong size)"
     for name in _ARG_REDUCTIONS})
+# The gradients of select and slice (narrow) put the gradient back into the input's sizes.
+# DTensor's rules for them compare or shift cut dims against the dim without first counting
+# a negative dim from the last.
+_SELECT_BACKWARD, _SLICE_BACKWARD = "aten.select_backward.default", "aten.slice_backward.default"
+REFUTED[_SELECT_BACKWARD] = (
+    "with a negative dim (the gradient of select(x, -1, i)), DTensor's rule moves every cut of the gradient one "
+    "dim on, cuts before the selected dim included: the gradient of x cut along dim 0 is called cut along dim 1, "
+    "and its shards fail or, where they broadcast, are wrong (x of shape (4, 8), cut along its rows)")
+REFUTED[_SLICE_BACKWARD] = (
+    "with a negative dim (the gradient of narrow(x, -1, 2, 4)) and the gradient cut along it, DTensor's rule "
+    "keeps the cut, so each rank pads its own columns as if they were the whole slice (wrong values, silently: "
+    "the gradient of x in narrow(x, -1, 2, 4) @ w with w cut along its rows)")
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
 REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
               | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
-              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS})
+              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS + (_SELECT_BACKWARD, _SLICE_BACKWARD)})
 
 
 def _on_uneven_cuts(strategies, op_schema, propagator) -> list:

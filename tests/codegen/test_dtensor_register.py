@@ -149,8 +149,8 @@ def _refuted_calls(mesh):
 # One call per op that REFUTED_AT names (but fill_, cosine_embedding_loss's above), at a call
 # it refutes, with the placement of REFUTED_AT_X that shows it (no shard empty): the reductions
 # whose dim=[] means every dim (keepdim=True; the out= ones with a replicated out of the
-# result's shape), which DTensor 2.13's rules read as no dim; and the scans and arg-reductions
-# along a cut dim counted from the end.
+# result's shape), which DTensor 2.13's rules read as no dim; and the scans, arg-reductions and
+# the gradients of select and narrow along (or before) a cut dim counted from the end.
 REFUTED_AT_X = torch.randn(8, 6, generator=_G).abs() + 0.5
 _A = torch.ops.aten
 _ROWS, _COLUMNS = Shard(0), Shard(1)
@@ -178,6 +178,10 @@ REFUTED_AT_CALLS = {
     "aten.logcumsumexp.default": (lambda x, o: torch.logcumsumexp(x, -1), _COLUMNS),
     "aten.argmax.default": (lambda x, o: torch.argmax(x, -2), _ROWS),
     "aten.argmin.default": (lambda x, o: torch.argmin(x, -2, keepdim=True), _ROWS),
+    # the gradient of select(t, -1, 1) for a t of shape (8, 6, 3), cut along its rows
+    "aten.select_backward.default": (lambda x, o: _A.select_backward.default(x, [8, 6, 3], -1, 1), _ROWS),
+    # the gradient of narrow(t, -1, 2, 6) for a t of shape (8, 10), cut along the narrowed dim
+    "aten.slice_backward.default": (lambda x, o: _A.slice_backward.default(x, [8, 10], -1, 2, 8, 1), _COLUMNS),
 }
 
 
@@ -812,6 +816,24 @@ def test_the_gradient_of_an_inf_norm_counts_its_maxima_once(results):
         got = _full_on_every_rank(xd.grad)
         rows = torch.ops.aten.sum.dim_IntList(distribute_tensor(x, mesh, [Shard(0)]), [1], True)
         assert rows.placements == (Shard(0),)  # DTensor's own rule, not refuted there
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape", [(8, 6, 3), (10, 6, 3), (4, 8)])
+def test_the_gradient_of_select_from_the_end_keeps_the_cut(results, shape):
+    """select(t, -1, i)'s gradient on a row-cut t: DTensor's rule for select_backward
+    called it cut along dim 1, and its shards failed or, at (4, 8), broadcast into wrong
+    values. Under register() it matches one device and stays cut along the rows, evenly or
+    not (10 over 4): DTensor restates the gradient's sizes from the output's local shape
+    itself, so cut strategies install."""
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(4))
+    want = torch.func.grad(lambda v: (v.select(-1, 1) * v.select(-1, 2)).sum())(t)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        td = distribute_tensor(t, mesh, [Shard(0)]).requires_grad_()
+        (td.select(-1, 1) * td.select(-1, 2)).sum().backward()
+        placements, got = td.grad.placements, _full_on_every_rank(td.grad)
+    assert placements == (Shard(0),)
     torch.testing.assert_close(got, want)
 
 
