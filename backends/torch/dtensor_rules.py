@@ -322,11 +322,30 @@ REFUTED[_SLICE_BACKWARD] = (
     "with a negative dim (the gradient of narrow(x, -1, 2, 4)) and the gradient cut along it, DTensor's rule "
     "keeps the cut, so each rank pads its own columns as if they were the whole slice (wrong values, silently: "
     "the gradient of x in narrow(x, -1, 2, 4) @ w with w cut along its rows)")
+# DTensor's rule for these cuts dims 0 and 1 as batch and channel; an unbatched input
+# (channels first, no batch dim) has its first spatial dim there, whose windows or flat
+# indices do not split with the cut.
+_SPATIAL_DIMS = {"aten._adaptive_avg_pool2d_backward.default": 2, "aten.max_unpool2d.default": 2,
+                 "aten.max_unpool3d.default": 3}
+REFUTED.update({
+    name: "on an unbatched input (channels, then the spatial dims), DTensor's rule cuts dim 1 as if it were the "
+          "channels: the first spatial dim, whose pooling windows (or flat indices) do not split with the cut "
+          "(the gradient of adaptive_avg_pool2d of a (8, 16, 8) input to (7, 7), cut along dim 1, is wrong; "
+          "max_unpool fails)"
+    for name in _SPATIAL_DIMS})
+
+
+def _unbatched(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """An input of the op's spatial dims and a channel dim only, no batch dim."""
+    return len(_argument(op, args, kwargs, "self").shape) == _SPATIAL_DIMS[op_name(op)] + 1
+
+
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
 REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
               | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
-              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS + (_SELECT_BACKWARD, _SLICE_BACKWARD)})
+              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS + (_SELECT_BACKWARD, _SLICE_BACKWARD)}
+              | {name: _unbatched for name in _SPATIAL_DIMS})
 
 
 def _on_uneven_cuts(strategies, op_schema, propagator) -> list:

@@ -198,6 +198,30 @@ def _refuted_at_calls(mesh) -> dict:
     return out
 
 
+# Ops whose DTensor rule cuts dim 1 as channels, called on unbatched inputs (channels, then
+# spatial dims), each input cut along dim 1: its first spatial dim.
+_POOLED2, _IDX2 = F.max_pool2d(torch.randn(4, 8, 8, generator=_G), 2, return_indices=True)
+_POOLED3, _IDX3 = F.max_pool3d(torch.randn(4, 8, 8, 8, generator=_G), 2, return_indices=True)
+UNBATCHED_CALLS = {  # name: (fn, inputs)
+    "aten._adaptive_avg_pool2d_backward.default": (
+        _A._adaptive_avg_pool2d_backward.default,
+        [torch.randn(8, 7, 7, generator=_G), torch.randn(8, 16, 8, generator=_G)]),
+    "aten.max_unpool2d.default": (lambda v, i: F.max_unpool2d(v, i, 2, output_size=(8, 8)), [_POOLED2, _IDX2]),
+    "aten.max_unpool3d.default": (lambda v, i: F.max_unpool3d(v, i, 2, output_size=(8, 8, 8)), [_POOLED3, _IDX3]),
+}
+
+
+def _unbatched_calls(mesh) -> dict:
+    """Each UNBATCHED_CALLS call on inputs cut along dim 1: its full value, or the error."""
+    out = {}
+    for name, (fn, ins) in UNBATCHED_CALLS.items():
+        try:
+            out[name] = _full_on_every_rank(fn(*[distribute_tensor(t, mesh, [Shard(1)]) for t in ins]))
+        except Exception as e:  # noqa: BLE001 -- DTensor's own errors on the flat indices
+            out[name] = e
+    return out
+
+
 # Losses DTensor derives a rule for from their decomposition, whose mean gives Partial(avg):
 # on an uneven cut of rows (10 over 4 ranks) the ranks' means are of unequal shards.
 UNEVEN_X, UNEVEN_Y = torch.randn(10, 7, generator=_G), torch.randn(10, 7, generator=_G)
@@ -244,6 +268,7 @@ def results(fake_world_of, backend, tmp_path_factory):
         plain = _refuted_calls(mesh)
         plain_refuted_at = _refuted_at_calls(mesh)
         plain_losses = _mean_losses(mesh)
+        plain_unbatched = _unbatched_calls(mesh)
         # Everything DTensor lacks: composite ops (cdist) decompose into others (_cdist_forward).
         # And DTensor's refuted rules replaced; a call the table misses is explored live.
         report = dtensor_rules.register(replace_refuted=True, cache=RuleCache(tmp_path_factory.mktemp("rules")))
@@ -258,10 +283,12 @@ def results(fake_world_of, backend, tmp_path_factory):
         replaced = _refuted_calls(mesh)
         replaced_refuted_at = _refuted_at_calls(mesh)
         replaced_losses = _mean_losses(mesh)
+        replaced_unbatched = _unbatched_calls(mesh)
         even_losses = _mean_losses(mesh, EVEN_X, EVEN_Y)
     out["refuted calls"] = (plain, replaced)
     out["refuted-at calls"] = (plain_refuted_at, replaced_refuted_at)
     out["mean losses"] = (plain_losses, replaced_losses, even_losses)
+    out["unbatched calls"] = (plain_unbatched, replaced_unbatched)
     yield out, report
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
@@ -784,7 +811,22 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
 
 
 def test_every_op_refuted_at_some_calls_is_called_at_one(results):
-    assert set(REFUTED_AT_CALLS) | {"aten.fill_.Scalar"} == set(dtensor_rules.REFUTED_AT)
+    assert set(REFUTED_AT_CALLS) | set(UNBATCHED_CALLS) | {"aten.fill_.Scalar"} == set(dtensor_rules.REFUTED_AT)
+
+
+@pytest.mark.parametrize("name", sorted(UNBATCHED_CALLS))
+def test_an_unbatched_pool_cut_along_its_first_spatial_dim_matches_one_device_under_the_replacement(results, name):
+    """DTensor's rule cuts dim 1 as the channels; unbatched, it is the first spatial dim:
+    the adaptive pooling gradient was wrong (each rank pooled its own rows into its own
+    windows) and max_unpool failed. (When DTensor fixes it, the first assert fails.)"""
+    out, report = results
+    plain, replaced = (calls[name] for calls in out["unbatched calls"])
+    fn, ins = UNBATCHED_CALLS[name]
+    want = fn(*ins)
+    assert isinstance(plain, Exception) or not torch.allclose(plain, want), plain
+    assert name in report.replaced
+    assert not isinstance(replaced, Exception), f"{type(replaced).__name__}: {replaced}"
+    torch.testing.assert_close(replaced, want)
 
 
 @pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
