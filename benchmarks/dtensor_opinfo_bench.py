@@ -20,9 +20,10 @@ the outputs are ``full_tensor()`` and compared, shape, ``requires_grad`` and val
 Verdict per op, as the test counts: ``pass`` when every combination compared equal,
 otherwise the first failure: ``wrong`` (a comparison failed) or ``error`` (an exception);
 ``nondet`` for a random or uninitialized output whose shapes all matched (its values are
-no answer: the random ops, the empty family, any op whose reference differs when run again
+no answer: the random ops, the empty family, a call in which an ATen op that samples ran
+(``_reference``: attention's dropout), any op whose reference differs when run again
 with the memory around its inputs and its allocations filled otherwise, ``_probe``);
-``-`` when nothing was compared (no float32 sample, a sample or reference that fails
+``-`` when nothing was compared (no sample of the dtype, a sample or reference that fails
 without DTensor, or every output empty). A ``wrong``
 combination after an earlier error is counted apart (``wrong anywhere``), so a wrong answer
 never hides behind an error. The test's own backward step is a no-op on the gathered
@@ -43,7 +44,10 @@ Beyond the test: ``--all`` runs every OpInfo of torch's ``op_db``, not only the 
 divide) and cuts every dim of size > 1, so shards are unequal or empty, as users' sizes
 make them and the test never does; ``--mesh 2x2`` places each input over both dims of a
 2 x 2 mesh (Replicate or Shard(d) on each, the same dim twice included). Those two draw at
-most ``MAX_COMBINATIONS`` combinations per sample, with a seed fixed by the op's name.
+most ``MAX_COMBINATIONS`` combinations per sample, with a seed fixed by the op's name, and
+run float64 samples: in float32 a Partial(sum) strategy, which sums in another order than
+one device, misses the test's tolerance (1e-5) by rounding alone (``addbmm``,
+``conv_transpose3d``), and a wrong answer is to be told from that.
 """
 
 from __future__ import annotations
@@ -278,10 +282,24 @@ NONDETERMINISTIC = {
 }
 
 
-def _draws(kwargs: dict) -> bool:
-    """A call that samples (attention with dropout): OpInfo's wrapper seeds each call, so two
-    reference runs agree, while DTensor's offset-based RNG draws other masks on a cut tensor."""
-    return bool(kwargs.get("dropout_p", 0))
+def _reference(fn, args, kwargs) -> tuple[object, bool]:
+    """``fn``'s output, and whether it sampled: an ATen op tagged ``nondeterministic_seeded``
+    ran (the dropout inside attention, whatever argument asked for it). OpInfo's wrapper
+    seeds each call, so two reference runs agree, while DTensor's offset-based RNG draws
+    other masks on a cut tensor."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Draws(TorchDispatchMode):
+        drew = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.drew |= torch.Tag.nondeterministic_seeded in func.tags
+            return func(*args, **(kwargs or {}))
+
+    with Draws() as mode:
+        out = fn(*args, **kwargs)
+    return out, mode.drew
 
 
 def _same(a, b) -> bool:
@@ -350,7 +368,7 @@ def _probe(fn, args, kwargs):
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def build_case(opinfo, n_samples: int) -> Case:
+def build_case(opinfo, n_samples: int, dtype: str = "float32") -> Case:
     """The OpInfo's first samples (made inside LocalTensorMode, as the test makes them) and
     their reference outputs and gradients."""
     import torch
@@ -359,7 +377,7 @@ def build_case(opinfo, n_samples: int) -> Case:
     case = Case(_key(opinfo), opinfo)
     torch.manual_seed(0)  # the test's setUp seeds each test
     try:
-        it = iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=True))
+        it = iter(opinfo.sample_inputs("cpu", getattr(torch, dtype), requires_grad=True))
         for _ in range(n_samples):
             try:
                 s = next(it)
@@ -367,13 +385,13 @@ def build_case(opinfo, n_samples: int) -> Case:
                 break
             args, kwargs = [s.input] + list(s.args), dict(s.kwargs)
             ref_args, ref_kwargs = reconcile_args(args, kwargs)
-            raw = opinfo.op(*ref_args, **ref_kwargs)
+            raw, drew = _reference(opinfo.op, ref_args, ref_kwargs)
             ref = _concat_if_split(opinfo.op, args, raw)
             try:
                 again = _concat_if_split(opinfo.op, args, _probe(opinfo.op, ref_args, ref_kwargs))
             except Exception:  # noqa: BLE001 -- the probe's copies or modes refused: a plain second run
                 again = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
-            nondeterministic = _key(opinfo) in NONDETERMINISTIC or _draws(kwargs) or not _same(ref, again)
+            nondeterministic = _key(opinfo) in NONDETERMINISTIC or drew or not _same(ref, again)
             sample = Sample(args, kwargs, ref, nondeterministic=nondeterministic)
             # the first piece of a split, as run_case takes it, not the pieces concatenated
             out, ins = _first_differentiable(raw), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]
@@ -489,10 +507,16 @@ def run_case(case: Case, mesh, tc, timeout: float, converter_class=None) -> Outc
                 if any(t.numel() == 0 for t in _tensors(d_rs)):
                     continue  # the test passes these over
                 d_out = _first_differentiable(d_rs)
-                try:
+                try:  # gathering fails loudly (LocalTensor's own asserts included): an error, not a wrong answer
                     got = torch.utils._pytree.tree_map(
                         lambda e: e.full_tensor() if isinstance(e, DTensor) else e, d_rs)
                     got = _concat_if_split(func, s.args, got)
+                except _Timeout:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    o.fail(ERROR, _short(e))
+                    continue
+                try:
                     _assert_equal(tc, got, s.ref, values=not s.nondeterministic)
                     o.compared += 1
                     o.nondeterministic |= s.nondeterministic
@@ -575,8 +599,9 @@ def every_entry() -> list[tuple[str, str]]:
     return sorted({(o.name, o.variant_test_name) for o in op_db})
 
 
-def opinfos(patterns: list[str] | None, entries: list = ENTRIES, even_sizes: bool = True):
-    """The OpInfos of ``entries`` that the test instantiates (float32 on the CPU)."""
+def opinfos(patterns: list[str] | None, entries: list = ENTRIES, even_sizes: bool = True, dtype: str = "float32"):
+    """The OpInfos of ``entries`` that the test instantiates, each with whether it takes
+    ``dtype`` on the CPU (float32, as the test)."""
     import torch
     import torch.testing._internal.common_methods_invocations as common_ops
     from torch.testing._internal.common_methods_invocations import op_db
@@ -591,7 +616,7 @@ def opinfos(patterns: list[str] | None, entries: list = ENTRIES, even_sizes: boo
         for o in found:
             if patterns and not any(fnmatch.fnmatch(_key(o), p) for p in patterns):
                 continue
-            out.append((o, torch.float32 in o.supported_dtypes("cpu")))
+            out.append((o, getattr(torch, dtype) in o.supported_dtypes("cpu")))
     return out, missing
 
 
@@ -650,6 +675,9 @@ WHY = {
              "for ops that write their input",
     "quantile": "its backward meets DTensor's own error: an output spec of shape [1] built without a stride",
     "nanquantile": "its backward meets DTensor's own error: an output spec of shape [1] built without a stride",
+    "sgn": "its gradient (zeros, made below autograd) comes back as a plain LocalTensor, not a DTensor, and "
+           "comparing that under LocalTensorMode crashes the process (SIGSEGV in isclose): the simulation, before "
+           "any rule",
     **{k: _FACTORY for k in (
         "arange", "broadcast_shapes", "empty", "empty_permuted", "empty_strided", "eye", "full", "linspace",
         "logspace", "ones", "randint", "randn", "scalar_tensor", "zeros", "signal.windows.bartlett",
@@ -672,6 +700,9 @@ REFUSALS = (
                                            "backward formula) meets a DTensor, and DTensor refuses the mix"),
     ("must have at least one element", _EMPTY_SHARD), ("over an empty dimension", _EMPTY_SHARD),
     ("input.numel() == 0", _EMPTY_SHARD), ("on an empty tensor", _EMPTY_SHARD), ("MKL FFT error", _EMPTY_SHARD),
+    ("must have the same set of extra dispatch keys", "LocalTensorMode, which simulates the ranks, asserts that "
+                                                      "every rank's shard carries the same dispatch keys, and they "
+                                                      "do not: the simulation refuses, before any answer"),
 )
 
 
@@ -736,16 +767,18 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
     dist.init_process_group("fake", rank=0, world_size=WORLD)
     tc = TestCase()
-    found, missing = opinfos(args.ops, entries, even_sizes=not args.uneven)
+    beyond = args.uneven or args.mesh != "4"  # the test's cuts or not
+    dtype = "float64" if beyond else "float32"
+    found, missing = opinfos(args.ops, entries, even_sizes=not args.uneven, dtype=dtype)
     run = run_case if args.in_process else run_isolated
-    converter_class = every_cut_converter(args.uneven) if args.uneven or args.mesh != "4" else None
+    converter_class = every_cut_converter(args.uneven) if beyond else None
     columns = COLUMNS[:2] if args.no_replace else COLUMNS
     results: dict[str, dict] = {_key(o): {} for o, _ in found}
     times, reports = {}, {}
     with LocalTensorMode(frozenset(range(WORLD))):
         mesh = init_device_mesh("cpu", MESHES[args.mesh])
         t = time.perf_counter()
-        cases = [build_case(o, args.samples) if float32 else None for o, float32 in found]
+        cases = [build_case(o, args.samples, dtype) if supported else None for o, supported in found]
         times["samples"] = time.perf_counter() - t
         from metaspmd.backends.torch.dtensor_rules import register
 
@@ -760,9 +793,9 @@ def main(argv=None) -> int:
     _print_table(results, columns, args.only_failing)
     print(f"\nOpInfos: {len(found)} from {len(entries)} entries"
           + (f" (not in this torch: {missing})" if missing else "")
-          + f"; {sum(1 for c in cases if c is None)} without float32 on the CPU")
-    print(f"mesh {args.mesh}; " + ("OpInfo's own sizes, every dim cut (uneven included)" if args.uneven
-                                   else "the test's sizes, dims cut where they split evenly"))
+          + f"; {sum(1 for c in cases if c is None)} without {dtype} on the CPU")
+    print(f"mesh {args.mesh}; {dtype}; " + ("OpInfo's own sizes, every dim cut (uneven included)" if args.uneven
+                                            else "the test's sizes, dims cut where they split evenly"))
     for column, report in reports.items():
         then = " then, on top of the register column's," if column == "replace" and "register" in reports else ""
         print(f"{column}:{then} register({'' if column == 'replace' else 'replace_refuted=False'}) {report}")

@@ -63,3 +63,15 @@ def test_the_cut_inputs_hold_the_sample_on_every_rank(meshes):
     for args, _ in bench.every_cut_converter(uneven=True)(meshes[(2, 2)], [x], {}, seed="x"):
         full = args[0].full_tensor()
         assert all(torch.equal(t, x) for t in full._local_tensors.values()), args[0].placements
+
+
+def test_an_error_is_explained_by_its_refusal_and_a_wrong_answer_never():
+    flatten = "RuntimeError: Cannot flatten unevenly sharded tensor: dimension 0 (size 5)"
+    empty = "RuntimeError: input tensor must have at least one element, but got input_sizes = [5, 0, 5]"
+    both = bench.Outcome(bench.ERROR, flatten, bwd=bench.ERROR, bwd_detail=empty)
+    assert bench.reason("some.op", both).startswith("refused: ")
+    assert "flatten" in bench.reason("some.op", both) and "empty shard" in bench.reason("some.op", both)
+    assert bench.reason("some.op", bench.Outcome(bench.ERROR, flatten, bwd=bench.ERROR, bwd_detail="KeyError: 3")) == ""
+    wrong = bench.Outcome(bench.ERROR, flatten, wrong_anywhere=True)
+    assert bench.reason("some.op", wrong) == ""
+    assert bench.reason("zeros", bench.Outcome(bench.ERROR, "anything")) == bench.WHY["zeros"]

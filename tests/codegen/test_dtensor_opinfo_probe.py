@@ -39,5 +39,17 @@ def test_a_deterministic_op_and_its_own_nan_agree_under_the_probe():
     assert torch.isnan(torch.sqrt(x)).any()
 
 
-def test_an_attention_call_with_dropout_counts_as_random():
-    assert bench._draws({"dropout_p": 0.5}) and not bench._draws({"dropout_p": 0.0}) and not bench._draws({})
+def test_a_call_that_samples_counts_as_random_whatever_argument_asks_for_it():
+    q = torch.randn(2, 4, 3)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert bench._reference(sdpa, [q, q, q], {"dropout_p": 0.5})[1]
+    assert not bench._reference(sdpa, [q, q, q], {"dropout_p": 0.0})[1]
+    # multi_head_attention_forward takes its dropout_p positionally
+    w, b = torch.randn(9, 3), torch.randn(9)
+    mha = torch.nn.functional.multi_head_attention_forward
+    x = torch.randn(4, 2, 3)
+    args = [x, x, x, 3, 1, w, b, None, None, False]
+    out, drew = bench._reference(mha, args + [0.5, torch.randn(3, 3), torch.randn(3)], {"training": True})
+    assert drew and out[0].shape == (4, 2, 3)
+    assert not bench._reference(mha, args + [0.0, torch.randn(3, 3), torch.randn(3)], {"training": True})[1]
+    assert not bench._reference(torch.sqrt, [DATA.abs()], {})[1]
