@@ -6,7 +6,8 @@
 
 Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2, the gradients of
 ``select`` and ``narrow`` among them), ``uneven`` (10 rows and 7 columns over 4 ranks),
-``edge-values``.
+``edge-values``, ``arguments`` (losses and gradients with an argument that changes what
+they sum: ignored targets, class weights, ``scale_grad_by_freq``).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metaspmd.cli import pipe_safe
 
 WORLD = 4
-FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values")
+FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments")
 
 
 def cases(torch) -> list[tuple[str, str, object, list]]:
@@ -105,6 +106,26 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         "vector_norm(x, 0)": (lambda a: torch.linalg.vector_norm(a, 0), [y]), "prod(x)": (lambda a: a.prod(), [x]),
     }.items():
         out.append(("edge-values", name, fn, ins))
+    logits, logits2d, classes = rand(8, 5), rand(4, 5, 3, 3), torch.tensor([0.2, 1.0, 3.0, 0.5, 2.0])
+    targets = torch.tensor([0, 1, -100, -100, -100, 2, 3, 4])  # -100: ignore_index's default
+    targets2d = torch.randint(0, 5, (4, 3, 3), generator=g)
+    targets2d[:1] = -100
+    ids, table = torch.tensor([[1, 1, 1, 2], [3, 1, 4, 4], [0, 2, 2, 2], [5, 1, 1, 3]] * 2), rand(8, 6)
+    for name, (fn, ins) in {
+        "cross_entropy(x, t)": (F.cross_entropy, [logits, targets]),
+        "cross_entropy(x, t, weight=w)": (lambda a, b, c: F.cross_entropy(a, b, weight=c),
+                                          [logits, targets.clamp(min=0), classes]),
+        "cross_entropy(x, t, ls=0.1)": (lambda a, b: F.cross_entropy(a, b, label_smoothing=0.1), [logits, targets]),
+        "cross_entropy 2-d (x, t)": (F.cross_entropy, [logits2d, targets2d]),
+        "nll_loss(x, t, reduction=sum)": (lambda a, b: F.nll_loss(a, b, reduction="sum"), [logits, targets]),
+        "grad of cross_entropy(x, t)": (lambda a, b: _grad(torch, lambda v: F.cross_entropy(v, b), a),
+                                        [logits, targets]),
+        "grad of embedding, by freq": (lambda e, i: _grad(
+            torch, lambda v: F.embedding(i, v, scale_grad_by_freq=True).pow(2).sum(), e), [table, ids]),
+        "grad of embedding, padding": (lambda e, i: _grad(
+            torch, lambda v: F.embedding(i, v, padding_idx=1).pow(2).sum(), e), [table, ids]),
+    }.items():
+        out.append(("arguments", name, fn, ins))
     return out
 
 

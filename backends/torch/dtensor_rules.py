@@ -190,8 +190,9 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
 
     args = tuple(spec(a) for a in op_schema.args_schema)
     kwargs = {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
+    called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
-        return own(op_schema)
+        return own(op_schema, called)
     rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
@@ -207,7 +208,6 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
         if self_written and placed[0] != fixed_self:
             continue
         keep.append(s)
-    called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
@@ -340,12 +340,38 @@ def _unbatched(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return len(_argument(op, args, kwargs, "self").shape) == _SPATIAL_DIMS[op_name(op)] + 1
 
 
+# DTensor's rules for these do not read an argument that changes what the op sums: the
+# count of each index (scale_grad_by_freq) or of the targets not ignored, weighted (the
+# mean of nll_loss, which the Partial(avg) of each rank's own mean is not).
+REFUTED["aten.embedding_dense_backward.default"] = (
+    "with scale_grad_by_freq=True and the indices cut, DTensor's rule sums the ranks' gradients (Partial(sum)) "
+    "while each rank scales its rows by the counts of its own indices, not of all of them (wrong values, "
+    "silently: the gradient of an nn.Embedding(scale_grad_by_freq=True) on a batch-cut input)")
+_NLL_FORWARD = ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
+REFUTED.update({
+    name: "with reduction='mean' and the batch cut, DTensor's rule calls the loss Partial(avg): the mean of the "
+          "ranks' means, each divided by its own weight of targets not ignored, which differs from rank to rank "
+          "as soon as a target is ignored (ignore_index, -100 by default) or the classes are weighted (wrong "
+          "values, silently: cross_entropy with padded targets)"
+    for name in _NLL_FORWARD})
+
+
+def _scaled_by_frequency(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    return bool(_argument(op, args, kwargs, "scale_grad_by_freq"))
+
+
+def _a_mean(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    return _argument(op, args, kwargs, "reduction") == 1  # at::Reduction::Mean
+
+
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
 # of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
 REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
               | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
               | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS + (_SELECT_BACKWARD, _SLICE_BACKWARD)}
-              | {name: _unbatched for name in _SPATIAL_DIMS})
+              | {name: _unbatched for name in _SPATIAL_DIMS}
+              | {"aten.embedding_dense_backward.default": _scaled_by_frequency}
+              | {name: _a_mean for name in _NLL_FORWARD})
 
 
 def _on_uneven_cuts(strategies, op_schema, propagator) -> list:
@@ -507,7 +533,26 @@ def _replace(op: torch._ops.OpOverload, cache: RuleCache | None = None) -> None:
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
                      p.op_to_rules.pop(op, None), handlers.pop(op, None),
                      p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
-    _install(op, _verified_fn(op, cache), own=_REPLACED[op][4] if op_name(op) in REFUTED_AT else None)
+    _install(op, _verified_fn(op, cache), own=_own_rule(op, *_REPLACED[op][::4]) if op_name(op) in REFUTED_AT else None)
+
+
+def _own_rule(op: torch._ops.OpOverload, single, strategy):
+    """DTensor's own rule for ``op``, as a function of the schema DTensor hands a registered
+    strategy (``OpStrategy`` arguments) and of the call (``DTensorSpec`` arguments): its
+    strategy function, or its single-dim strategy expanded to the mesh as DTensor's
+    propagator expands it."""
+    if single is None:
+        return lambda op_schema, called: strategy(op_schema)
+    from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
+
+    propagator = _dtensor()[0]._op_dispatcher.sharding_propagator
+
+    def expanded(op_schema, called):
+        out_meta = propagator._propagate_tensor_meta_non_cached(called)
+        fn = _expand_single_dim_strategy_to_mesh(op_schema.get_mesh_from_args(), op_schema, single, out_meta)
+        return fn(op, op_schema.args_meta, op_schema.kwargs_meta)
+
+    return expanded
 
 
 def _restore(op: torch._ops.OpOverload) -> None:

@@ -202,21 +202,41 @@ def _refuted_at_calls(mesh) -> dict:
 # spatial dims), each input cut along dim 1: its first spatial dim.
 _POOLED2, _IDX2 = F.max_pool2d(torch.randn(4, 8, 8, generator=_G), 2, return_indices=True)
 _POOLED3, _IDX3 = F.max_pool3d(torch.randn(4, 8, 8, 8, generator=_G), 2, return_indices=True)
-UNBATCHED_CALLS = {  # name: (fn, inputs)
+UNBATCHED_CALLS = {  # name: (fn, inputs, placements)
     "aten._adaptive_avg_pool2d_backward.default": (
         _A._adaptive_avg_pool2d_backward.default,
-        [torch.randn(8, 7, 7, generator=_G), torch.randn(8, 16, 8, generator=_G)]),
-    "aten.max_unpool2d.default": (lambda v, i: F.max_unpool2d(v, i, 2, output_size=(8, 8)), [_POOLED2, _IDX2]),
-    "aten.max_unpool3d.default": (lambda v, i: F.max_unpool3d(v, i, 2, output_size=(8, 8, 8)), [_POOLED3, _IDX3]),
+        [torch.randn(8, 7, 7, generator=_G), torch.randn(8, 16, 8, generator=_G)], [_COLUMNS] * 2),
+    "aten.max_unpool2d.default": (
+        lambda v, i: F.max_unpool2d(v, i, 2, output_size=(8, 8)), [_POOLED2, _IDX2], [_COLUMNS] * 2),
+    "aten.max_unpool3d.default": (
+        lambda v, i: F.max_unpool3d(v, i, 2, output_size=(8, 8, 8)), [_POOLED3, _IDX3], [_COLUMNS] * 2),
+}
+# Ops whose DTensor rule does not read an argument that changes what the op sums, called
+# with it set and the batch cut: the counts of scale_grad_by_freq, and the mean of nll_loss
+# over targets some of which are ignored (ignore_index -100) or with weighted classes.
+_IDS = torch.tensor([[1, 1, 1, 2], [3, 1, 4, 4], [0, 2, 2, 2], [5, 1, 1, 3]] * 2)
+_TARGETS = torch.tensor([0, 1, -100, -100, -100, 2, 3, 4])
+_TARGETS2D = torch.randint(0, 5, (8, 3, 3), generator=_G)
+UNREAD_ARGUMENT_CALLS = {  # name: (fn, inputs, placements)
+    "aten.embedding_dense_backward.default": (
+        lambda g, i: _A.embedding_dense_backward.default(g, i, 6, -1, True),
+        [torch.randn(8, 4, 5, generator=_G), _IDS], [_ROWS] * 2),
+    "aten.nll_loss_forward.default": (
+        lambda x, t: _A.nll_loss_forward.default(x, t, None, 1, -100)[0],
+        [torch.randn(8, 5, generator=_G), _TARGETS], [_ROWS] * 2),
+    "aten.nll_loss2d_forward.default": (
+        lambda x, t, w: _A.nll_loss2d_forward.default(x, t, w, 1, -100)[0],
+        [torch.randn(8, 5, 3, 3, generator=_G), _TARGETS2D, torch.rand(5, generator=_G) + 0.5],
+        [_ROWS, _ROWS, Replicate()]),
 }
 
 
-def _unbatched_calls(mesh) -> dict:
-    """Each UNBATCHED_CALLS call on inputs cut along dim 1: its full value, or the error."""
+def _placed_calls(mesh, calls: dict) -> dict:
+    """Each call of ``calls`` on its inputs placed as it says: its full value, or the error."""
     out = {}
-    for name, (fn, ins) in UNBATCHED_CALLS.items():
+    for name, (fn, ins, placements) in calls.items():
         try:
-            out[name] = _full_on_every_rank(fn(*[distribute_tensor(t, mesh, [Shard(1)]) for t in ins]))
+            out[name] = _full_on_every_rank(fn(*[distribute_tensor(t, mesh, [p]) for t, p in zip(ins, placements)]))
         except Exception as e:  # noqa: BLE001 -- DTensor's own errors on the flat indices
             out[name] = e
     return out
@@ -268,7 +288,8 @@ def results(fake_world_of, backend, tmp_path_factory):
         plain = _refuted_calls(mesh)
         plain_refuted_at = _refuted_at_calls(mesh)
         plain_losses = _mean_losses(mesh)
-        plain_unbatched = _unbatched_calls(mesh)
+        plain_unbatched = _placed_calls(mesh, UNBATCHED_CALLS)
+        plain_unread = _placed_calls(mesh, UNREAD_ARGUMENT_CALLS)
         # Everything DTensor lacks: composite ops (cdist) decompose into others (_cdist_forward).
         # And DTensor's refuted rules replaced; a call the table misses is explored live.
         report = dtensor_rules.register(replace_refuted=True, cache=RuleCache(tmp_path_factory.mktemp("rules")))
@@ -283,12 +304,14 @@ def results(fake_world_of, backend, tmp_path_factory):
         replaced = _refuted_calls(mesh)
         replaced_refuted_at = _refuted_at_calls(mesh)
         replaced_losses = _mean_losses(mesh)
-        replaced_unbatched = _unbatched_calls(mesh)
+        replaced_unbatched = _placed_calls(mesh, UNBATCHED_CALLS)
+        replaced_unread = _placed_calls(mesh, UNREAD_ARGUMENT_CALLS)
         even_losses = _mean_losses(mesh, EVEN_X, EVEN_Y)
     out["refuted calls"] = (plain, replaced)
     out["refuted-at calls"] = (plain_refuted_at, replaced_refuted_at)
     out["mean losses"] = (plain_losses, replaced_losses, even_losses)
     out["unbatched calls"] = (plain_unbatched, replaced_unbatched)
+    out["unread-argument calls"] = (plain_unread, replaced_unread)
     yield out, report
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
@@ -811,22 +834,56 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
 
 
 def test_every_op_refuted_at_some_calls_is_called_at_one(results):
-    assert set(REFUTED_AT_CALLS) | set(UNBATCHED_CALLS) | {"aten.fill_.Scalar"} == set(dtensor_rules.REFUTED_AT)
+    called = set(REFUTED_AT_CALLS) | set(UNBATCHED_CALLS) | set(UNREAD_ARGUMENT_CALLS) | {"aten.fill_.Scalar"}
+    assert called == set(dtensor_rules.REFUTED_AT)
 
 
-@pytest.mark.parametrize("name", sorted(UNBATCHED_CALLS))
-def test_an_unbatched_pool_cut_along_its_first_spatial_dim_matches_one_device_under_the_replacement(results, name):
-    """DTensor's rule cuts dim 1 as the channels; unbatched, it is the first spatial dim:
-    the adaptive pooling gradient was wrong (each rank pooled its own rows into its own
-    windows) and max_unpool failed. (When DTensor fixes it, the first assert fails.)"""
+@pytest.mark.parametrize(("calls", "name"), [("unbatched calls", n) for n in sorted(UNBATCHED_CALLS)]
+                         + [("unread-argument calls", n) for n in sorted(UNREAD_ARGUMENT_CALLS)])
+def test_a_call_dtensor_misreads_matches_one_device_under_the_replacement(results, calls, name):
+    """Unbatched pooling: DTensor's rule cuts dim 1 as the channels, but it is the first
+    spatial dim (the adaptive pooling gradient was wrong, max_unpool failed). An argument
+    DTensor's rule does not read: embedding's gradient scaled by index counts summed each
+    rank's own counts; nll_loss's mean averaged the ranks' means over their own targets not
+    ignored. (When DTensor fixes them, the first assert fails.)"""
     out, report = results
-    plain, replaced = (calls[name] for calls in out["unbatched calls"])
-    fn, ins = UNBATCHED_CALLS[name]
+    plain, replaced = (found[name] for found in out[calls])
+    fn, ins, _ = (UNBATCHED_CALLS | UNREAD_ARGUMENT_CALLS)[name]
     want = fn(*ins)
     assert isinstance(plain, Exception) or not torch.allclose(plain, want), plain
     assert name in report.replaced
     assert not isinstance(replaced, Exception), f"{type(replaced).__name__}: {replaced}"
     torch.testing.assert_close(replaced, want)
+
+
+# The same ops at calls DTensor's rule reads right: they keep it, and its cut (name: fn,
+# inputs, their placements, the output's placement under DTensor's rule).
+KEPT_CALLS = {
+    "aten.embedding_dense_backward.default": (
+        lambda g, i: _A.embedding_dense_backward.default(g, i, 6, -1, False),
+        *UNREAD_ARGUMENT_CALLS["aten.embedding_dense_backward.default"][1:], Partial("sum")),
+    "aten.nll_loss_forward.default": (
+        lambda x, t: _A.nll_loss_forward.default(x, t, None, 2, -100)[0],  # reduction='sum'
+        *UNREAD_ARGUMENT_CALLS["aten.nll_loss_forward.default"][1:], Partial("sum")),
+    "aten._adaptive_avg_pool2d_backward.default": (  # batched: dim 1 is the channels
+        _A._adaptive_avg_pool2d_backward.default,
+        [torch.randn(2, 8, 7, 7, generator=_G), torch.randn(2, 8, 16, 8, generator=_G)], [_COLUMNS] * 2, _COLUMNS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_CALLS))
+def test_a_call_dtensor_reads_right_keeps_its_rule_and_its_cut(results, name):
+    """A call of an op refuted at some calls only, at a call it is not refuted at, runs
+    DTensor's own rule: a strategy function or, expanded to the mesh, a single-dim strategy."""
+    _, report = results
+    assert name in report.replaced
+    fn, ins, placements, want = KEPT_CALLS[name]
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        got = fn(*[distribute_tensor(t, mesh, [p]) for t, p in zip(ins, placements)])
+        placed, full = got.placements, _full_on_every_rank(got)
+    assert placed == (want,)
+    torch.testing.assert_close(full, fn(*ins))
 
 
 @pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
