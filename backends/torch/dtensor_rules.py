@@ -622,7 +622,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             report.skipped[name] = why
             continue
         op_rules = {sig: rules.strategies(name, sig) for sig in entries}
-        if not any(_installable(op, ss) for ss in op_rules.values()):
+        if not any(_installable(op, ss) for ss in op_rules.values()) and not _dtensor_needs_a_strategy(op):
             report.skipped[name] = _no_installable(op)
             continue
         # the table's rules at its signatures; a call of another signature (another scalar,
@@ -769,6 +769,17 @@ def _schema_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str
     given = set(positional[:len(args)]) | set(kwargs)
     missing = [a.name for a in arguments if a.name not in given and not a.has_default_value()]
     return f"argument {missing[0]!r} is missing" if missing else ""
+
+
+def _dtensor_needs_a_strategy(op: torch._ops.OpOverload) -> bool:
+    """Whether DTensor runs ``op`` on DTensors only through a strategy installed for it (it
+    takes a tensor, and DTensor has no decomposition of it) whose output a DTensor can hold.
+    With no verified strategy DTensor runs (``hash_tensor``'s reduce by xor), the installed
+    function still offers every input replicated, which holds for every op."""
+    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+
+    takes_a_tensor = any(isinstance(a.type, torch.TensorType) for a in op._schema.arguments)
+    return takes_a_tensor and not makes_sparse(op_name(op)) and not DecompShardingStrategy.has_decomp(op)
 
 
 def _no_installable(op: torch._ops.OpOverload) -> str:

@@ -11,8 +11,10 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import dtensor_opinfo_bench as bench
 
-# OpInfo's _segment_reduce.offsets sample: the last segment, [3, 5), runs past 4 elements
-DATA = torch.tensor([-8.5, -1.8, -4.3, -2.4])
+# OpInfo's _segment_reduce.offsets sample: the last segment, [3, 5), runs past 4 elements.
+# Its storage runs on with 7.0, so the reference reads 7.0 there, never a NaN the allocator
+# may have left (which would look like the probe's padding).
+DATA = torch.tensor([-8.5, -1.8, -4.3, -2.4, 7.0, 7.0])[:4]
 OFFSETS = {"axis": 0, "unsafe": False, "initial": 1, "offsets": torch.tensor([0, 0, 1, 3, 5])}
 
 

@@ -1007,3 +1007,21 @@ def test_a_calls_output_shapes_are_its_own(results):
         got = [_full_on_every_rank(t) for t in (*whole, *along)]
     for g, w in zip(got, (*torch.aminmax(x), *torch.aminmax(x, dim=1))):
         torch.testing.assert_close(g, w)
+
+
+def test_an_op_whose_rules_dtensor_cannot_run_runs_replicated_and_keeps_a_cut_that_holds(results):
+    """hash_tensor's rules over a hashed dim reduce by xor, which DTensor has no Partial for,
+    and DTensor has no rule or decomposition of it: before register() every call raised
+    NotImplementedError. After, a call runs, replicated where no verified strategy keeps its
+    cut, and row-cut where one does (hashing along dim 1)."""
+    _, report = results
+    assert "aten.hash_tensor.default" in report.installed
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(5))
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        whole = torch.hash_tensor(distribute_tensor(x, mesh, [Shard(0)]))
+        rows = torch.hash_tensor(distribute_tensor(x, mesh, [Shard(0)]), dim=1)
+        got = [(t.placements, _full_on_every_rank(t)) for t in (whole, rows)]
+    assert [p for p, _ in got] == [(Replicate(),), (Shard(0),)]
+    torch.testing.assert_close(got[0][1], torch.hash_tensor(x), rtol=0, atol=0)
+    torch.testing.assert_close(got[1][1], torch.hash_tensor(x, dim=1), rtol=0, atol=0)
