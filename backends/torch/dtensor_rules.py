@@ -170,6 +170,19 @@ def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
         op, partial(_expanded, op, strategies, own), info)
 
 
+def _specs_of(op_schema) -> tuple[tuple, dict]:
+    """The call's arguments as DTensor hands a registered strategy function them
+    (``OpStrategy`` per tensor), with each tensor's own spec in its place."""
+    from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
+
+    def spec(x):
+        if isinstance(x, OpStrategy):
+            return x.strategies[0].output_spec
+        return tuple(spec(c) for c in x.children) if isinstance(x, TupleStrategy) else x
+
+    return tuple(spec(a) for a in op_schema.args_schema), {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
+
+
 def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     """The verified strategies over the mesh, less those DTensor would not run as placed.
     DTensor redistributes positional tensors only (``OpSchema.args_spec``): a keyword tensor
@@ -180,16 +193,10 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     every rank). Strategies that hold for even cuts only go where a cut is uneven
     (``_on_uneven_cuts``). A call DTensor's rule is not refuted at (``REFUTED_AT``) goes to
     that rule, ``own``."""
-    from torch.distributed.tensor._op_schema import OpSchema, OpStrategy, TupleStrategy
+    from torch.distributed.tensor._op_schema import OpSchema
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
-    def spec(x):
-        if isinstance(x, OpStrategy):
-            return x.strategies[0].output_spec
-        return tuple(spec(c) for c in x.children) if isinstance(x, TupleStrategy) else x
-
-    args = tuple(spec(a) for a in op_schema.args_schema)
-    kwargs = {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
+    args, kwargs = _specs_of(op_schema)
     called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
         return own(op_schema, called)
@@ -197,17 +204,8 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
     fixed = [s.placements for s in _spec_leaves((), kwargs)]
-    self_written = op._schema.arguments[0].alias_info is not None and op._schema.arguments[0].alias_info.is_write
-    if self_written:
-        fixed_self = _spec_leaves(args, {})[0].placements
-    keep = []
-    for s in expanded.strategies:
-        placed = [x.placements for x in s.input_specs]
-        if fixed and placed[len(placed) - len(fixed):] != fixed:
-            continue
-        if self_written and placed[0] != fixed_self:
-            continue
-        keep.append(s)
+    keep = [s for s in _writes_stay(expanded.strategies, op, args, kwargs)
+            if not fixed or [x.placements for x in s.input_specs][len(s.input_specs) - len(fixed):] == fixed]
     expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
@@ -216,6 +214,75 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
             f"{op}: no verified strategy keeps its keyword tensors placed {fixed}, and DTensor does not "
             "redistribute keyword tensors")
     return expanded
+
+
+# Tensors an op writes besides its result: those its schema marks written (``Tensor(a!)``),
+# and native_batch_norm's running statistics, which it updates in training undeclared.
+_UNDECLARED_WRITES = {"aten.native_batch_norm.default": ("running_mean", "running_var")}
+
+
+def _written_leaves(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[int]:
+    """The positions, among the call's DTensorSpecs (``_spec_leaves``' order), of the
+    tensors ``op`` writes in place. out= tensors are keyword tensors, which DTensor keeps
+    where they are anyway."""
+    schema = op._schema.arguments
+    names = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
+    if op_name(op) in _UNDECLARED_WRITES and _argument(op, args, kwargs, "training"):
+        names.update(_UNDECLARED_WRITES[op_name(op)])
+    if not names:
+        return []
+    spec_type = _dtensor()[2]
+    out, k = [], 0
+    for name, value in [(schema[i].name, v) for i, v in enumerate(args)] + list(kwargs.items()):
+        n = sum(isinstance(x, spec_type) for x in tree_leaves(value))
+        if name in names:
+            out += range(k, k + n)
+        k += n
+    return out
+
+
+def _writes_stay(strategies, op: torch._ops.OpOverload, args: tuple, kwargs: dict, result_is_self: bool = False):
+    """``strategies`` less those that move a tensor the op writes in place: DTensor would
+    redistribute it into a copy, the op would write the copy, and the tensor would keep its
+    old values (a channel-cut batch norm's running statistics, kept replicated, were never
+    updated). ``result_is_self``: DTensor's contract for an in-place op's decomposition,
+    whose result's placement it gives self without moving self's data, so it must be self's."""
+    written = _written_leaves(op, args, kwargs)
+    if not written:
+        return list(strategies)
+    placed = [x.placements for x in _spec_leaves(args, kwargs)]
+    kept = []
+    for s in strategies:
+        ins = s.input_specs or ()
+        if any(ins[i].placements != placed[i] for i in written if i < len(ins)):
+            continue
+        if result_is_self and s.output_spec.placements != placed[0]:
+            continue
+        kept.append(s)
+    return kept
+
+
+def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, whose: str):
+    names = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    names += list(_UNDECLARED_WRITES.get(op_name(op), ()))
+    return RuntimeError(
+        f"{op}: every strategy {whose} moves a tensor the op writes in place ({', '.join(names)}), so the write "
+        "would land in a moved copy and the tensor keep its old values; place the written tensors as the op's "
+        "other inputs are placed (redistribute them first)")
+
+
+def _keeping_writes(op: torch._ops.OpOverload, own, op_schema):
+    """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
+    op writes in place (``_writes_stay``)."""
+    from torch.distributed.tensor._op_schema import OpSchema
+
+    args, kwargs = _specs_of(op_schema)
+    found = own(op_schema, OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info))
+    kept = _writes_stay(found.strategies, op, args, kwargs)
+    if not kept:
+        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule")
+    found.strategies = kept
+    return found
 
 
 @dataclass
@@ -425,19 +492,32 @@ def _on_uneven_cuts(strategies, op_schema, propagator) -> list:
 # on a mesh of one device (torch.distributed.tensor._decompositions), where every cut is
 # even, so it keeps strategies that hold for even cuts only (``_on_uneven_cuts``): mse_loss,
 # smooth_l1_loss, soft_margin_loss and binary_cross_entropy_with_logits of 10 rows over 4
-# ranks averaged unequal shards' means. Guarded: those strategies are dropped there.
+# ranks averaged unequal shards' means. And it expands them without its own in-place check,
+# so an in-place op's self was moved into a copy, the copy written and self relabelled with
+# its data unchanged (index_add_, scatter_add_, index_copy_ of a row-cut self; masked_fill_
+# of a Partial self). Guarded: those strategies are dropped there.
 DECOMPOSED_EVEN = "DTensor's decomposition rules keep what holds for even cuts only to even cuts"
+DECOMPOSED_WRITES = "DTensor's decomposition rules keep the tensors an op writes in place where they are"
+# DTensor's own rules that may move a tensor the op writes (its in-place check keeps only
+# the self of an op whose name ends in '_'): a channel-cut batch norm's replicated running
+# statistics were moved to channel cuts, and the moved copies updated.
+RULES_WRITES = "DTensor's rules keep the tensors an op writes in place where they are"
 _GUARDS: dict = {}  # guard -> the report of the register() call that put it
 
 
-def _even_cuts_only(decomp, propagate):
-    """DTensor's decomposition propagation, less what ``_on_uneven_cuts`` drops."""
+def _guarded_decomposition(decomp, propagate):
+    """DTensor's decomposition propagation, less what ``_on_uneven_cuts`` drops and what
+    moves a tensor the op writes (``_writes_stay``, self's placement kept by the result)."""
     def propagate_strategy(op_schema):
         found = propagate(op_schema)
         if found is not None:
-            kept = _on_uneven_cuts(found.strategies, op_schema, decomp.sharding_prop)
-            if kept:  # never none: DTensor asks for at least one
-                found.strategies = kept
+            op, args, kwargs = op_schema.op, op_schema.args_schema, op_schema.kwargs_schema
+            first = op._schema.arguments[0] if op._schema.arguments else None
+            in_place = first is not None and first.alias_info is not None and first.alias_info.is_write
+            kept = _writes_stay(found.strategies, op, args, kwargs, result_is_self=in_place)
+            if not kept:
+                raise _moved_writes_refused(op, args, kwargs, "DTensor derives from its decomposition")
+            found.strategies = _on_uneven_cuts(kept, op_schema, decomp.sharding_prop) or kept  # never none
         return found
 
     return propagate_strategy
@@ -447,10 +527,36 @@ def _guard_decompositions(report: RegisterReport) -> None:
     if DECOMPOSED_EVEN in _GUARDS:
         return
     decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
-    decomp.propagate_strategy = _even_cuts_only(decomp, type(decomp).propagate_strategy.__get__(decomp))
+    decomp.propagate_strategy = _guarded_decomposition(decomp, type(decomp).propagate_strategy.__get__(decomp))
     _GUARDS[DECOMPOSED_EVEN] = report
-    if DECOMPOSED_EVEN not in report.guarded:
-        report.guarded.append(DECOMPOSED_EVEN)
+    for guard in (DECOMPOSED_EVEN, DECOMPOSED_WRITES):
+        if guard not in report.guarded:
+            report.guarded.append(guard)
+
+
+def _writes_dtensor_may_move(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` writes a tensor that DTensor's in-place check does not keep in place:
+    one besides the self of an op whose name ends in '_' (tensor lists, of the fused
+    optimizers, aside: their rules place each list's elements on their own)."""
+    schema = op._schema.arguments
+    first_kept = op._schema.name.split("::")[-1].endswith("_")
+    written = [a for i, a in enumerate(schema) if a.alias_info is not None and a.alias_info.is_write
+               and not a.kwarg_only and not (i == 0 and first_kept)]
+    return (op_name(op) in _UNDECLARED_WRITES
+            or bool(written) and not any(isinstance(a.type, torch.ListType) for a in written))
+
+
+def _guard_writes(op: torch._ops.OpOverload) -> None:
+    """Put ``_keeping_writes`` of DTensor's own rule in its place (kept for ``unregister``)."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+    DTensor = _dtensor()[0]
+    p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
+    _REPLACED[op] = (p.op_single_dim_strategy_funcs.pop(op, None),
+                     p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
+                     p.op_to_rules.get(op), handlers.get(op), p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
+    info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
+    p.register_op_strategy(op, partial(_keeping_writes, op, _own_rule(op, *_REPLACED[op][::4])), info)
 
 
 def _unguard_decompositions(report: RegisterReport) -> None:
@@ -646,6 +752,16 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _OWNERS[op] = report
             report.installed.append(name)
             report.replaced.append(name)
+        p = _dtensor()[0]._op_dispatcher.sharding_propagator
+        for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
+            name = op_name(op)
+            if ops is not None and name not in ops or op in _REPLACED or not _writes_dtensor_may_move(op):
+                continue  # (an op replaced above runs verified strategies, which keep them: _expanded)
+            _guard_writes(op)
+            _OWNERS[op] = report
+            report.installed.append(name)
+            if RULES_WRITES not in report.guarded:
+                report.guarded.append(RULES_WRITES)
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some
             _guard_decompositions(report)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)

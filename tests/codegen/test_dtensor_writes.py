@@ -1,0 +1,208 @@
+"""Tensors an op writes in place stay where they are under register(): DTensor 2.13 moved
+them into copies (its decomposition rules for in-place ops; its batch norm rule for the
+running statistics), wrote the copies, and left the tensors as they were."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: E402
+
+from metaspmd.backends.torch import dtensor_rules  # noqa: E402
+
+F = torch.nn.functional
+WORLD = 4
+_G = torch.Generator().manual_seed(0)
+A, B = torch.randn(8, 4, generator=_G, dtype=torch.float64), torch.randn(4, 6, generator=_G, dtype=torch.float64)
+X = A @ B
+SRC = torch.randn(4, 6, generator=_G, dtype=torch.float64)
+ROWS = torch.tensor([0, 3, 3, 7])
+SCATTER = torch.randint(0, 8, (4, 6), generator=_G)
+MASK = torch.rand(8, 6, generator=_G) > 0.5
+FILL = torch.tensor(2.5, dtype=torch.float64)
+# In-place ops DTensor runs through its decomposition rules: (fn of self and the other
+# inputs, the other inputs, each placed Replicate).
+IN_PLACE = {
+    "index_add_": (lambda s, i, v: s.index_add_(0, i, v), [ROWS, SRC]),
+    "scatter_add_": (lambda s, i, v: s.scatter_add_(0, i, v), [SCATTER, SRC]),
+    "index_copy_": (lambda s, i, v: s.index_copy_(0, i, v), [torch.tensor([0, 3, 5, 7]), SRC]),
+    "masked_fill_": (lambda s, m, v: s.masked_fill_(m, v), [MASK, FILL]),
+}
+
+
+def _full(x):
+    """A DTensor's global value as a plain tensor, checking every simulated rank agrees."""
+    full = x.full_tensor()
+    ranks = list(full._local_tensors.values()) if isinstance(full, LocalTensor) else [full]
+    for r in ranks[1:]:
+        torch.testing.assert_close(r, ranks[0])
+    return ranks[0]
+
+
+def _self(mesh, placement):
+    if placement == Partial("sum"):  # each rank's product of its columns of A and rows of B
+        return distribute_tensor(A, mesh, [Shard(1)]) @ distribute_tensor(B, mesh, [Shard(0)])
+    return distribute_tensor(X.clone(), mesh, [placement])
+
+
+def _in_place(mesh, name, placement):
+    """(self's placements after the call, its full value or None where the ranks
+    disagree), or the error the call raised."""
+    fn, others = IN_PLACE[name]
+    s = _self(mesh, placement)
+    try:
+        fn(s, *[distribute_tensor(t, mesh, [Replicate()]) for t in others])
+    except Exception as e:  # noqa: BLE001 -- the refusal under register()
+        return e
+    try:
+        return s.placements, _full(s)
+    except AssertionError:  # called replicated, each rank holding its own rows
+        return s.placements, None
+
+
+def _wrong(found, name) -> bool:
+    return isinstance(found, Exception) or found[1] is None or found[1].shape != X.shape \
+        or not torch.allclose(found[1], _want(name))
+
+
+@pytest.fixture(scope="module")
+def runs(fake_world_of, tmp_path_factory):
+    """Each in-place call on a row-cut self (and masked_fill_ on a Partial self), plain
+    DTensor then under register(); the batch norm calls under register()."""
+    from metaspmd.cache import RuleCache
+
+    warnings.filterwarnings("ignore")
+    fake_world_of(WORLD)
+    calls = [(name, Shard(0)) for name in IN_PLACE] + [("masked_fill_", Partial("sum")), ("index_add_", Shard(1))]
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        plain = {c: _in_place(mesh, *c) for c in calls}
+        report = dtensor_rules.register(cache=RuleCache(tmp_path_factory.mktemp("rules")))
+        try:
+            registered = {c: _in_place(mesh, *c) for c in calls}
+            norms = _batch_norms(mesh)
+        finally:
+            dtensor_rules.unregister(report)
+    return plain, registered, norms, report
+
+
+def _want(name):
+    fn, others = IN_PLACE[name]
+    return fn(X.clone(), *others)
+
+
+@pytest.mark.parametrize("name", ["index_add_", "index_copy_", "scatter_add_"])
+def test_an_in_place_op_on_a_cut_self_is_refused_not_written_into_a_copy(runs, name):
+    """Plain DTensor moved a row-cut self into a replicated copy, wrote the copy and called
+    self replicated with its rows unchanged (ranks that disagree, or a wrong shape). Under
+    register() the call is refused, naming the op and the tensor it writes."""
+    plain, registered, _, report = runs
+    assert _wrong(plain[(name, Shard(0))], name)
+    after = registered[(name, Shard(0))]
+    assert isinstance(after, Exception), after
+    assert f"aten.{name}" in str(after.__cause__) and "writes in place (self)" in str(after.__cause__)
+    assert dtensor_rules.DECOMPOSED_WRITES in report.guarded
+
+
+@pytest.mark.parametrize(("name", "placement"), [("index_add_", Shard(1)), ("masked_fill_", Shard(0)),
+                                                  ("masked_fill_", Partial("sum"))])
+def test_in_place_ops_whose_strategies_keep_self_run_right(runs, name, placement):
+    """A column-cut self of index_add_ along dim 0 keeps its cut, as does a row-cut self of
+    masked_fill_; masked_fill_ of a Partial self (the fill made Partial too) stays Partial and
+    is right, where plain DTensor called it replicated, each rank holding its own part."""
+    plain, registered, _, _ = runs
+    if placement == Partial("sum"):
+        assert _wrong(plain[(name, placement)], name)
+    placements, got = registered[(name, placement)]
+    assert placements == (placement,)
+    torch.testing.assert_close(got, _want(name))
+
+
+BN_X = torch.randn(4, 8, 6, generator=_G, dtype=torch.float64)
+BN_MEAN, BN_VAR = torch.randn(8, generator=_G, dtype=torch.float64), torch.rand(8, generator=_G, dtype=torch.float64) + 0.5
+
+
+def _batch_norms(mesh) -> dict:
+    """The output placement and value of a training batch norm of a channel-cut input, with
+    the running statistics replicated (training) or not given or not updated."""
+    out = {}
+    for training in (True, False):
+        mean, var = (distribute_tensor(t, mesh, [Replicate()]) for t in (BN_MEAN, BN_VAR))
+        got = F.batch_norm(distribute_tensor(BN_X, mesh, [Shard(1)]), mean, var, training=training, momentum=0.3)
+        out[training] = (got.placements, _full(got))
+    return out
+
+
+def test_a_batch_norm_that_updates_replicated_running_statistics_does_not_cut_them(runs):
+    """DTensor's rule cut the replicated running statistics to match a channel-cut input,
+    so the update went into the cut copies (tests below, on gloo: the statistics were never
+    updated). Under register() the strategy keeps them replicated (so the input is gathered);
+    in eval mode, where nothing is written, DTensor's channel cut stays."""
+    _, _, norms, report = runs
+    assert "aten.native_batch_norm.default" in report.installed and dtensor_rules.RULES_WRITES in report.guarded
+    for training, (placements, got) in norms.items():
+        want = F.batch_norm(BN_X, BN_MEAN.clone(), BN_VAR.clone(), training=training, momentum=0.3)
+        assert placements == ((Replicate(),) if training else (Shard(1),))
+        torch.testing.assert_close(got, want)
+
+
+def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
+    from torch.distributed.tensor import DTensor as DT
+
+    p = DT._op_dispatcher.sharding_propagator
+    found = {dtensor_rules.op_name(op) for op in set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs)
+             if dtensor_rules._writes_dtensor_may_move(op)}
+    assert {"aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
+            "aten._batch_norm_with_update.default", "aten.rrelu_with_noise.default"} <= found
+    assert "aten.add_.Tensor" not in found  # an in-place op's self: DTensor's own check keeps it
+
+
+# The running statistics across real processes (gloo), where a moved copy is a real copy.
+RANK = textwrap.dedent("""
+    import gc, json, sys
+    import torch, torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from metaspmd.backends.torch import dtensor_rules
+    rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    mesh = DeviceMesh("cpu", [0, 1])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, 6, generator=g, dtype=torch.float64)
+    mean, var = torch.randn(8, generator=g, dtype=torch.float64), torch.rand(8, generator=g, dtype=torch.float64) + 0.5
+    want_mean, want_var = mean.clone(), var.clone()
+    F.batch_norm(x, want_mean, want_var, training=True, momentum=0.3)
+    report = dtensor_rules.register() if registered else None
+    got = {}
+    for name, placement in (("replicated", Replicate()), ("channel-cut", Shard(0))):
+        m, v = distribute_tensor(mean.clone(), mesh, [placement]), distribute_tensor(var.clone(), mesh, [placement])
+        F.batch_norm(distribute_tensor(x, mesh, [Shard(1)]), m, v, training=True, momentum=0.3)
+        got[name] = bool(torch.allclose(m.full_tensor(), want_mean) and torch.allclose(v.full_tensor(), want_var))
+        del m, v
+    print(json.dumps(got))
+    if report is not None:
+        dtensor_rules.unregister(report)
+    gc.collect()  # DTensors freed after the process group abort the process (torch 2.13, gloo)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # two processes that import torch, twice
+@pytest.mark.parametrize("registered", [False, True])
+def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_path, registered):
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "store"), str(int(registered))],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        # plain DTensor: the replicated statistics are never updated; the cut ones are
+        assert got == {"replicated": registered, "channel-cut": True}, got
