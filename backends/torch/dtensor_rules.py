@@ -441,6 +441,65 @@ REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
               | {name: _a_mean for name in _NLL_FORWARD})
 
 
+def _refuted_also_at(names, predicate, reason: str) -> None:
+    """Refute DTensor's rule for ``names`` at the calls ``predicate`` picks too, beside any
+    calls it is refuted at already (``REFUTED_AT``, whose reason this one joins)."""
+    for name in names:
+        REFUTED[name] = f"{REFUTED[name]}; also {reason}" if name in REFUTED else reason
+        before = REFUTED_AT.get(name)
+        REFUTED_AT[name] = predicate if before is None else (
+            lambda op, args, kwargs, a=before, b=predicate: a(op, args, kwargs) or b(op, args, kwargs))
+
+
+def _partial_ops(args: tuple, kwargs: dict) -> set:
+    """The reduce ops of the call's Partial inputs ('sum', 'max', ...)."""
+    return {p.reduce_op for s in _spec_leaves(args, kwargs) for p in s.placements if p.is_partial()}
+
+
+def _infinite_order(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    order = _argument(op, args, kwargs, "ord" if op_name(op) == "aten.linalg_vector_norm.default" else "p")
+    return isinstance(order, (int, float)) and abs(order) == float("inf")
+
+
+def _integral_dtype(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    dtype = _argument(op, args, kwargs, "dtype")
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
+
+
+# DTensor's rules that pass a Partial input through where the op is not linear in it (for a
+# Partial(sum)) or not non-decreasing (for a Partial(max) or (min)) at the call's arguments:
+# each rank's part is transformed on its own and the results reduced, which is no transform
+# of the reduced value.
+_refuted_also_at(
+    ("aten.linalg__powsum.default",), lambda op, args, kwargs: bool(_partial_ops(args, kwargs)),
+    "with a Partial input, DTensor's rule keeps it Partial(sum) though sum(|x|^p) of the ranks' parts is no "
+    "sum(|x|^p) of their sum (_powsum(x, 2) of a Partial(sum) x of [1, 1] split [2, -1] and [-1, 2]: 10, not 2)")
+_refuted_also_at(
+    ("aten.linalg_vector_norm.default", "aten.norm.Scalar"),
+    lambda op, args, kwargs: _infinite_order(op, args, kwargs) and bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with ord inf (or -inf) and a Partial(max) (or (min)) input, DTensor's rule reduces the ranks' max |x| by "
+    "max, which is no |max x| (a rank's -10 beside another's 1: 10, not 1)")
+_refuted_also_at(
+    ("aten.sum.default", "aten.sum.dim_IntList"),
+    lambda op, args, kwargs: _integral_dtype(op, args, kwargs) and bool(_partial_ops(args, kwargs)),
+    "with an integral dtype= and a Partial(sum) input, each rank truncates its own part before the sum")
+_refuted_also_at(
+    ("aten.any.default", "aten.any.dim", "aten.any.dims"), lambda op, args, kwargs: bool(_partial_ops(args, kwargs)),
+    "with a Partial(sum) input, DTensor's rule asks each rank whether its own part is nonzero (parts 1 and -1 "
+    "of a 0: True)")
+_refuted_also_at(
+    ("aten.threshold.default",),
+    lambda op, args, kwargs: _argument(op, args, kwargs, "value") > _argument(op, args, kwargs, "threshold")
+    and bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with value > threshold and a Partial(max) (or (min)) input, DTensor's rule keeps it Partial, though the "
+    "op is then not non-decreasing (threshold(x, 0, 5) of parts 1 and -1 of a 1: 5, not 1)")
+_refuted_also_at(
+    ("aten.nan_to_num.default",), lambda op, args, kwargs: bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with a Partial(max) (or (min)) input, DTensor's rule keeps it Partial, though a posinf or neginf below "
+    "(or above) the finite values, or a nan beside them, is not order-kept (posinf=-5 of parts inf and 2: 2, "
+    "not -5)")
+
+
 def _on_uneven_cuts(strategies, op_schema, propagator) -> list:
     """``strategies`` (DTensor's, over the mesh) less those that hold for even cuts only,
     where an input they take is cut unevenly along the mesh dim they use: a Partial(avg)

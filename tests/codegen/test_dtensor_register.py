@@ -231,6 +231,35 @@ UNREAD_ARGUMENT_CALLS = {  # name: (fn, inputs, placements)
 }
 
 
+# Ops whose DTensor rule passes a Partial input through where the op, at the call's
+# arguments, is not linear in it (Partial(sum): a @ b with a's columns and b's rows cut) or
+# not non-decreasing (Partial(max): m.amax(0) of m cut along dim 0).
+_ONES = torch.ones(2, 4, dtype=torch.float64)
+_CANCEL = torch.tensor([[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0], [2.0, 0.5, 1.0], [-2.0, -0.5, -1.0]],
+                       dtype=torch.float64)  # each rank's part is nonzero; their sum, exactly 0
+_FRACTIONS = torch.full((4, 3), 0.6, dtype=torch.float64)  # parts of 0.6, a sum of 2.4
+_PARTS = torch.randn(4, 8, 5, generator=_G, dtype=torch.float64)
+_PARTS[0, 0, 0] = -50.0  # rank 0's part, far below the others'
+_PARTS_INF = _PARTS.clone()
+_PARTS_INF[1, 0, 1] = float("inf")
+_SUM_PARTS, _MAX_PARTS = [_COLUMNS, _ROWS], [_ROWS]
+PARTIAL_INPUT_CALLS = {  # name: (fn, inputs, placements)
+    "aten.linalg__powsum.default": (lambda a, b: torch.linalg._powsum(a @ b, 2), [_ONES, _CANCEL], _SUM_PARTS),
+    "aten.any.default": (lambda a, b: torch.any(a @ b), [_ONES, _CANCEL], _SUM_PARTS),
+    "aten.any.dim": (lambda a, b: torch.any(a @ b, 0), [_ONES, _CANCEL], _SUM_PARTS),
+    "aten.any.dims": (lambda a, b: _A.any.dims(a @ b, [0, 1]), [_ONES, _CANCEL], _SUM_PARTS),
+    "aten.sum.default": (lambda a, b: torch.sum(a @ b, dtype=torch.int64), [_ONES, _FRACTIONS], _SUM_PARTS),
+    "aten.sum.dim_IntList": (lambda a, b: torch.sum(a @ b, 1, dtype=torch.int64), [_ONES, _FRACTIONS], _SUM_PARTS),
+    "aten.linalg_vector_norm.default": (
+        lambda m: torch.linalg.vector_norm(m.amax(0), float("inf")), [_PARTS], _MAX_PARTS),
+    "aten.norm.Scalar": (lambda m: _A.norm.Scalar(m.amax(0), float("inf")), [_PARTS], _MAX_PARTS),
+    "aten.threshold.default": (lambda m: F.threshold(m.amax(0), 0.0, 5.0), [_PARTS], _MAX_PARTS),
+    "aten.nan_to_num.default": (lambda m: torch.nan_to_num(m.amax(0), posinf=-5.0), [_PARTS_INF], _MAX_PARTS),
+}
+CALL_GROUPS = {"unbatched calls": UNBATCHED_CALLS, "unread-argument calls": UNREAD_ARGUMENT_CALLS,
+               "partial-input calls": PARTIAL_INPUT_CALLS}
+
+
 def _placed_calls(mesh, calls: dict) -> dict:
     """Each call of ``calls`` on its inputs placed as it says: its full value, or the error."""
     out = {}
@@ -288,8 +317,7 @@ def results(fake_world_of, backend, tmp_path_factory):
         plain = _refuted_calls(mesh)
         plain_refuted_at = _refuted_at_calls(mesh)
         plain_losses = _mean_losses(mesh)
-        plain_unbatched = _placed_calls(mesh, UNBATCHED_CALLS)
-        plain_unread = _placed_calls(mesh, UNREAD_ARGUMENT_CALLS)
+        plain_groups = {group: _placed_calls(mesh, calls) for group, calls in CALL_GROUPS.items()}
         # Everything DTensor lacks: composite ops (cdist) decompose into others (_cdist_forward).
         # And DTensor's refuted rules replaced; a call the table misses is explored live.
         report = dtensor_rules.register(replace_refuted=True, cache=RuleCache(tmp_path_factory.mktemp("rules")))
@@ -304,14 +332,12 @@ def results(fake_world_of, backend, tmp_path_factory):
         replaced = _refuted_calls(mesh)
         replaced_refuted_at = _refuted_at_calls(mesh)
         replaced_losses = _mean_losses(mesh)
-        replaced_unbatched = _placed_calls(mesh, UNBATCHED_CALLS)
-        replaced_unread = _placed_calls(mesh, UNREAD_ARGUMENT_CALLS)
+        replaced_groups = {group: _placed_calls(mesh, calls) for group, calls in CALL_GROUPS.items()}
         even_losses = _mean_losses(mesh, EVEN_X, EVEN_Y)
     out["refuted calls"] = (plain, replaced)
     out["refuted-at calls"] = (plain_refuted_at, replaced_refuted_at)
     out["mean losses"] = (plain_losses, replaced_losses, even_losses)
-    out["unbatched calls"] = (plain_unbatched, replaced_unbatched)
-    out["unread-argument calls"] = (plain_unread, replaced_unread)
+    out.update({group: (plain_groups[group], replaced_groups[group]) for group in CALL_GROUPS})
     yield out, report
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
@@ -834,23 +860,25 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
 
 
 def test_every_op_refuted_at_some_calls_is_called_at_one(results):
-    called = set(REFUTED_AT_CALLS) | set(UNBATCHED_CALLS) | set(UNREAD_ARGUMENT_CALLS) | {"aten.fill_.Scalar"}
+    called = set(REFUTED_AT_CALLS).union(*CALL_GROUPS.values()) | {"aten.fill_.Scalar"}
     assert called == set(dtensor_rules.REFUTED_AT)
 
 
-@pytest.mark.parametrize(("calls", "name"), [("unbatched calls", n) for n in sorted(UNBATCHED_CALLS)]
-                         + [("unread-argument calls", n) for n in sorted(UNREAD_ARGUMENT_CALLS)])
-def test_a_call_dtensor_misreads_matches_one_device_under_the_replacement(results, calls, name):
+@pytest.mark.parametrize(("group", "name"), [(g, n) for g, calls in CALL_GROUPS.items() for n in sorted(calls)])
+def test_a_call_dtensor_misreads_matches_one_device_under_the_replacement(results, group, name):
     """Unbatched pooling: DTensor's rule cuts dim 1 as the channels, but it is the first
     spatial dim (the adaptive pooling gradient was wrong, max_unpool failed). An argument
     DTensor's rule does not read: embedding's gradient scaled by index counts summed each
     rank's own counts; nll_loss's mean averaged the ranks' means over their own targets not
-    ignored. (When DTensor fixes them, the first assert fails.)"""
+    ignored. A Partial input passed through an op not linear (or not non-decreasing) in it at
+    the call's arguments: each rank's part transformed on its own. (When DTensor fixes them,
+    the first assert fails.)"""
     out, report = results
-    plain, replaced = (found[name] for found in out[calls])
-    fn, ins, _ = (UNBATCHED_CALLS | UNREAD_ARGUMENT_CALLS)[name]
+    plain, replaced = (found[name] for found in out[group])
+    fn, ins, _ = CALL_GROUPS[group][name]
     want = fn(*ins)
-    assert isinstance(plain, Exception) or not torch.allclose(plain, want), plain
+    assert isinstance(plain, Exception) or plain.shape != want.shape or not (
+        torch.allclose(plain, want) if want.is_floating_point() else torch.equal(plain, want)), plain
     assert name in report.replaced
     assert not isinstance(replaced, Exception), f"{type(replaced).__name__}: {replaced}"
     torch.testing.assert_close(replaced, want)
@@ -868,6 +896,9 @@ KEPT_CALLS = {
     "aten._adaptive_avg_pool2d_backward.default": (  # batched: dim 1 is the channels
         _A._adaptive_avg_pool2d_backward.default,
         [torch.randn(2, 8, 7, 7, generator=_G), torch.randn(2, 8, 16, 8, generator=_G)], [_COLUMNS] * 2, _COLUMNS),
+    "aten.threshold.default": (  # value <= threshold: non-decreasing, Partial(max) passes
+        lambda m: F.threshold(m.amax(0), 0.0, -5.0), [_PARTS], _MAX_PARTS, Partial("max")),
+    "aten.sum.default": (lambda a, b: torch.sum(a @ b), [_ONES, _FRACTIONS], _SUM_PARTS, Partial("sum")),
 }
 
 
