@@ -7,7 +7,9 @@
 Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2, the gradients of
 ``select`` and ``narrow`` among them), ``uneven`` (10 rows and 7 columns over 4 ranks),
 ``edge-values``, ``arguments`` (losses and gradients with an argument that changes what
-they sum: ignored targets, class weights, ``scale_grad_by_freq``).
+they sum: ignored targets, class weights, ``scale_grad_by_freq``), ``partial`` (ops on a
+Partial input they are not linear, or not non-decreasing, in: the Partial(sum) of ``a @ b``
+with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's rows cut).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metaspmd.cli import pipe_safe
 
 WORLD = 4
-FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments")
+FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments", "partial")
 
 
 def cases(torch) -> list[tuple[str, str, object, list]]:
@@ -126,6 +128,21 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
             torch, lambda v: F.embedding(i, v, padding_idx=1).pow(2).sum(), e), [table, ids]),
     }.items():
         out.append(("arguments", name, fn, ins))
+    ones, fractions = torch.ones(2, 4), torch.full((4, 3), 0.6)
+    cancel = torch.tensor([[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0], [2.0, 0.5, 1.0], [-2.0, -0.5, -1.0]])  # a @ b = 0
+    parts = rand(4, 8, 5)
+    parts[0, 0, 0] = -50.0
+    with_inf = parts.clone()
+    with_inf[1, 0, 1] = float("inf")
+    for name, (fn, ins) in {
+        "_powsum(a @ b, 2)": (lambda a, b: torch.linalg._powsum(a @ b, 2), [ones, cancel]),
+        "any(a @ b)": (lambda a, b: torch.any(a @ b), [ones, cancel]),
+        "sum(a @ b, dtype=int64)": (lambda a, b: torch.sum(a @ b, dtype=torch.int64), [ones, fractions]),
+        "vector_norm(m.amax(0), inf)": (lambda m: torch.linalg.vector_norm(m.amax(0), float("inf")), [parts]),
+        "threshold(m.amax(0), 0, 5)": (lambda m: F.threshold(m.amax(0), 0.0, 5.0), [parts]),
+        "nan_to_num(amax, posinf=-5)": (lambda m: torch.nan_to_num(m.amax(0), posinf=-5.0), [with_inf]),
+    }.items():
+        out.append(("partial", name, fn, ins))
     return out
 
 
