@@ -227,8 +227,10 @@ def _written_leaves(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> lis
     where they are anyway."""
     schema = op._schema.arguments
     names = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
-    if op_name(op) in _UNDECLARED_WRITES and _argument(op, args, kwargs, "training"):
+    if op_name(op) in _UNDECLARED_WRITES:
         names.update(_UNDECLARED_WRITES[op_name(op)])
+    if any(a.name == "training" for a in schema) and not _argument(op, args, kwargs, "training"):
+        names -= {"running_mean", "running_var"}  # a batch norm in eval mode reads them only
     if not names:
         return []
     spec_type = _dtensor()[2]
