@@ -63,6 +63,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -318,7 +319,8 @@ def _same(a, b) -> bool:
     return len(ta) == len(tb) and all(equal(x.detach(), y.detach()) for x, y in zip(ta, tb))
 
 
-_PAD = 64  # elements of NaN after each floating input's storage in the probe run
+_PAD = 64  # elements of NaN (or _OTHER_FILL) after each floating input's storage in the probe runs
+_OTHER_FILL = 7.0
 
 
 def _dense(t) -> bool:
@@ -331,10 +333,10 @@ def _dense(t) -> bool:
     return True
 
 
-def _padded(t):
+def _padded(t, fill: float = float("nan")):
     """A copy of ``t`` with its strides, in a storage that runs on past its last element
-    with NaN: an op that reads past its input (``_segment_reduce`` with an offset beyond the
-    data) sees NaN there instead of whatever the allocator left."""
+    with ``fill``: an op that reads past its input (``_segment_reduce`` with an offset beyond
+    the data) sees ``fill`` there instead of whatever the allocator left."""
     import torch
 
     if not isinstance(t, torch.Tensor) or t.layout != torch.strided or not (t.is_floating_point() or t.is_complex()) \
@@ -342,18 +344,19 @@ def _padded(t):
         return t
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
     with torch.no_grad():
-        buf = torch.full((span + _PAD,), float("nan"), dtype=t.dtype)
+        buf = torch.full((span + _PAD,), fill, dtype=t.dtype)
         out = buf.as_strided(t.shape, t.stride(), 0)
         out.copy_(t.detach())
     return out.requires_grad_(t.requires_grad) if t.requires_grad else out
 
 
-def _probe(fn, args, kwargs):
+def _probe(fn, args, kwargs, pad_with: float = float("nan")):
     """``fn`` run with memory it does not own made different from the reference run's: every
-    floating input padded with NaN past its end (``_padded``) and every allocation filled
+    floating input padded with ``pad_with`` past its end (``_padded``) and every allocation filled
     (NaN, or the largest integer: ``torch.utils.deterministic.fill_uninitialized_memory``
     under deterministic algorithms, warnings only). An output that differs from the
-    reference read memory no input holds: its values are no answer."""
+    reference, or between two fills, read memory no input holds: its values are no answer
+    (one fill alone can meet the same value left past the reference's inputs)."""
     import torch
     from torch.utils._pytree import tree_map
 
@@ -362,7 +365,8 @@ def _probe(fn, args, kwargs):
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
-        return fn(*tree_map(_padded, args), **tree_map(_padded, kwargs))
+        pad = partial(_padded, fill=pad_with)
+        return fn(*tree_map(pad, args), **tree_map(pad, kwargs))
     finally:
         torch.use_deterministic_algorithms(det, warn_only=warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = fill
@@ -388,10 +392,12 @@ def build_case(opinfo, n_samples: int, dtype: str = "float32") -> Case:
             raw, drew = _reference(opinfo.op, ref_args, ref_kwargs)
             ref = _concat_if_split(opinfo.op, args, raw)
             try:
-                again = _concat_if_split(opinfo.op, args, _probe(opinfo.op, ref_args, ref_kwargs))
+                again, apart = (_concat_if_split(opinfo.op, args, _probe(opinfo.op, ref_args, ref_kwargs, fill))
+                                for fill in (float("nan"), _OTHER_FILL))
             except Exception:  # noqa: BLE001 -- the probe's copies or modes refused: a plain second run
-                again = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
-            nondeterministic = _key(opinfo) in NONDETERMINISTIC or drew or not _same(ref, again)
+                again = apart = _concat_if_split(opinfo.op, args, opinfo.op(*ref_args, **ref_kwargs))
+            nondeterministic = _key(opinfo) in NONDETERMINISTIC or drew or not _same(ref, again) \
+                or not _same(again, apart)
             sample = Sample(args, kwargs, ref, nondeterministic=nondeterministic)
             # the first piece of a split, as run_case takes it, not the pieces concatenated
             out, ins = _first_differentiable(raw), [t for t in _tensors((ref_args, ref_kwargs)) if t.requires_grad]

@@ -25,6 +25,18 @@ def test_a_read_past_the_input_differs_under_the_probe():
     assert torch.isnan(again[-1]) and not torch.isnan(again[:-1]).any()  # only the segment past the end
 
 
+def test_two_fills_tell_a_read_past_the_input_whatever_lies_past_the_reference():
+    """The reference may read, past its input, the very NaN the probe pads with (left there
+    by an earlier probe): two probes with different fills differ all the same."""
+    nan_past = torch.tensor([-8.5, -1.8, -4.3, -2.4, float("nan"), float("nan")])[:4]
+    ref = torch.segment_reduce(nan_past, "max", **OFFSETS)
+    nan_fill = bench._probe(torch.segment_reduce, [nan_past, "max"], OFFSETS)
+    assert bench._same(ref, nan_fill)  # one fill alone is fooled
+    assert not bench._same(nan_fill, bench._probe(torch.segment_reduce, [nan_past, "max"], OFFSETS, 7.0))
+    x = torch.tensor([-1.0, 0.0, 2.0])
+    assert bench._same(bench._probe(torch.cumsum, [x, 0], {}), bench._probe(torch.cumsum, [x, 0], {}, 7.0))
+
+
 def test_the_probe_fills_uninitialized_allocations_and_restores_the_modes():
     fill, det = torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()
     assert torch.isnan(bench._probe(torch.empty_like, [DATA], {})).all()  # NaN: no allocator leftovers
