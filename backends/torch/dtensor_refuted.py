@@ -41,14 +41,30 @@ REFUTED = {
         "with index cut along a dim it does not gather and shorter there than self, DTensor's rule runs each "
         "rank's index rows against self's first rows (self Replicate) or against its own, longer, shard of "
         "self's rows (self cut alike): wrong values (take_along_dim decomposes into it)",
-    "aten.fill_.Scalar":  # for a Partial self only (REFUTED_AT)
-        "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the "
-        "decomposition of 1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))",
 }
+# The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs) of
+# DTensorSpecs -> whether the call is one (``_refuted_at``). Their other calls keep it.
+REFUTED_AT: dict = {}
+
+
+def _refuted_at(names, predicate, reason: str) -> None:
+    """Refute DTensor's rule for ``names`` at the calls ``predicate`` picks, beside any calls
+    it is refuted at already (whose reason this one joins)."""
+    for name in names:
+        REFUTED[name] = f"{REFUTED[name]}; also {reason}" if name in REFUTED else reason
+        before = REFUTED_AT.get(name)
+        REFUTED_AT[name] = predicate if before is None else (
+            lambda op, args, kwargs, a=before, b=predicate: a(op, args, kwargs) or b(op, args, kwargs))
 
 
 def _partial_self(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return any(p.is_partial() for p in args[0].placements)
+
+
+_refuted_at(
+    ("aten.fill_.Scalar",), _partial_self,
+    "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the decomposition of "
+    "1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))")
 
 
 def argument(op: torch._ops.OpOverload, args: tuple, kwargs: dict, name: str):
@@ -75,11 +91,11 @@ _EMPTY_DIM_REDUCTIONS = (
     "aten.nansum.default", "aten.std.correction", "aten.std.correction_out", "aten.sum.dim_IntList",
     "aten.var.correction", "aten.var.correction_out", "aten.var_mean.correction", "aten.var_mean.correction_out",
 )
-REFUTED.update({
-    name: "with dim=[] (every dim, in ATen) on a cut input, DTensor's rule reduces no dim and keeps the cut: "
-          "each rank's own reduction, called one cut result (wrong values with keepdim, an IndexError without; "
-          "the backward of norm(p=inf) sums its maxima so)"
-    for name in _EMPTY_DIM_REDUCTIONS})
+_refuted_at(
+    _EMPTY_DIM_REDUCTIONS, _every_dim_as_an_empty_list,
+    "with dim=[] (every dim, in ATen) on a cut input, DTensor's rule reduces no dim and keeps the cut: each "
+    "rank's own reduction, called one cut result (wrong values with keepdim, an IndexError without; the backward "
+    "of norm(p=inf) sums its maxima so)")
 
 
 def _dim_from_the_end(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
@@ -93,23 +109,24 @@ def _dim_from_the_end(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> b
 # their own, and calls the result cut (scan_strategy); argmax(x, -2) of a row-cut x fails.
 _SCANS = ("aten.cumprod.default", "aten.cumsum.default", "aten.logcumsumexp.default")
 _ARG_REDUCTIONS = ("aten.argmax.default", "aten.argmin.default")
-REFUTED.update({
-    name: "with a negative dim (cumsum(x, -1)) along the input's cut, DTensor's rule keeps the cut: each rank "
-          "scans its own slice from its start, called one cut result (wrong values)"
-    for name in _SCANS})
-REFUTED.update({
-    name: "with a negative dim other than -1 (argmax(x, -2)) along the input's cut, DTensor's rule gives a "
-          "strategy its own dispatch cannot run (a view of the wrong size)"
-    for name in _ARG_REDUCTIONS})
+_refuted_at(
+    _SCANS, _dim_from_the_end,
+    "with a negative dim (cumsum(x, -1)) along the input's cut, DTensor's rule keeps the cut: each rank scans "
+    "its own slice from its start, called one cut result (wrong values)")
+_refuted_at(
+    _ARG_REDUCTIONS, _dim_from_the_end,
+    "with a negative dim other than -1 (argmax(x, -2)) along the input's cut, DTensor's rule gives a strategy "
+    "its own dispatch cannot run (a view of the wrong size)")
 # The gradients of select and slice (narrow) put the gradient back into the input's sizes.
 # DTensor's rules for them compare or shift cut dims against the dim without first counting
 # a negative dim from the last.
-_SELECT_BACKWARD, _SLICE_BACKWARD = "aten.select_backward.default", "aten.slice_backward.default"
-REFUTED[_SELECT_BACKWARD] = (
+_refuted_at(
+    ("aten.select_backward.default",), _dim_from_the_end,
     "with a negative dim (the gradient of select(x, -1, i)), DTensor's rule moves every cut of the gradient one "
     "dim on, cuts before the selected dim included: the gradient of x cut along dim 0 is called cut along dim 1, "
     "and its shards fail or, where they broadcast, are wrong (x of shape (4, 8), cut along its rows)")
-REFUTED[_SLICE_BACKWARD] = (
+_refuted_at(
+    ("aten.slice_backward.default",), _dim_from_the_end,
     "with a negative dim (the gradient of narrow(x, -1, 2, 4)) and the gradient cut along it, DTensor's rule "
     "keeps the cut, so each rank pads its own columns as if they were the whole slice (wrong values, silently: "
     "the gradient of x in narrow(x, -1, 2, 4) @ w with w cut along its rows)")
@@ -118,12 +135,6 @@ REFUTED[_SLICE_BACKWARD] = (
 # indices do not split with the cut.
 _SPATIAL_DIMS = {"aten._adaptive_avg_pool2d_backward.default": 2, "aten.max_unpool2d.default": 2,
                  "aten.max_unpool3d.default": 3}
-REFUTED.update({
-    name: "on an unbatched input (channels, then the spatial dims), DTensor's rule cuts dim 1 as if it were the "
-          "channels: the first spatial dim, whose pooling windows (or flat indices) do not split with the cut "
-          "(the gradient of adaptive_avg_pool2d of a (8, 16, 8) input to (7, 7), cut along dim 1, is wrong; "
-          "max_unpool fails)"
-    for name in _SPATIAL_DIMS})
 
 
 def _unbatched(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
@@ -131,22 +142,16 @@ def _unbatched(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return len(argument(op, args, kwargs, "self").shape) == _SPATIAL_DIMS[op_name(op)] + 1
 
 
+_refuted_at(
+    _SPATIAL_DIMS, _unbatched,
+    "on an unbatched input (channels, then the spatial dims), DTensor's rule cuts dim 1 as if it were the "
+    "channels: the first spatial dim, whose pooling windows (or flat indices) do not split with the cut (the "
+    "gradient of adaptive_avg_pool2d of a (8, 16, 8) input to (7, 7), cut along dim 1, is wrong; max_unpool fails)")
+
+
 # DTensor's rules for these do not read an argument that changes what the op sums: the
 # count of each index (scale_grad_by_freq) or of the targets not ignored, weighted (the
 # mean of nll_loss, which the Partial(avg) of each rank's own mean is not).
-REFUTED["aten.embedding_dense_backward.default"] = (
-    "with scale_grad_by_freq=True and the indices cut, DTensor's rule sums the ranks' gradients (Partial(sum)) "
-    "while each rank scales its rows by the counts of its own indices, not of all of them (wrong values, "
-    "silently: the gradient of an nn.Embedding(scale_grad_by_freq=True) on a batch-cut input)")
-_NLL_FORWARD = ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
-REFUTED.update({
-    name: "with reduction='mean' and the batch cut, DTensor's rule calls the loss Partial(avg): the mean of the "
-          "ranks' means, each divided by its own weight of targets not ignored, which differs from rank to rank "
-          "as soon as a target is ignored (ignore_index, -100 by default) or the classes are weighted (wrong "
-          "values, silently: cross_entropy with padded targets)"
-    for name in _NLL_FORWARD})
-
-
 def _scaled_by_frequency(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return bool(argument(op, args, kwargs, "scale_grad_by_freq"))
 
@@ -155,24 +160,17 @@ def _a_mean(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     return argument(op, args, kwargs, "reduction") == 1  # at::Reduction::Mean
 
 
-# The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs)
-# of DTensorSpecs -> whether the call is one. Their other calls keep DTensor's rule.
-REFUTED_AT = ({"aten.fill_.Scalar": _partial_self}
-              | {name: _every_dim_as_an_empty_list for name in _EMPTY_DIM_REDUCTIONS}
-              | {name: _dim_from_the_end for name in _SCANS + _ARG_REDUCTIONS + (_SELECT_BACKWARD, _SLICE_BACKWARD)}
-              | {name: _unbatched for name in _SPATIAL_DIMS}
-              | {"aten.embedding_dense_backward.default": _scaled_by_frequency}
-              | {name: _a_mean for name in _NLL_FORWARD})
-
-
-def _refuted_also_at(names, predicate, reason: str) -> None:
-    """Refute DTensor's rule for ``names`` at the calls ``predicate`` picks too, beside any
-    calls it is refuted at already (``REFUTED_AT``, whose reason this one joins)."""
-    for name in names:
-        REFUTED[name] = f"{REFUTED[name]}; also {reason}" if name in REFUTED else reason
-        before = REFUTED_AT.get(name)
-        REFUTED_AT[name] = predicate if before is None else (
-            lambda op, args, kwargs, a=before, b=predicate: a(op, args, kwargs) or b(op, args, kwargs))
+_refuted_at(
+    ("aten.embedding_dense_backward.default",), _scaled_by_frequency,
+    "with scale_grad_by_freq=True and the indices cut, DTensor's rule sums the ranks' gradients (Partial(sum)) "
+    "while each rank scales its rows by the counts of its own indices, not of all of them (wrong values, "
+    "silently: the gradient of an nn.Embedding(scale_grad_by_freq=True) on a batch-cut input)")
+_refuted_at(
+    ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default"), _a_mean,
+    "with reduction='mean' and the batch cut, DTensor's rule calls the loss Partial(avg): the mean of the ranks' "
+    "means, each divided by its own weight of targets not ignored, which differs from rank to rank as soon as a "
+    "target is ignored (ignore_index, -100 by default) or the classes are weighted (wrong values, silently: "
+    "cross_entropy with padded targets)")
 
 
 def _partial_ops(args: tuple, kwargs: dict) -> set:
@@ -194,30 +192,30 @@ def _integral_dtype(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> boo
 # Partial(sum)) or not non-decreasing (for a Partial(max) or (min)) at the call's arguments:
 # each rank's part is transformed on its own and the results reduced, which is no transform
 # of the reduced value.
-_refuted_also_at(
+_refuted_at(
     ("aten.linalg__powsum.default",), lambda op, args, kwargs: bool(_partial_ops(args, kwargs)),
     "with a Partial input, DTensor's rule keeps it Partial(sum) though sum(|x|^p) of the ranks' parts is no "
     "sum(|x|^p) of their sum (_powsum(x, 2) of a Partial(sum) x of [1, 1] split [2, -1] and [-1, 2]: 10, not 2)")
-_refuted_also_at(
+_refuted_at(
     ("aten.linalg_vector_norm.default", "aten.norm.Scalar"),
     lambda op, args, kwargs: _infinite_order(op, args, kwargs) and bool(_partial_ops(args, kwargs) & {"max", "min"}),
     "with ord inf (or -inf) and a Partial(max) (or (min)) input, DTensor's rule reduces the ranks' max |x| by "
     "max, which is no |max x| (a rank's -10 beside another's 1: 10, not 1)")
-_refuted_also_at(
+_refuted_at(
     ("aten.sum.default", "aten.sum.dim_IntList"),
     lambda op, args, kwargs: _integral_dtype(op, args, kwargs) and bool(_partial_ops(args, kwargs)),
     "with an integral dtype= and a Partial(sum) input, each rank truncates its own part before the sum")
-_refuted_also_at(
+_refuted_at(
     ("aten.any.default", "aten.any.dim", "aten.any.dims"), lambda op, args, kwargs: bool(_partial_ops(args, kwargs)),
     "with a Partial(sum) input, DTensor's rule asks each rank whether its own part is nonzero (parts 1 and -1 "
     "of a 0: True)")
-_refuted_also_at(
+_refuted_at(
     ("aten.threshold.default",),
     lambda op, args, kwargs: argument(op, args, kwargs, "value") > argument(op, args, kwargs, "threshold")
     and bool(_partial_ops(args, kwargs) & {"max", "min"}),
     "with value > threshold and a Partial(max) (or (min)) input, DTensor's rule keeps it Partial, though the "
     "op is then not non-decreasing (threshold(x, 0, 5) of parts 1 and -1 of a 1: 5, not 1)")
-_refuted_also_at(
+_refuted_at(
     ("aten.nan_to_num.default",), lambda op, args, kwargs: bool(_partial_ops(args, kwargs) & {"max", "min"}),
     "with a Partial(max) (or (min)) input, DTensor's rule keeps it Partial, though a posinf or neginf below "
     "(or above) the finite values, or a nan beside them, is not order-kept (posinf=-5 of parts inf and 2: 2, "
