@@ -266,9 +266,32 @@ def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, 
         "other inputs are placed (redistribute them first)")
 
 
-def _keeping_writes(op: torch._ops.OpOverload, own, op_schema):
+# Kernels that crash the process, rather than raise, on an empty input: a strategy that
+# leaves a rank an empty shard of one must go (native_batch_norm_backward of a channel cut
+# of 5 over 4 ranks, 2, 2, 1 and 0: SIGFPE on the CPU).
+_CRASH_ON_EMPTY = frozenset({"aten.native_batch_norm_backward.default"})
+
+
+def _leaves_a_rank_empty(spec) -> bool:
+    """Whether ``spec``'s cut (torch.chunk's, per mesh dim in order) leaves some rank none
+    of a dim it cuts: a dim shorter than its ranks, or 5 over 4 (2, 2, 1, 0)."""
+    meta = spec.tensor_meta
+    if meta is None:
+        return False
+    lengths = list(meta.shape)
+    for m, p in enumerate(spec.placements):
+        if p.is_shard():
+            n, length = spec.mesh.size(m), lengths[p.dim]
+            lengths[p.dim] = -(-length // n)  # the largest piece, cut on by a later mesh dim
+            if (n - 1) * lengths[p.dim] >= length:
+                return True
+    return False
+
+
+def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
-    op writes in place (``_writes_stay``)."""
+    op writes in place (``_writes_stay``) or, for a kernel that crashes on an empty input
+    (``_CRASH_ON_EMPTY``), leave a rank an empty shard."""
     from torch.distributed.tensor._op_schema import OpSchema
 
     args, kwargs = _specs_of(op_schema)
@@ -276,6 +299,8 @@ def _keeping_writes(op: torch._ops.OpOverload, own, op_schema):
     kept = _writes_stay(found.strategies, op, args, kwargs)
     if not kept:
         raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule")
+    if op_name(op) in _CRASH_ON_EMPTY:
+        kept = [s for s in kept if not any(_leaves_a_rank_empty(x) for x in s.input_specs or ())] or kept
     found.strategies = kept
     return found
 
@@ -357,6 +382,7 @@ DECOMPOSED_WRITES = "DTensor's decomposition rules keep the tensors an op writes
 # the self of an op whose name ends in '_'): a channel-cut batch norm's replicated running
 # statistics were moved to channel cuts, and the moved copies updated.
 RULES_WRITES = "DTensor's rules keep the tensors an op writes in place where they are"
+RULES_EMPTY = "DTensor's rules leave no rank an empty shard of a kernel that crashes on one"
 _GUARDS: dict = {}  # guard -> the report of the register() call that put it
 
 
@@ -401,8 +427,8 @@ def _writes_dtensor_may_move(op: torch._ops.OpOverload) -> bool:
             or bool(written) and not any(isinstance(a.type, torch.ListType) for a in written))
 
 
-def _guard_writes(op: torch._ops.OpOverload) -> None:
-    """Put ``_keeping_writes`` of DTensor's own rule in its place (kept for ``unregister``)."""
+def _guard_rule(op: torch._ops.OpOverload) -> None:
+    """Put ``_guarded_rule`` of DTensor's own rule in its place (kept for ``unregister``)."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     DTensor = _dtensor()[0]
@@ -411,7 +437,7 @@ def _guard_writes(op: torch._ops.OpOverload) -> None:
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
                      p.op_to_rules.get(op), handlers.get(op), p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
     info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
-    p.register_op_strategy(op, partial(_keeping_writes, op, _own_rule(op, *_REPLACED[op][::4])), info)
+    p.register_op_strategy(op, partial(_guarded_rule, op, _own_rule(op, *_REPLACED[op][::4])), info)
 
 
 def _unguard_decompositions(report: RegisterReport) -> None:
@@ -604,13 +630,15 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         p = _dtensor()[0]._op_dispatcher.sharding_propagator
         for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
             name = op_name(op)
-            if ops is not None and name not in ops or op in _REPLACED or not _writes_dtensor_may_move(op):
+            if ops is not None and name not in ops or op in _REPLACED \
+                    or not (_writes_dtensor_may_move(op) or name in _CRASH_ON_EMPTY):
                 continue  # (an op replaced above runs verified strategies, which keep them: _expanded)
-            _guard_writes(op)
+            _guard_rule(op)
             _OWNERS[op] = report
             report.installed.append(name)
-            if RULES_WRITES not in report.guarded:
-                report.guarded.append(RULES_WRITES)
+            guard = RULES_WRITES if _writes_dtensor_may_move(op) else RULES_EMPTY
+            if guard not in report.guarded:
+                report.guarded.append(guard)
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some
             _guard_decompositions(report)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)

@@ -1003,7 +1003,7 @@ def test_the_decomposition_guard_is_the_whole_registers_and_goes_with_it(results
     finally:
         dtensor_rules._guard_decompositions(report)
     assert set(report.guarded) == {dtensor_rules.DECOMPOSED_EVEN, dtensor_rules.DECOMPOSED_WRITES,
-                                   dtensor_rules.RULES_WRITES}
+                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY}
 
 
 def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):

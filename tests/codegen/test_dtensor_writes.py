@@ -206,3 +206,43 @@ def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_pa
         got = json.loads(out.strip().splitlines()[-1])
         # plain DTensor: the replicated statistics are never updated; the cut ones are
         assert got == {"replicated": registered, "channel-cut": True}, got
+
+
+# A kernel that crashes on an empty input: native_batch_norm_backward of a rank with no
+# channels dies of SIGFPE (CPU). 5 channels over 4 ranks leave one none; run apart, so a
+# crash fails this test only.
+EMPTY_CHANNELS = textwrap.dedent("""
+    import sys, warnings
+    import torch, torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from metaspmd.backends.torch import dtensor_rules
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("fake", rank=0, world_size=4)
+    report = dtensor_rules.register()
+    g = torch.Generator().manual_seed(0)
+    grad, x = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    w, mean, invstd = (torch.rand(5, generator=g, dtype=torch.float64) + 0.5 for _ in range(3))
+    call = lambda *t: torch.ops.aten.native_batch_norm_backward(*t[:3], None, None, *t[3:], True, 1e-5,
+                                                                [True, True, True])
+    want = call(grad, x, w, mean, invstd)
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", list(range(4)))
+        got = call(*[distribute_tensor(t, mesh, [Shard(1) if t.dim() == 3 else Shard(0)])
+                     for t in (grad, x, w, mean, invstd)])
+        full = [t.full_tensor() for t in got]
+        full = [list(t._local_tensors.values())[0] if hasattr(t, "_local_tensors") else t for t in full]
+    assert "aten.native_batch_norm_backward.default" in report.installed, report
+    print(all(torch.allclose(a, b) for a, b in zip(full, want)))
+""")
+
+
+def test_a_kernel_that_crashes_on_an_empty_shard_is_given_none():
+    """DTensor's rule cuts the batch norm gradient along the channels as its inputs are cut;
+    with 5 channels over 4 ranks one rank held none and the process died (SIGFPE). Under
+    register() no rank gets an empty shard of it (the channels are gathered), and the
+    gradients match one device."""
+    done = subprocess.run([sys.executable, "-c", EMPTY_CHANNELS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout
