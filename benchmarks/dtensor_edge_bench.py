@@ -141,6 +141,12 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         "vector_norm(m.amax(0), inf)": (lambda m: torch.linalg.vector_norm(m.amax(0), float("inf")), [parts]),
         "threshold(m.amax(0), 0, 5)": (lambda m: F.threshold(m.amax(0), 0.0, 5.0), [parts]),
         "nan_to_num(amax, posinf=-5)": (lambda m: torch.nan_to_num(m.amax(0), posinf=-5.0), [with_inf]),
+        "vector_norm(x, 2, 0).sum()": (lambda m: torch.linalg.vector_norm(m[0], 2, dim=0).sum(), [parts]),
+        "fft(m.amax(0), dim=0).real": (lambda m: torch.fft.fft(m.amax(0), dim=0).real, [parts]),
+        "m.amax(0).to(int8)": (lambda i: i.amax(0).to(torch.int8), [torch.randint(-300, 300, (4, 8, 5), generator=g)]),
+        "m.amax(0).view(int32)": (lambda m: m.amax(0).view(torch.int32), [parts]),
+        "neg(m.amax(0)), uint8": (lambda u: torch.neg(u.amax(0)),
+                                  [torch.randint(0, 10, (4, 8, 5), generator=g).to(torch.uint8)]),
     }.items():
         out.append(("partial", name, fn, ins))
     return out

@@ -183,6 +183,20 @@ def _infinite_order(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> boo
     return isinstance(order, (int, float)) and abs(order) == float("inf")
 
 
+def _norm_partial(args: tuple, kwargs: dict) -> bool:
+    """A Partial input that is a p-norm's pending reduction (p not 1): x^p summed, then the
+    p-th root, whose reduce_op still reads 'sum'."""
+    return any(p.is_partial() and getattr(p, "norm_type", 1) != 1
+               for s in spec_leaves(args, kwargs) for p in s.placements)
+
+
+def _recast(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """A cast (or a view as another dtype) to another integral dtype, which wraps."""
+    dtype = argument(op, args, kwargs, "dtype")
+    return dtype is not None and dtype != args[0].tensor_meta.dtype and not (dtype.is_floating_point
+                                                                             or dtype.is_complex)
+
+
 def _integral_dtype(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     dtype = argument(op, args, kwargs, "dtype")
     return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
@@ -205,6 +219,32 @@ _refuted_at(
     ("aten.sum.default", "aten.sum.dim_IntList"),
     lambda op, args, kwargs: _integral_dtype(op, args, kwargs) and bool(_partial_ops(args, kwargs)),
     "with an integral dtype= and a Partial(sum) input, each rank truncates its own part before the sum")
+_refuted_at(
+    ("aten.sum.default", "aten.sum.dim_IntList"), lambda op, args, kwargs: _norm_partial(args, kwargs),
+    "with a p-norm's pending Partial input (p not 1: vector_norm(x, 2, dim=0) of a row-cut x, then .sum()), "
+    "DTensor's rule reads its reduce_op 'sum' and keeps it, though the norm's root is taken after the sum: the "
+    "root of the summed norms' powers, not the sum of the norms")
+_refuted_at(
+    ("aten._fft_r2c.default", "aten._fft_c2c.default"),
+    lambda op, args, kwargs: bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with a Partial(max) (or (min)) input, DTensor's rule keeps it Partial: the transform is linear, not "
+    "order-kept, so the ranks' transforms' max is no transform of the max")
+_refuted_at(
+    ("aten._to_copy.default",),
+    lambda op, args, kwargs: _recast(op, args, kwargs) and bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with a Partial(max) (or (min)) input cast to another integral dtype, DTensor's rule keeps it Partial, "
+    "though a narrowing cast wraps (121 and -118 of int64 as int8: max 121, not the max's -118)")
+_refuted_at(
+    ("aten.view.dtype",), lambda op, args, kwargs: args[1] != args[0].tensor_meta.dtype
+    and bool(_partial_ops(args, kwargs)),
+    "with a Partial input viewed as another dtype, DTensor's rule keeps it Partial: the ranks' bit patterns "
+    "summed (or their max) are no bit pattern of the sum")
+_refuted_at(
+    ("aten.neg.default",), lambda op, args, kwargs: not (args[0].tensor_meta.dtype.is_floating_point
+                                                        or args[0].tensor_meta.dtype.is_complex)
+    and bool(_partial_ops(args, kwargs) & {"max", "min"}),
+    "with an integral Partial(max) (or (min)) input, DTensor's rule turns it to Partial(min) (or (max)), "
+    "though integer negation wraps (an unsigned 3 negates to 253)")
 _refuted_at(
     ("aten.any.default", "aten.any.dim", "aten.any.dims"), lambda op, args, kwargs: bool(_partial_ops(args, kwargs)),
     "with a Partial(sum) input, DTensor's rule asks each rank whether its own part is nonzero (parts 1 and -1 "

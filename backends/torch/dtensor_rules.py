@@ -192,7 +192,7 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     args, kwargs = _specs_of(op_schema)
     called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
-        return own(op_schema, called)
+        return _no_empty_shards(op, own(op_schema, called), op_schema)
     rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
@@ -200,6 +200,7 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     keep = [s for s in _writes_stay(expanded.strategies, op, args, kwargs)
             if not fixed or [x.placements for x in s.input_specs][len(s.input_specs) - len(fixed):] == fixed]
     expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
+    _no_empty_shards(op, expanded, op_schema)
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
 
@@ -266,10 +267,30 @@ def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, 
         "other inputs are placed (redistribute them first)")
 
 
-# Kernels that crash the process, rather than raise, on an empty input: a strategy that
-# leaves a rank an empty shard of one must go (native_batch_norm_backward of a channel cut
-# of 5 over 4 ranks, 2, 2, 1 and 0: SIGFPE on the CPU).
+# Kernels that crash the process (native_batch_norm_backward with no channels: SIGFPE on the
+# CPU) or raise (the FFTs: "MKL FFT error"; an inf norm "on an empty tensor") on an empty
+# input: a strategy that leaves a rank an empty shard of one goes where another is left
+# (a cut of 5 over 4 ranks gives 2, 2, 1 and 0).
 _CRASH_ON_EMPTY = frozenset({"aten.native_batch_norm_backward.default"})
+_NO_EMPTY_SHARDS = _CRASH_ON_EMPTY | {"aten._fft_r2c.default", "aten._fft_c2c.default", "aten._fft_c2r.default",
+                                      "aten.linalg_vector_norm.default", "aten.norm.Scalar"}
+
+
+def _no_empty_shards(op: torch._ops.OpOverload, strategy, op_schema):
+    """``strategy`` (an OpStrategy) less what leaves a rank an empty shard, for the ops of
+    ``_NO_EMPTY_SHARDS``; where nothing is left, every input replicated."""
+    if op_name(op) not in _NO_EMPTY_SHARDS:
+        return strategy
+    kept = [s for s in strategy.strategies if not any(_leaves_a_rank_empty(x) for x in s.input_specs or ())]
+    if not kept:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        n_out, n_in = len(op._schema.returns), len(spec_leaves(*_specs_of(op_schema)))
+        kept = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               [[Replicate()] * (n_out + n_in)], input_index=n_out).strategies
+    strategy.strategies = kept
+    return strategy
 
 
 def _leaves_a_rank_empty(spec) -> bool:
@@ -291,7 +312,7 @@ def _leaves_a_rank_empty(spec) -> bool:
 def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
     op writes in place (``_writes_stay``) or, for a kernel that crashes on an empty input
-    (``_CRASH_ON_EMPTY``), leave a rank an empty shard."""
+    (``_NO_EMPTY_SHARDS``), leave a rank an empty shard."""
     from torch.distributed.tensor._op_schema import OpSchema
 
     args, kwargs = _specs_of(op_schema)
@@ -299,10 +320,8 @@ def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     kept = _writes_stay(found.strategies, op, args, kwargs)
     if not kept:
         raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule")
-    if op_name(op) in _CRASH_ON_EMPTY:
-        kept = [s for s in kept if not any(_leaves_a_rank_empty(x) for x in s.input_specs or ())] or kept
     found.strategies = kept
-    return found
+    return _no_empty_shards(op, found, op_schema)
 
 
 @dataclass
