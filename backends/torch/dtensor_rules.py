@@ -272,8 +272,8 @@ def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, 
 # input: a strategy that leaves a rank an empty shard of one goes where another is left
 # (a cut of 5 over 4 ranks gives 2, 2, 1 and 0).
 _CRASH_ON_EMPTY = frozenset({"aten.native_batch_norm_backward.default"})
-_NO_EMPTY_SHARDS = _CRASH_ON_EMPTY | {"aten._fft_r2c.default", "aten._fft_c2c.default", "aten._fft_c2r.default",
-                                      "aten.linalg_vector_norm.default", "aten.norm.Scalar"}
+_NO_EMPTY_SHARDS = _CRASH_ON_EMPTY | {"aten._fft_r2c.default", "aten._fft_c2c.default", "aten.linalg_vector_norm.default",
+                                      "aten.norm.Scalar"}
 
 
 def _no_empty_shards(op: torch._ops.OpOverload, strategy, op_schema):
@@ -311,8 +311,8 @@ def _leaves_a_rank_empty(spec) -> bool:
 
 def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
-    op writes in place (``_writes_stay``) or, for a kernel that crashes on an empty input
-    (``_NO_EMPTY_SHARDS``), leave a rank an empty shard."""
+    op writes in place (``_writes_stay``) or, for a kernel that crashes on (or refuses) an
+    empty input (``_NO_EMPTY_SHARDS``), leave a rank an empty shard."""
     from torch.distributed.tensor._op_schema import OpSchema
 
     args, kwargs = _specs_of(op_schema)
@@ -330,7 +330,7 @@ class RegisterReport:
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
     replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
     handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, or DTensor's extended)
-    guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from refuted answers (DECOMPOSED_EVEN)
+    guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from wrong answers (DECOMPOSED_EVEN, ...)
 
     def __str__(self) -> str:
         replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
