@@ -191,7 +191,7 @@ def _norm_partial(args: tuple, kwargs: dict) -> bool:
 
 
 def _recast(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
-    """A cast (or a view as another dtype) to another integral dtype, which wraps."""
+    """A cast to another integral dtype, which may wrap."""
     dtype = argument(op, args, kwargs, "dtype")
     return dtype is not None and dtype != args[0].tensor_meta.dtype and not (dtype.is_floating_point
                                                                              or dtype.is_complex)
