@@ -156,11 +156,15 @@ def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
     tensors and int arguments only, and would hand a call the strategies of another
     padding. ``own``: DTensor's own strategy function for an op whose rule is refuted at
     some calls only (``REFUTED_AT``), which its other calls keep."""
+    _register_strategy(op, partial(_expanded, op, strategies, own))
+
+
+def _register_strategy(op: torch._ops.OpOverload, fn) -> None:
+    """``fn`` as DTensor's strategy function for ``op``, every argument keying its cache."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
-    _dtensor()[0]._op_dispatcher.sharding_propagator.register_op_strategy(
-        op, partial(_expanded, op, strategies, own), info)
+    _dtensor()[0]._op_dispatcher.sharding_propagator.register_op_strategy(op, fn, info)
 
 
 def _specs_of(op_schema) -> tuple[tuple, dict]:
@@ -448,15 +452,7 @@ def _writes_dtensor_may_move(op: torch._ops.OpOverload) -> bool:
 
 def _guard_rule(op: torch._ops.OpOverload) -> None:
     """Put ``_guarded_rule`` of DTensor's own rule in its place (kept for ``unregister``)."""
-    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-
-    DTensor = _dtensor()[0]
-    p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
-    _REPLACED[op] = (p.op_single_dim_strategy_funcs.pop(op, None),
-                     p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
-                     p.op_to_rules.get(op), handlers.get(op), p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
-    info = RuntimeSchemaInfo(0, [a.name for a in op._schema.arguments if a.kwarg_only] or None, needs_pytree=True)
-    p.register_op_strategy(op, partial(_guarded_rule, op, _own_rule(op, *_REPLACED[op][::4])), info)
+    _register_strategy(op, partial(_guarded_rule, op, _set_aside(op)))
 
 
 def _unguard_decompositions(report: RegisterReport) -> None:
@@ -522,16 +518,22 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: Rul
 
 
 def _replace(op: torch._ops.OpOverload, cache: RuleCache | None = None) -> None:
-    """Put the verified strategies in place of DTensor's own rule for ``op``: its single-dim
+    """Put the verified strategies in place of DTensor's own rule for ``op`` (set aside)."""
+    own = _set_aside(op)
+    _install(op, _verified_fn(op, cache), own=own if op_name(op) in REFUTED_AT else None)
+
+
+def _set_aside(op: torch._ops.OpOverload):
+    """Set DTensor's own rule for ``op`` aside, kept for ``unregister``: its single-dim
     strategy and legacy rule (looked up before any registered strategy) and its custom
-    handler (which runs before propagation) step aside, kept for ``unregister``."""
+    handler (which runs before propagation) leave; the rule comes back as ``_own_rule``."""
     DTensor = _dtensor()[0]
     p, handlers = DTensor._op_dispatcher.sharding_propagator, DTensor._op_dispatcher._custom_op_handlers
     _REPLACED[op] = (p.op_single_dim_strategy_funcs.pop(op, None),
                      p.op_to_schema_info_for_single_dim_strategy.pop(op, None),
                      p.op_to_rules.pop(op, None), handlers.pop(op, None),
                      p.op_strategy_funcs.get(op), p.op_to_schema_info.get(op))
-    _install(op, _verified_fn(op, cache), own=_own_rule(op, *_REPLACED[op][::4]) if op_name(op) in REFUTED_AT else None)
+    return _own_rule(op, *_REPLACED[op][::4])
 
 
 def _own_rule(op: torch._ops.OpOverload, single, strategy):
@@ -652,6 +654,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             if ops is not None and name not in ops or op in _REPLACED \
                     or not (_writes_dtensor_may_move(op) or name in _CRASH_ON_EMPTY):
                 continue  # (an op replaced above runs verified strategies, which keep them: _expanded)
+            if op in _dtensor()[0]._op_dispatcher._custom_op_handlers:
+                continue  # its handler runs before any rule (_amp_foreach_non_finite_check_and_unscale_'s)
             _guard_rule(op)
             _OWNERS[op] = report
             report.installed.append(name)
