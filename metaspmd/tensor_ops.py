@@ -63,13 +63,14 @@ def largest_finite(dtype: str) -> float | None:
         return None
 
 
-def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
+def close(actual: np.ndarray, expected: np.ndarray, dtype: str, scale: float = 0.0) -> bool:
     """Are two arrays of one shape equal, the soundness test every rule rests on?
 
     ``dtype`` is ``actual``'s dtype name in its framework (its values may have been widened
     to reach numpy: bfloat16 as float32). Integer and bool values compare exactly; floating
-    ones within ``TOLERANCES`` scaled to the largest finite magnitude expected, NaN matching
-    NaN at the same position.
+    ones within ``TOLERANCES`` scaled to the largest finite magnitude expected, or to
+    ``scale`` where that is larger (the summands a sum was rebuilt from), NaN matching NaN
+    at the same position.
     """
     a, e = np.asarray(actual), np.asarray(expected)
     if a.shape != e.shape:
@@ -98,7 +99,7 @@ def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
     # expected value is finite (the largest magnitude is), its isfinite(e) term holds
     # throughout, its NaN term nowhere, and its a == e term implies the tolerance one.
     if math.isfinite(top):
-        atol = atol_rel * max(top, 1e-30)
+        atol = atol_rel * max(top, scale, 1e-30)
         # unequal data rarely has its first elements near (Python numbers: their arithmetic
         # gives inf and NaN without numpy's warnings; NaN decides nothing)
         x, y = a64.item(0), e64.item(0)
@@ -117,8 +118,7 @@ def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
         near = diff <= atol + rtol * size
     else:
         finite = np.isfinite(e64)
-        scale = float(size[finite].max()) if finite.any() else 0.0
-        atol = atol_rel * max(scale, 1e-30)
+        atol = atol_rel * max(scale, float(size[finite].max()) if finite.any() else 0.0, 1e-30)
         with np.errstate(invalid="ignore", over="ignore"):
             near = ((np.abs(a64 - e64) <= atol + rtol * size) & finite | (a64 == e64)
                     | (np.isnan(a64) & np.isnan(e64)))
@@ -133,16 +133,17 @@ def close(actual: np.ndarray, expected: np.ndarray, dtype: str) -> bool:
     return bool(overflow.all())
 
 
-def close_tensors(ops: "TensorOps", actual: Any, expected: Any) -> bool:
+def close_tensors(ops: "TensorOps", actual: Any, expected: Any, scale: float = 0.0) -> bool:
     """``TensorOps.close`` for any backend whose tensors reach numpy: both tensors, of one
-    shape and dtype kind, comparable (not ``opaque``), and ``close`` as arrays."""
+    shape and dtype kind, comparable (not ``opaque``), and ``close`` as arrays (``scale``:
+    as there)."""
     if not (ops.is_tensor(actual) and ops.is_tensor(expected)):
         return False
     if ops.shape(actual) != ops.shape(expected) or ops.dtype_kind(actual) != ops.dtype_kind(expected):
         return False
     if ops.opaque(actual) or ops.opaque(expected):
         return False
-    return close(ops.to_numpy(actual), ops.to_numpy(expected), ops.dtype_name(actual))
+    return close(ops.to_numpy(actual), ops.to_numpy(expected), ops.dtype_name(actual), scale)
 
 
 @runtime_checkable

@@ -7,8 +7,8 @@ import pytest
 from metaspmd.tensor_ops import TOLERANCES, LOW_TOLERANCE, close, largest_finite
 
 
-def reference_close(a, e, dtype: str) -> bool:
-    """close() as np.isclose states it, no shortcut."""
+def reference_close(a, e, dtype: str, floor: float = 0.0) -> bool:
+    """close() as np.isclose states it, no shortcut (``floor``: close's ``scale``)."""
     a, e = np.asarray(a), np.asarray(e)
     if a.shape != e.shape:
         return False
@@ -22,7 +22,7 @@ def reference_close(a, e, dtype: str) -> bool:
     finite = np.isfinite(e64)
     scale = float(np.abs(e64[finite]).max()) if finite.any() else 0.0
     with np.errstate(invalid="ignore", over="ignore"):
-        near = np.isclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, 1e-30), equal_nan=True)
+        near = np.isclose(a64, e64, rtol=rtol, atol=atol_rel * max(scale, floor, 1e-30), equal_nan=True)
     if near.all():
         return True
     largest = None if wide is np.complex128 else largest_finite(dtype)
@@ -66,6 +66,8 @@ def test_close_gives_the_reference_verdict_everywhere():
         expected = reference_close(a, e, dtype)
         assert close(a, e, dtype) == expected, (a, e, dtype)
         verdicts.append(expected)
+        floor = float(rng.choice([0.0, 1e-3, 1e4]))  # summands' size, as holds() passes it
+        assert close(a, e, dtype, floor) == reference_close(a, e, dtype, floor), (a, e, dtype, floor)
     assert any(verdicts) and not all(verdicts)  # both verdicts were exercised
 
 

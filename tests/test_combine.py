@@ -152,3 +152,22 @@ def test_the_check_loop_cuts_follows_splits_and_offsets_in_one_place():
     wrong = [x, np.arange(11.0), p, positions]
     assert "proportional" in shard_inputs(ops, wrong, placements, cut_inputs(ops, wrong, placements, 3, Split(3).bounds),
                                           lambda i, v, op: [v] * 3)
+
+
+def test_a_sum_is_compared_at_its_summands_size():
+    """Locals that nearly cancel round at their own size: a sum rebuilt from them is held to
+    a tolerance scaled to the largest local, not to the small result (a true rule's
+    verdict then turned on the kernel's summation order); a wrong sum still fails, and
+    other combines keep the result's scale."""
+    from metaspmd.spec import Identity, Reduce
+
+    ops = NumpyOps()
+    result = np.array([3e-8, 0.0])
+    locals_ = [np.array([1.0 + 3e-8, 0.1 + 0.2]), np.array([-1.0, -0.3])]
+    rounded = locals_[0] + locals_[1]  # 0.1 + 0.2 - 0.3 is 5.6e-17 in float64, past 1e-9 of 3e-8
+    assert not np.array_equal(rounded, result) and not ops.close(rounded, result)  # the result's scale refutes it
+    assert holds(ops, Reduce("sum"), locals_, result)
+    assert holds(ops, Reduce("avg"), [2 * x for x in locals_], result)
+    assert not holds(ops, Reduce("sum"), locals_, result + 1e-6)  # a wrong sum: far past 1e-9 of 1.0
+    assert not holds(ops, Reduce("max"), [rounded, rounded], result)  # not a sum: the result's scale
+    assert not holds(ops, Identity(), [rounded], result)
