@@ -9,7 +9,9 @@ Families: ``empty-dims`` (``dim=[]``), ``from-end`` (dims -1 and -2, the gradien
 ``edge-values``, ``arguments`` (losses and gradients with an argument that changes what
 they sum: ignored targets, class weights, ``scale_grad_by_freq``), ``partial`` (ops on a
 Partial input they are not linear, or not non-decreasing, in: the Partial(sum) of ``a @ b``
-with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's rows cut).
+with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's rows cut),
+``masked`` (a row-cut table's lookup, which DTensor gives as a masked Partial, then a
+transpose, reshape, slice or sum that moves the positions its mask names).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metaspmd.cli import pipe_safe
 
 WORLD = 4
-FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments", "partial")
+FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments", "partial", "masked")
 
 
 def cases(torch) -> list[tuple[str, str, object, list]]:
@@ -149,6 +151,19 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
                                   [torch.randint(0, 10, (4, 8, 5), generator=g).to(torch.uint8)]),
     }.items():
         out.append(("partial", name, fn, ins))
+    square, picks = torch.randint(0, 8, (4, 4), generator=g), torch.randint(0, 12, (8, 1), generator=g)
+    lookup = {  # a row-cut table's lookup, masked Partial on plain DTensor, then an op that moves positions
+        "embedding(i, w).transpose(0, 1)": lambda w, i: F.embedding(i, w).transpose(0, 1),
+        "embedding(i, w).reshape(-1, 6)": lambda w, i: F.embedding(i, w).reshape(-1, 6),
+        "embedding(i, w).sum(0)": lambda w, i: F.embedding(i, w).sum(0),
+        "embedding(i, w)[:, 1:]": lambda w, i: F.embedding(i, w)[:, 1:],
+        "embedding(i, w).permute(2, 0, 1)": lambda w, i: F.embedding(i, w).permute(2, 0, 1),
+        "embedding(i, w).sum(-1)": lambda w, i: F.embedding(i, w).sum(-1),
+    }
+    for name, fn in lookup.items():
+        out.append(("masked", name, fn, [table, square]))
+    out.append(("masked", "gather(x, 1, i).transpose(0, 1)", lambda a, i: torch.gather(a, 1, i).transpose(0, 1),
+                [x, picks]))
     return out
 
 

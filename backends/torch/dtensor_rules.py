@@ -30,7 +30,9 @@ from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
+from . import dtensor_masks
 from .catalog import exact_sizes, op_name, overload_named, positional_names, tagged_random
+from .dtensor_masks import MASKS_REDUCED
 from .dtensor_refuted import REFUTED, REFUTED_AT, argument, refuted, spec_leaves
 from .views import shards_rewrite_call
 
@@ -438,6 +440,21 @@ def _guard_decompositions(report: RegisterReport) -> None:
             report.guarded.append(guard)
 
 
+def _guard_masks(report: RegisterReport) -> None:
+    if MASKS_REDUCED in _GUARDS:
+        return
+    dtensor_masks.guard(_dtensor()[0]._op_dispatcher.sharding_propagator)
+    _GUARDS[MASKS_REDUCED] = report
+    if MASKS_REDUCED not in report.guarded:
+        report.guarded.append(MASKS_REDUCED)
+
+
+def _unguard_masks(report: RegisterReport) -> None:
+    if _GUARDS.get(MASKS_REDUCED) is report:
+        del _GUARDS[MASKS_REDUCED]
+        dtensor_masks.unguard(_dtensor()[0]._op_dispatcher.sharding_propagator)
+
+
 def _writes_dtensor_may_move(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` writes a tensor that DTensor's in-place check does not keep in place:
     one besides the self of an op whose name ends in '_' (tensor lists, of the fused
@@ -664,6 +681,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
                 report.guarded.append(guard)
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some
             _guard_decompositions(report)
+            _guard_masks(report)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)
     _clear_sharding_prop_cache()
     return report
@@ -817,6 +835,7 @@ def unregister(report: RegisterReport) -> None:
                         f"{report!r:.80} of type {type(report).__qualname__}")
     dtensor_handlers.uninstall(report.handled, owner=report)
     _unguard_decompositions(report)
+    _unguard_masks(report)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = overload_named(name)

@@ -998,24 +998,30 @@ def test_a_mean_from_a_decomposition_is_no_mean_of_uneven_shards(results, name):
     torch.testing.assert_close(even[name][1], MEAN_LOSSES[name](EVEN_X, EVEN_Y))
 
 
-def test_the_decomposition_guard_is_the_whole_registers_and_goes_with_it(results):
-    """The guard is put by a register() of every op, once: a call that names ops puts none,
-    and unregistering that call leaves it; unregistering the one that put it takes it back
-    (done here on the guard alone, so the module's register() stays)."""
+def test_the_machinery_guards_are_the_whole_registers_and_go_with_it(results):
+    """The guards of DTensor's machinery (its decomposition path, its masked Partial) are
+    put by a register() of every op, once: a call that names ops puts none, and
+    unregistering that call leaves them; unregistering the one that put them takes them
+    back (done here on the guards alone, so the module's register() stays)."""
     _, report = results
-    decomp = DTensor._op_dispatcher.sharding_propagator.decomp_strategy
-    assert "propagate_strategy" in vars(decomp)
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    decomp = propagator.decomp_strategy
+    assert "propagate_strategy" in vars(decomp) and "propagate_op_sharding_non_cached" in vars(propagator)
     again = dtensor_rules.register(["aten.mm.default"])
     assert not again.guarded
     dtensor_rules.unregister(again)
-    assert "propagate_strategy" in vars(decomp)
+    assert "propagate_strategy" in vars(decomp) and "propagate_op_sharding_non_cached" in vars(propagator)
+    cached = propagator.propagate_op_sharding
     dtensor_rules._unguard_decompositions(report)
+    dtensor_rules._unguard_masks(report)
     try:
-        assert "propagate_strategy" not in vars(decomp)
+        assert "propagate_strategy" not in vars(decomp) and "propagate_op_sharding_non_cached" not in vars(propagator)
+        assert propagator.propagate_op_sharding is not cached  # DTensor's own cache is back
     finally:
         dtensor_rules._guard_decompositions(report)
+        dtensor_rules._guard_masks(report)
     assert set(report.guarded) == {dtensor_rules.DECOMPOSED_EVEN, dtensor_rules.DECOMPOSED_WRITES,
-                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY}
+                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY, dtensor_rules.MASKS_REDUCED}
 
 
 def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):
