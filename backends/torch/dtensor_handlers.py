@@ -28,6 +28,9 @@ ranks seeded alike would draw one shard's values on every shard.
 DTensor moves positional tensors only: an op ``register()`` installs that takes keyword-only
 tensors (a histogram's ``weight=``) gets ``keyword_handler``, DTensor's own dispatch, which
 replicates the keyword DTensors first where no verified strategy keeps them where they lie.
+An op whose DTensor rule ``register()`` guards for the tensors it writes (a batch norm's
+running statistics) gets ``write_back_handler``: where no strategy keeps them in place, the
+op runs on moved copies, which are then written back.
 
 Nothing here imports DTensor at module import: ``install`` does, from ``register()``.
 """
@@ -217,50 +220,93 @@ class KeywordPlacementRefused(RuntimeError):
     positional tensors only): ``keyword_handler`` replicates them and asks again."""
 
 
-def _refused_for_keywords(e: BaseException | None) -> bool:
+class WritesMoved(RuntimeError):
+    """Every strategy of DTensor's rule moves a tensor the op writes in place (the write
+    would land in a moved copy): ``write_back_handler`` runs the op on copies placed as
+    ``wanted`` says (position among the call's DTensors -> placements: those of the strategy
+    DTensor would pick) and writes them back."""
+
+    def __init__(self, message: str, wanted: dict):
+        super().__init__(message)
+        self.wanted = wanted
+
+
+def _cause(e: BaseException | None, kind: type) -> BaseException | None:
+    """The first exception of ``kind`` along ``e``'s causes (DTensor wraps what a rule raises)."""
     while e is not None:
-        if isinstance(e, KeywordPlacementRefused):
-            return True
+        if isinstance(e, kind):
+            return e
         e = e.__cause__
-    return False
+    return None
+
+
+def _own_dispatch(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """DTensor's own dispatch, as it runs an op with no handler: unwrap, propagate,
+    redistribute, run, wrap."""
+    d = _dtensor()[0]._op_dispatcher
+    info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(info)
+    return d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), info.output_sharding.output_spec)
 
 
 def keyword_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
-    """DTensor's own dispatch (unwrap, propagate, redistribute, run, wrap), and where no
-    strategy keeps a keyword tensor's placement (a cut ``weight=`` of a histogram, which
-    DTensor would use where it lies), the same with every keyword DTensor first
-    redistributed to Replicate: the placement DTensor never has to move."""
+    """DTensor's own dispatch, and where no strategy keeps a keyword tensor's placement (a
+    cut ``weight=`` of a histogram, which DTensor would use where it lies), the same with
+    every keyword DTensor first redistributed to Replicate: the placement DTensor never has
+    to move."""
     from torch.utils._pytree import tree_map
 
     DTensor, Replicate = _dtensor()[:2]
-    d = DTensor._op_dispatcher
-
-    def run(kw):
-        info = d.unwrap_to_op_info(op_call, args, kw)
-        d.sharding_propagator.propagate(info)
-        return d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), info.output_sharding.output_spec)
-
     try:
-        return run(kwargs)
+        return _own_dispatch(op_call, args, kwargs)
     except Exception as e:
-        if not _refused_for_keywords(e):
+        if _cause(e, KeywordPlacementRefused) is None:
             raise
-    return run(tree_map(lambda v: v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim)
-                        if isinstance(v, DTensor) else v, kwargs))
+    return _own_dispatch(op_call, args, tree_map(lambda v: v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim)
+                                                 if isinstance(v, DTensor) else v, kwargs))
+
+
+def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """DTensor's own dispatch, and where every strategy of its rule moves a tensor the op
+    writes (``WritesMoved``: a channel-cut batch norm's replicated running statistics), the
+    op on copies of those tensors placed as DTensor's pick wants them, each copy then
+    redistributed to its tensor's placement and written into it: the tensor is updated, where
+    plain DTensor updated only the copy."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    DTensor = _dtensor()[0]
+    try:
+        return _own_dispatch(op_call, args, kwargs)
+    except Exception as e:
+        moved = _cause(e, WritesMoved)
+        if moved is None:
+            raise
+    leaves, tree = tree_flatten((args, kwargs))
+    tensors = [i for i, x in enumerate(leaves) if isinstance(x, DTensor)]
+    copies = {tensors[k]: leaves[tensors[k]].redistribute(leaves[tensors[k]].device_mesh, placements)
+              for k, placements in moved.wanted.items()}
+    a, k = tree_unflatten([copies.get(i, x) for i, x in enumerate(leaves)], tree)
+    out = _own_dispatch(op_call, a, k)
+    with torch.no_grad():
+        for i, copy in copies.items():
+            leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
+    return out
+
+
+def install_write_back_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
+    """``write_back_handler`` for an op whose DTensor rule ``register()`` guards for the
+    tensors it writes, where DTensor has no handler of its own and none is installed
+    already; whether it was put (by ``owner``)."""
+    return _put_handler(op, write_back_handler, owner)
 
 
 def install_keyword_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
     """``keyword_handler`` for an op ``register()`` installed strategies for that takes
     keyword-only tensors, where DTensor has no handler of its own and none is installed
     already; whether it was put (by ``owner``, the report ``uninstall`` takes it back for)."""
-    DTensor = _dtensor()[0]
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    if op in _INSTALLED or op in handlers or op._schema.is_mutable or not any(
-            a.kwarg_only and "Tensor" in str(a.type) for a in op._schema.arguments):
+    if op._schema.is_mutable or not any(a.kwarg_only and "Tensor" in str(a.type) for a in op._schema.arguments):
         return False
-    _INSTALLED[op] = ("handler", None, owner)
-    handlers[op] = keyword_handler
-    return True
+    return _put_handler(op, keyword_handler, owner)
 
 
 def drawn_whole(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, placements: list, mesh):
@@ -310,12 +356,17 @@ def install_drawing_handler(op: torch._ops.OpOverload, owner: Any = None) -> boo
     """``drawing_handler`` for a random op ``register()`` installed strategies for, where
     DTensor has no handler of its own and none is installed already; whether it was put
     (by ``owner``)."""
-    DTensor = _dtensor()[0]
-    handlers = DTensor._op_dispatcher._custom_op_handlers
+    return _put_handler(op, drawing_handler, owner)
+
+
+def _put_handler(op: torch._ops.OpOverload, handler, owner: Any) -> bool:
+    """``handler`` as DTensor's custom handler for ``op``, where DTensor has none of its own
+    and none is installed already; whether it was put (by ``owner``)."""
+    handlers = _dtensor()[0]._op_dispatcher._custom_op_handlers
     if op in _INSTALLED or op in handlers:
         return False
     _INSTALLED[op] = ("handler", None, owner)
-    handlers[op] = drawing_handler
+    handlers[op] = handler
     return True
 
 
@@ -394,6 +445,6 @@ def uninstall(names, owner: Any = None) -> None:
             table[op] = before
 
 
-__all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused",
+__all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused", "WritesMoved",
            "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
-           "keyword_handler", "replicated_handler", "uninstall"]
+           "install_write_back_handler", "keyword_handler", "replicated_handler", "uninstall", "write_back_handler"]

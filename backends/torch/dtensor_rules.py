@@ -264,13 +264,26 @@ def _writes_stay(strategies, op: torch._ops.OpOverload, args: tuple, kwargs: dic
     return kept
 
 
-def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, whose: str):
+def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, whose: str, strategies=()):
+    """The refusal of a call every strategy (``strategies``, DTensor's) of which moves a
+    written tensor, carrying where DTensor's pick would put the written tensors."""
+    from .dtensor_handlers import WritesMoved
+
     names = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     names += list(_UNDECLARED_WRITES.get(op_name(op), ()))
-    return RuntimeError(
+    pick = min(strategies, key=_moving_cost, default=None)
+    wanted = {} if pick is None else {i: tuple(pick.input_specs[i].placements)
+                                      for i in _written_leaves(op, args, kwargs) if i < len(pick.input_specs or ())}
+    return WritesMoved(
         f"{op}: every strategy {whose} moves a tensor the op writes in place ({', '.join(names)}), so the write "
         "would land in a moved copy and the tensor keep its old values; place the written tensors as the op's "
-        "other inputs are placed (redistribute them first)")
+        "other inputs are placed (redistribute them first)", wanted)
+
+
+def _moving_cost(strategy) -> float:
+    """What DTensor weighs a strategy by: the cost of moving every input to it (each input
+    of a call has one placement, so one cost)."""
+    return sum(c[0] if c else 0.0 for c in strategy.redistribute_cost or ())
 
 
 # Kernels that crash the process (native_batch_norm_backward with no channels: SIGFPE on the
@@ -325,7 +338,7 @@ def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     found = own(op_schema, OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info))
     kept = _writes_stay(found.strategies, op, args, kwargs)
     if not kept:
-        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule")
+        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", found.strategies)
     found.strategies = kept
     return _no_empty_shards(op, found, op_schema)
 
@@ -677,6 +690,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _OWNERS[op] = report
             report.installed.append(name)
             guard = RULES_WRITES if _writes_dtensor_may_move(op) else RULES_EMPTY
+            if guard == RULES_WRITES and dtensor_handlers.install_write_back_handler(op, report):
+                report.handled.append(name)
             if guard not in report.guarded:
                 report.guarded.append(guard)
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some

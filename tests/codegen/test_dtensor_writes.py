@@ -153,6 +153,38 @@ def test_a_batch_norm_that_updates_replicated_running_statistics_does_not_cut_th
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("placements", [(Replicate(), Replicate(), Shard(0)), (Shard(1), Replicate(), Shard(0)),
+                                        (Shard(0), Shard(0), Replicate())])
+def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_path, placements):
+    """No strategy of DTensor's batch norm rule keeps a replicated mean beside a cut var (or
+    the other way round): plain DTensor moved one into a copy, which took the update, and
+    register()'s write guard refused the call. Its write-back handler runs the op on the copy
+    DTensor's pick wants and writes the copy back: both statistics are updated, each kept
+    where it was."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    px, pm, pv = placements
+    want_mean, want_var = BN_MEAN.clone(), BN_VAR.clone()
+    want = F.batch_norm(BN_X, want_mean, want_var, training=True, momentum=0.3)
+    found = {}
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        for column in ("plain", "register()"):
+            report = dtensor_rules.register(cache=RuleCache(tmp_path)) if column != "plain" else None
+            try:
+                m, v = distribute_tensor(BN_MEAN.clone(), mesh, [pm]), distribute_tensor(BN_VAR.clone(), mesh, [pv])
+                out = F.batch_norm(distribute_tensor(BN_X, mesh, [px]), m, v, training=True, momentum=0.3)
+                found[column] = (torch.allclose(_full(out), want), torch.allclose(_full(m), want_mean),
+                                 torch.allclose(_full(v), want_var), m.placements, v.placements)
+            finally:
+                if report is not None:
+                    dtensor_rules.unregister(report)
+                    assert "aten.native_batch_norm.default" in report.handled
+    assert found["plain"][0] and not all(found["plain"][1:3])  # a statistic lost its update
+    assert found["register()"] == (True, True, True, (pm,), (pv,))
+
+
 def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
     from torch.distributed.tensor import DTensor as DT
 
@@ -182,8 +214,9 @@ RANK = textwrap.dedent("""
     F.batch_norm(x, want_mean, want_var, training=True, momentum=0.3)
     report = dtensor_rules.register() if registered else None
     got = {}
-    for name, placement in (("replicated", Replicate()), ("channel-cut", Shard(0))):
-        m, v = distribute_tensor(mean.clone(), mesh, [placement]), distribute_tensor(var.clone(), mesh, [placement])
+    for name, (pm, pv) in (("replicated", (Replicate(), Replicate())), ("channel-cut", (Shard(0), Shard(0))),
+                           ("placed apart", (Replicate(), Shard(0)))):
+        m, v = distribute_tensor(mean.clone(), mesh, [pm]), distribute_tensor(var.clone(), mesh, [pv])
         F.batch_norm(distribute_tensor(x, mesh, [Shard(1)]), m, v, training=True, momentum=0.3)
         got[name] = bool(torch.allclose(m.full_tensor(), want_mean) and torch.allclose(v.full_tensor(), want_var))
         del m, v
@@ -204,8 +237,9 @@ def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_pa
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
         got = json.loads(out.strip().splitlines()[-1])
-        # plain DTensor: the replicated statistics are never updated; the cut ones are
-        assert got == {"replicated": registered, "channel-cut": True}, got
+        # plain DTensor: the replicated statistics are never updated, nor the replicated mean
+        # beside a cut var; the cut ones are. register() writes the moved copy back.
+        assert got == {"replicated": registered, "channel-cut": True, "placed apart": registered}, got
 
 
 # A kernel that crashes on an empty input: native_batch_norm_backward of a rank with no
