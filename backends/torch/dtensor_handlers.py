@@ -283,14 +283,27 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
             raise
     leaves, tree = tree_flatten((args, kwargs))
     tensors = [i for i, x in enumerate(leaves) if isinstance(x, DTensor)]
-    copies = {tensors[k]: leaves[tensors[k]].redistribute(leaves[tensors[k]].device_mesh, placements)
-              for k, placements in moved.wanted.items()}
+    copies = {tensors[k]: _dense_copy(leaves[tensors[k]], placements) for k, placements in moved.wanted.items()}
     a, k = tree_unflatten([copies.get(i, x) for i, x in enumerate(leaves)], tree)
     out = _own_dispatch(op_call, a, k)
     with torch.no_grad():
         for i, copy in copies.items():
             leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
     return out
+
+
+def _dense_copy(x, placements):
+    """``x`` redistributed to ``placements``, its local tensor contiguous: a redistributed
+    shard can be a strided view of a padded buffer, and torch 2.13's CPU ``_fused_adam_``
+    computes wrong values into a non-contiguous ``exp_avg``, without an error (DTensor's
+    ``contiguous()`` looks at the global strides and keeps the view)."""
+    DTensor = _dtensor()[0]
+    moved = x.redistribute(x.device_mesh, placements)
+    local = moved._local_tensor
+    if local.is_contiguous():
+        return moved
+    return DTensor.from_local(local.contiguous(), moved.device_mesh, moved.placements, run_check=False,
+                              shape=moved.shape, stride=moved.stride())
 
 
 def install_write_back_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:

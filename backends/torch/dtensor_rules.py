@@ -264,20 +264,28 @@ def _writes_stay(strategies, op: torch._ops.OpOverload, args: tuple, kwargs: dic
     return kept
 
 
-def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, whose: str, strategies=()):
-    """The refusal of a call every strategy (``strategies``, DTensor's) of which moves a
-    written tensor, carrying where DTensor's pick would put the written tensors."""
+def _moved_writes_refused(op: torch._ops.OpOverload, args: tuple, kwargs: dict, whose: str, wanted=None):
+    """The refusal of a call every strategy of which (``whose``) moves a written tensor,
+    carrying where DTensor's pick would put the written tensors (``wanted``: their positions
+    among the call's DTensorSpecs -> placements; ``_wanted``)."""
     from .dtensor_handlers import WritesMoved
 
     names = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     names += list(_UNDECLARED_WRITES.get(op_name(op), ()))
-    pick = min(strategies, key=_moving_cost, default=None)
-    wanted = {} if pick is None else {i: tuple(pick.input_specs[i].placements)
-                                      for i in _written_leaves(op, args, kwargs) if i < len(pick.input_specs or ())}
     return WritesMoved(
         f"{op}: every strategy {whose} moves a tensor the op writes in place ({', '.join(names)}), so the write "
         "would land in a moved copy and the tensor keep its old values; place the written tensors as the op's "
-        "other inputs are placed (redistribute them first)", wanted)
+        "other inputs are placed (redistribute them first)", wanted or {})
+
+
+def _wanted(strategies, written: Mapping[int, int]) -> dict:
+    """Where the strategy DTensor would pick (``_moving_cost``) puts each written tensor:
+    ``written`` maps its position among a strategy's inputs to its position among the call's
+    DTensorSpecs."""
+    pick = min(strategies, key=_moving_cost, default=None)
+    if pick is None:
+        return {}
+    return {at: tuple(pick.input_specs[n].placements) for n, at in written.items() if n < len(pick.input_specs or ())}
 
 
 def _moving_cost(strategy) -> float:
@@ -332,15 +340,47 @@ def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
     op writes in place (``_writes_stay``) or, for a kernel that crashes on (or refuses) an
     empty input (``_NO_EMPTY_SHARDS``), leave a rank an empty shard."""
-    from torch.distributed.tensor._op_schema import OpSchema
+    from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
 
     args, kwargs = _specs_of(op_schema)
     found = own(op_schema, OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info))
+    if isinstance(found, TupleStrategy):
+        return _guarded_positions(op, found, args, kwargs)
     kept = _writes_stay(found.strategies, op, args, kwargs)
     if not kept:
-        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", found.strategies)
+        written = _written_leaves(op, args, kwargs)
+        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", _wanted(found.strategies, dict(zip(written, written))))
     found.strategies = kept
     return _no_empty_shards(op, found, op_schema)
+
+
+def _guarded_positions(op: torch._ops.OpOverload, found, args: tuple, kwargs: dict):
+    """A list op's rule (a fused optimizer's: a strategy per list position, each placing the
+    lists' elements at that position) less the strategies that move a written element: its
+    moment lists followed the parameters' placement, so a replicated ``exp_avg`` of a cut
+    parameter was updated in a cut copy."""
+    spec_type = _dtensor()[2]
+    leaves, written = spec_leaves(args, kwargs), set(_written_leaves(op, args, kwargs))
+    starts, k = [], 0
+    for a in args:
+        starts.append(k)
+        k += sum(isinstance(x, spec_type) for x in tree_leaves(a))
+    wanted = {}
+    for i, child in enumerate(found.children):
+        # position i of every list argument that has one, in argument order
+        at = [starts[j] + i for j, a in enumerate(args) if isinstance(a, (list, tuple)) and i < len(a)
+              and isinstance(a[i], spec_type)]
+        ins = child.strategies[0].input_specs or () if child.strategies else ()
+        if len(at) > len(ins) or any(ins[n].tensor_meta.shape != leaves[g].tensor_meta.shape for n, g in enumerate(at)):
+            continue  # not laid out as expected: DTensor's rule as it is
+        mine = {n: g for n, g in enumerate(at) if g in written}
+        kept = [s for s in child.strategies if all(s.input_specs[n].placements == leaves[g].placements for n, g in mine.items())]
+        if not kept:
+            wanted.update(_wanted(child.strategies, mine))
+        child.strategies = kept
+    if wanted or any(not c.strategies for c in found.children):
+        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", wanted)
+    return found
 
 
 @dataclass
@@ -470,14 +510,13 @@ def _unguard_masks(report: RegisterReport) -> None:
 
 def _writes_dtensor_may_move(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` writes a tensor that DTensor's in-place check does not keep in place:
-    one besides the self of an op whose name ends in '_' (tensor lists, of the fused
-    optimizers, aside: their rules place each list's elements on their own)."""
+    one besides the self of an op whose name ends in '_' (a fused optimizer's moment lists
+    among them)."""
     schema = op._schema.arguments
     first_kept = op._schema.name.split("::")[-1].endswith("_")
     written = [a for i, a in enumerate(schema) if a.alias_info is not None and a.alias_info.is_write
                and not a.kwarg_only and not (i == 0 and first_kept)]
-    return (op_name(op) in _UNDECLARED_WRITES
-            or bool(written) and not any(isinstance(a.type, torch.ListType) for a in written))
+    return op_name(op) in _UNDECLARED_WRITES or bool(written)
 
 
 def _guard_rule(op: torch._ops.OpOverload) -> None:

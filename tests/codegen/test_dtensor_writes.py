@@ -185,6 +185,45 @@ def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_pat
     assert found["register()"] == (True, True, True, (pm,), (pv,))
 
 
+@pytest.mark.parametrize("moments", [Replicate(), Shard(1)])
+def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, tmp_path, moments):
+    """Row-cut parameters and gradients, moments replicated or column-cut: plain DTensor
+    updated moved copies of the moments (and, column-cut, computed into strided copies,
+    which the CPU kernel gets wrong); under register() every tensor is right and in place.
+    (Replicated parameters are checked on gloo: here a replicated tensor is one storage that
+    each simulated rank updates.)"""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    g = torch.Generator().manual_seed(1)
+    p, grad, m, v = (torch.randn(8, 3, generator=g, dtype=torch.float64) for _ in range(4))
+    v = v.abs()
+    step = torch.tensor(1.0, dtype=torch.float64)
+
+    def adam(*t):
+        torch.ops.aten._fused_adam_([t[0]], [t[1]], [t[2]], [t[3]], [], [t[4]], lr=0.1, beta1=0.9, beta2=0.99,
+                                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+    want = [t.clone() for t in (p, grad, m, v, step)]
+    adam(*want)
+    found = {}
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        for column in ("plain", "register()"):
+            report = dtensor_rules.register(cache=RuleCache(tmp_path)) if column != "plain" else None
+            try:
+                ts = [distribute_tensor(t.clone(), mesh, [pl]) for t, pl in
+                      zip((p, grad, m, v), (Shard(0), Shard(0), moments, moments))]
+                ts.append(distribute_tensor(step.clone(), mesh, [Replicate()]))
+                adam(*ts)
+                found[column] = [torch.allclose(_full(t), w) for t, w in zip(ts, want)], [t.placements for t in ts]
+            finally:
+                if report is not None:
+                    dtensor_rules.unregister(report)
+    assert not all(found["plain"][0])
+    assert all(found["register()"][0]) and found["register()"][1][2:4] == [(moments,), (moments,)]
+
+
 def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
     from torch.distributed.tensor import DTensor as DT
 
@@ -192,7 +231,8 @@ def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
     found = {dtensor_rules.op_name(op) for op in set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs)
              if dtensor_rules._writes_dtensor_may_move(op)}
     assert {"aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
-            "aten._batch_norm_with_update.default", "aten.rrelu_with_noise.default"} <= found
+            "aten._batch_norm_with_update.default", "aten.rrelu_with_noise.default",
+            "aten._fused_adam_.default", "aten._fused_adamw_.tensor_lr"} <= found
     assert "aten.add_.Tensor" not in found  # an in-place op's self: DTensor's own check keeps it
 
 
@@ -240,6 +280,61 @@ def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_pa
         # plain DTensor: the replicated statistics are never updated, nor the replicated mean
         # beside a cut var; the cut ones are. register() writes the moved copy back.
         assert got == {"replicated": registered, "channel-cut": True, "placed apart": registered}, got
+
+
+# A fused Adam step across real processes: the moment lists placed unlike the parameters.
+ADAM = textwrap.dedent("""
+    import gc, json, sys
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from metaspmd.backends.torch import dtensor_rules
+    rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    mesh = DeviceMesh("cpu", [0, 1])
+    g = torch.Generator().manual_seed(0)
+    p, grad, m, v = (torch.randn(8, 3, generator=g, dtype=torch.float64) for _ in range(4))
+    v = v.abs()
+    step = torch.tensor(1.0, dtype=torch.float64)
+
+    def adam(*t):
+        torch.ops.aten._fused_adam_([t[0]], [t[1]], [t[2]], [t[3]], [], [t[4]], lr=0.1, beta1=0.9, beta2=0.99,
+                                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+    want = [t.clone() for t in (p, grad, m, v, step)]
+    adam(*want)
+    report = dtensor_rules.register() if registered else None
+    got = {}
+    for name, placements in (("cut parameters, replicated moments", (Shard(0), Shard(0), Replicate(), Replicate())),
+                             ("replicated parameters, cut moments", (Replicate(), Replicate(), Shard(0), Shard(0))),
+                             ("moments cut another way", (Shard(0), Shard(0), Shard(1), Shard(0)))):
+        ts = [distribute_tensor(t.clone(), mesh, [pl]) for t, pl in zip((p, grad, m, v), placements)]
+        ts.append(distribute_tensor(step.clone(), mesh, [Replicate()]))
+        adam(*ts)
+        got[name] = all(bool(torch.allclose(t.full_tensor(), w)) for t, w in zip(ts, want))
+        del ts
+    print(json.dumps(got))
+    if report is not None:
+        dtensor_rules.unregister(report)
+    gc.collect()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # two processes that import torch, twice
+@pytest.mark.parametrize("registered", [False, True])
+def test_a_fused_adam_step_with_moments_placed_unlike_the_parameters_on_two_gloo_ranks(tmp_path, registered):
+    """DTensor's rule for _fused_adam_ places every list's elements as the parameters: a
+    moment placed otherwise was moved into a copy, which took the update. Under register()
+    the moved copies are written back (and made contiguous: the CPU kernel computes wrong
+    values into a strided exp_avg)."""
+    ranks = [subprocess.Popen([sys.executable, "-c", ADAM, str(r), str(tmp_path / "store"), str(int(registered))],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert all(got.values()) if registered else not any(got.values()), got
 
 
 # A kernel that crashes on an empty input: native_batch_norm_backward of a rank with no
