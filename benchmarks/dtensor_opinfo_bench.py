@@ -706,10 +706,9 @@ REFUSALS = (
                                            "backward formula) meets a DTensor, and DTensor refuses the mix"),
     ("must have at least one element", _EMPTY_SHARD), ("over an empty dimension", _EMPTY_SHARD),
     ("input.numel() == 0", _EMPTY_SHARD), ("on an empty tensor", _EMPTY_SHARD), ("MKL FFT error", _EMPTY_SHARD),
-    ("moves a tensor the op writes in place", "register() refuses a call whose every strategy moves a tensor the "
-                                              "op writes (batch norm's running statistics placed apart) into a "
-                                              "copy, which on real ranks takes the write; plain DTensor's pass "
-                                              "lost it (this test compares outputs only)"),
+    ("moves a tensor the op writes in place", "register() refuses a call of an installed strategy whose every "
+                                              "strategy moves a tensor the op writes into a copy, which on real "
+                                              "ranks would take the write"),
     ("must have the same set of extra dispatch keys", "LocalTensorMode, which simulates the ranks, asserts that "
                                                       "every rank's shard carries the same dispatch keys, and they "
                                                       "do not: the simulation refuses, before any answer"),

@@ -289,6 +289,9 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     with torch.no_grad():
         for i, copy in copies.items():
             leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
+    returns = op_call._schema.returns
+    if len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write:
+        return args[0]  # an in-place op's result is its self, written back where it lies
     return out
 
 

@@ -388,12 +388,13 @@ class RegisterReport:
     installed: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # op -> reason
     replaced: list[str] = field(default_factory=list)  # installed in place of a refuted DTensor rule
-    handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, or DTensor's extended)
+    handled: list[str] = field(default_factory=list)  # run by dtensor_handlers (all-replicated, extended, written back)
     guarded: list[str] = field(default_factory=list)  # DTensor's machinery kept from wrong answers (DECOMPOSED_EVEN, ...)
 
     def __str__(self) -> str:
         replaced = f" ({len(self.replaced)} in place of refuted DTensor rules)" if self.replaced else ""
-        handled = f"; handlers for {len(self.handled)} ops DTensor's machinery refuses" if self.handled else ""
+        handled = (f"; handlers for {len(self.handled)} ops (DTensor's machinery refuses them, or a moved written "
+                   "tensor is written back)" if self.handled else "")
         guarded = f"; guarded: {', '.join(self.guarded)}" if self.guarded else ""
         return (f"installed metaspmd rules for {len(self.installed)} ops{replaced}{handled}{guarded}; "
                 f"skipped {len(self.skipped)}")
@@ -475,7 +476,11 @@ def _guarded_decomposition(decomp, propagate):
             in_place = first is not None and first.alias_info is not None and first.alias_info.is_write
             kept = _writes_stay(found.strategies, op, args, kwargs, result_is_self=in_place)
             if not kept:
-                raise _moved_writes_refused(op, args, kwargs, "DTensor derives from its decomposition")
+                # a write-back runs the pick on a copy placed as its self: one whose result is placed so too
+                whole = [s for s in found.strategies if not in_place or s.output_spec.placements == s.input_specs[0].placements]
+                written = _written_leaves(op, args, kwargs)
+                raise _moved_writes_refused(op, args, kwargs, "DTensor derives from its decomposition",
+                                            _wanted(whole, dict(zip(written, written))))
             found.strategies = _on_uneven_cuts(kept, op_schema, decomp.sharding_prop) or kept  # never none
         return found
 
@@ -483,6 +488,8 @@ def _guarded_decomposition(decomp, propagate):
 
 
 def _guard_decompositions(report: RegisterReport) -> None:
+    from . import dtensor_handlers
+
     if DECOMPOSED_EVEN in _GUARDS:
         return
     decomp = _dtensor()[0]._op_dispatcher.sharding_propagator.decomp_strategy
@@ -491,6 +498,31 @@ def _guard_decompositions(report: RegisterReport) -> None:
     for guard in (DECOMPOSED_EVEN, DECOMPOSED_WRITES):
         if guard not in report.guarded:
             report.guarded.append(guard)
+    for op in _decomposed_in_place():
+        if dtensor_handlers.install_write_back_handler(op, report):
+            report.handled.append(op_name(op))
+
+
+def _decomposed_in_place() -> list:
+    """The in-place ATen ops DTensor runs through its decomposition path (a decomposition,
+    and no rule or handler of its own): ``index_add_``, ``scatter_add_``, ``index_copy_`` and
+    the like, whose moved self the write-back handler writes back."""
+    from torch._decomp import decomposition_table
+
+    dispatcher = _dtensor()[0]._op_dispatcher
+    p = dispatcher.sharding_propagator
+    found = []
+    for op in decomposition_table:
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or not op._schema.name.endswith("_"):
+            continue
+        first = op._schema.arguments[0] if op._schema.arguments else None
+        if first is None or first.kwarg_only or first.alias_info is None or not first.alias_info.is_write:
+            continue
+        if op in p.op_strategy_funcs or op in p.op_single_dim_strategy_funcs or op in p.op_to_rules \
+                or op in dispatcher._custom_op_handlers:
+            continue
+        found.append(op)
+    return sorted(found, key=op_name)
 
 
 def _guard_masks(report: RegisterReport) -> None:
