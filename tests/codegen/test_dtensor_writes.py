@@ -154,6 +154,23 @@ def test_a_batch_norm_that_updates_replicated_running_statistics_does_not_cut_th
         torch.testing.assert_close(got, want)
 
 
+def _plain_and_registered(run, tmp_path) -> tuple[dict, object]:
+    """``run(mesh)`` on plain DTensor and under register() (a mesh of WORLD simulated ranks),
+    by column, and the report of that register()."""
+    from metaspmd.cache import RuleCache
+
+    found = {}
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        found["plain"] = run(mesh)
+        report = dtensor_rules.register(cache=RuleCache(tmp_path))
+        try:
+            found["register()"] = run(mesh)
+        finally:
+            dtensor_rules.unregister(report)
+    return found, report
+
+
 @pytest.mark.parametrize("placements", [(Replicate(), Replicate(), Shard(0)), (Shard(1), Replicate(), Shard(0)),
                                         (Shard(0), Shard(0), Replicate())])
 def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_path, placements):
@@ -162,41 +179,26 @@ def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_pat
     register()'s write guard refused the call. Its write-back handler runs the op on the copy
     DTensor's pick wants and writes the copy back: both statistics are updated, each kept
     where it was."""
-    from metaspmd.cache import RuleCache
-
     fake_world_of(WORLD)
     px, pm, pv = placements
     want_mean, want_var = BN_MEAN.clone(), BN_VAR.clone()
     want = F.batch_norm(BN_X, want_mean, want_var, training=True, momentum=0.3)
-    found = {}
-    with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = DeviceMesh("cpu", list(range(WORLD)))
-        for column in ("plain", "register()"):
-            report = dtensor_rules.register(cache=RuleCache(tmp_path)) if column != "plain" else None
-            try:
-                m, v = distribute_tensor(BN_MEAN.clone(), mesh, [pm]), distribute_tensor(BN_VAR.clone(), mesh, [pv])
-                out = F.batch_norm(distribute_tensor(BN_X, mesh, [px]), m, v, training=True, momentum=0.3)
-                found[column] = (torch.allclose(_full(out), want), torch.allclose(_full(m), want_mean),
-                                 torch.allclose(_full(v), want_var), m.placements, v.placements)
-            finally:
-                if report is not None:
-                    dtensor_rules.unregister(report)
-                    assert "aten.native_batch_norm.default" in report.handled
+
+    def run(mesh):
+        m, v = distribute_tensor(BN_MEAN.clone(), mesh, [pm]), distribute_tensor(BN_VAR.clone(), mesh, [pv])
+        out = F.batch_norm(distribute_tensor(BN_X, mesh, [px]), m, v, training=True, momentum=0.3)
+        return (torch.allclose(_full(out), want), torch.allclose(_full(m), want_mean),
+                torch.allclose(_full(v), want_var), m.placements, v.placements)
+
+    found, report = _plain_and_registered(run, tmp_path)
+    assert "aten.native_batch_norm.default" in report.handled
     assert found["plain"][0] and not all(found["plain"][1:3])  # a statistic lost its update
     assert found["register()"] == (True, True, True, (pm,), (pv,))
 
 
-@pytest.mark.parametrize("moments", [Replicate(), Shard(1)])
-def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, tmp_path, moments):
-    """Row-cut parameters and gradients, moments replicated or column-cut: plain DTensor
-    updated moved copies of the moments (and, column-cut, computed into strided copies,
-    which the CPU kernel gets wrong); under register() every tensor is right and in place.
-    (Replicated parameters are checked on gloo: here a replicated tensor is one storage that
-    each simulated rank updates.)"""
-    from metaspmd.cache import RuleCache
-
-    fake_world_of(WORLD)
-    g = torch.Generator().manual_seed(1)
+# One fused Adam step on one device: its tensors and the step as a function of them.
+ADAM_STEP = textwrap.dedent("""
+    g = torch.Generator().manual_seed(0)
     p, grad, m, v = (torch.randn(8, 3, generator=g, dtype=torch.float64) for _ in range(4))
     v = v.abs()
     step = torch.tensor(1.0, dtype=torch.float64)
@@ -207,20 +209,28 @@ def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_wor
 
     want = [t.clone() for t in (p, grad, m, v, step)]
     adam(*want)
-    found = {}
-    with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = DeviceMesh("cpu", list(range(WORLD)))
-        for column in ("plain", "register()"):
-            report = dtensor_rules.register(cache=RuleCache(tmp_path)) if column != "plain" else None
-            try:
-                ts = [distribute_tensor(t.clone(), mesh, [pl]) for t, pl in
-                      zip((p, grad, m, v), (Shard(0), Shard(0), moments, moments))]
-                ts.append(distribute_tensor(step.clone(), mesh, [Replicate()]))
-                adam(*ts)
-                found[column] = [torch.allclose(_full(t), w) for t, w in zip(ts, want)], [t.placements for t in ts]
-            finally:
-                if report is not None:
-                    dtensor_rules.unregister(report)
+""")
+
+
+@pytest.mark.parametrize("moments", [Replicate(), Shard(1)])
+def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, tmp_path, moments):
+    """Row-cut parameters and gradients, moments replicated or column-cut: plain DTensor
+    updated moved copies of the moments (and, column-cut, computed into strided copies,
+    which the CPU kernel gets wrong); under register() every tensor is right and in place.
+    (Replicated parameters are checked on gloo: here a replicated tensor is one storage that
+    each simulated rank updates.)"""
+    fake_world_of(WORLD)
+    ns = {"torch": torch}
+    exec(ADAM_STEP, ns)  # the gloo test's step, on one device
+    p, grad, m, v, step, adam, want = (ns[k] for k in ("p", "grad", "m", "v", "step", "adam", "want"))
+
+    def run(mesh):
+        ts = [distribute_tensor(t.clone(), mesh, [pl]) for t, pl in zip((p, grad, m, v), (Shard(0), Shard(0), moments, moments))]
+        ts.append(distribute_tensor(step.clone(), mesh, [Replicate()]))
+        adam(*ts)
+        return [torch.allclose(_full(t), w) for t, w in zip(ts, want)], [t.placements for t in ts]
+
+    found, _ = _plain_and_registered(run, tmp_path)
     assert not all(found["plain"][0])
     assert all(found["register()"][0]) and found["register()"][1][2:4] == [(moments,), (moments,)]
 
@@ -235,6 +245,18 @@ def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
             "aten._batch_norm_with_update.default", "aten.rrelu_with_noise.default",
             "aten._fused_adam_.default", "aten._fused_adamw_.tensor_lr"} <= found
     assert "aten.add_.Tensor" not in found  # an in-place op's self: DTensor's own check keeps it
+
+
+def _on_two_gloo_ranks(script: str, tmp_path, registered: bool) -> list:
+    """What ``script`` prints last (JSON) on each of two gloo ranks, plain or under register()."""
+    ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), str(int(registered))],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    found = []
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        found.append(json.loads(out.strip().splitlines()[-1]))
+    return found
 
 
 # The running statistics across real processes (gloo), where a moved copy is a real copy.
@@ -272,12 +294,7 @@ RANK = textwrap.dedent("""
 @pytest.mark.slow  # two processes that import torch, twice
 @pytest.mark.parametrize("registered", [False, True])
 def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_path, registered):
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "store"), str(int(registered))],
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    for p in ranks:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        got = json.loads(out.strip().splitlines()[-1])
+    for got in _on_two_gloo_ranks(RANK, tmp_path, registered):
         # plain DTensor: the replicated statistics are never updated, nor the replicated mean
         # beside a cut var; the cut ones are. register() writes the moved copy back.
         assert got == {"replicated": registered, "channel-cut": True, "placed apart": registered}, got
@@ -293,17 +310,7 @@ ADAM = textwrap.dedent("""
     rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     mesh = DeviceMesh("cpu", [0, 1])
-    g = torch.Generator().manual_seed(0)
-    p, grad, m, v = (torch.randn(8, 3, generator=g, dtype=torch.float64) for _ in range(4))
-    v = v.abs()
-    step = torch.tensor(1.0, dtype=torch.float64)
-
-    def adam(*t):
-        torch.ops.aten._fused_adam_([t[0]], [t[1]], [t[2]], [t[3]], [], [t[4]], lr=0.1, beta1=0.9, beta2=0.99,
-                                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
-
-    want = [t.clone() for t in (p, grad, m, v, step)]
-    adam(*want)
+""") + ADAM_STEP + textwrap.dedent("""
     report = dtensor_rules.register() if registered else None
     got = {}
     for name, placements in (("cut parameters, replicated moments", (Shard(0), Shard(0), Replicate(), Replicate())),
@@ -329,12 +336,7 @@ def test_a_fused_adam_step_with_moments_placed_unlike_the_parameters_on_two_gloo
     moment placed otherwise was moved into a copy, which took the update. Under register()
     the moved copies are written back (and made contiguous: the CPU kernel computes wrong
     values into a strided exp_avg)."""
-    ranks = [subprocess.Popen([sys.executable, "-c", ADAM, str(r), str(tmp_path / "store"), str(int(registered))],
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    for p in ranks:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        got = json.loads(out.strip().splitlines()[-1])
+    for got in _on_two_gloo_ranks(ADAM, tmp_path, registered):
         assert all(got.values()) if registered else not any(got.values()), got
 
 
