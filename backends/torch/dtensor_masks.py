@@ -72,7 +72,7 @@ def guarded(propagate):
     return propagate_op_sharding
 
 
-_SAVED: dict = {}  # the propagator -> its own propagate_op_sharding and _non_cached, while guarded
+_SAVED: dict = {}  # the propagator -> its own cached propagate_op_sharding, while guarded
 
 
 def guard(propagator) -> bool:

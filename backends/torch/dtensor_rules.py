@@ -370,7 +370,7 @@ def _guarded_positions(op: torch._ops.OpOverload, found, args: tuple, kwargs: di
         # position i of every list argument that has one, in argument order
         at = [starts[j] + i for j, a in enumerate(args) if isinstance(a, (list, tuple)) and i < len(a)
               and isinstance(a[i], spec_type)]
-        ins = child.strategies[0].input_specs or () if child.strategies else ()
+        ins = (child.strategies[0].input_specs or ()) if child.strategies else ()
         if len(at) > len(ins) or any(ins[n].tensor_meta.shape != leaves[g].tensor_meta.shape for n, g in enumerate(at)):
             continue  # not laid out as expected: DTensor's rule as it is
         mine = {n: g for n, g in enumerate(at) if g in written}
