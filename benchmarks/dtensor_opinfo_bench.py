@@ -675,10 +675,10 @@ WHY = {
     "select_scatter": _MIXED.format("backward formula", "select_scatter of the src gradient"),
     "lu_unpack": _MIXED.format("backward (undefined output gradients made zeros)", "cat"),
     "unsafe_split": _MIXED.format("backward (undefined output gradients made zeros)", "cat"),
-    "linalg.householder_product": "its backward calls tril_ (in place): DTensor has no rule for it and "
-                                  "register() installs none for ops that write their input",
-    "ormqr": "its backward calls tril_ (in place): DTensor has no rule for it and register() installs none "
-             "for ops that write their input",
+    "linalg.householder_product": "its backward calls tril_ (in place), which DTensor has no strategy for "
+                                  "(register() runs it as tril written into self)",
+    "ormqr": "its backward calls tril_ (in place), which DTensor has no strategy for (register() runs it as "
+             "tril written into self)",
     "quantile": "its backward meets DTensor's own error: an output spec of shape [1] built without a stride",
     "nanquantile": "its backward meets DTensor's own error: an output spec of shape [1] built without a stride",
     "sgn": "its gradient (zeros, made below autograd) comes back as a plain LocalTensor, not a DTensor, and "

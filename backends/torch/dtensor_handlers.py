@@ -29,8 +29,10 @@ DTensor moves positional tensors only: an op ``register()`` installs that takes 
 tensors (a histogram's ``weight=``) gets ``keyword_handler``, DTensor's own dispatch, which
 replicates the keyword DTensors first where no verified strategy keeps them where they lie.
 An op whose DTensor rule ``register()`` guards for the tensors it writes (a batch norm's
-running statistics) gets ``write_back_handler``: where no strategy keeps them in place, the
-op runs on moved copies, which are then written back.
+running statistics), and each in-place op DTensor decomposes, gets ``write_back_handler``:
+where no strategy keeps them in place, the op runs on moved copies, which are then written
+back; where DTensor finds no strategy at all for an in-place op (``tril_``), its out-of-place
+twin runs and its result is written into self.
 
 Nothing here imports DTensor at module import: ``install`` does, from ``register()``.
 """
@@ -280,7 +282,10 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     except Exception as e:
         moved = _cause(e, WritesMoved)
         if moved is None:
-            raise
+            twin = _out_of_place_twin(op_call) if isinstance(e, NotImplementedError) else None
+            if twin is None:
+                raise
+            return _in_place_by_twin(op_call, twin, args, kwargs, e)
     leaves, tree = tree_flatten((args, kwargs))
     tensors = [i for i, x in enumerate(leaves) if isinstance(x, DTensor)]
     copies = {tensors[k]: _dense_copy(leaves[tensors[k]], placements) for k, placements in moved.wanted.items()}
@@ -293,6 +298,36 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     if len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write:
         return args[0]  # an in-place op's result is its self, written back where it lies
     return out
+
+
+def _out_of_place_twin(op: torch._ops.OpOverload):
+    """``tril`` for ``tril_``: the out-of-place overload of an in-place ATen op of the same
+    arguments, or None."""
+    name = op._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
+    if twin is None or [a.name for a in twin._schema.arguments] != [a.name for a in op._schema.arguments]:
+        return None
+    return twin
+
+
+def _in_place_by_twin(op_call, twin, args: tuple, kwargs: dict, refused: Exception):
+    """An in-place op DTensor has no strategy for (no rule, and its decomposition path finds
+    none: ``tril_``, which ``householder_product``'s backward calls) as its out-of-place
+    twin, whose rule DTensor has, written into self at self's placement. Refused as
+    DTensor refused it where the twin's result is not self's shape and dtype (in place, a
+    promotion or a broadcast would fail), or would have to become a Partial self."""
+    from torch.distributed.tensor import Partial
+
+    self = args[0]
+    out = _own_dispatch(twin, args, kwargs)
+    if out.shape != self.shape or out.dtype != self.dtype or (
+            out.placements != self.placements and any(isinstance(p, Partial) for p in self.placements)):
+        raise refused  # (DTensor moves nothing into a Partial placement)
+    with torch.no_grad():
+        self._local_tensor.copy_(out.redistribute(out.device_mesh, self.placements)._local_tensor)
+    return self
 
 
 def _dense_copy(x, placements):

@@ -378,3 +378,36 @@ def test_a_kernel_that_crashes_on_an_empty_shard_is_given_none():
     done = subprocess.run([sys.executable, "-c", EMPTY_CHANNELS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     assert done.stdout.strip().splitlines()[-1] == "True", done.stdout
+
+
+@pytest.mark.parametrize("name, fn", [("tril_", lambda x: x.tril_()), ("triu_", lambda x: x.triu_(1))])
+def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(fake_world_of, tmp_path, name, fn):
+    """DTensor has no rule for tril_ and its decomposition path finds none (householder_product's
+    and ormqr's backward call it): plain DTensor raises at every placement. Under register()
+    it runs as tril, whose rule DTensor has, written into self where self lies; a Partial
+    self, which nothing can be moved into, is refused as DTensor refuses it."""
+    fake_world_of(WORLD)
+    x = torch.randn(6, 5, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    want = fn(x.clone())
+
+    def run(mesh):
+        found = {}
+        for placement in (Shard(0), Shard(1), Shard(2), Replicate(), Partial("sum")):
+            if placement == Partial("sum"):  # each rank's product of its columns of a and rows of b
+                a, b = torch.randn(6, 5, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+                self, want_here = distribute_tensor(a, mesh, [Shard(2)]) @ distribute_tensor(b, mesh, [Shard(0)]), fn(a @ b)
+            else:
+                self, want_here = distribute_tensor(x.clone(), mesh, [placement]), want
+            try:
+                out = fn(self)
+            except NotImplementedError as e:
+                found[str(placement)] = f"aten.{name}.default" in str(e)
+                continue
+            found[str(placement)] = (out is self, self.placements, torch.allclose(_full(self), want_here))
+        return found
+
+    found, _ = _plain_and_registered(run, tmp_path)
+    assert all(v is True for v in found["plain"].values())  # refused, naming the op, everywhere
+    registered = found["register()"]
+    assert registered.pop(str(Partial("sum"))) is True
+    assert registered == {str(p): (True, (p,), True) for p in (Shard(0), Shard(1), Shard(2), Replicate())}
