@@ -55,6 +55,25 @@ def fake_world_of():
     return start
 
 
+@pytest.fixture
+def on_two_gloo_ranks(tmp_path):
+    """``on_two_gloo_ranks(script, *argv)``: what ``script`` (Python source, given its rank, a
+    rendezvous file and ``argv``) prints last, as JSON, on each of two gloo ranks."""
+    import json
+
+    def run(script: str, *argv: str) -> list:
+        ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), *argv],
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+        found = []
+        for p in ranks:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+            found.append(json.loads(out.strip().splitlines()[-1]))
+        return found
+
+    return run
+
+
 def _stops_growing(path, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:

@@ -23,7 +23,9 @@ which ``stft``'s decomposition calls) get that rule, as DTensor gives ``squeeze_
 
 A random op ``register()`` installs strategies for gets ``drawing_handler``: drawn whole on
 every rank, each keeping its shard (``drawn_whole``, which ``parallelize`` runs too), since
-ranks seeded alike would draw one shard's values on every shard.
+ranks seeded alike would draw one shard's values on every shard. DTensor's own random ops
+(``DRAWN_ON_CPU``) get ``cpu_drawing_handler``, the same on a CPU mesh, which DTensor's RNG
+tracker does not serve.
 
 DTensor moves positional tensors only: an op ``register()`` installs that takes keyword-only
 tensors (a histogram's ``weight=``) gets ``keyword_handler``, DTensor's own dispatch, which
@@ -85,6 +87,23 @@ EXTENDED = {
     "aten.as_strided.default":
         "DTensor's handler takes only the identity view; a replicated input read inside its own elements is the "
         "same view of each rank's full tensor",
+}
+
+# DTensor's own random ops with a tensor input. On a mesh its RNG tracker does not serve
+# (the CPU), each rank draws its shard from the generator state every rank shares: the same
+# values on every shard (a dropout mask repeating across shards). ``cpu_drawing_handler``
+# draws them whole on every rank there, each keeping its shard, as ``drawing_handler`` does
+# for the random ops ``register()`` installs.
+DRAWN_ON_CPU = {
+    "aten.native_dropout.default": "functional",
+    "aten.rand_like.default": "functional",
+    "aten.randn_like.default": "functional",
+    "aten.randint_like.default": "functional",
+    "aten.randint_like.low_dtype": "functional",
+    "aten.bernoulli.default": "functional",
+    "aten.normal_.default": "in place",
+    "aten.uniform_.default": "in place",
+    "aten.bernoulli_.float": "in place",
 }
 
 # In-place views DTensor has the out-of-place rule of, as it has squeeze_'s: its own dim map
@@ -244,11 +263,25 @@ def _cause(e: BaseException | None, kind: type) -> BaseException | None:
 
 def _own_dispatch(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     """DTensor's own dispatch, as it runs an op with no handler: unwrap, propagate,
-    redistribute, run, wrap."""
+    redistribute, run, wrap; an in-place op's result is its self, re-specced as the rule
+    places the result (DTensor's dispatcher does the same)."""
     d = _dtensor()[0]._op_dispatcher
     info = d.unwrap_to_op_info(op_call, args, kwargs)
     d.sharding_propagator.propagate(info)
-    return d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), info.output_sharding.output_spec)
+    spec = info.output_sharding.output_spec
+    out = d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), spec)
+    if not _in_place(op_call):
+        return out
+    if spec is not None and args[0]._spec.placements != spec.placements:
+        args[0]._spec = spec
+    return args[0]
+
+
+def _in_place(op: torch._ops.OpOverload) -> bool:
+    """Does ``op`` write its first argument and return it (``tril_``, ``uniform_``)?"""
+    args, returns = op._schema.arguments, op._schema.returns
+    return (bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and len(returns) == 1
+            and returns[0].alias_info is not None and returns[0].alias_info.is_write)
 
 
 def keyword_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
@@ -294,10 +327,7 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     with torch.no_grad():
         for i, copy in copies.items():
             leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
-    returns = op_call._schema.returns
-    if len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write:
-        return args[0]  # an in-place op's result is its self, written back where it lies
-    return out
+    return args[0] if _in_place(op_call) else out  # an in-place op's self, written back where it lies
 
 
 def _out_of_place_twin(op: torch._ops.OpOverload):
@@ -403,6 +433,35 @@ def drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     return drawn_whole(op_call, args, kwargs, placements, info.compute_mesh)
 
 
+def cpu_drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """DTensor's own random op (``DRAWN_ON_CPU``) on a CPU mesh, drawn whole on every rank at
+    the placements DTensor's rule gives, each rank keeping its shard (an in-place one written
+    into self): the values one device draws from the same generator state. Elsewhere (a
+    cuda-like mesh, whose RNG tracker offsets each shard's draws; a Partial tensor; a call
+    that draws nothing) DTensor's own dispatch."""
+    from torch.distributed.tensor import Partial
+    from torch.utils._pytree import tree_flatten, tree_leaves
+
+    from .random_ops import draws
+
+    DTensor = _dtensor()[0]
+    tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, DTensor)]
+    if (not tensors or tensors[0].device_mesh.device_type != "cpu" or not draws(op_call, args, kwargs)
+            or any(isinstance(p, Partial) for x in tensors for p in x.placements)):
+        return _own_dispatch(op_call, args, kwargs)
+    d = DTensor._op_dispatcher
+    info = d.unwrap_to_op_info(op_call, args, kwargs)
+    d.sharding_propagator.propagate(info)
+    placements = [s.placements for s in tree_flatten(info.output_sharding.output_spec)[0] if s is not None]
+    out = drawn_whole(op_call, args, kwargs, placements, info.compute_mesh)
+    if not _in_place(op_call):
+        return out
+    self = args[0]
+    with torch.no_grad():
+        self._local_tensor.copy_(out.redistribute(out.device_mesh, self.placements)._local_tensor)
+    return self
+
+
 def install_drawing_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
     """``drawing_handler`` for a random op ``register()`` installed strategies for, where
     DTensor has no handler of its own and none is installed already; whether it was put
@@ -433,7 +492,7 @@ def install(names=None, has_rule=None, owner: Any = None) -> list[str]:
     dispatcher = DTensor._op_dispatcher
     handlers, p = dispatcher._custom_op_handlers, dispatcher.sharding_propagator
     done = []
-    for name in sorted(set(REPLICATED) | set(REPLICATE_ONLY) | set(EXTENDED) | set(INPLACE_VIEWS)):
+    for name in sorted(set(REPLICATED) | set(REPLICATE_ONLY) | set(EXTENDED) | set(INPLACE_VIEWS) | set(DRAWN_ON_CPU)):
         op = catalog.overload_named(name)
         if op is None or names is not None and name not in names:
             continue
@@ -452,6 +511,11 @@ def install(names=None, has_rule=None, owner: Any = None) -> list[str]:
             _INSTALLED[op] = ("strategy", None, owner)
             kwarg_names = [a.name for a in op._schema.arguments if a.kwarg_only] or None
             p.register_op_strategy(op, _replicated_strategy(op), RuntimeSchemaInfo(0, kwarg_names, needs_pytree=True))
+        elif name in DRAWN_ON_CPU:
+            if op in handlers:
+                continue  # DTensor runs it its own way here
+            _INSTALLED[op] = ("handler", None, owner)
+            handlers[op] = cpu_drawing_handler
         elif name in INPLACE_VIEWS:
             if has_rule is not None and has_rule(op):
                 continue
@@ -497,5 +561,5 @@ def uninstall(names, owner: Any = None) -> None:
 
 
 __all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused", "WritesMoved",
-           "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
+           "DRAWN_ON_CPU", "cpu_drawing_handler", "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
            "install_write_back_handler", "keyword_handler", "replicated_handler", "uninstall", "write_back_handler"]

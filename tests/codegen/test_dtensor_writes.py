@@ -247,18 +247,6 @@ def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
     assert "aten.add_.Tensor" not in found  # an in-place op's self: DTensor's own check keeps it
 
 
-def _on_two_gloo_ranks(script: str, tmp_path, registered: bool) -> list:
-    """What ``script`` prints last (JSON) on each of two gloo ranks, plain or under register()."""
-    ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), str(int(registered))],
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    found = []
-    for p in ranks:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        found.append(json.loads(out.strip().splitlines()[-1]))
-    return found
-
-
 # The running statistics across real processes (gloo), where a moved copy is a real copy.
 RANK = textwrap.dedent("""
     import gc, json, sys
@@ -293,8 +281,8 @@ RANK = textwrap.dedent("""
 
 @pytest.mark.slow  # two processes that import torch, twice
 @pytest.mark.parametrize("registered", [False, True])
-def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(tmp_path, registered):
-    for got in _on_two_gloo_ranks(RANK, tmp_path, registered):
+def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(on_two_gloo_ranks, registered):
+    for got in on_two_gloo_ranks(RANK, str(int(registered))):
         # plain DTensor: the replicated statistics are never updated, nor the replicated mean
         # beside a cut var; the cut ones are. register() writes the moved copy back.
         assert got == {"replicated": registered, "channel-cut": True, "placed apart": registered}, got
@@ -331,12 +319,12 @@ ADAM = textwrap.dedent("""
 
 @pytest.mark.slow  # two processes that import torch, twice
 @pytest.mark.parametrize("registered", [False, True])
-def test_a_fused_adam_step_with_moments_placed_unlike_the_parameters_on_two_gloo_ranks(tmp_path, registered):
+def test_a_fused_adam_step_with_moments_placed_unlike_the_parameters_on_two_gloo_ranks(on_two_gloo_ranks, registered):
     """DTensor's rule for _fused_adam_ places every list's elements as the parameters: a
     moment placed otherwise was moved into a copy, which took the update. Under register()
     the moved copies are written back (and made contiguous: the CPU kernel computes wrong
     values into a strided exp_avg)."""
-    for got in _on_two_gloo_ranks(ADAM, tmp_path, registered):
+    for got in on_two_gloo_ranks(ADAM, str(int(registered))):
         assert all(got.values()) if registered else not any(got.values()), got
 
 
