@@ -55,14 +55,43 @@ def fake_world_of():
     return start
 
 
+# The frame of a script run on two gloo ranks: a body between them sees ``torch``, ``dist``,
+# ``F``, ``DeviceMesh``, ``Replicate``, ``Shard``, ``distribute_tensor``, ``mesh`` (of both
+# ranks) and ``report`` (a register()'s, or None: plain DTensor), and fills the dict ``got``.
+_GLOO_HEAD = """
+import gc, json, sys, warnings
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from metaspmd.backends.torch import dtensor_rules
+warnings.filterwarnings("ignore")
+rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+mesh = DeviceMesh("cpu", [0, 1])
+report = dtensor_rules.register() if registered else None
+got = {}
+"""
+_GLOO_TAIL = """
+print(json.dumps(got))
+if report is not None:
+    dtensor_rules.unregister(report)
+gc.collect()  # DTensors freed after the process group abort the process (torch 2.13, gloo)
+dist.destroy_process_group()
+"""
+
+
 @pytest.fixture
 def on_two_gloo_ranks(tmp_path):
-    """``on_two_gloo_ranks(script, *argv)``: what ``script`` (Python source, given its rank, a
-    rendezvous file and ``argv``) prints last, as JSON, on each of two gloo ranks."""
+    """``on_two_gloo_ranks(body, registered)``: the dict ``got`` that ``body`` (Python source,
+    run in ``_GLOO_HEAD``'s frame: plain DTensor, or under register()) fills, on each of two
+    gloo ranks."""
     import json
+    import textwrap
 
-    def run(script: str, *argv: str) -> list:
-        ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), *argv],
+    def run(body: str, registered: bool) -> list:
+        script = _GLOO_HEAD + textwrap.dedent(body) + _GLOO_TAIL
+        ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), str(int(registered))],
                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
         found = []
         for p in ranks:

@@ -2,7 +2,6 @@
 them into copies (its decomposition rules for in-place ops; its batch norm rule for the
 running statistics), wrote the copies, and left the tensors as they were."""
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -248,59 +247,33 @@ def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
 
 
 # The running statistics across real processes (gloo), where a moved copy is a real copy.
-RANK = textwrap.dedent("""
-    import gc, json, sys
-    import torch, torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from metaspmd.backends.torch import dtensor_rules
-    rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    mesh = DeviceMesh("cpu", [0, 1])
+RANK = """
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 8, 6, generator=g, dtype=torch.float64)
     mean, var = torch.randn(8, generator=g, dtype=torch.float64), torch.rand(8, generator=g, dtype=torch.float64) + 0.5
     want_mean, want_var = mean.clone(), var.clone()
     F.batch_norm(x, want_mean, want_var, training=True, momentum=0.3)
-    report = dtensor_rules.register() if registered else None
-    got = {}
     for name, (pm, pv) in (("replicated", (Replicate(), Replicate())), ("channel-cut", (Shard(0), Shard(0))),
                            ("placed apart", (Replicate(), Shard(0)))):
         m, v = distribute_tensor(mean.clone(), mesh, [pm]), distribute_tensor(var.clone(), mesh, [pv])
         F.batch_norm(distribute_tensor(x, mesh, [Shard(1)]), m, v, training=True, momentum=0.3)
         got[name] = bool(torch.allclose(m.full_tensor(), want_mean) and torch.allclose(v.full_tensor(), want_var))
         del m, v
-    print(json.dumps(got))
-    if report is not None:
-        dtensor_rules.unregister(report)
-    gc.collect()  # DTensors freed after the process group abort the process (torch 2.13, gloo)
-    dist.destroy_process_group()
-""")
+"""
+
 
 
 @pytest.mark.slow  # two processes that import torch, twice
 @pytest.mark.parametrize("registered", [False, True])
 def test_running_statistics_of_a_channel_cut_batch_norm_on_two_gloo_ranks(on_two_gloo_ranks, registered):
-    for got in on_two_gloo_ranks(RANK, str(int(registered))):
+    for got in on_two_gloo_ranks(RANK, registered):
         # plain DTensor: the replicated statistics are never updated, nor the replicated mean
         # beside a cut var; the cut ones are. register() writes the moved copy back.
         assert got == {"replicated": registered, "channel-cut": True, "placed apart": registered}, got
 
 
 # A fused Adam step across real processes: the moment lists placed unlike the parameters.
-ADAM = textwrap.dedent("""
-    import gc, json, sys
-    import torch, torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from metaspmd.backends.torch import dtensor_rules
-    rank, store, registered = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    mesh = DeviceMesh("cpu", [0, 1])
-""") + ADAM_STEP + textwrap.dedent("""
-    report = dtensor_rules.register() if registered else None
-    got = {}
+ADAM = ADAM_STEP + textwrap.dedent("""
     for name, placements in (("cut parameters, replicated moments", (Shard(0), Shard(0), Replicate(), Replicate())),
                              ("replicated parameters, cut moments", (Replicate(), Replicate(), Shard(0), Shard(0))),
                              ("moments cut another way", (Shard(0), Shard(0), Shard(1), Shard(0)))):
@@ -309,12 +282,8 @@ ADAM = textwrap.dedent("""
         adam(*ts)
         got[name] = all(bool(torch.allclose(t.full_tensor(), w)) for t, w in zip(ts, want))
         del ts
-    print(json.dumps(got))
-    if report is not None:
-        dtensor_rules.unregister(report)
-    gc.collect()
-    dist.destroy_process_group()
 """)
+
 
 
 @pytest.mark.slow  # two processes that import torch, twice
@@ -324,7 +293,7 @@ def test_a_fused_adam_step_with_moments_placed_unlike_the_parameters_on_two_gloo
     moment placed otherwise was moved into a copy, which took the update. Under register()
     the moved copies are written back (and made contiguous: the CPU kernel computes wrong
     values into a strided exp_avg)."""
-    for got in on_two_gloo_ranks(ADAM, str(int(registered))):
+    for got in on_two_gloo_ranks(ADAM, registered):
         assert all(got.values()) if registered else not any(got.values()), got
 
 
