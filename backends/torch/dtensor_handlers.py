@@ -270,14 +270,14 @@ def _own_dispatch(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     d.sharding_propagator.propagate(info)
     spec = info.output_sharding.output_spec
     out = d.wrap(d._dispatch_get_local_results_slow_path(op_call, args, info), spec)
-    if not _in_place(op_call):
+    if not in_place(op_call):
         return out
     if spec is not None and args[0]._spec.placements != spec.placements:
         args[0]._spec = spec
     return args[0]
 
 
-def _in_place(op: torch._ops.OpOverload) -> bool:
+def in_place(op: torch._ops.OpOverload) -> bool:
     """Does ``op`` write its first argument and return it (``tril_``, ``uniform_``)?"""
     args, returns = op._schema.arguments, op._schema.returns
     return (bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and len(returns) == 1
@@ -327,7 +327,7 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
     with torch.no_grad():
         for i, copy in copies.items():
             leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
-    return args[0] if _in_place(op_call) else out  # an in-place op's self, written back where it lies
+    return args[0] if in_place(op_call) else out  # an in-place op's self, written back where it lies
 
 
 def _out_of_place_twin(op: torch._ops.OpOverload):
@@ -420,12 +420,17 @@ def drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
     functional one: ``register()`` leaves ops that write an input to DTensor), drawn whole
     (``drawn_whole``) at the output placements DTensor's propagation picks from those
     strategies; DTensor's own dispatch where the call draws nothing (dropout with p = 0)."""
-    from torch.utils._pytree import tree_flatten
-
     from .random_ops import draws
 
     if not draws(op_call, args, kwargs):
         return keyword_handler(op_call, args, kwargs)
+    return _drawn_as_placed(op_call, args, kwargs)
+
+
+def _drawn_as_placed(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """``drawn_whole`` at the output placements DTensor's propagation picks for the call."""
+    from torch.utils._pytree import tree_flatten
+
     d = _dtensor()[0]._op_dispatcher
     info = d.unwrap_to_op_info(op_call, args, kwargs)
     d.sharding_propagator.propagate(info)
@@ -440,7 +445,7 @@ def cpu_drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     cuda-like mesh, whose RNG tracker offsets each shard's draws; a Partial tensor; a call
     that draws nothing) DTensor's own dispatch."""
     from torch.distributed.tensor import Partial
-    from torch.utils._pytree import tree_flatten, tree_leaves
+    from torch.utils._pytree import tree_leaves
 
     from .random_ops import draws
 
@@ -449,12 +454,8 @@ def cpu_drawing_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     if (not tensors or tensors[0].device_mesh.device_type != "cpu" or not draws(op_call, args, kwargs)
             or any(isinstance(p, Partial) for x in tensors for p in x.placements)):
         return _own_dispatch(op_call, args, kwargs)
-    d = DTensor._op_dispatcher
-    info = d.unwrap_to_op_info(op_call, args, kwargs)
-    d.sharding_propagator.propagate(info)
-    placements = [s.placements for s in tree_flatten(info.output_sharding.output_spec)[0] if s is not None]
-    out = drawn_whole(op_call, args, kwargs, placements, info.compute_mesh)
-    if not _in_place(op_call):
+    out = _drawn_as_placed(op_call, args, kwargs)
+    if not in_place(op_call):
         return out
     self = args[0]
     with torch.no_grad():
@@ -561,5 +562,6 @@ def uninstall(names, owner: Any = None) -> None:
 
 
 __all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused", "WritesMoved",
-           "DRAWN_ON_CPU", "cpu_drawing_handler", "drawing_handler", "drawn_whole", "install", "install_drawing_handler", "install_keyword_handler",
-           "install_write_back_handler", "keyword_handler", "replicated_handler", "uninstall", "write_back_handler"]
+           "DRAWN_ON_CPU", "cpu_drawing_handler", "drawing_handler", "drawn_whole", "install",
+           "install_drawing_handler", "install_keyword_handler", "in_place", "install_write_back_handler",
+           "keyword_handler", "replicated_handler", "uninstall", "write_back_handler"]

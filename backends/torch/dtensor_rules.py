@@ -288,6 +288,12 @@ def _wanted(strategies, written: Mapping[int, int]) -> dict:
     return {at: tuple(pick.input_specs[n].placements) for n, at in written.items() if n < len(pick.input_specs or ())}
 
 
+def _wanted_of(strategies, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict:
+    """``_wanted`` of a call's strategies, whose inputs are the call's DTensorSpecs."""
+    written = _written_leaves(op, args, kwargs)
+    return _wanted(strategies, dict(zip(written, written)))
+
+
 def _moving_cost(strategy) -> float:
     """What DTensor weighs a strategy by: the cost of moving every input to it (each input
     of a call has one placement, so one cost)."""
@@ -348,8 +354,7 @@ def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
         return _guarded_positions(op, found, args, kwargs)
     kept = _writes_stay(found.strategies, op, args, kwargs)
     if not kept:
-        written = _written_leaves(op, args, kwargs)
-        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", _wanted(found.strategies, dict(zip(written, written))))
+        raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", _wanted_of(found.strategies, op, args, kwargs))
     found.strategies = kept
     return _no_empty_shards(op, found, op_schema)
 
@@ -478,9 +483,8 @@ def _guarded_decomposition(decomp, propagate):
             if not kept:
                 # a write-back runs the pick on a copy placed as its self: one whose result is placed so too
                 whole = [s for s in found.strategies if not in_place or s.output_spec.placements == s.input_specs[0].placements]
-                written = _written_leaves(op, args, kwargs)
                 raise _moved_writes_refused(op, args, kwargs, "DTensor derives from its decomposition",
-                                            _wanted(whole, dict(zip(written, written))))
+                                            _wanted_of(whole, op, args, kwargs))
             found.strategies = _on_uneven_cuts(kept, op_schema, decomp.sharding_prop) or kept  # never none
         return found
 
@@ -509,14 +513,14 @@ def _decomposed_in_place() -> list:
     the like, whose moved self the write-back handler writes back."""
     from torch._decomp import decomposition_table
 
+    from .dtensor_handlers import in_place
+
     dispatcher = _dtensor()[0]._op_dispatcher
     p = dispatcher.sharding_propagator
     found = []
     for op in decomposition_table:
-        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or not op._schema.name.endswith("_"):
-            continue
-        first = op._schema.arguments[0] if op._schema.arguments else None
-        if first is None or first.kwarg_only or first.alias_info is None or not first.alias_info.is_write:
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or not op._schema.name.endswith("_") \
+                or not in_place(op):
             continue
         if op in p.op_strategy_funcs or op in p.op_single_dim_strategy_funcs or op in p.op_to_rules \
                 or op in dispatcher._custom_op_handlers:
