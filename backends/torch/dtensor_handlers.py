@@ -319,8 +319,10 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
             if twin is None:
                 raise
             return _in_place_by_twin(op_call, twin, args, kwargs, e)
-    leaves, tree = tree_flatten((args, kwargs))
-    tensors = [i for i, x in enumerate(leaves) if isinstance(x, DTensor)]
+        leaves, tree = tree_flatten((args, kwargs))
+        tensors = [i for i, x in enumerate(leaves) if isinstance(x, DTensor)]
+        if any(p.is_partial() for k in moved.wanted for p in leaves[tensors[k]].placements):
+            raise  # DTensor moves nothing into a Partial placement: the copy could not be written back
     copies = {tensors[k]: _dense_copy(leaves[tensors[k]], placements) for k, placements in moved.wanted.items()}
     a, k = tree_unflatten([copies.get(i, x) for i, x in enumerate(leaves)], tree)
     out = _own_dispatch(op_call, a, k)
@@ -334,12 +336,16 @@ def _out_of_place_twin(op: torch._ops.OpOverload):
     """``tril`` for ``tril_``: the out-of-place overload of an in-place ATen op of the same
     arguments, or None."""
     name = op._schema.name.split("::")[-1]
-    if not name.endswith("_") or name.startswith("_"):
+    packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") and not name.startswith("_") else None
+    if packet is None:
         return None
-    twin = getattr(getattr(torch.ops.aten, name[:-1], None), op._overloadname, None)
-    if twin is None or [a.name for a in twin._schema.arguments] != [a.name for a in op._schema.arguments]:
-        return None
-    return twin
+    arguments = [(a.name, str(a.type)) for a in op._schema.arguments]
+    # the overload of the same name first: floor_divide_.Tensor's twin is floor_divide.default
+    for overload in sorted(packet.overloads(), key=lambda o: o != op._overloadname):
+        twin = getattr(packet, overload)
+        if [(a.name, str(a.type)) for a in twin._schema.arguments] == arguments:
+            return twin
+    return None
 
 
 def _in_place_by_twin(op_call, twin, args: tuple, kwargs: dict, refused: Exception):

@@ -80,11 +80,34 @@ def _supported_schema(op: torch._ops.OpOverload) -> str:
     """Why register_sharding cannot carry this op's rules, or '' when it can. Tensor lists
     and optional tensors are carried: the strategies place DTensor's flattened inputs."""
     schema = op._schema
-    if schema.is_mutable:
+    if schema.is_mutable and not _in_place_of_values(op):
         return "mutates an input"
     if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
         return "returns something other than plain tensors"
     return ""
+
+
+# In-place ops that write a tensor's storage or metadata, not values computed where it lies.
+_WRITES_STORAGE = frozenset({
+    "aten.resize_.default", "aten.resize_as_.default", "aten.set_.default", "aten.set_.source_Storage",
+    "aten.set_.source_Storage_storage_offset", "aten.set_.source_Tensor", "aten.set_.source_Tensor_storage_offset",
+    "aten.set_data.default", "aten.requires_grad_.default"})
+
+
+def _in_place_of_values(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` writes new values into its self and nothing else (``addr_``,
+    ``masked_scatter_``, ``_add_relu_``), so that its verified rules can go to DTensor with
+    self kept where it lies (``_expanded``) and written back where they move it
+    (``write_back_handler``). Not: random ops (a shard's draw is not the whole draw's),
+    in-place views and storage writes (they change self's metadata, not its values), and
+    the ops DTensor runs through its decomposition path, which ``register()`` guards."""
+    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+
+    from .dtensor_handlers import in_place
+
+    written = [a for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    return (in_place(op) and len(written) == 1 and not tagged_random(op) and torch.Tag.inplace_view not in op.tags
+            and op_name(op) not in _WRITES_STORAGE and not DecompShardingStrategy.has_decomp(op))
 
 
 def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> tuple:
@@ -189,9 +212,10 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     it otherwise computes on the wrong values. An in-place op writes self's storage, so
     self is never moved, while its placement may change as the rule says (DTensor's
     dispatcher re-specs self in place: ``fill_`` of a Partial(sum) self holds the fill on
-    every rank). Strategies that hold for even cuts only go where a cut is uneven
-    (``_on_uneven_cuts``). A call DTensor's rule is not refuted at (``REFUTED_AT``) goes to
-    that rule, ``own``."""
+    every rank); where every strategy moves a written tensor, ``WritesMoved`` hands the
+    call to the write-back handler. Strategies that hold for even cuts only go where a cut
+    is uneven (``_on_uneven_cuts``). A call DTensor's rule is not refuted at
+    (``REFUTED_AT``) goes to that rule, ``own``."""
     from torch.distributed.tensor._op_schema import OpSchema
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
@@ -203,10 +227,13 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     n_out = len(op._schema.returns)
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
     fixed = [s.placements for s in spec_leaves((), kwargs)]
-    keep = [s for s in _writes_stay(expanded.strategies, op, args, kwargs)
-            if not fixed or [x.placements for x in s.input_specs][len(s.input_specs) - len(fixed):] == fixed]
-    expanded.strategies = keep = _on_uneven_cuts(keep, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
+    placed = [s for s in expanded.strategies
+              if not fixed or [x.placements for x in s.input_specs][len(s.input_specs) - len(fixed):] == fixed]
+    placed = _on_uneven_cuts(placed, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
+    expanded.strategies = keep = _writes_stay(placed, op, args, kwargs)
     _no_empty_shards(op, expanded, op_schema)
+    if not keep and placed and _written_leaves(op, args, kwargs):  # the write-back handler moves and writes back
+        raise _moved_writes_refused(op, args, kwargs, "of the verified rules", _wanted_of(placed, op, args, kwargs))
     if not keep and fixed:
         from .dtensor_handlers import KeywordPlacementRefused
 
@@ -739,7 +766,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         report.installed.append(name)
         # a random op draws whole on every rank: drawn shard by shard, every shard's draw would be the same
         if (tagged_random(op) and dtensor_handlers.install_drawing_handler(op, report)) or \
-                dtensor_handlers.install_keyword_handler(op, report):
+                dtensor_handlers.install_keyword_handler(op, report) or \
+                (op._schema.is_mutable and dtensor_handlers.install_write_back_handler(op, report)):
             report.handled.append(name)
     if replace_refuted:
         for name in sorted(REFUTED):

@@ -1,0 +1,141 @@
+"""In-place ops DTensor 2.13 has no rule for, nor a decomposition (``addr_``,
+``masked_scatter_``, ``put_``, ...): plain DTensor refuses them at every placement; under
+register() they run on their verified rules, self written where it lies (moved into a copy
+and written back where no rule keeps it), and a Partial self that would have to move is
+refused, naming the op."""
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: E402
+
+from metaspmd.backends.torch import dtensor_rules  # noqa: E402
+
+WORLD = 4
+_G = torch.Generator().manual_seed(3)
+A, B = torch.randn(8, 4, generator=_G, dtype=torch.float64), torch.randn(4, 6, generator=_G, dtype=torch.float64)
+X = A @ B
+U, V = torch.randn(8, generator=_G, dtype=torch.float64), torch.randn(6, generator=_G, dtype=torch.float64)
+OTHER = torch.randn(8, 6, generator=_G, dtype=torch.float64)
+MASK = torch.rand(8, 6, generator=_G) > 0.5
+SOURCE = torch.randn(48, generator=_G, dtype=torch.float64)
+FLAT = torch.tensor([0, 7, 13, 47, 20, 7])
+VALUES = torch.randn(6, generator=_G, dtype=torch.float64)
+ROWS = torch.tensor([1, 3, 3, 6])
+aten = torch.ops.aten
+# name -> (the call on self and the other inputs, the other inputs (placed Replicate),
+# whether a Partial self is right: the op is linear in self and its other inputs can be made Partial)
+CALLS = {
+    "_add_relu_.Tensor": (lambda s, o: aten._add_relu_.Tensor(s, o), [OTHER], False),
+    "_add_relu_.Scalar": (lambda s: aten._add_relu_.Scalar(s, 0.3), [], False),
+    "addr_": (lambda s, a, b: s.addr_(a, b, beta=0.5, alpha=2.0), [U, V], True),
+    "embedding_renorm_": (lambda s, i: torch.embedding_renorm_(s, i, 1.0, 2.0), [ROWS], False),
+    "masked_scatter_": (lambda s, m, src: s.masked_scatter_(m, src), [MASK, SOURCE], False),
+    "put_": (lambda s, i, v: s.put_(i, v), [FLAT, VALUES], False),
+    "put_ (accumulate)": (lambda s, i, v: s.put_(i, v, accumulate=True), [FLAT, VALUES], True),
+}
+PLACEMENTS = (Shard(0), Shard(1), Replicate(), Partial("sum"))
+
+
+def _self(mesh, placement):
+    if placement == Partial("sum"):  # each rank's product of its columns of A and rows of B
+        return distribute_tensor(A, mesh, [Shard(1)]) @ distribute_tensor(B, mesh, [Shard(0)])
+    if placement == Replicate():  # gathered: each simulated rank has storage of its own to write
+        return distribute_tensor(X.clone(), mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
+    return distribute_tensor(X.clone(), mesh, [placement])
+
+
+def _run(mesh) -> dict:
+    """(name, placement) -> (returned self, self's placements after, its value right on every
+    rank), or the error's text."""
+    found = {}
+    for name, (fn, others, _) in CALLS.items():
+        want = fn(X.clone(), *others)
+        for placement in PLACEMENTS:
+            s = _self(mesh, placement)
+            try:
+                out = fn(s, *[distribute_tensor(t, mesh, [Replicate()]) for t in others])
+            except Exception as e:  # noqa: BLE001 -- the refusals, compared below
+                found[name, placement] = f"{type(e).__name__}: {e}"
+                continue
+            full = s.full_tensor()
+            ranks = list(full._local_tensors.values()) if isinstance(full, LocalTensor) else [full]
+            found[name, placement] = (out is s, s.placements, all(torch.allclose(r, want) for r in ranks))
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(fake_world_of, tmp_path_factory):
+    from metaspmd.cache import RuleCache
+
+    warnings.filterwarnings("ignore")
+    fake_world_of(WORLD)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        plain = _run(mesh)
+        report = dtensor_rules.register(cache=RuleCache(tmp_path_factory.mktemp("rules")))
+        try:
+            registered = _run(mesh)
+        finally:
+            dtensor_rules.unregister(report)
+    return plain, registered, report
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_an_in_place_op_dtensor_has_no_rule_for_runs_on_the_verified_rules(runs, name):
+    plain, registered, report = runs
+    op = f"aten.{name.split(' ')[0]}"
+    op = op if "." in name else op + ".default"
+    assert op in report.installed and op in report.handled
+    for placement in PLACEMENTS:
+        assert "does not have a sharding strategy registered" in plain[name, placement], plain[name, placement]
+        got = registered[name, placement]
+        if placement == Partial("sum") and not CALLS[name][2]:
+            # nothing keeps a Partial self, and DTensor moves nothing into a Partial placement
+            assert isinstance(got, str) and op in got and "moves a tensor the op writes in place" in got, got
+            continue
+        assert got == (True, (placement,), True), (placement, got)
+
+
+def test_the_in_place_ops_installed_write_values_into_self_alone():
+    """Random ops, in-place views, storage writes and the ops DTensor decomposes stay out."""
+    installable = dtensor_rules._in_place_of_values
+    for op in (aten.addr_.default, aten.masked_scatter_.default, aten.put_.default):
+        assert installable(op)
+    for op in (aten.uniform_.default, aten.bernoulli_.Tensor, aten.transpose_.default, aten.t_.default,
+               aten.as_strided_.default, aten.resize_.default, aten.set_.source_Tensor, aten.index_add_.default,
+               aten.scatter_add_.default, aten.add.out, aten._amp_update_scale_.default):
+        assert not installable(op), op
+
+
+# Each rank's own storage, on real processes: a replicated self and a row-cut one.
+GLOO = """
+g = torch.Generator().manual_seed(5)
+x, u, v = torch.randn(6, 4, generator=g), torch.randn(6, generator=g), torch.randn(4, generator=g)
+mask, src = torch.rand(6, 4, generator=g) > 0.5, torch.randn(24, generator=g)
+flat, vals = torch.tensor([0, 5, 11, 23, 5]), torch.randn(5, generator=g)
+calls = {"addr_": (lambda s, a, b: s.addr_(a, b, alpha=2.0), (u, v)),
+         "masked_scatter_": (lambda s, m, t: s.masked_scatter_(m, t), (mask, src)),
+         "put_": (lambda s, i, t: s.put_(i, t, accumulate=True), (flat, vals))}
+for name, (fn, others) in calls.items():
+    want = fn(x.clone(), *others)
+    for placement in (Replicate(), Shard(0)):
+        s = distribute_tensor(x.clone(), mesh, [placement])
+        try:
+            fn(s, *[distribute_tensor(t, mesh, [Replicate()]) for t in others])
+            got[f"{name} {placement}"] = bool(s.placements == (placement,) and torch.allclose(s.full_tensor(), want))
+        except NotImplementedError:
+            got[f"{name} {placement}"] = "refused"
+        del s
+"""
+
+
+@pytest.mark.slow  # two processes that import torch, twice
+@pytest.mark.parametrize("registered", [False, True])
+def test_in_place_ops_on_two_gloo_ranks(on_two_gloo_ranks, registered):
+    for got in on_two_gloo_ranks(GLOO, registered):
+        assert set(got.values()) == ({True} if registered else {"refused"}), got
