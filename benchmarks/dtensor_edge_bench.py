@@ -11,7 +11,9 @@ they sum: ignored targets, class weights, ``scale_grad_by_freq``), ``partial`` (
 Partial input they are not linear, or not non-decreasing, in: the Partial(sum) of ``a @ b``
 with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's rows cut),
 ``masked`` (a row-cut table's lookup, which DTensor gives as a masked Partial, then a
-transpose, reshape, slice or sum that moves the positions its mask names).
+transpose, reshape, slice or sum that moves the positions its mask names), ``in-place``
+(in-place ops DTensor has neither a rule nor a decomposition for, or whose decomposition
+finds no strategy: ``addr_``, ``masked_scatter_``, ``put_``, ``tril_``, ...).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metaspmd.cli import pipe_safe
 
 WORLD = 4
-FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments", "partial", "masked")
+FAMILIES = ("empty-dims", "from-end", "uneven", "edge-values", "arguments", "partial", "masked", "in-place")
 
 
 def cases(torch) -> list[tuple[str, str, object, list]]:
@@ -164,6 +166,31 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         out.append(("masked", name, fn, [table, square]))
     out.append(("masked", "gather(x, 1, i).transpose(0, 1)", lambda a, i: torch.gather(a, 1, i).transpose(0, 1),
                 [x, picks]))
+    rows, flat, vals = torch.tensor([1, 3, 3, 6]), torch.tensor([0, 7, 13, 95, 20, 7]), rand(6)
+    mask, source, u, v = torch.rand(8, 12, generator=g) > 0.5, rand(96), rand(8), rand(12)
+    def own(s):
+        """A copy of self that each simulated rank holds apart: LocalTensorMode keeps a
+        replicated DTensor's local tensor as one storage, which an in-place op would write
+        once per rank (real ranks each write their own)."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        if not isinstance(s, DTensor):
+            return s.clone()
+        return s.redistribute(s.device_mesh, [Shard(0)]).redistribute(s.device_mesh, s.placements)
+
+    in_place = {
+        "addr_(s, u, v, alpha=2)": (lambda s, a, b: own(s).addr_(a, b, alpha=2.0), [y, u, v]),
+        "masked_scatter_(s, m, src)": (lambda s, m, t: own(s).masked_scatter_(m, t), [y, mask, source]),
+        "put_(s, i, v)": (lambda s, i, t: own(s).put_(i, t), [y, flat, vals]),
+        "put_(s, i, v, accumulate)": (lambda s, i, t: own(s).put_(i, t, accumulate=True), [y, flat, vals]),
+        "embedding_renorm_(w, i, 1, 2)": (lambda w, i: torch.embedding_renorm_(own(w), i, 1.0, 2.0), [y, rows]),
+        "_add_relu_(s, o)": (lambda s, o: A._add_relu_.Tensor(own(s), o), [y, x]),
+        "floor_divide_(s, o)": (lambda s, o: own(s).floor_divide_(o), [y, x]),
+        "tril_(s, -1)": (lambda s: own(s).tril_(-1), [y]),
+        "cumsum_(s, -1)": (lambda s: own(s).cumsum_(-1), [y]),
+    }
+    for name, (fn, ins) in in_place.items():
+        out.append(("in-place", name, fn, ins))
     return out
 
 

@@ -112,24 +112,26 @@ def test_the_in_place_ops_installed_write_values_into_self_alone():
         assert not installable(op), op
 
 
-# Each rank's own storage, on real processes: a replicated self and a row-cut one.
+# Each rank's own storage, on real processes: a replicated self and a row-cut one, beside
+# replicated and row-cut other inputs.
 GLOO = """
 g = torch.Generator().manual_seed(5)
-x, u, v = torch.randn(6, 4, generator=g), torch.randn(6, generator=g), torch.randn(4, generator=g)
+x, u, v, o = (torch.randn(*shape, generator=g) for shape in ((6, 4), (6,), (4,), (6, 4)))
 mask, src = torch.rand(6, 4, generator=g) > 0.5, torch.randn(24, generator=g)
 flat, vals = torch.tensor([0, 5, 11, 23, 5]), torch.randn(5, generator=g)
 calls = {"addr_": (lambda s, a, b: s.addr_(a, b, alpha=2.0), (u, v)),
          "masked_scatter_": (lambda s, m, t: s.masked_scatter_(m, t), (mask, src)),
-         "put_": (lambda s, i, t: s.put_(i, t, accumulate=True), (flat, vals))}
+         "put_": (lambda s, i, t: s.put_(i, t, accumulate=True), (flat, vals)),
+         "_add_relu_": (lambda s, t: torch.ops.aten._add_relu_.Tensor(s, t), (o,))}
 for name, (fn, others) in calls.items():
     want = fn(x.clone(), *others)
-    for placement in (Replicate(), Shard(0)):
-        s = distribute_tensor(x.clone(), mesh, [placement])
+    for mine, theirs in ((Replicate(), Replicate()), (Shard(0), Replicate()), (Replicate(), Shard(0))):
+        s = distribute_tensor(x.clone(), mesh, [mine])
         try:
-            fn(s, *[distribute_tensor(t, mesh, [Replicate()]) for t in others])
-            got[f"{name} {placement}"] = bool(s.placements == (placement,) and torch.allclose(s.full_tensor(), want))
+            fn(s, *[distribute_tensor(t, mesh, [theirs]) for t in others])
+            got[f"{name} {mine} {theirs}"] = bool(s.placements == (mine,) and torch.allclose(s.full_tensor(), want))
         except NotImplementedError:
-            got[f"{name} {placement}"] = "refused"
+            got[f"{name} {mine} {theirs}"] = "refused"
         del s
 """
 
