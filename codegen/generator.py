@@ -73,7 +73,8 @@ def render(records, backend: str, source: str = "registry") -> str:
             ops.append((check_op_name(op), sorted(sigs, key=lambda s: s[0])))
     return _env().get_template("rules.py.j2").render(
         ops=ops, n_ops=len(ops), n_entries=n_entries, backend=Code(backend), title=Code(TITLES[backend]),
-        source=Code(" ".join(source.split())),  # one comment line, whatever the path holds
+        # one comment line of UTF-8, whatever the path holds (a newline, bytes that are not UTF-8)
+        source=Code(" ".join(source.encode("utf-8", "backslashreplace").decode("utf-8").split())),
         shardy_note=Code(SHARDY_NOTE if backend == "jax" else ""),
     )
 

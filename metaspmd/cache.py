@@ -87,6 +87,12 @@ class RuleCacheWarning(UserWarning):
 
 
 def default_cache_dir() -> Path:
+    """Where metaspmd keeps what it learns on a machine (the rule cache, the backends'
+    sample and program indexes): ``$METASPMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/metaspmd``
+    (``~/.cache/metaspmd``)."""
+    env = os.environ.get("METASPMD_CACHE_DIR")
+    if env:
+        return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "metaspmd"
 

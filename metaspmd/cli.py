@@ -103,25 +103,75 @@ def seconds(text: str, allow_zero: bool = False) -> float:
     return positive_number(text, allow_zero, "a number of seconds")
 
 
+class StdoutError(OSError):
+    """Writing the command's own output failed (a full disk behind ``> file``)."""
+
+
+class _Stdout:
+    """``sys.stdout`` whose failed writes raise ``StdoutError``, told apart from the
+    command's own file errors; a closed pipe stays a BrokenPipeError."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._checked(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._checked(self.stream.flush)
+
+    @staticmethod
+    def _checked(call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null: Python flushes stdout again at exit, and a
+    failed flush there is a traceback nothing catches."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def pipe_safe(command: Callable[..., int]) -> Callable[..., int]:
     """A reader that stops early (``metaspmd coverage | head``) ends the command quietly,
     with the status a tool killed by SIGPIPE has, instead of a BrokenPipeError traceback;
-    Ctrl-C ends it with one line and status 130, instead of a KeyboardInterrupt traceback
-    (every tool writes its files whole, so nothing is left half-written)."""
+    output that cannot be written (a full disk) ends it with one line and status 2; a
+    closed stdout (``>&-``) takes the output as /dev/null would; Ctrl-C ends it with one
+    line and status 130, instead of a KeyboardInterrupt traceback (every tool writes its
+    files whole, so nothing is left half-written)."""
     @functools.wraps(command)
     def run(*args, **kwargs) -> int:
+        name = command.__name__ if command.__name__ != "main" else os.path.basename(sys.argv[0])
+        given = sys.stdout
+        sys.stdout = _Stdout(given if given is not None else open(os.devnull, "w"))
         try:
-            status = command(*args, **kwargs)
+            try:
+                status = command(*args, **kwargs)
+            except SystemExit:  # argparse's --help and usage errors: their output must not be lost unsaid
+                sys.stdout.flush()
+                raise
             sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback nothing catches
             return status
         except BrokenPipeError:
-            # Python flushes stdout again at exit: point it at /dev/null so that fails quietly too
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _silence_stdout()
             return 128 + 13  # SIGPIPE
+        except StdoutError as e:
+            print(f"{name}: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+            _silence_stdout()
+            return 2
         except KeyboardInterrupt:
-            name = command.__name__ if command.__name__ != "main" else os.path.basename(sys.argv[0])
             print(f"{name}: interrupted", file=sys.stderr)
             return 128 + 2  # SIGINT
+        finally:
+            if isinstance(sys.stdout, _Stdout):
+                sys.stdout = given if given is not None else sys.stdout.stream
 
     return run
 
@@ -145,6 +195,14 @@ def _kernels_given(p: argparse.ArgumentParser, kernels: str | None) -> None:
     """``--kernels ''`` would sweep the built-in ops."""
     if kernels is not None and not kernels.strip():
         p.error(f"--kernels {kernels!r} names no module")
+
+
+def read_as_rules(path: Path) -> str:
+    """Why a file written at ``path`` would be read as a rule file (a name ending .yaml, as
+    a rule file's: ``--timings registry/jax/jax.acos.yaml`` would replace one), or ''."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return f"{path}: a .yaml name, which registries read as a rule file (name it .json)"
+    return ""
 
 
 def _own_registry(p: argparse.ArgumentParser, what: str, out: Path | None) -> None:
@@ -266,7 +324,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         _own_registry(p, f"--backend {args.backend}", args.out)
     out = args.out if args.out is not None else REGISTRY
     # checked before any work: a sweep that cannot write its timings must not find out at the end
-    problem = args.timings is not None and unwritable(args.timings, folder=False)
+    problem = args.timings is not None and (read_as_rules(args.timings) or unwritable(args.timings, folder=False))
     if problem:
         print(f"sweep: error: --timings {problem}", file=sys.stderr)
         return 2
@@ -295,18 +353,24 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         return 2
     except KeyboardInterrupt as e:
         return _interrupted(e)
-    if args.check and report.changes():
-        print(format_changes(report))
-    print(f"registry: {out}")  # which one: `metaspmd` runs the installed checkout's
-    print(format_summary(report))
-    if args.timings:
+    except OSError as e:  # a rule file that could not be written (a full disk): those written are whole
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    unwritten = None
+    if args.timings:  # before the summary: a reader of it that stops early must not lose them
         try:
             from metaspmd.registry_io import write_text_atomic
 
             write_text_atomic(args.timings, timings_json(report, args.jobs))
-        except OSError as e:  # the summary is printed already; 2, not --check's "stale"
-            print(f"sweep: error: cannot write --timings {args.timings}: {e}", file=sys.stderr)
-            return 2
+        except OSError as e:
+            unwritten = e
+    if args.check and report.changes():
+        print(format_changes(report))
+    print(f"registry: {out}")  # which one: `metaspmd` runs the installed checkout's
+    print(format_summary(report))
+    if unwritten is not None:  # 2, not --check's "stale"
+        print(f"sweep: error: cannot write --timings {args.timings}: {unwritten}", file=sys.stderr)
+        return 2
     timed_out = report.timed_out()
     if timed_out:  # exit 3, not --check's 1: the registry is not known to be stale
         print(f"sweep: {len(timed_out)} op(s) ran out of time (or were killed by SIGKILL, as for memory) on both "
@@ -349,7 +413,8 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
     args = p.parse_args(_argv(argv))
     backends = sorted(TARGETS) if args.backend == "all" else [args.backend]
-    own = args.registry is not None and args.registry.resolve() != REGISTRY.resolve()
+    # realpath, not resolve(): a symlink loop is named below, not a traceback here
+    own = args.registry is not None and os.path.realpath(args.registry) != str(REGISTRY.resolve())
     if args.out is None:
         if own:
             # the repository's tables would become the tables of a registry of your own

@@ -192,7 +192,12 @@ def path_problem(path: str | os.PathLike, folder: bool) -> str:
 
 def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
     path = record_path(root, record.backend, record.op)
-    write_text_atomic(path, dump_record(record))
+    try:
+        write_text_atomic(path, dump_record(record))
+    except OSError as e:  # a full disk names no file: say which one was being written
+        if e.filename is None:
+            e.filename = str(path)
+        raise
     return path
 
 
@@ -598,8 +603,13 @@ def loads_record(text: str, filename: str = "<string>", backend: str | None = No
 def read_file(path: str | os.PathLike) -> bytes:
     """The bytes of a registry file; RegistryError naming the path and the reason when it
     is there but cannot be read (a folder, a dangling symlink, no permission). A path with
-    nothing at it raises FileNotFoundError as it is: the rule cache reads that as a miss."""
+    nothing at it raises FileNotFoundError as it is: the rule cache reads that as a miss. A
+    FIFO or a device named ``*.yaml`` is refused before it is opened: reading one would
+    block, or never end (``/dev/zero``)."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # (a folder fails to open, and says so)
+            raise RegistryError(f"{path}: cannot read: not a regular file")
         return Path(path).read_bytes()
     except FileNotFoundError:
         if not os.path.islink(path):
@@ -626,8 +636,8 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
     the path. A missing folder or a backend folder given as the root would otherwise read
     as an empty registry: codegen would write an empty table, a diff would see no change."""
     root = Path(root)
-    if not root.exists():
-        raise RegistryError(f"{root}: no such registry folder")
+    if not root.exists():  # or a symlink loop, a symlink to nothing, a file on the way: named
+        raise RegistryError(path_problem(root, folder=True) or f"{root}: no such registry folder")
     if not root.is_dir():
         raise RegistryError(f"{root}: not a folder (expected a registry root holding <backend>/<op>.yaml)")
     if next(root.glob("*.yaml"), None) is not None:
@@ -653,6 +663,9 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     """Every record of one backend, by op name. Raises RegistryError on the first bad file,
     and when ``root`` is not a registry root holding a ``backend`` folder."""
     folder = check_registry_root(root, backend) / backend
+    misnamed = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".yaml", ".yml") and p.suffix != ".yaml")
+    if misnamed:  # every command would pass over it unsaid, its rules with it
+        raise RegistryError(f"{misnamed[0]}: a rule file's name ends .yaml (<op>.yaml): rename it, or move it out")
     records = {}
     for path in sorted(folder.glob("*.yaml")):
         record = load_op_file(path, backend)

@@ -483,7 +483,7 @@ def test_timings_that_fail_late_keep_the_summary_and_exit_2(tmp_path, fake_backe
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", fail)  # --check writes nothing else
-    (tmp_path / "reg").mkdir()  # a registry to check
+    (tmp_path / "reg" / "fake").mkdir(parents=True)  # a registry to check
     rc = cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
                     "--no-progress", "--check", "--timings", str(tmp_path / "t.json")])
     out = capsys.readouterr()
@@ -703,3 +703,125 @@ def test_a_kernel_module_that_cannot_load_is_named(tmp_path, make, message):
 
     with pytest.raises((FileNotFoundError, ImportError), match=message):
         load_module(str(make(tmp_path)))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_a_fifo_named_like_a_rule_file_is_refused_not_read(tmp_path, capsys):
+    """Opening it blocked codegen, diff and coverage for good (a symlink to /dev/zero would
+    have read until memory ran out)."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    fifo = tmp_path / "reg" / "torch" / "aten.zz.default.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(RegistryError, match=rf"^{fifo}: cannot read: not a regular file$"):
+        load_registry(tmp_path / "reg", "torch")
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--backend", "torch", "--out", str(tmp_path / "gen")]) == 2
+    assert f"{fifo}: cannot read: not a regular file" in capsys.readouterr().err
+    assert not (tmp_path / "gen" / "torch_rules.py").exists()
+
+
+def test_a_registry_root_that_is_a_symlink_loop_is_named(tmp_path, capsys):
+    """codegen's check of --registry raised RuntimeError from Path.resolve(); the other
+    commands called the loop 'no such registry folder'."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert cli.codegen(["--registry", str(loop), "--out", str(tmp_path / "gen")]) == 2
+    assert cli.coverage(["--registry", str(loop)]) == 2
+    err = capsys.readouterr().err
+    assert err.count(f"{loop}: Too many levels of symbolic links") == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["fake.acos.yaml", "t.YML"])
+def test_timings_named_like_a_rule_file_are_refused_before_any_op_runs(tmp_path, fake_backend, capsys, monkeypatch,
+                                                                       name):
+    """--timings registry/fake/fake.acos.yaml replaced that rule file with JSON and exited 0."""
+    monkeypatch.setattr("metaspmd.sweep.engine.WorkerPool.start", lambda self: pytest.fail("the sweep ran"))
+    rule = tmp_path / "reg" / "fake" / name
+    rule.parent.mkdir(parents=True)
+    rule.write_text("kept")
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--no-progress",
+                      "--timings", str(rule)]) == 2
+    assert f"--timings {rule}: a .yaml name" in capsys.readouterr().err
+    assert rule.read_text() == "kept"
+
+
+def test_check_of_a_folder_with_no_backend_folder_is_a_usage_error(tmp_path, fake_backend, capsys):
+    """A mistyped --out (an existing folder that holds no registry) read as a registry with
+    every op to add: 'stale', exit 1."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.md").write_text("x")
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "docs"), "--ops", "fake.add", "--jobs", "1",
+                      "--no-progress", "--check"]) == 2
+    assert f"--out {tmp_path / 'docs'}: no fake/ folder of rule files to check" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == ["notes.md"]
+
+
+def test_a_rule_file_that_cannot_be_written_ends_the_sweep_naming_it(tmp_path, fake_backend, capsys, monkeypatch):
+    """A full disk was a traceback from the sweep's engine."""
+    import errno
+
+    import metaspmd.registry_io
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", full)
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
+                      "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "fake.add.yaml" in err and "Traceback" not in err
+
+
+PRINTS = "from metaspmd.cli import pipe_safe\nprint(pipe_safe(lambda: print('x' * 100000) or 7)())\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_output_that_cannot_be_written_is_one_line_and_status_2():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-c", PRINTS + "raise SystemExit(0)"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert "error: cannot write the output: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_a_closed_stdout_takes_the_output_as_dev_null():
+    """The commands raised AttributeError ('NoneType' object has no attribute 'flush')."""
+    done = subprocess.run([sys.executable, "-c", PRINTS.replace("print(pipe_safe", "import sys\nsys.exit(pipe_safe")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 7 and done.stderr == "", done.stderr
+
+
+def test_a_table_header_names_a_registry_path_that_is_not_utf8():
+    """A path with a byte that is not UTF-8 failed the table's write (UnicodeEncodeError)."""
+    from codegen.generator import render
+
+    text = render({}, "jax", "/tmp/r\udcff")
+    assert "/tmp/r\\udcff/jax" in text.splitlines()[0]
+    text.encode("utf-8")
+
+
+@pytest.mark.parametrize("name", ["aten.mm.default.yml", "aten.mm.default.YAML"])
+def test_a_rule_file_named_yml_is_named_not_passed_over(tmp_path, name):
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    (tmp_path / "reg" / "torch" / "aten.mm.default.yaml").rename(tmp_path / "reg" / "torch" / name)
+    with pytest.raises(RegistryError, match=rf"{name}: a rule file's name ends .yaml"):
+        load_registry(tmp_path / "reg", "torch")
+
+
+def test_an_empty_backend_name_and_an_empty_op_list_name_nothing(capsys):
+    assert cli.sweep(["--backend", "", "--no-progress"]) == 2
+    assert "--backend '' names no backend" in capsys.readouterr().err
+    dtensor_rules = pytest.importorskip("metaspmd.backends.torch.dtensor_rules")
+    with pytest.raises(ValueError, match=r"ops=\[\] names no op"):
+        dtensor_rules.register([])
+    with pytest.raises(TypeError, match="got bytes"):
+        dtensor_rules.register(b"aten.mm.default")
+
+
+def test_a_kernel_module_that_exits_on_import_is_named(tmp_path):
+    """'cannot load backend: SystemExit: 3' named no module."""
+    from metaspmd.sweep.user_modules import load_module
+
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ImportError, match=rf"kernel module {tmp_path / 'exits.py'} failed on import: SystemExit: 3"):
+        load_module(str(tmp_path / "exits.py"))

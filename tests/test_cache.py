@@ -34,8 +34,18 @@ def entry(sig="self:f[*]"):
 
 
 def test_xdg_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("METASPMD_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_cache_dir() == tmp_path / "metaspmd"
+
+
+def test_one_variable_moves_every_cache(monkeypatch, tmp_path):
+    """METASPMD_CACHE_DIR moved the sample and program indexes, which name it in their
+    errors, and not the rule cache."""
+    torch_samples = pytest.importorskip("metaspmd.backends.torch.samples")
+    monkeypatch.setenv("METASPMD_CACHE_DIR", str(tmp_path / "here"))
+    assert default_cache_dir() == RuleCache().root == tmp_path / "here"
+    assert torch_samples.cache_path().parent == tmp_path / "here"
 
 
 def test_remembered_entries_persist_and_failures_do_not(tmp_path):

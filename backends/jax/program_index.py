@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 import jax
 
 from metaspmd import reproducible
+from metaspmd.cache import default_cache_dir
 
 from . import model_programs, program, programs, samples
 from .programs import Occurrence
@@ -45,13 +46,6 @@ Location = tuple[str, tuple[int, ...]]  # program name, equation path
 
 class StaleIndex(Exception):
     """The file does not describe this process's programs."""
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("METASPMD_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "metaspmd"
 
 
 def _digest() -> str:

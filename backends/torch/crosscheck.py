@@ -49,7 +49,7 @@ import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
-from metaspmd.cli import path_arg, positive_int, seconds
+from metaspmd.cli import path_arg, positive_int, read_as_rules, seconds
 from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
@@ -796,7 +796,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0: done; 1: a rule of ours failed re-verification; 2: usage or registry error."""
     args = parse_args(argv)
-    problem = args.json is not None and unwritable(args.json, folder=False)
+    problem = args.json is not None and (read_as_rules(args.json) or unwritable(args.json, folder=False))
     if problem:  # checked before the work, not after it
         print(f"crosscheck: error: --json {problem}", file=sys.stderr)
         return 2

@@ -859,6 +859,8 @@ def _op_names(ops) -> list[str] | None:
     str would be its characters."""
     if ops is None:
         return None
+    if isinstance(ops, (bytes, bytearray)):
+        raise TypeError(f"ops must be op names as str (\"aten.mm.default\"), got bytes {bytes(ops)!r:.80}")
     if isinstance(ops, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         ops = [ops]  # a packet iterates as its overloads' bare names ("default")
     try:
@@ -876,6 +878,8 @@ def _op_names(ops) -> list[str] | None:
     if bad:
         raise TypeError(f"ops must be op names such as \"aten.mm.default\", got {bad[0]!r:.80} "
                         f"of type {type(bad[0]).__qualname__}")
+    if not names:  # an empty selection, from a filter that matched nothing: None is every op
+        raise ValueError(f"ops={ops!r:.80} names no op: pass op names, or None for every op of the table")
     return names
 
 

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from metaspmd import pytree, reproducible
+from metaspmd.cache import default_cache_dir
 from metaspmd.signature import signature
 
 from .catalog import NAMESPACE, exact_sizes, op_name, positional_names
@@ -796,13 +797,6 @@ def _decode_index(raw: Mapping) -> dict[str, tuple[SampleCall, ...]]:
         )
         for op, calls in raw.items()
     }
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("METASPMD_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "metaspmd"
 
 
 def cache_path(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATURES) -> Path:

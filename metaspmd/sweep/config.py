@@ -94,6 +94,8 @@ def backend_module(name: str) -> str:
     """The module that provides a backend: a short name ('torch') is looked up under
     metaspmd.backends first, then taken as a module path ('tests_pkg.fake_backend').
     Finds the module without importing it (nor its framework)."""
+    if not name.strip():  # an unset shell variable
+        raise SweepError(f"--backend {name!r} names no backend (torch, jax, tvm, or a dotted module path)")
     for module in (f"metaspmd.backends.{name}", name) if "." not in name else (name,):
         if _module_exists(module):
             return module

@@ -88,6 +88,8 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         ops = select_ops(pool.list_ops(), config.patterns)
         if not ops:
             raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}")
+        if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
+            raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
         _check_file_names(registry_io, config.out_root, backend, ops)
         _check_writable(config, registry_io.record_path(config.out_root, backend, ops[0]).parent)
         resumed = tuple(op for op in ops if config.resume

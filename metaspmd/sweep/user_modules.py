@@ -31,7 +31,7 @@ def load_module(ref: str) -> str:
             spec.loader.exec_module(module)
         except BaseException as e:
             sys.modules.pop(name, None)
-            if isinstance(e, Exception):  # the file by name: the worker's report names only the backend
+            if isinstance(e, (Exception, SystemExit)):  # the file by name: the worker's report names only the backend
                 raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
             raise
         return name
@@ -39,7 +39,7 @@ def load_module(ref: str) -> str:
         return importlib.import_module(ref).__name__
     except ImportError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a module that calls sys.exit() on import
         raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
 
 
