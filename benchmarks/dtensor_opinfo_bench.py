@@ -709,6 +709,11 @@ REFUSALS = (
     ("moves a tensor the op writes in place", "register() refuses a call of an installed strategy whose every "
                                               "strategy moves a tensor the op writes into a copy, which on real "
                                               "ranks would take the write"),
+    ("Cannot unflatten tensor with _StridedShard placement", "DTensor's view rules (2 × 2 mesh): a dim cut over both "
+                                                             "mesh dims (_StridedShard) whose split matches no dim of "
+                                                             "the view, which a view cannot redistribute"),
+    ("is invalid for input of size", "DTensor's view rules (2 × 2 mesh) give a rank a local view shape its shard "
+                                     "does not have, and the local view fails, on plain DTensor alike"),
     ("must have the same set of extra dispatch keys", "LocalTensorMode, which simulates the ranks, asserts that "
                                                       "every rank's shard carries the same dispatch keys, and they "
                                                       "do not: the simulation refuses, before any answer"),
