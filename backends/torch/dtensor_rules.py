@@ -258,6 +258,8 @@ def _written_leaves(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> lis
         names.update(_UNDECLARED_WRITES[op_name(op)])
     if any(a.name == "training" for a in schema) and not argument(op, args, kwargs, "training"):
         names -= {"running_mean", "running_var"}  # a batch norm in eval mode reads them only
+    if any(a.name == "grad_scale" for a in schema) and argument(op, args, kwargs, "grad_scale") is None:
+        names -= {"grads"}  # a fused optimizer unscales its grads in place only when given a grad_scale
     if not names:
         return []
     spec_type = _dtensor()[2]

@@ -234,6 +234,31 @@ def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_wor
     assert all(found["register()"][0]) and found["register()"][1][2:4] == [(moments,), (moments,)]
 
 
+@pytest.mark.parametrize("fused", ["adam", "adamw"])
+def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(fake_world_of, tmp_path, fused):
+    """A replicated weight fed a batch-cut input gets a Partial(sum) gradient, which DTensor's
+    rule reduces into a replicated copy. The schema marks the grads written, but the kernel
+    writes them only to unscale them by a grad_scale: with none, register() refused the
+    step (every strategy moved a written tensor); now it runs as plain DTensor does."""
+    fake_world_of(WORLD)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+    (x * want).sum().backward()
+    make = getattr(torch.optim, fused.capitalize() if fused == "adam" else "AdamW")
+    make([want], lr=0.1, fused=True).step()
+
+    def run(mesh):
+        w = torch.nn.Parameter(distribute_tensor(torch.ones(4, dtype=torch.float64), mesh, [Shard(0)])
+                               .redistribute(mesh, [Replicate()]))  # each simulated rank's own storage
+        (distribute_tensor(x, mesh, [Shard(0)]) * w).sum().backward()
+        partial = w.grad.placements == (Partial("sum"),)
+        make([w], lr=0.1, fused=True).step()
+        return partial, w.placements, torch.allclose(_full(w), want.detach())
+
+    found, _ = _plain_and_registered(run, tmp_path)
+    assert found["plain"] == found["register()"] == (True, (Replicate(),), True), found
+
+
 def test_the_guarded_ops_are_those_that_write_a_tensor_dtensor_may_move():
     from torch.distributed.tensor import DTensor as DT
 
