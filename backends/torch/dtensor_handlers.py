@@ -115,6 +115,12 @@ INPLACE_VIEWS = {
 }
 
 
+# Losses whose reduction='mean' is their sum over their total weight (the targets not
+# ignored, weighted), both sums that split over a cut batch: ``mean_as_sum_handler``.
+MEANS_AS_SUMS = ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
+_MEAN, _SUM = 1, 2  # at::Reduction
+
+
 def _dtensor():
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -330,6 +336,35 @@ def write_back_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
         for i, copy in copies.items():
             leaves[i]._local_tensor.copy_(copy.redistribute(copy.device_mesh, leaves[i].placements)._local_tensor)
     return args[0] if in_place(op_call) else out  # an in-place op's self, written back where it lies
+
+
+def mean_as_sum_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """An nll_loss with reduction='mean' as its sum and its total weight (reduction='sum'),
+    each made whole, the one divided by the other, as ATen divides them: over a cut batch
+    those are Partial(sum), two scalars to reduce, where a mean has no placement (each
+    rank's mean divides by its own weight), so the verified rules of the mean gather the
+    input. Other reductions run as they are."""
+    from .dtensor_refuted import argument
+
+    Replicate = _dtensor()[1]
+    if argument(op_call, args, kwargs, "reduction") != _MEAN:
+        return _own_dispatch(op_call, args, kwargs)
+    at = next(i for i, a in enumerate(op_call._schema.arguments) if a.name == "reduction")
+    if at < len(args):
+        args = (*args[:at], _SUM, *args[at + 1:])
+    else:
+        kwargs = {**kwargs, "reduction": _SUM}
+    total, weight = _own_dispatch(op_call, args, kwargs)
+    whole = [Replicate()] * total.device_mesh.ndim
+    total, weight = total.redistribute(total.device_mesh, whole), weight.redistribute(weight.device_mesh, whole)
+    return total / weight, weight
+
+
+def install_mean_as_sum_handler(op: torch._ops.OpOverload, owner: Any = None) -> bool:
+    """``mean_as_sum_handler`` for an op of ``MEANS_AS_SUMS`` whose DTensor rule register()
+    replaced, where DTensor has no handler of its own (loss_parallel puts its own in place
+    for the time of its context); whether it was put (by ``owner``)."""
+    return catalog.op_name(op) in MEANS_AS_SUMS and _put_handler(op, mean_as_sum_handler, owner)
 
 
 def _out_of_place_twin(op: torch._ops.OpOverload):
@@ -570,4 +605,5 @@ def uninstall(names, owner: Any = None) -> None:
 __all__ = ["EXTENDED", "INPLACE_VIEWS", "REPLICATED", "REPLICATE_ONLY", "KeywordPlacementRefused", "WritesMoved",
            "DRAWN_ON_CPU", "cpu_drawing_handler", "drawing_handler", "drawn_whole", "install",
            "install_drawing_handler", "install_keyword_handler", "in_place", "install_write_back_handler",
-           "keyword_handler", "replicated_handler", "uninstall", "write_back_handler"]
+           "keyword_handler", "MEANS_AS_SUMS", "mean_as_sum_handler", "install_mean_as_sum_handler", "replicated_handler",
+           "uninstall", "write_back_handler"]

@@ -783,6 +783,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _OWNERS[op] = report
             report.installed.append(name)
             report.replaced.append(name)
+            if dtensor_handlers.install_mean_as_sum_handler(op, report):
+                report.handled.append(name)
         p = _dtensor()[0]._op_dispatcher.sharding_propagator
         for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
             name = op_name(op)

@@ -929,6 +929,42 @@ def test_a_call_dtensor_reads_right_keeps_its_rule_and_its_cut(results, name):
     torch.testing.assert_close(full, fn(*ins))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_batch_cut_loss_reduces_scalars_not_the_input(fake_world_of, tmp_path, reduction):
+    """cross_entropy of batch-cut logits with padded targets: plain DTensor's mean is the
+    ranks' means averaged (wrong); the verified rules of the mean gathered the logits, every
+    rank computing the whole loss. register() runs the mean as its sum over its total
+    weight: two scalar all-reduces, the logits' gradient kept cut, and right."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    x, t = UNREAD_ARGUMENT_CALLS["aten.nll_loss_forward.default"][1]
+    x = x.double()
+    whole = x.clone().requires_grad_()
+    want = F.cross_entropy(whole, t, reduction=reduction)
+    want.backward()
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        report = dtensor_rules.register(cache=RuleCache(tmp_path))
+        try:
+            cut = distribute_tensor(x, mesh, [_ROWS]).requires_grad_()
+            with CommDebugMode() as comms:
+                loss = F.cross_entropy(cut, distribute_tensor(t, mesh, [_ROWS]), reduction=reduction)
+                loss.backward()
+            got, grad = _full_on_every_rank(loss), _full_on_every_rank(cut.grad)
+            handler = DTensor._op_dispatcher._custom_op_handlers.get(torch.ops.aten.nll_loss_forward.default)
+        finally:
+            dtensor_rules.unregister(report)
+    assert handler is dtensor_handlers.mean_as_sum_handler  # (this register()'s, or an earlier one's still in place)
+    torch.testing.assert_close(got, want.detach())
+    torch.testing.assert_close(grad, whole.grad)
+    assert cut.grad.placements == (_ROWS,)
+    counts = {str(k).split(".")[-1]: n for k, n in comms.get_comm_counts().items()}
+    assert not any("gather" in k for k in counts) and counts.get("all_reduce", 0) <= 2, counts
+
+
 @pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
 def test_a_call_refuted_at_runs_right_under_the_replacement(results, name):
     """On DTensor's own rule the call is wrong (each rank's reduction or scan of its own
