@@ -154,8 +154,8 @@ def _strategy_fn(op: torch._ops.OpOverload, rules_of):
             held = runnable[id(rules)] = (rules, _installable(op, rules), {s.label: s for s in rules})
         shapes = [tuple(a.shape) for a in specs]
         for s, ins, outs in held[1]:
-            if len(ins) != len(shapes) or len(outs) != n_out:
-                continue  # another number of tensors than this entry's
+            if len(ins) != len(shapes) or len(outs) > n_out:
+                continue  # another number of tensors than this entry's (fewer outputs: _with_absent_outputs)
             if (list(outs), list(ins)) not in out and cuts_line_up(s, shapes, held[2]):
                 out.append((list(outs), list(ins)))
         return out
@@ -223,8 +223,11 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
         return _no_empty_shards(op, own(op_schema, called), op_schema)
-    rows = [list(outs) + list(ins) for outs, ins in strategies(*args, **kwargs)]
     n_out = len(op._schema.returns)
+    found = strategies(*args, **kwargs)
+    if any(len(outs) < n_out for outs, _ in found):
+        found = _with_absent_outputs(found, n_out, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
+    rows = [list(outs) + list(ins) for outs, ins in found]
     expanded = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rows, input_index=n_out)
     fixed = [s.placements for s in spec_leaves((), kwargs)]
     placed = [s for s in expanded.strategies
@@ -241,6 +244,26 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
             f"{op}: no verified strategy keeps its keyword tensors placed {fixed}, and DTensor does not "
             "redistribute keyword tensors")
     return expanded
+
+
+def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
+    """``found`` (output placements, input placements) with the outputs a call leaves None
+    (``convolution_backward`` with ``output_mask=[False, True, True]``) placed None: the
+    verified strategies of such a call place the outputs there are, in order, and DTensor
+    takes None for the others. A strategy that does not fit the call's outputs is dropped."""
+    from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+    got = propagator._propagate_tensor_meta_non_cached(op_schema)
+    metas = [got] if isinstance(got, TensorMeta) or got is None else list(got)
+    absent = {i for i, meta in enumerate(metas) if meta is None}
+    out = []
+    for outs, ins in found:
+        if len(outs) == n_out:
+            out.append((outs, ins))
+        elif len(outs) + len(absent) == n_out == len(metas):
+            there = iter(outs)
+            out.append(([None if i in absent else next(there) for i in range(n_out)], ins))
+    return out
 
 
 # Tensors an op writes besides its result: those its schema marks written (``Tensor(a!)``),

@@ -949,9 +949,9 @@ def test_a_batch_cut_loss_reduces_scalars_not_the_input(fake_world_of, tmp_path,
         mesh = DeviceMesh("cpu", list(range(WORLD)))
         report = dtensor_rules.register(cache=RuleCache(tmp_path))
         try:
-            cut = distribute_tensor(x, mesh, [_ROWS]).requires_grad_()
+            cut, targets = distribute_tensor(x, mesh, [_ROWS]).requires_grad_(), distribute_tensor(t, mesh, [_ROWS])
             with CommDebugMode() as comms:
-                loss = F.cross_entropy(cut, distribute_tensor(t, mesh, [_ROWS]), reduction=reduction)
+                loss = F.cross_entropy(cut, targets, reduction=reduction)
                 loss.backward()
             got, grad = _full_on_every_rank(loss), _full_on_every_rank(cut.grad)
             handler = DTensor._op_dispatcher._custom_op_handlers.get(torch.ops.aten.nll_loss_forward.default)
@@ -962,7 +962,39 @@ def test_a_batch_cut_loss_reduces_scalars_not_the_input(fake_world_of, tmp_path,
     torch.testing.assert_close(grad, whole.grad)
     assert cut.grad.placements == (_ROWS,)
     counts = {str(k).split(".")[-1]: n for k, n in comms.get_comm_counts().items()}
-    assert not any("gather" in k for k in counts) and counts.get("all_reduce", 0) <= 2, counts
+    assert set(counts) <= {"all_reduce"} and counts.get("all_reduce", 0) <= 2, counts
+
+
+def test_a_call_that_leaves_an_output_none_keeps_the_cuts_of_the_others(fake_world_of, tmp_path):
+    """The first convolution of a batch-cut net: its input needs no gradient, so the
+    backward's output_mask leaves grad_input None, and the verified strategies of that call
+    place two outputs of the schema's three. They were dropped, and the batch was gathered
+    on every rank; now the weight's and bias's gradients stay Partial(sum), as on plain
+    DTensor, with no communication."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    g = torch.Generator().manual_seed(6)
+    x, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((8, 3, 6, 6), (4, 3, 3, 3), (4,)))
+    want = [t.clone().requires_grad_() for t in (w, b)]
+    F.conv2d(x, *want, padding=1).sum().backward()
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        report = dtensor_rules.register(cache=RuleCache(tmp_path))
+        try:
+            params = [distribute_tensor(t, mesh, [Replicate()]).requires_grad_() for t in (w, b)]
+            cut = distribute_tensor(x, mesh, [_ROWS])
+            with CommDebugMode() as comms:
+                F.conv2d(cut, *params, padding=1).sum().backward()
+            grads = [(p.grad.placements, _full_on_every_rank(p.grad)) for p in params]
+        finally:
+            dtensor_rules.unregister(report)
+    assert comms.get_total_counts() == 0, comms.get_comm_counts()
+    for (placements, got), expected in zip(grads, want):
+        assert placements == (Partial("sum"),)
+        torch.testing.assert_close(got, expected.grad)
 
 
 @pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
