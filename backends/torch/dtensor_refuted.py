@@ -37,10 +37,6 @@ REFUTED = {
         "with its keyword rtol (or atol) cut, DTensor's rule calls the output Replicate and runs each rank "
         "on its own rows of the thresholds, never redistributing them (linalg_pinv.rcond_tensor decomposes "
         "into it: each rank's output holds only its rows)",
-    "aten.gather.default":
-        "with index cut along a dim it does not gather and shorter there than self, DTensor's rule runs each "
-        "rank's index rows against self's first rows (self Replicate) or against its own, longer, shard of "
-        "self's rows (self cut alike): wrong values (take_along_dim decomposes into it)",
 }
 # The ops whose DTensor rule is refuted at some of their calls only: (op, args, kwargs) of
 # DTensorSpecs -> whether the call is one (``_refuted_at``). Their other calls keep it.
@@ -65,6 +61,20 @@ _refuted_at(
     ("aten.fill_.Scalar",), _partial_self,
     "a Partial(sum) self stays Partial(sum), so every rank's fill counts once per rank (the decomposition of "
     "1 - x fills an empty_like of x: cosine_embedding_loss with its second input Shard(1))")
+
+
+def _index_of_other_lengths(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """gather's index shorter (or longer) than self along a dim it does not gather."""
+    self, dim, index = args[0], args[1], args[2]
+    dim %= max(len(self.shape), 1)
+    return any(d != dim and n != m for d, (n, m) in enumerate(zip(index.shape, self.shape)))
+
+
+_refuted_at(
+    ("aten.gather.default",), _index_of_other_lengths,
+    "with index cut along a dim it does not gather and shorter there than self, DTensor's rule runs each "
+    "rank's index rows against self's first rows (self Replicate) or against its own, longer, shard of "
+    "self's rows (self cut alike): wrong values (take_along_dim decomposes into it)")
 
 
 def argument(op: torch._ops.OpOverload, args: tuple, kwargs: dict, name: str):

@@ -872,7 +872,8 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
 
 
 def test_every_op_refuted_at_some_calls_is_called_at_one(results):
-    called = {key.split(":")[0] for key in set(REFUTED_AT_CALLS).union(*CALL_GROUPS.values())} | {"aten.fill_.Scalar"}
+    called = {key.split(":")[0] for key in set(REFUTED_AT_CALLS).union(*CALL_GROUPS.values())} | {
+        "aten.fill_.Scalar", "aten.gather.default"}  # (their refuted calls: "refuted calls")
     assert called == set(dtensor_rules.REFUTED_AT)
 
 
@@ -911,6 +912,9 @@ KEPT_CALLS = {
     "aten.threshold.default": (  # value <= threshold: non-decreasing, Partial(max) passes
         lambda m: F.threshold(m.amax(0), 0.0, -5.0), [_PARTS], _MAX_PARTS, Partial("max")),
     "aten.sum.default": (lambda a, b: torch.sum(a @ b), [_ONES, _FRACTIONS], _SUM_PARTS, Partial("sum")),
+    "aten.gather.default": (  # index as long as self along the cut rows (log-probabilities of targets)
+        _gather_1, [torch.randn(8, 12, generator=_G), torch.randint(0, 12, (8, 3), generator=_G)], [_ROWS] * 2,
+        _ROWS),
 }
 
 
