@@ -94,6 +94,7 @@ def solve(
             raise Infeasible("beam search found no plan within the memory budget")
         return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
     name = "highs" if solver == "highs" else "cbc"
+    infeasible = None
     try:
         found = _solve_ilp(small, solver, time_limit, warm, threads, started, gap)
     except ImportError as err:  # mip (or highspy) is an optional dependency
@@ -102,14 +103,16 @@ def solve(
         warnings.warn(f"ILP solver unavailable ({err}); using the beam-search plan", RuntimeWarning, stacklevel=2)
         return make_plan(problem, lighter_inputs(problem, beam[0]), beam[1])
     except Infeasible as err:
+        infeasible = err
+    if infeasible is not None:  # out of the except: the user reads one error, not a chain of retries
         if reductions.tie or reductions.follow:
             # The heuristic reductions may be what rules every plan out; retry exactly.
             exact = Reductions(fixed=reductions.fixed, follow=False, tie=False, chains=reductions.chains)
             return solve(problem, solver, time_limit, exact, beam_width, threads, started, gap)
         least = _least_memory(small, time_limit)
         if least is not None and least > small.memory_budget * (1 + MEMORY_RTOL):
-            raise _no_plan_fits(small, least) from err
-        raise
+            raise _no_plan_fits(small, least)
+        raise infeasible
     if found is None:  # the time limit stopped the ILP before it had a solution
         if beam is None:
             # beam search found nothing either: a budget no plan fits, or one only the ILP could meet

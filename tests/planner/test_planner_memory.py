@@ -47,8 +47,10 @@ def test_the_budget_is_on_the_peak_and_the_least_peak_is_named():
         result = plan(ir, strategies, MESH, memory_budget=1.5 * MIB, solver=solver)
         assert result.memory <= 1.5 * MIB
     # every value cut in two, step 1 still holds x, relu's and neg's halves: 1.5 MiB
-    with pytest.raises(Infeasible, match="the least any plan needs is 1,572,864"):
+    with pytest.raises(Infeasible, match="the least any plan needs is 1,572,864") as refused:
         plan(ir, strategies, MESH, memory_budget=1.4 * MIB)
+    # one error, not the solver's and its exact retry's chained before it ("During handling ...")
+    assert refused.value.__context__ is None and refused.value.__cause__ is None
 
 
 def test_a_budget_below_the_replicated_plan_that_no_cut_lowers_says_why():
