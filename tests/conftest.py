@@ -55,6 +55,37 @@ def fake_world_of():
     return start
 
 
+@pytest.fixture(scope="session")
+def plain_and_registered(fake_world_of):
+    """``plain_and_registered(run, rules, world=4)``: ``run(mesh)`` on plain DTensor, then
+    under register() (its rule cache in the folder ``rules``), on a mesh of ``world``
+    simulated ranks (fake process group and LocalTensorMode), as ``{"plain": ...,
+    "register()": ...}``, with that register()'s report (undone before the return)."""
+    def both(run, rules, world: int = 4) -> tuple[dict, object]:
+        import warnings
+
+        from torch.distributed._local_tensor import LocalTensorMode
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from metaspmd.backends.torch import dtensor_rules
+        from metaspmd.cache import RuleCache
+
+        warnings.filterwarnings("ignore")
+        fake_world_of(world)
+        found = {}
+        with LocalTensorMode(frozenset(range(world))):
+            mesh = DeviceMesh("cpu", list(range(world)))
+            found["plain"] = run(mesh)
+            report = dtensor_rules.register(cache=RuleCache(rules))
+            try:
+                found["register()"] = run(mesh)
+            finally:
+                dtensor_rules.unregister(report)
+        return found, report
+
+    return both
+
+
 # The frame of a script run on two gloo ranks: a body between them sees ``torch``, ``dist``,
 # ``F``, ``DeviceMesh``, ``Replicate``, ``Shard``, ``distribute_tensor``, ``mesh`` (of both
 # ranks) and ``report`` (a register()'s, or None: plain DTensor), and fills the dict ``got``.

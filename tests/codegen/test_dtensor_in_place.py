@@ -4,13 +4,11 @@ register() they run on their verified rules, self written where it lies (moved i
 and written back where no rule keeps it), and a Partial self that would have to move is
 refused, naming the op."""
 
-import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
-from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed._local_tensor import LocalTensor  # noqa: E402
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
 from metaspmd.backends.torch import dtensor_rules  # noqa: E402
@@ -69,20 +67,9 @@ def _run(mesh) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(fake_world_of, tmp_path_factory):
-    from metaspmd.cache import RuleCache
-
-    warnings.filterwarnings("ignore")
-    fake_world_of(WORLD)
-    with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = DeviceMesh("cpu", list(range(WORLD)))
-        plain = _run(mesh)
-        report = dtensor_rules.register(cache=RuleCache(tmp_path_factory.mktemp("rules")))
-        try:
-            registered = _run(mesh)
-        finally:
-            dtensor_rules.unregister(report)
-    return plain, registered, report
+def runs(plain_and_registered, tmp_path_factory):
+    found, report = plain_and_registered(_run, tmp_path_factory.mktemp("rules"), WORLD)
+    return found["plain"], found["register()"], report
 
 
 @pytest.mark.parametrize("name", CALLS)

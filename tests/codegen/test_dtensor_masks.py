@@ -3,7 +3,6 @@ dim) is reduced under register() before an op could move its positions: DTensor 
 view, slice, reduction and concatenation rules kept it, with its mask, on tensors whose
 positions had moved (silently wrong values, or an IndexError from the mask)."""
 
-import warnings
 
 import pytest
 
@@ -13,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor  # noqa: E402
 from torch.distributed.tensor.placement_types import _MaskPartial  # noqa: E402
 
-from metaspmd.backends.torch import dtensor_masks, dtensor_rules  # noqa: E402
+from metaspmd.backends.torch import dtensor_masks  # noqa: E402
 
 F = torch.nn.functional
 WORLD = 4
@@ -87,21 +86,12 @@ def _verdicts(mesh, maker):
 
 
 @pytest.fixture(scope="module")
-def verdicts(fake_world_of, tmp_path_factory):
-    from metaspmd.cache import RuleCache
-
-    warnings.filterwarnings("ignore")
-    fake_world_of(WORLD)
+def verdicts(plain_and_registered, tmp_path_factory):
+    found, report = plain_and_registered(lambda mesh: {m: _verdicts(mesh, m) for m in MAKERS},
+                                         tmp_path_factory.mktemp("rules"), WORLD)
     with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = DeviceMesh("cpu", list(range(WORLD)))
-        plain = {m: _verdicts(mesh, m) for m in MAKERS}
-        report = dtensor_rules.register(cache=RuleCache(tmp_path_factory.mktemp("rules")))
-        try:
-            registered = {m: _verdicts(mesh, m) for m in MAKERS}
-        finally:
-            dtensor_rules.unregister(report)
-        after = _verdicts(mesh, "embedding")
-    return plain, registered, report, after
+        after = _verdicts(DeviceMesh("cpu", list(range(WORLD))), "embedding")
+    return found["plain"], found["register()"], report, after
 
 
 def test_plain_dtensor_moves_the_mask(verdicts):

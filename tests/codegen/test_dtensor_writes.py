@@ -153,26 +153,9 @@ def test_a_batch_norm_that_updates_replicated_running_statistics_does_not_cut_th
         torch.testing.assert_close(got, want)
 
 
-def _plain_and_registered(run, tmp_path) -> tuple[dict, object]:
-    """``run(mesh)`` on plain DTensor and under register() (a mesh of WORLD simulated ranks),
-    by column, and the report of that register()."""
-    from metaspmd.cache import RuleCache
-
-    found = {}
-    with LocalTensorMode(frozenset(range(WORLD))):
-        mesh = DeviceMesh("cpu", list(range(WORLD)))
-        found["plain"] = run(mesh)
-        report = dtensor_rules.register(cache=RuleCache(tmp_path))
-        try:
-            found["register()"] = run(mesh)
-        finally:
-            dtensor_rules.unregister(report)
-    return found, report
-
-
 @pytest.mark.parametrize("placements", [(Replicate(), Replicate(), Shard(0)), (Shard(1), Replicate(), Shard(0)),
                                         (Shard(0), Shard(0), Replicate())])
-def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_path, placements):
+def test_running_statistics_placed_apart_are_written_back(fake_world_of, plain_and_registered, tmp_path, placements):
     """No strategy of DTensor's batch norm rule keeps a replicated mean beside a cut var (or
     the other way round): plain DTensor moved one into a copy, which took the update, and
     register()'s write guard refused the call. Its write-back handler runs the op on the copy
@@ -189,7 +172,7 @@ def test_running_statistics_placed_apart_are_written_back(fake_world_of, tmp_pat
         return (torch.allclose(_full(out), want), torch.allclose(_full(m), want_mean),
                 torch.allclose(_full(v), want_var), m.placements, v.placements)
 
-    found, report = _plain_and_registered(run, tmp_path)
+    found, report = plain_and_registered(run, tmp_path, WORLD)
     assert "aten.native_batch_norm.default" in report.handled
     assert found["plain"][0] and not all(found["plain"][1:3])  # a statistic lost its update
     assert found["register()"] == (True, True, True, (pm,), (pv,))
@@ -212,7 +195,7 @@ ADAM_STEP = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("moments", [Replicate(), Shard(1)])
-def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, tmp_path, moments):
+def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, plain_and_registered, tmp_path, moments):
     """Row-cut parameters and gradients, moments replicated or column-cut: plain DTensor
     updated moved copies of the moments (and, column-cut, computed into strided copies,
     which the CPU kernel gets wrong); under register() every tensor is right and in place.
@@ -229,13 +212,13 @@ def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_wor
         adam(*ts)
         return [torch.allclose(_full(t), w) for t, w in zip(ts, want)], [t.placements for t in ts]
 
-    found, _ = _plain_and_registered(run, tmp_path)
+    found, _ = plain_and_registered(run, tmp_path, WORLD)
     assert not all(found["plain"][0])
     assert all(found["register()"][0]) and found["register()"][1][2:4] == [(moments,), (moments,)]
 
 
 @pytest.mark.parametrize("fused", ["adam", "adamw"])
-def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(fake_world_of, tmp_path, fused):
+def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(fake_world_of, plain_and_registered, tmp_path, fused):
     """A replicated weight fed a batch-cut input gets a Partial(sum) gradient, which DTensor's
     rule reduces into a replicated copy. The schema marks the grads written, but the kernel
     writes them only to unscale them by a grad_scale: with none, register() refused the
@@ -255,7 +238,7 @@ def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(fake_world_of, 
         make([w], lr=0.1, fused=True).step()
         return partial, w.placements, torch.allclose(_full(w), want.detach())
 
-    found, _ = _plain_and_registered(run, tmp_path)
+    found, _ = plain_and_registered(run, tmp_path, WORLD)
     assert found["plain"] == found["register()"] == (True, (Replicate(),), True), found
 
 
@@ -364,7 +347,7 @@ def test_a_kernel_that_crashes_on_an_empty_shard_is_given_none():
 
 @pytest.mark.parametrize("name, fn", [("tril_.default", lambda x: x.tril_()), ("triu_.default", lambda x: x.triu_(1)),
                                       ("floor_divide_.Tensor", lambda x: x.floor_divide_(torch.full_like(x, 0.7)))])
-def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(fake_world_of, tmp_path, name, fn):
+def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(fake_world_of, plain_and_registered, tmp_path, name, fn):
     """DTensor has no rule for tril_ and its decomposition path finds none (householder_product's
     and ormqr's backward call it): plain DTensor raises at every placement. Under register()
     it runs as tril, whose rule DTensor has, written into self where self lies; a Partial
@@ -390,7 +373,7 @@ def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(fake_world_
             found[str(placement)] = (out is self, self.placements, torch.allclose(_full(self), want_here))
         return found
 
-    found, _ = _plain_and_registered(run, tmp_path)
+    found, _ = plain_and_registered(run, tmp_path, WORLD)
     assert all(v is True for v in found["plain"].values())  # refused, naming the op, everywhere
     registered = found["register()"]
     assert registered.pop(str(Partial("sum"))) is True
