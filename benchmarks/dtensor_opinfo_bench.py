@@ -654,6 +654,9 @@ WHY = {
     "stft": "with the signal cut, its framing as_strided would view a gathered copy, not the input: views "
             "never redistribute (replicated signals run)",
     "normal.number_mean": "random, and torch's DTensorConverter cannot convert its sample's tensors",
+    **{k: "runs torch's own custom op (torch_nn._linear_cross_entropy_batch_chunked*), not an ATen op: no table "
+          "covers it (the sweep's are ATen's) and DTensor has no rule for it"
+       for k in ("nn.functional.linear_cross_entropy.chunked", "nn.functional.linear_cross_entropy.chunked_none")},
     # later samples (--samples > 1)
     "matmul": "its backward with a 1-d operand meets DTensor's own error: a spec whose sizes and strides "
               "differ in length",
