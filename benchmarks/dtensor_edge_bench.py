@@ -176,7 +176,7 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
 
         if not isinstance(s, DTensor):
             return s.clone()
-        return s.redistribute(s.device_mesh, [Shard(0)]).redistribute(s.device_mesh, s.placements)
+        return s.redistribute(s.device_mesh, [Shard(0)] * s.device_mesh.ndim).redistribute(s.device_mesh, s.placements)
 
     in_place = {
         "addr_(s, u, v, alpha=2)": (lambda s, a, b: own(s).addr_(a, b, alpha=2.0), [y, u, v]),

@@ -334,7 +334,11 @@ def _wanted(strategies, written: Mapping[int, int]) -> dict:
     """Where the strategy DTensor would pick (``_moving_cost``) puts each written tensor:
     ``written`` maps its position among a strategy's inputs to its position among the call's
     DTensorSpecs."""
-    pick = min(strategies, key=_moving_cost, default=None)
+    # DTensor moves nothing into a Partial placement: a strategy that would is no pick (a
+    # Partial self of put_'s accumulation rule, on a 2-D mesh)
+    movable = [s for s in strategies if not any(p.is_partial() for n in written if n < len(s.input_specs or ())
+                                                for p in s.input_specs[n].placements)]
+    pick = min(movable, key=_moving_cost, default=None)
     if pick is None:
         return {}
     return {at: tuple(pick.input_specs[n].placements) for n, at in written.items() if n < len(pick.input_specs or ())}

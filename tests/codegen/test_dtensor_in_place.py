@@ -128,3 +128,30 @@ for name, (fn, others) in calls.items():
 def test_in_place_ops_on_two_gloo_ranks(on_two_gloo_ranks, registered):
     for got in on_two_gloo_ranks(GLOO, registered):
         assert set(got.values()) == ({True} if registered else {"refused"}), got
+
+
+def test_a_self_written_back_on_a_2d_mesh_is_never_moved_into_a_partial(fake_world_of, tmp_path):
+    """put_ with accumulation has a rule that takes self Partial(sum): on a 2 × 2 mesh the
+    write-back picked it for a (Replicate, Shard(1)) self, and DTensor refused to move self
+    into Partial. The pick is now among strategies that move no written tensor into one."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    fn, others, _ = CALLS["put_ (accumulate)"]
+    want = fn(X.clone(), *others)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", torch.arange(WORLD).reshape(2, 2))
+        report = dtensor_rules.register(cache=RuleCache(tmp_path))
+        try:
+            s = distribute_tensor(X.clone(), mesh, [Shard(0), Shard(0)]).redistribute(mesh, [Replicate(), Shard(1)])
+            fn(s, distribute_tensor(others[0], mesh, [Replicate(), Shard(0)]),
+               distribute_tensor(others[1], mesh, [Shard(0), Replicate()]))
+            placements, full = s.placements, s.full_tensor()
+        finally:
+            dtensor_rules.unregister(report)
+    assert placements == (Replicate(), Shard(1))
+    ranks = list(full._local_tensors.values()) if isinstance(full, LocalTensor) else [full]
+    assert all(torch.allclose(r, want) for r in ranks)
