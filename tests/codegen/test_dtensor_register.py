@@ -1147,3 +1147,35 @@ def test_an_op_whose_rules_dtensor_cannot_run_runs_replicated_and_keeps_a_cut_th
     assert [p for p, _ in got] == [(Replicate(),), (Shard(0),)]
     torch.testing.assert_close(got[0][1], torch.hash_tensor(x), rtol=0, atol=0)
     torch.testing.assert_close(got[1][1], torch.hash_tensor(x, dim=1), rtol=0, atol=0)
+
+
+# A data-parallel training step on real ranks: a batch-cut input through replicated
+# weights, cross_entropy with padded targets, a fused Adam step (its gradients Partial(sum)).
+DATA_PARALLEL = """
+g = torch.Generator().manual_seed(7)
+x, w0 = torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randn(6, 5, generator=g, dtype=torch.float64)
+t = torch.randint(0, 5, (8,), generator=g)
+t[:3] = -100  # padding, all on rank 0's rows: the ranks' means and the mean differ
+w = torch.nn.Parameter(w0.clone())
+want_loss = F.cross_entropy(x @ w, t)
+want_loss.backward()
+torch.optim.Adam([w], lr=0.1, fused=True).step()
+wd = torch.nn.Parameter(distribute_tensor(w0.clone(), mesh, [Replicate()]))
+loss = F.cross_entropy(distribute_tensor(x, mesh, [Shard(0)]) @ wd, distribute_tensor(t, mesh, [Shard(0)]))
+loss.backward()
+got["grad"] = bool(torch.allclose(wd.grad.full_tensor(), w.grad))
+torch.optim.Adam([wd], lr=0.1, fused=True).step()
+got["loss"] = bool(torch.allclose(loss.full_tensor(), want_loss))
+got["step"] = bool(torch.allclose(wd.full_tensor(), w.detach()))
+"""
+
+
+@pytest.mark.slow  # two processes that import torch, twice
+@pytest.mark.parametrize("registered", [False, True])
+def test_a_data_parallel_step_on_two_gloo_ranks(on_two_gloo_ranks, registered):
+    """Plain DTensor's loss is the mean of the ranks' means, wrong with padded targets (its
+    gradient, scaled by the whole total weight, is right); under register() the loss is its
+    sum over its weight (two scalar all-reduces), and the fused step, which register() had
+    refused for its Partial(sum) gradient, reads it: all match one device."""
+    for got in on_two_gloo_ranks(DATA_PARALLEL, registered):
+        assert got == {"grad": True, "loss": registered, "step": True}, got
