@@ -155,13 +155,12 @@ def test_a_batch_norm_that_updates_replicated_running_statistics_does_not_cut_th
 
 @pytest.mark.parametrize("placements", [(Replicate(), Replicate(), Shard(0)), (Shard(1), Replicate(), Shard(0)),
                                         (Shard(0), Shard(0), Replicate())])
-def test_running_statistics_placed_apart_are_written_back(fake_world_of, plain_and_registered, tmp_path, placements):
+def test_running_statistics_placed_apart_are_written_back(plain_and_registered, tmp_path, placements):
     """No strategy of DTensor's batch norm rule keeps a replicated mean beside a cut var (or
     the other way round): plain DTensor moved one into a copy, which took the update, and
     register()'s write guard refused the call. Its write-back handler runs the op on the copy
     DTensor's pick wants and writes the copy back: both statistics are updated, each kept
     where it was."""
-    fake_world_of(WORLD)
     px, pm, pv = placements
     want_mean, want_var = BN_MEAN.clone(), BN_VAR.clone()
     want = F.batch_norm(BN_X, want_mean, want_var, training=True, momentum=0.3)
@@ -195,13 +194,12 @@ ADAM_STEP = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("moments", [Replicate(), Shard(1)])
-def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_world_of, plain_and_registered, tmp_path, moments):
+def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(plain_and_registered, tmp_path, moments):
     """Row-cut parameters and gradients, moments replicated or column-cut: plain DTensor
     updated moved copies of the moments (and, column-cut, computed into strided copies,
     which the CPU kernel gets wrong); under register() every tensor is right and in place.
     (Replicated parameters are checked on gloo: here a replicated tensor is one storage that
     each simulated rank updates.)"""
-    fake_world_of(WORLD)
     ns = {"torch": torch}
     exec(ADAM_STEP, ns)  # the gloo test's step, on one device
     p, grad, m, v, step, adam, want = (ns[k] for k in ("p", "grad", "m", "v", "step", "adam", "want"))
@@ -218,12 +216,11 @@ def test_a_fused_adam_step_updates_moments_placed_unlike_the_parameters(fake_wor
 
 
 @pytest.mark.parametrize("fused", ["adam", "adamw"])
-def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(fake_world_of, plain_and_registered, tmp_path, fused):
+def test_a_fused_step_with_a_partial_gradient_reads_it_unwritten(plain_and_registered, tmp_path, fused):
     """A replicated weight fed a batch-cut input gets a Partial(sum) gradient, which DTensor's
     rule reduces into a replicated copy. The schema marks the grads written, but the kernel
     writes them only to unscale them by a grad_scale: with none, register() refused the
     step (every strategy moved a written tensor); now it runs as plain DTensor does."""
-    fake_world_of(WORLD)
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     want = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
     (x * want).sum().backward()
@@ -347,13 +344,12 @@ def test_a_kernel_that_crashes_on_an_empty_shard_is_given_none():
 
 @pytest.mark.parametrize("name, fn", [("tril_.default", lambda x: x.tril_()), ("triu_.default", lambda x: x.triu_(1)),
                                       ("floor_divide_.Tensor", lambda x: x.floor_divide_(torch.full_like(x, 0.7)))])
-def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(fake_world_of, plain_and_registered, tmp_path, name, fn):
+def test_an_in_place_op_dtensor_has_no_strategy_for_runs_as_its_twin(plain_and_registered, tmp_path, name, fn):
     """DTensor has no rule for tril_ and its decomposition path finds none (householder_product's
     and ormqr's backward call it): plain DTensor raises at every placement. Under register()
     it runs as tril, whose rule DTensor has, written into self where self lies; a Partial
     self, which nothing can be moved into, is refused as DTensor refuses it. The twin of
     floor_divide_.Tensor is floor_divide.default, an overload of another name."""
-    fake_world_of(WORLD)
     x = torch.randn(6, 5, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = fn(x.clone())
 
