@@ -13,7 +13,8 @@ with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's ro
 ``masked`` (a row-cut table's lookup, which DTensor gives as a masked Partial, then a
 transpose, reshape, slice or sum that moves the positions its mask names), ``in-place``
 (in-place ops DTensor has neither a rule nor a decomposition for, or whose decomposition
-finds no strategy: ``addr_``, ``masked_scatter_``, ``put_``, ``tril_``, ...).
+finds no strategy: ``addr_``, ``masked_scatter_``, ``put_``, ``tril_``, ...; and ops that return
+nothing and write the tensors given, ``_fused_sgd_``, ``_foreach_copy_``).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -178,6 +179,13 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
             return s.clone()
         return s.redistribute(s.device_mesh, [Shard(0)] * s.device_mesh.ndim).redistribute(s.device_mesh, s.placements)
 
+    def written(call, *selves):
+        """An op that returns nothing (``_fused_sgd_``) on own copies of the tensors it
+        writes: the copies, each as it is after the call, side by side."""
+        selves = [own(t) for t in selves]
+        call(*selves)
+        return torch.cat(selves, 1) if len(selves) > 1 else selves[0]
+
     in_place = {
         "addr_(s, u, v, alpha=2)": (lambda s, a, b: own(s).addr_(a, b, alpha=2.0), [y, u, v]),
         "masked_scatter_(s, m, src)": (lambda s, m, t: own(s).masked_scatter_(m, t), [y, mask, source]),
@@ -188,6 +196,11 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         "floor_divide_(s, o)": (lambda s, o: own(s).floor_divide_(o), [y, x]),
         "tril_(s, -1)": (lambda s: own(s).tril_(-1), [y]),
         "cumsum_(s, -1)": (lambda s: own(s).cumsum_(-1), [y]),
+        "_fused_sgd_([p], [g], [m])": (lambda p, gr, m: written(lambda p, m: A._fused_sgd_(
+            [p], [gr], [m], weight_decay=0.1, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True, maximize=False,
+            is_first_step=False), p, m), [y, x, u.outer(v)]),
+        "_foreach_copy_([s], [o])": (lambda s, o: written(lambda s: A._foreach_copy_([s], [o]), s), [y, x]),
+        "_foreach_maximum_([s], 0.3)": (lambda s: written(lambda s: A._foreach_maximum_.Scalar([s], 0.3), s), [y]),
     }
     for name, (fn, ins) in in_place.items():
         out.append(("in-place", name, fn, ins))

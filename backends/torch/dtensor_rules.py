@@ -82,7 +82,7 @@ def _supported_schema(op: torch._ops.OpOverload) -> str:
     schema = op._schema
     if schema.is_mutable and not _in_place_of_values(op):
         return "mutates an input"
-    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+    if (not schema.returns and not schema.is_mutable) or any(str(r.type) != "Tensor" for r in schema.returns):
         return "returns something other than plain tensors"
     return ""
 
@@ -96,17 +96,22 @@ _WRITES_STORAGE = frozenset({
 
 def _in_place_of_values(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` writes new values into its self and nothing else (``addr_``,
-    ``masked_scatter_``, ``_add_relu_``), so that its verified rules can go to DTensor with
-    self kept where it lies (``_expanded``) and written back where they move it
-    (``write_back_handler``). Not: random ops (a shard's draw is not the whole draw's),
-    in-place views and storage writes (they change self's metadata, not its values), and
-    the ops DTensor runs through its decomposition path, which ``register()`` guards."""
+    ``masked_scatter_``, ``_add_relu_``), or returns nothing and writes values into the
+    tensors and tensor lists it is given (``_fused_sgd_``, ``_foreach_copy_``), so that its
+    verified rules can go to DTensor with the written tensors kept where they lie
+    (``_expanded``) and written back where they move them (``write_back_handler``). Not:
+    random ops (a shard's draw is not the whole draw's), in-place views and storage writes
+    (they change self's metadata, not its values), out= ops, and the ops DTensor runs
+    through its decomposition path, which ``register()`` guards."""
     from torch.distributed.tensor._decompositions import DecompShardingStrategy
 
     from .dtensor_handlers import in_place
 
     written = [a for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    return (in_place(op) and len(written) == 1 and not tagged_random(op) and torch.Tag.inplace_view not in op.tags
+    of_values = (in_place(op) and len(written) == 1) or (
+        not op._schema.returns and bool(written)
+        and all(str(a.type) in ("Tensor", "List[Tensor]") and not a.is_out for a in written))
+    return (of_values and not tagged_random(op) and torch.Tag.inplace_view not in op.tags
             and op_name(op) not in _WRITES_STORAGE and not DecompShardingStrategy.has_decomp(op))
 
 
@@ -153,7 +158,12 @@ def _strategy_fn(op: torch._ops.OpOverload, rules_of):
         if held is None or held[0] is not rules:
             held = runnable[id(rules)] = (rules, _installable(op, rules), {s.label: s for s in rules})
         shapes = [tuple(a.shape) for a in specs]
+        written = _written_leaves(op, args, kwargs, every=True) if not n_out else []
         for s, ins, outs in held[1]:
+            if written:
+                outs = _written_in_place(outs, ins, written)
+                if outs is None:
+                    continue
             if len(ins) != len(shapes) or len(outs) > n_out:
                 continue  # another number of tensors than this entry's (fewer outputs: _with_absent_outputs)
             if (list(outs), list(ins)) not in out and cuts_line_up(s, shapes, held[2]):
@@ -161,6 +171,17 @@ def _strategy_fn(op: torch._ops.OpOverload, rules_of):
         return out
 
     return strategies
+
+
+def _written_in_place(outs: Sequence, ins: Sequence, written: Sequence[int]) -> tuple | None:
+    """The outputs DTensor places of a strategy of an op that returns nothing (none), where
+    the rule's outputs, the written tensors' new values in order, lie as those tensors lie
+    (``written``: their positions among the inputs): written in place, each is then right
+    where it is. None where one does not: that strategy would change a written tensor's
+    placement, which an op that returns nothing cannot."""
+    if len(outs) != len(written) or any(o != ins[i] for o, i in zip(outs, written) if i < len(ins)):
+        return None
+    return ()
 
 
 def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
@@ -271,17 +292,18 @@ def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
 _UNDECLARED_WRITES = {"aten.native_batch_norm.default": ("running_mean", "running_var")}
 
 
-def _written_leaves(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[int]:
+def _written_leaves(op: torch._ops.OpOverload, args: tuple, kwargs: dict, every: bool = False) -> list[int]:
     """The positions, among the call's DTensorSpecs (``spec_leaves``' order), of the
     tensors ``op`` writes in place. out= tensors are keyword tensors, which DTensor keeps
-    where they are anyway."""
+    where they are anyway. ``every``: those its schema marks written, whether or not the
+    call writes them (the outputs of an op that returns nothing, in the rules)."""
     schema = op._schema.arguments
     names = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only}
     if op_name(op) in _UNDECLARED_WRITES:
         names.update(_UNDECLARED_WRITES[op_name(op)])
-    if any(a.name == "training" for a in schema) and not argument(op, args, kwargs, "training"):
+    if not every and any(a.name == "training" for a in schema) and not argument(op, args, kwargs, "training"):
         names -= {"running_mean", "running_var"}  # a batch norm in eval mode reads them only
-    if any(a.name == "grad_scale" for a in schema) and argument(op, args, kwargs, "grad_scale") is None:
+    if not every and any(a.name == "grad_scale" for a in schema) and argument(op, args, kwargs, "grad_scale") is None:
         names -= {"grads"}  # a fused optimizer unscales its grads in place only when given a grad_scale
     if not names:
         return []

@@ -1,8 +1,11 @@
 """In-place ops DTensor 2.13 has no rule for, nor a decomposition (``addr_``,
-``masked_scatter_``, ``put_``, ...): plain DTensor refuses them at every placement; under
-register() they run on their verified rules, self written where it lies (moved into a copy
-and written back where no rule keeps it), and a Partial self that would have to move is
-refused, naming the op."""
+``masked_scatter_``, ``put_``, ...), and ops that return nothing and write the tensors they
+are given (``_fused_sgd_``, ``_fused_adagrad_``, ``_foreach_copy_``): plain DTensor refuses
+them at every placement; under register() they run on their verified rules, the written
+tensors written where they lie (moved into a copy and written back where no rule keeps
+them), and a Partial written tensor that would have to move is refused, naming the op."""
+
+import itertools
 
 
 import pytest
@@ -95,8 +98,77 @@ def test_the_in_place_ops_installed_write_values_into_self_alone():
         assert installable(op)
     for op in (aten.uniform_.default, aten.bernoulli_.Tensor, aten.transpose_.default, aten.t_.default,
                aten.as_strided_.default, aten.resize_.default, aten.set_.source_Tensor, aten.index_add_.default,
-               aten.scatter_add_.default, aten.add.out, aten._amp_update_scale_.default):
+               aten.scatter_add_.default, aten.add.out, aten._amp_update_scale_.default,
+               aten._foreach_add.List_out, aten.set_data.default):
         assert not installable(op), op
+
+
+def test_ops_that_return_nothing_and_write_values_are_installed_too():
+    installable = dtensor_rules._in_place_of_values
+    for op in (aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr, aten._fused_adagrad_.default,
+               aten._foreach_copy_.default, aten._foreach_maximum_.Scalar, aten._cummax_helper.default):
+        assert installable(op) and not dtensor_rules._supported_schema(op), op
+
+
+def _placed(mesh, x, placement):
+    """``x`` placed so that each simulated rank holds storage of its own (a Partial(sum) as
+    the product of a column cut of x and a row cut of the identity)."""
+    if placement == Partial("sum"):
+        eye = torch.eye(x.shape[1], dtype=x.dtype)
+        return distribute_tensor(x, mesh, [Shard(1)]) @ distribute_tensor(eye, mesh, [Shard(0)])
+    return distribute_tensor(x.clone(), mesh, [Shard(0)]).redistribute(mesh, [placement])
+
+
+P, G, M = (torch.randn(8, 4, generator=_G, dtype=torch.float64) for _ in range(3))
+# name -> (a call on three tensors, the positions of those it writes)
+VOID_CALLS = {
+    "_fused_sgd_": (lambda p, g, m: aten._fused_sgd_.default(
+        [p], [g], [m], weight_decay=0.1, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True, maximize=False,
+        is_first_step=False), (0, 2)),
+    "_foreach_copy_": (lambda p, g, m: aten._foreach_copy_.default([p, m], [g, g]), (0, 2)),
+    "_foreach_maximum_.Scalar": (lambda p, g, m: aten._foreach_maximum_.Scalar([p, g, m], 0.3), (0, 1, 2)),
+}
+
+
+def _run_void(mesh) -> dict:
+    """(name, placements) -> whether every tensor is right and placed as before, or the error."""
+    found = {}
+    for name, (fn, _) in VOID_CALLS.items():
+        want = [P.clone(), G.clone(), M.clone()]
+        fn(*want)
+        for placements in itertools.product([Shard(0), Shard(1), Replicate(), Partial("sum")], repeat=3):
+            ts = [_placed(mesh, x, p) for x, p in zip((P, G, M), placements)]
+            try:
+                fn(*ts)
+            except Exception as e:  # noqa: BLE001 -- the refusals, compared below
+                found[name, placements] = f"{type(e).__name__}: {e}"
+                continue
+            fulls = [t.full_tensor() for t in ts]
+            ranks = [list(f._local_tensors.values()) if isinstance(f, LocalTensor) else [f] for f in fulls]
+            found[name, placements] = (tuple(t.placements[0] for t in ts) == placements
+                                       and all(torch.allclose(r, w) for rs, w in zip(ranks, want) for r in rs))
+    return found
+
+
+def test_ops_that_return_nothing_run_on_the_verified_rules(plain_and_registered, tmp_path):
+    """Every call whose written tensors are cut or replicated is right, whatever the other
+    inputs' placements (a Partial(sum) gradient included), with each tensor where it lay: a
+    fused SGD step with its momentum buffer placed unlike its parameter moves the buffer
+    into a copy and writes it back. A Partial written tensor is right where nothing moves
+    it; where something would, the call is refused, never computed wrong: DTensor moves
+    nothing into a Partial placement, nor a cut into one."""
+    found, report = plain_and_registered(_run_void, tmp_path, WORLD)
+    for name in ("aten._fused_sgd_.default", "aten._foreach_copy_.default", "aten._foreach_maximum_.Scalar"):
+        assert name in report.installed and name in report.handled
+    plain, registered = found["plain"], found["register()"]
+    assert all("does not have a sharding strategy registered" in str(v) for v in plain.values())
+    for (name, placements), got in registered.items():
+        if not any(placements[i] == Partial("sum") for i in VOID_CALLS[name][1]):
+            assert got is True, (name, placements, got)
+        else:
+            refused = isinstance(got, str) and (name in got and "writes in place" in got or "to P(sum) not" in got)
+            assert got is True or refused, (name, placements, got)
+    assert registered["_fused_sgd_", (Partial("sum"),) * 3] is True  # linear: nothing moves
 
 
 # Each rank's own storage, on real processes: a replicated self and a row-cut one, beside
@@ -155,3 +227,37 @@ def test_a_self_written_back_on_a_2d_mesh_is_never_moved_into_a_partial(fake_wor
     assert placements == (Replicate(), Shard(1))
     ranks = list(full._local_tensors.values()) if isinstance(full, LocalTensor) else [full]
     assert all(torch.allclose(r, want) for r in ranks)
+
+
+# Fused optimizers DTensor 2.13 has no rule for, on real processes (each rank's own storage,
+# and the steps' 0-d counters, which simulated ranks would share, each its own)
+FUSED = """
+g = torch.Generator().manual_seed(6)
+w0, g0 = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+makes = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, fused=True),
+         "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.01, fused=True)}
+
+def steps(w, grad, make):
+    w = torch.nn.Parameter(w)
+    opt = make([w])
+    for i in range(2):
+        w.grad = grad * (i + 1)
+        opt.step()
+    return w.detach()
+
+for name, make in makes.items():
+    want = steps(w0.clone(), g0, make)
+    for placement in (Shard(0), Shard(1), Replicate()):
+        try:
+            w = steps(distribute_tensor(w0.clone(), mesh, [placement]), distribute_tensor(g0, mesh, [placement]), make)
+            got[f"{name} {placement}"] = bool(w.placements == (placement,) and torch.allclose(w.full_tensor(), want))
+        except NotImplementedError:
+            got[f"{name} {placement}"] = "refused"
+"""
+
+
+@pytest.mark.slow  # two processes that import torch, twice
+@pytest.mark.parametrize("registered", [False, True])
+def test_fused_sgd_and_adagrad_steps_on_two_gloo_ranks(on_two_gloo_ranks, registered):
+    for got in on_two_gloo_ranks(FUSED, registered):
+        assert set(got.values()) == ({True} if registered else {"refused"}), got
