@@ -254,7 +254,14 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     placed = [s for s in expanded.strategies
               if not fixed or [x.placements for x in s.input_specs][len(s.input_specs) - len(fixed):] == fixed]
     placed = _on_uneven_cuts(placed, called, _dtensor()[0]._op_dispatcher.sharding_propagator)
-    expanded.strategies = keep = _writes_stay(placed, op, args, kwargs)
+    keep = _writes_stay(placed, op, args, kwargs)
+    runnable = _redistributable(keep, args, kwargs)
+    if keep and not runnable:  # else DTensor picks one and fails naming no op
+        raise NotImplementedError(
+            f"{op}: every verified strategy that keeps the tensors it writes where they lie moves a cut input "
+            "into a Partial placement, which DTensor cannot redistribute; place the inputs as the written "
+            "tensors are placed (redistribute them first)")
+    expanded.strategies = keep = runnable
     _no_empty_shards(op, expanded, op_schema)
     if not keep and placed and _written_leaves(op, args, kwargs):  # the write-back handler moves and writes back
         raise _moved_writes_refused(op, args, kwargs, "of the verified rules", _wanted_of(placed, op, args, kwargs))
@@ -265,6 +272,20 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
             f"{op}: no verified strategy keeps its keyword tensors placed {fixed}, and DTensor does not "
             "redistribute keyword tensors")
     return expanded
+
+
+def _redistributable(strategies, args: tuple, kwargs: dict) -> list:
+    """``strategies`` less those that move an input of the call from a cut, or from another
+    Partial, into a Partial placement: DTensor's redistribute has no such move."""
+    from torch.distributed.tensor import Partial, Shard
+
+    placed = [x.placements for x in spec_leaves(args, kwargs)]
+
+    def moves(src, dst) -> bool:
+        return isinstance(dst, Partial) and src != dst and isinstance(src, (Shard, Partial))
+
+    return [s for s in strategies
+            if not any(moves(a, b) for have, spec in zip(placed, s.input_specs or ()) for a, b in zip(have, spec.placements))]
 
 
 def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
