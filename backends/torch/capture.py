@@ -472,12 +472,15 @@ def refuse_other_modes(captured: Captured, module: torch.nn.Module) -> None:
 def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     """make_fx on fake tensors: the same graph as a real trace, without computing any value
     (the real trace's arithmetic, and the fake copy of every value it records as the node's
-    ``meta["val"]``, were most of a GPT's capture). What fake tensors cannot trace (an op
-    whose output shape depends on values, a real tensor constant mixed in) is traced on
-    the real values as before."""
+    ``meta["val"]``, were most of a GPT's capture). A real tensor the model holds as a
+    constant (a closure's labels, a plain attribute) is kept as one, as the real trace keeps
+    it: on the real values, the value checks some kernels make (``one_hot``'s range) would
+    read a traced tensor. What fake tensors cannot trace (an op whose output shape depends
+    on values) is traced on the real values as before."""
     try:
         with _fake_kernel_errors_unlogged():
-            return _no_local_constants(make_fx(fn, tracing_mode="fake", **kwargs)(*args))
+            traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True, **kwargs)(*args)
+            return _no_local_constants(traced)
     except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
         pass
     try:

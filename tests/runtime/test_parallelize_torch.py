@@ -214,6 +214,32 @@ def test_a_plain_tensor_attribute_is_a_planned_constant(fake_world, cache):
     assert p.captured.ir.input_list[-1].shape == (16,)  # after the graph's own inputs
 
 
+def test_a_kernel_that_checks_its_values_traces_beside_a_constant(fake_world, cache):
+    """one_hot checks its indices' range, which a trace on the real values reads as a value
+    taken into Python; with a tensor constant beside it (a plain attribute, a loss_fn's
+    labels) the model was refused so. It is traced on fake tensors, constant kept."""
+    class OneHot(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(10, 3)
+            self.scale = torch.linspace(0.5, 1, 3)  # neither parameter nor buffer
+
+        def forward(self, ids):
+            return self.fc(torch.nn.functional.one_hot(ids, 10).to(torch.float32)) * self.scale
+
+    torch.manual_seed(0)
+    model, ids, weights = OneHot(), torch.randint(0, 10, (8, 5)), torch.randn(8, 5, 3)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        p = parallelize(model, mesh, (ids,), cache=cache, loss_fn=lambda out: (out * weights).sum())
+        out, grads = p(ids)
+    ref = model(ids)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), list(model.parameters()))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
 def test_inputs_of_other_shapes_than_planned_are_refused(fake_world, cache):
     torch.manual_seed(0)
     model, x, longer = MLP(16, 32), torch.randn(8, 16), torch.randn(12, 16)  # made outside the mode: plain tensors
