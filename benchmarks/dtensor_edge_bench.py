@@ -14,7 +14,8 @@ with a's columns and b's rows cut, the Partial(max) of ``m.amax(0)`` with m's ro
 transpose, reshape, slice or sum that moves the positions its mask names), ``in-place``
 (in-place ops DTensor has neither a rule nor a decomposition for, or whose decomposition
 finds no strategy: ``addr_``, ``masked_scatter_``, ``put_``, ``tril_``, ...; and ops that return
-nothing and write the tensors given, ``_fused_sgd_``, ``_foreach_copy_``).
+nothing and write the tensors given, ``_fused_sgd_``, ``_foreach_copy_``; and ``s[mask] = v``, which
+DTensor's ``index_put_`` rule refuses on a cut s).
 
 PyTorch's DTensor OpInfo test (``dtensor_opinfo_bench.py``) runs OpInfo's samples, whose
 sizes it sets to split evenly, with the dims they name. These calls take what users write
@@ -186,6 +187,12 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
         call(*selves)
         return torch.cat(selves, 1) if len(selves) > 1 else selves[0]
 
+    def assigned(s, key, value):
+        """``s[key] = value`` (``index_put_``) on an own copy of s, the copy returned."""
+        s = own(s)
+        s[key] = value
+        return s
+
     in_place = {
         "addr_(s, u, v, alpha=2)": (lambda s, a, b: own(s).addr_(a, b, alpha=2.0), [y, u, v]),
         "masked_scatter_(s, m, src)": (lambda s, m, t: own(s).masked_scatter_(m, t), [y, mask, source]),
@@ -200,6 +207,11 @@ def cases(torch) -> list[tuple[str, str, object, list]]:
             [p], [gr], [m], weight_decay=0.1, momentum=0.9, lr=0.1, dampening=0.0, nesterov=True, maximize=False,
             is_first_step=False), p, m), [y, x, u.outer(v)]),
         "_foreach_copy_([s], [o])": (lambda s, o: written(lambda s: A._foreach_copy_([s], [o]), s), [y, x]),
+        "s[m] = 0 (m: bool, s's shape)": (lambda s, m: assigned(s, m, 0.0), [y, mask]),
+        "s[r] = 1 (r: bool rows)": (lambda s, r: assigned(s, r, 1.0), [y, torch.rand(8, generator=g) > 0.5]),
+        "s[:, c] = v (c: bool columns)": (lambda s, c, t: assigned(s, (slice(None), c), t),
+                                         [y, torch.arange(12) % 3 == 0, rand(8, 4)]),
+        "s[i] = 2 (i: rows)": (lambda s, i: assigned(s, i, 2.0), [y, rows]),
         "_foreach_maximum_([s], 0.3)": (lambda s: written(lambda s: A._foreach_maximum_.Scalar([s], 0.3), s), [y]),
     }
     for name, (fn, ins) in in_place.items():

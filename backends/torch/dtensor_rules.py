@@ -221,7 +221,9 @@ def _specs_of(op_schema) -> tuple[tuple, dict]:
     def spec(x):
         if isinstance(x, OpStrategy):
             return x.strategies[0].output_spec
-        return tuple(spec(c) for c in x.children) if isinstance(x, TupleStrategy) else x
+        if isinstance(x, TupleStrategy):
+            return tuple(spec(c) for c in x.children)
+        return type(x)(spec(c) for c in x) if isinstance(x, (list, tuple)) else x  # index_put_'s [None, mask]
 
     return tuple(spec(a) for a in op_schema.args_schema), {k: spec(v) for k, v in op_schema.kwargs_schema.items()}
 
@@ -236,14 +238,23 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     every rank); where every strategy moves a written tensor, ``WritesMoved`` hands the
     call to the write-back handler. Strategies that hold for even cuts only go where a cut
     is uneven (``_on_uneven_cuts``). A call DTensor's rule is not refuted at
-    (``REFUTED_AT``) goes to that rule, ``own``."""
+    (``REFUTED_AT``) goes to that rule, ``own``; for an in-place op whose DTensor rule
+    refuses a call where none of its strategies keeps self (``_falls_back``), ``own``
+    answers the calls it keeps self at, and the verified strategies the others."""
     from torch.distributed.tensor._op_schema import OpSchema
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
     args, kwargs = _specs_of(op_schema)
     called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
-    if own is not None and not REFUTED_AT[op_name(op)](op, args, kwargs):
-        return _no_empty_shards(op, own(op_schema, called), op_schema)
+    if own is not None and op_name(op) in REFUTED_AT:
+        if not REFUTED_AT[op_name(op)](op, args, kwargs):
+            return _no_empty_shards(op, own(op_schema, called), op_schema)
+    elif own is not None:  # DTensor's rule first; the verified strategies where it keeps no self in place
+        try:
+            return _no_empty_shards(op, own(op_schema, called), op_schema)
+        except RuntimeError as e:
+            if _KEEPS_NO_SELF not in str(e):
+                raise
     n_out = len(op._schema.returns)
     found = strategies(*args, **kwargs)
     if any(len(outs) < n_out for outs, _ in found):
@@ -286,6 +297,38 @@ def _redistributable(strategies, args: tuple, kwargs: dict) -> list:
 
     return [s for s in strategies
             if not any(moves(a, b) for have, spec in zip(placed, s.input_specs or ()) for a, b in zip(have, spec.placements))]
+
+
+# What DTensor's expansion raises where no strategy of an in-place op keeps self's placement
+_KEEPS_NO_SELF = "in-place operations that require placement changes"
+IN_PLACE_FALLBACK = ("DTensor's rules of in-place ops fall back to the verified rules where none of theirs keeps "
+                     "self where it lies")
+
+
+# In-place ops whose DTensor rules take self at every placement (the source, or nothing, is
+# what moves): hot paths that never fall back, so they keep DTensor's rules as they are
+_SELF_AT_ANY_PLACEMENT = frozenset({"aten.copy_.default", "aten.zero_.default"})
+
+
+def _falls_back(op: torch._ops.OpOverload, rules) -> bool:
+    """Whether DTensor's rule of ``op`` goes behind the verified rules for the calls where it
+    keeps no self in place (``x[mask] = 0`` on a row-cut x: DTensor's ``index_put_``
+    strategies replicate self): an in-place op that writes values into self alone, with
+    table rules. Not: pointwise ops (theirs or their out-of-place twin's tag, or DTensor's
+    list), whose only such calls are on a Partial self, which no verified rule keeps either;
+    in-place views, random ops, ``_SELF_AT_ANY_PLACEMENT``, nor ops set aside or handled
+    already."""
+    from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
+
+    from .dtensor_handlers import _out_of_place_twin, in_place
+
+    written = [a for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    twin = _out_of_place_twin(op) if in_place(op) else None
+    pointwise = any(o is not None and (torch.Tag.pointwise in o.tags or o in pointwise_ops) for o in (op, twin))
+    return (in_place(op) and len(written) == 1 and not pointwise and torch.Tag.inplace_view not in op.tags
+            and not tagged_random(op) and op_name(op) not in _SELF_AT_ANY_PLACEMENT | _WRITES_STORAGE
+            and rules.entries(op_name(op)) is not None and op not in _REPLACED
+            and op not in _dtensor()[0]._op_dispatcher._custom_op_handlers)
 
 
 def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
@@ -871,6 +914,17 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
                 report.handled.append(name)
             if guard not in report.guarded:
                 report.guarded.append(guard)
+        for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
+            name = op_name(op)
+            if ops is not None and name not in ops or not _falls_back(op, rules):
+                continue
+            _install(op, _verified_fn(op, cache), own=_set_aside(op))
+            _OWNERS[op] = report
+            report.installed.append(name)
+            if dtensor_handlers.install_write_back_handler(op, report):  # where no strategy keeps self at all
+                report.handled.append(name)
+            if IN_PLACE_FALLBACK not in report.guarded:
+                report.guarded.append(IN_PLACE_FALLBACK)
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some
             _guard_decompositions(report)
             _guard_masks(report)

@@ -171,6 +171,54 @@ def test_ops_that_return_nothing_run_on_the_verified_rules(plain_and_registered,
     assert registered["_fused_sgd_", (Partial("sum"),) * 3] is True  # linear: nothing moves
 
 
+KEYS = {  # name -> (the key of s[key] = value, its tensor, the value)
+    "s[m] = 0": (lambda m: m, P > 0.2, 0.0),
+    "s[r] = 1": (lambda r: r, torch.tensor([True, False, False, True] * 2), 1.0),
+    "s[:, c] = 2": (lambda c: (slice(None), c), torch.tensor([True, False, True, True]), 2.0),
+    "s[i] = 3": (lambda i: i, torch.tensor([1, 6, 6, 2]), 3.0),
+}
+
+
+def _run_assignments(mesh) -> dict:
+    """(name, self's placement, the key's) -> right and placed as before, or the error."""
+    found = {}
+    for name, (key, k, value) in KEYS.items():
+        want = P.clone()
+        want[key(k)] = value
+        for mine, theirs in itertools.product([Shard(0), Shard(1), Replicate()], [Shard(0), Replicate()]):
+            s = _placed(mesh, P, mine)
+            try:
+                s[key(distribute_tensor(k, mesh, [theirs]))] = value
+            except Exception as e:  # noqa: BLE001 -- the refusals, compared below
+                found[name, mine, theirs] = f"{type(e).__name__}: {e}"
+                continue
+            full = s.full_tensor()
+            ranks = list(full._local_tensors.values()) if isinstance(full, LocalTensor) else [full]
+            found[name, mine, theirs] = s.placements == (mine,) and all(torch.equal(r, want) for r in ranks)
+    return found
+
+
+def test_an_assignment_through_a_mask_or_positions_into_a_cut_tensor(plain_and_registered, tmp_path):
+    """``s[mask] = v`` is index_put_, whose DTensor rule has no strategy that keeps a cut s:
+    plain DTensor refuses it ("in-place operations that require placement changes"). Under
+    register() DTensor's rule answers the calls it keeps s at, the verified rules the
+    others (a mask cut as s is), and where none keeps s, s is moved into a copy and written
+    back (positions, which only a whole s takes). Never wrong; the one error left is
+    DTensor's own rule at a column-cut s with a whole mask of s's shape, which runs the
+    kernel on a shard with the whole mask."""
+    found, report = plain_and_registered(_run_assignments, tmp_path, WORLD)
+    assert "aten.index_put_.default" in report.installed and dtensor_rules.IN_PLACE_FALLBACK in report.guarded
+    plain, registered = found["plain"], found["register()"]
+    refused = [k for k, v in plain.items() if isinstance(v, str) and "require placement changes" in v]
+    mask_at_cut_columns = [k for k in plain if k[0] == "s[m] = 0" and k[1] == Shard(1)]
+    assert len(refused) == 8 and all(v is True for k, v in plain.items() if k not in refused + mask_at_cut_columns)
+    for k, got in registered.items():
+        if k in mask_at_cut_columns:
+            assert plain[k] == got and "shape of the mask" in got, (k, got)
+        else:
+            assert got is True, (k, got)
+
+
 # Each rank's own storage, on real processes: a replicated self and a row-cut one, beside
 # replicated and row-cut other inputs.
 GLOO = """

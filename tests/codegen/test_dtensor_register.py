@@ -1093,7 +1093,8 @@ def test_the_machinery_guards_are_the_whole_registers_and_go_with_it(results):
         dtensor_rules._guard_decompositions(report)
         dtensor_rules._guard_masks(report)
     assert set(report.guarded) == {dtensor_rules.DECOMPOSED_EVEN, dtensor_rules.DECOMPOSED_WRITES,
-                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY, dtensor_rules.MASKS_REDUCED}
+                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY, dtensor_rules.MASKS_REDUCED,
+                                   dtensor_rules.IN_PLACE_FALLBACK}
 
 
 def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):
