@@ -921,7 +921,9 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
             _install(op, _verified_fn(op, cache), own=_set_aside(op))
             _OWNERS[op] = report
             report.installed.append(name)
-            if dtensor_handlers.install_write_back_handler(op, report):  # where no strategy keeps self at all
+            # where no strategy keeps self at all; the handler runs every call of the op off
+            # DTensor's C++ fast path (x[m] = 0 on a replicated x: 15 -> 49 us a call)
+            if dtensor_handlers.install_write_back_handler(op, report):
                 report.handled.append(name)
             if IN_PLACE_FALLBACK not in report.guarded:
                 report.guarded.append(IN_PLACE_FALLBACK)

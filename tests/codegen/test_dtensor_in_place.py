@@ -202,8 +202,8 @@ def test_an_assignment_through_a_mask_or_positions_into_a_cut_tensor(plain_and_r
     """``s[mask] = v`` is index_put_, whose DTensor rule has no strategy that keeps a cut s:
     plain DTensor refuses it ("in-place operations that require placement changes"). Under
     register() DTensor's rule answers the calls it keeps s at, the verified rules the
-    others (a mask cut as s is), and where none keeps s, s is moved into a copy and written
-    back (positions, which only a whole s takes). Never wrong; the one error left is
+    others where one keeps s, and where none does (a mask at a table miss, positions), s is
+    moved into a copy and written back. Never wrong; the one error left is
     DTensor's own rule at a column-cut s with a whole mask of s's shape, which runs the
     kernel on a shard with the whole mask."""
     found, report = plain_and_registered(_run_assignments, tmp_path, WORLD)
