@@ -14,7 +14,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -334,6 +334,8 @@ class _Reader:
             self.fail(f["status"], f"unknown entry status {status!r} (expected one of {', '.join(ENTRY_STATUSES)})")
         tables = [f]  # each layer's fields, for the line of its combine
         layers = [self.layer(f)]
+        if "more" in f and not self.sequence(f["more"], "more"):
+            self.fail(f["more"], "more lists no layer: leave it out")
         for n in self.sequence(f["more"], "more") if "more" in f else ():
             tables.append(self.mapping(n, ("shard", "combine"), ("partial", "offset"), "layer of more"))
             layers.append(self.layer(tables[-1], layers))
@@ -348,7 +350,11 @@ class _Reader:
         n_tensors = sum(_count_tensors(v) for _, v in example.args)
         if n_tensors != len(shard.inputs):
             self.fail(f["shard"], f"shard lists {len(shard.inputs)} inputs but the example has {n_tensors} tensor inputs")
-        ranks = [len(t.shape) for _, v in example.args for t in _tensors(v)]
+        tensors = [t for _, v in example.args for t in _tensors(v)]
+        ranks = [len(t.shape) for t in tensors]
+        for fields, layer in zip(tables, layers):
+            if layer.offset is not None:
+                self.offsets(fields["offset"], layer.offset, tensors)
         for i, (row, rank) in enumerate(zip(shard.inputs, ranks)):
             if len(row) != rank:
                 self.fail(f["shard"], f"input {i} has rank {rank} in the example but {len(row)} shard labels")
@@ -429,10 +435,29 @@ class _Reader:
                     if not results:
                         self.fail(node, f"{label}: {c} names a dim of output {k}, but the entry lists no results "
                                         "to check it against")
-                    rank = len(results[k].shape)
-                    if c.dim >= rank:
-                        self.fail(node, f"{label}: {c} names dim {c.dim} of output {k}, which has rank {rank} "
-                                        f"(shape {list(results[k].shape)})")
+                    shape = results[k].shape
+                    if c.dim >= len(shape):
+                        self.fail(node, f"{label}: {c} names dim {c.dim} of output {k}, which has rank {len(shape)} "
+                                        f"(shape {list(shape)})")
+                    if isinstance(c, Gather) and shape[c.dim] and c.block > shape[c.dim]:
+                        self.fail(node, f"{label}: {c} makes dim {c.dim} of output {k} of {c.block} blocks, but it "
+                                        f"has {shape[c.dim]} elements (shape {list(shape)})")
+                    if isinstance(c, GatherPositions) and c.component is not None and c.component >= shape[-1]:
+                        self.fail(node, f"{label}: {c} moves element {c.component} of the last dim of output {k}, "
+                                        f"which has {shape[-1]} (shape {list(shape)})")
+
+    def offsets(self, node: yaml.Node, offset: OffsetSpec, tensors: Sequence[TensorArg]) -> None:
+        """Every offset names an integer input of positions, and a component of its last
+        dim (the index vector) that exists: a runtime would subtract a shard's start from
+        an element no index has, or from values that are no positions."""
+        for i, (items, t) in enumerate(zip(offset.inputs, tensors)):
+            for item in items:
+                if not t.dtype.startswith(("int", "uint")):
+                    self.fail(node, f"offset {item} of input {i}: the input is {t.dtype}, not integer positions")
+                if item.component is not None and (not t.shape or item.component >= t.shape[-1]):
+                    last = f"whose last dim has {t.shape[-1]} elements" if t.shape else "which has no dims"
+                    self.fail(node, f"offset {item} of input {i}: element {item.component} of its index vector, "
+                                    f"{last} (shape {list(t.shape)})")
 
     def per_input(self, node: yaml.Node, what: str, parse, n_inputs: int) -> tuple[tuple, ...]:
         """A table of labelled items per tensor input (``partial``, ``offset``)."""
@@ -663,14 +688,20 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     """Every record of one backend, by op name. Raises RegistryError on the first bad file,
     and when ``root`` is not a registry root holding a ``backend`` folder."""
     folder = check_registry_root(root, backend) / backend
-    misnamed = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".yaml", ".yml") and p.suffix != ".yaml")
-    if misnamed:  # every command would pass over it unsaid, its rules with it
-        raise RegistryError(f"{misnamed[0]}: a rule file's name ends .yaml (<op>.yaml): rename it, or move it out")
+    refuse_misnamed(str(p) for p in folder.iterdir())
     records = {}
     for path in sorted(folder.glob("*.yaml")):
         record = load_op_file(path, backend)
         records[record.op] = record
     return records
+
+
+def refuse_misnamed(names: Iterable[str]) -> None:
+    """RegistryError naming the first of ``names`` that reads as a rule file but does not end
+    ``.yaml`` (``op.yml``, ``op.YAML``): every command would pass over it unsaid, its rules with it."""
+    misnamed = sorted(n for n in names if Path(n).suffix.lower() in (".yaml", ".yml") and Path(n).suffix != ".yaml")
+    if misnamed:
+        raise RegistryError(f"{misnamed[0]}: a rule file's name ends .yaml (<op>.yaml): rename it, or move it out")
 
 
 def load_op_file(path: str | os.PathLike, backend: str) -> OpRecord:

@@ -19,7 +19,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry_io import RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file
+from .registry_io import (
+    RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file, refuse_misnamed,
+)
 from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (
     CombineSpec, DimLabel, IndexOffset, N, OffsetIn, OffsetSpec, OutputCombine, PartialIn, PartialInput, PartialSpec,
@@ -37,7 +39,9 @@ def load_side(where: str, repo: Path | None = None, subdir: str = "registry") ->
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
     git.check_registry(where, rev, subdir)
-    names = [n for n in git.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir) if n.endswith(".yaml")]
+    names = git.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir)
+    refuse_misnamed(f"{where}:{n}" for n in names)
+    names = [n for n in names if n.endswith(".yaml")]
     return _records(names, git.blobs(rev, names), where)
 
 
@@ -58,8 +62,9 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     git.check_registry(base, old, subdir)
     git.check_registry(head, new, subdir)
     # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
-    changed = [n for n in git.lines("diff", "--name-only", "--no-renames", "-z", old, new, "--", subdir)
-               if n.endswith(".yaml")]
+    changed = git.lines("diff", "--name-only", "--no-renames", "-z", old, new, "--", subdir)
+    refuse_misnamed(f"{head}:{n}" for n in git.blobs(new, [n for n in changed if not n.endswith(".yaml")]))
+    changed = [n for n in changed if n.endswith(".yaml")]
     return _records(changed, git.blobs(old, changed), base), _records(changed, git.blobs(new, changed), head)
 
 
@@ -111,7 +116,11 @@ def _from_folder(root: Path) -> Registry:
 
 def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
     def files(root: Path) -> dict[str, Path]:
-        return {f"{d.name}/{p.name}": p for d in _check_root(root) for p in d.glob("*.yaml")}
+        backends = _check_root(root)
+        for d in root.iterdir():
+            if d.is_dir():
+                refuse_misnamed(str(p) for p in d.iterdir())
+        return {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
 
     old, new = files(base), files(head)
     sides: tuple[Registry, Registry] = ({}, {})

@@ -808,6 +808,21 @@ def test_a_rule_file_named_yml_is_named_not_passed_over(tmp_path, name):
         load_registry(tmp_path / "reg", "torch")
 
 
+def test_diff_refuses_a_rule_file_named_yml_on_either_kind_of_side(two_revisions, capsys):
+    """codegen and coverage refuse such a file; rule_diff passed over it, and a head that
+    codegen will not build reviewed as no change."""
+    repo, base_folder, head_folder = two_revisions
+    (head_folder / "torch" / "aten.mm.default.yaml").rename(head_folder / "torch" / "aten.zzz.default.yml")
+    assert cli.diff([str(base_folder), str(head_folder), "--fail-on-loss"]) == 2
+    assert "aten.zzz.default.yml: a rule file's name ends .yaml" in capsys.readouterr().err
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "misnamed")
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD")):
+        with pytest.raises(RegistryError, match=r"HEAD:registry/torch/aten.zzz.default.yml: a rule file's name ends"):
+            rule_diff.load_sides(base, head, repo)
+    rule_diff.load_sides("HEAD", "HEAD~1", repo)  # a base that held it, and a head that renamed it back: no error
+
+
 def test_an_empty_backend_name_and_an_empty_op_list_name_nothing(capsys):
     assert cli.sweep(["--backend", "", "--no-progress"]) == 2
     assert "--backend '' names no backend" in capsys.readouterr().err
@@ -825,3 +840,28 @@ def test_a_kernel_module_that_exits_on_import_is_named(tmp_path):
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
     with pytest.raises(ImportError, match=rf"kernel module {tmp_path / 'exits.py'} failed on import: SystemExit: 3"):
         load_module(str(tmp_path / "exits.py"))
+
+
+def _committed(name: str) -> str:
+    return (ROOT / "registry" / name).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name,old,new,message", [
+    ("jax/jax.gather.yaml", "'S1(0, drop)'", "'S1(99, drop)'",
+     r":12: offset S1\(99, drop\) of input 1: element 99 of its index vector, whose last dim has 2 elements"),
+    ("jax/jax.gather.yaml", "offset: [[], ['S1(0, drop)']]", "offset: [['S1(0, drop)'], []]",
+     r":12: offset S1\(0, drop\) of input 0: the input is float32, not integer positions"),
+    ("torch/aten.nonzero.default.yaml", "positions=0)", "positions=99)",
+     r":10: S1: gather\(dim=0, positions=99\) moves element 99 of the last dim of output 0, which has 3"),
+    ("torch/aten._unsafe_view.default.yaml", "block=5)", "block=999)",
+     r":10: S2: gather\(dim=0, block=999\) makes dim 0 of output 0 of 999 blocks, but it has"),
+    ("torch/aten.nonzero.default.yaml", "  results:\n", "  more: []\n  results:\n", r":13: more lists no layer"),
+], ids=["offset component", "offset of floats", "positions component", "block count", "empty more"])
+def test_indices_beyond_what_they_index_are_refused_at_their_line(name, old, new, message):
+    """Codegen emitted the offset into the JAX table: a runtime would subtract a shard's start
+    from an element no index vector has."""
+    text = _committed(name)
+    assert old in text
+    loads_record(text, name)
+    with pytest.raises(RegistryError, match=message):
+        loads_record(text.replace(old, new, 1), name)

@@ -237,14 +237,20 @@ def test_changes_name_the_worker_history_to_replay():
     ]
 
 
-def test_resume_skips_ops_whose_file_loads(tmp_path, swept):
+def test_resume_skips_ops_whose_file_loads(tmp_path, swept, capsys):
     copy_of(swept, tmp_path)
     (tmp_path / "fake" / "fake.sum.yaml").unlink()
-    (tmp_path / "fake" / "fake.add.yaml").write_text("schema: 1\nop: fake.add\nstatus: [\n")  # half-written
+    (tmp_path / "fake" / "fake.add.yaml").write_text("schema: 1\nop: fake.add\nstatus: [\n")  # hand-damaged
+    (tmp_path / "fake" / "fake.matmul.yaml").write_text((tmp_path / "fake" / "fake.random.yaml").read_text())
     report = sweep(tmp_path, patterns=FAST_OPS, resume=True)
-    assert [r.op for r in report.results] == ["fake.add", "fake.sum"]
-    assert len(report.resumed) == 9 and "fake.add" not in report.resumed
+    assert [r.op for r in report.results] == ["fake.add", "fake.matmul", "fake.sum"]
+    assert len(report.resumed) == 8 and "fake.add" not in report.resumed
     assert load_record(record_path(tmp_path, "fake", "fake.add")).status == "ok"
+    assert load_record(record_path(tmp_path, "fake", "fake.matmul")).op == "fake.matmul"
+    # a sweep writes whole files only: what does not load was edited or damaged, and is replaced, said
+    err = capsys.readouterr().err
+    assert "fake.add.yaml:4: " in err and f"--resume explores fake.add again and replaces {tmp_path}" in err
+    assert "fake.matmul.yaml holds fake op fake.random, not fake op fake.matmul: --resume explores" in err
 
 
 def test_usage_errors_exit_2(tmp_path):

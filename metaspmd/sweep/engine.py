@@ -70,9 +70,15 @@ def _loads_cleanly(path: Path, op: str, backend: str) -> bool:
         return False
     try:
         record = registry_io.load_record(path)
-    except Exception:  # noqa: BLE001 - any unreadable file is redone
+    except Exception as e:  # noqa: BLE001 - any unreadable file is redone
+        # a sweep writes whole files only: this one was edited or damaged since, and is replaced
+        print(f"warning: {e}\n  --resume explores {op} again and replaces {path}", file=sys.stderr)
         return False
-    return record.op == op and record.backend == backend
+    if (record.op, record.backend) != (op, backend):
+        print(f"warning: {path} holds {record.backend} op {record.op}, not {backend} op {op}: --resume explores "
+              f"{op} again and replaces it", file=sys.stderr)
+        return False
+    return True
 
 
 def run_sweep(config: SweepConfig) -> SweepReport:
