@@ -779,6 +779,10 @@ def main(argv=None) -> int:
         except argparse.ArgumentTypeError as e:
             ap.error(f"--dp-link {args.dp_link!r}: {e}")
         args.links = {"dp": (alpha, bandwidth)}
+        try:  # the planner's own check of a link, before any work
+            planner.Mesh.of((2, 2), ("dp", "tp")).with_links(args.links)
+        except ValueError as e:
+            ap.error(f"--dp-link {args.dp_link!r}: {e}")
     cache = RuleCache(args.cache) if args.cache else RuleCache()
     t = time.perf_counter()
     if args.production:

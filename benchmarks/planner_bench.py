@@ -79,6 +79,19 @@ def timed(fn):
     return out, Clock(time.perf_counter() - wall, time.process_time() - cpu)
 
 
+# Beam search holds width x choices partial plans per node: past a few thousand it is an
+# exhaustive search that runs the machine out of memory, not a wider heuristic.
+MOST_BEAM = 4096
+
+
+def beam_width(text: str) -> int:
+    """argparse type: a beam width, 1 to ``MOST_BEAM``."""
+    value = positive_int(text)
+    if value > MOST_BEAM:
+        raise argparse.ArgumentTypeError(f"expected a width of at most {MOST_BEAM}, got {value}")
+    return value
+
+
 def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cache) -> tuple:
     """The torch GPT's captured forward + backward graph, its rules, its (parameter,
     gradient) ties, and the seconds rule resolution took."""
@@ -178,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=positive_int, default=512)
     p.add_argument("--time-limit", type=seconds, default=None,
                    help="the ILP's seconds (default: sized to the ILP, 10 to 60 s)")
-    p.add_argument("--beam-width", type=positive_int, default=8)
+    p.add_argument("--beam-width", type=beam_width, default=8,
+                   help=f"partial plans beam search keeps per node (1 to {MOST_BEAM}; default 8)")
     p.add_argument("--budget", type=positive_number, default=None,
                    help="memory budget as a fraction of the unconstrained ILP plan's memory")
     p.add_argument("--no-highs", action="store_true", help="skip HiGHS even when highspy is installed")

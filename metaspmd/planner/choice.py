@@ -148,6 +148,15 @@ class Liveness:
         diff = np.bincount(start, s, self.steps + 1) - np.bincount(after, s, self.steps + 1)
         return np.cumsum(diff[:-1])
 
+    def floor(self) -> float:
+        """A lower bound on every assignment's peak: each buffer at its least size."""
+        _, _, _, start, after = self._flat
+        least = np.array([float(np.min(b.size)) for b in self.buffers])
+        if not len(least):
+            return 0.0
+        diff = np.bincount(start, least, self.steps + 1) - np.bincount(after, least, self.steps + 1)
+        return float(np.max(np.cumsum(diff[:-1])))
+
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The steps where the held set changes (``bounds``, ascending, the first 0), and
         per buffer the segment it starts in and the one after it ends (len(bounds) when it

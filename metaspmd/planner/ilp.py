@@ -20,6 +20,10 @@ import numpy as np
 from .choice import ChoiceProblem, Factor, Infeasible, Solution
 
 TIME_SCALE = 1e6  # the objective is in microseconds, so the solver's tolerances mean something
+# The largest objective coefficient the solvers are given: CBC and HiGHS read 1e20 as
+# infinite, and coefficients far apart lose the small ones, so costs whose microseconds
+# pass this (a loop charged 1e30 trips, a link of 1e-16 B/s) are scaled down to it.
+LARGEST_COEFFICIENT = 1e9
 MEMORY_UNITS = 1e4  # the budget row is scaled so the budget reads 10,000
 SOLVERS = ("cbc", "highs")
 
@@ -113,8 +117,8 @@ def link_size(m: np.ndarray, factors: Sequence[Factor] = ()) -> int:
 class _Builder:
     """The MIP of one ChoiceProblem: variables, objective terms and warm-start values."""
 
-    def __init__(self, mip, model, p: ChoiceProblem, warm: list[int] | None):
-        self.mip, self.model, self.p, self.warm = mip, model, p, warm
+    def __init__(self, mip, model, p: ChoiceProblem, warm: list[int] | None, time_scale: float = TIME_SCALE):
+        self.mip, self.model, self.p, self.warm, self.time_scale = mip, model, p, warm, time_scale
         self.terms: list[tuple[float, object]] = []
         self.start: list[tuple[object, float]] = []
         self.x: list[list | None] = []
@@ -144,7 +148,7 @@ class _Builder:
             model += mip.xsum(e[r]) == self.picked(u, np.flatnonzero(rows == r).tolist())
         for c in range(nc):
             model += mip.xsum(e[r][c] for r in range(nr)) == self.picked(v, np.flatnonzero(cols == c).tolist())
-        self.terms.extend((k[r, c] * TIME_SCALE, e[r][c]) for r in range(nr) for c in range(nc) if k[r, c] != 0)
+        self.terms.extend((k[r, c] * self.time_scale, e[r][c]) for r in range(nr) for c in range(nc) if k[r, c] != 0)
         if self.warm is not None:
             ru, cv = rows[self.warm[u]], cols[self.warm[v]]
             self.start.extend((e[r][c], float((r, c) == (ru, cv))) for r in range(nr) for c in range(nc))
@@ -188,6 +192,11 @@ class _Builder:
 
     def budget(self) -> None:
         p = self.p
+        floor = p.memory_offset + p.liveness.floor()  # type: ignore[union-attr]
+        if floor > p.memory_budget * (1 + 1e-9):  # type: ignore[operator]
+            # before the row: a budget far below the sizes scales them past what the solvers take
+            raise Infeasible(f"every plan holds at least {floor:.0f} bytes at some step > budget "
+                             f"{p.memory_budget:.0f}")
         scale = MEMORY_UNITS / max(p.memory_budget, 1e-30)  # type: ignore[arg-type]
         cap = (p.memory_budget * (1 + 1e-9) - p.memory_offset) * scale  # type: ignore[operator]
         levels = self.held(scale)
@@ -285,7 +294,12 @@ def solve_ilp(
     model.threads = threads
     model.max_mip_gap = mip_gap
     warm = list(warm_start) if warm_start is not None and p.feasible(warm_start) else None
-    b = _Builder(mip, model, p, warm)
+    largest = max([float(np.max(np.abs(u))) for u in unary] + [float(np.max(np.abs(k))) for *_, k in links], default=0.0)
+    if not math.isfinite(largest):
+        raise ValueError("a cost of the plan is infinite or NaN: a link's bandwidth, its seconds per message, a loop's "
+                         "trips or a cost model gives a step more seconds than a float holds")
+    time_scale = min(TIME_SCALE, LARGEST_COEFFICIENT / largest) if largest > 0 else TIME_SCALE
+    b = _Builder(mip, model, p, warm, time_scale)
     for link in links:
         b.link(*link)
     const = p.offset
@@ -293,7 +307,7 @@ def solve_ilp(
         if vs is None:
             const += float(unary[i][0])
         else:
-            b.terms.extend((c * TIME_SCALE, var) for c, var in zip(unary[i], vs) if c != 0)
+            b.terms.extend((c * time_scale, var) for c, var in zip(unary[i], vs) if c != 0)
     model.objective = mip.minimize(mip.xsum(c * var for c, var in b.terms))
     if p.memory_budget is not None:
         b.budget()
@@ -312,7 +326,7 @@ def solve_ilp(
     if bound is not None and not math.isfinite(bound):  # HiGHS stopped before any bound: -inf
         bound = None
     cost = p.evaluate(assignment)
-    bound = None if bound is None else max(0.0, bound / TIME_SCALE + const)  # every cost is >= 0
+    bound = None if bound is None else max(0.0, bound / time_scale + const)  # every cost is >= 0
     return Solution(assignment, cost, solver, _status(status == mip.OptimizationStatus.OPTIMAL, cost, bound),
                     time.perf_counter() - start, bound)
 

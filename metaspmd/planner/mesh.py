@@ -12,6 +12,9 @@ DEFAULT_ALPHA = 5e-6
 DEFAULT_BANDWIDTH = 100e9
 
 
+_MOST_BYTES = 2.0 ** 64  # more than any tensor holds: a link's seconds for it must stay finite
+
+
 @dataclass(frozen=True)
 class MeshAxis:
     """One mesh axis: ``alpha`` seconds per message, ``beta`` seconds per byte."""
@@ -124,13 +127,18 @@ class Mesh:
                 axes.append(a)
                 continue
             try:
+                if any(isinstance(v, (bool, str, bytes)) for v in links[a.name]):  # float() takes them
+                    raise TypeError
                 alpha, bandwidth = (float(v) for v in links[a.name])
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ValueError(f"links[{a.name!r}]: expected (seconds per message, bytes per second), "
                                  f"got {links[a.name]!r}") from None
             if not (bandwidth > 0 and math.isfinite(bandwidth)) or not (alpha >= 0 and math.isfinite(alpha)):
                 raise ValueError(f"links[{a.name!r}]: seconds per message must be >= 0 and bytes per second > 0, "
                                  f"both finite; got {links[a.name]!r}")
+            if not math.isfinite(alpha + _MOST_BYTES / bandwidth):
+                raise ValueError(f"links[{a.name!r}]: {links[a.name]!r} is so slow that moving a tensor's bytes takes "
+                                 "more seconds than a float holds")
             axes.append(MeshAxis(a.name, a.size, alpha, 1.0 / bandwidth))
         return Mesh(tuple(axes))
 

@@ -68,6 +68,41 @@ def test_an_infeasible_budget_is_reported():
         solve_beam(p)
 
 
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_a_budget_far_below_any_plan_is_infeasible_not_a_solver_failure(solver):
+    """The budget row is scaled so the budget reads 10,000: a budget of 1e-300 bytes scaled
+    the sizes past what HiGHS takes ("Unknown error in call to HiGHS")."""
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    nodes = tuple(ChoiceNode(f"n{i}", ("a", "b"), np.zeros(2), np.array([5.0, 6.0])) for i in range(3))
+    for budget in (1e-300, 1e-12, 14.0):
+        with pytest.raises(Infeasible, match=r"every plan holds at least 15 bytes at some step > budget"):
+            solve_ilp(ChoiceProblem(nodes, (), (), memory_budget=budget), solver=solver)
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+@pytest.mark.parametrize("scale", [1.0, 1e12, 1e30])
+def test_costs_of_any_magnitude_solve_to_the_same_plan(make_problem, brute_force, solver, scale):
+    """In microseconds past 1e20 the solvers read a cost as infinite (a loop charged 1e30
+    trips was "infeasible" with no budget at all): the objective is scaled into their range."""
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    base = make_problem(np.random.default_rng(11), 5, budget=True)
+    nodes = tuple(ChoiceNode(n.name, n.labels, n.cost * scale, n.memory) for n in base.nodes)
+    edges = tuple(ChoiceEdge(e.u, e.v, e.cost * scale, e.label) for e in base.edges)
+    p = ChoiceProblem(nodes, edges, base.ties, base.memory_budget, liveness=base.liveness)
+    want, best = brute_force(base)
+    got = solve_ilp(p, solver=solver)
+    assert base.evaluate(got.assignment) == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert got.cost == pytest.approx(want * scale, rel=1e-6)
+
+
+def test_an_infinite_cost_is_named_not_solved():
+    n = ChoiceNode("a", ("a0", "a1"), np.array([np.inf, 0.0]), np.zeros(2))
+    with pytest.raises(ValueError, match="a cost of the plan is infinite or NaN"):
+        solve_ilp(ChoiceProblem((n,)))
+
+
 def test_ties_force_matching_keys():
     # Alone each node prefers choice 0; the tie makes them agree on a key, and key 'x' is cheaper overall.
     a = ChoiceNode("a", ("a0", "a1"), np.array([0.0, 1.0]), np.zeros(2))
