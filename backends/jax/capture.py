@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -407,18 +408,24 @@ def _live(eqns: list[FlatEqn], outputs: Sequence[Atom]) -> list[FlatEqn]:
     return kept[::-1]
 
 
-def refuse_non_arrays(inputs: tuple) -> None:
-    """Refuse, naming the input, a leaf jax would not take as an array: a torch tensor (its
-    dtype fails deep in jax), a string (jax.jit's advice on static_argnums, which parallelize
-    has not)."""
-    for path, x in jax.tree_util.tree_flatten_with_path(tuple(inputs))[0]:
-        name = _leaf_name(f"in{path[0].idx}", path[1:])
+def refuse_non_arrays(inputs: tuple, params: Any = None) -> None:
+    """Refuse, naming the input or parameter, a leaf jax would not take as an array: a torch
+    tensor (its dtype fails deep in jax), a string (jax.jit's advice on static_argnums,
+    which parallelize has not), a ShapeDtypeStruct (no values to run on)."""
+    leaves = [(_leaf_name(f"in{path[0].idx}", path[1:]), x)
+              for path, x in jax.tree_util.tree_flatten_with_path(tuple(inputs))[0]]
+    leaves += [(_leaf_name("params", path), x) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for name, x in leaves:
         if type(x).__module__.split(".")[0] == "torch":
             raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__qualname__}: a jax Mesh plans and runs "
                             "functions of jax arrays (jnp.asarray(x.numpy())); plan torch code on a torch DeviceMesh")
         if isinstance(x, (str, bytes)):
             raise TypeError(f"{name} is a {type(x).__qualname__} ({x!r:.40}), and parallelize traces every input as an "
                             "array: bind it beforehand, functools.partial(fn, mode=...), and pass the arrays alone")
+        if isinstance(x, jax.ShapeDtypeStruct):
+            raise TypeError(f"{name} is a jax.ShapeDtypeStruct (a shape without values), but parallelize runs the "
+                            "function on its example values (to explore rules and check the plan): pass arrays, "
+                            f"jnp.zeros({x.shape}, {x.dtype})")
 
 
 def _leaf_name(prefix: str, path) -> str:
@@ -439,6 +446,12 @@ def _joint(fn: Callable, loss_fn: Callable | None) -> Callable:
                 what = aval.str_short() if aval is not None else f"a {type(value).__name__}"
                 raise TypeError(f"loss_fn returned {what}, not a float scalar: return one computed from "
                                 f"{_name(fn)}'s float outputs, or pass backward=False to plan the forward only")
+            leaves = jax.tree.leaves(p)
+            if leaves and type(value) is not type(leaves[0]):  # not of jax.grad's trace: no path from params
+                loss = "loss_fn's loss" if loss_fn is not None else f"the sum of {_name(fn)}'s outputs"
+                raise ValueError(f"{loss} does not depend on params (a constant, stop_gradient, or params the "
+                                 "function never reads), so every gradient is zero: return a loss computed from "
+                                 "the outputs, or pass backward=False to plan the forward only")
             return value, out
 
         (_, out), grads = jax.value_and_grad(loss, has_aux=True)(params)
@@ -559,7 +572,7 @@ def capture(
                         f"{fn!r}")
     check_capture_options(params, backward, loss_fn, while_trips)
     example_inputs = tuple(example_inputs)
-    refuse_non_arrays(example_inputs)
+    refuse_non_arrays(example_inputs, params)
     if params is not None and backward:
         _check_params_differentiable(params)
     if params is not None:
@@ -704,8 +717,12 @@ def check_while_trips(given: Any) -> None:
             raise TypeError(f"while_trips names loops by str (as explain() lists them), got the key {name!r}")
         if isinstance(n, bool) or not isinstance(n, numbers.Real):
             raise TypeError(f"{where} must be a number of trips per call (or a dict of them by loop name), got {n!r}")
-        if not math.isfinite(n) or n < 0:
-            raise ValueError(f"{where} must be a finite number >= 0, got {n!r}")
+        try:
+            finite = math.isfinite(n)
+        except OverflowError:  # an int beyond any float
+            finite = False
+        if not finite or n < 0:
+            raise ValueError(f"{where} must be a finite number >= 0, got {reprlib.repr(n)}")
 
 
 # comparison -> the same test with its operands swapped

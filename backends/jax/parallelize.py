@@ -31,6 +31,7 @@ from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
 from .capture import Captured, capture, check_capture_options, read_atom, refuse_non_arrays
+from .catalog import PREFIX
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
 from .shardings import constraint_placements, named_sharding, placements_of
@@ -218,7 +219,10 @@ class Parallelized:
         return jax.jit(self._run, in_shardings=self.in_shardings)
 
     def _flat_inputs(self, inputs: tuple, params: Any) -> list[Any]:
-        refuse_non_arrays(inputs)
+        refuse_non_arrays(inputs, params)
+        if params is not None and self.params is None:
+            raise TypeError("params= given, but the plan was made without params: the function's inputs are all "
+                            "its arguments; parallelize again with params= to plan a forward and backward")
         args = (self.params if params is None else params, *inputs) if self.params is not None else inputs
         leaves, tree = jax.tree.flatten(args)
         if tree != self.captured.in_tree:
@@ -362,6 +366,10 @@ def check_table(table: Any) -> None:
     """Refuse, before any work, a ``table`` that is no mapping op -> signature -> entry
     (RuleTable would fail on its first lookup, saying only that a str has no ``get``)."""
     if table is None or (isinstance(table, Mapping) and all(isinstance(v, Mapping) for v in table.values())):
+        other = next((op for op in table or () if not str(op).startswith(PREFIX)), None)
+        if other is not None:  # every node would miss it, and explore live
+            raise ValueError(f"table holds {other!r}, which is no JAX primitive (they are named {PREFIX}<primitive>): "
+                             "pass a JAX rule table, as metaspmd.generated.jax_rules.RULES")
         return
     raise TypeError(f"table must be the RULES of a rule table, a dict op -> signature -> entry (as "
                     f"metaspmd.generated.jax_rules.RULES), got {table!r:.80}")

@@ -27,10 +27,11 @@ import inspect
 import logging
 import operator
 import re
+import reprlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -114,9 +115,17 @@ def held_constants(fn_or_module) -> tuple[HeldConstant, ...]:
                      for m, sub in fn_or_module.named_modules() for k, v in vars(sub).items()
                      if isinstance(v, torch.Tensor))
     read = _variables_read(fn_or_module)
-    return tuple(HeldConstant(f"the variable {k!r} the function reads", v,
-                              functools.partial(_variable_read, fn_or_module, k))
-                 for k, v in read.items() if isinstance(v, torch.Tensor))
+    tensors = tuple(HeldConstant(f"the variable {k!r} the function reads", v,
+                                 functools.partial(_variable_read, fn_or_module, k))
+                    for k, v in read.items() if isinstance(v, torch.Tensor))
+    # a module the function calls: its parameters, buffers and tensor attributes are constants too
+    return tensors + tuple(
+        HeldConstant(f"{what} {(m + '.' if m else '') + k!r} of the module {name!r} the function reads", v,
+                     functools.partial(_module_tensor, fn_or_module, name, m, k))
+        for name, module in read.items() if isinstance(module, torch.nn.Module)
+        for m, sub in module.named_modules()
+        for what, held in (("parameter", sub._parameters), ("buffer", sub._buffers), ("attribute", vars(sub)))
+        for k, v in held.items() if isinstance(v, torch.Tensor))
 
 
 def _read_by(gm: torch.fx.GraphModule, constants: tuple[HeldConstant, ...]) -> tuple[HeldConstant, ...]:
@@ -142,6 +151,16 @@ def _variables_read(fn) -> dict[str, Any]:
 
 def _variable_read(fn, name: str) -> Any:
     return _variables_read(fn).get(name)
+
+
+def _module_tensor(fn, name: str, path: str, key: str) -> Any:
+    """What the module the function reads as ``name`` holds now at ``path`` as ``key``."""
+    module = _variables_read(fn).get(name)
+    try:
+        sub = module.get_submodule(path) if path else module
+    except AttributeError:  # the submodule is gone
+        return None
+    return sub._parameters.get(key, sub._buffers.get(key, vars(sub).get(key)))
 
 
 def refuse_replaced_constants(captured: Captured) -> None:
@@ -181,6 +200,7 @@ def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
         raise TypeError(f"the inputs are structured as {structure}, but the plan is for {captured.input_structure}")
     again = "parallelize again for"
     for traced, x in zip(captured.inputs, leaves):
+        refuse_unplannable(traced.name, x)
         if traced.dtype is None:
             if isinstance(x, torch.Tensor) or type(x) is not type(traced.value) or not _same(x, traced.value):
                 raise ValueError(f"{traced.name} is {_shown(x)}, but the plan was traced with {traced.value!r}, "
@@ -192,6 +212,23 @@ def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
                              f"{again} these shapes")
         elif x.dtype != traced.dtype:
             raise TypeError(f"{traced.name}: dtype {x.dtype}, but the plan is for {traced.dtype}: {again} this dtype")
+    refuse_aliased_writes(captured.updated_inputs, captured.inputs, leaves)
+
+
+def refuse_aliased_writes(written: Sequence[int], traced: Sequence[TracedInput], leaves: Sequence[Any]) -> None:
+    """Refuse, naming both, an input the model writes in place that shares memory with
+    another input (``f(x, x)``, a view of it): eager reads the write through the other, the
+    plan places each input apart and would not."""
+    def storage(x: Any) -> int | None:
+        return x.untyped_storage().data_ptr() if isinstance(x, torch.Tensor) and x.device.type != "meta" else None
+
+    for i in written:
+        mine = storage(leaves[i])
+        other = next((j for j, y in enumerate(leaves) if j != i and mine is not None and storage(y) == mine), None)
+        if other is not None:
+            raise ValueError(f"{traced[i].name} and {traced[other].name} share memory (one tensor, or views of one), "
+                             f"and the model writes {traced[i].name} in place: eager would read that write through "
+                             f"{traced[other].name}, a plan places them apart. Pass separate tensors (.clone())")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -204,7 +241,9 @@ def _same(a: Any, b: Any) -> bool:
 def _shown(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)}"
-    return repr(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # a numpy array: not printed whole
+        return f"a {type(x).__module__.split('.')[0]}.{type(x).__qualname__} of shape {tuple(x.shape)}"
+    return reprlib.repr(x)
 
 
 def _dtype(x: torch.Tensor) -> str:
@@ -223,6 +262,9 @@ def _joint(module: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor] | Non
         loss = loss_fn(out) if loss_fn is not None else out.sum()
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"loss_fn returned a {type(loss).__qualname__}, not a tensor")
+        if loss.is_complex():  # autograd's gradient of a complex loss is no gradient descent step
+            raise TypeError(f"{'loss_fn' if loss_fn is not None else 'the default loss, out.sum(),'} is complex "
+                            f"({_dtype(loss)}): return a real loss (.real, .abs())")
         if loss.dim() != 0:  # autograd would seed it with ones: the gradient of its sum, unasked
             raise ValueError(f"loss_fn returned a tensor of shape {tuple(loss.shape)}, not a scalar: reduce it "
                              "(.sum(), .mean()) to the loss to differentiate")
@@ -324,6 +366,9 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     if not callable(fn_or_module):
         raise TypeError(f"parallelize takes a torch.nn.Module or a function of the example inputs, got "
                         f"{fn_or_module!r}")
+    if isinstance(fn_or_module, type) and issubclass(fn_or_module, torch.nn.Module):
+        raise TypeError(f"parallelize takes a module, got the class {fn_or_module.__qualname__}: pass an instance, "
+                        f"{fn_or_module.__qualname__}(...)")
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of positional arguments, got a "
                         f"{type(example_inputs).__qualname__} (for one input write (x,))")
@@ -350,27 +395,43 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
         if backward and not any(p.requires_grad for p in fn_or_module.parameters()):
             raise ValueError(f"every parameter of {type(fn_or_module).__qualname__} is frozen (requires_grad=False), "
                              "so there are no gradients to compute: pass backward=False to plan its forward only")
-    from torch.distributed.tensor import DTensor
-
     for what, x in values:
-        if type(x).__module__.split(".")[0] in ("jax", "jaxlib"):
-            raise TypeError(f"{what} is a JAX array: a torch DeviceMesh plans torch modules and functions of torch "
-                            "tensors; plan a JAX function on a jax.sharding.Mesh")
-        if isinstance(x, torch.Tensor) and x.layout != torch.strided:
-            raise TypeError(f"{what} is a {str(x.layout).removeprefix('torch.')} tensor: parallelize plans dense "
-                            "tensors; pass x.to_dense() and keep the sparse form inside the model")
-        if isinstance(x, torch.Tensor) and x.is_meta:
-            raise TypeError(f"{what} is on the meta device, which holds no values to plan and check with: pass "
-                            "real tensors (the planner's one-device check runs the model on them)")
+        refuse_unplannable(what, x)
     values += [(c.what, c.traced) for c in constants]
     for what, x in values:
         # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
         if LocalTensor and isinstance(x, LocalTensor):
             raise TypeError(f"{what} is a LocalTensor (made inside LocalTensorMode): create the model and its "
                             "example inputs outside the mode; only calling the parallelized model needs it")
-        if isinstance(x, DTensor):  # the plan places every value itself
-            raise TypeError(f"{what} is a DTensor (placed already): pass the model and its example inputs with "
-                            "plain tensors (DTensor.full_tensor()); constraints= keeps placements you have decided")
+        _refuse_placed(what, x)
+
+
+def refuse_unplannable(what: str, x: Any) -> None:
+    """Refuse, naming it, a value the plan neither traces nor runs on: a JAX array, a
+    module (its tensors would be baked into the graph, and a later change not seen), a
+    sparse, meta-device or DTensor tensor."""
+    if type(x).__module__.split(".")[0] in ("jax", "jaxlib"):
+        raise TypeError(f"{what} is a JAX array: a torch DeviceMesh plans torch modules and functions of torch "
+                        "tensors; plan a JAX function on a jax.sharding.Mesh")
+    if isinstance(x, torch.nn.Module):
+        raise TypeError(f"{what} is a module ({type(x).__qualname__}): its tensors would be baked into the plan as "
+                        "constants. Parallelize the module itself, parallelize(module, mesh, inputs), or pass its "
+                        "tensors as inputs")
+    if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+        raise TypeError(f"{what} is a {str(x.layout).removeprefix('torch.')} tensor: parallelize plans dense "
+                        "tensors; pass x.to_dense() and keep the sparse form inside the model")
+    if isinstance(x, torch.Tensor) and x.is_meta:
+        raise TypeError(f"{what} is on the meta device, which holds no values to plan and check with: pass "
+                        "real tensors (the planner's one-device check runs the model on them)")
+    _refuse_placed(what, x)
+
+
+def _refuse_placed(what: str, x: Any) -> None:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):  # the plan places every value itself
+        raise TypeError(f"{what} is a DTensor (placed already): pass the model and its inputs with plain tensors "
+                        "(DTensor.full_tensor()); constraints= keeps placements you have decided")
 
 
 def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, backward: bool,
@@ -381,6 +442,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     if not isinstance(fn_or_module, torch.nn.Module):
         gm = _make_fx(fn_or_module, _input_copies(example_inputs))
         _, written_inputs = _written(gm, [], 0)
+        refuse_aliased_writes(written_inputs, traced, torch.utils._pytree.tree_leaves(tuple(example_inputs)))
         if written_inputs or _mutates(gm):
             gm = _functionalized_function(gm, written_inputs, _input_copies(example_inputs))
         unmerge_batched_matmuls(gm)
@@ -405,6 +467,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
         gm = _make_fx(fn, (params, _buffer_copies(module), *_input_copies(example_inputs)),
                       decomposition_table=_DECLARED_WRITES)
     written, written_inputs = _written(gm, names, len(buffer_names))
+    refuse_aliased_writes(written_inputs, traced, torch.utils._pytree.tree_leaves(tuple(example_inputs)))
     if written or written_inputs or _mutates(gm):
         gm = _functionalized(gm, written, written_inputs, params, _buffer_copies(module),
                              _input_copies(example_inputs))

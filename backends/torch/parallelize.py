@@ -436,8 +436,14 @@ class TorchRuntime:
         (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis (or one
         placement on a 1-D mesh); ``Shard(-1)`` counts from the last dim, as DTensor's does."""
         names, shapes = _user_names(captured), _var_shapes(captured)
+        numbers = {v.name for v in captured.ir.input_list if not v.is_tensor}
         placed = {}
         for key, value in given.items():
+            if isinstance(names.get(key), _SeveralLeaves):
+                names[key].refuse()
+            if names.get(key, key) in numbers:
+                raise TypeError(f"constraint on {key!r}: the value is no tensor (the graph holds it as a constant), "
+                                "so it has no placement")
             shape = shapes.get(names.get(key, key))
             # a key that names nothing keeps its value: named_constraints refuses it, listing the names
             placed[key] = value if shape is None else _constraint_placements(key, value, shape, self.mesh.ndim)
@@ -458,13 +464,38 @@ RUNTIME = TorchRuntime
 
 
 def _user_names(captured: Captured) -> dict:
-    """The graph input of each parameter, buffer (by name) and user input (by position)."""
+    """The graph input of each parameter, buffer (by name) and user input: by position
+    where the argument is one value, and by its leaf's name (``"input 1[0]"``, as errors
+    name it) where it holds several (a tuple, a dict). A position whose argument holds
+    several is refused naming its leaves (``_SeveralLeaves``): it would place one of them."""
     inputs = [v.name for v in captured.ir.input_list]
     n_p, n_b = len(captured.param_names), len(captured.buffer_names)
     names: dict = dict(zip(captured.param_names, inputs))
     names.update(zip(captured.buffer_names, inputs[n_p:]))
-    names.update(enumerate(inputs[n_p + n_b:n_p + n_b + captured.n_user_inputs]))
+    leaves = dict(zip((t.name for t in captured.inputs), inputs[n_p + n_b:]))
+    for i in range(captured.n_user_inputs):
+        own = f"input {i}"
+        if own in leaves:
+            names[i] = leaves[own]
+            continue
+        nested = {k: v for k, v in leaves.items() if k.startswith(own + "[")}
+        names[i] = _SeveralLeaves(i, tuple(nested))
+        names.update(nested)
     return names
+
+
+@dataclass(frozen=True)
+class _SeveralLeaves:
+    """A user input's position whose argument holds several values (or none)."""
+
+    position: int
+    leaves: tuple[str, ...]
+
+    def refuse(self) -> None:
+        which = (f"name its values instead: {', '.join(map(repr, self.leaves))}" if self.leaves
+                 else "it holds none")
+        raise KeyError(f"constraint on {self.position!r}: input {self.position} is no single value, so its position "
+                       f"names none: {which}")
 
 
 def parallelize(

@@ -74,7 +74,17 @@ def test_capture_works_where_the_checks_allow():
     assert capture(argmax, (X,), params=PARAMS, backward=False).n_outputs == 1
     assert capture(no_output, (X,), params=PARAMS, backward=False).n_outputs == 0
     assert capture(lambda p, x: (linear(p, x), x.argmax()), (X,), params=PARAMS).n_outputs == 2  # one float output
-    assert capture(linear, (X,), params=PARAMS, loss_fn=lambda out: 3.0).n_outputs == 1  # a constant loss: zero grads
+
+
+@pytest.mark.parametrize("fn,kw,loss", [
+    (linear, {"loss_fn": lambda out: 3.0}, "loss_fn's loss"),
+    (linear, {"loss_fn": lambda out: jax.lax.stop_gradient(out).sum()}, "loss_fn's loss"),
+    (lambda p, x: x * 2, {}, r"the sum of <lambda>'s outputs"),
+], ids=["constant", "stop_gradient", "params unread"])
+def test_a_loss_with_no_path_from_params_is_refused(fn, kw, loss):
+    """Every gradient came back zero, where torch refuses the same loss (it requires no grad)."""
+    with pytest.raises(ValueError, match=rf"{loss} does not depend on params .* every gradient is zero"):
+        capture(fn, (X,), params=PARAMS, **kw)
 
 
 def test_parallelize_reports_a_bad_output_before_planning(monkeypatch):
@@ -271,6 +281,22 @@ def test_a_torch_tensor_or_a_string_is_named_at_capture_and_at_call(tmp_path):
         par(torch.ones(8, 4))
 
 
+def test_shapes_without_values_are_named_at_capture():
+    """numpy's float() of a ShapeDtypeStruct was all jax said."""
+    sds = jax.ShapeDtypeStruct((8, 4), np.float32)
+    with pytest.raises(TypeError, match=r"in0 is a jax.ShapeDtypeStruct \(a shape without values\), .* pass arrays"):
+        capture(linear, (sds,), params=PARAMS)
+    with pytest.raises(TypeError, match=r"params\.w is a jax.ShapeDtypeStruct"):
+        capture(linear, (X,), params={"w": jax.ShapeDtypeStruct((4, 4), np.float32)})
+
+
+def test_params_at_a_call_planned_without_them_are_refused(tmp_path):
+    """They were dropped without a word."""
+    par = parallelize(lambda a: a * 2, mesh_of(1), (X,), cache=RuleCache(tmp_path))
+    with pytest.raises(TypeError, match="params= given, but the plan was made without params"):
+        par(X, params=PARAMS)
+
+
 def test_a_planned_function_is_a_callable_jax_jit_takes(tmp_path):
     """jax.jit hashes its callable: a plain dataclass has no hash (unhashable type: 'Parallelized')."""
     par = parallelize(linear, mesh_of(1), (X,), params=PARAMS, cache=RuleCache(tmp_path))
@@ -354,6 +380,12 @@ def test_a_loop_carry_that_changes_dtype_stays_a_type_error():
     ({"while_trips": -1}, ValueError, r"while_trips must be a finite number >= 0, got -1"),
     ({"while_trips": {"while_3": float("inf")}}, ValueError, r"while_trips\['while_3'\] must be a finite number"),
     ({"while_trips": {3: 4}}, TypeError, r"while_trips names loops by str .* got the key 3"),
+    ({"while_trips": 10 ** 400}, ValueError, r"while_trips must be a finite number >= 0, got 1000"),
+    ({"links": {"tp": (True, True)}}, ValueError, r"links\['tp'\]: expected \(seconds per message, bytes per second\), "
+                                                 r"got \(True, True\)"),
+    ({"links": {"tp": (1e-5, 1e-308)}}, ValueError, r"links\['tp'\]: .* is so slow that moving a tensor's bytes takes "
+                                                   r"more seconds than a float holds"),
+    ({"table": {"aten.mm.default": {}}}, ValueError, r"table holds 'aten.mm.default', which is no JAX primitive"),
     ({"loss_fn": lambda out: out.sum(), "params": None}, ValueError,
      r"loss_fn is the loss whose gradients the backward computes, which needs params= and backward=True"),
     ({"loss_fn": lambda out: out.sum(), "backward": False}, ValueError, r"loss_fn is the loss whose gradients"),

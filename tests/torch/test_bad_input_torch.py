@@ -425,3 +425,120 @@ def test_runtime_bench_refuses_zero_repeats(capsys):
     with pytest.raises(SystemExit) as e:
         runtime_bench.main(["--repeat", "0"])
     assert e.value.code == 2 and "--repeat: expected an integer >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fn,inputs,kw,error,message", [
+    (torch.nn.Linear, (torch.randn(2, 4),), {}, TypeError, r"takes a module, got the class Linear: pass an instance"),
+    (lambda x, m: m(x), (torch.randn(2, 4), torch.nn.Linear(4, 4)), {"backward": False}, TypeError,
+     r"example input 1 is a module \(Linear\): its tensors would be baked into the plan as constants"),
+    (torch.nn.Linear(4, 4), (torch.randn(2, 4),), {"loss_fn": lambda out: (out * 1j).sum()}, TypeError,
+     r"loss_fn is complex \(complex64\): return a real loss"),
+], ids=["module class", "module among the inputs", "complex loss"])
+def test_what_a_plan_cannot_hold_is_named_at_capture(fn, inputs, kw, error, message):
+    with pytest.raises(error, match=message):
+        capture(fn, inputs, **kw)
+
+
+def _scale_first(a, b):
+    a.mul_(2)
+    return a + b
+
+
+def test_inputs_that_share_memory_with_one_the_model_writes_are_refused(fake_world_of, tmp_path):
+    """Eager reads the write through the other input; a plan places the two apart, and
+    gave 3.0 where eager gives 4.0."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    x = torch.ones(4, 8)
+    message = r"input 0 and input 1 share memory .* the model writes input 0 in place"
+    for aliased in ((x, x), (x, x[:])):
+        with pytest.raises(ValueError, match=message):
+            capture(_scale_first, aliased, backward=False)
+    with LocalTensorMode(frozenset(range(4))):
+        p = parallelize(_scale_first, DeviceMesh("cpu", list(range(4))), (x.clone(), x.clone()),
+                        cache=RuleCache(tmp_path))
+        y = x.clone()
+        with pytest.raises(ValueError, match=message):
+            p(y, y)
+        assert torch.equal(y, x)  # refused before anything ran
+        out = p(y, x.clone())  # apart, as planned: eager's answer, and y written
+    assert torch.equal(out, torch.full((4, 8), 3.0)) and torch.equal(y, torch.full((4, 8), 2.0))
+
+
+def test_a_call_with_values_the_plan_cannot_take_names_the_input(fake_world_of, tmp_path):
+    """A DTensor, sparse or meta tensor at call time: before, DTensor's own error with FX's
+    node page, or the model blamed for the meta device."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    x = torch.randn(4, 8)
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", list(range(4)))
+        p = parallelize(lambda a: a * 2, mesh, (x,), cache=RuleCache(tmp_path))
+        for bad, message in ((distribute_tensor(x, mesh, [Shard(0)]), "input 0 is a DTensor"),
+                             (x.to_sparse(), "input 0 is a sparse_coo tensor"),
+                             (torch.empty(4, 8, device="meta"), "input 0 is on the meta device")):
+            with pytest.raises(TypeError, match=message):
+                p(bad)
+
+
+def test_a_module_the_function_calls_is_watched_as_its_constants_are(fake_world_of, tmp_path):
+    """Its weights are constants of the graph: changed in place they are read, replaced
+    they were silently stale."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    torch.manual_seed(0)
+    lin, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    with LocalTensorMode(frozenset(range(4))):
+        p = parallelize(lambda a: lin(a), DeviceMesh("cpu", list(range(4))), (x,), cache=RuleCache(tmp_path))
+        with torch.no_grad():
+            lin.weight.mul_(2)
+        torch.testing.assert_close(p(x), lin(x))
+        lin.weight = torch.nn.Parameter(torch.zeros(8, 8))
+        with pytest.raises(ValueError, match=r"parameter 'weight' of the module 'lin' the function reads was replaced"):
+            p(x)
+
+
+def test_a_position_holding_several_tensors_is_refused_and_its_leaves_are_keys(fake_world_of, tmp_path):
+    """Key 1 placed the second tensor of input 1's pair, not input 2; input 2 had no key."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(4)
+    a, b, z = torch.randn(4, 8), torch.randn(8, 4), torch.randn(8, 8)
+
+    def f(s, pair, c):
+        return (pair[0] @ pair[1]).sum() * s + c * 2
+
+    def placed(constraints):
+        p = parallelize(f, mesh, (2.0, (a, b), z), cache=RuleCache(tmp_path), constraints=constraints)
+        return {v.name: p.plan.placement(v.name)[0] for v in p.captured.ir.input_list if v.is_tensor}
+
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", list(range(4)))
+        with pytest.raises(KeyError, match=r"input 1 is no single value, .* name its values instead: 'input 1\[0\]', "
+                                           r"'input 1\[1\]'"):
+            placed({1: (Shard(1),)})
+        with pytest.raises(TypeError, match="constraint on 0: the value is no tensor"):
+            placed({0: (Shard(0),)})
+        by_leaf, by_position = placed({"input 1[1]": (Shard(1),)}), placed({2: (Shard(1),)})
+    assert by_leaf["pair_2"].dim == 1 and by_position["c_1"].dim == 1
