@@ -224,7 +224,7 @@ def refuse_aliased_writes(written: Sequence[int], traced: Sequence[TracedInput],
 
     for i in written:
         mine = storage(leaves[i])
-        other = next((j for j, y in enumerate(leaves) if j != i and mine is not None and storage(y) == mine), None)
+        other = next((j for j, y in enumerate(leaves) if j != i and storage(y) == mine), None) if mine else None
         if other is not None:
             raise ValueError(f"{traced[i].name} and {traced[other].name} share memory (one tensor, or views of one), "
                              f"and the model writes {traced[i].name} in place: eager would read that write through "

@@ -433,8 +433,9 @@ class TorchRuntime:
 
     def constraints(self, captured: Captured, given) -> dict:
         """Keys: a parameter's or buffer's name (``"fc1.weight"``), a user input's position
-        (0, 1, ...) or a graph var; values: DTensor placements, one per mesh axis (or one
-        placement on a 1-D mesh); ``Shard(-1)`` counts from the last dim, as DTensor's does."""
+        (0, 1, ...), a tensor's name in a nested input (``"input 1[0]"``) or a graph var;
+        values: DTensor placements, one per mesh axis (or one placement on a 1-D mesh);
+        ``Shard(-1)`` counts from the last dim, as DTensor's does."""
         names, shapes = _user_names(captured), _var_shapes(captured)
         numbers = {v.name for v in captured.ir.input_list if not v.is_tensor}
         placed = {}
@@ -515,7 +516,8 @@ def parallelize(
 ) -> Parallelized:
     """Capture, look up or explore every node's rules, plan on ``mesh``, and return a
     callable that runs the plan on DTensor (a module runs forward + backward).
-    ``constraints``: DTensor placements already decided, by parameter name or input position.
+    ``constraints``: DTensor placements already decided, by parameter name, input position,
+    or for an input holding several tensors, each one's name (``"input 1[0]"``).
     ``links``: each named mesh axis's ``(seconds per message, bytes per second)``
     (``metaspmd.parallelize``'s)."""
     return runtime.parallelize(fn_or_module, mesh, example_inputs, backward=backward, loss_fn=loss_fn,
