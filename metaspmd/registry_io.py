@@ -34,6 +34,9 @@ _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
 }
 _NESTING = "values nest too deeply for a registry file"
+# The dtype names torch and jax give (float32, uint4, float8_e4m3fn, float4_e2m1fn_x2,
+# complex32, quint4x2, bits16, jax's key<fry>): the core imports neither to ask them.
+_DTYPE_RE = re.compile(r"(bool|bfloat16|(u?int|float|complex|q(u)?int|bits)\d+([x_][a-z0-9_]*)?|key<[a-z0-9_]+>)\Z")
 # Collections nested deeper than this are refused before composing: libyaml's composer
 # recurses in C, so a file nested some 30,000 deep overflows the C stack (a segfault, not
 # an error). The reader's own recursion stops values about 500 deep already.
@@ -517,7 +520,10 @@ class _Reader:
             shape = self.value(f["shape"])
             if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
                 self.fail(f["shape"], f"bad tensor shape {shape!r}")
-            return TensorArg(tuple(shape), self.string(f["dtype"], "dtype"))
+            dtype = self.string(f["dtype"], "dtype")
+            if not _DTYPE_RE.match(dtype):
+                self.fail(f["dtype"], f"unknown tensor dtype {dtype!r}")
+            return TensorArg(tuple(shape), dtype)
         if isinstance(node, yaml.SequenceNode):
             try:  # as in value: a too-deep value fails at its own line
                 return tuple(self.example_value(n) for n in node.value)

@@ -856,7 +856,8 @@ def _committed(name: str) -> str:
     ("torch/aten._unsafe_view.default.yaml", "block=5)", "block=999)",
      r":10: S2: gather\(dim=0, block=999\) makes dim 0 of output 0 of 999 blocks, but it has"),
     ("torch/aten.nonzero.default.yaml", "  results:\n", "  more: []\n  results:\n", r":13: more lists no layer"),
-], ids=["offset component", "offset of floats", "positions component", "block count", "empty more"])
+    ("torch/aten.nonzero.default.yaml", "dtype: int64}", "dtype: bogus}", r":14: unknown tensor dtype 'bogus'"),
+], ids=["offset component", "offset of floats", "positions component", "block count", "empty more", "dtype"])
 def test_indices_beyond_what_they_index_are_refused_at_their_line(name, old, new, message):
     """Codegen emitted the offset into the JAX table: a runtime would subtract a shard's start
     from an element no index vector has."""
