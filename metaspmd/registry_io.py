@@ -631,6 +631,11 @@ def loads_record(text: str, filename: str = "<string>", backend: str | None = No
         raise RegistryError(f"{filename}:1: {e}") from None
 
 
+# A rule file holds one op's entries (the largest committed ones are kilobytes, a cache
+# entry one signature's): a file past this is damaged or no rule file, and is not read.
+MOST_FILE_BYTES = 16 * 2 ** 20
+
+
 def read_file(path: str | os.PathLike) -> bytes:
     """The bytes of a registry file; RegistryError naming the path and the reason when it
     is there but cannot be read (a folder, a dangling symlink, no permission). A path with
@@ -638,9 +643,12 @@ def read_file(path: str | os.PathLike) -> bytes:
     FIFO or a device named ``*.yaml`` is refused before it is opened: reading one would
     block, or never end (``/dev/zero``)."""
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # (a folder fails to open, and says so)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):  # (a folder fails to open, and says so)
             raise RegistryError(f"{path}: cannot read: not a regular file")
+        if st.st_size > MOST_FILE_BYTES:  # not read into memory to be refused
+            raise RegistryError(f"{path}: cannot read: {st.st_size:,} bytes, more than a rule file holds "
+                                f"(at most {MOST_FILE_BYTES:,})")
         return Path(path).read_bytes()
     except FileNotFoundError:
         if not os.path.islink(path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from metaspmd import cache as cache_module
+from metaspmd import registry_io
 from metaspmd import rules
 from metaspmd.cache import RuleCache, RuleCacheWarning, default_cache_dir, framework_version, register_framework_version
 from metaspmd.case import OpCase
@@ -156,6 +157,23 @@ def test_a_sealed_entry_that_is_not_utf8_is_explored_again_and_rewritten(tmp_pat
     ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
     line = body[: body.index(b"\xff")].count(b"\n") + 2  # the seal is line 1
     assert len(ours) == 1 and f"{path}:{line}: not valid UTF-8 (byte 0xff" in ours[0], ours
+    assert load_record(path).entry(ADD.signature) == first  # rewritten
+
+
+def test_an_entry_too_large_for_a_rule_file_is_not_read_but_explored_again(tmp_path, monkeypatch):
+    """It was read whole into memory before its seal was checked (300 MB in the audit)."""
+    first = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
+    os.truncate(path, registry_io.MOST_FILE_BYTES + 1)  # sparse: no disk used
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read"))
+    EXPLORED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    assert again == first and EXPLORED
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    assert len(ours) == 1 and f"{path}: cannot read: 16,777,217 bytes, more than a rule file holds" in ours[0], ours
+    monkeypatch.undo()
     assert load_record(path).entry(ADD.signature) == first  # rewritten
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from metaspmd import cli, rule_diff
 from metaspmd.registry_io import (
-    RegistryError, dump_record, load_record, load_registry, loads_record, write_record, write_text_atomic,
+    MOST_FILE_BYTES, RegistryError, dump_record, load_record, load_registry, loads_record, write_record, write_text_atomic,
 )
 from metaspmd.rules import Example, OpRecord, RuleEntry, TensorArg, Verification, make_record
 from metaspmd.signature import signature, signature_error, split_signature
@@ -288,7 +288,9 @@ def _registry_with(tmp_path, make):
 @pytest.mark.parametrize("make,reason", [
     (lambda p: p.mkdir(), "Is a directory"),
     (lambda p: os.symlink(p.parent / "gone.yaml", p), "a symlink to .*gone.yaml, which does not exist"),
-])
+    (lambda p: os.truncate(p.write_bytes(b"") or p, MOST_FILE_BYTES + 1),  # sparse: no disk used
+     r"16,777,217 bytes, more than a rule file holds \(at most 16,777,216\)"),
+], ids=["folder", "dangling symlink", "too large"])
 def test_an_unreadable_entry_is_a_registry_error_naming_it(tmp_path, capsys, make, reason):
     root, bad = _registry_with(tmp_path, make)
     for read in (lambda: load_record(bad), lambda: load_registry(root, "torch"),
