@@ -140,6 +140,19 @@ _refuted_at(
     "with a negative dim (the gradient of narrow(x, -1, 2, 4)) and the gradient cut along it, DTensor's rule "
     "keeps the cut, so each rank pads its own columns as if they were the whole slice (wrong values, silently: "
     "the gradient of x in narrow(x, -1, 2, 4) @ w with w cut along its rows)")
+
+
+def _keepdim_by_position(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """keepdim=True among the positional arguments, where the dispatcher passes it."""
+    i = next(k for k, a in enumerate(op._schema.arguments) if a.name == "keepdim")
+    return i < len(args) and bool(args[i])
+
+
+_refuted_at(
+    ("aten.logsumexp.default",), _keepdim_by_position,
+    "with keepdim=True, which DTensor's rule reads from the keyword arguments only, it drops the reduced dims "
+    "from the output's placements: a cut after a reduced dim moves one dim down (logsumexp(x, 0, keepdim=True) "
+    "of a column-cut x is called row-cut; its full tensor has the wrong shape, silently)")
 # DTensor's rule for these cuts dims 0 and 1 as batch and channel; an unbatched input
 # (channels first, no batch dim) has its first spatial dim there, whose windows or flat
 # indices do not split with the cut.
