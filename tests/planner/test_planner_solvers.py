@@ -181,6 +181,30 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
     assert api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0) is exact and calls == ["cbc"]
 
 
+@pytest.mark.parametrize("gap,bound_share,handed_on", [
+    (0.03, 0.96, False),  # 4% from its bound: within LATE_GAP, CBC's plan is kept
+    (0.03, 0.90, True),  # 10%: HiGHS goes on
+    (0.0, 0.999, True),  # a proof asked for: HiGHS goes on however close
+])
+def test_cbc_at_the_end_of_its_share_within_the_late_gap_ends_it(make_problem, monkeypatch, gap, bound_share,
+                                                                  handed_on):
+    """On budgeted 2x2 problems HiGHS spent the rest of the limit proving the last points of
+    CBC's answer (up to 35 s), keeping its plan or one at most 0.7% cheaper."""
+    pytest.importorskip("highspy")
+    from metaspmd.planner import api
+    from metaspmd.planner.choice import Solution
+
+    p = make_problem(np.random.default_rng(7), 5, budget=True)
+    exact = solve_ilp(p)
+    cbc = Solution(exact.assignment, exact.cost, "cbc", "feasible", 0.1, exact.cost * bound_share)
+    calls = []
+    monkeypatch.setattr(api, "solve_ilp", lambda *a, **k: calls.append(a[3]) or (cbc if a[3] == "cbc" else exact))
+    got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0, gap)
+    assert calls == (["cbc", "highs"] if handed_on else ["cbc"])
+    if not handed_on:
+        assert got.status == "near-optimal" and got.assignment == cbc.assignment and got.bound == cbc.bound
+
+
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
 def test_a_solver_told_a_gap_stops_within_it_and_says_so(make_problem, brute_force, solver):
     """With a gap as wide as the cost itself, the solver may stop on the warm start, the
