@@ -351,6 +351,28 @@ def test_grouped_convolution_weight_gradient_never_summed_on_a_mesh_of_axes_on_d
         assert all(len(got[n]) == 2 for n in convs if n not in weight_grads)  # the forward one keeps both
 
 
+@pytest.mark.parametrize("padding,aborting", [
+    (((-1, 2, 1), (0, 0, 0)), {0}), (((-1, 0, 2), (1, -2, 0)), {0}),
+    (((-2, -1, 1), (0, 0, 0)), set()), (((-1, 2, 0), (1, 2, 1)), set()),
+])
+def test_pad_cuts_xla_aborts_the_process_on_are_dropped(padding, aborting):
+    """jax 0.10.2's SPMD partitioner aborts the process (a failed CHECK, no exception) on a
+    pad cut along a dim whose negative low padding is not a multiple of the interior padding
+    + 1; a budgeted plan cut it so. Strategies cutting such a dim are dropped, on any mesh."""
+    from metaspmd.spec import Gather, Identity, OutputCombine, Replicate, ShardIn, Strategy
+
+    def padded(x):
+        return jax.lax.pad(x * 2, 0.0, padding)
+
+    cuts = [Strategy(f"S{d + 1}", (ShardIn(d), Replicate()), (OutputCombine.of([Gather(d)]),)) for d in (0, 1)]
+    whole = Strategy("R", (Replicate(), Replicate()), (OutputCombine.of([Identity()]),))
+    rt = JaxRuntime(mesh_of(1))
+    captured = rt.capture(padded, (np.ones((8, 6), np.float32),))
+    pads = [e.name for e in captured.eqns if e.prim.name == "pad"]
+    got = rt.strategies(captured, {n: (*cuts, whole) for n in pads})
+    assert pads and {s.inputs[0].dim for s in got[pads[0]] if isinstance(s.inputs[0], ShardIn)} == {0, 1} - aborting
+
+
 def test_a_while_loop_with_gradients_suggests_the_forward_only():
     def loop(p, x):
         return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jax.numpy.tanh(c[1] @ p["w"])), (0, x))[1]
