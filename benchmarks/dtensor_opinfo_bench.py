@@ -68,7 +68,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from metaspmd.cli import pipe_safe, positive_int, seconds
+from metaspmd.cli import at_most, pipe_safe, positive_int, seconds
 
 WORLD = 4
 MESHES = {"4": (4,), "2x2": (2, 2)}
@@ -739,14 +739,7 @@ COLUMNS = ("plain", "register", "replace")  # DTensor; + register(replace_refute
 
 # setitimer refuses past about 1e9 s; no op of this test needs a day.
 MAX_TIMEOUT = 86400.0
-
-
-def timeout_seconds(text: str) -> float:
-    """argparse type for --timeout: cli.seconds (finite, > 0) and at most a day."""
-    value = seconds(text)
-    if value > MAX_TIMEOUT:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMEOUT:g} seconds (a day), got {text!r}")
-    return value
+timeout_seconds = at_most(seconds, MAX_TIMEOUT, f"{MAX_TIMEOUT:g} seconds (a day)")
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's metaspmd, not the one installed
 
-from metaspmd.cli import positive_int, positive_number, refuse_unused, seconds
+from metaspmd.cli import at_most, positive_int, positive_number, refuse_unused, seconds
 from metaspmd.planner import Infeasible, Mesh, PlannerError, build_problem, solve
 from metaspmd.planner.reduce import Reductions, reduce_problem
 from metaspmd.planner.synthetic import GPTConfig, gpt
@@ -82,14 +82,6 @@ def timed(fn):
 # Beam search holds width x choices partial plans per node: past a few thousand it is an
 # exhaustive search that runs the machine out of memory, not a wider heuristic.
 MOST_BEAM = 4096
-
-
-def beam_width(text: str) -> int:
-    """argparse type: a beam width, 1 to ``MOST_BEAM``."""
-    value = positive_int(text)
-    if value > MOST_BEAM:
-        raise argparse.ArgumentTypeError(f"expected a width of at most {MOST_BEAM}, got {value}")
-    return value
 
 
 def captured_gpt(layers: int, hidden: int, heads: int, batch: int, seq: int, cache) -> tuple:
@@ -191,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=positive_int, default=512)
     p.add_argument("--time-limit", type=seconds, default=None,
                    help="the ILP's seconds (default: sized to the ILP, 10 to 60 s)")
-    p.add_argument("--beam-width", type=beam_width, default=8,
+    p.add_argument("--beam-width", type=at_most(positive_int, MOST_BEAM, f"{MOST_BEAM} partial plans"), default=8,
                    help=f"partial plans beam search keeps per node (1 to {MOST_BEAM}; default 8)")
     p.add_argument("--budget", type=positive_number, default=None,
                    help="memory budget as a fraction of the unconstrained ILP plan's memory")

@@ -23,7 +23,7 @@ import os
 import pkgutil
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 # The checkout's root: default registry/ and generated/ folders (the package is installed
 # editable from the repository, which holds them).
@@ -101,6 +101,19 @@ def path_arg(text: str) -> Path:
 def seconds(text: str, allow_zero: bool = False) -> float:
     """argparse type: a finite number of seconds > 0 (>= 0 with ``allow_zero``)."""
     return positive_number(text, allow_zero, "a number of seconds")
+
+
+def at_most(parse: Callable[[str], Any], most: float, what: str) -> Callable[[str], Any]:
+    """argparse type: what ``parse`` reads, refused past ``most`` (``what`` says it, with why:
+    "86400 seconds (a day)")."""
+    def checked(text: str) -> Any:
+        value = parse(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected at most {what}, got {text!r}")
+        return value
+
+    checked.__name__ = parse.__name__  # argparse names the type in its own errors
+    return checked
 
 
 class StdoutError(OSError):

@@ -77,7 +77,7 @@ def _module(name: str):
     ("planner_bench", ["--budget", "0"], "--budget: expected a number: finite and > 0, got '0'"),
     ("planner_bench", ["--budget", "nan"], "got 'nan'"),
     ("planner_bench", ["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
-    ("planner_bench", ["--beam-width", "99999999999999"], "--beam-width: expected a width of at most 4096"),
+    ("planner_bench", ["--beam-width", "99999999999999"], "--beam-width: expected at most 4096 partial plans, got"),
     ("planner_bench", ["--beam-width", "0"], "--beam-width: expected an integer >= 1, got 0"),
     ("planner_bench", ["--time-limit", "inf"], "got 'inf'"),
     ("planner_bench", ["--hidden", "30", "--heads", "4"], "--hidden 30 is not a multiple of --heads 4"),

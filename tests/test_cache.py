@@ -115,6 +115,17 @@ ADD = NodeCall("self:f[*,*] other:f[*,*]", None, lambda: OpCase(
     "add", _add, tuple(np.random.default_rng(0).standard_normal((2, 6, 4))), {}, ("self", "other")))
 
 
+def _resolved_again(tmp_path) -> tuple[RuleEntry, list[str]]:
+    """ADD resolved once more with the cache at ``tmp_path``, which must explore it (not read
+    it), and the cache's warnings on the way."""
+    EXPLORED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
+    assert EXPLORED
+    return again, [str(w.message) for w in caught if w.category is RuleCacheWarning]
+
+
 @pytest.mark.parametrize("edit", [
     lambda data: b"schema: 1\nop: add\n\xff\xfe not text\n",  # bad UTF-8
     lambda data: b"schema: 1\nop: add\nbackend: numpy\nstatus: ok\nentries: &e [*e]\n",  # a recursive alias
@@ -130,12 +141,8 @@ def test_a_cached_file_changed_after_it_was_written_is_explored_again_and_rewrit
     edited = edit(path.read_bytes())
     assert edited != path.read_bytes()
     path.write_bytes(edited)
-    EXPLORED.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
-    assert again == first and EXPLORED  # explored again, not read
-    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    again, ours = _resolved_again(tmp_path)
+    assert again == first  # explored again, not read
     assert len(ours) == 1 and f"{path} was changed after metaspmd wrote it" in ours[0], ours  # naming the file
     assert load_record(path).entry(ADD.signature) == first  # rewritten
     EXPLORED.clear()
@@ -149,12 +156,8 @@ def test_a_sealed_entry_that_is_not_utf8_is_explored_again_and_rewritten(tmp_pat
     path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
     body = path.read_bytes().split(b"\n", 1)[1].replace(b"status: ok", b"status: \xff", 1)
     path.write_bytes(cache_module._SEAL.encode() + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-    EXPLORED.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
-    assert again == first and EXPLORED
-    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    again, ours = _resolved_again(tmp_path)
+    assert again == first  # explored again, not read
     line = body[: body.index(b"\xff")].count(b"\n") + 2  # the seal is line 1
     assert len(ours) == 1 and f"{path}:{line}: not valid UTF-8 (byte 0xff" in ours[0], ours
     assert load_record(path).entry(ADD.signature) == first  # rewritten
@@ -166,12 +169,8 @@ def test_an_entry_too_large_for_a_rule_file_is_not_read_but_explored_again(tmp_p
     path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
     os.truncate(path, registry_io.MOST_FILE_BYTES + 1)  # sparse: no disk used
     monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read"))
-    EXPLORED.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        again = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
-    assert again == first and EXPLORED
-    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    again, ours = _resolved_again(tmp_path)
+    assert again == first  # explored again, not read
     assert len(ours) == 1 and f"{path}: cannot read: 16,777,217 bytes, more than a rule file holds" in ours[0], ours
     monkeypatch.undo()
     assert load_record(path).entry(ADD.signature) == first  # rewritten
