@@ -176,8 +176,8 @@ def _reduced(cp, reductions: Reductions):
 def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | None, threads: int,
                started: float, gap: float = GAP) -> Solution | None:
     """The ILP's answer by the named solver, or for 'ilp' by CBC and then, unless CBC's answer
-    is within ``gap`` of its bound, HiGHS from CBC's incumbent (or the warm start) in the time
-    left: the cheaper answer, with the tighter of the two bounds."""
+    is within ``gap`` (or ``LATE_GAP``) of its bound, HiGHS from CBC's incumbent (or the warm
+    start) in the time left: the cheaper answer, with the tighter of the two bounds."""
     start = warm.assignment if warm else None
     if solver != "ilp":
         return solve_ilp(small, time_limit, start, solver, threads, mip_gap=gap, started=started)
