@@ -335,7 +335,10 @@ def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
     """``found`` (output placements, input placements) with the outputs a call leaves None
     (``convolution_backward`` with ``output_mask=[False, True, True]``) placed None: the
     verified strategies of such a call place the outputs there are, in order, and DTensor
-    takes None for the others. A strategy that does not fit the call's outputs is dropped."""
+    takes None for the others. A strategy that places every output is given None at the
+    absent ones too: over a mesh of two dims, one placing an absent output and one not would
+    expand into a spec of both, ``(Replicate(), None)``. A strategy that does not fit the
+    call's outputs is dropped."""
     from torch.distributed.tensor._dtensor_spec import TensorMeta
 
     got = propagator._propagate_tensor_meta_non_cached(op_schema)
@@ -343,7 +346,9 @@ def _with_absent_outputs(found, n_out: int, op_schema, propagator) -> list:
     absent = {i for i, meta in enumerate(metas) if meta is None}
     out = []
     for outs, ins in found:
-        if len(outs) == n_out:
+        if len(outs) == n_out == len(metas):
+            out.append(([None if i in absent else o for i, o in enumerate(outs)], ins))
+        elif len(outs) == n_out:
             out.append((outs, ins))
         elif len(outs) + len(absent) == n_out == len(metas):
             there = iter(outs)

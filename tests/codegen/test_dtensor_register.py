@@ -1003,6 +1003,35 @@ def test_a_call_that_leaves_an_output_none_keeps_the_cuts_of_the_others(fake_wor
         torch.testing.assert_close(got, expected.grad)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_an_absent_output_stays_absent_on_a_mesh_of_two_dims(fake_world_of, tmp_path, transposed):
+    """A bias-free convolution's backward leaves grad_bias None. Strategies that placed it
+    and strategies that did not expanded, over a 2 x 2 mesh, into a spec of both,
+    ``(Replicate(), None)``, which the uneven-cut guard could not read: the backward failed
+    with "'NoneType' object has no attribute 'is_partial'"."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    conv = F.conv_transpose2d if transposed else F.conv2d
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 9, 9, generator=g, dtype=torch.float64)
+    w = torch.randn(*((2, 3) if transposed else (3, 2)), 1, 3, generator=g, dtype=torch.float64)
+    want = [t.clone().requires_grad_() for t in (x, w)]
+    conv(*want, stride=2).sum().backward()
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", [[0, 1], [2, 3]])
+        report = dtensor_rules.register(cache=RuleCache(tmp_path))
+        try:
+            ins = [distribute_tensor(t, mesh, placed).requires_grad_()
+                   for t, placed in ((x, [_ROWS, Replicate()]), (w, [Replicate(), Shard(0)]))]
+            conv(*ins, stride=2).sum().backward()
+            grads = [_full_on_every_rank(t.grad) for t in ins]
+        finally:
+            dtensor_rules.unregister(report)
+    for got, expected in zip(grads, want):
+        torch.testing.assert_close(got, expected.grad)
+
+
 @pytest.mark.parametrize("name", sorted(REFUTED_AT_CALLS))
 def test_a_call_refuted_at_runs_right_under_the_replacement(results, name):
     """On DTensor's own rule the call is wrong (each rank's reduction or scan of its own
