@@ -30,7 +30,7 @@ from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
-from . import dtensor_masks
+from . import dtensor_empty, dtensor_masks
 from .catalog import exact_sizes, op_name, overload_named, positional_names, tagged_random
 from .dtensor_masks import MASKS_REDUCED
 from .dtensor_refuted import REFUTED, REFUTED_AT, argument, refuted, spec_leaves
@@ -248,10 +248,10 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
     called = OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)  # for its output shapes
     if own is not None and op_name(op) in REFUTED_AT:
         if not REFUTED_AT[op_name(op)](op, args, kwargs):
-            return _no_empty_shards(op, own(op_schema, called), op_schema)
+            return own(op_schema, called)
     elif own is not None:  # DTensor's rule first; the verified strategies where it keeps no self in place
         try:
-            return _no_empty_shards(op, own(op_schema, called), op_schema)
+            return own(op_schema, called)
         except RuntimeError as e:
             if _KEEPS_NO_SELF not in str(e):
                 raise
@@ -273,7 +273,6 @@ def _expanded(op: torch._ops.OpOverload, strategies, own, op_schema):
             "into a Partial placement, which DTensor cannot redistribute; place the inputs as the written "
             "tensors are placed (redistribute them first)")
     expanded.strategies = keep = runnable
-    _no_empty_shards(op, expanded, op_schema)
     if not keep and placed and _written_leaves(op, args, kwargs):  # the write-back handler moves and writes back
         raise _moved_writes_refused(op, args, kwargs, "of the verified rules", _wanted_of(placed, op, args, kwargs))
     if not keep and fixed:
@@ -447,52 +446,9 @@ def _moving_cost(strategy) -> float:
     return sum(c[0] if c else 0.0 for c in strategy.redistribute_cost or ())
 
 
-# Kernels that crash the process (native_batch_norm_backward with no channels: SIGFPE on the
-# CPU) or raise (the FFTs: "MKL FFT error"; an inf norm "on an empty tensor") on an empty
-# input: a strategy that leaves a rank an empty shard of one goes where another is left
-# (a cut of 5 over 4 ranks gives 2, 2, 1 and 0).
-_CRASH_ON_EMPTY = frozenset({"aten.native_batch_norm_backward.default"})
-_NO_EMPTY_SHARDS = _CRASH_ON_EMPTY | {"aten._fft_r2c.default", "aten._fft_c2c.default", "aten.linalg_vector_norm.default",
-                                      "aten.norm.Scalar"}
-
-
-def _no_empty_shards(op: torch._ops.OpOverload, strategy, op_schema):
-    """``strategy`` (an OpStrategy) less what leaves a rank an empty shard, for the ops of
-    ``_NO_EMPTY_SHARDS``; where nothing is left, every input replicated."""
-    if op_name(op) not in _NO_EMPTY_SHARDS:
-        return strategy
-    kept = [s for s in strategy.strategies if not any(_leaves_a_rank_empty(x) for x in s.input_specs or ())]
-    if not kept:
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-
-        n_out, n_in = len(op._schema.returns), len(spec_leaves(*_specs_of(op_schema)))
-        kept = expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
-                                               [[Replicate()] * (n_out + n_in)], input_index=n_out).strategies
-    strategy.strategies = kept
-    return strategy
-
-
-def _leaves_a_rank_empty(spec) -> bool:
-    """Whether ``spec``'s cut (torch.chunk's, per mesh dim in order) leaves some rank none
-    of a dim it cuts: a dim shorter than its ranks, or 5 over 4 (2, 2, 1, 0)."""
-    meta = spec.tensor_meta
-    if meta is None:
-        return False
-    lengths = list(meta.shape)
-    for m, p in enumerate(spec.placements):
-        if p.is_shard():
-            n, length = spec.mesh.size(m), lengths[p.dim]
-            lengths[p.dim] = -(-length // n)  # the largest piece, cut on by a later mesh dim
-            if (n - 1) * lengths[p.dim] >= length:
-                return True
-    return False
-
-
 def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     """DTensor's own rule for ``op`` (``own``), less its strategies that move a tensor the
-    op writes in place (``_writes_stay``) or, for a kernel that crashes on (or refuses) an
-    empty input (``_NO_EMPTY_SHARDS``), leave a rank an empty shard."""
+    op writes in place (``_writes_stay``)."""
     from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
 
     args, kwargs = _specs_of(op_schema)
@@ -503,7 +459,7 @@ def _guarded_rule(op: torch._ops.OpOverload, own, op_schema):
     if not kept:
         raise _moved_writes_refused(op, args, kwargs, "of DTensor's rule", _wanted_of(found.strategies, op, args, kwargs))
     found.strategies = kept
-    return _no_empty_shards(op, found, op_schema)
+    return found
 
 
 def _guarded_positions(op: torch._ops.OpOverload, found, args: tuple, kwargs: dict):
@@ -613,7 +569,6 @@ DECOMPOSED_WRITES = "DTensor's decomposition rules keep the tensors an op writes
 # the self of an op whose name ends in '_'): a channel-cut batch norm's replicated running
 # statistics were moved to channel cuts, and the moved copies updated.
 RULES_WRITES = "DTensor's rules keep the tensors an op writes in place where they are"
-RULES_EMPTY = "DTensor's rules leave no rank an empty shard of a kernel that crashes on one"
 _GUARDS: dict = {}  # guard -> the report of the register() call that put it
 
 
@@ -828,7 +783,8 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     strategies in place of DTensor's own rule for the ops where that rule is refuted
     (``REFUTED``, or at the calls ``REFUTED_AT`` picks): a call whose cut no verified rule
     keeps is redistributed instead of computed wrong; DTensor's rules keep the tensors an op
-    writes in place where they are (``RULES_WRITES``); and (``ops`` None) DTensor's
+    writes in place where they are (``RULES_WRITES``); DTensor gives no rank an empty shard
+    that the op's kernel refuses (``dtensor_empty``); and (``ops`` None) DTensor's
     decomposition path keeps what holds for even cuts only to even cuts (``DECOMPOSED_EVEN``)
     and written tensors where they are (``DECOMPOSED_WRITES``). ``False`` leaves DTensor's
     rules, wrong answers included, as they are. ``cache``: where the rules of calls the table
@@ -907,18 +863,17 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
             name = op_name(op)
             if ops is not None and name not in ops or op in _REPLACED \
-                    or not (_writes_dtensor_may_move(op) or name in _CRASH_ON_EMPTY):
+                    or not _writes_dtensor_may_move(op):
                 continue  # (an op replaced above runs verified strategies, which keep them: _expanded)
             if op in _dtensor()[0]._op_dispatcher._custom_op_handlers:
                 continue  # its handler runs before any rule (_amp_foreach_non_finite_check_and_unscale_'s)
             _guard_rule(op)
             _OWNERS[op] = report
             report.installed.append(name)
-            guard = RULES_WRITES if _writes_dtensor_may_move(op) else RULES_EMPTY
-            if guard == RULES_WRITES and dtensor_handlers.install_write_back_handler(op, report):
+            if dtensor_handlers.install_write_back_handler(op, report):
                 report.handled.append(name)
-            if guard not in report.guarded:
-                report.guarded.append(guard)
+            if RULES_WRITES not in report.guarded:
+                report.guarded.append(RULES_WRITES)
         for op in sorted(set(p.op_strategy_funcs) | set(p.op_single_dim_strategy_funcs), key=op_name):
             name = op_name(op)
             if ops is not None and name not in ops or not _falls_back(op, rules):
@@ -935,6 +890,11 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
         if ops is None:  # DTensor's machinery, for every op: not for a call that names some
             _guard_decompositions(report)
             _guard_masks(report)
+    # DTensor's choice of a strategy, for the ops this call covers (or, leaving DTensor's
+    # rules as they are, for those it installed)
+    dtensor_empty.guard(report, frozenset(report.installed) if not replace_refuted
+                        else None if ops is None else frozenset(ops))
+    report.guarded.append(dtensor_empty.EMPTY_SHARDS_TRIED)
     report.handled += dtensor_handlers.install(ops, has_rule=dtensor_has_rule, owner=report)
     _clear_sharding_prop_cache()
     return report
@@ -1093,6 +1053,7 @@ def unregister(report: RegisterReport) -> None:
     dtensor_handlers.uninstall(report.handled, owner=report)
     _unguard_decompositions(report)
     _unguard_masks(report)
+    dtensor_empty.unguard(report)
     p = _dtensor()[0]._op_dispatcher.sharding_propagator
     for name in report.installed:
         op = overload_named(name)

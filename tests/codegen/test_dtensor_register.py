@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from metaspmd import placement as mp  # noqa: E402
 from metaspmd import spec as spec_  # noqa: E402
-from metaspmd.backends.torch import catalog, dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
+from metaspmd.backends.torch import catalog, dtensor_empty, dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
 from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
@@ -1103,17 +1103,21 @@ def test_a_mean_from_a_decomposition_is_no_mean_of_uneven_shards(results, name):
 
 def test_the_machinery_guards_are_the_whole_registers_and_go_with_it(results):
     """The guards of DTensor's machinery (its decomposition path, its masked Partial) are
-    put by a register() of every op, once: a call that names ops puts none, and
+    put by a register() of every op, once: a call that names ops puts none (but the
+    empty-shard guard, for its ops), and
     unregistering that call leaves them; unregistering the one that put them takes them
     back (done here on the guards alone, so the module's register() stays)."""
+    from torch.distributed.tensor import _sharding_prop
+
     _, report = results
     propagator = DTensor._op_dispatcher.sharding_propagator
     decomp = propagator.decomp_strategy
     assert "propagate_strategy" in vars(decomp) and "propagate_op_sharding_non_cached" in vars(propagator)
     again = dtensor_rules.register(["aten.mm.default"])
-    assert not again.guarded
+    assert again.guarded == [dtensor_empty.EMPTY_SHARDS_TRIED]  # for mm alone
     dtensor_rules.unregister(again)
     assert "propagate_strategy" in vars(decomp) and "propagate_op_sharding_non_cached" in vars(propagator)
+    assert _sharding_prop._select_min_cost_strategy is dtensor_empty._select_taken  # the whole register()'s
     cached = propagator.propagate_op_sharding
     dtensor_rules._unguard_decompositions(report)
     dtensor_rules._unguard_masks(report)
@@ -1124,7 +1128,7 @@ def test_the_machinery_guards_are_the_whole_registers_and_go_with_it(results):
         dtensor_rules._guard_decompositions(report)
         dtensor_rules._guard_masks(report)
     assert set(report.guarded) == {dtensor_rules.DECOMPOSED_EVEN, dtensor_rules.DECOMPOSED_WRITES,
-                                   dtensor_rules.RULES_WRITES, dtensor_rules.RULES_EMPTY, dtensor_rules.MASKS_REDUCED,
+                                   dtensor_rules.RULES_WRITES, dtensor_empty.EMPTY_SHARDS_TRIED, dtensor_rules.MASKS_REDUCED,
                                    dtensor_rules.IN_PLACE_FALLBACK}
 
 
