@@ -441,6 +441,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     # write its inputs: each runs on fresh copies, and the caller's example stays as it was.
     if not isinstance(fn_or_module, torch.nn.Module):
         gm = _make_fx(fn_or_module, _input_copies(example_inputs))
+        _draws_in_memory_order(gm)
         _, written_inputs = _written(gm, [], 0)
         refuse_aliased_writes(written_inputs, traced, torch.utils._pytree.tree_leaves(tuple(example_inputs)))
         if written_inputs or _mutates(gm):
@@ -466,6 +467,7 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     with _module_state_kept(module):
         gm = _make_fx(fn, (params, _buffer_copies(module), *_input_copies(example_inputs)),
                       decomposition_table=_DECLARED_WRITES)
+    _draws_in_memory_order(gm)
     written, written_inputs = _written(gm, names, len(buffer_names))
     refuse_aliased_writes(written_inputs, traced, torch.utils._pytree.tree_leaves(tuple(example_inputs)))
     if written or written_inputs or _mutates(gm):
@@ -677,6 +679,33 @@ def _written(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) -> tupl
             if value in inputs:
                 written_inputs.add(inputs[value])
     return sorted(written), sorted(written_inputs)
+
+
+def _draws_in_memory_order(gm: torch.fx.GraphModule) -> None:
+    """Put each ``bernoulli_(p)`` of a strided tensor (eager dropout's noise on the CPU:
+    ``empty_like`` of a transposed activation) on the view of it that lists its elements in
+    memory order. Eager draws in memory order; ``functionalize`` makes the write a
+    ``bernoulli.p``, which draws into a contiguous tensor, in index order: another mask
+    under the same generator state (the other random fills keep the layout). On that view
+    the functional draw is in memory order too, and the mask is eager's."""
+    moved = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.bernoulli_.float:
+            continue
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            continue
+        order = sorted(range(val.dim()), key=lambda d: -val.stride(d))
+        if not val.permute(order).is_contiguous():
+            continue  # not dense: no view lists it in memory order
+        with gm.graph.inserting_before(node):
+            view = gm.graph.call_function(torch.ops.aten.permute.default, (node.args[0], order))
+        view.meta["val"] = val.permute(order)
+        node.replace_all_uses_with(node.args[0])  # the write returns the tensor it wrote
+        node.args = (view, *node.args[1:])
+        moved = True
+    if moved:
+        gm.recompile()
 
 
 def _mutates(gm: torch.fx.GraphModule) -> bool:

@@ -101,6 +101,37 @@ def test_dropout_draws_the_mask_one_device_draws(fake_world, cache):
     assert not all(torch.equal(row[:4], row[4:8]) and torch.equal(row[:4], row[8:12]) for row in kept)
 
 
+class TransposedThenDropped(nn.Module):
+    """Dropout of a transposed activation: eager draws its noise into a tensor laid out as
+    the activation (``empty_like``), in memory order."""
+
+    def __init__(self, last: int):
+        super().__init__()
+        self.fc, self.drop, self.last = nn.Linear(16, 16), nn.Dropout(0.3), last
+
+    def forward(self, x):
+        y = self.fc(x).transpose(1, self.last) * 1.0
+        return self.drop(y).sum(0)
+
+
+@pytest.mark.parametrize("last", [2, 1])
+def test_dropout_of_a_strided_activation_draws_eagers_mask(fake_world, cache, last):
+    """functionalize turns the noise's bernoulli_ into bernoulli.p, which drew in index
+    order into a contiguous tensor: under the same generator state another mask than
+    eager's (a MultiheadAttention output's diagonal, dropped, was off by 1.26). A
+    transpose of a dim with itself, contiguous, is the control."""
+    torch.manual_seed(0)
+    model, x = TransposedThenDropped(last).train(), torch.randn(6, 8, 16)
+    p = planned(model, x, cache)
+    torch.manual_seed(3)
+    out, grads = call(p, x)
+    torch.manual_seed(3)
+    ref = model(x)
+    torch.testing.assert_close(out, ref.detach())
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
+        torch.testing.assert_close(g, r)
+
+
 def test_replicated_draws_follow_one_devices_generator_from_draw_to_draw_and_call_to_call(fake_world, cache):
     """Two dropouts planned replicated: each drew on a plain tensor, which LocalTensorMode's
     per-rank generator states never saw, so the second mask was the first again and every
