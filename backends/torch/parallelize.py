@@ -159,8 +159,25 @@ def _plain_containers(x: Any) -> Any:
 def _plain(x: torch.Tensor) -> torch.Tensor:
     """A full tensor as one tensor: under ``LocalTensorMode`` it is a LocalTensor holding a
     copy per simulated rank, and a caller's update with it outside the mode (``w -= lr * g``)
-    would apply once per rank."""
-    return x.reconcile() if LocalTensor is not None and isinstance(x, LocalTensor) else x
+    would apply once per rank. The copies must agree, NaN where NaN (``LocalTensor.reconcile``
+    compares with ``==``, so an output holding NaN, as eager's may, never agreed)."""
+    if LocalTensor is None or not isinstance(x, LocalTensor):
+        return x
+    with _disable_current_modes():
+        copies = list(x._local_tensors.values())
+        if not all(_same_values(c, copies[0]) for c in copies[1:]):
+            raise RuntimeError(f"the simulated ranks hold different values of a full {tuple(x.shape)} tensor "
+                               f"{x.dtype}: the plan is wrong here (please report it)")
+        out = copies[0].clone().detach()
+    return out.requires_grad_(x.requires_grad)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+    return torch.equal(a, b)
 
 
 class _PlannedRun(torch.fx.Interpreter):

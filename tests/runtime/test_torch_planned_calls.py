@@ -132,6 +132,30 @@ def test_dropout_of_a_strided_activation_draws_eagers_mask(fake_world, cache, la
         torch.testing.assert_close(g, r)
 
 
+class Logged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).log()
+
+
+def test_an_output_holding_nan_comes_back_as_eagers(fake_world, cache):
+    """The log of negative entries is NaN on one device and on every simulated rank alike:
+    the ranks' copies agree, NaN where NaN (``LocalTensor.reconcile``, comparing with ==,
+    raised "LocalTensor shards must be the same to reconcile")."""
+    torch.manual_seed(0)
+    model, x = Logged(), torch.randn(6, 4)
+    p = planned(model, x, cache)
+    out, grads = call(p, x)
+    ref = model(x)
+    assert ref.isnan().any()
+    torch.testing.assert_close(out, ref.detach(), equal_nan=True)
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
+        torch.testing.assert_close(g, r, equal_nan=True)
+
+
 def test_replicated_draws_follow_one_devices_generator_from_draw_to_draw_and_call_to_call(fake_world, cache):
     """Two dropouts planned replicated: each drew on a plain tensor, which LocalTensorMode's
     per-rank generator states never saw, so the second mask was the first again and every
