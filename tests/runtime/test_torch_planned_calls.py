@@ -132,6 +132,31 @@ def test_dropout_of_a_strided_activation_draws_eagers_mask(fake_world, cache, la
         torch.testing.assert_close(g, r)
 
 
+class AttentionThenDropped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention, self.drop = nn.MultiheadAttention(8, 1, batch_first=True), nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.attention(x, x, x, need_weights=False)[0])
+
+
+def test_dropout_after_attention_is_captured_and_draws_eagers_mask(fake_world, cache):
+    """The attention's output is a transposed view; the contiguous mask bernoulli.p drew
+    reached a view in the backward that needs the noise's own strides, and capture failed
+    with "view size is not compatible with input tensor's size and stride"."""
+    torch.manual_seed(0)
+    model, x = AttentionThenDropped().train(), torch.randn(4, 4, 8)
+    p = planned(model, x, cache)
+    torch.manual_seed(3)
+    out, grads = call(p, x)
+    torch.manual_seed(3)
+    ref = model(x)
+    torch.testing.assert_close(out, ref.detach())
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
+        torch.testing.assert_close(g, r)
+
+
 class Logged(nn.Module):
     def __init__(self):
         super().__init__()
