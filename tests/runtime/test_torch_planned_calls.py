@@ -101,6 +101,17 @@ def test_dropout_draws_the_mask_one_device_draws(fake_world, cache):
     assert not all(torch.equal(row[:4], row[4:8]) and torch.equal(row[:4], row[8:12]) for row in kept)
 
 
+def draws_as_eager(p, model, x):
+    """``p``'s outputs and gradients are eager's, drawn from the same generator state."""
+    torch.manual_seed(3)
+    out, grads = call(p, x)
+    torch.manual_seed(3)
+    ref = model(x)
+    torch.testing.assert_close(out, ref.detach())
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
+        torch.testing.assert_close(g, r)
+
+
 class TransposedThenDropped(nn.Module):
     """Dropout of a transposed activation: eager draws its noise into a tensor laid out as
     the activation (``empty_like``), in memory order."""
@@ -122,14 +133,7 @@ def test_dropout_of_a_strided_activation_draws_eagers_mask(fake_world, cache, la
     transpose of a dim with itself, contiguous, is the control."""
     torch.manual_seed(0)
     model, x = TransposedThenDropped(last).train(), torch.randn(6, 8, 16)
-    p = planned(model, x, cache)
-    torch.manual_seed(3)
-    out, grads = call(p, x)
-    torch.manual_seed(3)
-    ref = model(x)
-    torch.testing.assert_close(out, ref.detach())
-    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
-        torch.testing.assert_close(g, r)
+    draws_as_eager(planned(model, x, cache), model, x)
 
 
 class AttentionThenDropped(nn.Module):
@@ -147,14 +151,7 @@ def test_dropout_after_attention_is_captured_and_draws_eagers_mask(fake_world, c
     with "view size is not compatible with input tensor's size and stride"."""
     torch.manual_seed(0)
     model, x = AttentionThenDropped().train(), torch.randn(4, 4, 8)
-    p = planned(model, x, cache)
-    torch.manual_seed(3)
-    out, grads = call(p, x)
-    torch.manual_seed(3)
-    ref = model(x)
-    torch.testing.assert_close(out, ref.detach())
-    for g, r in zip(grads, torch.autograd.grad(ref.sum(), list(model.parameters()))):
-        torch.testing.assert_close(g, r)
+    draws_as_eager(planned(model, x, cache), model, x)
 
 
 class Logged(nn.Module):
