@@ -431,13 +431,30 @@ def install_keyword_handler(op: torch._ops.OpOverload, owner: Any = None) -> boo
     return _put_handler(op, keyword_handler, owner)
 
 
+def per_rank(local: torch.Tensor) -> torch.Tensor:
+    """Under LocalTensorMode a replicated local is one plain tensor standing for every
+    rank, which collectives treat as a constant and random ops draw from the process's
+    generator, not the ranks' own; a Partial value, or a random op's input, needs one per
+    rank."""
+    try:
+        from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+    except ImportError:
+        return local
+    mode = enabled_local_tensor_mode()
+    if mode is None or isinstance(local, LocalTensor):
+        return local
+    return LocalTensor({r: local.clone() for r in sorted(mode.ranks)})
+
+
 def drawn_whole(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, placements: list, mesh):
     """A random op run on whole tensors on every rank, each rank keeping its shard of the
     outputs (``placements``: each tensor output's, in order). Each rank drawing its own shard
     would draw the same values on every shard (ranks seed alike, and the CPU generator has
     no per-shard offsets, as DTensor's CUDA RNG tracker has): a dropout mask repeating
     across shards. Drawn whole, it is the mask one device draws. A fill reads only its
-    input's shape; other random ops (``native_dropout``) gather their inputs."""
+    input's shape; other random ops (``native_dropout``, ``bernoulli`` of a tensor of
+    probabilities) gather their inputs, one per simulated rank under LocalTensorMode, whose
+    ranks draw from generator states of their own."""
     from torch.distributed.tensor import distribute_tensor
     from torch.utils._pytree import tree_map
 
@@ -448,7 +465,7 @@ def drawn_whole(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, place
     def whole(x):
         if not isinstance(x, DTensor):
             return x
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if is_fill(op_call) else x.full_tensor()
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if is_fill(op_call) else per_rank(x.full_tensor())
 
     out = op_call(*tree_map(whole, args), **tree_map(whole, kwargs))
     it = iter(placements)

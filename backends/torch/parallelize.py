@@ -38,7 +38,7 @@ from metaspmd.target import DTENSOR_PLAN
 
 from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs, refuse_replaced_constants
 from .dtensor import dtensor_has_rule, from_dtensor, to_dtensor_placements
-from .dtensor_handlers import drawn_whole
+from .dtensor_handlers import drawn_whole, per_rank
 from .dtensor_rules import refuted
 from .random_ops import draws
 from .rules_at_runtime import live_exploration, node_call
@@ -321,7 +321,7 @@ def redistribute(x: DTensor, mesh: DeviceMesh, target: tuple) -> DTensor:
     if not to_partial:
         return x if tuple(x.placements) == tuple(target) else x.redistribute(mesh, target)
     interim = tuple(Replicate() if axis in to_partial else p for axis, p in enumerate(target))
-    local = _per_rank(x.redistribute(mesh, interim).to_local())
+    local = per_rank(x.redistribute(mesh, interim).to_local())
     for axis in to_partial:
         if target[axis].reduce_op == "sum":
             if local.is_floating_point() or local.is_complex():
@@ -341,19 +341,6 @@ def _on_first_of_axis(local: torch.Tensor, mesh: DeviceMesh, axis: int) -> torch
     if ranks is not None:
         return type(local)({r: t if first(r) else torch.zeros_like(t) for r, t in ranks.items()})
     return local if mesh.get_coordinate()[axis] == 0 else torch.zeros_like(local)
-
-
-def _per_rank(local: torch.Tensor) -> torch.Tensor:
-    """Under LocalTensorMode a replicated local is one plain tensor standing for every
-    rank, which collectives treat as a constant; a Partial value needs one per rank."""
-    try:
-        from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
-    except ImportError:
-        return local
-    mode = enabled_local_tensor_mode()
-    if mode is None or isinstance(local, LocalTensor):
-        return local
-    return LocalTensor({r: local.clone() for r in sorted(mode.ranks)})
 
 
 def _match_outputs(out, placements, mesh):

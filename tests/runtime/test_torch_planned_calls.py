@@ -154,6 +154,36 @@ def test_dropout_after_attention_is_captured_and_draws_eagers_mask(fake_world, c
     draws_as_eager(planned(model, x, cache), model, x)
 
 
+class Bernoulli(nn.Module):
+    """A mask drawn from a tensor of probabilities, then dropout: on (2, 3) nothing splits
+    over 4 ranks, so both draws are planned replicated."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        h = x * self.w
+        return nn.functional.dropout(h * torch.bernoulli(torch.full_like(h, 0.5)), 0.5, True)
+
+
+def test_a_replicated_draw_from_probabilities_moves_the_ranks_generators(fake_world, cache):
+    """bernoulli of a probability tensor drew on the replicated plain tensor, from the
+    process's generator, not the simulated ranks' own: the dropout after it drew from a
+    state that had not moved (a wrong mask), and the next call repeated the first one's."""
+    torch.manual_seed(0)
+    model, x = Bernoulli(), torch.randn(2, 3)
+    p = planned(model, x, cache, backward=False)
+    assert all(n.strategy.label == "R" for n in p.plan.nodes if "bernoulli" in n.name), p.explain()
+    torch.manual_seed(3)
+    outs = [call(p, x) for _ in range(2)]
+    torch.manual_seed(3)
+    refs = [model(x) for _ in range(2)]
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out, ref.detach())
+    assert not torch.equal(outs[0], outs[1])
+
+
 class Logged(nn.Module):
     def __init__(self):
         super().__init__()
