@@ -26,8 +26,10 @@ import functools
 import inspect
 import logging
 import operator
+import os
 import re
 import reprlib
+import traceback
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -558,9 +560,28 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
         # Python that branches on a tensor's value (``if y.sum() > 0``) or slices by one
         # (``cache[:pos[0]]``): make_fx's own advice (tracing_mode='symbolic') is not the user's
         raise ValueError("the model reads a tensor's value into Python while it is traced (an if or a loop on a "
-                         "tensor, a slice bound or a size taken from one): parallelize plans one graph for every "
-                         "call, so keep the choice in tensors (torch.where, masks) or pass such values as Python "
-                         "numbers") from err
+                         f"tensor, a slice bound or a size taken from one){_reading_line(err)}: parallelize plans "
+                         "one graph for every call, so keep the choice in tensors (torch.where, masks) or pass such "
+                         "values as Python numbers") from err
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_LAYERS = tuple(os.path.join(_TORCH_DIR, "nn", part) for part in ("modules", "functional.py"))
+
+
+def _reading_line(err: BaseException) -> str:
+    """Where the model read the value: the innermost line of its own code or of a torch
+    layer (``BatchNorm``'s ``float(self.num_batches_tracked)`` with ``momentum=None``), not
+    of torch's tracing machinery."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        ours = frame.filename.startswith(os.path.dirname(os.path.dirname(__file__)))
+        machinery = frame.filename.startswith(_TORCH_DIR) and (not frame.filename.startswith(_LAYERS)
+                                                              or frame.filename.endswith("module.py"))
+        if not ours and not machinery:
+            where = os.path.relpath(frame.filename, os.path.dirname(_TORCH_DIR)) \
+                if frame.filename.startswith(_TORCH_DIR) else frame.filename
+            return f", at {where}:{frame.lineno} in {frame.name}: {frame.line}"
+    return ""
 
 
 def _no_local_constants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

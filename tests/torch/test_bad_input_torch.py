@@ -114,13 +114,19 @@ class SlicesByATensor(ReadsItem):
         return self.fc(x)[: pos[0]].sum(0)
 
 
-@pytest.mark.parametrize("model,inputs", [(BranchesOnAValue(), (torch.randn(2, 4),)),
-                                          (SlicesByATensor(), (torch.randn(2, 4), torch.tensor([1])))])
-def test_python_that_reads_a_value_while_tracing_is_named_not_make_fx_advice(model, inputs):
-    """make_fx's error suggests its own tracing_mode='symbolic', which the user never passes."""
+@pytest.mark.parametrize("model,inputs,where", [
+    (BranchesOnAValue(), (torch.randn(2, 4),), r"test_bad_input_torch.py:\d+ in forward: return y \* 2 if y.sum\(\) > 0"),
+    (SlicesByATensor(), (torch.randn(2, 4), torch.tensor([1])), r"in forward: return self.fc\(x\)\[: pos\[0\]\]"),
+    # a torch layer's own read, not the model's: a cumulative average of the batch statistics
+    (torch.nn.BatchNorm1d(4, momentum=None), (torch.randn(2, 4),),
+     r"at torch/nn/modules/batchnorm.py:\d+ in forward: .*float\(self.num_batches_tracked\)")])
+def test_python_that_reads_a_value_while_tracing_is_named_not_make_fx_advice(model, inputs, where):
+    """make_fx's error suggests its own tracing_mode='symbolic', which the user never passes;
+    the line that reads the value is named."""
     with pytest.raises(ValueError, match=r"reads a tensor's value into Python while it is traced") as info:
         capture(model, inputs)
     assert "tracing_mode" not in str(info.value)
+    assert re.search(where, str(info.value)), str(info.value)
 
 
 def test_capture_works_where_the_checks_allow():
