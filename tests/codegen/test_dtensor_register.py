@@ -17,7 +17,8 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from metaspmd import placement as mp  # noqa: E402
 from metaspmd import spec as spec_  # noqa: E402
-from metaspmd.backends.torch import catalog, dtensor_empty, dtensor_handlers, dtensor_rules, get_backend, table  # noqa: E402
+from metaspmd.backends.torch import (  # noqa: E402
+    catalog, dtensor_empty, dtensor_handlers, dtensor_rules, get_backend, table)
 from metaspmd.target import DTENSOR_REGISTER, projections  # noqa: E402
 from metaspmd.backends.torch.parallelize import redistribute  # noqa: E402
 
@@ -1128,8 +1129,8 @@ def test_the_machinery_guards_are_the_whole_registers_and_go_with_it(results):
         dtensor_rules._guard_decompositions(report)
         dtensor_rules._guard_masks(report)
     assert set(report.guarded) == {dtensor_rules.DECOMPOSED_EVEN, dtensor_rules.DECOMPOSED_WRITES,
-                                   dtensor_rules.RULES_WRITES, dtensor_empty.EMPTY_SHARDS_TRIED, dtensor_rules.MASKS_REDUCED,
-                                   dtensor_rules.IN_PLACE_FALLBACK}
+                                   dtensor_rules.RULES_WRITES, dtensor_empty.EMPTY_SHARDS_TRIED,
+                                   dtensor_rules.MASKS_REDUCED, dtensor_rules.IN_PLACE_FALLBACK}
 
 
 def test_an_output_cut_to_another_length_stays_cut_on_even_cuts_only(results):

@@ -115,7 +115,8 @@ class SlicesByATensor(ReadsItem):
 
 
 @pytest.mark.parametrize("model,inputs,where", [
-    (BranchesOnAValue(), (torch.randn(2, 4),), r"test_bad_input_torch.py:\d+ in forward: return y \* 2 if y.sum\(\) > 0"),
+    (BranchesOnAValue(), (torch.randn(2, 4),),
+     r"test_bad_input_torch.py:\d+ in forward: return y \* 2 if y.sum\(\) > 0"),
     (SlicesByATensor(), (torch.randn(2, 4), torch.tensor([1])), r"in forward: return self.fc\(x\)\[: pos\[0\]\]"),
     # a torch layer's own read, not the model's: a cumulative average of the batch statistics
     (torch.nn.BatchNorm1d(4, momentum=None), (torch.randn(2, 4),),
