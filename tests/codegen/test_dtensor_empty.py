@@ -132,3 +132,30 @@ def test_every_gloo_rank_picks_the_same_strategy_and_runs(on_two_gloo_ranks):
     DTensor is not run here: one rank's kernel raises, and the other would wait on it.)"""
     for got in on_two_gloo_ranks(ON_GLOO, True):
         assert got == {"amax": True, "conv": True}, got
+
+
+@torch.library.custom_op("metaspmd_test::refuses_everything", mutates_args=())
+def _refuses_everything(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("a user's op, run where it should not be")
+
+
+def test_only_aten_ops_that_draw_nothing_are_tried(fake_world_of):
+    """A user's op (or a collective) could wait on the other ranks, and a random op's draw
+    would move the generator: neither is run to see whether it takes an empty shard."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor._op_schema import OpSchema, OpSpec
+
+    fake_world_of(WORLD)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        mesh = DeviceMesh("cpu", list(range(WORLD)))
+        meta = TensorMeta(torch.Size([3, 5]), (5, 1), torch.float32)
+        cut = DTensorSpec(mesh, (Shard(0),), tensor_meta=meta)  # 1, 1, 1 and 0 rows
+
+        def refuses(op, *rest):
+            return dtensor_empty.kernel_refuses(op, OpSpec(cut, [cut]), OpSchema(op, (cut, *rest), {}))
+
+        assert refuses(torch.ops.aten.amax.default, [0])  # tried: amax over no rows raises
+        assert not refuses(torch.ops.metaspmd_test.refuses_everything.default)
+        state = torch.get_rng_state()
+        assert not refuses(torch.ops.aten.bernoulli.p, 0.5)
+        assert torch.equal(torch.get_rng_state(), state)
