@@ -567,6 +567,7 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _LAYERS = tuple(os.path.join(_TORCH_DIR, "nn", part) for part in ("modules", "functional.py"))
+_BACKENDS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # metaspmd's own frames (the joint loss)
 
 
 def _reading_line(err: BaseException) -> str:
@@ -574,13 +575,13 @@ def _reading_line(err: BaseException) -> str:
     layer (``BatchNorm``'s ``float(self.num_batches_tracked)`` with ``momentum=None``), not
     of torch's tracing machinery."""
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        ours = frame.filename.startswith(os.path.dirname(os.path.dirname(__file__)))
+        ours = frame.filename.startswith(_BACKENDS_DIR)
         machinery = frame.filename.startswith(_TORCH_DIR) and (not frame.filename.startswith(_LAYERS)
                                                               or frame.filename.endswith("module.py"))
         if not ours and not machinery:
             where = os.path.relpath(frame.filename, os.path.dirname(_TORCH_DIR)) \
                 if frame.filename.startswith(_TORCH_DIR) else frame.filename
-            return f", at {where}:{frame.lineno} in {frame.name}: {frame.line}"
+            return f", at {where}:{frame.lineno} in {frame.name}" + (f": {frame.line}" if frame.line else "")
     return ""
 
 
