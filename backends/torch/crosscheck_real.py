@@ -20,6 +20,7 @@ from metaspmd import pytree
 
 from .crosscheck_dtensor import canonical_names, placement
 from .crosscheck_numerics import FOREIGN_DRAWS, FreshInputs, partial_parts
+from .dtensor_handlers import per_rank
 
 # Replays per rule: fresh draws of the example's inputs, as many as the replay on shards.
 REPLAY_SEEDS = tuple(range(1, FOREIGN_DRAWS + 1))
@@ -43,17 +44,31 @@ def _ensure_process_group(world: int) -> bool:
 
 
 def _place(ops, x: torch.Tensor, key: str, mesh, world: int, seed: int):
-    """``x`` as a DTensor under ``key``; a Partial one holds random parts per rank."""
-    from torch.distributed._local_tensor import LocalTensor
+    """``x`` as a DTensor under ``key``, with a tensor of its own on every simulated rank:
+    LocalTensorMode lets one plain tensor stand for a replicated local, and an in-place op
+    with a per-rank argument then writes it once per rank (``x.add_(y)`` adds y four times
+    on four ranks, where gloo adds it once). A Partial input holds random parts, drawn with
+    the mode off: drawn under it, each part is itself one draw per rank."""
+    from torch.distributed._local_tensor import LocalTensor, maybe_disable_local_tensor_mode
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     p = placement(key)
     if not p.is_partial():
-        return distribute_tensor(x, mesh, [p])
+        return _own_storage(distribute_tensor(x, mesh, [p]))
     op = {"product": "prod"}.get(p.reduce_op, p.reduce_op)
-    parts = partial_parts(ops, x, op, world, seed)
-    local = LocalTensor({r: p.contiguous() for r, p in enumerate(parts)})
+    with maybe_disable_local_tensor_mode():
+        parts = [part.contiguous() for part in partial_parts(ops, x, op, world, seed)]
+    local = LocalTensor(dict(enumerate(parts)))
     return DTensor.from_local(local, mesh, [p], run_check=False, shape=x.shape, stride=x.stride())
+
+
+def _own_storage(d):
+    """``d`` with a local of its own per rank where the mode shares one plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    local = per_rank(d.to_local())
+    return DTensor.from_local(local, d.device_mesh, d.placements, run_check=False, shape=d.shape,
+                              stride=d.stride())
 
 
 def _full(x: Any) -> Any:

@@ -323,6 +323,23 @@ def test_real_dtensor_replays_what_our_replay_cannot(backend):
     assert verdict == "wrong" and detail.startswith((REAL_CANNOT_RUN, REAL_RAISES)), detail
 
 
+@pytest.mark.parametrize("name,keys", [
+    ("add_.Tensor", ("R", "P(sum)")), ("mul_.Tensor", ("R", "P(sum)")), ("add_.Tensor", ("S(1)", "P(sum)")),
+    ("mul.Tensor", ("P(sum)", "R")),
+])
+def test_real_dtensor_replay_gives_every_rank_its_own_tensors(backend, name, keys):
+    """These hold on gloo. Under LocalTensorMode a replicated local is one plain tensor for
+    every rank, so an in-place op with a per-rank argument wrote it once per rank
+    (x + 2y on two ranks), and Partial parts drawn under the mode were draws per rank
+    themselves (mul's compare could not reconcile them): the replay called DTensor wrong."""
+    ops = backend.tensor_ops()
+    packet, overload = name.split(".")
+    func = getattr(getattr(torch.ops.aten, packet), overload)
+    case = _case(func, torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64))
+    verdict = replay(func, FreshInputs(case, ops), keys, keys[:1], 2)  # the output placed as the first input
+    assert verdict == ("holds", "real DTensor: matches the unsharded op"), verdict
+
+
 def test_a_composite_rule_only_its_decomposition_gives_is_told_apart(backend):
     """view_as(R, S(0)) -> R holds on real DTensor, whose decomposition reads other's global
     shape; the op itself on the shards views self as other's half: no local rule. linear's
