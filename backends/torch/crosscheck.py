@@ -27,7 +27,8 @@ DTensor's answers are cached per op (crosscheck_dtensor.AnswerCache): a first fu
 spends most of its time asking decomposition-based rules; later runs only re-verify.
 With ``--other-calls N`` there is no DTensor comparison: every rule is re-verified on up to
 N more OpInfo calls of its signature, at other shapes (crosscheck_other_calls).
-Exit status: 0 done, 1 a rule of ours failed re-verification, 2 usage or registry error.
+Exit status: 0 done, 1 a rule of ours failed re-verification or an op's check failed (none
+of its rules checked), 2 usage or registry error.
 """
 
 from __future__ import annotations
@@ -433,9 +434,14 @@ def check_in_worker(backend, op: str, record: OpRecord | None, explore: bool,
     return _check_one(op, record, explore, config)
 
 
+# How the note of an op whose check raised, ran past the time limit or killed its worker
+# starts: none of its rules was checked, which the report counts and the exit status says.
+CHECK_FAILS = "cross-check fails"
+
+
 def check_failed(backend: str, op: str, reason: str) -> tuple[OpResult, None]:
     """The result of an op whose check raised, ran past the time limit or killed its worker."""
-    return OpResult(op, "unknown", notes=[f"cross-check fails: {reason}"]), None
+    return OpResult(op, "unknown", notes=[f"{CHECK_FAILS}: {reason}"]), None
 
 
 def _drop_dispatch_modes(depth: int) -> None:
@@ -462,7 +468,7 @@ def _check_one(op: str, record: OpRecord | None, explore: bool, config: Config) 
             return recheck_op(backend, op, record, config.other_calls, config.seed, result), record
         return crosscheck_op(backend, op, record, config, _WORKER["cache"]), record
     except Exception as e:  # one bad op must not stop the check
-        note = f"cross-check fails: {type(e).__name__}: {str(e)[:160]}"
+        note = f"{CHECK_FAILS}: {type(e).__name__}: {str(e)[:160]}"
         return OpResult(op, "unknown", notes=[note], seconds=time.perf_counter() - start), record
     finally:
         _drop_dispatch_modes(depth)
@@ -491,6 +497,10 @@ class Report:
 
     def failures(self) -> list[Extra | Recheck]:
         return [e for r in self.results for e in (*r.extras, *r.rechecks) if e.verdict == "failed"]
+
+    def unchecked_ops(self) -> list[tuple[str, str]]:
+        """(op, why) of the ops whose check itself failed: none of their rules was checked."""
+        return [(r.op, n) for r in self.results for n in r.notes if n.startswith(CHECK_FAILS)]
 
     def dtensor_cannot_run(self) -> list[OpResult]:
         """Ops DTensor cannot run at all (no rule, or a decomposition that fails on every
@@ -545,6 +555,7 @@ class Report:
             "extras_by_kind": {k: kinds[k] for k in EXTRA_KINDS},
             "extras_by_verdict": {k: verdicts[k] for k in VERDICTS},
             "dtensor_cannot_run_ops": len(self.dtensor_cannot_run()),
+            "ops_check_failed": len(self.unchecked_ops()),
             "truncated_examples": self.total("truncated"),
             "clocked_examples": self.total("clocked"),
             "dtensor_queries": self.total("queries"),
@@ -646,6 +657,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         ("  vacuous (empty output)", verdicts["vacuous"], ""),
         ("  unchecked", verdicts["unchecked"], ""),
         ("ops DTensor cannot run that we cover", s["dtensor_cannot_run_ops"], ""),
+        ("ops whose check FAILED (raised, timed out or killed its worker): unchecked", s["ops_check_failed"], ""),
     ], ("rules", "count", "share"))
     local = _left(s)
     lines.append(f"\nmiss rate {_pct(s['missed'], dt)} ({_pct(s['missed'] - s['dtensor_false_positives'], dt)} "
@@ -690,10 +702,7 @@ def format_report(report: Report, limit: int = 50) -> str:
         lines += ["", "Ops DTensor cannot run at all that we cover:"]
         lines += _table([(r.op, r.support, len(r.extras), sum(e.verdict == "ok" for e in r.extras))
                          for r in cannot[:limit]], ("op", "DTensor", "our rules", "re-verified ok"))
-    notes = [(r.op, n) for r in report.results for n in r.notes]
-    if notes:
-        lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
-    return "\n".join(lines)
+    return "\n".join(lines + _unchecked_and_notes(report, limit))
 
 
 def format_rechecks(report: Report, limit: int = 50) -> str:
@@ -718,10 +727,18 @@ def format_rechecks(report: Report, limit: int = 50) -> str:
             lines += ["", title + (f" (first {limit} of {len(bad)})" if len(bad) > limit else "")]
             lines += _table([(r.op, r.signature, r.shapes, r.rule, r.detail) for r in bad[:limit]],
                             ("op", "signature", "shapes", "rule", "detail"))
-    notes = [(res.op, n) for res in report.results for n in res.notes]
+    return "\n".join(lines + _unchecked_and_notes(report, limit))
+
+
+def _unchecked_and_notes(report: Report, limit: int) -> list[str]:
+    """The ops whose check failed, every one, then the first ``limit`` other notes."""
+    unchecked = report.unchecked_ops()
+    lines = ["", f"Ops whose check FAILED, none of their rules checked ({len(unchecked)}):"] if unchecked else []
+    lines += [f"  {op}: {why}" for op, why in unchecked]
+    notes = [(r.op, n) for r in report.results for n in r.notes if not n.startswith(CHECK_FAILS)]
     if notes:
         lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
-    return "\n".join(lines)
+    return lines
 
 
 def report_json(report: Report) -> str:
@@ -794,7 +811,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0: done; 1: a rule of ours failed re-verification; 2: usage or registry error."""
+    """Exit status 0: done; 1: a rule of ours failed re-verification, or an op's check failed;
+    2: usage or registry error."""
     args = parse_args(argv)
     problem = args.json is not None and (read_as_rules(args.json) or unwritable(args.json, folder=False))
     if problem:  # checked before the work, not after it
@@ -832,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_rechecks(report, args.limit) if config.other_calls else format_report(report, args.limit))
     if args.json:
         write_text_atomic(args.json, report_json(report) + "\n")  # a missing folder is made (as unwritable allows)
-    return 1 if report.failures() else 0
+    return 1 if report.failures() or report.unchecked_ops() else 0
 
 
 __all__ = [

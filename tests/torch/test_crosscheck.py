@@ -638,6 +638,25 @@ def test_an_op_past_the_time_limit_is_a_note_and_the_check_goes_on():
     assert all(r.notes == ["cross-check fails: timeout after 0.01s"] for r in report.results)
 
 
+@pytest.mark.parametrize("other_calls", [0, 2])
+def test_an_op_whose_check_fails_is_counted_listed_and_fails_the_exit_status(monkeypatch, tmp_path, capsys,
+                                                                             other_calls):
+    """A check that raised (a replay's AssertionError) left its op's rules unchecked; it read
+    as one note among thousands, and the command exited 0."""
+    failed = crosscheck.OpResult("aten.mm.default", "unknown", notes=[f"{crosscheck.CHECK_FAILS}: AssertionError: x"])
+    checked = crosscheck.OpResult("aten.relu.default", "single-dim", notes=["a note"])
+    monkeypatch.setattr(crosscheck, "run", lambda *a, **k: crosscheck.Report(a[2], [failed, checked]))
+    argv = ["--ops", "aten.mm.default,aten.relu.default", "--registry", str(tmp_path), "--no-cache"]
+    assert crosscheck.main(argv + ["--other-calls", str(other_calls)] * bool(other_calls)) == 1
+    out = capsys.readouterr().out
+    assert "Ops whose check FAILED, none of their rules checked (1):\n  aten.mm.default: cross-check fails" in out
+    assert "Notes (1):\n  aten.relu.default: a note" in out
+    report = crosscheck.Report(crosscheck.Config(), [failed, checked])
+    assert report.summary()["ops_check_failed"] == 1
+    monkeypatch.setattr(crosscheck, "run", lambda *a, **k: crosscheck.Report(a[2], [checked]))
+    assert crosscheck.main(argv) == 0
+
+
 def test_a_partial_float8_input_is_unchecked_not_a_dtensor_false_positive(backend):
     """_scaled_mm is linear in self, so DTensor's (P(sum), R, R, R) -> P(sum) is right; but a
     float8 input's parts round to float8, so no split sums back to it: no verdict."""
