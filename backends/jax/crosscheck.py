@@ -78,6 +78,7 @@ class CaseResult:
     jit: Counter = field(default_factory=Counter)  # ok / failed / skipped
     jit_failed: list = field(default_factory=list)  # numbers differ: the rule is wrong
     jit_errors: list = field(default_factory=list)  # jax could not build the sharded program
+    check_error: str = ""  # the check itself raised: none of the case's rules was checked
 
 
 SHARDABLE = ("pass-through", "reduction", "permutation")
@@ -455,6 +456,11 @@ def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signat
             cases = backend.cases_at_other_sizes(op, per_signature)
         except (NoSample, Skip):
             continue
+        except Exception as e:  # noqa: BLE001 - one bad op must not stop the check, nor pass unsaid
+            counts["failed"] += 1
+            failed.append(f"{op}: building its calls raised {type(e).__name__}: {str(e)[:200]}")
+            print(f"FAILED {failed[-1]}", flush=True)
+            continue
         for case in cases:
             entry = record.entry(signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes))
             if entry is None:
@@ -468,7 +474,10 @@ def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signat
                 if _parts_round(ops, case, s):
                     counts["unchecked"] += 1
                     continue
-                problem = reverify(case, ops, s)
+                try:
+                    problem = reverify(case, ops, s)
+                except Exception as e:  # noqa: BLE001 - one bad call must not stop the check, nor pass unsaid
+                    problem = f"the check raised {type(e).__name__}: {str(e)[:200]}"
                 counts["failed" if problem else "ok"] += 1
                 if problem:
                     failed.append(f"{op}  {entry.signature}  {shapes}  {s.label}: {problem}")
@@ -496,6 +505,8 @@ def _parts_round(ops, case, strategy) -> bool:
 
 def format_case(r: CaseResult) -> list[str]:
     lines = [f"{r.op}  {r.signature}  [{r.source}]"]
+    if r.check_error:
+        lines.append(f"    CHECK FAILED, nothing checked: {r.check_error}")
     if r.shardy_error:
         lines.append(f"    shardy: no rule ({r.shardy_error})")
     for f, label in r.found:
@@ -556,7 +567,24 @@ def summarize(results: Sequence[CaseResult], skipped_ops: int) -> list[str]:
     no_rule = Counter(r.shardy_error.split(":")[0] for r in results if r.shardy_error)
     if no_rule:
         lines.append("no Shardy rule: " + ", ".join(f"{k} {v}" for k, v in sorted(no_rule.items())))
+    unchecked = [r for r in results if r.check_error]
+    if unchecked:
+        lines.append(f"cases whose check FAILED, none of their rules checked: {len(unchecked)} "
+                     f"({', '.join(sorted({r.op for r in unchecked}))})")
     return lines
+
+
+def _failed_check(op: str, signature: str, e: Exception) -> CaseResult:
+    """A case whose check raised: one bad case must not stop the check, nor pass unsaid."""
+    return CaseResult(op, signature, "", check_error=f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def _checked(op: str, case, ops, records: dict, do_reverify: bool, n_devices: int) -> CaseResult:
+    """``check_case``, or the failed check where it raises."""
+    try:
+        return check_case(op, case, ops, records, do_reverify, n_devices)
+    except Exception as e:  # noqa: BLE001 - counted and shown, the check goes on
+        return _failed_check(op, "(a case of the op)", e)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -608,7 +636,8 @@ def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0: done; 1: a rule of ours failed re-verification or a jit run; 2: usage or registry error."""
+    """Exit status 0: done; 1: a rule of ours failed re-verification or a jit run, or a case's check
+    failed; 2: usage or registry error."""
     args = parse_args(list(argv) if argv is not None else None)
     if args.devices >= 2:
         _ask_for_devices(args.devices)
@@ -640,14 +669,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (NoSample, Skip):
             skipped += 1
             continue
-        for case in cases:
-            r = check_case(op, case, ops, records, not args.no_reverify, n_devices)
+        except Exception as e:  # noqa: BLE001 - counted and shown, the check goes on
+            op_results = [_failed_check(op, "(no case built)", e)]
+        else:
+            op_results = [_checked(op, case, ops, records, not args.no_reverify, n_devices) for case in cases]
+        for r in op_results:
             results.append(r)
-            if not args.quiet or r.missed or r.reverify_failed or r.jit_failed or r.jit_errors:
+            if not args.quiet or r.missed or r.reverify_failed or r.jit_failed or r.jit_errors or r.check_error:
                 print("\n".join(format_case(r)), flush=True)
     print()
     print("\n".join(summarize(results, skipped)))
-    return 1 if any(r.reverify_failed or r.jit_failed for r in results) else 0
+    return 1 if any(r.reverify_failed or r.jit_failed or r.check_error for r in results) else 0
 
 
 if __name__ == "__main__":

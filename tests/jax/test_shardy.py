@@ -218,3 +218,29 @@ def test_other_calls_reverify_the_rules_of_their_signature(capsys):
     bad = dataclasses.replace(record, entries=(wrong,))
     assert recheck_other_calls(backend, ["jax.transpose"], {"jax.transpose": bad}, 1) == 1
     assert "FAILED jax.transpose" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("other_calls", [0, 1])
+def test_a_case_whose_check_raises_is_shown_counted_and_fails_the_exit_status(monkeypatch, capsys, other_calls):
+    """One case whose check raised ended the whole run with a traceback, and the cases
+    before it were never summarized; it is now shown, counted, and the exit status is 1."""
+    from metaspmd.backends.jax import crosscheck
+
+    def raises_on_neg(real):
+        def check(*args):
+            if args[0] == "jax.neg" or getattr(args[0], "op", "") == "jax.neg":
+                raise RuntimeError("boom")
+            return real(*args)
+        return check
+
+    monkeypatch.setattr(crosscheck, "check_case", raises_on_neg(crosscheck.check_case))
+    monkeypatch.setattr(crosscheck, "reverify", raises_on_neg(crosscheck.reverify))
+    argv = ["--ops", "jax.neg,jax.exp", "--devices", "0", "--registry", str(ROOT / "registry")]
+    assert crosscheck.main(argv + ["--other-calls", "1"] * other_calls) == 1
+    out = capsys.readouterr().out
+    if other_calls:
+        assert "FAILED jax.neg" in out and "the check raised RuntimeError: boom" in out
+    else:
+        assert "CHECK FAILED, nothing checked: RuntimeError: boom" in out
+        assert "cases whose check FAILED, none of their rules checked: " in out and "(jax.neg)" in out
+        assert "jax.exp  " in out  # the check went on to the next op
