@@ -34,6 +34,17 @@ from metaspmd.placement import Shard  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
+
+@pytest.fixture(autouse=True)
+def _jax_default_widths():
+    """The messages name jax's default dtypes (int32[8]), as a user sees them; a module of
+    the same worker that got the sweep's backend (``get_backend`` turns x64 on) must not
+    change them, which made these tests depend on the order xdist ran them in."""
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
 # numpy, not jnp: an array made while pytest collects would start jax with one device before
 # tests/runtime asks XLA for eight
 PARAMS = {"w": np.ones((4, 4), np.float32)}
