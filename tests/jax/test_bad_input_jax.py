@@ -45,6 +45,7 @@ def _jax_default_widths():
     yield
     jax.config.update("jax_enable_x64", before)
 
+
 # numpy, not jnp: an array made while pytest collects would start jax with one device before
 # tests/runtime asks XLA for eight
 PARAMS = {"w": np.ones((4, 4), np.float32)}
