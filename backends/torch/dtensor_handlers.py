@@ -434,8 +434,9 @@ def install_keyword_handler(op: torch._ops.OpOverload, owner: Any = None) -> boo
 def per_rank(local: torch.Tensor) -> torch.Tensor:
     """Under LocalTensorMode a replicated local is one plain tensor standing for every
     rank, which collectives treat as a constant and random ops draw from the process's
-    generator, not the ranks' own; a Partial value, or a random op's input, needs one per
-    rank."""
+    generator, not the ranks' own, and an in-place op with a per-rank argument writes once
+    per rank; a Partial value, a random op's input, or a tensor written in place needs one
+    per rank."""
     try:
         from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
     except ImportError:
