@@ -15,13 +15,15 @@ import faulthandler
 import multiprocessing
 import pickle
 import signal
+import time
 import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
 from .sweep.failures import clean_reason, describe_exit
-from .sweep.workers import exit_with_parent
+from .sweep.config import WALL_FACTOR
+from .sweep.workers import CPU_POLL_S, cpu_seconds, exit_with_parent
 
 
 class ChildFailed(Exception):
@@ -41,10 +43,20 @@ def can_fork() -> bool:
 class Isolation:
     """Each task in a forked child with a time limit. ``setup`` runs first in each child:
     a framework that used a thread pool before the fork must not use it after (torch's
-    OpenMP pool hangs a forked child)."""
+    OpenMP pool hangs a forked child).
+
+    As in the sweep, ``timeout`` counts the child's CPU time, so a task slowed by a loaded
+    machine gets the time it needs; a task that burns none (asleep, blocked) is stopped
+    after ``wall_timeout`` seconds of wall time (None: ``WALL_FACTOR * timeout``). Without
+    /proc (not Linux) ``timeout`` counts wall time."""
 
     timeout: float
     setup: Callable[[], None] | None = None
+    wall_timeout: float | None = None
+
+    @property
+    def wall_limit(self) -> float:
+        return self.wall_timeout if self.wall_timeout is not None else WALL_FACTOR * self.timeout
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` computed in a child of its own; its value must pickle."""
@@ -65,9 +77,7 @@ class ForkServer:
         if self._child is None:
             self._start()
         self._conn.send_bytes(pickle.dumps(key))
-        if not self._conn.poll(self.isolation.timeout):
-            self._stop()
-            raise ChildFailed(f"timed out after {self.isolation.timeout:g} s", timed_out=True)
+        self._await_answer()
         try:
             kind, value = pickle.loads(self._conn.recv_bytes())
         except EOFError:  # the child died before it could answer
@@ -75,6 +85,28 @@ class ForkServer:
         if kind == "raised":
             raise ChildFailed(f"raised {value}")
         return value
+
+    def _await_answer(self) -> None:
+        """Returns once the child has answered or died; stops it at the time limits."""
+        limits = self.isolation
+        started, cpu_started = time.monotonic(), cpu_seconds(self._child.pid)
+        while True:
+            now = time.monotonic()
+            cpu_now = cpu_seconds(self._child.pid) if cpu_started is not None else None
+            used = now - started if cpu_now is None else cpu_now - cpu_started  # gone: wall, as without /proc
+            if used >= limits.timeout:
+                reason = f"timed out after {limits.timeout:g} s of CPU time"
+            elif now - started >= limits.wall_limit:
+                reason = f"timed out: no answer after {limits.wall_limit:g} s of wall time (hung: {used:.1f} s of CPU time)"
+            else:
+                # CPU time grows no faster than wall time on one thread: wake when the CPU
+                # left could be spent (or within CPU_POLL_S), or at the wall guard
+                wait = min(CPU_POLL_S, limits.timeout - used, started + limits.wall_limit - now)
+                if self._conn.poll(max(0.0, wait)):
+                    return
+                continue
+            self._stop()
+            raise ChildFailed(reason, timed_out=True)
 
     def close(self) -> None:
         if self._child is not None:

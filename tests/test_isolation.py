@@ -39,11 +39,33 @@ def test_each_task_fails_alone_and_the_next_one_gets_a_fresh_child():
         assert server.run("pid") not in (parent, first)
 
 
-def test_a_task_that_hangs_is_stopped_at_the_time_limit():
+def _spin():
+    while True:
+        pass
+
+
+def test_a_task_that_spins_is_stopped_at_its_limit_of_cpu_time():
     start = time.perf_counter()
-    with pytest.raises(ChildFailed, match="timed out after 0.5 s") as hung:
-        Isolation(timeout=0.5).run(lambda: time.sleep(60))
-    assert not hung.value.crashed and time.perf_counter() - start < 10
+    with pytest.raises(ChildFailed, match=r"timed out after 0\.5 s of CPU time") as hung:
+        Isolation(timeout=0.5).run(_spin)
+    assert hung.value.timed_out and not hung.value.crashed and time.perf_counter() - start < 10
+
+
+def test_a_task_that_hangs_asleep_is_stopped_by_the_wall_clock_guard():
+    start = time.perf_counter()
+    with pytest.raises(ChildFailed, match=r"no answer after 1 s of wall time \(hung: 0\.\d s of CPU time\)") as hung:
+        Isolation(timeout=0.5, wall_timeout=1.0).run(lambda: time.sleep(60))
+    assert hung.value.timed_out and time.perf_counter() - start < 10
+
+
+def test_a_task_slowed_past_its_limit_in_wall_time_but_not_in_cpu_time_finishes():
+    """A loaded machine stretches wall time, not CPU time: live exploration must not give
+    up an op there that it explores on a quiet machine (simulated by sleeping)."""
+    def slowed():
+        time.sleep(1.5)
+        return "done"
+
+    assert Isolation(timeout=0.5, wall_timeout=30.0).run(slowed) == "done"
 
 
 def _add_same_shapes(x, y):
@@ -94,9 +116,9 @@ def test_after_a_crash_the_first_call_that_hangs_ends_the_exploration(tmp_path):
     start = time.perf_counter()
     with pytest.warns(LiveExplorationWarning, match=r"crash_or_hang \(node add\): live exploration failed.*timed out"):
         strategies, stats = resolve(ir, lambda op: call, NumpyOps(), "numpy", RuleCache(tmp_path),
-                                    isolation=Isolation(timeout=1.0))
+                                    isolation=Isolation(timeout=1.0, wall_timeout=1.0))
     assert time.perf_counter() - start < 8  # one limit (1 s) and the forks, not a limit per hanging call
-    assert strategies["add"] == () and "timed out after 1 s" in stats.unexplorable["add"]
+    assert strategies["add"] == () and "no answer after 1 s of wall time" in stats.unexplorable["add"]
     assert not list(tmp_path.rglob("*.yaml"))  # a failure is not cached: the next run explores again
 
 

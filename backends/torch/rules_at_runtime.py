@@ -17,7 +17,7 @@ from .backend import make_runner, out_spec_from_kwargs, torch_case
 from .capture import Captured, meta_call
 from .samples import BASE_SEED, call_signature, with_varied_masks
 
-# Live exploration runs in a forked child, with the sweep's per-op time limit; the child
+# Live exploration runs in a forked child, with the sweep's per-op limit of CPU time; the child
 # must not touch the OpenMP pool the parent already started (it hangs).
 LIVE_EXPLORATION = Isolation(timeout=60.0, setup=lambda: torch.set_num_threads(1))
 

@@ -538,7 +538,7 @@ def test_an_op_that_crashes_or_hangs_off_its_shape_costs_its_rules_not_the_calle
     from metaspmd.isolation import Isolation
 
     monkeypatch.setattr(rules_at_runtime, "LIVE_EXPLORATION",
-                        Isolation(timeout=5.0, setup=rules_at_runtime.LIVE_EXPLORATION.setup))
+                        Isolation(timeout=5.0, setup=rules_at_runtime.LIVE_EXPLORATION.setup, wall_timeout=5.0))
     torch.manual_seed(0)
     model, x = FailsOffShape(how), torch.randn(8, 16)
     with LocalTensorMode(frozenset(range(WORLD))), warnings.catch_warnings(record=True) as caught:
