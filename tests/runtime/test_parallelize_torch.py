@@ -18,6 +18,7 @@ from metaspmd import planner  # noqa: E402
 from metaspmd.backends.torch import dtensor_rules  # noqa: E402
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.placement import replicated  # noqa: E402
 from metaspmd.resolve import LiveExplorationWarning  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -374,9 +375,11 @@ def test_group_norm_cut_by_the_batch_runs_with_each_shards_own_sizes(fake_world,
 
 def test_an_lstm_model_under_a_budget_shards_and_matches_one_device(fake_world, cache):
     """A two-layer LSTM under a linear head: the captured graph runs the LSTM step by step
-    (linear, sigmoid, tanh, cat and stack of each step), and under a budget below the
-    replicated plan's memory those nodes are cut, with outputs and gradients as on one
-    device."""
+    (linear, sigmoid, tanh, cat and stack of each step). Its parameters and their gradients
+    alone (118 kB) exceed the budget, and the head's are 1 kB: the plan must cut the LSTM's
+    weights and the step nodes that read them, with outputs and gradients as on one device.
+    Which weights is the solver's choice: optimal plans tie, and one stopped by its time
+    limit on a loaded machine differs, so no count of cut nodes is asserted."""
     class Tagger(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -388,7 +391,12 @@ def test_an_lstm_model_under_a_budget_shards_and_matches_one_device(fake_world, 
     torch.manual_seed(0)
     p = run_planned(Tagger(), torch.randn(5, 8, 16), cache, memory_budget=100_000)
     assert p.plan.memory <= 100_000
-    assert sum(n.strategy.label != "R" for n in p.plan.nodes) > 100, p.explain()
+    inputs = dict(zip(p.captured.param_names, (v.name for v in p.captured.ir.input_list)))
+    cut = [name for name, var in inputs.items()
+           if name.startswith("lstm.") and p.plan.placement(var) != replicated(1)]
+    assert cut, p.explain()
+    steps = {n.name for n in p.captured.ir.op_list if n.op in ("aten.mm.default", "aten.addmm.default")}
+    assert any(n.name in steps and n.strategy.label != "R" for n in p.plan.nodes), p.explain()
 
 
 def test_an_integer_becomes_partial_by_its_first_device_not_by_division(fake_world):
