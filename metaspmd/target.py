@@ -111,13 +111,18 @@ class AxisStrategy:
     """A rule strategy projected onto a target: one placement per tensor input and output.
     ``exchange``: the framework moves data between the axis's shards to run it (local
     params, halos); ``even``: it holds only where every cut dim, inputs' and outputs',
-    divides by the shard count (an even gather), which the planner checks per call."""
+    divides by the shard count (an even gather), which the planner checks per call;
+    ``masked``: the framework's own rule masks the positions this cut moves (a
+    ``masked_ops`` lookup), which it does on one mesh axis of a call only: DTensor's
+    row-cut embedding keeps one mask per lookup, and a table cut along its rows by two
+    axes raises "MaskBuffer has been materialized with conflicting data"."""
 
     label: str
     inputs: tuple[Placement, ...]
     outputs: tuple[Placement, ...]
     exchange: bool = False
     even: bool = False
+    masked: bool = False
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,8 @@ def project(s: spec.Strategy, target: Target, op: str = "") -> AxisStrategy | Re
         return Refusal(s.label, f"{target.name}: a slice of a cut dim must give cut outputs")
     exchange = local or any(_halo(p) for p in s.inputs) or any(dropped for _, dropped in chosen)
     even = any(_even(c) for _, c, _ in options)
-    return AxisStrategy(s.label, tuple(ins), outs, exchange, even)  # type: ignore[arg-type]
+    masked = not target.index_offset and spec.drops(s.inputs)
+    return AxisStrategy(s.label, tuple(ins), outs, exchange, even, masked)  # type: ignore[arg-type]
 
 
 def projections(rules: Iterable[spec.Strategy], target: Target, op: str = "") -> list[AxisStrategy]:

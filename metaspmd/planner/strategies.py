@@ -64,11 +64,14 @@ def compose(
     """Every valid choice of one rule strategy per mesh axis. ``out_shapes[i] is None``
     marks a non-tensor output (always Replicate). A strategy that holds on even cuts only
     (``AxisStrategy.even``) is kept where every dim cut, inputs' and outputs', divides by
-    the devices cutting it, in either mode."""
+    the devices cutting it, in either mode; one whose positions the framework masks
+    (``AxisStrategy.masked``) is taken on one mesh axis at most."""
     result: list[NodeStrategy] = []
     seen: set = set()
     shape = mesh.shape
     for combo in itertools.product(per_axis, repeat=mesh.ndim):
+        if sum(s.masked for s in combo) > 1:
+            continue
         ins = tuple(tuple(s.inputs[i] for s in combo) for i in range(len(in_shapes)))
         outs = tuple(tuple(s.outputs[i] for s in combo) for i in range(len(out_shapes)))
         even = strict or any(s.even for s in combo)

@@ -159,3 +159,19 @@ def test_dims_cut_by_one_label_must_have_one_length():
 
 
 R_IN, R_OUT = spec.Replicate(), spec.OutputCombine.parse("identity")
+
+
+def test_a_lookup_the_framework_masks_is_cut_by_its_rows_along_one_mesh_axis_only():
+    """DTensor's row-cut embedding keeps one mask per lookup: a table cut by its rows along
+    both axes of a 2x2 mesh raises inside DTensor ("MaskBuffer has been materialized with
+    conflicting data"), so the plan never asks for it. JAX's partitioner offsets positions
+    itself and takes the rows cut along both axes."""
+    rows = spec.Strategy("S1", (spec.ShardIn(0), spec.IndexOffset(drop=True)), (spec.OutputCombine.parse("reduce(sum)"),))
+    cols = spec.Strategy("S2", (spec.ShardIn(1), spec.Replicate()), (spec.OutputCombine.parse("gather(dim=2)"),))
+    mesh, shapes, out = Mesh.of((2, 2)), [(16, 4), (2, 3)], [(2, 3, 4)]
+    dtensor = [project(s, DTENSOR_PLAN, "aten.embedding.default") for s in (rows, cols)]
+    assert dtensor[0].masked and not dtensor[1].masked
+    labels = {n.label for n in compose(dtensor, mesh, shapes, out)}
+    assert "S1,S1" not in labels and {"S1,S2", "S2,S1", "S2,S2"} <= labels
+    jax = [project(s, JAX_PLAN, "aten.embedding.default") for s in (rows, cols)]
+    assert not jax[0].masked and "S1,S1" in {n.label for n in compose(jax, mesh, shapes, out)}

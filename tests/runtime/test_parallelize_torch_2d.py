@@ -43,3 +43,33 @@ def test_a_large_batch_mlp_is_data_parallel_on_dp_and_megatron_on_tp(fake_world_
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(4096, 3)
+
+    def forward(self, ids):
+        return self.emb(ids) * 2.0
+
+
+def test_a_vocab_parallel_lookup_on_two_axes_runs_and_matches_one_device(fake_world_of, cache):
+    """Under a budget a third of the table, with the positions replicated, the table is cut
+    by its rows. DTensor masks a row-cut lookup along one mesh axis only (cut along both, it
+    raises "MaskBuffer has been materialized with conflicting data"): the plan cuts it so,
+    and the lookup matches one device."""
+    from torch.distributed.tensor import Replicate
+
+    fake_world_of(4)
+    torch.manual_seed(0)
+    model, ids = Lookup(), torch.tensor([[3, 17, 4000, 1025], [2048, 9, 77, 4095]])
+    with LocalTensorMode(frozenset(range(4))):
+        mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        p = metaspmd.parallelize(model, mesh, (ids,), cache=cache, backward=False, memory_budget=16_000,
+                                 constraints={0: (Replicate(), Replicate())})
+        out = p(ids)
+    table = p.plan.strategy("embedding").inputs[0]
+    assert S0 in table and table != (S0, S0), p.explain()
+    assert p.plan.memory <= 16_000
+    torch.testing.assert_close(out, model(ids))
