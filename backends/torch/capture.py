@@ -543,11 +543,17 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     constant (a closure's labels, a plain attribute) is kept as one, as the real trace keeps
     it: on the real values, the value checks some kernels make (``one_hot``'s range) would
     read a traced tensor. What fake tensors cannot trace (an op whose output shape depends
-    on values) is traced on the real values as before."""
+    on values) is traced on the real values as before; a refusal of metaspmd's own (a
+    model output the default loss cannot take) holds on either and is raised as it is:
+    on real values the model may fail first on another path (Hugging Face models read a
+    value where the tensors are not fake)."""
     try:
         with _fake_kernel_errors_unlogged():
             traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True, **kwargs)(*args)
             return _no_local_constants(traced)
+    except (TypeError, ValueError) as err:
+        if _raised_by_us(err):
+            raise
     except Exception:  # noqa: BLE001 - the real trace raises the error that matters, if any
         pass
     try:
@@ -568,6 +574,13 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _LAYERS = tuple(os.path.join(_TORCH_DIR, "nn", part) for part in ("modules", "functional.py"))
 _BACKENDS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # metaspmd's own frames (the joint loss)
+
+
+def _raised_by_us(err: BaseException) -> bool:
+    """Was ``err`` raised by metaspmd's own code (a check of the traced function's output),
+    not by the model, its loss or torch?"""
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_BACKENDS_DIR + os.sep)
 
 
 def _reading_line(err: BaseException) -> str:

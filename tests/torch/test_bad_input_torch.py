@@ -79,6 +79,30 @@ def test_capture_names_what_is_wrong(model, inputs, kw, error, message):
         capture(model, (x,) if inputs == "tuple" else x, **kw)
 
 
+class LogitsOnlyWhenFake(torch.nn.Module):
+    """Like a Hugging Face model: returns an output object, and reads a value of its input
+    unless the tensors are fake (transformers' ``is_tracing``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if not isinstance(x, torch._subclasses.FakeTensor) and (x[:, -1] == 0).all():
+            x = x + 1
+        return {"logits": self.fc(x)}
+
+
+def test_a_refusal_of_our_own_on_the_fake_trace_is_not_hidden_by_the_real_trace():
+    """The fake trace meets the default loss's refusal of a dict output; the real trace,
+    tried after a fake one fails, would stop first at the model's value read, and the user
+    was told to remove a read that the fake trace never makes."""
+    with pytest.raises(TypeError, match=r"LogitsOnlyWhenFake returns a dict, not a tensor, .* pass loss_fn="):
+        capture(LogitsOnlyWhenFake(), (torch.randn(2, 4),))
+    captured = capture(LogitsOnlyWhenFake(), (torch.randn(2, 4),), loss_fn=lambda out: out["logits"].sum())
+    assert captured.trainable
+
+
 class ReadsItem(torch.nn.Module):
     def __init__(self):
         super().__init__()
