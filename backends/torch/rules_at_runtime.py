@@ -71,9 +71,16 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     runs the op's calls that choose them (``NodeCall.probed_case``); None: here. The op
     runs as the sweep runs it (``make_runner``): an argument it writes is cloned first and
     its out= tensors are allocated afresh, of the call's dtypes; written in place, every
-    shard's run would share one out= tensor, and its outputs all equal the last one's."""
+    shard's run would share one out= tensor, and its outputs all equal the last one's.
+
+    The small tensors are taken only where the call keeps its signature on them: where it
+    pins sizes (a view's ``size=[-1, 8]`` beside its input's), they would make another
+    call, whose rules need not hold for this one, filed under another signature."""
     a, k = tuple(args), dict(kwargs)
-    for candidate in (_float64(_shrunk((a, k))), _float64((a, k))):
+    own = _float64((a, k))
+    shrunk = _float64(_shrunk((a, k)))
+    same = call_signature(fn, *shrunk) == call_signature(fn, *own)
+    for candidate in (shrunk, own) if same else (own,):
         try:
             _run(probe, _runner(fn, candidate[1]), *candidate)
         except Exception:  # shapes baked into the arguments, no float64 kernel, a crash in a child

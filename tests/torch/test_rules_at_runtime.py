@@ -27,6 +27,20 @@ def test_view_with_sizes_in_arguments_is_derived_and_passes_partial():
     assert strategies == {"(S(1)) -> (gather(dim=0))", "(P(sum)) -> (reduce(sum))"}
 
 
+def test_a_view_whose_sizes_the_call_pins_is_explored_at_its_own_sizes():
+    """Shrunk to small tensors with its size argument kept, x[8, 16].view(-1, 8) would be
+    another call ([6, 8] viewed as itself, where a column cut is gathered by columns):
+    false for this one, and filed under another signature, so never found in the cache."""
+    from metaspmd.backends.torch.rules_at_runtime import call_of
+    from metaspmd.resolve import explore_call
+
+    call = call_of(torch.ops.aten.view.default, (torch.randn(8, 16), [-1, 8]), {})
+    entry = explore_call(call, TorchOps())
+    assert entry.signature == call.signature == "self:f[8,16] size=[-1,8]"
+    rules = {str(s).split(": ", 1)[1] for s in entry.strategies()}
+    assert rules == {"(S(0)) -> (gather(dim=0, even=true))", "(P(sum)) -> (reduce(sum))"}
+
+
 def test_predicate_gets_rules_from_special_values():
     rules = live_rules(lambda x: (x * 2).isnan(), torch.randn(8, 4))
     status, strategies = rules["aten.isnan.default"]
