@@ -290,6 +290,25 @@ def solve_ilp(
         time_limit = time_limit_for(sum(n.size for n in p.nodes if n.size > 1) + sum(k.size for *_, k in links))
 
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC if solver == "cbc" else mip.HIGHS)
+    try:
+        return _solve(mip, model, p, unary, links, time_limit, warm_start, solver, threads, mip_gap, verbose,
+                      started, share, start)
+    finally:
+        _release(model)
+
+
+def _release(model) -> None:
+    """Free the solver's C model now, at a point where no cffi call is under way. Left to
+    the cyclic garbage collector (a model and its variables refer to each other), the
+    solver's ``__del__`` can run inside a cffi call of a later solve, and look a function
+    up in cffi's library while cffi holds its lock there: the process hangs (seen with
+    HiGHS, ``Highs_destroy`` looked up during ``FFI.new``). Dropping the one reference to
+    the solver frees it at once; ``Model.__del__`` then deletes a None."""
+    model.solver = None
+
+
+def _solve(mip, model, p: ChoiceProblem, unary, links, time_limit: float, warm_start, solver: str, threads: int,
+           mip_gap: float, verbose: bool, started: float | None, share: float, start: float) -> Solution | None:
     model.verbose = int(verbose)
     model.threads = threads
     model.max_mip_gap = mip_gap
@@ -347,6 +366,13 @@ def least_memory(p: ChoiceProblem, time_limit: float = 10.0) -> float | None:
     import mip
 
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
+    try:
+        return _least_memory(mip, model, p, time_limit)
+    finally:
+        _release(model)
+
+
+def _least_memory(mip, model, p: ChoiceProblem, time_limit: float) -> float | None:
     model.verbose = 0
     b = _Builder(mip, model, p, None)
     try:

@@ -222,3 +222,27 @@ def test_a_solver_told_a_gap_stops_within_it_and_says_so(make_problem, brute_for
     assert loose.status == ("optimal" if proven else "near-optimal")
     exact = solve_ilp(p, warm_start=worst, solver=solver, mip_gap=0.0)
     assert exact.status == "optimal" and exact.cost == pytest.approx(want, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_each_solver_model_is_freed_when_its_solve_ends(make_problem, monkeypatch, solver):
+    """Left to the cyclic garbage collector, a solver's __del__ ran inside a cffi call of a
+    later solve and hung the process on cffi's lock (a HiGHS model collected during
+    FFI.new); each model's solver is let go when its solve returns or raises."""
+    mip = pytest.importorskip("mip")
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    made = []
+
+    class Recorded(mip.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(mip, "Model", Recorded)
+    p = make_problem(np.random.default_rng(3), 5, budget=True)
+    assert solve_ilp(p, solver=solver) is not None
+    with pytest.raises(Infeasible):
+        solve_ilp(ChoiceProblem(p.nodes, p.edges, p.ties, 1e-9, liveness=p.liveness), solver=solver)
+    assert least_memory(p) is not None
+    assert len(made) == 3 and all(m.solver is None for m in made)
