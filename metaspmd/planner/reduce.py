@@ -423,6 +423,20 @@ class Reduced:
             a = _resolve(origins, a)
         return a
 
+    def restrict(self, assignment: Sequence[int]) -> list[int]:
+        """A reduced assignment from one of the original problem (a warm start): each kept
+        node takes its original's choice, a node of several merged ones the first's. The
+        nodes reductions decided are decided again by ``expand``, so ``expand(restrict(a))``
+        may differ from ``a`` there."""
+        a = list(assignment)
+        for origins in self.steps:
+            out: list[int | None] = [None] * (max((o.ref for o in origins), default=-1) + 1)
+            for i, o in enumerate(origins):
+                if o.ref >= 0 and out[o.ref] is None:
+                    out[o.ref] = a[i]
+            a = [0 if c is None else c for c in out]
+        return a
+
 
 def _resolve(origins: Sequence[Origin], reduced: Sequence[int]) -> list[int]:
     out: list[int] = [-1] * len(origins)

@@ -146,3 +146,37 @@ def test_a_budget_no_plan_meets_names_the_least_any_plan_needs():
     least = float(re.search(r"needs is ([\d,]+)", str(err.value))[1].replace(",", ""))
     assert 1 * MIB < least < 16 * MIB  # both weights cut four ways is 8 MiB
     assert plan(ir, strategies, MESH, memory_budget=least).memory <= least * (1 + 1e-9)
+
+
+def test_a_2d_plan_is_never_worse_than_its_devices_planned_as_one_axis():
+    """The 1-D plan of the mesh's devices, each choice on every axis, is a candidate of the
+    N-D plan (``api._flattened``): it is the diagonal of the 1-D plan, fits the budget, and
+    the N-D plan costs no more than it."""
+    from metaspmd.planner import api
+
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    square = Mesh.of((2, 4))
+    one = plan(ir, strategies, Mesh.of(8), memory_budget=8 * MIB, output_placements={"mm2": (R,)})
+    problem = build_problem(ir, strategies, square, memory_budget=8 * MIB, output_placements={"mm2": (R, R)})
+    flat = api._flattened(problem, strategies, 8 * MIB, (), (), {"mm2": (R, R)}, True, api.DTENSOR_PLAN, None, None,
+                          "ilp", None, Reductions(), 8, 1, api.GAP)
+    assert flat is not None
+    diagonal = make_plan(problem, flat)
+    for node in one.nodes:
+        assert diagonal.strategy(node.name).outputs == tuple(p * 2 for p in node.strategy.outputs)
+    assert diagonal.memory <= 8 * MIB
+    two = plan(ir, strategies, square, memory_budget=8 * MIB, output_placements={"mm2": (R, R)})
+    assert two.total_cost <= diagonal.total_cost * (1 + 1e-9)
+
+
+def test_a_full_assignment_restricted_to_the_reduced_problem_expands_back_on_the_kept_nodes():
+    from metaspmd.planner.reduce import reduce_problem
+
+    ir, strategies = mlp(64, DIM, HIDDEN)
+    problem = build_problem(ir, strategies, Mesh.of((2, 2)), memory_budget=16 * MIB)
+    reduced = reduce_problem(problem.choice, Reductions())
+    full = list(plan(ir, strategies, Mesh.of((2, 2)), memory_budget=16 * MIB).nodes)
+    assignment = [problem.choice_of(n.name, n.strategy.label) for n in full]
+    start = reduced.restrict(assignment)
+    assert len(start) == len(reduced.problem.nodes)
+    assert reduced.expand(start) == assignment
