@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .. import spec
 from ..ir import MetaIR
@@ -292,14 +292,15 @@ def plan(
     0 asks for a proof). See build_problem.
     """
     started = time.perf_counter()  # the time limit covers the build too
-    problem = build_problem(
-        ir, strategies_by_node, mesh, cost_model, memory_budget, ties, same_placement, output_placements, strict,
-        target, constraints, repeats,
-    )
+    common = dict(memory_budget=memory_budget, ties=ties, same_placement=same_placement, strict=strict,
+                  target=target, repeats=repeats)
+    problem = build_problem(ir, strategies_by_node, mesh, cost_model, output_placements=output_placements,
+                            constraints=constraints, **common)
     candidates = []
     if mesh.ndim > 1 and solver != "beam":
-        flat = _flattened(problem, strategies_by_node, memory_budget, ties, same_placement, output_placements, strict,
-                          target, constraints, repeats, solver, time_limit, reductions, beam_width, threads, gap)
+        limit = FLAT_SHARE * (time_limit if time_limit is not None else time_limit_for(float("inf")))
+        flat = _flattened(problem, strategies_by_node, common, constraints, output_placements,
+                          lambda p: solve(p, solver, limit, reductions, beam_width, threads, gap=gap))
         candidates = [(flat, "flattened")] if flat is not None else []
     return solve(problem, solver, time_limit, reductions, beam_width, threads, started, gap, candidates)
 
@@ -309,40 +310,35 @@ def plan(
 FLAT_SHARE = 0.2
 
 
-def _flattened(problem: ShardingProblem, strategies_by_node, memory_budget, ties, same_placement, output_placements,
-               strict, target, constraints, repeats, solver, time_limit, reductions, beam_width, threads,
-               gap) -> list[int] | None:
-    """On an N-D mesh, the plan of its devices as one axis, each choice taken on every
-    axis (a dim cut along all of them, a Partial over all): a candidate the N-D plan is
-    never worse than. Under a budget the N-D ILP can stop at its time limit far above it
-    (a 2x4 GPT: a 79% gap, 1.7 times the cost of the same devices planned as one axis of
-    8); the 1-D problem has far fewer choices. None where a constraint is not the same on
-    every axis, or the 1-D plan has no N-D twin (a dim that divides by the devices but not
-    by an axis), fits no budget or is not found in time."""
+def _flattened(problem: ShardingProblem, strategies_by_node, common: dict, constraints, output_placements,
+               solve_flat: Callable[[ShardingProblem], Plan]) -> list[int] | None:
+    """On an N-D mesh, the plan of its devices as one axis (``solve_flat``), each choice
+    taken on every axis (a dim cut along all of them, a Partial over all): a candidate the
+    N-D plan is never worse than. Under a budget the N-D ILP can stop at its time limit far
+    above it (a 2x4 GPT: a 79% gap, 1.7 times the cost of the same devices planned as one
+    axis of 8); the 1-D problem has far fewer choices. ``common``: the problem's other
+    options (budget, ties, ...). None where a constraint is not the same on every axis, or
+    the 1-D plan has no N-D twin, fits no budget or is not found in time."""
     mesh, n = problem.mesh, problem.mesh.ndim
 
     def flat_placements(given):
-        if given is None:
-            return {}
-        out = {}
-        for name, p in given.items():
-            if len(set(p)) != 1:
-                return None
-            out[name] = (p[0],)
-        return out
+        if any(len(set(p)) != 1 for p in (given or {}).values()):
+            return None
+        return {name: (p[0],) for name, p in (given or {}).items()}
 
     flat_constraints, flat_outputs = flat_placements(constraints), flat_placements(output_placements)
     if flat_constraints is None or flat_outputs is None:
         return None
-    axes = mesh.axes
-    one = Mesh.of(mesh.size, ("flat",), alpha=max(a.alpha for a in axes), bandwidth=min(1.0 / a.beta for a in axes))
-    limit = FLAT_SHARE * (time_limit if time_limit is not None else time_limit_for(float("inf")))
+    # the slowest link of any axis: a collective over all devices crosses it
+    one = Mesh.of(mesh.size, ("flat",), alpha=max(a.alpha for a in mesh.axes),
+                  bandwidth=min(1.0 / a.beta for a in mesh.axes))
     try:
         flat_problem = build_problem(problem.ir, strategies_by_node, one, CostModel(one, problem.cost_model.device),
-                                     memory_budget, ties, same_placement, flat_outputs or None, strict, target,
-                                     flat_constraints or None, repeats)
-        flat = solve(flat_problem, solver, limit, reductions, beam_width, threads, gap=gap)
+                                     output_placements=flat_outputs, constraints=flat_constraints, **common)
+        flat = solve_flat(flat_problem)
     except (Infeasible, PlannerError):
+        return None
+    if flat_problem.names != problem.names:
         return None
     assignment = []
     for i, node in enumerate(flat.nodes):

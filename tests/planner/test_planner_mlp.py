@@ -158,8 +158,7 @@ def test_a_2d_plan_is_never_worse_than_its_devices_planned_as_one_axis():
     square = Mesh.of((2, 4))
     one = plan(ir, strategies, Mesh.of(8), memory_budget=8 * MIB, output_placements={"mm2": (R,)})
     problem = build_problem(ir, strategies, square, memory_budget=8 * MIB, output_placements={"mm2": (R, R)})
-    flat = api._flattened(problem, strategies, 8 * MIB, (), (), {"mm2": (R, R)}, True, api.DTENSOR_PLAN, None, None,
-                          "ilp", None, Reductions(), 8, 1, api.GAP)
+    flat = api._flattened(problem, strategies, {"memory_budget": 8 * MIB}, None, {"mm2": (R, R)}, api.solve)
     assert flat is not None
     diagonal = make_plan(problem, flat)
     for node in one.nodes:
