@@ -27,6 +27,7 @@ from .isolation import Isolation
 from .placement import placements_str
 from .planner.problem import constraint_problem
 from .resolve import NodeCall, ResolveStats, resolve
+from .shared_plan import graph_key
 from .spec import Strategy
 from .target import Target
 from .tensor_ops import TensorOps
@@ -77,10 +78,12 @@ class RuntimeBackend(Protocol):
         """More of the planner's arguments (JAX plans a loop's body once, each node charged
         per iteration: ``repeats``, ``same_placement``); {} where there are none."""
 
-    def one_plan(self, solve: Callable[[], planner.Plan]) -> planner.Plan:
+    def one_plan(self, solve: Callable[[], planner.Plan], key: str) -> planner.Plan:
         """The plan every process runs: ``solve()`` where this process plans for all (one
         process, or the first of several, whose plan the others receive), so processes
-        never run different plans (a time-limited solve can end differently on each)."""
+        never run different plans (a time-limited solve can end differently on each).
+        ``key``: the graph this process captured (``shared_plan.graph_key``); processes
+        whose keys differ raise ``shared_plan.other_graph_error``, all of them."""
 
     def run(self, fn: Any, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Any) -> Any:
         """A callable that runs the plan on the framework's own distributed engine."""
@@ -255,7 +258,7 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
         captured.ir, rt.strategies(captured, found), planner_mesh, memory_budget=memory_budget,
         time_limit=time_limit, solver=solver, ties=rt.ties(captured), cost_model=cost_model, target=rt.target,
         constraints=pinned, **rt.plan_options(captured),
-    ))
+    ), graph_key(captured.ir))
     return rt.run(fn, captured, plan, stats, mesh)
 
 
@@ -289,7 +292,7 @@ def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, 
 quiet = contextlib.nullcontext  # the default ``RuntimeBackend.quiet``: nothing to leave
 
 
-def one_process(solve: Callable[[], planner.Plan]) -> planner.Plan:
+def one_process(solve: Callable[[], planner.Plan], key: str = "") -> planner.Plan:
     """The default ``RuntimeBackend.one_plan``: a single process plans for itself."""
     return solve()
 

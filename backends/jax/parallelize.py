@@ -373,9 +373,9 @@ class JaxRuntime:
         pinned.update(named_constraints(names, captured.ir, checked, tuple, tuple(self.mesh.shape.values())))
         return pinned
 
-    def one_plan(self, solve):
+    def one_plan(self, solve, key: str = ""):
         # under jax.distributed, the first process plans for every process (see shared_plan)
-        return one_plan(self.mesh, solve)
+        return one_plan(self.mesh, solve, key)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
         return Parallelized(captured, plan, stats, self.mesh, self.params,

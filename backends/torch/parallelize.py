@@ -193,8 +193,10 @@ class _PlannedRun(torch.fx.Interpreter):
         if not isinstance(value, torch.Tensor):
             return value
         # contiguous, as the example was traced: the graph's views need the strides they
-        # were traced with (a permuted input reshaped is a copy in eager, a view in the graph)
-        return distribute_tensor(value.detach().contiguous(), self.p.mesh,
+        # were traced with (a permuted input reshaped is a copy in eager, a view in the graph);
+        # a copy: across processes distribute_tensor broadcasts rank 0's values into the very
+        # tensor it is given, which was the caller's input or parameter on the other ranks
+        return distribute_tensor(value.detach().clone(memory_format=torch.contiguous_format), self.p.mesh,
                                  to_dtensor_placements(self.p.plan.placement(name)))
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -457,9 +459,9 @@ class TorchRuntime:
     def plan_options(self, captured: Captured) -> dict:
         return {}
 
-    def one_plan(self, solve):
+    def one_plan(self, solve, key: str = ""):
         # one rank plans, every rank of the mesh runs that plan (see shared_plan)
-        return one_plan(self.mesh, solve)
+        return one_plan(self.mesh, solve, key)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
         return Parallelized(captured, plan, stats, mesh, fn if isinstance(fn, torch.nn.Module) else None)

@@ -10,12 +10,14 @@ the mesh's own dimension groups (metaspmd.shared_plan).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from metaspmd import planner
-from metaspmd.shared_plan import outcome_plan, solve_outcome
+from metaspmd.shared_plan import other_graph_error, outcome_plan, solve_outcome
 
 
 def planning_processes(mesh: DeviceMesh) -> bool:
@@ -25,21 +27,36 @@ def planning_processes(mesh: DeviceMesh) -> bool:
             and dist.get_backend() != "fake" and mesh.get_coordinate() is not None)
 
 
-def one_plan(mesh: DeviceMesh, solve: Callable[[], planner.Plan]) -> planner.Plan:
+def one_plan(mesh: DeviceMesh, solve: Callable[[], planner.Plan], key: str = "") -> planner.Plan:
     """``solve()`` on the rank at coordinate (0, ..., 0) of ``mesh``; its plan on every rank
-    of the mesh. Only the mesh's ranks take part (a mesh may be part of a larger world)."""
+    of the mesh. Only the mesh's ranks take part (a mesh may be part of a larger world).
+    ``key``: the graph each rank captured (``shared_plan.graph_key``); where the ranks'
+    differ, every rank raises, before any solve, instead of running another graph's plan
+    (the first collective of two shapes aborted inside gloo)."""
     if not planning_processes(mesh):
         return solve()
+    origin = int(mesh.mesh[(0,) * mesh.ndim])
+    planned_key = _from_origin(mesh, key)
+    differs = torch.tensor([int(planned_key != key)])
+    for d in range(mesh.ndim):  # along every dim in turn: the largest over the whole mesh
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=mesh.get_group(d))
+    if differs.item():
+        raise other_graph_error(planned_key != key, f"rank {origin}")
+    return outcome_plan(_from_origin(mesh, solve_outcome(solve) if not any(mesh.get_coordinate()) else None))
+
+
+def _from_origin(mesh: DeviceMesh, value: Any) -> Any:
+    """The origin rank's ``value`` on every rank of the mesh: dimension by dimension from
+    the origin, so that after dim d every rank whose coordinates past d are all 0 holds it,
+    and each source along d+1 already has it."""
     here = mesh.get_coordinate()
-    box = [solve_outcome(solve) if not any(here) else None]
-    # Dimension by dimension from the origin: after dim d, every rank whose coordinates past
-    # d are all 0 holds the plan, so each source along d+1 already has it.
+    box = [value if not any(here) else None]
     for d in range(mesh.ndim):
         index = list(here)
         index[d] = 0
         src = int(mesh.mesh[tuple(index)])
         dist.broadcast_object_list(box, src=src, group=mesh.get_group(d))
-    return outcome_plan(box[0])
+    return box[0]
 
 
 __all__ = ["one_plan", "planning_processes"]

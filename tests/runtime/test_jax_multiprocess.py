@@ -46,9 +46,14 @@ PROCESS = textwrap.dedent("""
         raised = None
     except Infeasible as e:
         raised = str(e)
-    print(json.dumps({"got": got, "local": local, "solved": solved, "raised": raised}))
+    try:  # process 1 captured another graph: both raise, and neither solves
+        one_plan(mesh, solve, "other" if pid == 1 else "same")
+        other = None
+    except PlannerError as e:
+        other = str(e)
+    print(json.dumps({"got": got, "local": local, "solved": solved, "raised": raised, "other": other}))
     jax.distributed.shutdown()
-""")
+""").replace("from metaspmd.planner import Infeasible", "from metaspmd.planner import Infeasible, PlannerError")
 
 
 def test_the_first_process_plans_and_every_process_gets_its_plan_or_its_error():
@@ -64,6 +69,9 @@ def test_the_first_process_plans_and_every_process_gets_its_plan_or_its_error():
     assert [r["solved"] for r in results] == [[0], []]
     assert [r["local"] for r in results] == [{"local": 0}, {"local": 1}]  # a mesh of one process: its own plan
     assert [r["raised"] for r in results] == ["no plan fits 1 byte"] * 2
+    assert results[0]["other"].startswith("another process captured another graph than the one that plans for all "
+                                          "(process 0)")
+    assert results[1]["other"].startswith("this process captured another graph than")
 
 
 # Two processes capture, explore (cold cache) and compile a GPT block: minutes on two cores.

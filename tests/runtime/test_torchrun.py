@@ -73,9 +73,14 @@ RANK = textwrap.dedent("""
         raised = None
     except Infeasible as e:
         raised = str(e)
-    print(json.dumps({"rank": rank, "got": got, "solved": solved, "raised": raised}))
+    try:  # rank 1 captured another graph: every rank raises, and nobody solves
+        one_plan(mesh, solve, "other" if rank == 1 else "same")
+        other = None
+    except PlannerError as e:
+        other = str(e)
+    print(json.dumps({"rank": rank, "got": got, "solved": solved, "raised": raised, "other": other}))
     dist.destroy_process_group()
-""")
+""").replace("from metaspmd.planner import Infeasible", "from metaspmd.planner import Infeasible, PlannerError")
 
 
 @pytest.mark.slow  # four processes that import torch: about 40 s on two shared cores
@@ -90,3 +95,52 @@ def test_one_rank_plans_and_every_rank_of_a_2x2_mesh_gets_its_plan_or_its_error(
     assert [r["got"] for r in results] == [{"from": 3}] * 4
     assert [r["solved"] for r in results] == [[], [], [], [3]]
     assert [r["raised"] for r in results] == ["no plan fits 1 byte"] * 4
+    here, there = "this process captured another graph than", "another process captured another graph than"
+    assert [r["other"].split(" the one")[0] for r in results] == [there, here, there, there]
+    assert all("(rank 3)" in r["other"] for r in results)
+
+
+# Each rank passes its own values (a per-rank loader): the caller's tensors stay as they
+# were (distribute_tensor broadcast rank 0's values into them); then a rank whose example
+# has another shape makes every rank raise, instead of aborting in gloo at the first op.
+PER_RANK = textwrap.dedent("""
+    import json, sys, tempfile
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from metaspmd.backends.torch.parallelize import parallelize
+    from metaspmd.cache import RuleCache
+    from metaspmd.planner import PlannerError
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    mesh = DeviceMesh("cpu", [0, 1])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    with torch.no_grad():
+        model.weight.add_(rank)
+    x = torch.full((4, 8), float(rank))
+    x_before, w_before = x.clone(), model.weight.detach().clone()
+    p = parallelize(model, mesh, (x,), cache=RuleCache(tempfile.mkdtemp()))
+    p(x)
+    kept = torch.equal(x, x_before) and torch.equal(model.weight, w_before)
+    try:
+        parallelize(model, mesh, (torch.randn(4 + 4 * rank, 8),), cache=RuleCache(tempfile.mkdtemp()))
+        other = None
+    except PlannerError as e:
+        other = str(e)
+    print(json.dumps({"rank": rank, "kept": kept, "other": other}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow  # two processes that import torch and plan: about 20 s
+def test_a_call_leaves_each_ranks_tensors_and_ranks_of_other_shapes_all_raise(tmp_path):
+    ranks = [subprocess.Popen([sys.executable, "-c", PER_RANK, str(r), str(tmp_path / "store")], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    results = []
+    for p in ranks:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["kept"] for r in results] == [True, True]
+    assert results[0]["other"].startswith("another process captured another graph than the one that plans for all")
+    assert results[1]["other"].startswith("this process captured another graph than the one that plans for all")
