@@ -113,23 +113,34 @@ dist.destroy_process_group()
 
 
 @pytest.fixture
-def on_two_gloo_ranks(tmp_path):
-    """``on_two_gloo_ranks(body, registered)``: the dict ``got`` that ``body`` (Python source,
-    run in ``_GLOO_HEAD``'s frame: plain DTensor, or under register()) fills, on each of two
-    gloo ranks."""
+def gloo_ranks(tmp_path):
+    """``gloo_ranks(script, n, *args)``: Python source ``script`` run as ``n`` processes
+    (argv: rank, a file store for gloo, ``args``); each one's last line of output read as
+    JSON, in rank order."""
     import json
-    import textwrap
 
-    def run(body: str, registered: bool) -> list:
-        script = _GLOO_HEAD + textwrap.dedent(body) + _GLOO_TAIL
-        ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), str(int(registered))],
-                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    def run(script: str, n: int, *args: str) -> list:
+        ranks = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "store"), *args],
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(n)]
         found = []
         for p in ranks:
             out, err = p.communicate(timeout=300)
             assert p.returncode == 0, err[-3000:]
             found.append(json.loads(out.strip().splitlines()[-1]))
         return found
+
+    return run
+
+
+@pytest.fixture
+def on_two_gloo_ranks(gloo_ranks):
+    """``on_two_gloo_ranks(body, registered)``: the dict ``got`` that ``body`` (Python source,
+    run in ``_GLOO_HEAD``'s frame: plain DTensor, or under register()) fills, on each of two
+    gloo ranks."""
+    import textwrap
+
+    def run(body: str, registered: bool) -> list:
+        return gloo_ranks(_GLOO_HEAD + textwrap.dedent(body) + _GLOO_TAIL, 2, str(int(registered)))
 
     return run
 

@@ -1,7 +1,6 @@
 """parallelize() across real processes (gloo on the CPU): one rank plans, every rank runs
 that plan, and each checks outputs, gradients and buffers against one device."""
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -84,14 +83,8 @@ RANK = textwrap.dedent("""
 
 
 @pytest.mark.slow  # four processes that import torch: about 40 s on two shared cores
-def test_one_rank_plans_and_every_rank_of_a_2x2_mesh_gets_its_plan_or_its_error(tmp_path):
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "store")], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(4)]
-    results = []
-    for p in ranks:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+def test_one_rank_plans_and_every_rank_of_a_2x2_mesh_gets_its_plan_or_its_error(gloo_ranks):
+    results = gloo_ranks(RANK, 4)
     assert [r["got"] for r in results] == [{"from": 3}] * 4
     assert [r["solved"] for r in results] == [[], [], [], [3]]
     assert [r["raised"] for r in results] == ["no plan fits 1 byte"] * 4
@@ -133,14 +126,8 @@ PER_RANK = textwrap.dedent("""
 
 
 @pytest.mark.slow  # two processes that import torch and plan: about 20 s
-def test_a_call_leaves_each_ranks_tensors_and_ranks_of_other_shapes_all_raise(tmp_path):
-    ranks = [subprocess.Popen([sys.executable, "-c", PER_RANK, str(r), str(tmp_path / "store")], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    results = []
-    for p in ranks:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+def test_a_call_leaves_each_ranks_tensors_and_ranks_of_other_shapes_all_raise(gloo_ranks):
+    results = gloo_ranks(PER_RANK, 2)
     assert [r["kept"] for r in results] == [True, True]
     assert results[0]["other"].startswith("another process captured another graph than the one that plans for all")
     assert results[1]["other"].startswith("this process captured another graph than the one that plans for all")
