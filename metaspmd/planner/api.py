@@ -33,16 +33,18 @@ SOLVER_CHOICES = ("ilp", "beam", "cbc", "highs")
 # plan was the same; benchmarks/HISTORY.md). The cost model's own error is larger than 3%.
 GAP = 0.03
 
-# The part of the time limit 'ilp' gives CBC before HiGHS goes on from its answer. CBC is the
-# quicker on the GPT blocks (within 9 s on 2x2), HiGHS where the LP is large (a 3-axis mesh:
-# 2.9 s against CBC's 31.7 s): a third leaves CBC its own cases and HiGHS most of the limit
-# for the others (benchmarks/HISTORY.md).
-CBC_SHARE = 0.3
+# The part of the time limit 'ilp' gives its first solver before the other goes on from its
+# answer. Under a memory budget CBC goes first: it is the quicker on the GPT blocks (within
+# 9 s on 2x2), HiGHS where the LP is large (a 3-axis mesh: 2.9 s against CBC's 31.7 s), and a
+# third leaves CBC its own cases and HiGHS most of the limit for the others. Without one,
+# HiGHS goes first: on the unbudgeted 2x2 problems of five Hugging Face models it proved
+# the plan in 1.3-3.9 s, CBC in 2.8-24.4 s or not within 30 s (benchmarks/HISTORY.md).
+FIRST_SHARE = 0.3
 
-# CBC's answer at the end of its share is kept, not handed to HiGHS, where it is within this
-# gap of CBC's bound: on budgeted 2x2 problems HiGHS then spent the rest of the limit (up to
-# 35 s) proving the last points, mostly keeping CBC's plan (0.7% cheaper at most;
-# benchmarks/HISTORY.md). A ``gap`` of 0 (a proof asked for) keeps HiGHS going.
+# The first solver's answer at the end of its share is kept, not handed on, where it is
+# within this gap of its bound: on budgeted 2x2 problems HiGHS then spent the rest of the
+# limit (up to 35 s) proving the last points, mostly keeping CBC's plan (0.7% cheaper at most;
+# benchmarks/HISTORY.md). A ``gap`` of 0 (a proof asked for) keeps the second going.
 LATE_GAP = 0.05
 
 
@@ -58,10 +60,10 @@ def solve(
     candidates: Sequence[tuple[Sequence[int], str]] = (),
 ) -> Plan:
     """Plan an already built problem. ``solver``: 'ilp', 'cbc', 'highs' or 'beam'. 'ilp' runs
-    CBC for ``CBC_SHARE`` of the time limit and, where CBC stops short of the gap (and of
-    ``LATE_GAP``) and highspy is installed, HiGHS for the rest from CBC's incumbent: neither
-    dominates (CBC is the quicker on the expert-plan GPT blocks, HiGHS on large LPs;
-    benchmarks/HISTORY.md).
+    one solver for ``FIRST_SHARE`` of the time limit (CBC under a memory budget, HiGHS
+    without) and, where it stops short of the gap (and of ``LATE_GAP``) and highspy is
+    installed, the other for the rest from its incumbent: neither dominates
+    (benchmarks/HISTORY.md).
 
     Beam search runs on the reduced problem (the ILP's warm start) and on the whole graph;
     the plan is the cheapest of those, every node's first choice (replicated, where it fits)
@@ -183,9 +185,10 @@ def _reduced(cp, reductions: Reductions):
 
 def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | None, threads: int,
                started: float, gap: float = GAP) -> Solution | None:
-    """The ILP's answer by the named solver, or for 'ilp' by CBC and then, unless CBC's answer
-    is within ``gap`` (or ``LATE_GAP``) of its bound, HiGHS from CBC's incumbent (or the warm
-    start) in the time left: the cheaper answer, with the tighter of the two bounds."""
+    """The ILP's answer by the named solver, or for 'ilp' by one solver (CBC under a memory
+    budget, HiGHS without) and then, unless its answer is within ``gap`` (or ``LATE_GAP``) of
+    its bound, the other from its incumbent (or the warm start) in the time left: the cheaper
+    answer, with the tighter of the two bounds."""
     start = warm.assignment if warm else None
     if solver != "ilp":
         return solve_ilp(small, time_limit, start, solver, threads, mip_gap=gap, started=started)
@@ -193,13 +196,14 @@ def _solve_ilp(small, solver: str, time_limit: float | None, warm: Solution | No
         import highspy  # noqa: F401 - only whether it is there
     except ImportError:
         return solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started)
-    first = solve_ilp(small, time_limit, start, "cbc", threads, mip_gap=gap, started=started, share=CBC_SHARE)
+    one, other = ("cbc", "highs") if small.memory_budget is not None else ("highs", "cbc")
+    first = solve_ilp(small, time_limit, start, one, threads, mip_gap=gap, started=started, share=FIRST_SHARE)
     if first is not None and first.status in ("optimal", "near-optimal"):
         return first
     late = max(gap, LATE_GAP) if gap > 0 else 0.0
     if first is not None and first.bound is not None and first.cost - first.bound <= late * first.cost:
         return dataclasses.replace(first, status="near-optimal")
-    second = solve_ilp(small, time_limit, first.assignment if first else start, "highs", threads, mip_gap=gap,
+    second = solve_ilp(small, time_limit, first.assignment if first else start, other, threads, mip_gap=gap,
                        started=started)
     answers = [a for a in (first, second) if a is not None]
     if not answers:
@@ -363,4 +367,4 @@ def _amount(n: float) -> str:
     return f"{n:,.0f}" if n >= 1 else f"{n:g}"
 
 
-__all__ = ["CBC_SHARE", "FLAT_SHARE", "GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]
+__all__ = ["FIRST_SHARE", "FLAT_SHARE", "GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

@@ -171,7 +171,7 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
 
     monkeypatch.setattr(api, "solve_ilp", fake)
     got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0)
-    assert [(s, share) for s, share, _ in calls] == [("cbc", api.CBC_SHARE), ("highs", 1.0)]
+    assert [(s, share) for s, share, _ in calls] == [("cbc", api.FIRST_SHARE), ("highs", 1.0)]
     assert calls[1][2] == tuple(worse)  # HiGHS warm-started from CBC's incumbent
     assert got.solver == "highs" and got.status == "optimal"
     assert got.cost == pytest.approx(exact.cost) and got.bound == pytest.approx(exact.cost, rel=1e-6, abs=1e-9)
@@ -179,6 +179,30 @@ def test_ilp_goes_on_with_highs_from_cbcs_incumbent_when_cbc_proves_nothing(make
     calls.clear()
     monkeypatch.setattr(api, "solve_ilp", lambda *a, **k: calls.append(a[3]) or exact)
     assert api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0) is exact and calls == ["cbc"]
+
+
+def test_without_a_budget_highs_goes_first_and_cbc_goes_on(make_problem, monkeypatch):
+    """Unbudgeted 2x2 problems of five Hugging Face models: HiGHS proved the plan in 1.3-3.9 s,
+    CBC in 2.8-24.4 s or not within 30 s; under a budget CBC stays first."""
+    pytest.importorskip("highspy")
+    from metaspmd.planner import api
+    from metaspmd.planner.choice import Solution
+
+    p = make_problem(np.random.default_rng(7), 5, budget=False)
+    assert p.memory_budget is None
+    worse = max(itertools.product(*(range(n.size) for n in p.nodes)), key=p.evaluate)
+    calls = []
+
+    def fake(small, time_limit, start, solver, threads, started, share=1.0, mip_gap=1e-6):
+        calls.append((solver, share))
+        if solver == "highs":
+            return Solution(tuple(worse), p.evaluate(worse), "highs", "feasible", 0.1, 0.0)
+        return solve_ilp(small, time_limit, start, solver, threads, started=started, mip_gap=mip_gap)
+
+    monkeypatch.setattr(api, "solve_ilp", fake)
+    got = api._solve_ilp(p, "ilp", 10.0, None, 1, 0.0)
+    assert calls == [("highs", api.FIRST_SHARE), ("cbc", 1.0)]
+    assert got.solver == "cbc" and got.status == "optimal"
 
 
 @pytest.mark.parametrize("gap,bound_share,handed_on", [
