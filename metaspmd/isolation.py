@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping
 
 from .sweep.failures import clean_reason, describe_exit
-from .sweep.config import WALL_FACTOR
+from .sweep.config import wall_limit
 from .sweep.workers import CPU_POLL_S, cpu_seconds, exit_with_parent
 
 
@@ -56,7 +56,7 @@ class Isolation:
 
     @property
     def wall_limit(self) -> float:
-        return self.wall_timeout if self.wall_timeout is not None else WALL_FACTOR * self.timeout
+        return wall_limit(self.timeout, self.wall_timeout)
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` computed in a child of its own; its value must pickle."""

@@ -20,6 +20,12 @@ DEFAULT_TIMEOUT = 60.0
 WALL_FACTOR = 10.0
 
 
+def wall_limit(timeout: float, wall_timeout: float | None) -> float:
+    """The hang guard in wall seconds of a limit of ``timeout`` CPU seconds: ``wall_timeout``
+    where given, else ``WALL_FACTOR`` times the limit."""
+    return wall_timeout if wall_timeout is not None else WALL_FACTOR * timeout
+
+
 class SweepError(Exception):
     """The sweep cannot run at all (unknown backend, no op matched, backend fails to load)."""
 
@@ -56,7 +62,7 @@ class SweepConfig:
 
     @property
     def wall_limit(self) -> float:
-        return self.wall_timeout if self.wall_timeout is not None else WALL_FACTOR * self.timeout
+        return wall_limit(self.timeout, self.wall_timeout)
 
 
 def unwritable(path: Path, folder: bool) -> str:
