@@ -16,6 +16,7 @@ before jax starts).
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import importlib.util
 import math
@@ -95,6 +96,11 @@ def path_arg(text: str) -> Path:
     name the current folder, and a command would write its files there)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    try:
+        os.stat(text)
+    except OSError as e:  # a missing path is for the command to judge; a name too long is no path
+        if e.errno == errno.ENAMETOOLONG:
+            raise argparse.ArgumentTypeError(f"{text[:40]}... ({len(text)} characters): {e.strerror}") from None
     return Path(text)
 
 
@@ -433,18 +439,19 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             # the repository's tables would become the tables of a registry of your own
             p.error(f"--registry {args.registry} is not the repository's registry: pass --out DIR for its tables")
         args.out = ROOT / "generated"
-    if args.registry is None:
+    default = args.registry is None
+    if default:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
-    elif args.backend == "all":  # a registry of your own ops: the tables of the backends it holds
-        # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
-        found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
-        known = {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
-        strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())
-                        if d.is_dir() and d.name not in known and next(d.glob("*.yaml"), None) is not None)
-        if strays:
-            print(f"error: {', '.join(strays)}: rule files in a folder named after no backend (backends: "
-                  f"{', '.join(sorted(known))})", file=sys.stderr)
-            return 2
+    # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
+    found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
+    known = {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
+    strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())
+                    if d.is_dir() and d.name not in known and next(d.glob("*.yaml"), None) is not None)
+    if strays:
+        print(f"error: {', '.join(strays)}: rule files in a folder named after no backend (backends: "
+              f"{', '.join(sorted(known))})", file=sys.stderr)
+        return 2
+    if not default and args.backend == "all":  # a registry of your own ops: the tables of the backends it holds
         held = [b for b in backends if (args.registry / b).is_dir()]
         others = sorted(d.name for d in (args.registry.iterdir() if args.registry.is_dir() else ()) if d.is_dir())
         if not held and others:  # a tvm registry: codegen makes no table for it
@@ -462,9 +469,12 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 2
     print(f"tables of {args.registry} in {args.out}")  # which ones: `metaspmd` runs the installed checkout's
     texts = {}
+    # a registry of your own as the header names it: seen from the tables' folder, so that
+    # --check does not find a table stale for another spelling of the same --registry
+    source = os.path.relpath(os.path.realpath(args.registry), os.path.realpath(args.out)) if own else "registry"
     for backend in backends:  # every table first: a bad registry leaves generated/ as it was
         try:
-            texts[backend] = generate(args.registry, backend, str(args.registry) if own else "registry")
+            texts[backend] = generate(args.registry, backend, source)
         except RegistryError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -361,6 +361,8 @@ class _Reader:
         for i, (row, rank) in enumerate(zip(shard.inputs, ranks)):
             if len(row) != rank:
                 self.fail(f["shard"], f"input {i} has rank {rank} in the example but {len(row)} shard labels")
+        for fields, layer in zip(tables, layers):
+            self.cut_lengths(fields["shard"], layer.shard, tensors)
         verified = self.verified(f["verified"]) if "verified" in f else None
         notes = tuple(self.string(n, "note") for n in self.sequence(f["notes"], "notes")) if "notes" in f else ()
         reason = self.string(f["reason"], "reason") if "reason" in f else ""
@@ -376,6 +378,20 @@ class _Reader:
             self.output_dims(fields["combine"], layer.combine, results)
         return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
                          independent, first.offset, more)
+
+    def cut_lengths(self, node: yaml.Node, shard: ShardSpec, tensors: Sequence[TensorArg]) -> None:
+        """The dims one label cuts plainly (not in proportion, not re-based) are of one length:
+        the explorer joins no others, and a rule joining others holds nowhere it was verified."""
+        lengths: dict[str, dict[int, tuple[int, int]]] = {}
+        for i, (row, t) in enumerate(zip(shard.inputs, tensors)):
+            for d, cut in enumerate(row):
+                if cut.label is not None and cut.scale == 1 and not cut.extend and not cut.local:
+                    lengths.setdefault(cut.label, {}).setdefault(t.shape[d], (i, d))
+        for label, where in lengths.items():
+            if len(where) > 1:
+                (n, (i, d)), (m, (j, e)) = sorted(where.items())[:2]
+                self.fail(node, f"{label} cuts dims of different lengths in the example: input {i} dim {d} of "
+                                f"{n}, input {j} dim {e} of {m} (a label's plain cuts are of one length)")
 
     def layer(self, f: dict[str, yaml.Node], before: Sequence[Layer] = ()) -> Layer:
         """One layer of tables (``shard``, ``partial``, ``offset``, ``combine``); a further one
@@ -702,12 +718,23 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     """Every record of one backend, by op name. Raises RegistryError on the first bad file,
     and when ``root`` is not a registry root holding a ``backend`` folder."""
     folder = check_registry_root(root, backend) / backend
-    refuse_misnamed(str(p) for p in folder.iterdir())
+    check_backend_folder(folder)
     records = {}
     for path in sorted(folder.glob("*.yaml")):
         record = load_op_file(path, backend)
         records[record.op] = record
     return records
+
+
+def check_backend_folder(folder: Path) -> None:
+    """RegistryError for what every command would pass over unsaid in a backend folder, which
+    they read as ``<op>.yaml`` files only: a misnamed rule file, rule files in a subfolder."""
+    entries = list(folder.iterdir())
+    refuse_misnamed(str(p) for p in entries)
+    nested = sorted(str(p) for p in entries if p.is_dir() and next(p.rglob("*.y*ml"), None) is not None)
+    if nested:
+        raise RegistryError(f"{nested[0]}: rule files in a subfolder of {folder}; rule files lie in the backend "
+                            f"folder itself (<backend>/<op>.yaml): move them up, or out of the registry")
 
 
 def refuse_misnamed(names: Iterable[str]) -> None:

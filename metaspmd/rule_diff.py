@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .registry_io import (
-    RegistryError, check_registry_root, load_record, load_registry, loads_record, read_file, refuse_misnamed,
+    RegistryError, check_backend_folder, check_registry_root, load_record, load_registry, loads_record, read_file, refuse_misnamed,
 )
 from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (
@@ -31,11 +31,19 @@ from .spec import (
 Registry = dict[tuple[str, str], OpRecord]  # (backend, op) -> record
 
 
+def _is_folder(where: str) -> bool:
+    """``where`` names a folder; a name no path can have (too long) is taken for a revision,
+    which git then refuses by name."""
+    try:
+        return Path(where).is_dir()
+    except OSError:
+        return False
+
+
 def load_side(where: str, repo: Path | None = None, subdir: str = "registry") -> Registry:
     """A whole registry from a folder, or from a git revision of ``repo``."""
-    path = Path(where)
-    if path.is_dir():
-        return _from_folder(path)
+    if _is_folder(where):
+        return _from_folder(Path(where))
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
     git.check_registry(where, rev, subdir)
@@ -51,11 +59,11 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     for name, where in (("base", base), ("head", head)):
         if not where.strip():  # Path('') is the current folder
             raise ValueError(f"{name} {where!r} is empty: expected a git revision or a registry folder")
-    if Path(base).is_dir() and Path(head).is_dir():
+    if _is_folder(base) and _is_folder(head):
         return _changed_folders(Path(base), Path(head))
-    if Path(base).is_dir() or Path(head).is_dir():
+    if _is_folder(base) or _is_folder(head):
         # the revision first: it is checked in a fraction of a second, the folder read in seconds
-        sides = {w: load_side(w, repo, subdir) for w in sorted((base, head), key=lambda w: Path(w).is_dir())}
+        sides = {w: load_side(w, repo, subdir) for w in sorted((base, head), key=_is_folder)}
         return sides[base], sides[head]
     git = _Git(repo or Path.cwd())
     old, new = git.commit(base), git.commit(head)
@@ -119,7 +127,7 @@ def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
         backends = _check_root(root)
         for d in root.iterdir():
             if d.is_dir():
-                refuse_misnamed(str(p) for p in d.iterdir())
+                check_backend_folder(d)
         return {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
 
     old, new = files(base), files(head)
@@ -167,6 +175,9 @@ class _Git:
         """The files ``names`` of ``rev`` that exist there, read by one ``git cat-file``."""
         if not names:
             return {}
+        odd = next((n for n in names if "\n" in n or "\r" in n), None)
+        if odd is not None:  # cat-file reads one name a line: the file would be skipped unsaid
+            raise RegistryError(f"{rev}:{odd!r}: a file name holding a line break (no op is named so): rename or remove it")
         query = "".join(f"{rev}:{n}\n" for n in names).encode("utf-8", "surrogateescape")
         data = self.run("cat-file", "--batch", stdin=query)
         out, pos = {}, 0

@@ -201,6 +201,9 @@ def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> s
         tokens: list[tuple[str, str]] = []
         if sep == ":":
             _sig_value(value, 0, tokens)
+        elif value and not _example_tensors(v) and not _lossy(v) and value not in (_plain_token(v, True),
+                                                                                   _plain_token(v, False)):
+            return f"argument {name!r} is {value} in the signature, {v!r} in the example"
         tensors = _example_tensors(v)
         if len(tokens) != len(tensors):
             return f"argument {name!r} holds {len(tokens)} tensors in the signature, {len(tensors)} in the example"
@@ -215,6 +218,44 @@ def example_disagreement(sig: str, example_args: Sequence[tuple[str, Any]]) -> s
             if (kind == "b") != (t.dtype == "bool") or expected is not None and kind != expected:
                 return f"argument {name!r} is of kind {kind!r} in the signature but {t.dtype} in the example"
     return None
+
+
+def _lossy(v: Any) -> bool:
+    """An example's value that no longer says what the signature wrote: a dict the call had
+    is its ``str`` there, which ``value_token`` writes otherwise."""
+    if isinstance(v, str):
+        return v.startswith("{")
+    return isinstance(v, (list, tuple)) and any(_lossy(x) for x in v)
+
+
+class _Word:
+    """An example's string that stands for an object (a dtype written ``torch.float32``),
+    which ``value_token`` writes by its ``str`` form."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class _NoTensors:
+    """The tensor ops ``value_token`` asks of a value without tensors."""
+
+    @staticmethod
+    def is_tensor(x: Any) -> bool:
+        return False
+
+
+def _plain_token(v: Any, quoted: bool) -> str:
+    """``value_token`` of an example's value without tensors; ``quoted``: its strings are
+    strings (written as their repr), else the ``str`` of objects the example holds as text."""
+    def words(x: Any) -> Any:
+        if isinstance(x, str):  # any object the call had is text in its example (np.float32(0.5): '0.5')
+            return x if quoted else _Word(x)
+        return [words(y) for y in x] if isinstance(x, (list, tuple)) else x
+
+    return value_token(_NoTensors(), words(v))  # type: ignore[arg-type]
 
 
 def _kind_of_name(dtype: Any) -> str | None:

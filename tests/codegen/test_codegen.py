@@ -112,9 +112,9 @@ def test_crafted_signature_cannot_inject_code(tmp_path):
     write(tmp_path, "torch", "aten.mm.default", sig=evil.replace("\\n", " "))
     with pytest.raises(RegistryError, match="malformed signature"):  # no signature looks like that
         generate(tmp_path, "torch")
-    # one that does: a string argument holding quotes, braces and a newline's escape
-    value = "'x\\\": 1}}\\nimport os; os.system(\\\"echo pwned\\\")\\n#'"
-    crafted = f"self:f[*,*] mat2:f[*,*] equation={value}"
+    # one that does: a string argument holding quotes, braces and a newline
+    value = 'x": 1}}\nimport os; os.system("echo pwned")\n#'
+    crafted = f"self:f[*,*] mat2:f[*,*] equation={value!r}"
     path = write(tmp_path, "torch", "aten.mm.default", sig=json.dumps(crafted))  # a YAML double-quoted scalar
     path.write_text(path.read_text().replace("  results:", f"    equation: {json.dumps(value)}\n  results:"))
     text = generate(tmp_path, "torch")
