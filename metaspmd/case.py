@@ -106,11 +106,16 @@ class Sizes:
     those sizes, hold for those sizes only. ``trusts_shapes``: the kernel sizes one input by
     another without checking (backward kernels), so a call with equal lengths made unequal
     is outside its contract: the explorer's lengthened trials keep them equal.
+    ``stand_in_for``: the case of the call this one stands in for at smaller sizes (live
+    exploration's shrunk call), where the rules found here are checked too: at the call's
+    own sizes, a position it names (``tril``'s ``diagonal=8``) or a kernel that branches on a
+    size may make it another op (``metaspmd.resolve.explore_call``).
     """
 
     widen: bool = False
     exact_sizes: Mapping[str, slice] = field(default_factory=dict)
     trusts_shapes: bool = False
+    stand_in_for: Any = None  # OpCase | None
 
 
 # The flat keywords OpCase takes and reads back, by the sub-record that holds each, and its
@@ -121,7 +126,7 @@ _FLAT = {
     **{name: ("local", name) for name in ("localize", "padding")},
     **{name: ("randomness", name) for name in ("deterministic", "random", "value_free", "shared_dims")},
     "special": ("specials", "special"), "special_always": ("specials", "always"),
-    **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes")},
+    **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes", "stand_in_for")},
 }
 
 
@@ -209,6 +214,7 @@ class OpCase:
     widen = _flat("sizes", "widen")
     exact_sizes = _flat("sizes", "exact_sizes")
     trusts_shapes = _flat("sizes", "trusts_shapes")
+    stand_in_for = _flat("sizes", "stand_in_for")
 
     def positions_in_range(self, leaves: list) -> list:
         """The tensor leaves as an offset marked drop starts from them."""

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .cache import RuleCache
 from .case import OpCase
-from .explorer import ExploreConfig, explore_case, failed_entry
+from .explorer import ExploreConfig, explore_case, failed_entry, holds_at_call
 from .ir import MetaIR, MetaOp
 from .isolation import ChildFailed, ForkServer, Isolation
 from .rules import RuleEntry
@@ -82,8 +82,18 @@ NEIGHBOUR_NOTE = "the table's rules of a signature with other non-tensor argumen
 def explore_call(call: NodeCall, ops: TensorOps) -> RuleEntry:
     """A missed call's verified rules: its neighbours' where every one holds here (the
     same structure), else explored from scratch. A view-like op's case brings candidates
-    of its own, derived from its sizes: those stand."""
+    of its own, derived from its sizes: those stand. A case that stands in for the call at
+    smaller sizes keeps its rules where each also holds at the call's own; where one does
+    not, the stand-in was another op there, and the call is explored at its own sizes."""
     case = call.case()
+    entry = _explored(call, case, ops)
+    real = case.stand_in_for
+    if real is not None and not holds_at_call(real, ops, [(s.inputs, s.outputs) for s in entry.strategies()]):
+        return _explored(call, real, ops)
+    return entry
+
+
+def _explored(call: NodeCall, case: OpCase, ops: TensorOps) -> RuleEntry:
     candidates = call.neighbours() if call.neighbours is not None and case.candidates is None else ()
     if candidates:
         seeded = dataclasses.replace(case, candidates=candidates, candidates_derived=False,

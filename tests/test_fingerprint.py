@@ -56,3 +56,18 @@ def test_the_fingerprint_is_the_same_in_another_process(tmp_path):
     runs = {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(1, 5)}
     assert len(runs) == 1 and len(runs.pop().strip()) == 24
+
+
+def test_a_table_the_op_reads_counts_by_its_contents_and_an_object_leaves_no_fingerprint():
+    """A dict read by name was hashed by its type: a process with another config read
+    back the rules explored for the first one."""
+    def op_reading(config):
+        namespace = {"CFG": config}
+        exec("def op(x):\n    return x - x.mean(CFG['dim'])", namespace)
+        return code_fingerprint([namespace["op"]])
+
+    assert op_reading({"dim": 0}) != op_reading({"dim": 1})
+    assert op_reading({"dim": 0, "k": [1, {2, 3}]}) == op_reading({"k": [1, {3, 2}], "dim": 0})
+    assert op_reading(object()) is None  # its state is not read: cached in memory only
+    assert op_reading({"dim": object()}) is None
+    assert op_reading(functools) is not None and op_reading(os.sep) is not None  # a module, a str

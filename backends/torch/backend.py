@@ -505,7 +505,7 @@ def _planted(fresh: Callable[[int], tuple] | None, names: tuple[str, ...],
 
 
 def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
-               fresh: Callable[[int], tuple] | None = None) -> OpCase:
+               fresh: Callable[[int], tuple] | None = None, stand_in_for: OpCase | None = None) -> OpCase:
     """The case the explorer works on for one call of an ATen overload: view-like ops get
     their shape-derived candidates, kernels that trust matching shapes refuse inconsistent
     shards, outputs constant on random data get special-value trials, and ops whose values
@@ -572,6 +572,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
         random=random, value_free=value_free, shared_dims=shared_dims, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
+        stand_in_for=stand_in_for,
     )
 
 

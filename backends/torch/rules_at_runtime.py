@@ -76,21 +76,46 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     The small tensors are taken only where the call keeps its signature on them: where it
     pins sizes (a view's ``size=[-1, 8]`` beside its input's), they would make another
     call, whose rules need not hold for this one, filed under another signature."""
-    a, k = tuple(args), dict(kwargs)
-    own = _float64((a, k))
-    shrunk = _float64(_shrunk((a, k)))
-    same = call_signature(fn, *shrunk) == call_signature(fn, *own)
-    for candidate in (shrunk, own) if same else (own,):
+    call = (tuple(args), dict(kwargs))
+    own = _float64(call)
+    small = _shrunk(call)
+    shrunk = _float64(small) if small is not call else None
+    a, k = own
+    for candidate in (shrunk, own) if shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) else (own,):
         try:
             _run(probe, _runner(fn, candidate[1]), *candidate)
         except Exception:  # shapes baked into the arguments, no float64 kernel, a crash in a child
             continue
         a, k = candidate
         break
+    if shrunk is not None and a is shrunk[0]:  # no masks to vary: shrunk calls hold float tensors only
+        # checked at the call's own sizes too, where a position it names may make it another op
+        check = _shapes(shrunk) != _shapes(own) and _may_read_sizes(fn)
+        return torch_case(fn, a, k, _runner(fn, k),
+                          stand_in_for=torch_case(fn, *own, _runner(fn, own[1])) if check else None)
     # a mask of one value takes one branch only: rules verified there need not hold for
     # the other (masked_fill's Partial self where the mask is False everywhere)
     a, k = with_varied_masks(fn, a, k, probe)
     return torch_case(fn, a, k, _runner(fn, k))
+
+
+# Integer arguments of torch's ops that name dims or kinds, not positions or sizes: a
+# stand-in of the same ranks reads them as the call does.
+_NOT_POSITIONS = ("dim", "dtype", "layout", "memory_format", "reduction")
+
+
+def _may_read_sizes(fn: torch._ops.OpOverload) -> bool:
+    """Can the op compute otherwise on a smaller stand-in of a call than on the call?
+    Where it takes an integer that may be a position or a size (tril's diagonal, roll's
+    shifts, topk's k); a user's op always, since its kernel may branch on a size."""
+    if fn.namespace not in catalog.TORCH_NAMESPACES:
+        return True
+    return any("int" in str(a.type).lower() and "tensor" not in str(a.type).lower()
+               and not any(word in a.name for word in _NOT_POSITIONS) for a in fn._schema.arguments)
+
+
+def _shapes(tree) -> list:
+    return [tuple(x.shape) for x in torch.utils._pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
 def _runner(fn: torch._ops.OpOverload, kwargs: dict) -> Callable:
@@ -144,7 +169,7 @@ def implementation(fn: torch._ops.OpOverload) -> str | None:
     if definition is None:
         return None
     kernels = [definition._init_fn, *definition._backend_fns.values()]
-    return code_fingerprint(k for k in kernels if k is not None)
+    return code_fingerprint((k for k in kernels if k is not None), frameworks=("torch",))
 
 
 def node_call(captured: Captured, node: MetaOp) -> NodeCall:

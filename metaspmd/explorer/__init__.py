@@ -34,6 +34,7 @@ they share.
 """
 
 from .common import SPECIAL_TRIALS, ExploreConfig
-from .core import explore_case, explore_op, failed_entry, holds_at_other_sizes
+from .core import explore_case, explore_op, failed_entry, holds_at_call, holds_at_other_sizes
 
-__all__ = ["SPECIAL_TRIALS", "ExploreConfig", "explore_case", "explore_op", "failed_entry", "holds_at_other_sizes"]
+__all__ = ["SPECIAL_TRIALS", "ExploreConfig", "explore_case", "explore_op", "failed_entry", "holds_at_call",
+           "holds_at_other_sizes"]

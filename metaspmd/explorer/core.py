@@ -22,7 +22,7 @@ from ..tensor_ops import TensorOps
 from .baseline import Baseline, Verdict, draw_baseline
 from .common import (
     EXPLORE_SPLIT, TRIAL_SPLITS, UNINFORMATIVE, Context, ExploreConfig, Memo, Trial, cuts_a_dim, error_text,
-    example_of, fit_partial, group_of, halo_gathers_only, no_strategy, refusal_key,
+    even_gather, example_of, fit_partial, group_of, halo_gathers_only, no_strategy, refusal_key,
 )
 from .groups import Groups
 from .independence import IndependentParts
@@ -290,6 +290,36 @@ def holds_at_other_sizes(case: OpCase, ops: TensorOps, placements: Sequence[Inpu
     outs = [OutputCombine.of([c]) for c in combines]
     held = ex._cuts_on_other_sizes(group, outs) if group.dims else ex._partials_on_other_sizes(group, outs)
     return held is not None
+
+
+# The trials and cuts a stand-in's rules are checked on at the call's own sizes: its own
+# values cut in two and in three (unequal where the sizes allow), fresh data skewed and in four.
+AT_CALL_SPLITS = ((0, TRIAL_SPLITS[0]), (0, TRIAL_SPLITS[1]), (1, TRIAL_SPLITS[2]), (1, TRIAL_SPLITS[3]))
+
+
+def holds_at_call(case: OpCase, ops: TensorOps, strategies: Sequence[Strategy], seed: int = 0) -> bool:
+    """Do ``strategies`` ((input placements, output combines) pairs), verified on a stand-in
+    of the call at smaller sizes, also hold at the call itself (``case``)? A refutation only,
+    on AT_CALL_SPLITS: every output combine each strategy claims must rebuild the output on
+    every one of them that tells shards apart (an even gather on the even ones)."""
+    context = Context.of(case, ops, ExploreConfig(), seed)
+    runner = Trials(context)
+    first = runner._trial(tuple(case.args), dict(case.kwargs))
+    trials = [first, runner._fresh_trial(1, first)]
+    explorer = Explorer(context, trials)
+    for placements, outputs in strategies:
+        group = group_of(placements)
+        claimed = [list(o.options) for o in outputs]
+        evenly = any(even_gather(c) for opts in claimed for c in opts)
+        for k, split in AT_CALL_SPLITS:
+            if group.dims:
+                split = explorer._fitting(group, trials[k], split)
+            if evenly and not explorer._is_even(group, split, trials[k]):
+                continue
+            held = explorer._valid_combines(group, trials[k], split, claimed)
+            if held is None or held is not UNINFORMATIVE and any(set(h) != set(c) for h, c in zip(held, claimed)):
+                return False
+    return True
 
 
 def failed_entry(case: OpCase, ops: TensorOps, reason: str) -> RuleEntry:

@@ -1,0 +1,59 @@
+"""A torch call the table misses is explored on small stand-in tensors of its signature,
+and its rules are kept only where they also hold at the call's own sizes: a position the
+call names (tril's diagonal) or a kernel that branches on a size can make the stand-in
+another op, whose rules are wrong for the call."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from metaspmd.backends.torch.rules_at_runtime import call_of
+from metaspmd.backends.torch.tensor_ops import TorchOps
+from metaspmd.explorer import explore_case
+from metaspmd.resolve import explore_call
+from metaspmd.spec import ShardIn
+
+aten = torch.ops.aten
+OPS = TorchOps()
+
+
+def cut_dims(entry) -> set[int]:
+    return {p.dim for s in entry.all_strategies() for p in s.inputs if isinstance(p, ShardIn)}
+
+
+def test_a_diagonal_past_the_stand_ins_sizes_keeps_no_cut():
+    """At 8x6, tril(8) keeps every element: a cut of either dim held there. At 32x16 each
+    shard would mask with its own row and column numbers."""
+    call = call_of(aten.tril.default, (torch.randn(32, 16), 8), {})
+    stand_in = call.case()
+    assert stand_in.stand_in_for is not None and tuple(stand_in.args[0].shape) == (8, 6)
+    assert cut_dims(explore_case(stand_in, OPS)) == {0, 1}  # what the stand-in alone claims
+    entry = explore_call(call, OPS)
+    assert cut_dims(entry) == set() and entry.example.args[0][1].shape == (32, 16)
+
+
+def test_a_call_whose_rules_hold_at_its_sizes_keeps_the_stand_ins():
+    x = torch.randn(12, 32, 16)
+    entry = explore_call(call_of(aten.cumsum.default, (x, 1), {}), OPS)
+    assert entry.example.args[0][1].shape == (6, 10, 8)  # explored on the stand-in alone
+    assert cut_dims(entry) >= {0, 2}
+
+
+@torch.library.custom_op("metaspmd_test::centred_when_long", mutates_args=())
+def centred_when_long(x: torch.Tensor) -> torch.Tensor:
+    # a kernel choosing its math by length: long inputs are centred over their rows
+    return x - x.mean(0, keepdim=True) if x.shape[0] > 16 else x * 2
+
+
+@centred_when_long.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_kernel_that_branches_on_a_size_is_explored_at_the_calls_own():
+    x = torch.randn(32, 16)
+    call = call_of(torch.ops.metaspmd_test.centred_when_long.default, (x,), {})
+    assert call.case().stand_in_for is not None
+    entry = explore_call(call, OPS)
+    assert cut_dims(entry) == {1}  # the columns, centred each on its own; not the rows
+    assert entry.example.args[0][1].shape == (32, 16)
