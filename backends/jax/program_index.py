@@ -142,7 +142,7 @@ def build() -> tuple[dict[str, tuple[Location, ...]], dict[str, tuple[Occurrence
             occ = Occurrence(i, path, eqn.primitive.name, eqn.primitive, dict(eqn.params),
                              tuple(v.aval for v in eqn.invars))
             found.setdefault(occ.primitive, []).append(occ)
-    where = {k: tuple((ps[o.program].name, o.path) for o in v) for k, v in found.items()}
+    where = {k: tuple(sorted((ps[o.program].name, o.path) for o in v)) for k, v in found.items()}
     return where, {k: tuple(v) for k, v in found.items()}
 
 
@@ -151,9 +151,12 @@ def write(path: Path, where: Mapping[str, tuple[Location, ...]]) -> None:
     path = Path(path)
     names = sorted(p.name for p in programs.programs())
     number = {name: k for k, name in enumerate(names)}
-    # a program by its number in the sorted names: a tenth of the size of naming it each time
+    # a program by its number in the sorted names: a tenth of the size of naming it each time;
+    # sorted, as build's are, since the programs' order follows the building process's
+    # string hashes: two builds give the same bytes
     body = {"format": FORMAT_VERSION, "jax": jax.__version__, "x64": bool(jax.config.jax_enable_x64),
-            "programs": names, "where": {k: [[number[name], *p] for name, p in v] for k, v in sorted(where.items())}}
+            "programs": names,
+            "where": {k: sorted([number[name], *p] for name, p in v) for k, v in sorted(where.items())}}
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     tmp.write_bytes(gzip.compress(json.dumps(body, separators=(",", ":")).encode(), mtime=0))
     os.replace(tmp, path)
@@ -169,7 +172,9 @@ def read(path: Path) -> dict[str, tuple[Location, ...]]:
         names = body["programs"]
         if names != sorted(p.name for p in programs.programs()):
             raise StaleIndex(f"{path}: written for other programs")
-        return {str(k): tuple((names[e[0]], tuple(int(d) for d in e[1:])) for e in v) for k, v in body["where"].items()}
+        # sorted as build's are (a file written before they were lists them in another order)
+        return {str(k): tuple(sorted((names[e[0]], tuple(int(d) for d in e[1:])) for e in v))
+                for k, v in body["where"].items()}
     except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, IndexError) as e:
         raise StaleIndex(f"{path}: {type(e).__name__}: {e}") from e
 
