@@ -120,8 +120,11 @@ class ForkServer:
     def __enter__(self) -> "ForkServer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self._child is not None:
+            self._stop()  # Ctrl-C or an error mid-task: the child may be busy, not waiting to be told
+        else:
+            self.close()
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("fork")

@@ -68,6 +68,24 @@ def test_a_task_slowed_past_its_limit_in_wall_time_but_not_in_cpu_time_finishes(
     assert Isolation(timeout=0.5, wall_timeout=30.0).run(slowed) == "done"
 
 
+def test_an_interrupted_task_stops_its_child_at_once():
+    """Ctrl-C during live exploration waited 5 s for the busy child to take its stop."""
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    start = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            with ForkServer({"sleep": lambda: time.sleep(30)}, Isolation(timeout=60.0)) as server:
+                server.run("sleep")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.perf_counter() - start < 3
+
+
 def _add_same_shapes(x, y):
     # like a kernel that trusts its shapes: a shard of one input alone crashes the process
     if x.shape != y.shape:
