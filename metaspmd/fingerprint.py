@@ -41,37 +41,37 @@ def code_fingerprint(fns: Iterable[Callable[..., Any]], frameworks: Iterable[str
     keyed by its version already: counted by name, and by the functions their closures
     hold (a kernel the framework wraps), not by what else they read."""
     digest = hashlib.sha256()
-    seen = _Walk(tuple(frameworks))
+    walk = _Walk(tuple(frameworks))
     for fn in fns:
-        if not _add_callable(digest, fn, seen, 0):
+        if not _add_callable(digest, fn, walk, 0):
             return None
     return digest.hexdigest()[:24]
 
 
-def _add_callable(digest: Any, fn: Any, seen: _Walk, depth: int) -> bool:
+def _add_callable(digest: Any, fn: Any, walk: _Walk, depth: int) -> bool:
     if isinstance(fn, functools.partial):
-        readable = _add_value(digest, fn.args, seen, depth) & _add_value(digest, fn.keywords, seen, depth)
-        return _add_callable(digest, fn.func, seen, depth) and readable
+        readable = _add_value(digest, fn.args, walk, depth) & _add_value(digest, fn.keywords, walk, depth)
+        return _add_callable(digest, fn.func, walk, depth) and readable
     if isinstance(fn, (staticmethod, classmethod)):
         fn = fn.__func__
     if not isinstance(fn, types.FunctionType):
         return False
     digest.update(f"<{fn.__module__}.{fn.__qualname__}>".encode())
-    if id(fn) in seen.ids or depth > _MAX_DEPTH:
+    if id(fn) in walk.ids or depth > _MAX_DEPTH:
         return True
-    seen.ids.add(id(fn))
-    if str(fn.__module__).partition(".")[0] in seen.frameworks:
-        return all(_add_callable(digest, c, seen, depth + 1) for c in _cells(fn)
+    walk.ids.add(id(fn))
+    if str(fn.__module__).partition(".")[0] in walk.frameworks:
+        return all(_add_callable(digest, c, walk, depth + 1) for c in _cells(fn)
                    if isinstance(c, (types.FunctionType, functools.partial)))
     names = _add_code(digest, fn.__code__)
-    readable = _add_value(digest, fn.__defaults__, seen, depth)
-    readable &= _add_value(digest, fn.__kwdefaults__ or {}, seen, depth)
+    readable = _add_value(digest, fn.__defaults__, walk, depth)
+    readable &= _add_value(digest, fn.__kwdefaults__ or {}, walk, depth)
     for value in _cells(fn):
-        readable &= _add_value(digest, value, seen, depth)
+        readable &= _add_value(digest, value, walk, depth)
     for name in sorted(names):  # what the code reads from its module by name
         if name in fn.__globals__:
             digest.update(name.encode())
-            readable &= _add_value(digest, fn.__globals__[name], seen, depth)
+            readable &= _add_value(digest, fn.__globals__[name], walk, depth)
     return readable
 
 
@@ -101,7 +101,7 @@ def _add_code(digest: Any, code: types.CodeType) -> set[str]:
     return names
 
 
-def _add_value(digest: Any, value: Any, seen: _Walk, depth: int) -> bool:
+def _add_value(digest: Any, value: Any, walk: _Walk, depth: int) -> bool:
     """A default, closure or global value: plain values by repr, containers by what they
     hold, functions by their code, modules, classes and named constants (a dtype, an enum
     member) by name. False for anything else (a tensor, a config object): its state may
@@ -110,7 +110,7 @@ def _add_value(digest: Any, value: Any, seen: _Walk, depth: int) -> bool:
         digest.update(repr(value).encode())
         return True
     if isinstance(value, (types.FunctionType, functools.partial)):
-        return _add_callable(digest, value, seen, depth + 1)
+        return _add_callable(digest, value, walk, depth + 1)
     if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
         digest.update(f"<{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value.__name__)}>".encode())
         return True
@@ -122,12 +122,12 @@ def _add_value(digest: Any, value: Any, seen: _Walk, depth: int) -> bool:
     if isinstance(value, dict):
         items = sorted(value.items(), key=lambda kv: repr(kv[0]))
         digest.update(f"<dict {len(items)}>".encode())
-        return all(_add_value(digest, k, seen, depth + 1) and _add_value(digest, v, seen, depth + 1) for k, v in items)
+        return all(_add_value(digest, k, walk, depth + 1) and _add_value(digest, v, walk, depth + 1) for k, v in items)
     if isinstance(value, (tuple, list, set, frozenset)):
         # a set's order follows the salted string hashes
         items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
         digest.update(f"<{type(value).__name__} {len(items)}>".encode())
-        return all(_add_value(digest, v, seen, depth + 1) for v in items)
+        return all(_add_value(digest, v, walk, depth + 1) for v in items)
     return False
 
 
