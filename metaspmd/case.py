@@ -108,8 +108,8 @@ class Sizes:
     is outside its contract: the explorer's lengthened trials keep them equal.
     ``stand_in_for``: the case of the call this one stands in for at smaller sizes (live
     exploration's shrunk call), where the rules found here are checked too: at the call's
-    own sizes, a position it names (``tril``'s ``diagonal=8``) or a kernel that branches on a
-    size may make it another op (``metaspmd.resolve.explore_call``).
+    own sizes, a position it names (``tril``'s ``diagonal=8``) may make it another op
+    (``metaspmd.resolve.explore_call``).
     """
 
     widen: bool = False

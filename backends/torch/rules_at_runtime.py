@@ -73,15 +73,20 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     its out= tensors are allocated afresh, of the call's dtypes; written in place, every
     shard's run would share one out= tensor, and its outputs all equal the last one's.
 
-    The small tensors are taken only where the call keeps its signature on them: where it
-    pins sizes (a view's ``size=[-1, 8]`` beside its input's), they would make another
-    call, whose rules need not hold for this one, filed under another signature."""
+    The small tensors are taken only where the call keeps its signature and its number of
+    outputs on them: where it pins sizes (a view's ``size=[-1, 8]`` beside its input's) or
+    splits into pieces of a size, they would make another call, whose rules need not hold
+    for this one. Where torch's op takes a position, the rules they give are checked at the
+    call's own sizes too (``OpCase.stand_in_for``); a user's op is never shrunk."""
     call = (tuple(args), dict(kwargs))
     own = _float64(call)
-    small = _shrunk(call)
+    # a user's kernel may branch on any size (a fast path for short inputs, blocks of 8 rows):
+    # its calls are explored at their own sizes
+    small = _shrunk(call) if fn.namespace in catalog.TORCH_NAMESPACES else call
     shrunk = _float64(small) if small is not call else None
     a, k = own
-    for candidate in (shrunk, own) if shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) else (own,):
+    alike = shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) and _outputs_alike(fn, shrunk, own)
+    for candidate in (shrunk, own) if alike else (own,):
         try:
             _run(probe, _runner(fn, candidate[1]), *candidate)
         except Exception:  # shapes baked into the arguments, no float64 kernel, a crash in a child
@@ -90,7 +95,7 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
         break
     if shrunk is not None and a is shrunk[0]:  # no masks to vary: shrunk calls hold float tensors only
         # checked at the call's own sizes too, where a position it names may make it another op
-        check = _shapes(shrunk) != _shapes(own) and _may_read_sizes(fn)
+        check = _shapes(shrunk) != _shapes(own) and _reads_positions(fn)
         return torch_case(fn, a, k, _runner(fn, k),
                           stand_in_for=torch_case(fn, *own, _runner(fn, own[1])) if check else None)
     # a mask of one value takes one branch only: rules verified there need not hold for
@@ -104,14 +109,28 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
 _NOT_POSITIONS = ("dim", "dtype", "layout", "memory_format", "reduction")
 
 
-def _may_read_sizes(fn: torch._ops.OpOverload) -> bool:
-    """Can the op compute otherwise on a smaller stand-in of a call than on the call?
+def _reads_positions(fn: torch._ops.OpOverload) -> bool:
+    """Can torch's op compute otherwise on a smaller stand-in of a call than on the call?
     Where it takes an integer that may be a position or a size (tril's diagonal, roll's
-    shifts, topk's k); a user's op always, since its kernel may branch on a size."""
-    if fn.namespace not in catalog.TORCH_NAMESPACES:
-        return True
+    shifts, topk's k)."""
     return any("int" in str(a.type).lower() and "tensor" not in str(a.type).lower()
                and not any(word in a.name for word in _NOT_POSITIONS) for a in fn._schema.arguments)
+
+
+def _outputs_alike(fn: torch._ops.OpOverload, shrunk: tuple, own: tuple) -> bool:
+    """Does the stand-in give as many outputs as the call (``split(x, 7)`` of 30 rows gives
+    5, of 8 rows 2)? Asked of meta tensors; an op without a meta kernel is taken to."""
+    def count(call: tuple) -> int:
+        def meta(x):
+            return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+
+        a, k = torch.utils._pytree.tree_map(meta, call)
+        return len(torch.utils._pytree.tree_leaves(fn(*a, **k)))
+
+    try:
+        return count(shrunk) == count(own)
+    except Exception:  # no meta kernel, an out= call refusing meta outs
+        return True
 
 
 def _shapes(tree) -> list:

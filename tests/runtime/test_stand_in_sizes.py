@@ -50,10 +50,35 @@ def _(x):
     return torch.empty_like(x)
 
 
-def test_a_kernel_that_branches_on_a_size_is_explored_at_the_calls_own():
-    x = torch.randn(32, 16)
-    call = call_of(torch.ops.metaspmd_test.centred_when_long.default, (x,), {})
-    assert call.case().stand_in_for is not None
-    entry = explore_call(call, OPS)
-    assert cut_dims(entry) == {1}  # the columns, centred each on its own; not the rows
-    assert entry.example.args[0][1].shape == (32, 16)
+@torch.library.custom_op("metaspmd_test::block_centred", mutates_args=())
+def block_centred(x: torch.Tensor) -> torch.Tensor:
+    # a fast path for short inputs; longer ones centred in aligned blocks of 8 rows
+    if x.shape[0] <= 16:
+        return x * 2
+    blocks = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[0] % 8)).view(-1, 8, x.shape[1])
+    return (blocks - blocks.mean(1, keepdim=True)).view(-1, x.shape[1])[: x.shape[0]]
+
+
+@block_centred.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("op,shape", [(torch.ops.metaspmd_test.centred_when_long.default, (32, 16)),
+                                      (torch.ops.metaspmd_test.block_centred.default, (96, 12))])
+def test_a_users_op_is_explored_at_the_calls_own_sizes(op, shape):
+    """A kernel may branch on a size: on an 8x6 stand-in both took their fast path, every
+    cut held there, and the block op's row cut passed the check at the call's sizes too
+    (its cuts there fell on multiples of 8)."""
+    call = call_of(op, (torch.randn(*shape),), {})
+    assert tuple(call.case().args[0].shape) == shape
+    assert cut_dims(explore_call(call, OPS)) == {1}  # the columns, each on its own; not the rows
+
+
+@pytest.mark.parametrize("args,pieces", [((torch.randn(30, 8), 7), 5), ((torch.randn(30, 8), 7, 1), 2)])
+def test_a_split_into_another_number_of_pieces_on_a_stand_in_is_explored_at_its_sizes(args, pieces):
+    """split(x, 7) of 30 rows gives 5 pieces, of a stand-in's 8 rows 2: the stand-in's rules
+    had two output combines for a call of five."""
+    entry = explore_call(call_of(aten.split.Tensor, args, {}), OPS)
+    assert entry.example.args[0][1].shape == (30, 8)
+    assert entry.strategies() and all(len(s.outputs) == pieces for s in entry.strategies())
