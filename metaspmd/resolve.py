@@ -73,6 +73,13 @@ class NodeCall:
     # '' for a framework's own op; for a user's op, a fingerprint of its code, part of its
     # cache key (None: code that cannot be read, cached in memory only; see RuleCache.get)
     implementation: str | None = ""
+    # the number of outputs of a call whose count its signature does not say (a split into
+    # pieces of a size): an entry for another count is not its rules (None: any)
+    pieces: int | None = None
+
+    def takes(self, entry: RuleEntry) -> bool:
+        """Are ``entry``'s rules this call's, by its number of outputs?"""
+        return self.pieces is None or all(len(s.outputs) == self.pieces for s in entry.strategies())
 
 
 # the note of an entry whose rules are a neighbouring signature's, verified at the call
@@ -128,7 +135,7 @@ def resolve(
         call = calls[node.name]
         if call.table_rules is None:
             hit = cache.get(backend, node.op, call.signature, call.implementation)
-            if hit is not None:
+            if hit is not None and call.takes(hit):
                 entries[node.name] = hit
             else:
                 unseen.setdefault((node.op, call.signature), call)
@@ -172,7 +179,7 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
     """The verified rules of one call outside a graph (an op registered on its own): from
     the cache, or explored live as ``resolve`` explores a node's, and then cached."""
     entry = cache.get(backend, op, call.signature, call.implementation)
-    if entry is None:
+    if entry is None or not call.takes(entry):
         key = (op, call.signature)
         if call.prepare is not None:
             call.prepare()

@@ -85,7 +85,7 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     small = _shrunk(call) if fn.namespace in catalog.TORCH_NAMESPACES else call
     shrunk = _float64(small) if small is not call else None
     a, k = own
-    alike = shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) and _outputs_alike(fn, shrunk, own)
+    alike = shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) and _pieces(fn, *shrunk) == _pieces(fn, *own)
     for candidate in (shrunk, own) if alike else (own,):
         try:
             _run(probe, _runner(fn, candidate[1]), *candidate)
@@ -117,20 +117,22 @@ def _reads_positions(fn: torch._ops.OpOverload) -> bool:
                and not any(word in a.name for word in _NOT_POSITIONS) for a in fn._schema.arguments)
 
 
-def _outputs_alike(fn: torch._ops.OpOverload, shrunk: tuple, own: tuple) -> bool:
-    """Does the stand-in give as many outputs as the call (``split(x, 7)`` of 30 rows gives
-    5, of 8 rows 2)? Asked of meta tensors; an op without a meta kernel is taken to."""
-    def count(call: tuple) -> int:
-        def meta(x):
-            return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+def _pieces(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> int | None:
+    """How many tensors a call of an op returning a list gives (``split(x, 7)`` of 30 rows
+    5, of 8 rows 2; ``unbind`` one per row), which its signature does not say; None for
+    any other op, and where the op has no meta kernel to ask."""
+    returns = fn._schema.returns
+    if len(returns) != 1 or str(returns[0].type) != "List[Tensor]":
+        return None
 
-        a, k = torch.utils._pytree.tree_map(meta, call)
-        return len(torch.utils._pytree.tree_leaves(fn(*a, **k)))
+    def meta(x):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
 
     try:
-        return count(shrunk) == count(own)
-    except Exception:  # no meta kernel, an out= call refusing meta outs
-        return True
+        a, k = torch.utils._pytree.tree_map(meta, (tuple(args), dict(kwargs)))
+        return len(fn(*a, **k))
+    except Exception:  # no meta kernel
+        return None
 
 
 def _shapes(tree) -> list:
@@ -165,6 +167,9 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
     the case needs, and ``prepare`` making them ready (before a forked child reads them)."""
     sig = _signature(fn, tuple(args), dict(kwargs))
     found = table.lookup(fn, tuple(args), dict(kwargs))
+    pieces = _pieces(fn, args, kwargs)
+    if found and pieces is not None and len(found[0].outputs) != pieces:
+        found = None  # rules of the sweep's example, split into another number of pieces
 
     def neighbours() -> tuple:
         return tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
@@ -174,7 +179,7 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
         return call_case(fn, a, k, probe)
 
     return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case,
-                    implementation(fn) if found is None else "")
+                    implementation(fn) if found is None else "", pieces)
 
 
 def implementation(fn: torch._ops.OpOverload) -> str | None:

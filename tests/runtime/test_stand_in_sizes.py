@@ -82,3 +82,18 @@ def test_a_split_into_another_number_of_pieces_on_a_stand_in_is_explored_at_its_
     entry = explore_call(call_of(aten.split.Tensor, args, {}), OPS)
     assert entry.example.args[0][1].shape == (30, 8)
     assert entry.strategies() and all(len(s.outputs) == pieces for s in entry.strategies())
+
+
+def test_table_rules_for_another_number_of_pieces_are_not_the_calls():
+    """The table's unbind of rank 3 along dim 0 has two output combines (the sweep's example
+    had two rows); a call of three rows took them, and the planner, finding no rule of
+    three outputs, replicated it."""
+    from metaspmd.backends.torch import table
+
+    x = torch.randn(3, 4, 8)
+    assert {len(s.outputs) for s in table.lookup(aten.unbind.int, (x, 0), {})} == {2}
+    call = call_of(aten.unbind.int, (x, 0), {})
+    assert call.table_rules is None and call.pieces == 3
+    entry = explore_call(call, OPS)
+    assert cut_dims(entry) >= {1, 2} and call.takes(entry)
+    assert not call_of(aten.unbind.int, (torch.randn(4, 4, 8), 0), {}).takes(entry)  # a cached entry of 3
