@@ -121,7 +121,7 @@ def _pieces(fn: torch._ops.OpOverload, args: tuple, kwargs: dict) -> int | None:
     """How many tensors a call of an op returning a list gives (``split(x, 7)`` of 30 rows
     5, of 8 rows 2; ``unbind`` one per row), which its signature does not say; None for
     any other op, and where the op has no meta kernel to ask."""
-    returns = fn._schema.returns
+    returns = getattr(getattr(fn, "_schema", None), "returns", ())
     if len(returns) != 1 or str(returns[0].type) != "List[Tensor]":
         return None
 
