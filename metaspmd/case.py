@@ -106,6 +106,10 @@ class Sizes:
     those sizes, hold for those sizes only. ``trusts_shapes``: the kernel sizes one input by
     another without checking (backward kernels), so a call with equal lengths made unequal
     is outside its contract: the explorer's lengthened trials keep them equal.
+    ``value_sized``: why an output's size follows the values of the tensor leaves
+    ``sized_by``, not their shapes (``bincount``'s length is its largest value plus one): a
+    shard would size it from its own values, which trials holding the largest value in every
+    shard cannot refute, so no rule cuts those leaves or splits them into parts ('' for none).
     ``stand_in_for``: the case of the call this one stands in for at smaller sizes (live
     exploration's shrunk call), where the rules found here are checked too: at the call's
     own sizes, a position it names (``tril``'s ``diagonal=8``) may make it another op
@@ -115,6 +119,8 @@ class Sizes:
     widen: bool = False
     exact_sizes: Mapping[str, slice] = field(default_factory=dict)
     trusts_shapes: bool = False
+    value_sized: str = ""
+    sized_by: frozenset[int] = frozenset()
     stand_in_for: Any = None  # OpCase | None
 
 
@@ -126,7 +132,8 @@ _FLAT = {
     **{name: ("local", name) for name in ("localize", "padding")},
     **{name: ("randomness", name) for name in ("deterministic", "random", "value_free", "shared_dims")},
     "special": ("specials", "special"), "special_always": ("specials", "always"),
-    **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes", "stand_in_for")},
+    **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes", "value_sized", "sized_by",
+                                                "stand_in_for")},
 }
 
 
@@ -214,6 +221,8 @@ class OpCase:
     widen = _flat("sizes", "widen")
     exact_sizes = _flat("sizes", "exact_sizes")
     trusts_shapes = _flat("sizes", "trusts_shapes")
+    value_sized = _flat("sizes", "value_sized")
+    sized_by = _flat("sizes", "sized_by")
     stand_in_for = _flat("sizes", "stand_in_for")
 
     def positions_in_range(self, leaves: list) -> list:

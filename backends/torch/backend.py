@@ -565,6 +565,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         fn = padding_within(fn, names)
     if guard is not None:
         fn = EXACT_GUARDS[guard](fn, names)
+    value_sized = catalog.value_sized_reason(func, args, kwargs)  # by self, the first tensor
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
@@ -572,7 +573,7 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
         random=random, value_free=value_free, shared_dims=shared_dims, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
-        stand_in_for=stand_in_for,
+        value_sized=value_sized, sized_by=frozenset({0}) if value_sized else frozenset(), stand_in_for=stand_in_for,
     )
 
 

@@ -245,7 +245,11 @@ def is_reshape(func: torch._ops.OpOverload) -> bool:
 # Dims a kernel reads by an int argument without checking them: pinned, so the explorer
 # does not lengthen them into calls the op is not defined for. _dyn_quant_matmul_4bit reads
 # inp's rows in_features wide (a wider inp was read askew, row r from r * in_features).
-PINNED_DIMS = {"_dyn_quant_matmul_4bit": {"inp": slice(-1, None)}}
+# And dims whose size places an output dim: a signature that left it open keyed a gather of
+# one output dim by calls where it is another.
+PINNED_DIMS = {"_dyn_quant_matmul_4bit": {"inp": slice(-1, None)},
+               # the output's rank is indices' length plus values' dense dims
+               "sparse_coo_tensor": {"indices": slice(0, 1)}}
 
 
 def exact_sizes(func: torch._ops.OpOverload) -> dict[str, slice]:
@@ -521,6 +525,26 @@ def is_core(func: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in func.tags
 
 
+# Ops whose output's size follows the values of their first tensor, self (OpCase.value_sized),
+# by base name: the reason, and the condition on the call's arguments (by schema name) under
+# which it does. bincount's weights, split into parts beside a whole self, still sum.
+VALUE_SIZED = {
+    "bincount": ("the output's length is the largest value plus one (minlength at least), "
+                 "which a shard would read from its own values", lambda a: True),
+    "one_hot": ("without num_classes the output's last dim is the largest value plus one, "
+                "which a shard would read from its own values", lambda a: a.get("num_classes", -1) == -1),
+}
+
+
+def value_sized_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """VALUE_SIZED's reason where this call's output size follows its values, else ''."""
+    found = VALUE_SIZED.get(aten_base(func))
+    if found is None:
+        return ""
+    given = dict(zip(positional_names(func), args)) | dict(kwargs)
+    return found[0] if found[1](given) else ""
+
+
 def no_rule_reason(func: torch._ops.OpOverload) -> str | None:
     """Why no sharding rule can describe the op (a query of the tensor object, a comparison
     of shapes its samples hold equal, an opaque workspace), or None."""
@@ -577,5 +601,5 @@ __all__ = [
     "aten_overloads", "composite_implicit_overloads", "custom_op_namespaces", "functional_sibling", "is_core",
     "keeps_numel", "overloads_in", "nondeterministic_reason", "op_name", "tagged_random", "unwritten_filled",
     "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name", "trusts_matching_shapes",
-    "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars",
+    "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars", "value_sized_reason",
 ]

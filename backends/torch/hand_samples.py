@@ -465,6 +465,12 @@ def _vander_columns(d: Draw) -> Named:
     return {"x": d.randn(6), "N": 4}
 
 
+def _bincount_weighted(d: Draw) -> Named:
+    # float weights (OpInfo's are integers, which a Partial does not split where the output
+    # is a float): split into parts beside the whole self, their counts add up
+    return {"self": d.ints(0, 5, 13), "weights": d.randn(13)}
+
+
 def _histogramdd_range(d: Draw) -> Named:
     # a fixed range: every shard's bins are the whole input's, so their counts add up
     return {"self": d.randn(40, 2), "bins": 3, "range": [-3.0, 3.0, -3.0, 3.0]}
@@ -585,6 +591,7 @@ LEADING: dict[str, dict[str, tuple[Callable[[Draw], Named], str]]] = {
     "aten.nuclear_norm.default": {"nuclear_norm:batched": (_nuclear_norm_batched, "float64")},
     "aten.linalg_lstsq.default": {"linalg_lstsq:tall": (_lstsq_tall, "float64")},
     "aten.vander.default": {"vander:N": (_vander_columns, "float64")},
+    "aten.bincount.default": {"bincount:float weights": (_bincount_weighted, "float64")},
     "aten.histogramdd.int_bins": {"histogramdd:range": (_histogramdd_range, "float64")},
     **{f"aten.{op}.default": {f"{op}:train": (_feature_dropout("self" if op.endswith("_") else "input"), "float64")}
        for op in sorted(random_ops.FEATURE_MASKS)},

@@ -115,7 +115,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
         """Explore and verify every group, within each of ``parts`` (inputs of independent
         parts) if given: a case's own candidates where it has them, else the groups the
         inputs' dims make; then Partial inputs with nothing cut."""
-        accept = Accepted(self._verify, len(ranks))
+        accept = Accepted(self._verify, len(ranks), self.case.sized_by)
         if self.case.candidates is not None:
             self._verify_candidates(accept)
             status = "derived" if self.case.candidates_derived else "ok"
@@ -207,14 +207,19 @@ class Accepted:
     with the shard counts and unevenness of their verification. Called with a group and
     the combines its exploration kept: verifies them, and records the strategy if they hold."""
 
-    def __init__(self, verify: Callable[[Group, list], Verified | None], n_inputs: int):
-        self.verify, self.n_inputs = verify, n_inputs
+    def __init__(self, verify: Callable[[Group, list], Verified | None], n_inputs: int,
+                 untouchable: frozenset[int] = frozenset()):
+        self.verify, self.n_inputs, self.untouchable = verify, n_inputs, untouchable
         self.found: list[Strategy] = []
         self.counts: set[int] = set()
         self.uneven = False
 
     def __call__(self, group: Group, combines) -> bool:
         if combines is None or combines is UNINFORMATIVE:
+            return False
+        touched = ({i for i, _, _ in group.dims} | set(group.partial) | {f[0] for f in group.follow}
+                   | {i for i, _ in group.offset})
+        if touched & self.untouchable:  # inputs whose values size an output (OpCase.value_sized)
             return False
         verified = self.verify(group, combines)
         if verified is None:
@@ -260,7 +265,7 @@ def entry_of(context: Context, base: Baseline | Verdict, found: Found | None) ->
     if isinstance(base, Verdict):
         return entry(base.status, base.reason, base.results)
     if found is None or not found.strategies:
-        return entry("replicate-only", "no strategy holds", base.results)
+        return entry("replicate-only", case.value_sized or "no strategy holds", base.results)
     tables = tables_from_strategies(ranks, list(found.strategies))
     verification = Verification(found.trials, tuple(sorted(found.counts)), found.uneven)
     return entry(found.status, "", base.results, tables, verification, base.notes + found.notes, found.independent)
