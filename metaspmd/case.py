@@ -110,6 +110,9 @@ class Sizes:
     ``sized_by``, not their shapes (``bincount``'s length is its largest value plus one): a
     shard would size it from its own values, which trials holding the largest value in every
     shard cannot refute, so no rule cuts those leaves or splits them into parts ('' for none).
+    ``uncut_dims``: (tensor leaf, dim) pairs no rule cuts: positions the op may be given twice
+    across a cut (``max_unpool``'s indices from overlapping windows), which two shards would
+    then both write, while the trials' positions are distinct.
     ``stand_in_for``: the case of the call this one stands in for at smaller sizes (live
     exploration's shrunk call), where the rules found here are checked too: at the call's
     own sizes, a position it names (``tril``'s ``diagonal=8``) may make it another op
@@ -121,6 +124,7 @@ class Sizes:
     trusts_shapes: bool = False
     value_sized: str = ""
     sized_by: frozenset[int] = frozenset()
+    uncut_dims: frozenset[tuple[int, int]] = frozenset()
     stand_in_for: Any = None  # OpCase | None
 
 
@@ -133,7 +137,7 @@ _FLAT = {
     **{name: ("randomness", name) for name in ("deterministic", "random", "value_free", "shared_dims")},
     "special": ("specials", "special"), "special_always": ("specials", "always"),
     **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes", "value_sized", "sized_by",
-                                                "stand_in_for")},
+                                                "uncut_dims", "stand_in_for")},
 }
 
 
@@ -223,6 +227,7 @@ class OpCase:
     trusts_shapes = _flat("sizes", "trusts_shapes")
     value_sized = _flat("sizes", "value_sized")
     sized_by = _flat("sizes", "sized_by")
+    uncut_dims = _flat("sizes", "uncut_dims")
     stand_in_for = _flat("sizes", "stand_in_for")
 
     def positions_in_range(self, leaves: list) -> list:

@@ -573,7 +573,8 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
         special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
         random=random, value_free=value_free, shared_dims=shared_dims, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
-        value_sized=value_sized, sized_by=frozenset({0}) if value_sized else frozenset(), stand_in_for=stand_in_for,
+        value_sized=value_sized, sized_by=frozenset({0}) if value_sized else frozenset(),
+        uncut_dims=catalog.uncut_dims(func, args), stand_in_for=stand_in_for,
     )
 
 

@@ -536,6 +536,22 @@ VALUE_SIZED = {
 }
 
 
+# Ops given positions that may repeat, by base name: how many trailing dims of self and of
+# its indices (its first two tensors) they place into. max_unpool's indices come from a
+# pooling whose windows may overlap, so one position may stand in two rows of indices: two
+# shards would both write it, and a sum of their outputs count it twice (OpCase.uncut_dims).
+REPEATED_POSITIONS = {"max_unpool2d": 2, "max_unpool3d": 3}
+
+
+def uncut_dims(func: torch._ops.OpOverload, args: tuple) -> frozenset[tuple[int, int]]:
+    """REPEATED_POSITIONS as (tensor leaf, dim) pairs of this call."""
+    k = REPEATED_POSITIONS.get(aten_base(func))
+    if k is None or not args or not isinstance(args[0], torch.Tensor):
+        return frozenset()
+    rank = args[0].dim()
+    return frozenset((leaf, d) for leaf in (0, 1) for d in range(rank - k, rank))
+
+
 def value_sized_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
     """VALUE_SIZED's reason where this call's output size follows its values, else ''."""
     found = VALUE_SIZED.get(aten_base(func))
@@ -602,4 +618,5 @@ __all__ = [
     "keeps_numel", "overloads_in", "nondeterministic_reason", "op_name", "tagged_random", "unwritten_filled",
     "out_arg_names", "positional_names", "exact_guard", "resolve", "split_name", "trusts_matching_shapes",
     "written_arg_names", "batch_tied", "reflects", "no_rule_reason", "returns_scalars", "value_sized_reason",
+    "uncut_dims",
 ]

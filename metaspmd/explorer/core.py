@@ -115,7 +115,7 @@ class Explorer(Trials, Groups, Shards, Verifier, OtherSizes, Widening, Independe
         """Explore and verify every group, within each of ``parts`` (inputs of independent
         parts) if given: a case's own candidates where it has them, else the groups the
         inputs' dims make; then Partial inputs with nothing cut."""
-        accept = Accepted(self._verify, len(ranks), self.case.sized_by)
+        accept = Accepted(self._verify, len(ranks), self.case.sized_by, self.case.uncut_dims)
         if self.case.candidates is not None:
             self._verify_candidates(accept)
             status = "derived" if self.case.candidates_derived else "ok"
@@ -208,8 +208,8 @@ class Accepted:
     the combines its exploration kept: verifies them, and records the strategy if they hold."""
 
     def __init__(self, verify: Callable[[Group, list], Verified | None], n_inputs: int,
-                 untouchable: frozenset[int] = frozenset()):
-        self.verify, self.n_inputs, self.untouchable = verify, n_inputs, untouchable
+                 untouchable: frozenset[int] = frozenset(), uncut: frozenset[tuple[int, int]] = frozenset()):
+        self.verify, self.n_inputs, self.untouchable, self.uncut = verify, n_inputs, untouchable, uncut
         self.found: list[Strategy] = []
         self.counts: set[int] = set()
         self.uneven = False
@@ -221,6 +221,8 @@ class Accepted:
                    | {i for i, _ in group.offset})
         if touched & self.untouchable:  # inputs whose values size an output (OpCase.value_sized)
             return False
+        if ({(i, d) for i, d, _ in group.dims} | {(f[0], f[1]) for f in group.follow}) & self.uncut:
+            return False  # positions two shards could both write (OpCase.uncut_dims)
         verified = self.verify(group, combines)
         if verified is None:
             return False

@@ -1,7 +1,9 @@
-"""Outputs sized by values, not shapes: bincount's length and one_hot's width follow the
-largest value, which a shard reads from its own part (catalog.VALUE_SIZED). Trials that put
-the largest value in every shard passed cuts of it; the registry kept them, and a call
-whose largest value lies in one shard was wrong."""
+"""What a signature leaves open must not change what a rule means. Outputs sized by values,
+not shapes: bincount's length and one_hot's width follow the largest value, which a shard
+reads from its own part (catalog.VALUE_SIZED); trials that put the largest value in every
+shard passed cuts of it. Positions that may repeat across a cut (max_unpool's indices from
+overlapping windows, catalog.REPEATED_POSITIONS). And an output dim placed by an input's
+size (sparse_coo_tensor's rank, catalog.PINNED_DIMS)."""
 
 from __future__ import annotations
 
@@ -65,3 +67,19 @@ def test_a_sparse_tensors_rank_keys_its_rules():
     assert catalog.exact_sizes(func) == {"indices": slice(0, 1)}
     sig = call_signature(func, (torch.zeros(6, 6, dtype=torch.int64), torch.randn(6, 6)), {})
     assert sig.startswith("indices:i[6,*]")
+
+
+def test_unpooling_positions_that_repeat_across_a_cut_keep_its_spatial_dims_whole():
+    """Overlapping windows (kernel 3, stride 1) pick one position for two rows of indices:
+    cut between them, both shards write it, and a sum of their outputs counts it twice."""
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    pooled, where = aten.max_pool2d_with_indices.default(x, [3, 3], [1, 1])
+    whole = aten.max_unpool2d.default(pooled, where, [6, 6])
+    halves = sum(aten.max_unpool2d.default(p, i, [6, 6]) for p, i in zip(pooled.split(2, 2), where.split(2, 2)))
+    assert not torch.allclose(halves, whole)  # the rule the registry had
+    func = aten.max_unpool2d.default
+    assert catalog.uncut_dims(func, (pooled, where)) == {(0, 2), (0, 3), (1, 2), (1, 3)}
+    entry = explore_case(torch_case(func, (pooled, where, [6, 6]), {}, func), TorchOps())
+    assert cut_dims(entry) <= {0, 1}
+    rules = table.lookup(func, (pooled, where, [6, 6]), {}) or ()
+    assert not any(isinstance(p, ShardIn) and p.dim >= 2 for s in rules for p in s.inputs)
