@@ -313,9 +313,9 @@ def holds_at_call(case: OpCase, ops: TensorOps, strategies: Sequence[Strategy], 
     runner = Trials(context)
     first = runner._trial(tuple(case.args), dict(case.kwargs))
     trials = [first, runner._fresh_trial(1, first)]
-    explorer = Explorer(context, trials)
     if any(len(outputs) != len(t.outputs) for _, outputs in strategies for t in trials):
         return False  # rules of another call (a split of the stand-in's rows into fewer pieces)
+    explorer = Explorer(context, trials)
     for placements, outputs in strategies:
         group = group_of(placements)
         claimed = [list(o.options) for o in outputs]
