@@ -23,7 +23,7 @@ from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.signature import signature
 from metaspmd.tensor_ops import BOOL, COMPLEX, FLOAT, INT, OTHER, ULP_STEPS, compared_as_bits
 
-from . import program_index, programs
+from . import eager, program_index, programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
 from .params import (
@@ -74,7 +74,7 @@ class PrimitiveCall:
         # Most candidate cuts are refused: jax's traceback filtering stats every frame of
         # the explorer's deep stack per refusal, over half of a many-operand op's time.
         with jax_config.traceback_filtering("off"):
-            out = self.prim.bind(*operands, **params)
+            out = eager.bind(self.prim, operands, params)
         return list(out) if self.prim.multiple_results else out
 
 
