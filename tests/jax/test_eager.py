@@ -72,3 +72,13 @@ def test_a_shape_refusal_is_jaxs_own_error():
     with pytest.raises(TypeError) as light:
         eager.bind(lax.dot_general_p, [_rand(3, 4), _rand(5, 2)], params)
     assert str(light.value) == str(plain.value)
+
+
+def test_traced_operands_are_bound_in_their_trace():
+    """Under a caller's jit (a cross-check's shard_map), the op is part of the caller's
+    program: jit takes compiler options at its top level only."""
+    x = _rand(4, 6)
+    out = jax.jit(lambda a: eager.bind(lax.exp_p, [a], {"accuracy": None}))(x)
+    np.testing.assert_allclose(np.asarray(out), np.exp(x).astype(np.asarray(out).dtype), rtol=1e-6)
+    grad = jax.grad(lambda a: eager.bind(lax.reduce_sum_p, [a], {"axes": (0, 1), "out_sharding": None}))(x)
+    assert np.array_equal(np.asarray(grad), np.ones_like(x))
