@@ -26,9 +26,9 @@ LIGHT_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_em
 def bind(prim: core.Primitive, operands: Sequence[Any], params: Mapping[str, Any]) -> Any:
     """``prim.bind(*operands, **params)`` on concrete operands, compiled lightly once per
     primitive, params and operand types. Params that cannot key a cache (a jaxpr holding
-    arrays) take jax's own eager path; traced operands (a caller's ``jit`` or
-    ``shard_map``), their trace: the caller compiles the op as part of its own program."""
-    if any(isinstance(x, core.Tracer) for x in operands):
+    arrays) take jax's own eager path; under a caller's trace (``jit``, ``shard_map``,
+    ``grad``) the op binds into it, and the caller compiles it as part of its program."""
+    if not core.trace_state_clean():  # an operand-free op (iota) is traced too
         return prim.bind(*operands, **params)
     try:
         run = _compiled(prim, tuple(sorted(params.items())), jax.default_backend())

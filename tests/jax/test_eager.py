@@ -74,7 +74,7 @@ def test_a_shape_refusal_is_jaxs_own_error():
     assert str(light.value) == str(plain.value)
 
 
-def test_traced_operands_are_bound_in_their_trace():
+def test_under_a_callers_trace_the_op_binds_into_it():
     """Under a caller's jit (a cross-check's shard_map), the op is part of the caller's
     program: jit takes compiler options at its top level only."""
     x = _rand(4, 6)
@@ -82,3 +82,6 @@ def test_traced_operands_are_bound_in_their_trace():
     np.testing.assert_allclose(np.asarray(out), np.exp(x).astype(np.asarray(out).dtype), rtol=1e-6)
     grad = jax.grad(lambda a: eager.bind(lax.reduce_sum_p, [a], {"axes": (0, 1), "out_sharding": None}))(x)
     assert np.array_equal(np.asarray(grad), np.ones_like(x))
+    iota = jax.jit(lambda: eager.bind(lax.iota_p, [], {"dtype": jnp.int32, "shape": (3,), "dimension": 0,
+                                                       "sharding": None}))()  # no operand to be traced
+    assert np.array_equal(np.asarray(iota), [0, 1, 2])
