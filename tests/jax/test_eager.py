@@ -16,7 +16,7 @@ def _rand(*shape, dtype=np.float64, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-_CALLS = [  # (primitive, operands, params): elementwise, reductions, contractions, scans, sorts, gathers
+_CALLS = [  # (primitive, operands, params): elementwise, reductions, contractions, scans, sorts, arg-reductions
     (lax.tanh_p, [_rand(7, 5)], {"accuracy": None}),
     (lax.rsqrt_p, [np.abs(_rand(9, dtype=np.float32)) - 0.2], {"accuracy": None}),  # NaN where negative
     (lax.reduce_sum_p, [_rand(6, 11)], {"axes": (1,), "out_sharding": None}),
