@@ -2,11 +2,10 @@
 
 ``get_backend()`` turns on float64 (tight ground truth for float rules) before any array
 is made. Exploring compiles one small executable per primitive, params and shard shape,
-so compile time dominates a sweep: ``fast_compile`` (on by default) asks XLA for its
-cheaper CPU pipeline (about half the compile time, same IEEE arithmetic), and
-``compile_cache=DIR`` turns on jax's persistent compilation cache so a second sweep
-reuses the executables of the first. Both only take effect before jax starts its CPU
-client, which is the case in a sweep worker. A process started with
+so compile time dominates a sweep: it compiles with XLA's cheaper CPU pipeline
+(``FAST_COMPILE_OPTIONS``), and ``compile_cache=DIR`` turns on jax's persistent
+compilation cache so a second sweep reuses the executables of the first. Both are set as
+flags, which only take effect before jax starts its CPU client, as in a sweep worker. A process started with
 ``metaspmd.reproducible.ENV`` (a sweep worker) also caps XLA's CPU code at
 AVX2, as torch's kernels are there: the registry must not depend on the machine's SIMD width.
 """
@@ -19,7 +18,14 @@ import os
 from metaspmd import reproducible
 from metaspmd.cache import register_framework_version
 
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+# XLA's CPU options for the small programs exploration compiles (one primitive on each shard
+# shape): without LLVM's optimisation and XLA's fusion emitters a compile takes half the
+# time, and values stay within rounding (benchmarks/HISTORY.md, 2026-12-01 (day)). A process
+# metaspmd starts (a sweep worker, the tests) sets them as flags before jax starts; in a
+# user's process each explored primitive's compile is given them (eager.py).
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+                        "xla_cpu_use_fusion_emitters": False}
+FAST_COMPILE_FLAGS = tuple(f"--{name}={str(value).lower()}" for name, value in FAST_COMPILE_OPTIONS.items())
 REPRODUCIBLE_FLAGS = ("--xla_cpu_max_isa=AVX2",)
 
 
@@ -43,13 +49,8 @@ def _add_xla_flags(flags) -> None:
         os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
 
 
-def _truthy(value) -> bool:
-    return str(value).lower() not in ("0", "false", "no", "off", "")
-
-
-def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None, fast_compile="1"):
-    if _truthy(fast_compile):
-        _add_xla_flags(FAST_COMPILE_FLAGS)
+def get_backend(compile_cache: str | None = None, max_cases: str | int | None = None):
+    _add_xla_flags(FAST_COMPILE_FLAGS)
     if reproducible.in_effect():
         _add_xla_flags(REPRODUCIBLE_FLAGS)
     import jax

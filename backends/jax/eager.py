@@ -3,11 +3,13 @@
 Exploring a call runs its primitive on tens of shard shapes, and each new shape is a new
 XLA executable; the arrays are small, so compiling is nearly all of the time. jax's own
 eager path (``dispatch.apply_primitive``) compiles each at full optimisation. On the CPU
-this one turns off LLVM's optimisation and XLA's fusion emitters, which halves a compile
-(benchmarks/HISTORY.md, 2026-12-01 (day)). Values stay within rounding of jax's own: over
-the sweep's calls, 1,324 of 1,371 agree bit for bit and the rest within 2 ulps, NaN and
-infinity alike, well inside the explorer's tolerance, and the sweep writes the same
-registry. A rule compares the op's whole output with its shards', both compiled alike.
+this one compiles with ``FAST_COMPILE_OPTIONS`` (no LLVM optimisation, no fusion
+emitters), which halves a compile (benchmarks/HISTORY.md, 2026-12-01 (day)), also in a
+user's process, whose jax started without them as flags. Values stay within rounding of
+jax's own: over the sweep's calls, 1,324 of 1,371 agree bit for bit and the rest within 2
+ulps, NaN and infinity alike, well inside the explorer's tolerance, and the sweep writes
+the same registry. A rule compares the op's whole output with its shards', both compiled
+alike.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import jax
 from jax._src import config as jax_config
 from jax._src import core
 
-# XLA debug options of the CPU compiler; other platforms compile as jax does
-LIGHT_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+from . import FAST_COMPILE_OPTIONS
 
 
 def bind(prim: core.Primitive, operands: Sequence[Any], params: Mapping[str, Any]) -> Any:
@@ -46,7 +47,8 @@ def _compiled(prim: core.Primitive, params: tuple[tuple[str, Any], ...], platfor
             return prim.bind(*operands, **bound)
 
     run.__name__ = run.__qualname__ = prim.name
-    return jax.jit(run, compiler_options=LIGHT_CPU_COMPILE if platform == "cpu" else None)
+    # XLA's CPU options; other platforms compile as jax does
+    return jax.jit(run, compiler_options=FAST_COMPILE_OPTIONS if platform == "cpu" else None)
 
 
-__all__ = ["LIGHT_CPU_COMPILE", "bind"]
+__all__ = ["bind"]
