@@ -571,7 +571,7 @@ RULES = {
             shardy=('s1 s2, s1 s2 -> s1 s2', (), ())),
     },
     'jax.mul': {
-        'x:c[*,*] y:c[*,*]': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]',
+        'x:c[*,*] y:c[*,*] out_dtype=None': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]',
             shardy=('s1 s2, s1 s2 -> s1 s2', (), ())),
         'x:f[*,*,*,*] y:f[*,*,*,*] out_dtype=None': E('[[S1, S2, S3, S4], [S1, S2, S3, S4]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: gather(dim=2), S4: gather(dim=3), S5: reduce(sum), S6: reduce(sum)}', partial='[[S5(sum)], [S6(sum)]]',
             shardy=('s1 s2 s3 s4, s1 s2 s3 s4 -> s1 s2 s3 s4', (), ())),
@@ -585,7 +585,7 @@ RULES = {
             shardy=('s1 s2 s3, r1 r2 s3 -> s1 s2 s3', (), ('r1', 'r2'))),
         'x:f[*,*,1] y:f[*,*,1] out_dtype=None': E('[[S1, S2, N], [S1, S2, N]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]',
             shardy=('s1 s2 r1, s1 s2 r2 -> s1 s2 r3', (), ('r1', 'r2', 'r3'))),
-        'x:f[*,*] y:f[*,*]': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]',
+        'x:f[*,*] y:f[*,*] out_dtype=None': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]',
             shardy=('s1 s2, s1 s2 -> s1 s2', (), ())),
         'x:f[*] y:f[1] out_dtype=None': E('[[S1], [N]]', '{S1: gather(dim=0), S2: reduce(sum), S3: reduce(sum)}', partial='[[S2(sum)], [S3(sum)]]',
             shardy=('s1, r1 -> s1', (), ('r1',))),

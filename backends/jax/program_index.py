@@ -123,8 +123,7 @@ class ProgramIndex(Mapping):
             eqn = eqns.get(path)
             if eqn is None or eqn.primitive.name != primitive:
                 raise StaleIndex(f"{name} {path}")
-            out.append(Occurrence(position[name], path, primitive, eqn.primitive, dict(eqn.params),
-                                  tuple(v.aval for v in eqn.invars)))
+            out.append(Occurrence.of(position[name], path, eqn))
         return tuple(sorted(out, key=lambda o: (o.program, o.path)))
 
 
@@ -139,8 +138,7 @@ def build() -> tuple[dict[str, tuple[Location, ...]], dict[str, tuple[Occurrence
         except Exception:
             continue
         for path, eqn in programs._walk(closed.jaxpr, ()):
-            occ = Occurrence(i, path, eqn.primitive.name, eqn.primitive, dict(eqn.params),
-                             tuple(v.aval for v in eqn.invars))
+            occ = Occurrence.of(i, path, eqn)
             found.setdefault(occ.primitive, []).append(occ)
     where = {k: tuple(sorted((ps[o.program].name, o.path) for o in v)) for k, v in found.items()}
     return where, {k: tuple(v) for k, v in found.items()}

@@ -30,6 +30,13 @@ INLINED = {"jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr
            "remat2": "jaxpr"}
 
 
+# Params jax's own functions always bind and a harness may leave out, at the value those
+# functions bind: ``lax.mul`` binds ``out_dtype=None``, jax's mul harness no out_dtype.
+# Filled in, so that a harness call keys the rules a program's call looks up (a table
+# entry ``x:f[*,*] y:f[*,*]`` matched no model's mul).
+BOUND_DEFAULTS = {"mul": {"out_dtype": None}}
+
+
 @dataclass(frozen=True)
 class Occurrence:
     """One primitive equation inside one program."""
@@ -40,6 +47,14 @@ class Occurrence:
     prim: core.Primitive = field(compare=False, hash=False)
     params: dict = field(compare=False, hash=False)
     in_avals: tuple = field(compare=False, hash=False)  # core.ShapedArray per operand
+
+    @classmethod
+    def of(cls, program: int, path: tuple[int, ...], eqn: core.JaxprEqn) -> "Occurrence":
+        """The equation ``eqn`` at ``path`` of program ``program``, its params as jax's own
+        functions bind them."""
+        name = eqn.primitive.name
+        return cls(program, path, name, eqn.primitive, {**BOUND_DEFAULTS.get(name, {}), **eqn.params},
+                   tuple(v.aval for v in eqn.invars))
 
 
 @functools.lru_cache(maxsize=1)

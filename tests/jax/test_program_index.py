@@ -133,3 +133,18 @@ def test_the_file_does_not_depend_on_the_order_the_programs_were_found_in(tmp_pa
     program_index.write(tmp_path / "b.json.gz", shuffled)
     assert (tmp_path / "a.json.gz").read_bytes() == (tmp_path / "b.json.gz").read_bytes()
     assert program_index.read(tmp_path / "b.json.gz") == where
+
+
+def test_every_program_calls_a_primitive_with_the_params_jaxs_functions_bind(backend):
+    """jax's mul harness binds no ``out_dtype``, which ``lax.mul`` always binds (None): its
+    calls keyed the table's ``mul x:f[*,*] y:f[*,*]``, which no program's mul looks up. The
+    index fills such params in (``programs.BOUND_DEFAULTS``), so a primitive's calls carry
+    one set of param names. conj's harness binds ``_input_dtype``, a name no program's
+    conj has (jax's own binds ``input_dtype``): a call of its own, left as the harness has it."""
+    from metaspmd.backends.jax import program_index, programs
+
+    index = program_index.index()
+    names = {p: {frozenset(o.params) for o in index[p]} for p in sorted(index)}
+    assert {p for p, found in names.items() if len(found) > 1} <= {"conj"}
+    harness = [o for o in index["mul"] if programs.programs()[o.program].name.startswith("harness/mul/")]
+    assert harness and all(o.params == {"out_dtype": None} for o in harness)

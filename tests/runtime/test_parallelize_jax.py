@@ -477,3 +477,11 @@ def test_xla_moves_a_dim_cut_over_two_axes_without_replicating_when_told_one_axi
 
     assert "Involuntary full rematerialization" in moved([dst])  # the check can fail
     assert "Involuntary full rematerialization" not in moved(one_axis_at_a_time(src, dst))
+
+
+def test_a_programs_elementwise_product_of_matrices_finds_the_tables_rules():
+    """``a * b`` binds ``mul`` with ``out_dtype=None``; the table's rank-2 entry came from a
+    harness that binds none, and was keyed without it (tests/jax/test_program_index.py)."""
+    c = capture(lambda a, b: a * b, (jnp.ones((4, 6)), jnp.ones((4, 6))))
+    calls = [node_call(c, op) for op in c.ir.op_list if op.op == "jax.mul"]
+    assert calls and all(call.table_rules for call in calls), [call.signature for call in calls]
