@@ -5,9 +5,10 @@ is made. Exploring compiles one small executable per primitive, params and shard
 so compile time dominates a sweep: it compiles with XLA's cheaper CPU pipeline
 (``FAST_COMPILE_OPTIONS``), and ``compile_cache=DIR`` turns on jax's persistent
 compilation cache so a second sweep reuses the executables of the first. Both are set as
-flags, which only take effect before jax starts its CPU client, as in a sweep worker. A process started with
-``metaspmd.reproducible.ENV`` (a sweep worker) also caps XLA's CPU code at
-AVX2, as torch's kernels are there: the registry must not depend on the machine's SIMD width.
+flags, which only take effect before jax starts its CPU client, as in a sweep worker. A
+process started with ``metaspmd.reproducible.ENV`` (a sweep worker) also caps XLA's CPU
+code at AVX2, as torch's kernels are there: the registry must not depend on the machine's
+SIMD width.
 """
 
 from __future__ import annotations
