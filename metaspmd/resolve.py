@@ -16,7 +16,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .cache import RuleCache
 from .case import OpCase
@@ -79,7 +79,12 @@ class NodeCall:
 
     def takes(self, entry: RuleEntry) -> bool:
         """Are ``entry``'s rules this call's, by its number of outputs?"""
-        return self.pieces is None or all(len(s.outputs) == self.pieces for s in entry.strategies())
+        return gives_pieces(entry.strategies(), self.pieces)
+
+
+def gives_pieces(strategies: Iterable[Strategy], pieces: int | None) -> bool:
+    """Does every one of ``strategies`` combine ``pieces`` outputs (None: any number)?"""
+    return pieces is None or all(len(s.outputs) == pieces for s in strategies)
 
 
 # the note of an entry whose rules are a neighbouring signature's, verified at the call

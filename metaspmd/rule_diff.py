@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .registry_io import (
-    RegistryError, check_backend_folder, check_registry_root, load_record, load_registry, loads_record, read_file, refuse_misnamed,
+    RegistryError, check_backend_folder, check_registry_root, load_record, load_registry, loads_record, read_file,
+    refuse_misnamed,
 )
 from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (

@@ -10,7 +10,7 @@ from metaspmd.case import OpCase
 from metaspmd.fingerprint import code_fingerprint
 from metaspmd.ir import MetaOp
 from metaspmd.isolation import Isolation, can_fork
-from metaspmd.resolve import NodeCall
+from metaspmd.resolve import NodeCall, gives_pieces
 
 from . import catalog, table
 from .backend import make_runner, out_spec_from_kwargs, torch_case
@@ -168,7 +168,7 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
     sig = _signature(fn, tuple(args), dict(kwargs))
     found = table.lookup(fn, tuple(args), dict(kwargs))
     pieces = _pieces(fn, args, kwargs)
-    if found and pieces is not None and len(found[0].outputs) != pieces:
+    if found and not gives_pieces(found, pieces):
         found = None  # rules of the sweep's example, split into another number of pieces
 
     def neighbours() -> tuple:
