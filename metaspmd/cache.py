@@ -119,7 +119,7 @@ class RuleCache:
         """``framework_versions``: backend -> framework version, instead of ``framework_version``'s."""
         self.root = Path(root) if root is not None else default_cache_dir()
         self.persist = persist
-        self._memory: dict[tuple[str, str, str], RuleEntry] = {}
+        self._memory: dict[tuple, RuleEntry] = {}  # (backend, op, signature, implementation, pieces)
         self._pinned = dict(framework_versions or {})
         self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
         self._skipped: set[Path] = set()  # entries whose path cannot be used, each warned of once
@@ -132,26 +132,30 @@ class RuleCache:
             self._versions[backend] = f"{backend}-{_UNSAFE.sub('_', version)}"
         return self._versions[backend]
 
-    def path(self, backend: str, op: str, signature: str, implementation: str = "") -> Path:
+    def path(self, backend: str, op: str, signature: str, implementation: str = "", pieces: int | None = None) -> Path:
         """Where the entry of (op, signature) lives on disk: a folder per op, named after it
         (an op name no file may have, a user's ``ns::op`` primitive, by its digest), and a
-        file per signature and implementation."""
-        digest = hashlib.sha256((signature + (f"\n{implementation}" if implementation else "")).encode()).hexdigest()[:24]
+        file per signature, implementation and number of pieces."""
+        key = signature + (f"\n{implementation}" if implementation else "") + (f"\npieces={pieces}" if pieces is not None else "")
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         folder = record_path(self._folder, self._backend_folder(backend), _stored_name(op)).with_suffix("")
         return folder / f"{digest}.yaml"
 
-    def get(self, backend: str, op: str, signature: str, implementation: str | None = "") -> RuleEntry | None:
+    def get(self, backend: str, op: str, signature: str, implementation: str | None = "",
+            pieces: int | None = None) -> RuleEntry | None:
         """The entry of (op, signature), or None. ``implementation``: '' for a framework's
         own op (the framework's version keys it), else a fingerprint of the user's code
         behind it (``fingerprint.code_fingerprint``), part of the key; None where that code
         cannot be read: its entries live in memory only, since nothing would tell a file
-        written for an older version of the op from one for this."""
-        key = (backend, op, signature, implementation)
+        written for an older version of the op from one for this. ``pieces``: the number of
+        outputs of a call whose signature does not say it (``NodeCall.pieces``), part of
+        the key: ``unbind`` of 4 rows and of 6 have one signature and two entries."""
+        key = (backend, op, signature, implementation, pieces)
         if key in self._memory:
             return self._memory[key]
         if not self.persist or implementation is None:
             return None
-        path = self.path(backend, op, signature, implementation)
+        path = self.path(backend, op, signature, implementation, pieces)
         blocker = _not_a_file(path)
         if blocker:
             self._unusable_entry(backend, path, blocker)
@@ -188,12 +192,13 @@ class RuleCache:
             self._memory[key] = entry
         return entry
 
-    def put(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "") -> None:
-        """Keep ``entry`` (``implementation`` as ``get`` takes it)."""
-        self._memory[(backend, op, entry.signature, implementation)] = entry  # first: a failed write loses nothing
+    def put(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
+            pieces: int | None = None) -> None:
+        """Keep ``entry`` (``implementation`` and ``pieces`` as ``get`` takes them)."""
+        self._memory[(backend, op, entry.signature, implementation, pieces)] = entry  # first: a failed write loses nothing
         if self.persist and implementation is not None:
             record: OpRecord = make_record(_stored_name(op), backend, [entry])
-            path = self.path(backend, op, entry.signature, implementation)
+            path = self.path(backend, op, entry.signature, implementation, pieces)
             if path in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
             text = _seal(dump_record(record))
@@ -205,11 +210,12 @@ class RuleCache:
             except OSError as e:
                 self._unusable_entry(backend, path, f"{path}: cannot write: {e.strerror or e}")
 
-    def remember(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "") -> None:
+    def remember(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
+                 pieces: int | None = None) -> None:
         """Keep a freshly explored entry, unless it failed: a failure may be the
         environment's (a crash, a time limit), so the next run explores again."""
         if entry.status != "failed":
-            self.put(backend, op, entry, implementation)
+            self.put(backend, op, entry, implementation, pieces)
 
     def _rewrite(self, problem: str) -> None:
         warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {problem}",

@@ -1,8 +1,8 @@
 """Rules for every node of a captured graph: the static table first, then live exploration.
 
 A table miss runs ShardCombine on the node's real example values (recorded at capture),
-and caches the entry by (op, signature), in memory and on disk, so each unseen op is
-explored once per machine. Where the table lists the op at a neighbouring signature (the
+and caches the entry by (op, signature; a split's number of pieces too), in memory and on
+disk, so each unseen op is explored once per machine. Where the table lists the op at a neighbouring signature (the
 same tensor arguments, other non-tensor ones: ``normalized_shape=[64]`` against the
 sweep's ``[8]``), those rules are verified at the call first; where every one holds, that
 entry stands (a tenth of the time for a layer norm's backward), else the call is explored
@@ -77,6 +77,12 @@ class NodeCall:
     # pieces of a size): an entry for another count is not its rules (None: any)
     pieces: int | None = None
 
+    @property
+    def key(self) -> tuple[str, int | None]:
+        """What tells this call's rules from another's of its op: two calls of one signature
+        split into different numbers of pieces have rules of their own."""
+        return self.signature, self.pieces
+
     def takes(self, entry: RuleEntry) -> bool:
         """Are ``entry``'s rules this call's, by its number of outputs?"""
         return gives_pieces(entry.strategies(), self.pieces)
@@ -135,20 +141,20 @@ def resolve(
     stats = ResolveStats()
     calls = {node.name: call_of(node) for node in ir.op_list}
     entries: dict[str, RuleEntry] = {}
-    unseen: dict[tuple[str, str], NodeCall] = {}  # (op, signature) -> its first node's call
+    unseen: dict[tuple, NodeCall] = {}  # (op, call.key) -> its first node's call
     for node in ir.op_list:
         call = calls[node.name]
         if call.table_rules is None:
-            hit = cache.get(backend, node.op, call.signature, call.implementation)
+            hit = cache.get(backend, node.op, call.signature, call.implementation, call.pieces)
             if hit is not None and call.takes(hit):
                 entries[node.name] = hit
             else:
-                unseen.setdefault((node.op, call.signature), call)
+                unseen.setdefault((node.op, call.key), call)
     for call in unseen.values():
         if call.prepare is not None:
             call.prepare()
     explored = _explore(unseen, ops, isolation, stats, threads)
-    counted: set[tuple[str, str]] = set()
+    counted: set[tuple] = set()
     out: dict[str, tuple[Strategy, ...]] = {}
     for node in ir.op_list:
         call = calls[node.name]
@@ -156,7 +162,7 @@ def resolve(
             out[node.name] = call.table_rules
             stats.table += 1
             continue
-        key = (node.op, call.signature)
+        key = (node.op, call.key)
         if node.name in entries:
             entry = entries[node.name]
             stats.cache += 1
@@ -164,7 +170,7 @@ def resolve(
             entry = explored[key]
             counted.add(key)
             stats.live += 1
-            cache.remember(backend, node.op, entry, call.implementation)
+            cache.remember(backend, node.op, entry, call.implementation, call.pieces)
             _warn_if_failed(node.op, entry, node.name)
         else:
             entry = explored[key]
@@ -183,13 +189,13 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
                  isolation: Isolation | None = None) -> RuleEntry:
     """The verified rules of one call outside a graph (an op registered on its own): from
     the cache, or explored live as ``resolve`` explores a node's, and then cached."""
-    entry = cache.get(backend, op, call.signature, call.implementation)
+    entry = cache.get(backend, op, call.signature, call.implementation, call.pieces)
     if entry is None or not call.takes(entry):
-        key = (op, call.signature)
+        key = (op, call.key)
         if call.prepare is not None:
             call.prepare()
         entry = _explore({key: call}, ops, isolation, ResolveStats())[key]
-        cache.remember(backend, op, entry, call.implementation)
+        cache.remember(backend, op, entry, call.implementation, call.pieces)
         _warn_if_failed(op, entry)
     return entry
 
@@ -206,8 +212,8 @@ def _warn_if_failed(op: str, entry: RuleEntry, node: str = "") -> None:
                       LiveExplorationWarning, stacklevel=3)
 
 
-def _explore(unseen: dict[tuple[str, str], NodeCall], ops: TensorOps, isolation: Isolation | None,
-             stats: ResolveStats, threads: int = 1) -> dict[tuple[str, str], RuleEntry]:
+def _explore(unseen: dict[tuple, NodeCall], ops: TensorOps, isolation: Isolation | None,
+             stats: ResolveStats, threads: int = 1) -> dict[tuple, RuleEntry]:
     if isolation is None and threads > 1 and len(unseen) > 1:
         with ThreadPoolExecutor(min(threads, len(unseen)), thread_name_prefix="metaspmd-explore") as pool:
             try:

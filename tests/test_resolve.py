@@ -65,3 +65,29 @@ def test_threads_explore_the_same_entries_as_one_at_a_time(tmp_path):
         found[threads] = (strategies, entries(cache))
         assert (RAN_ON == {threading.current_thread().name}) == (threads == 1), RAN_ON
     assert found[1] == found[3]
+
+
+def unbind_rows(a):
+    return list(a)
+
+
+def unbind_call(rows: int) -> NodeCall:
+    return NodeCall("self:f[*,*]", None, lambda: OpCase("unbind", unbind_rows, values((rows, 3)), {}, ("self",)),
+                    pieces=rows)
+
+
+def test_calls_of_one_signature_split_into_other_numbers_of_pieces_have_entries_of_their_own(tmp_path):
+    """Two unbinds of one signature, of 4 rows and of 6: each node gets rules of its own
+    number of outputs, and a second run finds both in the cache (one file held only the
+    last written, so every run explored the other again)."""
+    a, b = MetaVar("a", (4, 3)), MetaVar("b", (6, 3))
+    ir = MetaIR((a, b), (
+        MetaOp("four", "unbind", (a,), {}, tuple(MetaVar(f"a{i}", (3,)) for i in range(4))),
+        MetaOp("six", "unbind", (b,), {}, tuple(MetaVar(f"b{i}", (3,)) for i in range(6))),
+    ), ())
+    calls = {"four": unbind_call(4), "six": unbind_call(6)}
+    for run, (live, cached) in enumerate([(2, 0), (0, 2)]):
+        strategies, stats = resolve(ir, lambda node: calls[node.name], NumpyOps(), "numpy", RuleCache(tmp_path))
+        assert (stats.live, stats.cache) == (live, cached), run
+        assert strategies["four"] and {len(s.outputs) for s in strategies["four"]} == {4}
+        assert strategies["six"] and {len(s.outputs) for s in strategies["six"]} == {6}

@@ -67,6 +67,28 @@ def test_rules_come_from_cache_second_time(fake_world, cache):
     assert p.stats.live == 0
 
 
+class TwoUnbinds(torch.nn.Module):
+    """Two unbinds of one signature (rank 3, dim 0) into 4 pieces and into 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        h = x * self.w
+        rows = sum(p * (i + 1) for i, p in enumerate(h.unbind(0)))
+        cols = sum(q * (j + 1) for j, q in enumerate(h.transpose(0, 1).unbind(0)))
+        return torch.cat([rows, cols])
+
+
+def test_unbinds_into_other_numbers_of_pieces_are_each_cached(fake_world, tmp_path):
+    torch.manual_seed(0)
+    model, x = TwoUnbinds(), torch.randn(4, 3, 5)
+    run_planned(model, x, RuleCache(tmp_path))
+    p = run_planned(model, x, RuleCache(tmp_path))  # a new process's cache, read from disk
+    assert p.stats.live == 0, p.stats
+
+
 def test_memory_budget_gives_megatron_mlp(fake_world, cache):
     """Column-parallel first linear, row-parallel second (bias Partial), one collective
     on the block's forward output."""
