@@ -214,7 +214,42 @@ def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
                              f"{again} these shapes")
         elif x.dtype != traced.dtype:
             raise TypeError(f"{traced.name}: dtype {x.dtype}, but the plan is for {traced.dtype}: {again} this dtype")
+        else:
+            _refuse_ranks_that_differ(traced.name, x)
     refuse_aliased_writes(captured.updated_inputs, captured.inputs, leaves)
+
+
+def _refuse_ranks_that_differ(name: str, x: torch.Tensor) -> None:
+    """Refuse an input made inside LocalTensorMode whose simulated ranks hold different
+    values (``torch.randn(..., generator=g)`` draws one batch per rank): the plan places
+    rank 0's values, as ``distribute_tensor`` does, and would silently drop the others'."""
+    ranks = _local_tensors(x)
+    if not ranks:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        first, *others = (ranks[r] for r in sorted(ranks))
+        differ = [r for r, t in zip(sorted(ranks)[1:], others) if not _same_values(first, t)]
+    if differ:
+        raise ValueError(f"{name} holds other values on simulated rank {differ[0]} than on rank {min(ranks)} (a "
+                         "tensor made inside LocalTensorMode, drawn once per rank): the plan places one global "
+                         "tensor, rank 0's, as distribute_tensor does. Pass the same values on every rank: make the "
+                         "batch outside LocalTensorMode")
+
+
+def _local_tensors(x: Any) -> dict:
+    """A LocalTensor's tensor per simulated rank; {} for any other value."""
+    try:
+        from torch.distributed._local_tensor import LocalTensor
+    except ImportError:  # a torch without it
+        return {}
+    return dict(x._local_tensors) if isinstance(x, LocalTensor) else {}
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element by element, NaN where the other has NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def refuse_aliased_writes(written: Sequence[int], traced: Sequence[TracedInput], leaves: Sequence[Any]) -> None:

@@ -659,3 +659,21 @@ def test_a_model_or_input_placed_already_is_refused_by_name(fake_world, cache):
             parallelize(model, mesh, (distribute_tensor(x, mesh, (Replicate(),)),), cache=cache)
         with pytest.raises(TypeError, match=r"parameter '.*weight' is a DTensor \(placed already\)"):
             parallelize(distribute_module(placed, mesh), mesh, (x,), cache=cache)
+
+
+def test_a_batch_whose_simulated_ranks_differ_is_refused_and_one_they_share_runs(fake_world, cache):
+    """A batch made inside LocalTensorMode holds one tensor per simulated rank: the plan
+    places one global tensor, so ranks that differ (a batch drawn once per rank) are
+    refused, where rank 0's had silently been used; ranks that agree run as a plain tensor."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    torch.manual_seed(0)
+    model, x = MLP(16, 32), torch.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=cache)
+        shared = LocalTensor({r: x.clone() for r in range(WORLD)})
+        out, _ = p(shared)
+        drawn = LocalTensor({r: x + r for r in range(WORLD)})
+        with pytest.raises(ValueError, match="input 0 holds other values on simulated rank 1 than on rank 0"):
+            p(drawn)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
