@@ -953,7 +953,9 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
 
 def _refuse_values_read_into_python(node: torch.fx.Node, val: Any) -> None:
     """A plan shards tensors: a number the graph reads out of a tensor's values (``.item()``)
-    or a size that depends on them (``x[x > 0]``) and that later ops use has no placement."""
+    or a size that depends on them (``x[x > 0]``) and that later ops use has no placement.
+    The error names the op the value came from, which the user wrote, beside the node that
+    reads it, which the trace made."""
     if isinstance(val, torch.Tensor) or not node.users:
         return
     if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) or v is None for v in val):
@@ -961,11 +963,40 @@ def _refuse_values_read_into_python(node: torch.fx.Node, val: Any) -> None:
     used_by = sorted({op_name(u.target) for u in node.users if isinstance(u.target, torch._ops.OpOverload)})
     if not used_by:
         return
+    origin = _value_dependent_origin(node)
+    made = ("" if origin is None or origin is node else
+            f", a size made by {op_name(origin.target)} at {origin.name} (its output's length depends on the values)")
     raise ValueError(f"the traced graph reads a Python value out of tensor data at {node.name} "
-                     f"({op_name(node.target)}), and {', '.join(used_by)} use it: from .item(), .tolist() or a "
-                     "size that depends on values (x[mask], nonzero). parallelize plans graphs whose shapes and "
-                     "values stay tensors: keep the value a tensor (y * y.sum() rather than y * y.sum().item()), "
-                     "or mask with torch.where instead of indexing")
+                     f"({op_name(node.target)}){made}, and {', '.join(used_by)} use it: from .item(), .tolist() or "
+                     "a size that depends on values (x[mask], nonzero, torch.where(mask) of one argument). "
+                     "parallelize plans graphs whose shapes and values stay tensors: keep the value a tensor "
+                     "(y * y.sum() rather than y * y.sum().item()), or mask rather than select "
+                     "(torch.where(mask, x, 0) rather than x[mask])")
+
+
+def _is_symbolic(val: Any) -> bool:
+    """A traced value whose size or value the trace does not know (an unbacked symbol)."""
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in val.shape)
+    return isinstance(val, (list, tuple)) and any(_is_symbolic(v) for v in val)
+
+
+def _value_dependent_origin(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The nearest op at or before ``node`` whose output is symbolic though none of its
+    inputs is: where a value became a size or a number (nonzero, masked indexing, .item())."""
+    seen, queue = {node}, [node]
+    while queue:
+        n = queue.pop(0)
+        inputs = n.all_input_nodes
+        if _is_symbolic(n.meta.get("val")) and not any(_is_symbolic(a.meta.get("val")) for a in inputs):
+            return n
+        for a in inputs:
+            if a not in seen:
+                seen.add(a)
+                queue.append(a)
+    return None
 
 
 def arg_names(op: MetaOp) -> tuple[str, ...]:

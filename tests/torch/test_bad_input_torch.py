@@ -119,9 +119,19 @@ class MasksByIndexing(ReadsItem):
         return y[y > 0].sum() + y.sum()
 
 
+class SelectsWhere(ReadsItem):
+    def forward(self, x):
+        y = self.fc(x)
+        rows, _ = torch.where(y > 0)  # one argument: nonzero, of as many rows as values pass
+        return y[rows].sum() + y.sum()
+
+
 @pytest.mark.parametrize("model,op", [(ReadsItem(), r"_local_scalar_dense \(aten._local_scalar_dense.default\), "
                                                     r"and aten.mul.Tensor use it"),
-                                      (MasksByIndexing(), r"\(aten.sym_size.int\)")])
+                                      (MasksByIndexing(), r"\(aten.sym_size.int\), a size made by aten.index.Tensor at "
+                                                          r"index "),
+                                      (SelectsWhere(), r"\(aten.sym_size.int\), a size made by aten.nonzero.default at "
+                                                       r"nonzero ")])
 def test_a_value_read_out_of_tensor_data_is_named(model, op):
     with pytest.raises(ValueError, match=r"the traced graph reads a Python value out of tensor data at .*" + op):
         capture(model, (torch.randn(2, 4),))
