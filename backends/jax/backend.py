@@ -38,8 +38,10 @@ from .tensor_ops import JaxOps, float_bits, kind_of
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
 # except for primitives whose params name the model's own sizes (a reshape's new sizes, a
-# broadcast's shape, an iota's): those signatures match no other model.
-MODEL_CASES = 8
+# broadcast's shape, an iota's): those signatures match no other model. Enough for every
+# model signature of the busiest primitive (dot_general: 19, its Flax-style projections
+# among them; 26 s of the sweep's 60 CPU seconds per op on a slow machine).
+MODEL_CASES = 20
 SIZED_PARAMS = SHAPE_PARAMS | {"iota", "split"}
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.

@@ -4,10 +4,11 @@ loss and its gradients (``jax.value_and_grad``), so both passes' equations are i
 jax's harnesses call each primitive on one or two ranks, mostly without broadcasting; a
 model's graph holds rank-3 and rank-4 activations, biases and statistics broadcast against
 them (``x:f[*,*,*] y:f[*,*,1]``), reductions over the last axis, attention's batched
-matmuls and a loss over a vocabulary. The sweep explores these signatures as well
-(``backend.MODEL_CASES`` per primitive, beyond the harnesses' own), so the table holds them
-and ``parallelize`` looks them up instead of exploring them live. Arguments are flat
-arrays: a program's jaxpr takes them as its inputs.
+matmuls and a loss over a vocabulary; Flax's layers keep attention heads as a dim of their
+own and contract two dims at once (``_flax_block``). The sweep explores these signatures
+as well (``backend.MODEL_CASES`` per primitive, beyond the harnesses' own), so the table
+holds them and ``parallelize`` looks them up instead of exploring them live. Arguments are
+flat arrays: a program's jaxpr takes them as its inputs.
 """
 
 from __future__ import annotations
@@ -78,6 +79,43 @@ def _cnn(w1, w2, wd, x):
     return jax.nn.logsumexp(h.mean(axis=(2, 3)) @ wd, axis=-1).sum()
 
 
+def _flax_layer_norm(x, scale, bias, eps=1e-6):
+    """Flax's LayerNorm (nnx and linen): E[x^2] - E[x]^2 clipped at 0 (its fast variance),
+    then rsqrt(var + eps) times the scale, the statistics and parameters reshaped to
+    broadcast (``x:f[*,*,1]`` beside ``y:f[1,1,*]``)."""
+    mu, mu2 = x.mean(-1), lax.square(x).mean(-1)
+    var = jnp.maximum(0.0, mu2 - lax.square(mu))
+    stats, feature = x.shape[:-1] + (1,), (1,) * (x.ndim - 1) + (x.shape[-1],)
+    mul = lax.rsqrt(var.reshape(stats) + eps) * scale.reshape(feature)
+    return (x - mu.reshape(stats)) * mul + bias.reshape(feature)
+
+
+def _dense_general(x, kernel, bias, axes):
+    """Flax's Linear / LinearGeneral / DenseGeneral: ``axes`` of x contracted with the
+    kernel's leading dims (a [D, heads, head_dim] kernel for attention's projections), the
+    bias reshaped to broadcast over the batch dims."""
+    out = lax.dot_general(x, kernel, ((axes, tuple(range(len(axes)))), ((), ())))
+    return out + bias.reshape((1,) * (x.ndim - len(axes)) + bias.shape)
+
+
+def _flax_block(s1, b1, wq, bq, wk, bk, wv, bv, wo, bo, s2, b2, w1, c1, w2, c2, x):
+    """A pre-norm transformer block as Flax's layers compute it (nnx.MultiHeadAttention,
+    linen.MultiHeadDotProductAttention): heads kept as a dim of their own ([B, L, H, d]
+    projections, einsum attention, no transposes in the forward), a causal mask as
+    ``make_causal_mask`` builds it, a mean loss."""
+    n, t, _ = x.shape
+    q, k, v = (_dense_general(_flax_layer_norm(x, s1, b1), w, b, (2,)) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    scores = jnp.einsum("...qhd,...khd->...hqk", q, k)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
+    mask = jnp.expand_dims(positions[..., :, None] >= positions[..., None, :], -3).astype(jnp.float32)
+    scores = jnp.where(mask.astype(bool), scores, jnp.finfo(scores.dtype).min)
+    out = jnp.einsum("...hqk,...khd->...qhd", jax.nn.softmax(scores), v)
+    x = x + _dense_general(out, wo, bo, (2, 3))
+    h = jax.nn.gelu(_dense_general(_flax_layer_norm(x, s2, b2), w1, c1, (2,)))
+    return (x + _dense_general(h, w2, c2, (2,))).mean()
+
+
 def _normal(*shape):
     return lambda r: (0.3 * r.standard_normal(shape)).astype(np.float32)
 
@@ -98,6 +136,10 @@ _MODELS = {
     "attention": (_attention, (_ones_plus(D), _normal(D), _normal(D, 3 * D), _normal(D, D)), (_normal(2, 6, D),)),
     "lm_loss": (_lm_loss, (_normal(VOCAB, D), _normal(D, D)), (_ids(2, 6, vocab=VOCAB), _ids(2, 6, vocab=VOCAB))),
     "cnn": (_cnn, (_normal(4, 3, 3, 3), _normal(6, 4, 3, 3), _normal(6, 5)), (_normal(2, 3, 8, 8),)),
+    "flax_block": (_flax_block, (_ones_plus(D), _normal(D), _normal(D, 2, D // 2), _normal(2, D // 2),
+                                 _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
+                                 _normal(2, D // 2, D), _normal(D), _ones_plus(D), _normal(D), _normal(D, HIDDEN),
+                                 _normal(HIDDEN), _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
     "norm_by_division": (_norm_by_division, (_ones_plus(D), _normal(D), _normal(D, HIDDEN), _normal(HIDDEN),
                                              _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
 }

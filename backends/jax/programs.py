@@ -129,7 +129,8 @@ def _run_to(jaxpr: core.Jaxpr, consts, args, path: tuple[int, ...]) -> list[Any]
             body = eqn.params[INLINED[eqn.primitive.name]]
             inner, inner_consts = (body.jaxpr, body.consts) if isinstance(body, core.ClosedJaxpr) else (body, ())
             return _run_to(inner, inner_consts, invals, path[1:])
-        outs = eqn.primitive.bind(*invals, **eqn.params)
+        # bound as core.eval_jaxpr binds: a custom_jvp call's params become its functions
+        outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
         outs = outs if eqn.primitive.multiple_results else [outs]
         for v, x in zip(eqn.outvars, outs):
             if not isinstance(v, core.DropVar):

@@ -148,3 +148,19 @@ def test_every_program_calls_a_primitive_with_the_params_jaxs_functions_bind(bac
     assert {p for p, found in names.items() if len(found) > 1} <= {"conj"}
     harness = [o for o in index["mul"] if programs.programs()[o.program].name.startswith("harness/mul/")]
     assert harness and all(o.params == {"out_dtype": None} for o in harness)
+
+
+def test_a_call_after_a_custom_jvp_function_is_captured(backend):
+    """The CNN program's loss is a logsumexp, a ``custom_jvp_call`` in its jaxpr: bound
+    with its jaxpr's params, it raised KeyError('subfuns'), so every call after it (the
+    whole backward: the convolutions' gradients, the pooling's select_and_scatter_add)
+    could not be captured, and the sweep left their signatures out. Bound as
+    ``core.eval_jaxpr`` binds, each runs."""
+    from metaspmd.backends.jax import program_index, programs
+
+    index = program_index.index()
+    cnn = [o for o in index["select_and_scatter_add"] if programs.programs()[o.program].name == "model/cnn"]
+    assert cnn
+    for occ in cnn:
+        operands = programs.capture(occ, 0)
+        assert [tuple(x.shape) for x in operands] == [tuple(a.shape) for a in occ.in_avals]

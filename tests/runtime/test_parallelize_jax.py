@@ -485,3 +485,26 @@ def test_a_programs_elementwise_product_of_matrices_finds_the_tables_rules():
     c = capture(lambda a, b: a * b, (jnp.ones((4, 6)), jnp.ones((4, 6))))
     calls = [node_call(c, op) for op in c.ir.op_list if op.op == "jax.mul"]
     assert calls and all(call.table_rules for call in calls), [call.signature for call in calls]
+
+
+def test_flax_style_attention_projections_and_layer_norm_find_the_tables_rules():
+    """Flax's LinearGeneral keeps heads as a dim of their own ([D, H, d] kernels, two dims
+    contracted by the output projection) and its LayerNorm broadcasts [B, L, 1] statistics
+    against [1, 1, D] parameters: with their gradients, every contraction, transpose and
+    pointwise op of these is a table hit (``model_programs._flax_block``), at sizes other
+    than the sweep's."""
+    def loss(scale, wq, wo, x):
+        mu, mu2 = x.mean(-1), lax.square(x).mean(-1)
+        var = jnp.maximum(0.0, mu2 - lax.square(mu))
+        h = (x - mu[..., None]) * (lax.rsqrt(var[..., None] + 1e-6) * scale.reshape(1, 1, -1))
+        q = lax.dot_general(h, wq, (((2,), (0,)), ((), ())))
+        return lax.dot_general(q, wo, (((2, 3), (0, 1)), ((), ()))).mean()
+
+    d, heads = 12, 3
+    args = (jnp.ones(d), jnp.ones((d, heads, d // heads)), jnp.ones((heads, d // heads, d)), jnp.ones((3, 5, d)))
+    c = capture(lambda *a: jax.value_and_grad(loss, argnums=(0, 1, 2))(*a), args)
+    ops = ("jax.dot_general", "jax.transpose", "jax.mul", "jax.div", "jax.square", "jax.select_n")
+    calls = [(op.op, node_call(c, op)) for op in c.ir.op_list if op.op in ops]
+    assert {op for op, _ in calls} >= {"jax.dot_general", "jax.transpose", "jax.square"}
+    missed = [f"{op} {call.signature}" for op, call in calls if not call.table_rules]
+    assert not missed, missed
