@@ -136,7 +136,8 @@ class RuleCache:
         """Where the entry of (op, signature) lives on disk: a folder per op, named after it
         (an op name no file may have, a user's ``ns::op`` primitive, by its digest), and a
         file per signature, implementation and number of pieces."""
-        key = signature + (f"\n{implementation}" if implementation else "") + (f"\npieces={pieces}" if pieces is not None else "")
+        key = signature + (f"\n{implementation}" if implementation else "")
+        key += f"\npieces={pieces}" if pieces is not None else ""  # None: the key before pieces were counted
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         folder = record_path(self._folder, self._backend_folder(backend), _stored_name(op)).with_suffix("")
         return folder / f"{digest}.yaml"
@@ -195,7 +196,8 @@ class RuleCache:
     def put(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
             pieces: int | None = None) -> None:
         """Keep ``entry`` (``implementation`` and ``pieces`` as ``get`` takes them)."""
-        self._memory[(backend, op, entry.signature, implementation, pieces)] = entry  # first: a failed write loses nothing
+        # first: a failed write loses nothing
+        self._memory[(backend, op, entry.signature, implementation, pieces)] = entry
         if self.persist and implementation is not None:
             record: OpRecord = make_record(_stored_name(op), backend, [entry])
             path = self.path(backend, op, entry.signature, implementation, pieces)

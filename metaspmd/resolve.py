@@ -2,11 +2,11 @@
 
 A table miss runs ShardCombine on the node's real example values (recorded at capture),
 and caches the entry by (op, signature; a split's number of pieces too), in memory and on
-disk, so each unseen op is explored once per machine. Where the table lists the op at a neighbouring signature (the
-same tensor arguments, other non-tensor ones: ``normalized_shape=[64]`` against the
-sweep's ``[8]``), those rules are verified at the call first; where every one holds, that
-entry stands (a tenth of the time for a layer norm's backward), else the call is explored
-from scratch.
+disk, so each unseen op is explored once per machine. Where the table lists the op at a
+neighbouring signature (the same tensor arguments, other non-tensor ones:
+``normalized_shape=[64]`` against the sweep's ``[8]``), those rules are verified at the
+call first; where every one holds, that entry stands (a tenth of the time for a layer
+norm's backward), else the call is explored from scratch.
 """
 
 from __future__ import annotations
