@@ -223,9 +223,9 @@ def _refuse_ranks_that_differ(name: str, x: torch.Tensor) -> None:
     """Refuse an input made inside LocalTensorMode whose simulated ranks hold different
     values (``torch.randn(..., generator=g)`` draws one batch per rank): the plan places
     rank 0's values, as ``distribute_tensor`` does, and would silently drop the others'."""
-    ranks = _local_tensors(x)
-    if not ranks:
+    if not _is_local_tensor(x):
         return
+    ranks = dict(x._local_tensors)
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
@@ -238,13 +238,13 @@ def _refuse_ranks_that_differ(name: str, x: torch.Tensor) -> None:
                          "batch outside LocalTensorMode")
 
 
-def _local_tensors(x: Any) -> dict:
-    """A LocalTensor's tensor per simulated rank; {} for any other value."""
+def _is_local_tensor(x: Any) -> bool:
+    """A tensor made inside LocalTensorMode, one tensor per simulated rank."""
     try:
         from torch.distributed._local_tensor import LocalTensor
     except ImportError:  # a torch without it
-        return {}
-    return dict(x._local_tensors) if isinstance(x, LocalTensor) else {}
+        return False
+    return isinstance(x, LocalTensor)
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -418,10 +418,6 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     if loss_fn is not None and not backward:
         raise ValueError("loss_fn is the loss the backward differentiates, but backward=False plans the forward "
                          "only: drop loss_fn, or pass backward=True")
-    try:
-        from torch.distributed._local_tensor import LocalTensor
-    except ImportError:  # a torch without it
-        LocalTensor = ()
     values = [(f"example input {i}", x) for i, x in enumerate(torch.utils._pytree.tree_leaves(list(example_inputs)))]
     if isinstance(fn_or_module, torch.nn.Module):
         values += [(f"parameter {n!r}", p) for n, p in fn_or_module.named_parameters()]
@@ -437,7 +433,7 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     values += [(c.what, c.traced) for c in constants]
     for what, x in values:
         # a LocalTensor holds one tensor per simulated rank; tracing it recurses without end
-        if LocalTensor and isinstance(x, LocalTensor):
+        if _is_local_tensor(x):
             raise TypeError(f"{what} is a LocalTensor (made inside LocalTensorMode): create the model and its "
                             "example inputs outside the mode; only calling the parallelized model needs it")
         _refuse_placed(what, x)
@@ -638,12 +634,8 @@ def _no_local_constants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     LocalTensorMode that the model reads as an attribute or a closure's variable (not a
     parameter, buffer or input, which ``_check_inputs`` names) computes per simulated rank
     outside the trace, and the graph would give its example output whatever the input."""
-    try:
-        from torch.distributed._local_tensor import LocalTensor
-    except ImportError:  # a torch without it
-        return gm
     for node in gm.graph.nodes:
-        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), LocalTensor):
+        if node.op == "get_attr" and _is_local_tensor(getattr(gm, node.target, None)):
             raise TypeError("the model reads a LocalTensor (a tensor made inside LocalTensorMode) that is neither a "
                             "parameter, a buffer nor an example input: an attribute or a variable it closes over. "
                             "Create it outside the mode; only calling the parallelized model needs it")
