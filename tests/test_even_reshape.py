@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from metaspmd import spec
+from metaspmd import reshape, spec
 from metaspmd.placement import REPLICATE, Shard
 from metaspmd.planner.mesh import Mesh
 from metaspmd.planner.strategies import axis_strategies, compose
@@ -58,7 +58,7 @@ def test_a_merge_keeps_its_plain_gather_and_a_split_onto_a_coprime_dim_has_no_cu
     assert _cuts(_view((8, 4, 4), [8, 16])) == {0: "gather(dim=0)", 1: "gather(dim=1)",
                                                 2: "gather(dim=1, block=4)"}
     # [4, 6] as [3, 8]: no count divides both 4 and 3
-    assert views.reshape_even_mapping((4, 6), (3, 8)) == {}
+    assert reshape.reshape_even_mapping((4, 6), (3, 8)) == {}
     assert 0 not in _cuts(_view((4, 6), [3, 8]))
 
 

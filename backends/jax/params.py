@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from jax._src import core
 
+from metaspmd.reshape import reshape_groups
 from metaspmd.signature import ALL_DIMS, span
 
 # Params that never change a sharding rule: kept out of signatures and examples. (The
@@ -239,32 +240,11 @@ def _broadcast_in_dim(params, g: Shapes, l: Shapes):
     return {**params, "shape": tuple(shape)}
 
 
-def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-    """Split a reshape into (input dims, output dims) groups of equal element counts."""
-    groups, i, j = [], 0, 0
-    try:
-        while i < len(src) or j < len(dst):
-            gi, gj, pi, pj = [], [], 1, 1
-            if i < len(src):
-                gi.append(i); pi *= src[i]; i += 1
-            if j < len(dst):
-                gj.append(j); pj *= dst[j]; j += 1
-            while pi != pj:
-                if pi < pj:
-                    gi.append(i); pi *= src[i]; i += 1
-                else:
-                    gj.append(j); pj *= dst[j]; j += 1
-            groups.append((gi, gj))
-    except IndexError:
-        raise ValueError(f"cannot group reshape {tuple(src)} -> {tuple(dst)}") from None
-    return groups
-
-
 def _reshape(params, g: Shapes, l: Shapes):
     if params.get("dimensions") is not None:
         return params
     new = list(params["new_sizes"])
-    for gi, gj in _reshape_groups(g[0], new):
+    for gi, gj in reshape_groups(g[0], new):
         local = math.prod(l[0][d] for d in gi)
         if local == math.prod(g[0][d] for d in gi):
             continue

@@ -25,11 +25,13 @@ from typing import Any, Callable
 
 import torch
 
-from metaspmd.spec import Gather, InputPlacement, OutputCombine, Reduce, ShardIn
+from metaspmd.reshape import (
+    Candidate, cut_candidates, reshape_block_mapping, reshape_candidates, reshape_even_mapping, reshape_mapping,
+    reshape_sizes, single_cuts,
+)
+from metaspmd.spec import Gather, OutputCombine, Reduce, ShardIn
 
 from . import catalog
-
-Candidate = tuple[tuple[InputPlacement, ...], tuple[OutputCombine, ...]]
 
 
 @dataclass(frozen=True)
@@ -72,110 +74,12 @@ def _norm(dim: int, rank: int) -> int:
     return dim % rank if rank else 0
 
 
-def _single(mapping: dict[int, int], shape: tuple[int, ...], n_outputs: int = 1) -> tuple[Candidate, ...]:
-    """One candidate per shardable input dim: Shard(d) -> gather(mapping[d]) on every output."""
-    return tuple(
-        ((ShardIn(d),), tuple(OutputCombine((Gather(o),)) for _ in range(n_outputs)))
-        for d, o in sorted(mapping.items())
-        if shape[d] >= 2
-    )
-
-
 def _permutation(func, x: torch.Tensor, args: tuple, kwargs: dict) -> dict[int, int]:
     """Input dim -> output dim of a pure dim permutation, read off a meta tensor with distinct sizes."""
     probe = torch.empty([2 + i for i in range(x.dim())], device="meta")
     out = func(probe, *args[1:], **kwargs)
     sizes = list(out.shape)
     return {d: sizes.index(2 + d) for d in range(x.dim())}
-
-
-# --------------------------------------------------------------------------- reshape groups
-
-
-def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-    """Split two shapes of equal numel (no zeros) into minimal runs of dims with equal products."""
-    groups, i, j = [], 0, 0
-    while i < len(src) or j < len(dst):
-        gi, gj, pi, pj = [], [], 1, 1
-        if i < len(src):
-            pi, i = src[i], i + 1
-            gi.append(i - 1)
-        if j < len(dst):
-            pj, j = dst[j], j + 1
-            gj.append(j - 1)
-        while pi != pj:
-            if pi < pj and i < len(src):
-                pi, i = pi * src[i], i + 1
-                gi.append(i - 1)
-            elif pj < pi and j < len(dst):
-                pj, j = pj * dst[j], j + 1
-                gj.append(j - 1)
-            else:
-                raise ValueError(f"shapes {src} and {dst} differ in numel")
-        groups.append((gi, gj))
-    return groups
-
-
-def reshape_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
-    """Input dims a reshape keeps shardable: the leading non-1 dim of a group that merges
-    into (or equals) one non-1 output dim. Sharding that dim shards the output dim in order,
-    whatever the shard sizes; a dim split into several outputs needs even shards
-    (``reshape_even_mapping``)."""
-    return _leading_dims(src, dst, lambda ins, outs: len(outs) == 1)
-
-
-def reshape_even_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, int]:
-    """Input dims a reshape keeps shardable on even cuts only: the leading non-1 dim of a
-    group that splits into several non-1 output dims ([8, 256] as [8, 4, 64]; [6, 4] as
-    [4, 6]) maps onto the group's leading non-1 output dim. A cut into n equal shards is n
-    equal runs of the group's elements, and those are n equal runs of output rows exactly
-    where n divides that output dim too: gather(dim=o, even=true), DTensor's view rule for
-    a split. With every size known to the planner, it keeps the cut where both divide."""
-    return _leading_dims(src, dst, lambda ins, outs: len(outs) > 1 and math.gcd(src[ins[0]], dst[outs[0]]) > 1)
-
-
-def _leading_dims(src: tuple[int, ...], dst: tuple[int, ...], keeps) -> dict[int, int]:
-    """For each group of a reshape whose non-1 input and output dims ``keeps`` accepts, its
-    leading non-1 input dim -> its leading non-1 output dim."""
-    if 0 in src or 0 in dst:
-        return {}
-    mapping = {}
-    for gi, gj in reshape_groups(src, dst):
-        ins = [d for d in gi if src[d] != 1]
-        outs = [o for o in gj if dst[o] != 1]
-        if ins and keeps(ins, outs):
-            mapping[ins[0]] = outs[0]
-    return mapping
-
-
-def reshape_block_mapping(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[int, tuple[int, int]]:
-    """Input dims merged into one output dim behind others: {dim: (output dim, block)}.
-    Cutting such a dim leaves every shard one block per index of the dims in front of it
-    (block = their product), and the output is those blocks interleaved: gather(dim=o,
-    block=B), DTensor's _StridedShard(o, B) (flatten of [4, 6] cut along its 6)."""
-    if 0 in src or 0 in dst:
-        return {}
-    out = {}
-    for gi, gj in reshape_groups(src, dst):
-        outs = [o for o in gj if dst[o] != 1]
-        if len(outs) != 1:
-            continue
-        block = 1
-        for d in gi:
-            if src[d] != 1 and block > 1:
-                out[d] = (outs[0], block)
-            block *= src[d]
-    return out
-
-
-def _with_blocks(mapping: dict[int, int], blocks: dict[int, tuple[int, int]], shape: tuple[int, ...],
-                 even: dict[int, int] | None = None) -> tuple[Candidate, ...]:
-    """The plain gathers of ``mapping``, the block gathers of ``blocks`` and the even
-    gathers of ``even``."""
-    return _single(mapping, shape) + tuple(
-        ((ShardIn(d),), (OutputCombine((Gather(o, block=block),)),))
-        for d, (o, block) in sorted(blocks.items()) if shape[d] >= 2
-    ) + tuple(((ShardIn(d),), (OutputCombine((Gather(o, even=True),)),)) for d, o in sorted((even or {}).items()))
 
 
 def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...], mapping: dict[int, int]):
@@ -204,10 +108,8 @@ def _reshape_fn(func, size_arg: str, src: tuple[int, ...], dst: tuple[int, ...],
 
 def _reshape(func, x, args, kwargs):
     src, dst = tuple(x.shape), tuple(func(x, *args[1:], **kwargs).shape)
-    mapping, blocks, even = reshape_mapping(src, dst), reshape_block_mapping(src, dst), reshape_even_mapping(src, dst)
-    sizes = {**mapping, **{d: o for d, (o, _) in blocks.items()}, **even}  # all rewrite the output size alike
     size_arg = "size" if "size" in bound_args(func, args, kwargs) else "shape"
-    return ViewRule(_reshape_fn(func, size_arg, src, dst, sizes), _with_blocks(mapping, blocks, src, even))
+    return ViewRule(_reshape_fn(func, size_arg, src, dst, reshape_sizes(src, dst)), reshape_candidates(src, dst))
 
 
 def _resize(func, x, args, kwargs):
@@ -232,30 +134,30 @@ def _flatten_like(func, x, args, kwargs):
     mapping, blocks, even = reshape_mapping(src, dst), reshape_block_mapping(src, dst), reshape_even_mapping(src, dst)
     b = bound_args(func, args, kwargs)
     if "sizes" not in b:
-        return ViewRule(func, _with_blocks(mapping, blocks, src, even))
+        return ViewRule(func, cut_candidates(mapping, blocks, src, even))
     dim, sizes = _norm(b["dim"], x.dim()), list(b["sizes"])
     blocks.pop(dim, None)
     free = [k for k, size in enumerate(sizes) if size != 1]
     if not free:
         mapping.pop(dim, None)
         even.pop(dim, None)
-        return ViewRule(func, _with_blocks(mapping, blocks, src, even))
+        return ViewRule(func, cut_candidates(mapping, blocks, src, even))
     local_sizes = sizes[: free[0]] + [-1] + sizes[free[0] + 1:]
 
     def fn(*args, **kwargs):
         args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "sizes", local_sizes)
         return func(*args, **kwargs)
 
-    return ViewRule(fn, _with_blocks(mapping, blocks, src, even))
+    return ViewRule(fn, cut_candidates(mapping, blocks, src, even))
 
 
 def _permute_like(func, x, args, kwargs):
-    return ViewRule(func, _single(_permutation(func, x, args, kwargs), tuple(x.shape)))
+    return ViewRule(func, single_cuts(_permutation(func, x, args, kwargs), tuple(x.shape)))
 
 
 def _unsqueeze(func, x, args, kwargs):
     dim = _norm(bound_args(func, args, kwargs)["dim"], x.dim() + 1)
-    return ViewRule(func, _single({d: d + (d >= dim) for d in range(x.dim())}, tuple(x.shape)))
+    return ViewRule(func, single_cuts({d: d + (d >= dim) for d in range(x.dim())}, tuple(x.shape)))
 
 
 def _squeeze(func, x, args, kwargs):
@@ -277,7 +179,7 @@ def _squeeze(func, x, args, kwargs):
     def fn(*args, **kwargs):
         return by_dims(own(args[0]), removed)
 
-    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+    return ViewRule(fn, single_cuts(mapping, tuple(x.shape)))
 
 
 def _expand(func, x, args, kwargs):
@@ -292,7 +194,7 @@ def _expand(func, x, args, kwargs):
         args, kwargs = _with_arg(func, tuple(args), dict(kwargs), "size", local_size)
         return func(*args, **kwargs)
 
-    return ViewRule(fn, _single({d: d + off for d in kept}, tuple(x.shape)))
+    return ViewRule(fn, single_cuts({d: d + off for d in kept}, tuple(x.shape)))
 
 
 def _sum_to_size(func, x, args, kwargs):
@@ -311,7 +213,7 @@ def _sum_to_size(func, x, args, kwargs):
 
     summed = tuple(((ShardIn(d),), (OutputCombine((Reduce("sum"),)),))
                    for d in range(x.dim()) if d not in kept and x.shape[d] >= 2)
-    return ViewRule(fn, _single(kept, tuple(x.shape)) + summed)
+    return ViewRule(fn, single_cuts(kept, tuple(x.shape)) + summed)
 
 
 def _index_dim(func, x, args, kwargs, drops: bool):
@@ -325,25 +227,25 @@ def _index_dim(func, x, args, kwargs, drops: bool):
     mapping = {d: d - (drops and d > dim) for d in range(x.dim()) if d != dim}
     combine = Reduce("sum") if drops else Gather(dim)
     local = ((ShardIn(dim, local=True),), (OutputCombine((combine,)),) * n_out) if x.dim() and x.shape[dim] >= 2 else None
-    return ViewRule(func, _single(mapping, tuple(x.shape), n_out) + ((local,) if local else ()))
+    return ViewRule(func, single_cuts(mapping, tuple(x.shape), n_out) + ((local,) if local else ()))
 
 
 def _split_dim(func, x, args, kwargs, dim: int):
     out = func(x, *args[1:], **kwargs)
     mapping = {d: d for d in range(x.dim()) if d != dim}
-    return ViewRule(func, _single(mapping, tuple(x.shape), len(out)))
+    return ViewRule(func, single_cuts(mapping, tuple(x.shape), len(out)))
 
 
 def _diagonal(func, x, args, kwargs):
     b = bound_args(func, args, kwargs)
     d1, d2 = _norm(b["dim1"], x.dim()), _norm(b["dim2"], x.dim())
     rest = [d for d in range(x.dim()) if d not in (d1, d2)]
-    return ViewRule(func, _single({d: i for i, d in enumerate(rest)}, tuple(x.shape)))
+    return ViewRule(func, single_cuts({d: i for i, d in enumerate(rest)}, tuple(x.shape)))
 
 
 def _same_dims(func, x, args, kwargs, keep_last: bool = True):
     dims = range(x.dim() if keep_last else x.dim() - 1)
-    return ViewRule(func, _single({d: d for d in dims}, tuple(x.shape)))
+    return ViewRule(func, single_cuts({d: d for d in dims}, tuple(x.shape)))
 
 
 def _view_dtype(func, x, args, kwargs):
@@ -384,7 +286,7 @@ def _as_strided(func, x, args, kwargs):
         args, kwargs = _with_arg(func, args, kwargs, "stride", local_stride)
         return func(*args, **kwargs)
 
-    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+    return ViewRule(fn, single_cuts(mapping, tuple(x.shape)))
 
 
 def _sizes_follow_grad(func, x, args, kwargs, size_arg: str, mapping: dict[int, int]) -> ViewRule:
@@ -400,7 +302,7 @@ def _sizes_follow_grad(func, x, args, kwargs, size_arg: str, mapping: dict[int, 
         args, kwargs = _with_arg(func, tuple(args), dict(kwargs), size_arg, size)
         return func(*args, **kwargs)
 
-    return ViewRule(fn, _single(mapping, tuple(x.shape)))
+    return ViewRule(fn, single_cuts(mapping, tuple(x.shape)))
 
 
 def _upsample_backward(func, x, args, kwargs):
@@ -560,5 +462,4 @@ def derive(func, args: tuple, kwargs: dict) -> ViewRule | None:
         return None  # an unusual call: let the explorer treat it as an ordinary op
 
 
-__all__ = ["ViewRule", "derive", "is_view_like", "local_sizes", "reshape_block_mapping", "reshape_even_mapping",
-           "reshape_groups", "reshape_mapping", "shards_rewrite_call", "view_base"]
+__all__ = ["ViewRule", "derive", "is_view_like", "local_sizes", "shards_rewrite_call", "view_base"]

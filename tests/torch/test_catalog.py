@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # the OpInfo database needs it
 
-from metaspmd import reproducible  # noqa: E402
+from metaspmd import reproducible, reshape  # noqa: E402
 from metaspmd.backends.torch import TorchBackend, get_backend  # noqa: E402
 from metaspmd.backends.torch import catalog, samples, schema_samples, views  # noqa: E402
 from metaspmd.case import NoSample, OpCase, Skip  # noqa: E402
@@ -569,7 +569,7 @@ def test_reshape_candidates_and_local_shapes():
     assert torch.equal(rule.fn(local, [24, 5]), local.reshape(12, 5))
     rule = _rule_for(torch.ops.aten.view.default, torch.randn(24, 5), [4, 6, 5])
     assert _gather_rules(rule) == {1: 2}  # splitting dim 0 would need shards divisible by 6
-    assert views.reshape_mapping((2, 1, 6), (2, 6)) == {0: 0, 2: 1}
+    assert reshape.reshape_mapping((2, 1, 6), (2, 6)) == {0: 0, 2: 1}
 
 
 def test_a_dim_merged_behind_others_gathers_in_blocks():
@@ -580,8 +580,8 @@ def test_a_dim_merged_behind_others_gathers_in_blocks():
     assert _gather_rules(rule, block=True) == {1: (0, 4)}
     local = x[:, :2].contiguous()
     assert torch.equal(rule.fn(local, [24, 5]), local.reshape(8, 5))
-    assert views.reshape_block_mapping((2, 5, 5), (50,)) == {1: (0, 2), 2: (0, 10)}
-    assert views.reshape_block_mapping((24, 5), (4, 6, 5)) == {}  # a split, not a merge
+    assert reshape.reshape_block_mapping((2, 5, 5), (50,)) == {1: (0, 2), 2: (0, 10)}
+    assert reshape.reshape_block_mapping((24, 5), (4, 6, 5)) == {}  # a split, not a merge
     flat = _rule_for(torch.ops.aten.flatten.using_ints, torch.randn(4, 6))
     assert _gather_rules(flat, block=True) == {1: (0, 4)}
 
