@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from metaspmd.tensor_ops import FLOAT, INT, OTHER
+from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, OTHER
 
 from .params import group_operands
 from .tensor_ops import JaxOps
@@ -64,6 +64,20 @@ def _with_non_finite(operands: list, seed: int) -> list:
     return out
 
 
+def _with_zeros(operands: list, seed: int) -> list:
+    """A cast to bool is True on every random value: zeros in about half the elements, the
+    one value it maps apart (a float 0/1 mask cast to bool; any other cast reads them as
+    any value)."""
+    out = []
+    for i, x in enumerate(operands):
+        if JaxOps().dtype_kind(x) in (FLOAT, COMPLEX, INT):
+            a = np.array(x)
+            a[np.random.default_rng(seed * 31 + i).random(a.shape) < 0.5] = 0
+            x = jax.numpy.asarray(a, dtype=x.dtype)
+        out.append(x)
+    return out
+
+
 def _random_bit_patterns(operands: list, seed: int) -> list:
     """Small integers bitcast to floats are denormals that compare equal, and shift to zero:
     use every bit."""
@@ -88,7 +102,7 @@ def _shift_amounts(operands: list, seed: int) -> list:
 _SPECIAL_DATA = {
     "eq": _with_ties, "ne": _with_ties, "eq_to": _with_ties, "is_finite": _with_non_finite,
     "shift_left": _shift_amounts, "shift_right_logical": _shift_amounts, "shift_right_arithmetic": _shift_amounts,
-    "bitcast_convert_type": _random_bit_patterns,
+    "bitcast_convert_type": _random_bit_patterns, "convert_element_type": _with_zeros,
 }
 
 

@@ -50,6 +50,16 @@ def test_add_gives_elementwise_rule(backend, ops):
     assert str(entry.combine).startswith("{S1: gather(dim=0), S2: gather(dim=1)")
 
 
+def test_a_cast_to_bool_is_verified_on_data_with_zeros(backend, ops):
+    # the flax program's float 0/1 attention mask cast to bool: on random floats every
+    # element is True and no trial tells a cut apart; zeros planted in the data do
+    case = _case(backend, ops, "jax.convert_element_type", "x:f[*,1,*,*] new_dtype='bool' weak_type=False")
+    entry = explore_case(case, ops)
+    assert entry.status == "ok"
+    cuts = {s[0][0]: s[1] for s in _strategies(entry).values()}
+    assert cuts["S(0)"] == ("gather(dim=0)",) and cuts["S(2)"] == ("gather(dim=2)",)
+
+
 def test_broadcast_in_dim_shards_through_its_shape_param(backend, ops):
     case = backend.cases("jax.broadcast_in_dim")[0]
     entry = explore_case(case, ops)
