@@ -88,6 +88,7 @@ except (RuntimeError, ValueError) as e:
 """
 
 
+@pytest.mark.slow  # a sweep worker in a process of its own
 def test_a_torch_sweep_worker_runs_torchs_own_kernels_whatever_the_cpu():
     """Where the CPU has AMX, torch runs _scaled_mm's float8 product on oneDNN, which takes
     float64 scales, and elsewhere on its own kernel, which refuses them: the sample the
@@ -141,6 +142,7 @@ def test_for_command_leaves_them_out_of_a_commands_own_environment_and_names_the
     assert not reproducible.unset_names() and all(os.environ[k] == v for k, v in reproducible.ENV.items())
 
 
+@pytest.mark.slow  # a sweep in a process of its own
 def test_a_sweep_under_a_users_opinfo_setting_gives_the_committed_files():
     """With PYTORCH_OPINFO_SAMPLE_INPUT_INDEX=0 inherited, the workers replayed sample 0
     only: linalg_cholesky was verified on fresh inputs that are not positive-definite and

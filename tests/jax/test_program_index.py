@@ -40,6 +40,7 @@ index = program_index.load(Path(sys.argv[1]))
 """ + _REPORT
 
 
+@pytest.mark.slow  # two processes that import jax
 def test_a_second_process_reads_the_file_and_traces_only_what_it_reads(tmp_path):
     """Both in processes of their own, float64 enabled before jax's harnesses are imported:
     the harnesses of 64-bit dtypes exist only where it was, so a process that imported them

@@ -193,6 +193,7 @@ def test_arg_reduce_collective_matches_argmax_on_cpu_devices():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # CI's crosscheck --other-calls runs the same check on every rule
 def test_other_calls_reverify_the_rules_of_their_signature(capsys):
     """``--other-calls``: the registry's transpose rules re-verified on more program calls of
     their signatures at other shapes; a wrong combine there fails."""

@@ -395,6 +395,7 @@ def test_group_norm_cut_by_the_batch_runs_with_each_shards_own_sizes(fake_world,
     assert len(norms) == 2 and all(p.plan.strategy(n.name).label != "R" for n in norms), p.explain()
 
 
+@pytest.mark.slow  # a budgeted ILP over an LSTM's unrolled steps
 def test_an_lstm_model_under_a_budget_shards_and_matches_one_device(fake_world, cache):
     """A two-layer LSTM under a linear head: the captured graph runs the LSTM step by step
     (linear, sigmoid, tanh, cat and stack of each step). Its parameters and their gradients

@@ -607,6 +607,7 @@ def test_an_unwritable_json_fails_before_any_op_is_checked(tmp_path, capsys, mon
     assert f"--json {tmp_path / 'file' / 'r.json'}: {tmp_path / 'file'} is not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # worker processes that import torch
 def test_worker_processes_print_nothing_into_the_report(capfd):
     # aten._print writes its string to stdout from C++; a worker's prints (and torch's C++
     # warnings) would land in the parent's report, where tools read it

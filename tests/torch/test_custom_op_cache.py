@@ -45,6 +45,7 @@ def _run(tmp_path, axis: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # three processes that import torch
 def test_a_custom_op_rewritten_under_its_name_is_explored_again(tmp_path):
     rows = _run(tmp_path, -1)  # rows independent: a row cut stays cut
     assert rows == {"placements": ["S(0)"], "error": 0.0}
