@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+# the module fixtures are set up once, on one worker (--dist loadgroup), not on each
+pytestmark = pytest.mark.xdist_group("dtensor_register")
 torch = pytest.importorskip("torch")
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402

@@ -12,6 +12,8 @@ import dataclasses
 
 import pytest
 
+# the module fixtures are set up once, on one worker (--dist loadgroup), not on each
+pytestmark = pytest.mark.xdist_group("rank_queries")
 torch = pytest.importorskip("torch")
 
 from metaspmd.backends.torch import catalog, get_backend  # noqa: E402
