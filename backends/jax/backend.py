@@ -27,7 +27,8 @@ from . import eager, program_index, programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
 from .params import (
-    SHAPE_PARAMS, check_shapes, exact_sizes, first_shape, flatten_operands, for_shards, group_operands, signature_params,
+    SHAPE_PARAMS, SIZE_PATTERN_PARAMS, check_shapes, exact_sizes, first_shape, flatten_operands, for_shards,
+    group_operands, signature_params,
 )
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
@@ -37,12 +38,13 @@ from .tensor_ops import JaxOps, float_bits, kind_of
 
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
-# except for primitives whose params name the model's own sizes (a reshape's new sizes, a
-# broadcast's shape, an iota's): those signatures match no other model. Enough for every
+# except for primitives whose params name the model's own sizes (a reshape's new sizes, an
+# iota's; a broadcast's shape is written as its pattern of 1s): those signatures match no
+# other model. Enough for every
 # model signature of the busiest primitive (dot_general: 19, its Flax-style projections
 # among them; 26 s of the sweep's 60 CPU seconds per op on a slow machine).
 MODEL_CASES = 20
-SIZED_PARAMS = SHAPE_PARAMS | {"iota", "split"}
+SIZED_PARAMS = (SHAPE_PARAMS - SIZE_PATTERN_PARAMS.keys()) | {"iota", "split"}
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
 FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}
@@ -95,7 +97,7 @@ class _AvalOps:
 
 def abstract_signature(occ: Occurrence) -> str:
     names, args = group_operands(occ.primitive, list(occ.in_avals))
-    params = signature_params(occ.params)
+    params = signature_params(occ.primitive, occ.params)
     return signature(_AvalOps(), names, args, params, exact_sizes(occ.primitive, params, first_shape(args)))
 
 
@@ -122,7 +124,7 @@ def _preference(occ: Occurrence) -> tuple:
 def _variant(occ: Occurrence) -> tuple:
     """What makes two signatures really different calls: params, ranks and dtype kinds
     (not which dims happen to be size 1)."""
-    return (repr(signature_params(occ.params)), tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
+    return (repr(signature_params(occ.primitive, occ.params)), tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
 
 
 def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
@@ -209,7 +211,7 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     captured = programs.capture(occ, 0)
     operands = with_identity_inits(prim, occ.params, condition(prim, captured, programs.capture(occ, 1), 0))
     names, args = group_operands(prim, operands)
-    kwargs = signature_params(occ.params)
+    kwargs = signature_params(prim, occ.params)
     call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
 
     def fresh(seed: int):

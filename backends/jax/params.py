@@ -64,11 +64,29 @@ def plain(value: Any) -> Any:
     return str(value).replace(" ", "")
 
 
-def signature_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The params a rule can depend on, as plain values, under the primitive's own names."""
+# Params that spell out sizes a primitive's rules do not depend on, beyond which are 1: a
+# broadcast's output shape (an operand dim gathers along the output dim it lands on whatever
+# its length, and the dims the broadcast adds are copies no input cut reaches). Signatures
+# write them as a tensor's dims are written, ``*`` for 2 or more, so that one table entry
+# serves every model's sizes; a reshape's sizes do decide its rules (exact_sizes).
+SIZE_PATTERN_PARAMS = {"broadcast_in_dim": frozenset({"shape"})}
+
+
+def size_pattern(sizes: Sequence[int]) -> str:
+    """``(8, 16, 1)`` -> ``'[*,*,1]'``: sizes of 0 and 1 as they are, the others as ``*``."""
+    return "[" + ",".join(str(n) if n in (0, 1) else "*" for n in sizes) + "]"
+
+
+def signature_params(prim: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params a rule of ``prim`` can depend on, as plain values, under the primitive's
+    own names (SIZE_PATTERN_PARAMS as size patterns)."""
     out = {}
+    patterned = SIZE_PATTERN_PARAMS.get(prim, frozenset())
     for name in sorted(params):
         if name in NOT_IN_SIGNATURE:
+            continue
+        if name in patterned:
+            out[name] = size_pattern(params[name])
             continue
         value = plain(params[name])
         if value is None and params[name] is not None:  # a callable: described by its jaxpr twin

@@ -24,7 +24,7 @@ def test_plain_values_are_yaml_safe():
     assert plain(((1,), (0,))) == ((1,), (0,))
     dn = lax.GatherDimensionNumbers((1,), (0,), (0,))
     assert " " not in plain(dn) and plain(dn).startswith("GatherDimensionNumbers(")
-    params = signature_params({"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None})
+    params = signature_params("dot_general", {"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None})
     assert params == {"dimension_numbers": (((1,), (0,)), ((), ()))}
 
 
@@ -35,7 +35,7 @@ def test_a_convolution_is_keyed_by_its_kernel_extent():
     oihw = lax.conv_dimension_numbers((1, 3, 8, 8), (4, 3, 3, 3), ("NCHW", "OIHW", "NCHW"))
     hwio = lax.conv_dimension_numbers((1, 8, 8, 3), (3, 3, 3, 4), ("NHWC", "HWIO", "NHWC"))
     assert exact_sizes("conv_general_dilated", {"dimension_numbers": oihw}) == {"rhs": slice(2, 4)}
-    assert exact_sizes("conv_general_dilated", signature_params({"dimension_numbers": hwio})) == {"rhs": slice(0, 2)}
+    assert exact_sizes("conv_general_dilated", signature_params("conv_general_dilated", {"dimension_numbers": hwio})) == {"rhs": slice(0, 2)}
     assert exact_sizes("add", {}) == {}
 
 
@@ -50,12 +50,12 @@ def test_a_slice_that_spans_its_dim_keys_the_rule_by_that_dim():
 
     params = {"start_indices": (0, 1, 0), "limit_indices": (1, 2, 10), "strides": None}
     assert exact_sizes("slice", params, (10, 10, 10)) == {"x": slice(2, 3)}
-    assert exact_sizes("slice", signature_params(params), (10, 10, 10)) == {"x": slice(2, 3)}
+    assert exact_sizes("slice", signature_params("slice", params), (10, 10, 10)) == {"x": slice(2, 3)}
     assert exact_sizes("slice", params, (12, 12, 20)) == {}
 
     def sig(shape):
         x = jax.core.ShapedArray(shape, "float32")
-        plain_params = signature_params(params)
+        plain_params = signature_params("slice", params)
         return signature(_AvalOps(), ("x",), (x,), plain_params, exact_sizes("slice", plain_params, shape))
 
     assert sig((10, 10, 10)).startswith("x:f[*,*,10]") and sig((12, 12, 20)).startswith("x:f[*,*,*]")
@@ -109,3 +109,21 @@ def test_an_ulp_step_is_compared_bit_for_bit():
     e = explore_case(OpCase("jax.nextafter", fn, (x, y), {}, ("x1", "x2")), JaxOps())
     rules = list(strategies(e.shard, e.partial, e.combine, e.offset))
     assert {r.inputs for r in rules} == {(ShardIn(0), ShardIn(0)), (ShardIn(1), ShardIn(1))}
+
+
+def test_a_broadcasts_signature_keeps_which_output_dims_are_1_not_their_sizes():
+    """A broadcast's rules follow which operand dim lands where and which dims are 1, never
+    the sizes: the same signature (and table entry) at a model's sizes and at the sweep's,
+    while a size-1 dim stays apart."""
+    from metaspmd.backends.jax.backend import _AvalOps
+    from metaspmd.signature import signature
+    import jax
+
+    def sig(x_shape, shape, dims):
+        plain_params = signature_params("broadcast_in_dim", {"shape": shape, "broadcast_dimensions": dims,
+                                                             "sharding": None})
+        return signature(_AvalOps(), ("x",), (jax.core.ShapedArray(x_shape, "float32"),), plain_params)
+
+    assert sig((64,), (4, 128, 64), (2,)) == sig((6,), (2, 3, 6), (2,)) == "x:f[*] broadcast_dimensions=[2] shape='[*,*,*]'"
+    assert sig((4, 1), (4, 1, 8), (0, 1)) == "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"
+    assert sig((4, 1), (4, 5, 8), (0, 1)) != sig((4, 1), (4, 1, 8), (0, 1))
