@@ -27,8 +27,7 @@ from . import eager, program_index, programs
 from .catalog import catalog, primitive_of
 from .model_programs import is_model
 from .params import (
-    SHAPE_PARAMS, SIZE_PATTERN_PARAMS, check_shapes, exact_sizes, first_shape, flatten_operands, for_shards,
-    group_operands, signature_params,
+    check_shapes, exact_sizes, first_shape, flatten_operands, for_shards, generalizes, group_operands, signature_params,
 )
 from .indices import fresh_indices
 from .inputs import IDENTITY_OPERANDS, VALUE_OPERANDS, condition, with_identity_inits
@@ -38,13 +37,12 @@ from .tensor_ops import JaxOps, float_bits, kind_of
 
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
-# except for primitives whose params name the model's own sizes (a reshape's new sizes, an
-# iota's; a broadcast's shape is written as its pattern of 1s): those signatures match no
-# other model. Enough for every
+# except those whose params name the model's own sizes (params.generalizes: a reshape that
+# merges dims, an iota's shape; a broadcast's shape is written as its pattern of 1s): they
+# match no other model. Enough for every
 # model signature of the busiest primitive (dot_general: 19, its Flax-style projections
 # among them; 26 s of the sweep's 60 CPU seconds per op on a slow machine).
 MODEL_CASES = 20
-SIZED_PARAMS = (SHAPE_PARAMS - SIZE_PATTERN_PARAMS.keys()) | {"iota", "split"}
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
 FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}
@@ -97,7 +95,7 @@ class _AvalOps:
 
 def abstract_signature(occ: Occurrence) -> str:
     names, args = group_operands(occ.primitive, list(occ.in_avals))
-    params = signature_params(occ.primitive, occ.params)
+    params = signature_params(occ.primitive, occ.params, _shapes(occ))
     return signature(_AvalOps(), names, args, params, exact_sizes(occ.primitive, params, first_shape(args)))
 
 
@@ -124,7 +122,8 @@ def _preference(occ: Occurrence) -> tuple:
 def _variant(occ: Occurrence) -> tuple:
     """What makes two signatures really different calls: params, ranks and dtype kinds
     (not which dims happen to be size 1)."""
-    return (repr(signature_params(occ.primitive, occ.params)), tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
+    return (repr(signature_params(occ.primitive, occ.params, _shapes(occ))),
+            tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
 
 
 def choose(occurrences: Sequence[Occurrence]) -> list[tuple[str, Occurrence]]:
@@ -211,8 +210,8 @@ def build_case(op: str, occ: Occurrence) -> OpCase:
     captured = programs.capture(occ, 0)
     operands = with_identity_inits(prim, occ.params, condition(prim, captured, programs.capture(occ, 1), 0))
     names, args = group_operands(prim, operands)
-    kwargs = signature_params(prim, occ.params)
     call = PrimitiveCall(occ.prim, dict(occ.params), tuple(tuple(x.shape) for x in operands))
+    kwargs = signature_params(prim, occ.params, call.shapes)
 
     def fresh(seed: int):
         new = with_identity_inits(prim, occ.params, condition(prim, programs.capture(occ, seed + 1), captured, seed + 1))
@@ -275,9 +274,10 @@ class JaxBackend:
         out, chosen, errors = self._built(op, choose(ours), min(self.max_cases, FEW_CASES.get(prim, self.max_cases)))
         if not out:
             raise NoSample("no program call runs: " + (errors[0] if errors else "none found"))
-        if prim not in SIZED_PARAMS and prim not in FEW_CASES:
+        if prim not in FEW_CASES:
             # ranked among the models' own calls: a signature a harness calls too keeps its place
-            calls = [o for o in everything if is_model(programs.programs()[o.program])]
+            calls = [o for o in everything if is_model(programs.programs()[o.program])
+                     and generalizes(prim, o.params, _shapes(o))]
             models = [(sig, o) for sig, o in choose(calls) if sig not in chosen]
             out += self._built(op, models, self.model_cases)[0]
         return out

@@ -865,7 +865,7 @@ def to_metair(eqns: Sequence[FlatEqn], input_names: Sequence[str], consts: Seque
         shapes = tuple(tuple(int(s) for s in getattr(_aval(a, avals), "shape", ())) for a in e.inputs)
         kind = next((k for k, prim in BOUNDARY.items() if prim is e.prim), None)
         fn = _Boundary(kind) if kind is not None else PrimitiveCall(e.prim, e.params, shapes)
-        ops.append(MetaOp(e.name, PREFIX + e.prim.name, args, signature_params(e.prim.name, e.params),
+        ops.append(MetaOp(e.name, PREFIX + e.prim.name, args, signature_params(e.prim.name, e.params, shapes),
                           tuple(vars_[o] for o in e.outputs), fn))
     out_vars = [vars_[a] for a in outputs if isinstance(a, str)]
     return MetaIR(tuple(inputs), tuple(ops), tuple(out_vars))

@@ -66,10 +66,13 @@ def plain(value: Any) -> Any:
 
 # Params that spell out sizes a primitive's rules do not depend on, beyond which are 1: a
 # broadcast's output shape (an operand dim gathers along the output dim it lands on whatever
-# its length, and the dims the broadcast adds are copies no input cut reaches). Signatures
-# write them as a tensor's dims are written, ``*`` for 2 or more, so that one table entry
-# serves every model's sizes; a reshape's sizes do decide its rules (exact_sizes).
-SIZE_PATTERN_PARAMS = {"broadcast_in_dim": frozenset({"shape"})}
+# its length, and the dims the broadcast adds are copies no input cut reaches), and the new
+# sizes of a reshape that only inserts or removes dims of 1 (each dim of 2 or more keeps
+# its place among the others: expand_dims, squeeze). Signatures write them as a tensor's
+# dims are written, ``*`` for 2 or more (``size_pattern``), so that one table entry serves
+# every model's sizes. A reshape that merges or splits dims keeps its sizes: they decide
+# its rules (exact_sizes).
+SIZE_PATTERN_PARAMS = {"broadcast_in_dim": "shape", "reshape": "new_sizes"}
 
 
 def size_pattern(sizes: Sequence[int]) -> str:
@@ -77,15 +80,25 @@ def size_pattern(sizes: Sequence[int]) -> str:
     return "[" + ",".join(str(n) if n in (0, 1) else "*" for n in sizes) + "]"
 
 
-def signature_params(prim: str, params: Mapping[str, Any]) -> dict[str, Any]:
+def _patterned(prim: str, params: Mapping[str, Any], shapes: Shapes) -> str | None:
+    """The param of ``prim`` its signature writes as a size pattern at these operand
+    shapes, or None."""
+    if prim == "reshape" and (params.get("dimensions") is not None or len(shapes) != 1
+                              or [n for n in shapes[0] if n != 1] != [n for n in params["new_sizes"] if n != 1]):
+        return None
+    return SIZE_PATTERN_PARAMS.get(prim)
+
+
+def signature_params(prim: str, params: Mapping[str, Any], shapes: Shapes) -> dict[str, Any]:
     """The params a rule of ``prim`` can depend on, as plain values, under the primitive's
-    own names (SIZE_PATTERN_PARAMS as size patterns)."""
+    own names; ``shapes``: its operands' (SIZE_PATTERN_PARAMS as size patterns where the
+    rules do not depend on the sizes)."""
     out = {}
-    patterned = SIZE_PATTERN_PARAMS.get(prim, frozenset())
+    patterned = _patterned(prim, params, shapes)
     for name in sorted(params):
         if name in NOT_IN_SIGNATURE:
             continue
-        if name in patterned:
+        if name == patterned:
             out[name] = size_pattern(params[name])
             continue
         value = plain(params[name])
@@ -93,6 +106,13 @@ def signature_params(prim: str, params: Mapping[str, Any]) -> dict[str, Any]:
             continue
         out[name] = value
     return out
+
+
+def generalizes(prim: str, params: Mapping[str, Any], shapes: Shapes) -> bool:
+    """Does a call's signature hold at other sizes, or does it name a model's own (a
+    reshape that merges or splits dims, an iota's shape, a split's sizes, a slice's
+    bounds)? A signature of the latter kind matches no other model."""
+    return prim not in SHAPE_PARAMS | {"iota", "split"} or _patterned(prim, params, shapes) is not None
 
 
 # The slicing primitives' operand and the param that sizes its slice, per dim.
@@ -125,13 +145,14 @@ def first_shape(args: Sequence[Any]) -> tuple[int, ...] | None:
 def exact_sizes(prim: str, params: Mapping[str, Any], operand: Sequence[int] | None = None) -> dict[str, slice]:
     """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): every
     dim of a reshape's operand, which maps dims by their sizes (new_sizes [6, 4] merges dims
-    0 and 1 of [2, 3, 4] and splits dim 0 of [4, 3, 2]); a convolution kernel's spatial
+    0 and 1 of [2, 3, 4] and splits dim 0 of [4, 3, 2]), unless it only inserts or removes
+    dims of 1 (its new sizes then a pattern, as signature_params writes them); a convolution kernel's spatial
     extent, which sets its halo: rhs_spec's dims after the two feature dims; the dims a
     slice, dynamic slice or gather of an ``operand`` of that shape takes whole
     (``spanning_dims``: a slice of 10 of a dim of 10 is the whole dim, of a dim of 20 is
-    not). ``params``: raw or as signature_params gives them."""
-    if prim == "reshape":
-        return {"x": ALL_DIMS}
+    not). ``params``: raw or as signature_params gives them (a reshape's: as it gives them)."""
+    if prim == "reshape":  # not where its sizes are written as a pattern (signature_params)
+        return {} if isinstance(params.get("new_sizes"), str) else {"x": ALL_DIMS}
     if prim in _SPANNING:
         if operand is None:
             raise ValueError(f"jax.{prim}: the operand's shape keys its rules; none given")

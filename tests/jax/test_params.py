@@ -24,7 +24,8 @@ def test_plain_values_are_yaml_safe():
     assert plain(((1,), (0,))) == ((1,), (0,))
     dn = lax.GatherDimensionNumbers((1,), (0,), (0,))
     assert " " not in plain(dn) and plain(dn).startswith("GatherDimensionNumbers(")
-    params = signature_params("dot_general", {"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None})
+    params = signature_params("dot_general", {"precision": None, "dimension_numbers": (((1,), (0,)), ((), ())), "out_sharding": None},
+                              [(2, 3), (3, 4)])
     assert params == {"dimension_numbers": (((1,), (0,)), ((), ()))}
 
 
@@ -35,7 +36,7 @@ def test_a_convolution_is_keyed_by_its_kernel_extent():
     oihw = lax.conv_dimension_numbers((1, 3, 8, 8), (4, 3, 3, 3), ("NCHW", "OIHW", "NCHW"))
     hwio = lax.conv_dimension_numbers((1, 8, 8, 3), (3, 3, 3, 4), ("NHWC", "HWIO", "NHWC"))
     assert exact_sizes("conv_general_dilated", {"dimension_numbers": oihw}) == {"rhs": slice(2, 4)}
-    assert exact_sizes("conv_general_dilated", signature_params("conv_general_dilated", {"dimension_numbers": hwio})) == {"rhs": slice(0, 2)}
+    assert exact_sizes("conv_general_dilated", signature_params("conv_general_dilated", {"dimension_numbers": hwio}, [(1, 8, 8, 3), (3, 3, 3, 4)])) == {"rhs": slice(0, 2)}
     assert exact_sizes("add", {}) == {}
 
 
@@ -50,12 +51,12 @@ def test_a_slice_that_spans_its_dim_keys_the_rule_by_that_dim():
 
     params = {"start_indices": (0, 1, 0), "limit_indices": (1, 2, 10), "strides": None}
     assert exact_sizes("slice", params, (10, 10, 10)) == {"x": slice(2, 3)}
-    assert exact_sizes("slice", signature_params("slice", params), (10, 10, 10)) == {"x": slice(2, 3)}
+    assert exact_sizes("slice", signature_params("slice", params, [(10, 10, 10)]), (10, 10, 10)) == {"x": slice(2, 3)}
     assert exact_sizes("slice", params, (12, 12, 20)) == {}
 
     def sig(shape):
         x = jax.core.ShapedArray(shape, "float32")
-        plain_params = signature_params("slice", params)
+        plain_params = signature_params("slice", params, [shape])
         return signature(_AvalOps(), ("x",), (x,), plain_params, exact_sizes("slice", plain_params, shape))
 
     assert sig((10, 10, 10)).startswith("x:f[*,*,10]") and sig((12, 12, 20)).startswith("x:f[*,*,*]")
@@ -121,9 +122,30 @@ def test_a_broadcasts_signature_keeps_which_output_dims_are_1_not_their_sizes():
 
     def sig(x_shape, shape, dims):
         plain_params = signature_params("broadcast_in_dim", {"shape": shape, "broadcast_dimensions": dims,
-                                                             "sharding": None})
+                                                             "sharding": None}, [x_shape])
         return signature(_AvalOps(), ("x",), (jax.core.ShapedArray(x_shape, "float32"),), plain_params)
 
     assert sig((64,), (4, 128, 64), (2,)) == sig((6,), (2, 3, 6), (2,)) == "x:f[*] broadcast_dimensions=[2] shape='[*,*,*]'"
     assert sig((4, 1), (4, 1, 8), (0, 1)) == "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"
     assert sig((4, 1), (4, 5, 8), (0, 1)) != sig((4, 1), (4, 1, 8), (0, 1))
+
+
+def test_a_reshape_that_only_adds_or_drops_dims_of_1_is_keyed_by_its_pattern():
+    """expand_dims and squeeze as reshapes keep every dim of 2 or more in its place: their
+    rules do not depend on the sizes, so the signature writes a pattern; a reshape that
+    merges or splits dims keeps its sizes, which decide its rules."""
+    from metaspmd.backends.jax.backend import _AvalOps
+    from metaspmd.signature import signature
+    import jax
+
+    def sig(x_shape, new):
+        params = {"new_sizes": new, "dimensions": None, "sharding": None}
+        plain_params = signature_params("reshape", params, [x_shape])
+        return signature(_AvalOps(), ("x",), (jax.core.ShapedArray(x_shape, "float32"),), plain_params,
+                         exact_sizes("reshape", plain_params, x_shape))
+
+    assert sig((8, 16), (8, 16, 1)) == sig((3, 5), (3, 5, 1)) == "x:f[*,*] dimensions=None new_sizes='[*,*,1]'"
+    assert sig((32,), (1, 1, 32)) == "x:f[*] dimensions=None new_sizes='[1,1,*]'"
+    assert sig((8, 16, 1), (8, 16)) == "x:f[*,*,1] dimensions=None new_sizes='[*,*]'"
+    assert sig((8, 16, 32), (8, 16, 4, 8)) == "x:f[8,16,32] dimensions=None new_sizes=[8,16,4,8]"
+    assert sig((4, 6), (6, 4, 1)).startswith("x:f[4,6] ")  # as many dims of 2 or more, other sizes

@@ -233,28 +233,39 @@ def test_a_pad_of_a_cut_dim_pads_only_the_outer_ends_of_the_outer_shards():
     assert _rebase_pad({"padding_config": ((0, 0, 0),)}, 0, 0, 3, 7) is None
 
 
-def _broadcast_entry(ops, x_shape, shape, dims):
+def _entry(ops, prim, params, x_shape):
+    """The explored entry of one call of ``prim`` on a random operand of ``x_shape``."""
     import jax.numpy as jnp
     import numpy as np
     from jax import lax
 
     from metaspmd.backends.jax.backend import PrimitiveCall
-    from metaspmd.backends.jax.params import signature_params
+    from metaspmd.backends.jax.params import exact_sizes, signature_params
     from metaspmd.case import OpCase
 
-    params = {"shape": shape, "broadcast_dimensions": dims, "sharding": None}
     x = jnp.asarray(np.random.default_rng(0).standard_normal(x_shape))
-    call = PrimitiveCall(lax.broadcast_in_dim_p, params, (x_shape,))
-    case = OpCase(op="jax.broadcast_in_dim", fn=call, args=(x,), kwargs=signature_params("broadcast_in_dim", params),
-                  arg_names=("x",), widen=True)
-    return signature(ops, case.arg_names, case.args, case.kwargs), explore_case(case, ops)
+    call = PrimitiveCall(getattr(lax, f"{prim}_p"), params, (x_shape,))
+    kwargs = signature_params(prim, params, [x_shape])
+    case = OpCase(op=f"jax.{prim}", fn=call, args=(x,), kwargs=kwargs, arg_names=("x",), widen=True,
+                  exact_sizes=exact_sizes(prim, kwargs, x_shape))
+    return signature(ops, case.arg_names, case.args, case.kwargs, case.exact_sizes), explore_case(case, ops)
 
 
-def test_a_broadcast_finds_the_same_rules_at_any_sizes_of_one_pattern(ops):
-    """The signature writes a broadcast's shape as its pattern of 1s: the rules explored at
-    one model's sizes are those at another's, as one table entry claims."""
-    small = _broadcast_entry(ops, (6, 1), (6, 1, 3), (0, 1))
-    large = _broadcast_entry(ops, (10, 1), (10, 1, 7), (0, 1))
-    assert small[0] == large[0] == "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"
-    assert _strategies(small[1]) == _strategies(large[1])
-    assert (("S(0)",), ("gather(dim=0)",)) in _strategies(small[1]).values()
+def test_a_broadcast_or_a_unit_reshape_finds_the_same_rules_at_any_sizes_of_one_pattern(ops):
+    """The signature writes a broadcast's shape, and the new sizes of a reshape that only
+    adds or drops dims of 1, as their pattern of 1s: the rules explored at one model's sizes
+    are those at another's, as one table entry claims."""
+    def broadcast(x_shape, shape):
+        return _entry(ops, "broadcast_in_dim", {"shape": shape, "broadcast_dimensions": (0, 1), "sharding": None},
+                      x_shape)
+
+    def reshape(x_shape, new):
+        return _entry(ops, "reshape", {"new_sizes": new, "dimensions": None, "sharding": None}, x_shape)
+
+    for small, large, sig in [
+        (broadcast((6, 1), (6, 1, 3)), broadcast((10, 1), (10, 1, 7)), "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"),
+        (reshape((6, 5), (6, 1, 5)), reshape((10, 7), (10, 1, 7)), "x:f[*,*] dimensions=None new_sizes='[*,1,*]'"),
+    ]:
+        assert small[0] == large[0] == sig
+        assert _strategies(small[1]) == _strategies(large[1])
+        assert (("S(0)",), ("gather(dim=0)",)) in _strategies(small[1]).values()
