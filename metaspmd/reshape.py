@@ -37,7 +37,7 @@ def reshape_groups(src: Shape, dst: Shape) -> list[tuple[list[int], list[int]]]:
                 pj, j = pj * dst[j], j + 1
                 gj.append(j - 1)
             else:
-                raise ValueError(f"shapes {tuple(src)} and {tuple(dst)} differ in numel")
+                raise ValueError(f"shapes {tuple(src)} and {tuple(dst)} do not split into runs of equal products")
         groups.append((gi, gj))
     return groups
 

@@ -16,7 +16,6 @@ from metaspmd.spec import Gather, OutputCombine, ShardIn, SpecError, Strategy
 from metaspmd.target import DTENSOR_PLAN, DTENSOR_REGISTER, JAX_PARTITION, JAX_PLAN, project
 
 torch = pytest.importorskip("torch")
-from metaspmd.backends.torch import views  # noqa: E402
 from metaspmd.backends.torch.backend import torch_case  # noqa: E402
 from metaspmd.backends.torch.tensor_ops import TorchOps  # noqa: E402
 from metaspmd.explorer import explore_case  # noqa: E402

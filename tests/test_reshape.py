@@ -12,7 +12,7 @@ def test_groups_pair_runs_of_equal_products_and_refuse_other_numels():
     assert reshape_groups((2, 3, 4), (6, 4)) == [([0, 1], [0]), ([2], [1])]
     assert reshape_groups((24, 5), (4, 6, 5)) == [([0], [0, 1]), ([1], [2])]
     assert reshape_groups((8, 16), (8, 16, 1)) == [([0], [0]), ([1], [1]), ([], [2])]
-    with pytest.raises(ValueError, match="differ in numel"):
+    with pytest.raises(ValueError, match="do not split into runs of equal products"):
         reshape_groups((2, 3), (7,))
 
 

@@ -38,10 +38,10 @@ from .tensor_ops import JaxOps, float_bits, kind_of
 MAX_CASES = 3  # distinct signatures explored per primitive
 # Signatures of the model programs explored per primitive beyond those (model_programs.py),
 # except those whose params name the model's own sizes (params.generalizes: a reshape that
-# merges dims, an iota's shape; a broadcast's shape is written as its pattern of 1s): they
-# match no other model. Enough for every
-# model signature of the busiest primitive (dot_general: 19, its Flax-style projections
-# among them; 26 s of the sweep's 60 CPU seconds per op on a slow machine).
+# merges or splits dims, an iota's shape; a broadcast's shape is written as its pattern of
+# 1s): they match no other model. Enough for every model signature of the busiest
+# primitives (dot_general: 19, its Flax-style projections among them, 26 s of the sweep's
+# 60 CPU seconds per op on a slow machine; broadcast_in_dim: 19).
 MODEL_CASES = 20
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
@@ -121,7 +121,7 @@ def _preference(occ: Occurrence) -> tuple:
 
 def _variant(occ: Occurrence) -> tuple:
     """What makes two signatures really different calls: params, ranks and dtype kinds
-    (not which dims happen to be size 1)."""
+    (not which operand dims happen to be size 1; a size pattern in the params names them)."""
     return (repr(signature_params(occ.primitive, occ.params, _shapes(occ))),
             tuple((len(a.shape), kind_of(a.dtype)) for a in occ.in_avals))
 

@@ -112,7 +112,7 @@ def generalizes(prim: str, params: Mapping[str, Any], shapes: Shapes) -> bool:
     """Does a call's signature hold at other sizes, or does it name a model's own (a
     reshape that merges or splits dims, an iota's shape, a split's sizes, a slice's
     bounds)? A signature of the latter kind matches no other model."""
-    return prim not in SHAPE_PARAMS | {"iota", "split"} or _patterned(prim, params, shapes) is not None
+    return prim not in SIZED_PRIMITIVES or _patterned(prim, params, shapes) is not None
 
 
 # The slicing primitives' operand and the param that sizes its slice, per dim.
@@ -146,11 +146,12 @@ def exact_sizes(prim: str, params: Mapping[str, Any], operand: Sequence[int] | N
     """The operand dims whose sizes key the primitive's rules (OpCase.exact_sizes): every
     dim of a reshape's operand, which maps dims by their sizes (new_sizes [6, 4] merges dims
     0 and 1 of [2, 3, 4] and splits dim 0 of [4, 3, 2]), unless it only inserts or removes
-    dims of 1 (its new sizes then a pattern, as signature_params writes them); a convolution kernel's spatial
-    extent, which sets its halo: rhs_spec's dims after the two feature dims; the dims a
-    slice, dynamic slice or gather of an ``operand`` of that shape takes whole
-    (``spanning_dims``: a slice of 10 of a dim of 10 is the whole dim, of a dim of 20 is
-    not). ``params``: raw or as signature_params gives them (a reshape's: as it gives them)."""
+    dims of 1 (its new sizes then a pattern, as signature_params writes them); a
+    convolution kernel's spatial extent, which sets its halo: rhs_spec's dims after the two
+    feature dims; the dims a slice, dynamic slice or gather of an ``operand`` of that shape
+    takes whole (``spanning_dims``: a slice of 10 of a dim of 10 is the whole dim, of a dim
+    of 20 is not). ``params``: raw or as signature_params gives them (a reshape's: as it
+    gives them)."""
     if prim == "reshape":  # not where its sizes are written as a pattern (signature_params)
         return {} if isinstance(params.get("new_sizes"), str) else {"x": ALL_DIMS}
     if prim in _SPANNING:
@@ -323,6 +324,7 @@ _ADAPT: dict[str, Callable[[dict, Shapes, Shapes], dict]] = {
 }
 
 SHAPE_PARAMS = frozenset(_ADAPT)  # primitives whose params follow the shard shapes
+SIZED_PRIMITIVES = SHAPE_PARAMS | {"iota", "split"}  # and those whose params name sizes too
 
 
 def _geqp3_shapes(shapes: Shapes) -> bool:

@@ -100,3 +100,21 @@ def test_fresh_inputs_differ_and_keep_index_ranges(backend, ops):
               for d in case.fn.params["dimension_numbers"].start_index_map]
     idx = np.asarray(indices)
     assert (idx >= 0).all() and (idx <= np.array(limits)).all()
+
+
+def test_no_model_signature_is_dropped_by_the_cap(backend):
+    """The sweep explores up to MODEL_CASES model signatures per primitive, in rank order:
+    one past the cap would be left out of the table without a word."""
+    from metaspmd.backends.jax import backend as jax_backend, program_index, programs
+    from metaspmd.backends.jax.model_programs import is_model
+    from metaspmd.backends.jax.params import generalizes
+
+    index = program_index.index()
+    over = {}
+    for prim in sorted(index):
+        calls = [o for o in index[prim] if is_model(programs.programs()[o.program])
+                 and generalizes(prim, o.params, jax_backend._shapes(o))]
+        n = len(jax_backend.choose(calls))
+        if n > jax_backend.MODEL_CASES:
+            over[prim] = n
+    assert not over, f"model signatures past MODEL_CASES ({jax_backend.MODEL_CASES}): {over}"

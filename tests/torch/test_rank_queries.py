@@ -12,8 +12,6 @@ import dataclasses
 
 import pytest
 
-# the module fixtures are set up once, on one worker (--dist loadgroup), not on each
-pytestmark = pytest.mark.xdist_group("rank_queries")
 torch = pytest.importorskip("torch")
 
 from metaspmd.backends.torch import catalog, get_backend  # noqa: E402
@@ -26,7 +24,10 @@ from metaspmd.explorer.common import SPECIAL_TRIALS, TRIAL_SPLITS  # noqa: E402
 from metaspmd.signature import signature  # noqa: E402
 from metaspmd.spec import strategies  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore")  # an out= call resizes its output (torch warns)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore"),  # an out= call resizes its output (torch warns)
+    pytest.mark.xdist_group("rank_queries"),  # its module fixture set up once, on one worker (--dist loadgroup)
+]
 
 RANK = torch.ops.aten.linalg_matrix_rank.atol_rtol_tensor
 # a combine of the local ranks (one tensor per shard, of the global shape)
