@@ -263,7 +263,8 @@ def test_a_broadcast_or_a_unit_reshape_finds_the_same_rules_at_any_sizes_of_one_
         return _entry(ops, "reshape", {"new_sizes": new, "dimensions": None, "sharding": None}, x_shape)
 
     for small, large, sig in [
-        (broadcast((6, 1), (6, 1, 3)), broadcast((10, 1), (10, 1, 7)), "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"),
+        (broadcast((6, 1), (6, 1, 3)), broadcast((10, 1), (10, 1, 7)),
+         "x:f[*,1] broadcast_dimensions=[0,1] shape='[*,1,*]'"),
         (reshape((6, 5), (6, 1, 5)), reshape((10, 7), (10, 1, 7)), "x:f[*,*] dimensions=None new_sizes='[*,1,*]'"),
     ]:
         assert small[0] == large[0] == sig
