@@ -8,7 +8,9 @@
 Each side's op runs per call (``runs``, counted in one more, untimed pass) split its time
 into how often it runs the op and what each run costs it (the footer's ms per run):
 verification's fresh trials, other splits and lengthened sizes are the runs discovery
-alone does not make.
+alone does not make. ``op-only`` replays metaspmd's runs of the op back to back, with no
+explorer around them: what a verifier with no overhead of its own would take for the same
+runs, so ``metaspmd ms`` minus it is the explorer's own time.
 
 Each call is a torch ATen call on small realistic shapes, explored and verified as the
 runtime's live exploration does it (``rules_at_runtime.call_case``, then
@@ -231,6 +233,43 @@ def counted_case(case, wrap: Callable[[Callable | None], Callable | None]):
                                localize=None if localize is None else (lambda local: wrap(localize(local))))
 
 
+class RunRecord(RunCount):
+    """Keeps every run of the op (callable, args, kwargs) through the callables it wraps, so
+    they can be replayed back to back: the op's own share of an exploration."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[Callable, tuple, dict]] = []
+
+    def wrap(self, fn: Callable | None) -> Callable | None:
+        if fn is None:
+            return None
+
+        def recorded(*args, **kwargs):
+            self.count()
+            self.calls.append((fn, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return recorded
+
+
+def replay(calls: list[tuple[Callable, tuple, dict]]) -> None:
+    for fn, args, kwargs in calls:
+        try:
+            fn(*args, **kwargs)
+        except Exception:  # a run the explorer expects to fail costs its time all the same
+            pass
+
+
+def op_only_ms(case, repeat: int) -> float:
+    """CPU ms of metaspmd's runs of the op alone on one exploration of ``case``, replayed
+    back to back on the inputs the explorer gave them: the time of a verifier with no
+    overhead of its own that makes the same runs (a floor under metaspmd's ms)."""
+    record = RunRecord()
+    explore(counted_case(case, record.wrap))
+    return best_of(lambda: replay(record.calls), repeat)[0]
+
+
 def op_runs(case) -> tuple[int, int]:
     """(metaspmd's, the reference loop's) runs of the op on one exploration of ``case``."""
     ours, ref = RunCount(), RunCount()
@@ -358,7 +397,7 @@ def main(argv=None) -> int:
     print("loop RE-IMPLEMENTED in this file, without EasyDist's own overheads (2 shards, one allclose, no")
     print(f"verification); 1 thread; CPU ms, least of {a.repeat}")
     print(f"{'call':<20} {'metaspmd ms':>11} {'strats':>6} {'runs':>5} {'status':<15} {'ref ms':>8} {'strats':>6} "
-          f"{'runs':>5} {'ratio':>6}")
+          f"{'runs':>5} {'ratio':>6} {'op-only':>8} {'ratio':>6}")
     rows = []
     for name, fn, args, kwargs in selected:
         case = metaspmd_case(fn, args, kwargs)
@@ -367,18 +406,23 @@ def main(argv=None) -> int:
         # crash the process on some cuts: batch norm's running stats)
         rms, found = best_of(lambda: easydist_style(case.fn, case.args, case.kwargs), a.repeat)
         runs, rruns = op_runs(case)
-        rows.append((name, ms, strategies(entry), entry.status, rms, found, runs, rruns))
+        floor = op_only_ms(case, a.repeat)
+        rows.append((name, ms, strategies(entry), entry.status, rms, found, runs, rruns, floor))
         print(f"{name:<20} {ms:>11.1f} {strategies(entry):>6} {runs:>5} {entry.status:<15} {rms:>8.2f} {found:>6} "
-              f"{rruns:>5} {ms / rms:>6.1f}", flush=True)
+              f"{rruns:>5} {ms / rms:>6.1f} {floor:>8.2f} {floor / rms:>6.1f}", flush=True)
     total, rtotal = sum(r[1] for r in rows), sum(r[4] for r in rows)
     runs, rruns = sum(r[6] for r in rows), sum(r[7] for r in rows)
+    floor = sum(r[8] for r in rows)
     print(f"{'total':<20} {total:>11.1f} {sum(r[2] for r in rows):>6} {runs:>5} {'':<15} {rtotal:>8.2f} "
-          f"{sum(r[5] for r in rows):>6} {rruns:>5} {total / rtotal:>6.1f}")
+          f"{sum(r[5] for r in rows):>6} {rruns:>5} {total / rtotal:>6.1f} {floor:>8.2f} {floor / rtotal:>6.1f}")
     print(f"{'median':<20} {statistics.median(r[1] for r in rows):>11.1f} {'':>6} "
           f"{statistics.median(r[6] for r in rows):>5.0f} {'':<15} {statistics.median(r[4] for r in rows):>8.2f} "
           f"{'':>6} {statistics.median(r[7] for r in rows):>5.0f}")
     print(f"ms per run: metaspmd {total / runs:.3f}, reference {rtotal / rruns:.3f}; runs per call, metaspmd over "
           f"reference: median {statistics.median(r[6] / r[7] for r in rows):.1f}")
+    over = sum(r[8] > 3 * r[4] for r in rows)
+    print(f"op-only: metaspmd's runs of the op replayed back to back, no explorer around them; over 3x the "
+          f"reference's whole call: {over} of {len(rows)} calls (median {statistics.median(r[8] / r[4] for r in rows):.1f}x)")
     return 0
 
 

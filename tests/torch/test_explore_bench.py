@@ -24,8 +24,9 @@ def test_table_gives_both_sides_per_call(bench, capsys):
     assert "RE-IMPLEMENTED" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["mm"], ["relu"])}
     assert set(rows) == {"mm", "relu"}
-    for name, (_, ms, strats, runs, status, ref_ms, ref_strats, ref_runs, ratio) in rows.items():
+    for name, (_, ms, strats, runs, status, ref_ms, ref_strats, ref_runs, ratio, op_only, _) in rows.items():
         assert status == "ok" and int(strats) >= 2 and float(ms) > 0 and float(ref_ms) > 0
+        assert 0 < float(op_only) < float(ms)  # the op's own runs are a part of the exploration
         assert int(ref_strats) >= 1  # the reference finds the row cut at least
         # verification runs the op on fresh trials, other splits and sizes: more than discovery's
         assert int(runs) > int(ref_runs) >= 3
@@ -33,6 +34,7 @@ def test_table_gives_both_sides_per_call(bench, capsys):
     # relu: the global call, then each of its two dims cut in two, one run per shard
     assert int(rows["relu"][7]) == 5
     assert "ms per run: metaspmd" in out
+    assert "op-only: metaspmd's runs of the op replayed" in out
 
 
 def test_op_runs_counts_every_run_of_the_op(bench):
@@ -47,6 +49,18 @@ def test_op_runs_counts_every_run_of_the_op(bench):
     assert ref_runs == 5 and runs > 2 * 5
     assert torch.equal(case.args[0], before)  # the counting pass leaves the inputs as they were
     assert repr(bench.explore(case)) == repr(bench.explore(bench.metaspmd_case(fn, args, kwargs)))
+
+
+def test_op_only_replays_every_run(bench):
+    """The floor replays each recorded run of the op once: as many as op_runs counts."""
+    name, fn, args, kwargs = next(c for c in bench.calls() if c[0] == "relu")
+    case = bench.metaspmd_case(fn, args, kwargs)
+    record = bench.RunRecord()
+    bench.explore(bench.counted_case(case, record.wrap))
+    assert len(record.calls) == record.n == bench.op_runs(case)[0]
+    replayed = bench.RunCount()
+    bench.replay([(replayed.wrap(f), a, k) for f, a, k in record.calls])
+    assert replayed.n == record.n
 
 
 def test_refuses_bad_arguments(bench, capsys):
