@@ -244,8 +244,9 @@ SWEEP_DOC = """Explore every op of a backend and write its rule files (registry/
     metaspmd sweep --backend torch --check      # exit 1 when the registry is stale
 
 Time limits: --timeout counts each op's CPU time in its worker, so a loaded machine gives a slow
-op the time it needs; an op that burns no CPU (asleep, blocked) is stopped by --wall-timeout,
-10x --timeout by default. An op out of time on both of its tries gets no record: its file, if
+op the time it needs, and is per 20 example calls of the op (an op with 29 gets twice it); an op
+that burns no CPU (asleep, blocked) is stopped by --wall-timeout, 10x --timeout by default
+(scaled alike). An op out of time on both of its tries gets no record: its file, if
 any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
 So does an op whose worker is killed by SIGKILL on both tries (the out-of-memory killer: the
 machine's memory, not the op). Other crashes and errors are the op's, recorded as failed and
@@ -299,7 +300,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, format_changes, format_summary, run_sweep,
         split_patterns, timings_json,
     )
-    from metaspmd.sweep.config import WALL_FACTOR, unwritable
+    from metaspmd.sweep.config import CASES_PER_TIMEOUT, WALL_FACTOR, unwritable
 
     p = argparse.ArgumentParser(prog=prog, description=SWEEP_DOC.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -316,8 +317,8 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
                    help="write nothing; list ops whose file would change and exit 1 if any")
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
     p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help="per-op limit in CPU seconds of its worker, which is killed past it "
-                        f"(default {DEFAULT_TIMEOUT:g})")
+                   help=f"per-op limit in CPU seconds of its worker, which is killed past it, per "
+                        f"{CASES_PER_TIMEOUT} example calls of the op (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--wall-timeout", type=seconds, metavar="SECONDS",
                    help=f"per-op wall-clock guard against hangs that burn no CPU (default {WALL_FACTOR:g}x --timeout)")
     p.add_argument("--kernels", metavar="MODULE",

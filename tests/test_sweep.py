@@ -413,6 +413,27 @@ def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):
     assert not record_path(tmp_path, "fake", "fake.spin").exists()
 
 
+def test_the_limit_is_counted_per_example_calls(tmp_path, monkeypatch):
+    # fake.many has 45 example calls, fake.busy one; each burns 2 s of CPU under a 1 s limit
+    # per 20 calls: fake.many is given 3 s and passes, fake.busy times out on both tries
+    from metaspmd.sweep.config import CASES_PER_TIMEOUT, limit_units
+
+    assert (limit_units(0), limit_units(1), limit_units(CASES_PER_TIMEOUT), limit_units(45)) == (1, 1, 1, 3)
+    monkeypatch.setenv("FAKE_MANY_S", "2")
+    monkeypatch.setenv("FAKE_BUSY_S", "2")
+    report = sweep(tmp_path, patterns=("fake.many", "fake.busy"), timeout=1.0, wall_timeout=30.0,
+                   backend_options=SLOW)
+    by_op = {r.op: r for r in report.results}
+    assert (by_op["fake.many"].status, by_op["fake.many"].retried) == ("ok", ""), by_op["fake.many"]
+    assert load_record(record_path(tmp_path, "fake", "fake.many")).status == "ok"
+    assert (by_op["fake.busy"].status, by_op["fake.busy"].reason) == ("timed-out", "timeout after 1s")
+    # past its own, larger limit, an op's reason says how it was counted
+    monkeypatch.setenv("FAKE_MANY_S", "60")
+    report = sweep(tmp_path / "again", patterns=("fake.many",), timeout=0.5, wall_timeout=30.0, backend_options=SLOW)
+    many = report.results[0]
+    assert (many.status, many.reason) == ("timed-out", "timeout after 1.5s for 45 example calls (the limit per 20)")
+
+
 def test_a_cpu_bound_op_on_a_loaded_machine_is_not_timed_out(tmp_path, monkeypatch):
     # fake.busy burns 1 s of CPU under a 1.5 s limit while busy processes, two per core, hold
     # the cores: it takes longer than the limit in wall time, and passes

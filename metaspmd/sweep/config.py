@@ -18,6 +18,15 @@ DEFAULT_TIMEOUT = 60.0
 # an op blocked or asleep burns none, so a wall-clock guard this many times the limit
 # stops true hangs.
 WALL_FACTOR = 10.0
+# The limit is per this many example calls of the op (its backend's ``cases``): a limit
+# counted in work, so that an op with many signatures (a JAX primitive that models call in
+# thirty ways) is not cut short on a slow machine where one with few fits.
+CASES_PER_TIMEOUT = 20
+
+
+def limit_units(cases: int) -> int:
+    """How many ``timeout``s an op with ``cases`` example calls is given (at least one)."""
+    return max(1, math.ceil(cases / CASES_PER_TIMEOUT))
 
 
 def wall_limit(timeout: float, wall_timeout: float | None) -> float:
@@ -39,7 +48,7 @@ class SweepConfig:
     out_root: Path
     patterns: tuple[str, ...] = ()
     jobs: int = 1
-    timeout: float = DEFAULT_TIMEOUT  # CPU seconds of the op's worker
+    timeout: float = DEFAULT_TIMEOUT  # CPU seconds of the op's worker, per CASES_PER_TIMEOUT example calls
     wall_timeout: float | None = None  # the hang guard, in wall seconds; None: WALL_FACTOR * timeout
     check: bool = False
     resume: bool = False

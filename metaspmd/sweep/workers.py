@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .. import reproducible
 from ..rules import OpRecord
-from .config import SweepConfig, SweepError, backend_module, load_backend, resolve_callable
+from .config import CASES_PER_TIMEOUT, SweepConfig, SweepError, backend_module, limit_units, load_backend, resolve_callable
 from .failures import describe_exception, describe_exit, describe_fatal, failed_record
 
 # Loading a backend (importing a framework, scanning its op database) and listing its ops
@@ -175,6 +175,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which aborts
         conn.send(("fatal", describe_fatal(exc)))
         return
+    _report_cases(instance, conn)
     conn.send(("ready", name))
     first = True
     while True:
@@ -206,6 +207,21 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
             _freeze_loaded()
 
 
+def _report_cases(instance: Any, conn) -> None:
+    """Have the backend's ``cases`` tell the parent how many example calls an op has: its
+    time limit is counted per ``CASES_PER_TIMEOUT`` of them (``limit_units``)."""
+    cases = getattr(instance, "cases", None)
+    if not callable(cases):
+        return
+
+    def reported(op: str, *args, **kwargs):
+        out = list(cases(op, *args, **kwargs))
+        conn.send(("cases", op, len(out)))
+        return out
+
+    instance.cases = reported
+
+
 # --------------------------------------------------------------------------- parent side
 
 
@@ -218,6 +234,7 @@ class _Worker:
     op: str | None = None
     started: float = 0.0
     cpu_started: float | None = None  # the worker's CPU time when its op was sent
+    cases: int = 0  # the op's example calls, as its worker reported them (0: not yet)
     history: list[str] = field(default_factory=list)  # the ops it explored, in order
 
     @property
@@ -386,7 +403,7 @@ class WorkerPool:
         while pending or any(w.busy for w in self._workers):
             for w in self._workers:
                 if w.ready and not w.busy and pending:
-                    w.op, w.started = pending.popleft(), time.monotonic()
+                    w.op, w.started, w.cases = pending.popleft(), time.monotonic(), 0
                     w.cpu_started = cpu_seconds(w.proc.pid)  # idle since its last op: the op's baseline
                     w.conn.send(("explore", w.op, *self._args.get(w.op, ())))
             # Retire idle workers once nothing is left to hand out.
@@ -397,9 +414,9 @@ class WorkerPool:
             now = time.monotonic()
             # CPU time grows no faster than wall time per thread: wake when the least CPU
             # left could be spent (or within CPU_POLL_S), or at the wall guard.
-            deadlines = [now + min(CPU_POLL_S, max(0.0, self.config.timeout - self._used(w, now)))
+            deadlines = [now + min(CPU_POLL_S, max(0.0, self._limit(w) - self._used(w, now)))
                          for w in self._workers if w.busy]
-            deadlines += [w.started + self.config.wall_limit for w in self._workers if w.busy]
+            deadlines += [w.started + self._wall_limit(w) for w in self._workers if w.busy]
             deadlines += [w.born + STARTUP_TIMEOUT for w in self._workers if not w.ready]
             # capped: a far deadline (a tool's "no time limit") is more than the system's wait takes
             timeout = min(max(0.0, min(deadlines) - time.monotonic()), STARTUP_TIMEOUT) if deadlines else None
@@ -412,16 +429,31 @@ class WorkerPool:
             if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
                 raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
             for w in [w for w in self._workers if w.busy]:
-                used = self._used(w, now)
-                if used >= self.config.timeout:
-                    reason = f"timeout after {self.config.timeout:g}s"  # of CPU time, as --help says
-                elif now - w.started >= self.config.wall_limit:
-                    reason = (f"timeout: no result after {self.config.wall_limit:g}s of wall time "
+                used, per = self._used(w, now), self._per_cases(w)
+                if used >= self._limit(w):
+                    reason = f"timeout after {self._limit(w):g}s{per}"  # of CPU time, as --help says
+                elif now - w.started >= self._wall_limit(w):
+                    reason = (f"timeout: no result after {self._wall_limit(w):g}s of wall time{per} "
                               f"(hung: {used:.1f}s of CPU time)")
                 else:
                     continue
                 self._failed(w, reason, now - w.started, on_outcome, timed_out=True)
                 self._replace(w)
+
+    def _limit(self, worker: _Worker) -> float:
+        """The CPU seconds a busy worker's op is given: ``timeout`` per CASES_PER_TIMEOUT
+        example calls (one ``timeout`` until the worker says how many it has)."""
+        return self.config.timeout * limit_units(worker.cases)
+
+    def _wall_limit(self, worker: _Worker) -> float:
+        return self.config.wall_limit * limit_units(worker.cases)
+
+    @staticmethod
+    def _per_cases(worker: _Worker) -> str:
+        """What a timeout's reason adds where the op was given more than one limit."""
+        if limit_units(worker.cases) == 1:
+            return ""
+        return f" for {worker.cases} example calls (the limit per {CASES_PER_TIMEOUT})"
 
     @staticmethod
     def _used(worker: _Worker, now: float) -> float:
@@ -444,6 +476,8 @@ class WorkerPool:
                 break
             if not worker.ready:
                 self._handle_startup(worker, message)
+            elif message[0] == "cases" and message[1] == worker.op:
+                worker.cases = message[2]
             elif message[0] == "done" and message[1] == worker.op:
                 self._finish(worker, message[2], message[3], on_outcome)
         # The worker is dead.

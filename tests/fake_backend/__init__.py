@@ -80,6 +80,12 @@ def _busy(cpu_seconds: float):
     return [_case("fake.busy", np.add, [(4, 6), (4, 6)], ("self", "other"))]
 
 
+def _many():
+    # 45 example calls (fake.add at 45 lengths): a sweep gives it three times the limit
+    # (config.limit_units), which explore_op below spends burning $FAKE_MANY_S of CPU first.
+    return [_case("fake.many", np.add, [(4, n), (4, n)], ("self", "other")) for n in range(2, 47)]
+
+
 def _nap():
     # Waits $FAKE_NAP_S seconds of wall time (default 2), burning no CPU, as an op starved
     # of CPU on a loaded machine does; then explores like fake.add.
@@ -130,6 +136,7 @@ _SLOW_OPS = {
     "fake.spin": _spin,
     "fake.busy": lambda: _busy(float(os.environ.get("FAKE_BUSY_S", "1"))),
     "fake.nap": _nap,
+    "fake.many": _many,
     "fake.killed": _killed,
     "fake.orphan": _orphan,
 }
@@ -166,4 +173,9 @@ def explore_op(backend, op):
     """The real explorer, except that 'fake.escape' raises out of it (an explorer bug)."""
     if op == "fake.escape":
         raise RuntimeError("explorer bug at 0x7f3a2b1c9d40 in /opt/somewhere/explorer.py\nsecond line")
+    if op == "fake.many":  # its calls counted first (the sweep's worker reports them), then the work
+        backend.cases(op)
+        end = time.process_time() + float(os.environ.get("FAKE_MANY_S", "0"))
+        while time.process_time() < end:
+            pass
     return _explore_op(backend, op)
