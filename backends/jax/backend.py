@@ -40,9 +40,10 @@ MAX_CASES = 3  # distinct signatures explored per primitive
 # except those whose params name the model's own sizes (params.generalizes: a reshape that
 # merges or splits dims, an iota's shape; a broadcast's shape is written as its pattern of
 # 1s): they match no other model. Enough for every model signature of the busiest
-# primitives (dot_general: 19, its Flax-style projections among them, 26 s of the sweep's
-# 60 CPU seconds per op on a slow machine; broadcast_in_dim: 19).
-MODEL_CASES = 20
+# primitives (broadcast_in_dim: 29; dot_general: 26, Flax-style projections and
+# jax.nn.dot_product_attention's rank-5 contractions among them, about 40 CPU seconds: the
+# sweep's limit is per 20 example calls, so it has 120).
+MODEL_CASES = 30
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
 FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}

@@ -5,7 +5,8 @@ jax's harnesses call each primitive on one or two ranks, mostly without broadcas
 model's graph holds rank-3 and rank-4 activations, biases and statistics broadcast against
 them (``x:f[*,*,*] y:f[*,*,1]``), reductions over the last axis, attention's batched
 matmuls and a loss over a vocabulary; Flax's layers keep attention heads as a dim of their
-own and contract two dims at once (``_flax_block``). The sweep explores these signatures
+own and contract two dims at once (``_flax_block``); ``jax.nn.dot_product_attention``, which
+nnx's attention runs, contracts rank-5 groups of heads (``_sdpa_block``). The sweep explores these signatures
 as well (``backend.MODEL_CASES`` per primitive, beyond the harnesses' own), so the table
 holds them and ``parallelize`` looks them up instead of exploring them live. Arguments are
 flat arrays: a program's jaxpr takes them as its inputs.
@@ -116,6 +117,21 @@ def _flax_block(s1, b1, wq, bq, wk, bk, wv, bv, wo, bo, s2, b2, w1, c1, w2, c2, 
     return (x + _dense_general(h, w2, c2, (2,))).mean()
 
 
+def _sdpa_block(s1, b1, wq, bq, wk, bk, wv, bv, wo, bo, x):
+    """Attention by ``jax.nn.dot_product_attention`` (XLA's form, which nnx.MultiHeadAttention
+    takes when it keeps no weights and drops none, its default): heads regrouped as
+    [B, L, heads per group, group, d] and the score math vmapped over the group, so its
+    equations are rank 5 with a dim of 1 (``lhs:f[*,*,*,1,*]``); a causal mask as
+    ``make_causal_mask`` builds it ([B, 1, L, L])."""
+    n, t, _ = x.shape
+    h = _flax_layer_norm(x, s1, b1)
+    q, k, v = (_dense_general(h, w, b, (2,)) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
+    mask = jnp.expand_dims(positions[..., :, None] >= positions[..., None, :], -3)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    return (x + _dense_general(out, wo, bo, (2, 3))).mean()
+
+
 def _normal(*shape):
     return lambda r: (0.3 * r.standard_normal(shape)).astype(np.float32)
 
@@ -140,6 +156,9 @@ _MODELS = {
                                  _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(2, D // 2, D), _normal(D), _ones_plus(D), _normal(D), _normal(D, HIDDEN),
                                  _normal(HIDDEN), _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
+    "sdpa_block": (_sdpa_block, (_ones_plus(D), _normal(D), _normal(D, 2, D // 2), _normal(2, D // 2),
+                                 _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
+                                 _normal(2, D // 2, D), _normal(D)), (_normal(2, 6, D),)),
     "norm_by_division": (_norm_by_division, (_ones_plus(D), _normal(D), _normal(D, HIDDEN), _normal(HIDDEN),
                                              _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
 }
