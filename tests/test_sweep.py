@@ -190,6 +190,7 @@ def test_files_are_byte_identical_across_jobs_and_runs(tmp_path, swept):
     assert files(one) == files(two) == files(again)
 
 
+@pytest.mark.slow  # the CLI in four subprocess sweeps; CI's own --check runs the same path on the registry
 def test_check_reports_changes_and_writes_nothing(tmp_path):
     assert cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS)).returncode == 0
     before = files(tmp_path)
@@ -414,13 +415,14 @@ def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):
 
 
 def test_the_limit_is_counted_per_example_calls(tmp_path, monkeypatch):
-    # fake.many has 45 example calls, fake.busy one; each burns 2 s of CPU under a 1 s limit
-    # per 20 calls: fake.many is given 3 s and passes, fake.busy times out on both tries
+    # fake.many has 45 example calls, fake.busy one; each burns 1.2 s of CPU under a 1 s limit
+    # per 20 calls: fake.many is given 3 s and passes (its 45 explorations take some too),
+    # fake.busy times out on both tries
     from metaspmd.sweep.config import CASES_PER_TIMEOUT, limit_units
 
     assert (limit_units(0), limit_units(1), limit_units(CASES_PER_TIMEOUT), limit_units(45)) == (1, 1, 1, 3)
-    monkeypatch.setenv("FAKE_MANY_S", "2")
-    monkeypatch.setenv("FAKE_BUSY_S", "2")
+    monkeypatch.setenv("FAKE_MANY_S", "1.2")
+    monkeypatch.setenv("FAKE_BUSY_S", "1.2")
     report = sweep(tmp_path, patterns=("fake.many", "fake.busy"), timeout=1.0, wall_timeout=30.0,
                    backend_options=SLOW)
     by_op = {r.op: r for r in report.results}

@@ -227,6 +227,7 @@ def test_other_calls_reverify_the_rules_of_their_signature(capsys):
     assert "FAILED jax.transpose" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the whole cross-check twice (~10 s each)
 @pytest.mark.parametrize("other_calls", [0, 1])
 def test_a_case_whose_check_raises_is_shown_counted_and_fails_the_exit_status(monkeypatch, capsys, other_calls):
     """One case whose check raised ended the whole run with a traceback, and the cases
