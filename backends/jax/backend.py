@@ -40,10 +40,10 @@ MAX_CASES = 3  # distinct signatures explored per primitive
 # except those whose params name the model's own sizes (params.generalizes: a reshape that
 # merges or splits dims, an iota's shape; a broadcast's shape is written as its pattern of
 # 1s): they match no other model. Enough for every model signature of the busiest
-# primitives (broadcast_in_dim: 29; dot_general: 26, Flax-style projections and
-# jax.nn.dot_product_attention's rank-5 contractions among them, about 40 CPU seconds: the
-# sweep's limit is per 20 example calls, so it has 120).
-MODEL_CASES = 30
+# primitives (broadcast_in_dim: 35; dot_general: 32, Flax-style projections and
+# jax.nn.dot_product_attention's rank-5 contractions, grouped and not, among them, about 50
+# CPU seconds: the sweep's limit is per 20 example calls, so it has 120).
+MODEL_CASES = 40
 # Primitives whose every new shard shape costs a slow compile (series expansions, sampling
 # loops): fewer cases keep each under the sweep's per-op time limit on two cores.
 FEW_CASES = {"igamma": 2, "igammac": 2, "igamma_grad_a": 2, "regularized_incomplete_beta": 2, "random_gamma": 1}

@@ -6,7 +6,8 @@ model's graph holds rank-3 and rank-4 activations, biases and statistics broadca
 them (``x:f[*,*,*] y:f[*,*,1]``), reductions over the last axis, attention's batched
 matmuls and a loss over a vocabulary; Flax's layers keep attention heads as a dim of their
 own and contract two dims at once (``_flax_block``); ``jax.nn.dot_product_attention``, which
-nnx's attention runs, contracts rank-5 groups of heads (``_sdpa_block``). The sweep explores these signatures
+nnx's attention runs, contracts rank-5 groups of heads (``_sdpa_block``; grouped-query
+attention in a Llama-style block, ``_gqa_block``). The sweep explores these signatures
 as well (``backend.MODEL_CASES`` per primitive, beyond the harnesses' own), so the table
 holds them and ``parallelize`` looks them up instead of exploring them live. Arguments are
 flat arrays: a program's jaxpr takes them as its inputs.
@@ -132,6 +133,21 @@ def _sdpa_block(s1, b1, wq, bq, wk, bk, wv, bv, wo, bo, x):
     return (x + _dense_general(out, wo, bo, (2, 3))).mean()
 
 
+def _gqa_block(s1, wq, wk, wv, wo, s2, wg, wu, wd, x):
+    """A Llama-style block: RMSNorm, grouped-query attention by ``jax.nn.dot_product_attention``
+    (two query heads per key/value head: the rank-5 groups have no dim of 1) with its own
+    causal mask (``is_causal``), and a SwiGLU MLP; no biases."""
+    def rms(h, scale):
+        return h * lax.rsqrt(jnp.mean(lax.square(h), -1, keepdims=True) + 1e-6) * scale
+
+    h = rms(x, s1)
+    q, k, v = (lax.dot_general(h, w, (((2,), (0,)), ((), ()))) for w in (wq, wk, wv))
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    x = x + lax.dot_general(out, wo, (((2, 3), (0, 1)), ((), ())))
+    h = rms(x, s2)
+    return (x + (jax.nn.silu(h @ wg) * (h @ wu)) @ wd).mean()
+
+
 def _normal(*shape):
     return lambda r: (0.3 * r.standard_normal(shape)).astype(np.float32)
 
@@ -156,6 +172,9 @@ _MODELS = {
                                  _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(2, D // 2, D), _normal(D), _ones_plus(D), _normal(D), _normal(D, HIDDEN),
                                  _normal(HIDDEN), _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
+    "gqa_block": (_gqa_block, (_ones_plus(D), _normal(D, 4, D // 4), _normal(D, 2, D // 4), _normal(D, 2, D // 4),
+                               _normal(4, D // 4, D), _ones_plus(D), _normal(D, HIDDEN), _normal(D, HIDDEN),
+                               _normal(HIDDEN, D)), (_normal(2, 6, D),)),
     "sdpa_block": (_sdpa_block, (_ones_plus(D), _normal(D), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(2, D // 2, D), _normal(D)), (_normal(2, 6, D),)),

@@ -510,25 +510,34 @@ def test_flax_style_attention_projections_and_layer_norm_find_the_tables_rules()
     assert not missed, missed
 
 
-def test_jax_nn_dot_product_attention_finds_the_tables_rules():
+@pytest.mark.parametrize("kv_heads,causal", [(4, "mask"), (2, "is_causal")], ids=["heads", "grouped"])
+def test_jax_nn_dot_product_attention_finds_the_tables_rules(kv_heads, causal):
     """``jax.nn.dot_product_attention`` (what nnx.MultiHeadAttention runs by default) regroups
-    heads as [B, L, heads, 1, d] and vmaps its score math over the group: rank-5 contractions,
-    transposes, a masked softmax over [1, B, heads, L, L] and their gradients. Every one of
-    them is a table hit (``model_programs._sdpa_block``), at sizes other than the sweep's."""
+    heads as [B, L, kv heads, group, d] and vmaps its score math over the group: rank-5
+    contractions, transposes, a masked softmax and their gradients, with a group of 1 for
+    plain multi-head attention and of 2 for grouped-query attention (Llama's). Every one of
+    them is a table hit (``model_programs._sdpa_block``, ``_gqa_block``), at sizes other
+    than the sweep's."""
     def loss(q, k, v):
         t = q.shape[1]
-        positions = jnp.arange(t)
-        mask = jnp.broadcast_to(positions[:, None] >= positions[None, :], (q.shape[0], 1, t, t))
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla").mean()
+        if causal == "is_causal":
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        else:
+            positions = jnp.arange(t)
+            mask = jnp.broadcast_to(positions[:, None] >= positions[None, :], (q.shape[0], 1, t, t))
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        return out.mean()
 
-    q, k, v = (jax.random.normal(jax.random.key(i), (3, 5, 4, 6)) for i in range(3))
+    q = jax.random.normal(jax.random.key(0), (3, 5, 4, 6))
+    k, v = (jax.random.normal(jax.random.key(i), (3, 5, kv_heads, 6)) for i in (1, 2))
     c = capture(lambda *a: jax.value_and_grad(loss, argnums=(0, 1, 2))(*a), (q, k, v))
     ops = ("jax.dot_general", "jax.transpose", "jax.exp", "jax.reduce_max", "jax.reduce_sum", "jax.select_n",
            "jax.sub", "jax.div", "jax.mul")
     calls = [(op.op, node_call(c, op)) for op in c.ir.op_list if op.op in ops]
     assert {op for op, _ in calls} >= {"jax.dot_general", "jax.transpose", "jax.exp", "jax.select_n"}
-    assert any(len(call.signature.split("lhs:f[")[1].split("]")[0].split(",")) == 5
-               for op, call in calls if op == "jax.dot_general")  # the rank-5 form is what is tested
+    lhs_ranks = {len(call.signature.split("lhs:f[")[1].split("]")[0].split(",")) for op, call in calls
+                 if op == "jax.dot_general"}
+    assert 5 in lhs_ranks  # the rank-5 form is what is tested
     loss_sum = ("jax.reduce_sum", "x:f[*,*,*,*] axes=[0,1,2,3]")  # this test's own loss, not attention's
     missed = [f"{op} {call.signature}" for op, call in calls if not call.table_rules and (op, call.signature) != loss_sum]
     assert not missed, missed
