@@ -71,6 +71,7 @@ def test_model_programs_add_the_signatures_models_have(backend, ops):
     assert all(isinstance(c.kwargs["new_sizes"], str) for c in reshapes[MAX_CASES:])
 
 
+@pytest.mark.slow  # builds two primitives' 40-odd cases (~10 s)
 def test_model_signatures_include_those_a_harness_calls_too(backend, ops):
     """A causal mask selects between boolean masks, which one harness also does: the
     signature is ranked among the models' own calls, not lost to the harness's call."""
@@ -102,6 +103,7 @@ def test_fresh_inputs_differ_and_keep_index_ranges(backend, ops):
     assert (idx >= 0).all() and (idx <= np.array(limits)).all()
 
 
+@pytest.mark.slow  # ranks every primitive's program calls (~10 s)
 def test_no_model_signature_is_dropped_by_the_cap(backend):
     """The sweep explores up to MODEL_CASES model signatures per primitive, in rank order:
     one past the cap would be left out of the table without a word."""
