@@ -57,6 +57,7 @@ def test_cases_have_distinct_signatures_and_params(backend, ops):
     assert cases[0].arg_names == ("lhs", "rhs")
 
 
+@pytest.mark.slow  # builds two primitives' 40-odd cases (~13 s)
 def test_model_programs_add_the_signatures_models_have(backend, ops):
     """jax's harnesses multiply rank-2 arrays; a model multiplies rank-3 activations by
     statistics broadcast over the last axis. The model programs add those signatures, and
