@@ -233,12 +233,11 @@ def counted_case(case, wrap: Callable[[Callable | None], Callable | None]):
                                localize=None if localize is None else (lambda local: wrap(localize(local))))
 
 
-class RunRecord(RunCount):
+class RunRecord:
     """Keeps every run of the op (callable, args, kwargs) through the callables it wraps, so
     they can be replayed back to back: the op's own share of an exploration."""
 
     def __init__(self):
-        super().__init__()
         self.calls: list[tuple[Callable, tuple, dict]] = []
 
     def wrap(self, fn: Callable | None) -> Callable | None:
@@ -246,7 +245,6 @@ class RunRecord(RunCount):
             return None
 
         def recorded(*args, **kwargs):
-            self.count()
             self.calls.append((fn, args, kwargs))
             return fn(*args, **kwargs)
 

@@ -37,7 +37,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .. import reproducible
 from ..rules import OpRecord
-from .config import CASES_PER_TIMEOUT, SweepConfig, SweepError, backend_module, limit_units, load_backend, resolve_callable
+from .config import (
+    CASES_PER_TIMEOUT, SweepConfig, SweepError, backend_module, limit_units, load_backend, resolve_callable,
+)
 from .failures import describe_exception, describe_exit, describe_fatal, failed_record
 
 # Loading a backend (importing a framework, scanning its op database) and listing its ops
@@ -432,11 +434,12 @@ class WorkerPool:
             if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
                 raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
             for w in [w for w in self._workers if w.busy]:
-                used, per = self._used(w, now), self._per_cases(w)
+                used = self._used(w, now)
                 if used >= self._limit(w):
-                    reason = f"timeout after {self._limit(w):g}s{per}"  # of CPU time, as --help says
+                    # of CPU time, as --help says
+                    reason = f"timeout after {self._limit(w):g}s{self._per_cases(w)}"
                 elif now - w.started >= self._wall_limit(w):
-                    reason = (f"timeout: no result after {self._wall_limit(w):g}s of wall time{per} "
+                    reason = (f"timeout: no result after {self._wall_limit(w):g}s of wall time{self._per_cases(w)} "
                               f"(hung: {used:.1f}s of CPU time)")
                 else:
                     continue
