@@ -468,7 +468,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if problem:
         print(f"error: --out {problem}", file=sys.stderr)
         return 2
-    print(f"tables of {args.registry} in {args.out}")  # which ones: `metaspmd` runs the installed checkout's
+    header = f"tables of {args.registry} in {args.out}"  # which ones: `metaspmd` runs the installed checkout's
     texts = {}
     # a registry of your own as the header names it: seen from the tables' folder, so that
     # --check does not find a table stale for another spelling of the same --registry
@@ -479,22 +479,24 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         except RegistryError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    stale = []
-    for backend, text in texts.items():
+    stale, said = [], [header]  # every table written before a line is printed: a reader gone
+    for backend, text in texts.items():  # early (| head -1) stops the printing, not the writing
         path = args.out / TARGETS[backend]
         if same_text(path, text):  # a file that is not UTF-8 is stale, and rewritten
-            print(f"{path.name}: up to date")
+            said.append(f"{path.name}: up to date")
             continue
         if args.check:
             stale.append(path.name)
-            print(f"{path.name}: STALE (run metaspmd codegen)")
+            said.append(f"{path.name}: STALE (run metaspmd codegen)")
         else:
             try:
                 write_text_atomic(path, text)
             except OSError as e:
+                print("\n".join(said))
                 print(f"error: cannot write {path}: {e}", file=sys.stderr)
                 return 2
-            print(f"{path.name}: written ({len(text.splitlines())} lines)")
+            said.append(f"{path.name}: written ({len(text.splitlines())} lines)")
+    print("\n".join(said))
     return 1 if stale else 0
 
 
@@ -510,7 +512,8 @@ A rule counts only where codegen puts it in a table (an entry whose status is ok
 derived): an entry turned failed loses its rules, though their text stays. Two revisions
 read only the files `git diff --name-only` lists; two folders only the files whose bytes
 differ. Exit status 2 when a side is neither a git revision nor a registry root
-(a backend folder such as registry/torch is refused: it would read as an empty registry).
+(a backend folder such as registry/torch is refused: it would read as an empty registry),
+or names both a folder and a revision (write ./v1 or v1^{commit}).
 """
 
 

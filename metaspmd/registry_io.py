@@ -309,18 +309,25 @@ class _Reader:
         if status not in OP_STATUSES:
             self.fail(f["status"], f"unknown status {status!r} (expected one of {', '.join(OP_STATUSES)})")
         reason = self.string(f["reason"], "reason") if "reason" in f else ""
-        entries = tuple(self.entry(n) for n in self.sequence(f["entries"], "entries"))
+        nodes = self.sequence(f["entries"], "entries")
+        entries = tuple(self.entry(n) for n in nodes)
         # the op's status is its entries' best (what coverage counts), and verified rules need entries
         if entries and status != summarize_status(entries)[0]:
             self.fail(f["status"], f"status {status!r} disagrees with the entries, whose best is "
                                    f"{summarize_status(entries)[0]!r}")
         if not entries and status in VERIFIED:
             self.fail(f["status"], f"status {status!r} with no entries: a verified rule is an entry")
-        sigs = [e.signature for e in entries]
-        if len(set(sigs)) != len(sigs):
-            self.fail(f["entries"], "two entries share a signature")
-        if sigs != sorted(sigs):
-            self.fail(f["entries"], "entries must be sorted by signature")
+        # at the entry at fault, naming the signatures (a file holds dozens of entries)
+        first_line: dict[str, int] = {}
+        for node, e in zip(nodes, entries):
+            if e.signature in first_line:
+                self.fail(node, f"entry {e.signature!r} repeats the signature of the entry at line "
+                                f"{first_line[e.signature]}")
+            first_line[e.signature] = node.start_mark.line + 1
+        for k in range(1, len(entries)):
+            if entries[k].signature < entries[k - 1].signature:
+                self.fail(nodes[k], f"entries must be sorted by signature: {entries[k].signature!r} comes after "
+                                    f"{entries[k - 1].signature!r}")
         return OpRecord(op, backend, status, entries, reason)
 
     def entry(self, node: yaml.Node) -> RuleEntry:

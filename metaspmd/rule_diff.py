@@ -60,6 +60,10 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     for name, where in (("base", base), ("head", head)):
         if not where.strip():  # Path('') is the current folder
             raise ValueError(f"{name} {where!r} is empty: expected a git revision or a registry folder")
+        # a folder named like a tag (v1/ beside tag v1) would win unsaid: the other was meant as often
+        if _is_folder(where) and _Git(repo or Path.cwd()).is_commit(where):
+            raise ValueError(f"{name} {where!r} names both a folder and a git revision: write ./{where} for the "
+                             f"folder or {where}^{{commit}} for the revision")
     if _is_folder(base) and _is_folder(head):
         return _changed_folders(Path(base), Path(head))
     if _is_folder(base) or _is_folder(head):
@@ -156,6 +160,13 @@ class _Git:
 
     def lines(self, *args: str) -> list[str]:
         return [n for n in self.run(*args).decode("utf-8", "surrogateescape").split("\0") if n]
+
+    def is_commit(self, rev: str) -> bool:
+        """Does ``rev`` name a commit of the repository (False outside one)?"""
+        try:
+            return bool(self.commit(rev))
+        except ValueError:
+            return False
 
     def commit(self, rev: str) -> str:
         try:

@@ -3,7 +3,9 @@ names the path or value, a usable exit status, and nothing overwritten or lost."
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -180,6 +182,33 @@ def test_codegen_writes_no_table_when_another_backend_fails(tmp_path, capsys):
     assert "jax.add.yaml:" in capsys.readouterr().err and not out.exists()
 
 
+class _ClosedAfterOneLine(io.StringIO):
+    """A stdout whose reader stops after the first line (``| head -1``); its descriptor,
+    which the command points at /dev/null then, is a file of the test's own."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self.fd = fd
+
+    def write(self, text: str) -> int:
+        if "\n" in self.getvalue():
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+def test_codegen_writes_every_table_when_its_reader_stops_early(tmp_path, monkeypatch):
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    write(tmp_path / "reg", "jax", "jax.mm")
+    out = tmp_path / "gen"
+    with open(tmp_path / "stdout", "w") as fd:
+        monkeypatch.setattr(sys, "stdout", _ClosedAfterOneLine(fd.fileno()))
+        assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(out)]) == 128 + 13  # as SIGPIPE
+    assert sorted(p.name for p in out.iterdir()) == ["jax_rules.py", "torch_rules.py"]
+
+
 def test_codegen_of_a_registry_of_ones_own_makes_the_tables_it_has_rules_for(tmp_path, capsys):
     """A sweep of one's own torch ops (``--kernels``) holds torch/ only: its table, not an
     error about jax/; the repository's registry still needs every table's folder."""
@@ -349,6 +378,19 @@ def test_diff_markdown_keeps_one_line_per_item(two_revisions):
     items = md.split("### Ops added", 1)[1].splitlines()
     assert all(line == "" or line.startswith(("- ", "### ")) for line in items), md
     assert "eq='a\\nb'`" in md and "(crashed:\\nx)" in md
+
+
+def test_diff_refuses_a_name_that_is_both_a_folder_and_a_revision(two_revisions, monkeypatch, capsys):
+    """The folder won, unsaid, where a tag was meant as often."""
+    repo, base_folder, _ = two_revisions
+    git(repo, "tag", "v1", "HEAD~1")
+    shutil.copytree(base_folder, repo / "v1")
+    monkeypatch.chdir(repo)
+    assert cli.diff(["v1", "HEAD"]) == 2
+    assert "'v1' names both a folder and a git revision: write ./v1 for the folder or v1^{commit}" in capsys.readouterr().err
+    for base in ("./v1", "v1^{commit}"):  # either, said so, gives the diff
+        assert cli.diff([base, "HEAD", "--fail-on-loss"]) == 1
+        assert "`torch/aten.matmul.default` (was ok)" in capsys.readouterr().out
 
 
 def test_diff_of_a_missing_revision_names_it(tmp_path, capsys):

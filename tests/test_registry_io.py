@@ -127,6 +127,28 @@ def test_malformed_file_names_file_and_line(old, new, line, message):
     assert message in str(err.value)
 
 
+def _entries(*signatures: str) -> str:
+    """MM with one entry per signature, in this order (the same rule each)."""
+    head, body = MM.split("- signature: self:f[*,*] mat2:f[*,*]\n")
+    return head + "".join(f"- signature: {sig}\n{body}" for sig in signatures)
+
+
+def test_a_repeated_signature_is_named_at_its_second_entry():
+    text = _entries("self:f[*,*] mat2:f[*,*]", "self:f[6,*] mat2:f[*,*]", "self:f[*,*] mat2:f[*,*]")
+    loads_record(_entries("self:f[*,*] mat2:f[*,*]", "self:f[6,*] mat2:f[*,*]"), "f.yaml")  # the two alone load
+    with pytest.raises(RegistryError) as err:
+        loads_record(text, "f.yaml")
+    assert str(err.value) == ("f.yaml:26: entry 'self:f[*,*] mat2:f[*,*]' repeats the signature of the entry at "
+                              "line 6"), str(err.value)
+
+
+def test_an_entry_out_of_order_is_named_with_its_neighbour():
+    with pytest.raises(RegistryError) as err:
+        loads_record(_entries("self:f[6,*] mat2:f[*,*]", "self:f[*,*] mat2:f[*,*]"), "f.yaml")
+    assert str(err.value) == ("f.yaml:16: entries must be sorted by signature: 'self:f[*,*] mat2:f[*,*]' comes "
+                              "after 'self:f[6,*] mat2:f[*,*]'"), str(err.value)
+
+
 def test_python_object_tag_rejected():
     text = MM.replace("dtype: float64}\n    mat2", "dtype: !!python/object/apply:os.system [echo hi]}\n    mat2", 1)
     with pytest.raises(RegistryError, match=r"f.yaml:11: tag .*python/object"):
@@ -221,7 +243,7 @@ def test_a_shard_table_the_model_refuses_names_file_and_line(shard, message):
 
 @pytest.mark.parametrize("schema", ["true", "1.0", "'1'"])
 def test_schema_must_be_the_integer_not_a_value_equal_to_it(schema):
-    with pytest.raises(RegistryError, match=rf"^mm.yaml:1: schema .* is not supported"):
+    with pytest.raises(RegistryError, match=r"^mm.yaml:1: schema .* is not supported"):
         loads_record(MM.replace("schema: 1", f"schema: {schema}"), "mm.yaml")
 
 
