@@ -914,6 +914,7 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
         return a
 
     outputs: list[MetaVar] = []
+    value_sized = None  # the first op whose output's length its inputs' values decide
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
@@ -923,6 +924,9 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
             env[node.name] = env[node.args[0].name][node.args[1]]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             _refuse_values_read_into_python(node, val)
+            if value_sized is None and _sized_by_values(val) and not any(
+                    _is_symbolic(a.meta.get("val")) for a in node.all_input_nodes):
+                value_sized = node
             if isinstance(val, (list, tuple)):
                 outs = tuple(_var(f"{node.name}.{i}", v) for i, v in enumerate(val))
                 env[node.name] = outs
@@ -939,6 +943,10 @@ def to_metair(gm: torch.fx.GraphModule, values: Any = None) -> MetaIR:
             constants.append(env[node.name])
         else:
             raise NotImplementedError(f"cannot capture FX node {node.format_node()}")
+    if value_sized is not None:  # after the loop: a size read into Python names its reader too
+        raise ValueError(f"{op_name(value_sized.target)} at {value_sized.name} makes a tensor whose length depends "
+                         "on the values of its inputs (unique, nonzero, bincount), which no plan can shard or look "
+                         "up: compute it outside the model, or give the op a fixed size where it takes one")
     # Constants are planned like inputs, after the graph's own (whose order the runtime follows)
     return MetaIR(tuple(inputs + constants), tuple(ops), tuple(outputs))
 
@@ -973,6 +981,13 @@ def _is_symbolic(val: Any) -> bool:
     if isinstance(val, torch.Tensor):
         return any(isinstance(d, torch.SymInt) for d in val.shape)
     return isinstance(val, (list, tuple)) and any(_is_symbolic(v) for v in val)
+
+
+def _sized_by_values(val: Any) -> bool:
+    """A traced output with a tensor whose length is an unbacked symbol (``unique``'s)."""
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in val.shape)
+    return isinstance(val, (list, tuple)) and any(_sized_by_values(v) for v in val)
 
 
 def _value_dependent_origin(node: torch.fx.Node) -> torch.fx.Node | None:

@@ -137,6 +137,31 @@ def test_a_value_read_out_of_tensor_data_is_named(model, op):
         capture(model, (torch.randn(2, 4),))
 
 
+class SizedByValues(ReadsItem):
+    """An op whose output's length its input's values decide, that nothing reads the length
+    of: the size check above never fires, and the signature of the op's node failed deep in
+    torch (``GuardOnDataDependentSymNode``)."""
+
+    def __init__(self, made):
+        super().__init__()
+        self.made = made
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y.sum() + self.made(y.detach())  # unique has no derivative
+
+
+@pytest.mark.parametrize("made,op", [
+    (lambda y: torch.unique(y).sum(), "aten._unique2.default at _unique2"),
+    (lambda y: torch.bincount((y.abs() * 3).long().flatten()).sum(), "aten.bincount.default at bincount"),
+    (lambda y: torch.argwhere(y > 0).float().sum(), "aten.nonzero.default at nonzero"),
+    (lambda y: torch.unique_consecutive(y).sum(), "aten.unique_consecutive.default at unique_consecutive"),
+], ids=["unique", "bincount", "argwhere", "unique_consecutive"])
+def test_an_output_sized_by_values_is_named_at_capture(made, op):
+    with pytest.raises(ValueError, match=re.escape(op) + " makes a tensor whose length depends on the values"):
+        capture(SizedByValues(made), (torch.randn(2, 4),))
+
+
 class BranchesOnAValue(ReadsItem):
     def forward(self, x):
         y = self.fc(x)
