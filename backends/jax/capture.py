@@ -428,6 +428,18 @@ def refuse_non_arrays(inputs: tuple, params: Any = None) -> None:
                             f"jnp.zeros({x.shape}, {x.dtype})")
 
 
+def leaf_names(args: tuple, with_params: bool) -> list[str]:
+    """The names plans and constraints give the leaves of a call's ``args`` (``params``
+    first where ``with_params``): ``params.<path>``, ``in<k>.<path>``."""
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]:
+        if with_params and path[0].idx == 0:
+            names.append(_leaf_name("params", path[1:]))
+        else:
+            names.append(_leaf_name(f"in{path[0].idx - (1 if with_params else 0)}", path[1:]))
+    return names
+
+
 def _leaf_name(prefix: str, path) -> str:
     rest = jax.tree_util.keystr(path, simple=True, separator=".")
     return f"{prefix}.{rest}" if rest else prefix
@@ -580,15 +592,9 @@ def capture(
     else:
         traced, args = fn, example_inputs
     closed, out_shapes = _trace(fn, traced, args)
-    with_paths, in_tree = jax.tree_util.tree_flatten_with_path(args)
-    names, param_names = [], []
-    for path, _ in with_paths:
-        if params is not None and path[0].idx == 0:
-            names.append(_leaf_name("params", path[1:]))
-            param_names.append(names[-1])
-        else:
-            k = path[0].idx - (1 if params is not None else 0)
-            names.append(_leaf_name(f"in{k}", path[1:]))
+    in_tree = jax.tree.structure(args)
+    names = leaf_names(args, params is not None)
+    param_names = [n for n in names if n.split(".")[0] == "params"]
     flat = _Flattener()
     for name, v in zip(names, closed.jaxpr.invars):
         flat.avals[name] = v.aval

@@ -30,7 +30,7 @@ from metaspmd.spec import Reduce, ShardIn, Strategy
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
 
-from .capture import Captured, capture, check_capture_options, read_atom, refuse_non_arrays
+from .capture import Captured, capture, check_capture_options, leaf_names, read_atom, refuse_non_arrays
 from .catalog import PREFIX
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
@@ -88,6 +88,18 @@ def planner_mesh(mesh: Mesh) -> planner.Mesh:
 
 def _constrainable(x: Any) -> bool:
     return isinstance(x, jax.Array) and x.ndim > 0 and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)
+
+
+def _tree_difference(args: tuple, captured: Any, with_params: bool) -> str:
+    """Where ``args`` (params first where the plan has them, then the inputs) differ from
+    the captured tree: the leaves one has and the other lacks, by name (``params.w2``);
+    the two structures where the leaves agree (a list given for a tuple)."""
+    given = leaf_names(args, with_params)
+    wanted = leaf_names(jax.tree.unflatten(captured, [0] * captured.num_leaves), with_params)
+    missing, extra = [n for n in wanted if n not in given], [n for n in given if n not in wanted]
+    said = [f"{what} {', '.join(names[:5])}{' and more' if len(names) > 5 else ''}"
+            for what, names in (("missing", missing), ("not in the captured call", extra)) if names]
+    return "; ".join(said) or f"{jax.tree.structure(args)} vs {captured}"
 
 
 @dataclass(eq=False)  # hashed by identity: jax.jit(par) hashes the callable it is given
@@ -226,7 +238,8 @@ class Parallelized:
         args = (self.params if params is None else params, *inputs) if self.params is not None else inputs
         leaves, tree = jax.tree.flatten(args)
         if tree != self.captured.in_tree:
-            raise ValueError(f"inputs do not match the captured structure: {tree} vs {self.captured.in_tree}")
+            raise ValueError("inputs do not match the captured structure: "
+                             + _tree_difference(args, self.captured.in_tree, self.params is not None))
         # The plan (and the program) hold for the captured shapes and dtypes only: jit would
         # trace the replay again for others, which fails deep in it or runs a plan made for
         # other arithmetic (bf16 through a float32 plan).

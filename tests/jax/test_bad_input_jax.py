@@ -165,6 +165,21 @@ def test_explicit_mesh_runs_on_devices(tmp_path):
     np.testing.assert_allclose(out2, mlp(jax.tree.map(np.asarray, stepped), X), rtol=1e-5, atol=1e-5)
 
 
+def test_a_call_of_another_structure_names_the_leaves_that_differ(tmp_path):
+    mesh = mesh_of(4)
+    params = {"w1": np.ones((4, 16), np.float32), "w2": np.ones((16, 4), np.float32)}
+    par = parallelize(mlp, mesh, (X,), params=params, cache=RuleCache(tmp_path))
+    with pytest.raises(ValueError, match=r"inputs do not match the captured structure: missing params\.w2$"):
+        par(X, params={"w1": params["w1"]})
+    with pytest.raises(ValueError, match=r"structure: missing params\.w2; not in the captured call params\.w3$"):
+        par(X, params={"w1": params["w1"], "w3": params["w2"]})
+    with pytest.raises(ValueError, match=r"structure: not in the captured call in1$"):
+        par(X, X)
+    with pytest.raises(ValueError, match=r"structure: missing params\.w1, params\.w2; not in the captured call "
+                                         r"params\.0, params\.1$"):
+        par(X, params=[params["w1"], params["w2"]])
+
+
 @pytest.mark.parametrize("names,types,error,message", [
     ((0,), None, TypeError, r"mesh axis names must be strings, got 0 \(axis names \(0,\)\)"),
     (("tp",), (AxisType.Manual,), ValueError, r"mesh axes \('tp',\) are Manual .* axis_types=\(AxisType.Auto,\)"),
