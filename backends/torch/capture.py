@@ -406,6 +406,11 @@ def _check_inputs(fn_or_module, example_inputs: tuple, backward: bool, loss_fn: 
     if isinstance(fn_or_module, type) and issubclass(fn_or_module, torch.nn.Module):
         raise TypeError(f"parallelize takes a module, got the class {fn_or_module.__qualname__}: pass an instance, "
                         f"{fn_or_module.__qualname__}(...)")
+    # torch.compile's wrapper, which FX cannot trace (its message speaks of dynamo, not of the model)
+    if isinstance(getattr(fn_or_module, "_orig_mod", None), torch.nn.Module):
+        raise TypeError(f"parallelize takes the module itself, got torch.compile's wrapper of a "
+                        f"{type(fn_or_module._orig_mod).__qualname__}: pass model._orig_mod (and compile the "
+                        "parallelized model, if you will)")
     if not isinstance(example_inputs, (tuple, list)):
         raise TypeError("example_inputs must be a tuple of positional arguments, got a "
                         f"{type(example_inputs).__qualname__} (for one input write (x,))")

@@ -505,6 +505,16 @@ def test_what_a_plan_cannot_hold_is_named_at_capture(fn, inputs, kw, error, mess
         capture(fn, inputs, **kw)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # dynamo's import
+def test_a_compiled_module_is_named_with_the_module_inside():
+    """FX's own refusal spoke of "a dynamo-optimized function", not of what to pass."""
+    compiled = torch.compile(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match=r"takes the module itself, got torch.compile's wrapper of a Linear: pass "
+                                        r"model._orig_mod"):
+        capture(compiled, (torch.randn(2, 4),))
+    assert capture(compiled._orig_mod, (torch.randn(2, 4),)).trainable
+
+
 def _scale_first(a, b):
     a.mul_(2)
     return a + b
