@@ -506,7 +506,11 @@ def _check_differentiable(fn: Callable, out: Any) -> None:
 
 def _check_params_differentiable(params: Any) -> None:
     """Refuse, naming the leaf, a parameter jax.grad cannot differentiate (an integer or
-    bool array, a key, what is no array); jax.grad would name only its dtype."""
+    bool array, a key, what is no array); jax.grad would name only its dtype. No array at
+    all (``params={}``) leaves no gradient to compute, as a torch module without parameters."""
+    if not jax.tree.leaves(params):
+        raise ValueError(f"params ({jax.tree.structure(params)}) holds no arrays, so there are no gradients to "
+                         "compute: pass the parameters, or backward=False to plan the forward only")
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         aval = _value_type(leaf)
         if aval is None or not jnp.issubdtype(aval.dtype, jnp.inexact):

@@ -82,6 +82,15 @@ def test_capture_names_what_is_wrong(fn, kw, message):
         capture(fn, (X,), params=PARAMS, **kw)
 
 
+@pytest.mark.parametrize("params", [{}, (), {"w": None}], ids=["dict", "tuple", "none"])
+def test_params_without_arrays_are_refused_for_a_backward(params):
+    """An empty tree gave empty gradients, where torch refuses a module without parameters."""
+    with pytest.raises(ValueError, match=r"params \(PyTreeDef.*\) holds no arrays, so there are no gradients to "
+                                         r"compute: pass the parameters, or backward=False"):
+        capture(lambda p, x: x * 2, (X,), params=params)
+    assert capture(lambda p, x: x * 2, (X,), params=params, backward=False).n_outputs == 1
+
+
 def test_capture_works_where_the_checks_allow():
     assert capture(argmax, (X,), params=PARAMS, backward=False).n_outputs == 1
     assert capture(no_output, (X,), params=PARAMS, backward=False).n_outputs == 0
