@@ -562,6 +562,8 @@ class _Reader:
         if not isinstance(counts, list) or not counts or not all(_is_count(c, 1) for c in counts):
             self.fail(f["shard_counts"], f"verified shard_counts must be a non-empty list of whole numbers >= 1, "
                                          f"got {counts!r}")
+        if counts != sorted(set(counts)):  # as the explorer writes them: each count tried, once
+            self.fail(f["shard_counts"], f"verified shard_counts must be increasing, each count once, got {counts!r}")
         if not isinstance(uneven, bool):
             self.fail(f["uneven"], f"verified uneven must be true or false, got {uneven!r}")
         return Verification(trials, tuple(counts), uneven)

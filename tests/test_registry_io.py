@@ -118,6 +118,7 @@ def test_loads_hand_written_file():
     ("status: ok\nentries", "status: great\nentries", 4, "unknown status"),
     ("  verified", "  colour: red\n  verified", 13, "unknown key 'colour'"),
     ("shard: [[S1", "shard: [[S1 [", 8, "not valid YAML"),
+    ("shard_counts: [2, 3]", "shard_counts: [3, 2, 2]", 13, "shard_counts must be increasing, each count once"),
 ])
 def test_malformed_file_names_file_and_line(old, new, line, message):
     assert old in MM
