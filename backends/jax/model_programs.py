@@ -7,7 +7,8 @@ them (``x:f[*,*,*] y:f[*,*,1]``), reductions over the last axis, attention's bat
 matmuls and a loss over a vocabulary; Flax's layers keep attention heads as a dim of their
 own and contract two dims at once (``_flax_block``); ``jax.nn.dot_product_attention``, which
 nnx's attention runs, contracts rank-5 groups of heads (``_sdpa_block``; grouped-query
-attention in a Llama-style block, ``_gqa_block``). The sweep explores these signatures
+attention in a Llama-style block, ``_gqa_block``), around rotary position embeddings in
+Llama-style models (``_rope_attention``). The sweep explores these signatures
 as well (``backend.MODEL_CASES`` per primitive, beyond the harnesses' own), so the table
 holds them and ``parallelize`` looks them up instead of exploring them live. Arguments are
 flat arrays: a program's jaxpr takes them as its inputs.
@@ -148,6 +149,40 @@ def _gqa_block(s1, wq, wk, wv, wo, s2, wg, wu, wd, x):
     return (x + (jax.nn.silu(h @ wg) * (h @ wu)) @ wd).mean()
 
 
+def _rope(x, halves: bool):
+    """Rotary position embedding of [B, L, heads, d] queries or keys: each pair of a head's
+    features rotated by its position times a frequency, computed in the program. Pairs
+    interleaved (``x[..., ::2]`` beside ``x[..., 1::2]``, stacked back: Meta's reference
+    Llama, most hand-written jax) or the two halves of the head (``rotate_half``, as in
+    Hugging Face's Flax Llama: a negated half concatenated before the other)."""
+    t, d = x.shape[1], x.shape[-1]
+    # float32 written out: the sweep traces with x64 on, and a model's default float32
+    # converts its integer positions to float32 (a dtype its signatures name)
+    inv = 1.0 / (10000 ** (jnp.arange(0, d, 2).astype(jnp.float32) / d))
+    angles = jnp.arange(t)[:, None] * inv[None]
+    if halves:
+        angles = jnp.concatenate([angles, angles], -1)
+    cos, sin = jnp.cos(angles)[None, :, None], jnp.sin(angles)[None, :, None]
+    if halves:
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos + jnp.concatenate([-x2, x1], -1) * sin
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).reshape(x.shape)
+
+
+def _rope_attention(wq, wk, wv, wo, x, halves=False):
+    """Causal attention by ``jax.nn.dot_product_attention`` on rotary-embedded queries and
+    keys (``_rope``), as Llama-style models compute it: the rotation's strided slices,
+    stacks, pads (their gradients) and position arithmetic around the attention."""
+    q, k, v = (lax.dot_general(x, w, (((2,), (0,)), ((), ()))) for w in (wq, wk, wv))
+    out = jax.nn.dot_product_attention(_rope(q, halves), _rope(k, halves), v, is_causal=True, implementation="xla")
+    return (x + lax.dot_general(out, wo, (((2, 3), (0, 1)), ((), ())))).mean()
+
+
+def _rope_attention_halves(wq, wk, wv, wo, x):
+    return _rope_attention(wq, wk, wv, wo, x, halves=True)
+
+
 def _normal(*shape):
     return lambda r: (0.3 * r.standard_normal(shape)).astype(np.float32)
 
@@ -161,6 +196,7 @@ def _ids(*shape, vocab):
 
 
 D, HIDDEN, VOCAB = 8, 16, 12
+_ROPE_PARAMS = (_normal(D, 2, D // 2), _normal(D, 2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2, D))
 # name -> (loss, its parameters' makers, the data's makers); the gradients are the parameters'
 _MODELS = {
     "mlp_block": (_mlp_block, (_ones_plus(D), _normal(D), _normal(D, HIDDEN), _normal(HIDDEN), _normal(HIDDEN, D),
@@ -178,6 +214,10 @@ _MODELS = {
     "sdpa_block": (_sdpa_block, (_ones_plus(D), _normal(D), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(D, 2, D // 2), _normal(2, D // 2), _normal(D, 2, D // 2), _normal(2, D // 2),
                                  _normal(2, D // 2, D), _normal(D)), (_normal(2, 6, D),)),
+    # named to sort after the programs before them: a signature another program makes too
+    # keeps that program's call as its example where the calls tie (backend._preference)
+    "sdpa_rope": (_rope_attention, _ROPE_PARAMS, (_normal(2, 6, D),)),
+    "sdpa_rope_halves": (_rope_attention_halves, _ROPE_PARAMS, (_normal(2, 6, D),)),
     "norm_by_division": (_norm_by_division, (_ones_plus(D), _normal(D), _normal(D, HIDDEN), _normal(HIDDEN),
                                              _normal(HIDDEN, D), _normal(D)), (_normal(2, 6, D),)),
 }

@@ -541,3 +541,28 @@ def test_jax_nn_dot_product_attention_finds_the_tables_rules(kv_heads, causal):
     loss_sum = ("jax.reduce_sum", "x:f[*,*,*,*] axes=[0,1,2,3]")  # this test's own loss, not attention's
     missed = [f"{op} {call.signature}" for op, call in calls if not call.table_rules and (op, call.signature) != loss_sum]
     assert not missed, missed
+
+
+@pytest.mark.parametrize("halves", [False, True], ids=["interleaved", "halves"])
+def test_rotary_embeddings_find_the_tables_rules(halves):
+    """Rotary position embeddings, as Llama-style models apply them to queries and keys
+    (pairs interleaved or the head's two halves rotated; ``model_programs._rope``): the
+    position arithmetic, the rotation's products, stacks, concatenations and the pads of
+    its slices' gradients are table hits at sizes other than the sweep's. Slices, reshapes
+    and pads that name the model's sizes (the halves' pads by half the head's width) are
+    the runtime's to derive or explore, not the table's."""
+    from metaspmd.backends.jax.model_programs import _rope
+
+    def loss(q, k):
+        return jax.nn.dot_product_attention(_rope(q, halves), _rope(k, halves), k, is_causal=True,
+                                            implementation="xla").mean()
+
+    q, k = (jax.random.normal(jax.random.key(i), (3, 5, 3, 6)) for i in (0, 1))
+    c = capture(lambda *a: jax.value_and_grad(loss, argnums=(0, 1))(*a), (q, k))
+    ops = ("jax.mul", "jax.sub", "jax.add", "jax.neg", "jax.cos", "jax.sin", "jax.pow", "jax.div", "jax.stack",
+           "jax.unstack", "jax.concatenate", "jax.convert_element_type") + (() if halves else ("jax.pad",))
+    calls = [(op.op, node_call(c, op)) for op in c.ir.op_list if op.op in ops]
+    rotation = {"jax.concatenate", "jax.neg"} if halves else {"jax.stack", "jax.unstack", "jax.pad"}
+    assert {op for op, _ in calls} >= rotation | {"jax.mul", "jax.cos", "jax.sin"}
+    missed = [f"{op} {call.signature}" for op, call in calls if not call.table_rules]
+    assert not missed, missed
