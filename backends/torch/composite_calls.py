@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Any, Callable, Iterator
 
 import torch
@@ -104,33 +105,55 @@ def _kernel_of(func) -> Callable:
     return _recording_kernel(func)
 
 
+@functools.lru_cache(maxsize=1)
+def _installs() -> tuple[tuple[tuple[dict, Callable], ...], frozenset]:
+    """Each composite overload's Python kernels (the dict itself: an overload makes it once
+    and only changes it) with its recording kernel, and the set of the overloads: the same
+    for the whole process."""
+    composite = catalog.composite_implicit_overloads()
+    return tuple((f.py_kernels, _kernel_of(f)) for f in composite), frozenset(composite)
+
+
+_KERNELLED: list = [-1, (), ()]  # sys.modules' size when scanned, the overloads, those touched
+
+
+def _kernelled() -> tuple[tuple, tuple]:
+    """The overloads with torch's own Python kernels at the autograd keys (most have none),
+    and every overload ``composite_kernels`` changes (those and the composite ones). Python
+    kernels are registered when a module is imported, so the scan of every overload is made
+    again only after an import, not on every entry."""
+    if _KERNELLED[0] != len(sys.modules):
+        keys = set(_AUTOGRAD_KEYS)
+        found = tuple(f for f in catalog.aten_overloads() if f.py_kernels and not keys.isdisjoint(f.py_kernels))
+        touched = _installs()[1] | set(found)  # by their dicts, as _installs has them
+        _KERNELLED[:] = [len(sys.modules), found, tuple((f.py_kernels, f._dispatch_cache) for f in touched)]
+    return _KERNELLED[1], _KERNELLED[2]
+
+
 @contextlib.contextmanager
 def composite_kernels() -> Iterator[None]:
     """The Python dispatcher on, each composite overload's calls reaching the recorders,
     torch's Python kernels at the autograd keys set aside; all as it was on exit. Only
     the overloads changed here have their dispatch caches cleared: entered once per
-    regenerated sample, this must stay cheap (the autograd-key kernels are still looked
-    up on every entry: an import may register more)."""
-    composite = catalog.composite_implicit_overloads()
+    regenerated sample (thousands of times in a sweep), this must stay cheap."""
+    installs, _ = _installs()
     cia, autograd = _AUTOGRAD_KEYS
-    keys = set(_AUTOGRAD_KEYS)  # most overloads have no Python kernel at all
-    kernelled = [f for f in catalog.aten_overloads() if f.py_kernels and not keys.isdisjoint(f.py_kernels)]
-    saved = {f: {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels} for f in kernelled}
-    touched = set(composite) | set(kernelled)
+    kernelled, touched = _kernelled()
+    saved = [(f, {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels}) for f in kernelled]
     try:
-        for func in composite:
-            func.py_kernels[cia] = _kernel_of(func)
-        for func in touched:
-            func._dispatch_cache.clear()
+        for kernels, kernel in installs:
+            kernels[cia] = kernel
+        for _, cache in touched:
+            cache.clear()
         with enable_python_dispatcher():
             yield
     finally:
-        for func in touched:
-            kernels = func.py_kernels
+        for kernels, cache in touched:
             kernels.pop(cia, None)
             kernels.pop(autograd, None)
-            if func in saved:
-                kernels.update(saved[func])
+            cache.clear()
+        for func, kernels in saved:
+            func.py_kernels.update(kernels)
             func._dispatch_cache.clear()
 
 
