@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from metaspmd import cli, rule_diff
 from metaspmd.registry_io import (
@@ -431,3 +432,15 @@ def test_an_int_too_long_to_read_is_refused_at_its_line():
     with pytest.raises(RegistryError, match=r"^mm.yaml:1: cannot read the value 1{40}\.\.\. \(5000 characters\): "
                                             r"Exceeds the limit"):
         loads_record(MM.replace("schema: 1", "schema: " + "1" * 5000), "mm.yaml")
+
+
+@pytest.mark.parametrize("text", ["0", "7", "42", "017", "0x1f", "0o17", "1_000", "-5", "+5", "00", "1.5", "true",
+                                  "null", "abc", "'017'", "!!int 12", "!!str 12", "٣"])
+def test_scalars_read_as_the_safe_loader_reads_them(text):
+    """The reader takes text and plain decimal integers itself (most scalars), the rest
+    through PyYAML's constructors: each value, and its type, as yaml.safe_load gives it."""
+    from metaspmd.registry_io import _construct
+
+    node = yaml.compose(f"v: {text}", Loader=yaml.SafeLoader).value[0][1]
+    value, expected = _construct(node), yaml.safe_load(f"v: {text}")["v"]
+    assert (value, type(value)) == (expected, type(expected))
