@@ -123,6 +123,7 @@ def test_no_model_signature_is_dropped_by_the_cap(backend):
     assert not over, f"model signatures past MODEL_CASES ({jax_backend.MODEL_CASES}): {over}"
 
 
+@pytest.mark.slow  # traces every model program twice (~25 s)
 @pytest.mark.parametrize("x64", [True, False], ids=["x64", "x32"])
 def test_every_model_program_traces(backend, x64):
     """The index leaves out programs that do not trace (jax's harnesses hold some that do
