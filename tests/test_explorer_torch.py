@@ -645,6 +645,26 @@ def test_a_dim_too_short_for_three_shards_is_widened_where_the_op_allows():
     assert not any(d.halo for d in e.shard.inputs[0]) and not e.notes
 
 
+def _flat_rows(seed: int):
+    """x and y the same along dim 1 in every draw (a row's max broadcast over it), equal in
+    some rows: blind random data would make eq all False, which shows nothing either."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 1, generator=g).expand(4, 5).contiguous()
+    y = x.clone()
+    y[seed % 2::2] += 1
+    return (x, y), {}
+
+
+def test_a_plain_cut_the_samples_cannot_show_goes_first_on_lengthened_data():
+    """Every draw of x and y is flat along dim 1, so no trial at the sample's size shows the
+    plain cut there: it was skipped and a halo cut found on the lengthened trials instead (an
+    elementwise eq with halo=1). The plain cut goes first on those trials now."""
+    (x, y), _ = _flat_rows(0)
+    e = explore(aten.eq.Tensor, [x, y], ("self", "other"), fresh=_flat_rows, widen=True)
+    assert str(e.shard) == "[[S1, S2], [S1, S2]]", str(e.shard)
+    assert "plain cut of self dim 1: verified with that dim lengthened from 5 to 6 by random data" in e.notes
+
+
 def test_inputs_cut_together_share_a_halo():
     # both factors of a product feed one window: each needs the same halo
     e = explore(lambda x, y: _pool(x * y), [randn(2, 3, 9), randn(2, 3, 9)], ("self", "other"))

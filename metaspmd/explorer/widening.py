@@ -77,12 +77,19 @@ class Widening:
         lengthened dims where the sample's are too short (noted in the entry)."""
         for h in range(0 if plain else 1, self.config.max_input_halo + 1):
             g = Group(tuple((i, d, h) for i, d, _ in group.dims))
+            room = h  # the halo whose room the trials are lengthened to
             trials = self._lengthened_trials(g)
             if h == 0 and trials is self.trials:
-                continue  # the sample's own trials, on which the plain cut showed nothing
+                # the sample's own trials showed nothing of the plain cut: it goes first on
+                # the trials halo 1 lengthens, whose new data may show it (an eq of x with
+                # its broadcast max, flat along the cut dim until lengthened by fresh data)
+                room = 1
+                trials = self._lengthened_trials(Group(tuple((i, d, room) for i, d, _ in group.dims)))
+                if trials is self.trials:
+                    continue
             if trials is not None and self._accepted_on(g, trials, accept):
                 if trials is not self.trials:
-                    self.widened[g.placements(n_inputs)] = self._widened_notes(g)
+                    self.widened[g.placements(n_inputs)] = self._widened_notes(g, room)
                 return True
         return False
 
@@ -137,9 +144,11 @@ class Widening:
 
         return self._rebuilt_trials(longer, self.trials)
 
-    def _widened_notes(self, group: Group) -> list[str]:
+    def _widened_notes(self, group: Group, room: int | None = None) -> list[str]:
+        """Notes on the group's dims lengthened to the room of halo ``room`` (default its own)."""
         first, halo = self.trials[0], group.dims[0][2]
+        wide = halo_room(halo if room is None else room)
         what = f"halo={halo} on" if halo else "plain cut of"
         return [f"{what} {self.leaf_names[i]} dim {d}: verified with that dim lengthened from "
-                f"{self.ops.shape(first.leaves[i])[d]} to {halo_room(halo)} by random data"
-                for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < halo_room(halo)]
+                f"{self.ops.shape(first.leaves[i])[d]} to {wide} by random data"
+                for i, d, _ in group.dims if self.ops.shape(first.leaves[i])[d] < wide]
