@@ -150,6 +150,7 @@ def _run_void(mesh) -> dict:
     return found
 
 
+@pytest.mark.slow  # every op that returns nothing, on real DTensor (~20 s)
 def test_ops_that_return_nothing_run_on_the_verified_rules(plain_and_registered, tmp_path):
     """Every call whose written tensors are cut or replicated is right, whatever the other
     inputs' placements (a Partial(sum) gradient included), with each tensor where it lay: a

@@ -136,6 +136,7 @@ def test_the_file_does_not_depend_on_the_order_the_programs_were_found_in(tmp_pa
     assert program_index.read(tmp_path / "b.json.gz") == where
 
 
+@pytest.mark.slow  # replays every program's equations (~15 s)
 def test_every_program_calls_a_primitive_with_the_params_jaxs_functions_bind(backend):
     """jax's mul harness binds no ``out_dtype``, which ``lax.mul`` always binds (None): its
     calls keyed the table's ``mul x:f[*,*] y:f[*,*]``, which no program's mul looks up. The
