@@ -106,12 +106,10 @@ def _kernel_of(func) -> Callable:
 
 
 @functools.lru_cache(maxsize=1)
-def _installs() -> tuple[tuple[tuple[dict, Callable], ...], frozenset]:
+def _installs() -> tuple[tuple[dict, Callable], ...]:
     """Each composite overload's Python kernels (the dict itself: an overload makes it once
-    and only changes it) with its recording kernel, and the set of the overloads: the same
-    for the whole process."""
-    composite = catalog.composite_implicit_overloads()
-    return tuple((f.py_kernels, _kernel_of(f)) for f in composite), frozenset(composite)
+    and only changes it) with its recording kernel: the same for the whole process."""
+    return tuple((f.py_kernels, _kernel_of(f)) for f in catalog.composite_implicit_overloads())
 
 
 _KERNELLED: list = [-1, (), ()]  # sys.modules' size when scanned, the overloads, those touched
@@ -125,7 +123,7 @@ def _kernelled() -> tuple[tuple, tuple]:
     if _KERNELLED[0] != len(sys.modules):
         keys = set(_AUTOGRAD_KEYS)
         found = tuple(f for f in catalog.aten_overloads() if f.py_kernels and not keys.isdisjoint(f.py_kernels))
-        touched = _installs()[1] | set(found)  # by their dicts, as _installs has them
+        touched = set(catalog.composite_implicit_overloads()) | set(found)  # by their dicts, as _installs has them
         _KERNELLED[:] = [len(sys.modules), found, tuple((f.py_kernels, f._dispatch_cache) for f in touched)]
     return _KERNELLED[1], _KERNELLED[2]
 
@@ -136,7 +134,7 @@ def composite_kernels() -> Iterator[None]:
     torch's Python kernels at the autograd keys set aside; all as it was on exit. Only
     the overloads changed here have their dispatch caches cleared: entered once per
     regenerated sample (thousands of times in a sweep), this must stay cheap."""
-    installs, _ = _installs()
+    installs = _installs()
     cia, autograd = _AUTOGRAD_KEYS
     kernelled, touched = _kernelled()
     saved = [(f, {k: f.py_kernels.pop(k) for k in _AUTOGRAD_KEYS if k in f.py_kernels}) for f in kernelled]

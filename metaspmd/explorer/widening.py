@@ -75,16 +75,18 @@ class Widening:
         """``group`` with an input halo of 1, 2, ... on every cut dim (with ``plain``, of 0
         first, where lengthening gives new trials), until one is accepted; tried on
         lengthened dims where the sample's are too short (noted in the entry)."""
+        def with_halo(h: int) -> Group:
+            return Group(tuple((i, d, h) for i, d, _ in group.dims))
+
         for h in range(0 if plain else 1, self.config.max_input_halo + 1):
-            g = Group(tuple((i, d, h) for i, d, _ in group.dims))
-            room = h  # the halo whose room the trials are lengthened to
+            g, room = with_halo(h), h  # room: the halo whose room the trials are lengthened to
             trials = self._lengthened_trials(g)
             if h == 0 and trials is self.trials:
                 # the sample's own trials showed nothing of the plain cut: it goes first on
                 # the trials halo 1 lengthens, whose new data may show it (an eq of x with
                 # its broadcast max, flat along the cut dim until lengthened by fresh data)
                 room = 1
-                trials = self._lengthened_trials(Group(tuple((i, d, room) for i, d, _ in group.dims)))
+                trials = self._lengthened_trials(with_halo(room))
                 if trials is self.trials:
                     continue
             if trials is not None and self._accepted_on(g, trials, accept):
