@@ -48,8 +48,10 @@ def load_side(where: str, repo: Path | None = None, subdir: str = "registry") ->
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
     git.check_registry(where, rev, subdir)
-    names = git.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir)
+    modes = git.tree(rev, subdir)
+    names = sorted(modes)
     refuse_misnamed(f"{where}:{n}" for n in names)
+    _refuse_links(where, modes)
     names = [n for n in names if n.endswith(".yaml")]
     return _records(names, git.blobs(rev, names), where)
 
@@ -74,11 +76,25 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     old, new = git.commit(base), git.commit(head)
     git.check_registry(base, old, subdir)
     git.check_registry(head, new, subdir)
-    # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
-    changed = git.lines("diff", "--name-only", "--no-renames", "-z", old, new, "--", subdir)
+    changed = git.changed(old, new, subdir)
+    _refuse_links(base, {n: modes[0] for n, modes in changed.items()})
+    _refuse_links(head, {n: modes[1] for n, modes in changed.items()})
+    changed = sorted(changed)
     refuse_misnamed(f"{head}:{n}" for n in git.blobs(new, [n for n in changed if not n.endswith(".yaml")]))
     changed = [n for n in changed if n.endswith(".yaml")]
     return _records(changed, git.blobs(old, changed), base), _records(changed, git.blobs(new, changed), head)
+
+
+_LINK = "120000"  # git's mode of a symbolic link
+
+
+def _refuse_links(where: str, modes: dict[str, str]) -> None:
+    """RegistryError for a rule file stored as a symbolic link: in a revision its blob is the
+    link's target path, which would read as a malformed rule file, not as the rules it points to."""
+    link = next((n for n in sorted(modes) if modes[n] == _LINK and n.endswith(".yaml")), None)
+    if link is not None:
+        raise RegistryError(f"{where}:{link}: a symbolic link in git, whose content is the path it points to, "
+                            "not rules: commit the rule file itself")
 
 
 def _key(path: str, record: OpRecord, where: str) -> tuple[str, str]:
@@ -182,6 +198,22 @@ class _Git:
         names = self.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir)
         if not any(n.count("/") == subdir.count("/") + 2 and n.endswith(".yaml") for n in names):
             raise ValueError(f"{given!r} has no {subdir}/<backend>/<op>.yaml files, so it holds no registry to compare")
+
+    def tree(self, rev: str, subdir: str) -> dict[str, str]:
+        """The files under ``subdir`` of ``rev``, each with its git mode."""
+        out = {}
+        for entry in self.lines("ls-tree", "-r", "-z", rev, "--", subdir):
+            meta, name = entry.split("\t", 1)  # "<mode> <type> <object>\t<path>"
+            out[name] = meta.split(" ", 1)[0]
+        return out
+
+    def changed(self, old: str, new: str, subdir: str) -> dict[str, tuple[str, str]]:
+        """The files under ``subdir`` that differ between two commits, each with its mode on
+        either side ("000000" where it is absent)."""
+        # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
+        fields = self.lines("diff", "--raw", "--no-renames", "-z", old, new, "--", subdir)
+        # -z --raw: ":<old mode> <new mode> <old object> <new object> <status>", then the path
+        return {fields[i + 1]: tuple(fields[i][1:].split(" ")[:2]) for i in range(0, len(fields), 2)}
 
     def blobs(self, rev: str, names: list[str]) -> dict[str, bytes]:
         """The files ``names`` of ``rev`` that exist there, read by one ``git cat-file``."""

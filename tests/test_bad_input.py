@@ -994,3 +994,20 @@ def test_diff_refuses_a_changed_file_whose_name_holds_a_line_break(two_revisions
     git(repo, "commit", "-qm", "newline")
     with pytest.raises(RegistryError, match=r"'registry/torch/a\\nb.yaml': a file name holding a line break"):
         rule_diff.load_sides("HEAD~1", "HEAD", repo)
+
+
+def test_diff_refuses_a_rule_file_committed_as_a_symlink(two_revisions):
+    """git stores a link's target path as its blob: read as rules, it said "rule file must be a
+    mapping", naming nothing about the link."""
+    repo, base_folder, head_folder = two_revisions
+    link = head_folder / "torch" / "aten.mm.default.yaml"
+    (repo / "kept.yaml").write_text(link.read_text())
+    link.unlink()
+    link.symlink_to(Path("..", "..", "kept.yaml"))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "linked")
+    expected = r"HEAD:registry/torch/aten.mm.default.yaml: a symbolic link in git, whose content is the path it points to"
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD"), ("HEAD", "HEAD~1")):
+        with pytest.raises(RegistryError, match=expected):
+            rule_diff.load_sides(base, head, repo)
+    rule_diff.load_sides(str(base_folder), str(head_folder))  # a folder reads the file it links to
