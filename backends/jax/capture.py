@@ -554,7 +554,8 @@ def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
     except TypeError as err:
         if "must be 1D sequences of concrete values" in str(err):  # a traced number as a shape
             raise needs_concrete(err) from err
-        if traced is fn and "required positional argument" in str(err):  # called as fn(*inputs): no params=
+        names = {_name(fn), getattr(fn, "__qualname__", "")}  # Python names a nested function by its qualname
+        if any(str(err).startswith(f"{n}()") for n in names if n) and "positional argument" in str(err):
             raise TypeError(f"{err}: parallelize calls {_name(fn)}(*example_inputs), or {_name(fn)}(params, "
                             "*example_inputs) when the parameters are passed as params=") from err
         if "carry input and carry output must have equal types" not in str(err):

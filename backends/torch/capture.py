@@ -513,8 +513,9 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
                              _input_copies(example_inputs))
     if backward:
         # The loss itself is no output (only its gradients are): drop it and anything
-        # else nothing reads. The traced ATen graph is functional, so this is exact.
-        gm.graph.eliminate_dead_code()
+        # else nothing reads. The traced ATen graph is functional, so this is exact, but for
+        # ops run for their effect alone (torch._assert_async's check).
+        gm.graph.eliminate_dead_code(is_impure_node=_run_for_its_effect)
         gm.recompile()
     unmerge_batched_matmuls(gm)
     values = recorded_values(gm, [p.detach() for p in params] + _buffer_copies(module)
@@ -524,6 +525,14 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     updated = tuple(buffer_names[i] for i in written)
     return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated,
                     traced, structure, trainable, training_modes(module), tuple(written_inputs))
+
+
+def _run_for_its_effect(node: torch.fx.Node) -> bool:
+    """Is ``node`` kept though nothing reads it? fx's own list of side-effectful calls has
+    ``aten._assert_async.msg`` but not ``.default``: any op that returns nothing runs for
+    its effect (an error on bad values) alone."""
+    return node.is_impure() or (isinstance(node.target, torch._ops.OpOverload)
+                                and not node.target._schema.returns)
 
 
 def training_modes(module: torch.nn.Module) -> tuple[tuple[str, bool], ...]:
@@ -583,6 +592,7 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
     model output the default loss cannot take) holds on either and is raised as it is:
     on real values the model may fail first on another path (Hugging Face models read a
     value where the tensors are not fake)."""
+    fn = _value_checks_kept(fn)
     try:
         with _fake_kernel_errors_unlogged():
             traced = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True, **kwargs)(*args)
@@ -605,6 +615,32 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
                          f"tensor, a slice bound or a size taken from one){_reading_line(err)}: parallelize plans "
                          "one graph for every call, so keep the choice in tensors (torch.where, masks) or pass such "
                          "values as Python numbers") from err
+
+
+class _ValueChecks(torch.overrides.TorchFunctionMode):
+    """Writes into the graph the value checks a kernel makes in C++ and the trace leaves out:
+    ``one_hot`` checks its classes' range on the values, which a fake trace cannot read, so
+    it traced the arithmetic alone (``eq(unsqueeze(x), arange(n))``), and classes out of
+    range gave rows of zeros instead of an error."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.one_hot:
+            bound = inspect.signature(lambda tensor, num_classes=-1: None).bind(*args, **kwargs).arguments
+            x, n = bound["tensor"], bound.get("num_classes", -1)
+            if isinstance(x, torch.Tensor) and isinstance(n, int) and n >= 0:  # -1: n read off the values
+                torch.ops.aten._assert_async.msg(((x >= 0) & (x < n)).all(),
+                                                 f"one_hot: class values must be in [0, {n})")
+        return func(*args, **kwargs)
+
+
+def _value_checks_kept(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def checked(*args):
+        with _ValueChecks():
+            return fn(*args)
+
+    return checked
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -738,9 +774,14 @@ def _written(gm: torch.fx.GraphModule, names: list[str], n_buffers: int) -> tupl
                 continue
             value = base.get(value, value)
             if value in params:
-                raise ValueError(f"the forward writes parameter {params[value]!r} in place ({op_name(node.target)}; "
-                                 "nn.Embedding(max_norm=...) renormalizes its weight so), which a plan does not "
-                                 "write back: renormalize outside the model under torch.no_grad, or pass no max_norm")
+                what = f"the forward writes parameter {params[value]!r} in place ({op_name(node.target)}"
+                if node.target is torch.ops.aten.embedding_renorm_.default:
+                    raise ValueError(f"{what}: nn.Embedding(max_norm=...) renormalizes its weight so), which a plan "
+                                     "does not write back: renormalize outside the model under torch.no_grad, or "
+                                     "pass no max_norm")
+                raise ValueError(f"{what}), which a plan does not write back (it returns gradients, and writes back "
+                                 "buffers and inputs only): update parameters outside the forward, or keep the "
+                                 "value in a buffer (register_buffer)")
             if value in buffers:
                 written.add(buffers[value])
             if value in inputs:

@@ -216,6 +216,18 @@ def test_what_is_no_jax_function_is_named():
                                         r"calls linear\(\*example_inputs\), or linear\(params, \*example_inputs\) "
                                         r"when the parameters are passed as params="):
         capture(linear, (X,))
+    # params= passed to a function that takes the inputs alone, or takes more than are given
+    def inputs_only(x):
+        return x.sum()
+
+    def three(p, x, y):
+        return (x @ p["w"]).sum()
+
+    for fn, error in ((inputs_only, r"inputs_only\(\) takes 1 positional argument but 2 were given"),
+                      (jax.jit(inputs_only), r"inputs_only\(\) takes 1 positional argument but 2 were given"),
+                      (three, r"three\(\) missing 1 required positional argument: 'y'")):
+        with pytest.raises(TypeError, match=error + r": parallelize calls \w+\(\*example_inputs\), or"):
+            capture(fn, (X,), params=PARAMS)
 
 
 @pytest.mark.parametrize("given,error,message", [

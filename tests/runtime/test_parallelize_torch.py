@@ -257,6 +257,33 @@ def test_a_kernel_that_checks_its_values_traces_beside_a_constant(fake_world, ca
     run_planned(OneHot(), torch.randint(0, 10, (8, 5)), cache, loss_fn=lambda out: (out * weights).sum())
 
 
+def test_value_checks_run_with_the_plan(fake_world, cache):
+    """Bad values raise as they do on one device. The trace for forward and backward dropped
+    ``torch._assert_async`` (it returns nothing, so nothing reads it), and a fake trace of
+    ``one_hot`` skips the range check its kernel makes: both passed bad values unsaid
+    (``one_hot``'s as rows of zeros)."""
+    class Checked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(10, 4))
+
+        def forward(self, ids, x):
+            torch._assert_async((x > -100).all())
+            return torch.nn.functional.one_hot(ids, num_classes=10).to(x.dtype) @ self.w * x
+
+    torch.manual_seed(0)
+    model, ids, x = Checked(), torch.randint(0, 10, (8,)), torch.randn(8, 4)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (ids, x), cache=cache)
+        out, _ = p(ids, x)
+        torch.testing.assert_close(out, model(ids, x))
+        for bad_ids, bad_x, error in ((ids, x * -1e6, "aten._assert_async.default"),
+                                      (ids - 10, x, r"one_hot: class values must be in \[0, 10\)"),
+                                      (ids + 10, x, r"one_hot: class values must be in \[0, 10\)")):
+            with pytest.raises(RuntimeError, match=error):
+                p(bad_ids, bad_x)
+
+
 def test_inputs_of_other_shapes_than_planned_are_refused(fake_world, cache):
     torch.manual_seed(0)
     model, x, longer = MLP(16, 32), torch.randn(8, 16), torch.randn(12, 16)  # made outside the mode: plain tensors

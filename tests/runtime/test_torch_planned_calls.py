@@ -301,6 +301,21 @@ def test_a_parameter_written_by_the_forward_is_refused_by_name(fake_world, cache
     with pytest.raises(ValueError, match=r"the forward writes parameter '0.weight' in place \(aten.embedding_renorm_"):
         planned(model, torch.randint(0, 32, (4, 6)), cache)
 
+    class Halving(nn.Module):  # any other write names no Embedding
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.fc.weight.mul_(0.5)
+            return self.fc(x)
+
+    with pytest.raises(ValueError, match=r"writes parameter 'fc.weight' in place \(aten.mul_.Tensor\), which a plan "
+                                         r"does not write back .* keep the value in a buffer") as caught:
+        planned(Halving(), torch.randn(2, 4), cache)
+    assert "max_norm" not in str(caught.value)
+
 
 def test_loss_fn_for_a_function_is_refused(fake_world, cache):
     with pytest.raises(TypeError, match="loss_fn applies to a module"):
