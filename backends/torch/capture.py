@@ -190,6 +190,32 @@ def _input_name(path: tuple) -> str:
     return f"input {path[0].idx}{torch.utils._pytree.keystr(path[1:])}"
 
 
+def _refuse_other_structure(given: Any, planned: Any, where: str) -> None:
+    """TypeError naming where two pytree structures (TreeSpecs) first differ."""
+    def form(spec) -> tuple:
+        return spec.type, spec.context, spec.num_children
+
+    def described(spec) -> str:
+        if spec.is_leaf():
+            return "one value"
+        if isinstance(spec.context, type):  # a namedtuple, its class the context
+            return f"a {spec.context.__name__}"
+        if spec.type is dict:
+            return f"a dict with keys {list(spec.context)}"
+        return f"a {getattr(spec.type, '__name__', spec.type)} of {spec.num_children}"
+
+    if form(given) != form(planned):
+        raise TypeError(f"{where} is {described(given)}, but the plan is for {described(planned)}")
+    if planned.type is dict:
+        keys = [f"[{k!r}]" for k in planned.context]
+    elif isinstance(planned.context, type) and hasattr(planned.context, "_fields"):
+        keys = [f".{f}" for f in planned.context._fields]
+    else:
+        keys = [f"[{i}]" for i in range(planned.num_children)]
+    for key, a, b in zip(keys, given.children(), planned.children()):
+        _refuse_other_structure(a, b, where + key)
+
+
 def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
     """Refuse, naming the input, a call the plan does not hold for: another structure,
     shape or dtype than the example's, or another value where the example had a number,
@@ -199,7 +225,8 @@ def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
         raise TypeError(f"the plan takes {captured.n_user_inputs} inputs, got {len(inputs)}")
     leaves, structure = torch.utils._pytree.tree_flatten(tuple(inputs))
     if captured.input_structure is not None and structure != captured.input_structure:
-        raise TypeError(f"the inputs are structured as {structure}, but the plan is for {captured.input_structure}")
+        for i, (given, planned) in enumerate(zip(structure.children(), captured.input_structure.children())):
+            _refuse_other_structure(given, planned, f"input {i}")
     again = "parallelize again for"
     for traced, x in zip(captured.inputs, leaves):
         refuse_unplannable(traced.name, x)

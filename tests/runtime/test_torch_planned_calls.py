@@ -449,3 +449,26 @@ def test_an_attribute_the_forward_only_writes_is_no_constant_and_tracing_leaves_
     assert model.last is before
     out, _ = call(p, x)
     torch.testing.assert_close(out, model.fc(x).detach())
+
+
+def test_inputs_of_another_structure_are_refused_where_they_differ(fake_world, cache):
+    """The refusal printed both TreeSpecs over several lines, naming no input."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "left right")
+
+    def pairs(x):
+        return x["a"][0] + x["a"][1] * x["b"].left - x["b"].right
+
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    p = planned(pairs, {"a": (a, b), "b": Pair(a, b)}, cache)
+    torch.testing.assert_close(call(p, {"a": (a, b), "b": Pair(a, b)}), pairs({"a": (a, b), "b": Pair(a, b)}))
+    cases = (({"a": [a, b], "b": Pair(a, b)}, r"input 0\['a'\] is a list of 2, but the plan is for a tuple of 2"),
+             ({"a": (a, b, b), "b": Pair(a, b)}, r"input 0\['a'\] is a tuple of 3, but the plan is for a tuple of 2"),
+             ({"a": (a, (b,)), "b": Pair(a, b)}, r"input 0\['a'\]\[1\] is a tuple of 1, but the plan is for one value"),
+             ({"a": (a, b), "b": (a, b)}, r"input 0\['b'\] is a tuple of 2, but the plan is for a Pair"),
+             ({"a": (a, b), "c": Pair(a, b)},
+              r"input 0 is a dict with keys \['a', 'c'\], but the plan is for a dict with keys \['a', 'b'\]"))
+    for given, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call(p, given)
