@@ -262,6 +262,14 @@ def parallelize(fn: Any, mesh: Any, example_inputs: tuple, *, memory_budget: flo
     return rt.run(fn, captured, plan, stats, mesh)
 
 
+def refuse_named_inputs(named: Mapping[str, Any]) -> None:
+    """TypeError for inputs passed to a plan by keyword: it takes them by position, as the
+    example inputs were given (a keyword would name nothing the trace kept)."""
+    if named:
+        raise TypeError(f"the plan takes its inputs by position, in example_inputs' order; got keyword "
+                        f"argument{'s' if len(named) > 1 else ''} {', '.join(map(repr, named))}")
+
+
 def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, Any],
                       placements: Callable[[Any], planner.Placements],
                       mesh_shape: tuple[int, ...]) -> dict[str, planner.Placements]:

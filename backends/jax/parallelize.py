@@ -25,7 +25,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
-from metaspmd.runtime import named_constraints
+from metaspmd.runtime import named_constraints, refuse_named_inputs
 from metaspmd.spec import Reduce, ShardIn, Strategy
 from metaspmd.table import RuleTable
 from metaspmd.target import JAX_PLAN
@@ -252,9 +252,10 @@ class Parallelized:
         flat = leaves + [v for _, v in self.captured.consts]
         return [jax.device_put(x, s) for x, s in zip(flat, self.in_shardings)]
 
-    def __call__(self, *inputs: Any, params: Any = None) -> Any:
+    def __call__(self, *inputs: Any, params: Any = None, **named: Any) -> Any:
         """Run the plan: the function's outputs, or ``(out, grads)`` for a forward+backward
         capture. ``params`` replaces the stored parameters (same structure and shapes)."""
+        refuse_named_inputs(named)
         outs = self.jitted(*self._flat_inputs(inputs, params))
         return jax.tree.unflatten(self.captured.out_tree, [self._delivered(x) for x in outs])
 

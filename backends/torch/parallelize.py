@@ -33,7 +33,7 @@ from metaspmd import placement as mp
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
-from metaspmd.runtime import named_constraints
+from metaspmd.runtime import named_constraints, refuse_named_inputs
 from metaspmd.target import DTENSOR_PLAN
 
 from .capture import Captured, capture, current_state, graph_failure, refuse_other_inputs, refuse_replaced_constants
@@ -64,10 +64,11 @@ class Parallelized:
     # node -> runs on DTensor's own rule: the placements are the plan's, so one answer per node
     on_dtensor: dict[str, bool] = field(default_factory=dict, repr=False)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **named):
         """Run on DTensor; returns the function's outputs (and gradients) as full tensors.
         Buffers the model writes (running statistics) are written back into the module, and
         input tensors it writes in place into the caller's inputs, as eager leaves them."""
+        refuse_named_inputs(named)
         refuse_other_inputs(self.captured, inputs)  # the plan and the graph hold for the example's
         refuse_replaced_constants(self.captured)
         _refuse_fake_collectives()
@@ -454,7 +455,8 @@ class TorchRuntime:
             shape = shapes.get(names.get(key, key))
             # a key that names nothing keeps its value: named_constraints refuses it, listing the names
             placed[key] = value if shape is None else _constraint_placements(key, value, shape, self.mesh.ndim)
-        return named_constraints(names, captured.ir, placed, tuple, tuple(self.mesh.shape))
+        leaves = {k: v for k, v in names.items() if not isinstance(v, _SeveralLeaves)}  # the names a key may take
+        return named_constraints(leaves, captured.ir, placed, tuple, tuple(self.mesh.shape))
 
     def plan_options(self, captured: Captured) -> dict:
         return {}

@@ -363,8 +363,10 @@ def evaluate(problem: ShardingProblem, labels: Mapping[str, str], default: str |
 
 
 def _amount(n: float) -> str:
-    """Bytes as a whole number with separators; a budget below one byte as it is (1e-300, not 0)."""
-    return f"{n:,.0f}" if n >= 1 else f"{n:g}"
+    """Bytes with separators, a fraction as given (1.5, not 2); below one byte as it is (1e-300, not 0)."""
+    if n < 1:
+        return f"{n:g}"
+    return f"{n:,.0f}" if float(n).is_integer() else f"{n:,.3f}".rstrip("0").rstrip(".")
 
 
 __all__ = ["FIRST_SHARE", "FLAT_SHARE", "GAP", "SOLVER_CHOICES", "evaluate", "lighter_inputs", "plan", "solve"]

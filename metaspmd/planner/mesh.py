@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import reprlib
 import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
@@ -130,12 +131,14 @@ class Mesh:
                 if any(isinstance(v, (bool, str, bytes)) for v in links[a.name]):  # float() takes them
                     raise TypeError
                 alpha, bandwidth = (float(v) for v in links[a.name])
-            except (TypeError, ValueError, OverflowError):
+            except OverflowError:  # an int past float's range (10**400)
+                alpha = bandwidth = math.inf
+            except (TypeError, ValueError):
                 raise ValueError(f"links[{a.name!r}]: expected (seconds per message, bytes per second), "
-                                 f"got {links[a.name]!r}") from None
+                                 f"got {reprlib.repr(links[a.name])}") from None
             if not (bandwidth > 0 and math.isfinite(bandwidth)) or not (alpha >= 0 and math.isfinite(alpha)):
                 raise ValueError(f"links[{a.name!r}]: seconds per message must be >= 0 and bytes per second > 0, "
-                                 f"both finite; got {links[a.name]!r}")
+                                 f"both finite; got {reprlib.repr(links[a.name])}")
             if not math.isfinite(alpha + _MOST_BYTES / bandwidth):
                 raise ValueError(f"links[{a.name!r}]: {links[a.name]!r} is so slow that moving a tensor's bytes takes "
                                  "more seconds than a float holds")

@@ -187,6 +187,9 @@ def test_a_call_of_another_structure_names_the_leaves_that_differ(tmp_path):
     with pytest.raises(ValueError, match=r"structure: missing params\.w1, params\.w2; not in the captured call "
                                          r"params\.0, params\.1$"):
         par(X, params=[params["w1"], params["w2"]])
+    with pytest.raises(TypeError, match=r"the plan takes its inputs by position, in example_inputs' order; got "
+                                        r"keyword arguments 'x', 'y'$"):
+        par(x=X, y=X, params=params)
 
 
 @pytest.mark.parametrize("names,types,error,message", [

@@ -27,6 +27,7 @@ def test_a_named_axis_gets_its_link_and_the_others_keep_theirs():
     ({"dp": (-1, 1e9)}, ">= 0"),
     ({"dp": (0, float("inf"))}, "finite"),
     ({"dp": 25e9}, "expected (seconds per message, bytes per second)"),
+    ({"dp": (1e-6, 10**400)}, "both finite; got (1e-06, 100000000000000000...0000000000000000000)"),  # not 401 digits
 ])
 def test_a_bad_link_is_refused_by_name(links, message):
     with pytest.raises(ValueError, match=r"links.*" + message.replace("(", r"\(").replace(")", r"\)")):

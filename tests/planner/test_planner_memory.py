@@ -51,6 +51,8 @@ def test_the_budget_is_on_the_peak_and_the_least_peak_is_named():
         plan(ir, strategies, MESH, memory_budget=1.4 * MIB)
     # one error, not the solver's and its exact retry's chained before it ("During handling ...")
     assert refused.value.__context__ is None and refused.value.__cause__ is None
+    with pytest.raises(Infeasible, match=r"a memory budget of 1\.5 bytes per device"):  # as given, not 2
+        plan(ir, strategies, MESH, memory_budget=1.5)
 
 
 def test_a_budget_below_the_replicated_plan_that_no_cut_lowers_says_why():

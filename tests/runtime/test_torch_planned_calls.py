@@ -472,3 +472,11 @@ def test_inputs_of_another_structure_are_refused_where_they_differ(fake_world, c
     for given, message in cases:
         with pytest.raises(TypeError, match=message):
             call(p, given)
+
+
+def test_inputs_passed_by_keyword_are_refused_by_name(fake_world, cache):
+    p = planned(nn.Linear(4, 4), torch.randn(2, 4), cache)
+    with pytest.raises(TypeError, match=r"the plan takes its inputs by position, in example_inputs' order; got "
+                                        r"keyword argument 'input'"):
+        with LocalTensorMode(frozenset(range(WORLD))):
+            p(input=torch.randn(2, 4))
