@@ -480,3 +480,13 @@ def test_inputs_passed_by_keyword_are_refused_by_name(fake_world, cache):
                                         r"keyword argument 'input'"):
         with LocalTensorMode(frozenset(range(WORLD))):
             p(input=torch.randn(2, 4))
+
+
+def test_a_constraint_key_that_names_nothing_lists_the_names_a_key_may_take(fake_world, cache):
+    """A nested input's own position names no single value: it was listed among the names."""
+    from torch.distributed.tensor import Shard
+
+    a = torch.randn(4, 4)
+    with pytest.raises(KeyError, match=r"constraint on 'input 0\[5\]': no such value \(inputs are 'input 0\[0\]', "
+                                       r"'input 0\[1\]', or name a graph var\)"):
+        planned(lambda pair: pair[0] * pair[1], (a, a), cache, constraints={"input 0[5]": (Shard(0),)})
