@@ -21,7 +21,6 @@ import functools
 import importlib.util
 import math
 import os
-import pkgutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -422,7 +421,7 @@ missing --out is stale. A table that is not UTF-8 is stale, and rewritten.
 @pipe_safe
 def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.codegen.generator import TARGETS, generate
-    from metaspmd.registry_io import RegistryError, path_problem, same_text, write_text_atomic
+    from metaspmd.registry_io import RegistryError, backend_names, path_problem, same_text, write_text_atomic
 
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all",
@@ -444,8 +443,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if default:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
     # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
-    found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
-    known = {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
+    known = backend_names()
     strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())
                     if d.is_dir() and d.name not in known and next(d.glob("*.yaml"), None) is not None)
     if strays:

@@ -9,7 +9,9 @@ reports ``file:line``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
 import re
 import stat
 import tempfile
@@ -744,6 +746,13 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
         record = load_op_file(path, backend)
         records[record.op] = record
     return records
+
+
+def backend_names() -> set[str]:
+    """The backends there are (``metaspmd.backends``' packages, found without importing them
+    or their frameworks): a registry folder named after none is a misspelling (``troch/``)."""
+    found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
+    return {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
 
 
 def check_backend_folder(folder: Path) -> None:

@@ -7,9 +7,9 @@ its input placements; it is shown in paper notation with its own label ``S1``.
 A rule counts as present only where codegen puts it in a table (``VERIFIED``: an entry whose
 status is ok or derived), so an entry turned failed loses its rules, though their text stays.
 
-Only files that differ are read: between two revisions, the files ``git diff --name-only``
-lists; between two folders, the files whose bytes differ. An unchanged file adds nothing
-to the diff, and a registry holds thousands.
+Only files that differ are read: between two revisions, the files whose git object or
+mode differs (those ``git diff --name-only`` lists); between two folders, the files whose
+bytes differ. An unchanged file adds nothing to the diff, and a registry holds thousands.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .registry_io import (
-    RegistryError, check_backend_folder, check_registry_root, load_record, load_registry, loads_record, read_file,
-    refuse_misnamed,
+    MOST_FILE_BYTES, RegistryError, backend_names, check_backend_folder, check_registry_root, load_record,
+    load_registry, loads_record, read_file, refuse_misnamed,
 )
 from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (
@@ -47,12 +47,10 @@ def load_side(where: str, repo: Path | None = None, subdir: str = "registry") ->
         return _from_folder(Path(where))
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
-    git.check_registry(where, rev, subdir)
-    modes = git.tree(rev, subdir)
-    names = sorted(modes)
-    refuse_misnamed(f"{where}:{n}" for n in names)
-    _refuse_links(where, modes)
-    names = [n for n in names if n.endswith(".yaml")]
+    tree = git.tree(rev, subdir)
+    _refuse_empty(where, tree, subdir)
+    _check_tree(where, tree, subdir, whole=True)
+    names = _rule_files(tree, subdir)
     return _records(names, git.blobs(rev, names), where)
 
 
@@ -74,27 +72,86 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
         return sides[base], sides[head]
     git = _Git(repo or Path.cwd())
     old, new = git.commit(base), git.commit(head)
-    git.check_registry(base, old, subdir)
-    git.check_registry(head, new, subdir)
-    changed = git.changed(old, new, subdir)
-    _refuse_links(base, {n: modes[0] for n, modes in changed.items()})
-    _refuse_links(head, {n: modes[1] for n, modes in changed.items()})
-    changed = sorted(changed)
-    refuse_misnamed(f"{head}:{n}" for n in git.blobs(new, [n for n in changed if not n.endswith(".yaml")]))
-    changed = [n for n in changed if n.endswith(".yaml")]
-    return _records(changed, git.blobs(old, changed), base), _records(changed, git.blobs(new, changed), head)
+    trees = git.tree(old, subdir), git.tree(new, subdir)
+    for where, tree in zip((base, head), trees):
+        _refuse_empty(where, tree, subdir)
+    # the head checked as a folder's loader checks one; of the base, the files read (the base
+    # may hold what the head fixes)
+    _check_tree(head, trees[1], subdir, whole=True)
+    files = [set(_rule_files(t, subdir)) for t in trees]
+    # a file differs where its object or mode does (git diff --no-renames: a moved file is
+    # a removal and an addition, as the full comparison sees it)
+    changed = sorted(n for n in files[0] | files[1]
+                     if n not in files[0] or n not in files[1] or trees[0][n] != trees[1][n])
+    _check_tree(base, {n: trees[0][n] for n in changed if n in files[0]}, subdir, whole=False)
+    return (_records(changed, git.blobs(old, [n for n in changed if n in files[0]]), base),
+            _records(changed, git.blobs(new, [n for n in changed if n in files[1]]), head))
 
 
-_LINK = "120000"  # git's mode of a symbolic link
+@dataclass(frozen=True)
+class _TreeEntry:
+    """One path of a git tree, as ``git ls-tree -r -l`` lists it."""
+
+    mode: str  # 100644 a file, 120000 a symbolic link, 160000 a submodule
+    kind: str  # blob, or commit for a submodule
+    obj: str
+    size: int | None  # a blob's bytes
 
 
-def _refuse_links(where: str, modes: dict[str, str]) -> None:
-    """RegistryError for a rule file stored as a symbolic link: in a revision its blob is the
-    link's target path, which would read as a malformed rule file, not as the rules it points to."""
-    link = next((n for n in sorted(modes) if modes[n] == _LINK and n.endswith(".yaml")), None)
-    if link is not None:
-        raise RegistryError(f"{where}:{link}: a symbolic link in git, whose content is the path it points to, "
-                            "not rules: commit the rule file itself")
+_LINK = "120000"
+
+
+def _rule_files(tree: dict[str, _TreeEntry], subdir: str) -> list[str]:
+    """The paths ``<subdir>/<backend>/<op>.yaml`` of ``tree``: the files a folder's loader reads."""
+    depth = subdir.count("/") + 3
+    return sorted(n for n in tree if n.count("/") + 1 == depth and n.endswith(".yaml"))
+
+
+def _refuse_empty(where: str, tree: dict[str, _TreeEntry], subdir: str) -> None:
+    """A revision from before the registry would read as an empty one, every rule of the
+    other side gained or lost."""
+    if not _rule_files(tree, subdir):
+        raise ValueError(f"{where!r} has no {subdir}/<backend>/<op>.yaml files, so it holds no registry to compare")
+
+
+def _check_tree(where: str, tree: dict[str, _TreeEntry], subdir: str, whole: bool) -> None:
+    """RegistryError for what ``tree``, of revision ``where``, holds that git stores as no
+    rule file or a folder's loader refuses: a rule file stored as a symbolic link (git holds
+    the path it points to, which would read as a malformed file) or as a submodule, or past
+    the size of a rule file (read into memory whole); with ``whole``, besides, a misnamed
+    rule file, one beside the backend folders, in a subfolder of one or in a folder named
+    after no backend, and a backend folder stored as a symbolic link (its rules would read
+    as all removed)."""
+    depth = subdir.count("/") + 3  # the parts of <subdir>/<backend>/<op>.yaml
+    if whole:
+        refuse_misnamed(f"{where}:{n}" for n in tree)
+    for name in sorted(tree):
+        e, parts, at = tree[name], name.split("/"), f"{where}:{name}"
+        if e.kind == "commit":
+            raise RegistryError(f"{at}: a submodule (a commit of another repository), not a rule file")
+        if e.mode == _LINK and name.endswith(".yaml"):
+            raise RegistryError(f"{at}: a symbolic link in git, whose content is the path it points to, not "
+                                "rules: commit the rule file itself")
+        if e.size is not None and e.size > MOST_FILE_BYTES and len(parts) == depth and name.endswith(".yaml"):
+            raise RegistryError(f"{at}: cannot read: {e.size:,} bytes, more than a rule file holds "
+                                f"(at most {MOST_FILE_BYTES:,})")
+        if not whole:
+            continue
+        rule_like = Path(name).suffix.lower() in (".yaml", ".yml")
+        if e.mode == _LINK and len(parts) == depth - 1:
+            raise RegistryError(f"{at}: a backend folder stored as a symbolic link in git, whose content is the "
+                                "path it points to: commit the folder itself")
+        if len(parts) > depth and parts[depth - 1].endswith(".yaml"):
+            raise RegistryError(f"{where}:{'/'.join(parts[:depth])}: a folder, not a rule file")
+        if len(parts) > depth and rule_like:
+            raise RegistryError(f"{where}:{'/'.join(parts[:depth])}: rule files in a subfolder of "
+                                f"{'/'.join(parts[:depth - 1])}; rule files lie in the backend folder itself "
+                                "(<backend>/<op>.yaml)")
+        if len(parts) == depth - 1 and rule_like:
+            raise RegistryError(f"{at}: a rule file outside a backend folder (<backend>/<op>.yaml)")
+        if len(parts) == depth and rule_like and parts[depth - 2] not in backend_names():
+            raise RegistryError(f"{where}:{'/'.join(parts[:depth - 1])}: rule files in a folder named after no "
+                                f"backend (backends: {', '.join(sorted(backend_names()))})")
 
 
 def _key(path: str, record: OpRecord, where: str) -> tuple[str, str]:
@@ -132,6 +189,10 @@ def _check_root(root: Path) -> list[Path]:
     backends = sorted(p for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
     if not backends:
         raise RegistryError(f"{root}: no rule files (<backend>/<op>.yaml) under it, so it is not a registry root")
+    strays = [str(d) for d in backends if d.name not in backend_names()]
+    if strays:  # as codegen refuses them (a misspelt troch/ would read as every rule removed)
+        raise RegistryError(f"{strays[0]}: rule files in a folder named after no backend "
+                            f"(backends: {', '.join(sorted(backend_names()))})")
     return backends
 
 
@@ -192,28 +253,14 @@ class _Git:
         except ValueError:
             raise ValueError(f"{rev!r} is neither a folder nor a git revision of {self.repo}") from None
 
-    def check_registry(self, given: str, rev: str, subdir: str) -> None:
-        """ValueError unless ``rev`` holds rule files under ``subdir``: a revision from before
-        the registry would read as an empty one, every rule of the other side gained or lost."""
-        names = self.lines("ls-tree", "-r", "-z", "--name-only", rev, "--", subdir)
-        if not any(n.count("/") == subdir.count("/") + 2 and n.endswith(".yaml") for n in names):
-            raise ValueError(f"{given!r} has no {subdir}/<backend>/<op>.yaml files, so it holds no registry to compare")
-
-    def tree(self, rev: str, subdir: str) -> dict[str, str]:
-        """The files under ``subdir`` of ``rev``, each with its git mode."""
+    def tree(self, rev: str, subdir: str) -> dict[str, _TreeEntry]:
+        """The paths under ``subdir`` of ``rev``, each with its mode, kind, object and size."""
         out = {}
-        for entry in self.lines("ls-tree", "-r", "-z", rev, "--", subdir):
-            meta, name = entry.split("\t", 1)  # "<mode> <type> <object>\t<path>"
-            out[name] = meta.split(" ", 1)[0]
+        for entry in self.lines("ls-tree", "-r", "-l", "-z", rev, "--", subdir):
+            meta, name = entry.split("\t", 1)  # "<mode> <kind> <object> <size, or - for no blob>\t<path>"
+            mode, kind, obj, size = meta.split()
+            out[name] = _TreeEntry(mode, kind, obj, None if size == "-" else int(size))
         return out
-
-    def changed(self, old: str, new: str, subdir: str) -> dict[str, tuple[str, str]]:
-        """The files under ``subdir`` that differ between two commits, each with its mode on
-        either side ("000000" where it is absent)."""
-        # --no-renames: a moved file is a removal and an addition, as the full comparison sees it
-        fields = self.lines("diff", "--raw", "--no-renames", "-z", old, new, "--", subdir)
-        # -z --raw: ":<old mode> <new mode> <old object> <new object> <status>", then the path
-        return {fields[i + 1]: tuple(fields[i][1:].split(" ")[:2]) for i in range(0, len(fields), 2)}
 
     def blobs(self, rev: str, names: list[str]) -> dict[str, bytes]:
         """The files ``names`` of ``rev`` that exist there, read by one ``git cat-file``."""

@@ -1011,3 +1011,57 @@ def test_diff_refuses_a_rule_file_committed_as_a_symlink(two_revisions):
         with pytest.raises(RegistryError, match=expected):
             rule_diff.load_sides(base, head, repo)
     rule_diff.load_sides(str(base_folder), str(head_folder))  # a folder reads the file it links to
+
+
+def _commit_after(repo: Path, change) -> None:
+    change()
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "odd")
+
+
+@pytest.mark.parametrize("odd,message", [
+    # read as the real op's file, it replaced it, or was reported added
+    (lambda reg: shutil.copy(reg / "torch" / "aten.mm.default.yaml", (reg / "torch" / "torch").mkdir() or reg / "torch" / "torch"),
+     r"HEAD:registry/torch/torch: rule files in a subfolder of registry/torch"),
+    (lambda reg: shutil.copytree(reg / "torch", reg / "troch"),
+     r"HEAD:registry/troch: rule files in a folder named after no backend \(backends: .*torch"),
+    (lambda reg: shutil.copy(reg / "torch" / "aten.mm.default.yaml", reg / "aten.mm.default.yaml"),
+     r"HEAD:registry/aten.mm.default.yaml: a rule file outside a backend folder"),
+    # read as every rule of the backend removed
+    (lambda reg: (shutil.move(reg / "jax", reg.parent / "jax"), (reg / "jax").symlink_to(Path("..", "jax"))),
+     r"HEAD:registry/jax: a backend folder stored as a symbolic link in git"),
+    # the tree object read as the file: "not valid UTF-8"
+    (lambda reg: ((reg / "torch" / "aten.mm.default.yaml").unlink(), (reg / "torch" / "aten.mm.default.yaml").mkdir(),
+                  (reg / "torch" / "aten.mm.default.yaml" / "x").write_text("x")),
+     r"HEAD:registry/torch/aten.mm.default.yaml: a folder, not a rule file"),
+], ids=["subfolder", "no backend", "outside a backend folder", "backend folder link", "folder"])
+def test_diff_refuses_what_a_revision_holds_that_a_folder_would_be_refused_for(two_revisions, odd, message):
+    repo, base_folder, head_folder = two_revisions
+    _commit_after(repo, lambda: odd(head_folder))
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD")):
+        with pytest.raises(RegistryError, match=message):
+            rule_diff.load_sides(base, head, repo)
+
+
+def test_diff_refuses_a_submodule_and_a_blob_past_a_rule_files_size(two_revisions, monkeypatch):
+    """A submodule entry read as its commit object ("not valid YAML"), or was reported removed
+    where the commit is not in the repository; a 512 MB blob was read whole."""
+    repo, base_folder, _ = two_revisions
+    commit = git(repo, "rev-parse", "HEAD~1").strip()
+    git(repo, "rm", "-q", "registry/torch/aten.mm.default.yaml")
+    git(repo, "update-index", "--add", "--cacheinfo", f"160000,{commit},registry/torch/aten.mm.default.yaml")
+    git(repo, "commit", "-qm", "submodule")
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD"), ("HEAD", "HEAD~1")):
+        with pytest.raises(RegistryError, match=r"HEAD:registry/torch/aten.mm.default.yaml: a submodule"):
+            rule_diff.load_sides(base, head, repo)
+    monkeypatch.setattr(rule_diff, "MOST_FILE_BYTES", 100)
+    with pytest.raises(RegistryError, match=r"HEAD~1:registry/jax/jax.op0.yaml: cannot read: [\d,]+ bytes, "
+                                            r"more than a rule file holds \(at most 100\)"):
+        rule_diff.load_sides("HEAD~2", "HEAD~1", repo)
+
+
+def test_diff_of_folders_refuses_a_folder_named_after_no_backend(two_revisions):
+    _, base_folder, head_folder = two_revisions
+    shutil.copytree(head_folder / "torch", head_folder / "troch")
+    with pytest.raises(RegistryError, match=r"troch: rule files in a folder named after no backend"):
+        rule_diff.load_sides(str(base_folder), str(head_folder))
