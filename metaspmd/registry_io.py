@@ -13,6 +13,7 @@ import importlib.util
 import os
 import pkgutil
 import re
+import reprlib
 import stat
 import tempfile
 from pathlib import Path
@@ -38,7 +39,9 @@ _STANDARD_TAGS = {
 _NESTING = "values nest too deeply for a registry file"
 # The dtype names torch and jax give (float32, uint4, float8_e4m3fn, float4_e2m1fn_x2,
 # complex32, quint4x2, bits16, jax's key<fry>): the core imports neither to ask them.
-_DTYPE_RE = re.compile(r"(bool|bfloat16|(u?int|float|complex|q(u)?int|bits)\d+([x_][a-z0-9_]*)?|key<[a-z0-9_]+>)\Z")
+# the dtype names torch, numpy and ml_dtypes (JAX's) give, by their widths: float99 is a typo
+_DTYPE_RE = re.compile(r"(bool|bfloat16|bcomplex32|u?int([1-8]|16|32|64)|float(4|6|8|16|32|64)(_[a-z0-9_]+)?|complex(32|64|128)"
+                       r"|q(u)?int(8|32|4x2|2x4)|bits(8|16|1x8|2x4|4x2)|key<[a-z0-9_]+>)\Z")
 # Collections nested deeper than this are refused before composing: libyaml's composer
 # recurses in C, so a file nested some 30,000 deep overflows the C stack (a segfault, not
 # an error). The reader's own recursion stops values about 500 deep already.
@@ -543,8 +546,8 @@ class _Reader:
         if isinstance(node, yaml.MappingNode):
             f = self.mapping(node, ("shape", "dtype"), (), "tensor")
             shape = self.value(f["shape"])
-            if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-                self.fail(f["shape"], f"bad tensor shape {shape!r}")
+            if not isinstance(shape, list) or not all(_is_count(s, 0) for s in shape):
+                self.fail(f["shape"], f"bad tensor shape {reprlib.repr(shape)} (sizes of at most {MOST_DIGITS} digits)")
             dtype = self.string(f["dtype"], "dtype")
             if not _DTYPE_RE.match(dtype):
                 self.fail(f["dtype"], f"unknown tensor dtype {dtype!r}")
@@ -560,10 +563,11 @@ class _Reader:
         f = self.mapping(node, ("trials", "shard_counts", "uneven"), (), "verified")
         trials, counts, uneven = self.value(f["trials"]), self.value(f["shard_counts"]), self.value(f["uneven"])
         if not _is_count(trials, 0):
-            self.fail(f["trials"], f"verified trials must be a whole number >= 0, got {trials!r}")
+            self.fail(f["trials"], f"verified trials must be a whole number >= 0 of at most {MOST_DIGITS} digits, "
+                                   f"got {reprlib.repr(trials)}")
         if not isinstance(counts, list) or not counts or not all(_is_count(c, 1) for c in counts):
-            self.fail(f["shard_counts"], f"verified shard_counts must be a non-empty list of whole numbers >= 1, "
-                                         f"got {counts!r}")
+            self.fail(f["shard_counts"], f"verified shard_counts must be a non-empty list of whole numbers >= 1 "
+                                         f"of at most {MOST_DIGITS} digits, got {reprlib.repr(counts)}")
         if counts != sorted(set(counts)):  # as the explorer writes them: each count tried, once
             self.fail(f["shard_counts"], f"verified shard_counts must be increasing, each count once, got {counts!r}")
         if not isinstance(uneven, bool):
@@ -589,9 +593,13 @@ def _construct(node: yaml.ScalarNode) -> Any:
     return _scalar_loader.construct_object(node, deep=True)
 
 
+MOST_DIGITS = 9  # of a number in a rule file: a size, a count (docs/rule-format.md)
+
+
 def _is_count(v: Any, least: int) -> bool:
-    """A whole number >= ``least``; YAML's true and false are ints to Python."""
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+    """A whole number >= ``least`` of at most ``MOST_DIGITS`` digits; YAML's true and false
+    are ints to Python."""
+    return isinstance(v, int) and not isinstance(v, bool) and least <= v < 10 ** MOST_DIGITS
 
 
 def _tensors(v: Any) -> list[TensorArg]:

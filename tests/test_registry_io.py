@@ -120,6 +120,11 @@ def test_loads_hand_written_file():
     ("  verified", "  colour: red\n  verified", 13, "unknown key 'colour'"),
     ("shard: [[S1", "shard: [[S1 [", 8, "not valid YAML"),
     ("shard_counts: [2, 3]", "shard_counts: [3, 2, 2]", 13, "shard_counts must be increasing, each count once"),
+    # past 9 digits: no count or size a sweep writes
+    ("shard_counts: [2, 3]", "shard_counts: [2, 3, 99999999999999999999999]", 13, "of at most 9 digits"),
+    ("trials: 3", "trials: 1000000000", 13, "verified trials must be a whole number >= 0 of at most 9 digits"),
+    ("shape: [4, 5]", "shape: [4, 99999999999999999999999]", 12, "bad tensor shape [4, 99999999999999999999999] (sizes"),
+    ("dtype: float64", "dtype: float99", 11, "unknown tensor dtype 'float99'"),
 ])
 def test_malformed_file_names_file_and_line(old, new, line, message):
     assert old in MM
