@@ -728,6 +728,9 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
     if next(root.glob("*.yaml"), None) is not None:
         raise RegistryError(f"{root}: holds rule files itself, so it is a backend folder, not a registry root "
                             f"(pass {root.parent} instead)")
+    if backend is not None and (root / backend).exists() and not (root / backend).is_dir():
+        raise RegistryError(f"{root / backend}: not a folder (expected the folder of {backend}'s rule files, "
+                            f"{backend}/<op>.yaml)")
     if backend is not None and not (root / backend).is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
         raise RegistryError(f"{root}: no {backend}/ folder of rule files "

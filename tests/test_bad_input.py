@@ -141,6 +141,9 @@ def test_registry_root_must_be_one(tmp_path):
         load_registry(tmp_path / "nope", "torch")
     with pytest.raises(RegistryError, match=r"no jax/ folder of rule files \(backends there: torch\)"):
         load_registry(tmp_path, "jax")
+    (tmp_path / "jax").write_text("x")  # said "no jax/ folder", as if nothing were there
+    with pytest.raises(RegistryError, match=rf"^{tmp_path / 'jax'}: not a folder \(expected the folder of jax's rule"):
+        load_registry(tmp_path, "jax")
 
 
 # --------------------------------------------------------------------------- codegen, coverage
