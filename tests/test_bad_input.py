@@ -1068,3 +1068,18 @@ def test_diff_of_folders_refuses_a_folder_named_after_no_backend(two_revisions):
     shutil.copytree(head_folder / "torch", head_folder / "troch")
     with pytest.raises(RegistryError, match=r"troch: rule files in a folder named after no backend"):
         rule_diff.load_sides(str(base_folder), str(head_folder))
+
+
+def test_a_kernel_module_that_hangs_on_import_is_named_when_loading_times_out(tmp_path, capsys, monkeypatch):
+    """Only "still setting up (loading the framework and its sample index)" was said, for the
+    whole of the load's limit, and the limit's error named no module."""
+    monkeypatch.setattr("metaspmd.sweep.workers.STARTUP_TIMEOUT", 4.0)
+    monkeypatch.setattr("metaspmd.sweep.engine.STARTUP_TIMEOUT", 4.0)
+    monkeypatch.setattr("metaspmd.sweep.engine.SLOW_START_S", 0.5)
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text("import time\ntime.sleep(10 ** 6)\n")
+    assert cli.sweep(["--backend", "tvm", "--kernels", str(hangs), "--out", str(tmp_path / "reg"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"and importing --kernels {hangs}; at most 4 s)" in err
+    assert f"did not load within 4s (loading imports --kernels {hangs})" in err
+    assert not (tmp_path / "reg").exists() or not any((tmp_path / "reg").rglob("*.yaml"))

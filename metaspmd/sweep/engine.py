@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..rules import OpRecord
 from .config import SweepConfig, SweepError, select_ops, unwritable
-from .workers import Outcome, WorkerPool
+from .workers import STARTUP_TIMEOUT, Outcome, WorkerPool
 
 # The status of an op that ran out of its time limit on both tries. It gets no record: how
 # fast a machine is must not change the registry, so its file (if any) is left as it was.
@@ -156,10 +156,12 @@ SLOW_START_S = 5.0
 
 def _start(pool: WorkerPool, name: str) -> str:
     """``pool.start()``, saying once on stderr why nothing happens when it is slow."""
+    kernels = dict(pool.config.backend_options).get("kernels")
     timer = threading.Timer(SLOW_START_S, lambda: print(
         f"sweep: backend {name!r} is still setting up in its worker (loading the framework and its sample "
         "index; the first sweep on a machine builds that index, torch's OpInfo samples or JAX's traced "
-        "programs: a minute or more)",
+        f"programs: a minute or more{f'; and importing --kernels {kernels}' if kernels else ''}; at most "
+        f"{STARTUP_TIMEOUT:g} s)",
         file=sys.stderr, flush=True))
     timer.daemon = True
     timer.start()

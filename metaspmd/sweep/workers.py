@@ -354,8 +354,14 @@ class WorkerPool:
         """Block until a fresh worker has loaded the backend."""
         if not worker.conn.poll(STARTUP_TIMEOUT):
             self._retire(worker)
-            raise SweepError(f"backend {self.config.backend!r} did not load within {STARTUP_TIMEOUT:g}s")
+            raise SweepError(f"backend {self.config.backend!r} did not load within {STARTUP_TIMEOUT:g}s{self._loading()}")
         self._handle_startup(worker, self._recv(worker))
+
+    def _loading(self) -> str:
+        """What else loading the backend did, for a message: a module of the user's imported
+        (``--kernels``, which may be what hangs)."""
+        kernels = dict(self.config.backend_options).get("kernels")
+        return f" (loading imports --kernels {kernels})" if kernels else ""
 
     def _handle_startup(self, worker: _Worker, message) -> None:
         if message is None:
@@ -432,7 +438,8 @@ class WorkerPool:
                     self._service(w, on_outcome)
             now = time.monotonic()
             if any(not w.ready and now - w.born >= STARTUP_TIMEOUT for w in self._workers):
-                raise SweepError(f"a new worker did not load backend {self.config.backend!r} within {STARTUP_TIMEOUT:g}s")
+                raise SweepError(f"a new worker did not load backend {self.config.backend!r} within "
+                                 f"{STARTUP_TIMEOUT:g}s{self._loading()}")
             for w in [w for w in self._workers if w.busy]:
                 used = self._used(w, now)
                 if used >= self._limit(w):
