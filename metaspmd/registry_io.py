@@ -9,6 +9,7 @@ reports ``file:line``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pkgutil
@@ -759,11 +760,12 @@ def load_registry(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:
     return records
 
 
-def backend_names() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def backend_names() -> frozenset[str]:
     """The backends there are (``metaspmd.backends``' packages, found without importing them
     or their frameworks): a registry folder named after none is a misspelling (``troch/``)."""
     found = importlib.util.find_spec("metaspmd.backends").submodule_search_locations
-    return {m.name for m in pkgutil.iter_modules(found) if m.ispkg}
+    return frozenset(m.name for m in pkgutil.iter_modules(found) if m.ispkg)
 
 
 def check_backend_folder(folder: Path) -> None:

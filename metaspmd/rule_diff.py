@@ -123,6 +123,7 @@ def _check_tree(where: str, tree: dict[str, _TreeEntry], subdir: str, whole: boo
     after no backend, and a backend folder stored as a symbolic link (its rules would read
     as all removed)."""
     depth = subdir.count("/") + 3  # the parts of <subdir>/<backend>/<op>.yaml
+    backends = backend_names()
     if whole:
         refuse_misnamed(f"{where}:{n}" for n in tree)
     for name in sorted(tree):
@@ -149,9 +150,9 @@ def _check_tree(where: str, tree: dict[str, _TreeEntry], subdir: str, whole: boo
                                 "(<backend>/<op>.yaml)")
         if len(parts) == depth - 1 and rule_like:
             raise RegistryError(f"{at}: a rule file outside a backend folder (<backend>/<op>.yaml)")
-        if len(parts) == depth and rule_like and parts[depth - 2] not in backend_names():
+        if len(parts) == depth and rule_like and parts[depth - 2] not in backends:
             raise RegistryError(f"{where}:{'/'.join(parts[:depth - 1])}: rule files in a folder named after no "
-                                f"backend (backends: {', '.join(sorted(backend_names()))})")
+                                f"backend (backends: {', '.join(sorted(backends))})")
 
 
 def _key(path: str, record: OpRecord, where: str) -> tuple[str, str]:
