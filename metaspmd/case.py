@@ -256,6 +256,23 @@ class ShapeRefused(ValueError):
     the same shapes is refused alike, whatever the values (Partial parts, offsets)."""
 
 
+class OutOfMemory(BaseException):
+    """The op could not allocate what a run needs: the machine's limit (or its load), not
+    the rule's. A BaseException, so that no ``except Exception`` of the explorer reads it as
+    a strategy that fails, which would drop rules unsaid; a sweep keeps the op's previous
+    file, as it does for an op out of time."""
+
+
+# What a framework's allocator says when it fails (torch's CPU allocator and CUDA, XLA)
+_OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "RESOURCE_EXHAUSTED")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Is ``exc`` an allocation that failed, rather than the op refusing its arguments?"""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and any(s in str(exc) for s in _OUT_OF_MEMORY))
+
+
 class NoSample(Exception):
     """The backend has no sample input for this op."""
 

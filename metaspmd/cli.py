@@ -248,14 +248,15 @@ that burns no CPU (asleep, blocked) is stopped by --wall-timeout, 10x --timeout 
 (scaled alike). An op out of time on both of its tries gets no record: its file, if
 any, is left as it was (a machine's speed must not change the registry), and the summary lists it.
 So does an op whose worker is killed by SIGKILL on both tries (the out-of-memory killer: the
-machine's memory, not the op). Other crashes and errors are the op's, recorded as failed and
-named in the summary. Processes an op starts end with its worker.
+machine's memory, not the op), or whose runs fail to allocate memory on both. Other crashes
+and errors are the op's, recorded as failed and named in the summary. Processes an op starts
+in its worker's process group end with the worker.
 
 Exit status: 0 done (op failures are recorded, not errors), 1 --check found differences,
 2 usage error (unknown backend, no op matched, --kernels without --out, --out a backend
 folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
 --timings not writable: checked before any op runs), 3 some op timed out (or was killed by
-SIGKILL) twice and kept its previous file (--check: no difference found, but those ops were
+SIGKILL, or ran out of memory) twice and kept its previous file (--check: no difference found, but those ops were
 not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP),
 141 stdout closed early (| head).
 """
@@ -392,7 +393,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         return 2
     timed_out = report.timed_out()
     if timed_out:  # exit 3, not --check's 1: the registry is not known to be stale
-        print(f"sweep: {len(timed_out)} op(s) ran out of time (or were killed by SIGKILL, as for memory) on both "
+        print(f"sweep: {len(timed_out)} op(s) ran out of time (or out of memory, or were killed by SIGKILL) on both "
               f"tries; their files were left as they were (rerun them with a larger --timeout, or more memory): "
               f"{', '.join(r.op for r in timed_out)}", file=sys.stderr)
     if args.check:

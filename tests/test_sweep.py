@@ -352,7 +352,7 @@ def test_a_timed_out_op_keeps_its_file(tmp_path, swept):
         run = cli("--out", str(tmp_path), "--ops", "fake.hang,fake.sum", "--wall-timeout", "0.5", *check)
         assert run.returncode == 3, run.stdout + run.stderr
         assert "timed out, kept previous file  1  (fake.hang)" in run.stdout
-        assert "ran out of time (or were killed by SIGKILL, as for memory) on both tries; their files were " \
+        assert "ran out of time (or out of memory, or were killed by SIGKILL) on both tries; their files were " \
                "left as they were" in run.stderr
         assert "would change" not in run.stdout and "up to date" not in run.stdout
     assert "check: no difference; 1 op(s) timed out and were not compared" in run.stdout
@@ -375,6 +375,22 @@ def test_an_op_killed_by_sigkill_keeps_its_file(tmp_path, swept):
     rows = summary_rows(report)
     assert rows["killed (SIGKILL), kept previous file"] == "1  (fake.killed)"
     assert rows["failed"] == "1  (crashes 1; fake.segv)"
+
+
+def test_an_op_whose_runs_fail_to_allocate_keeps_its_file(tmp_path, swept):
+    """The explorer read each failed run as a strategy that does not hold: the file lost two
+    of its rules, and the sweep exited 0 with nothing failed."""
+    copy_of(swept, tmp_path)
+    previous = (tmp_path / "fake" / "fake.add.yaml").read_bytes().replace(b"fake.add", b"fake.oom")
+    (tmp_path / "fake" / "fake.oom.yaml").write_bytes(previous)
+    before = files(tmp_path)
+    report = sweep(tmp_path, patterns=("fake.oom",), backend_options=SLOW)
+    oom = report.results[0]
+    assert (oom.op, oom.status, oom.kept) == ("fake.oom", "timed-out", True)
+    assert oom.reason.startswith("out of memory: fake.oom: a run of the op failed to allocate memory: ")
+    assert oom.retried.startswith("out of memory: ")
+    assert files(tmp_path) == before
+    assert summary_rows(report)["out of memory, kept previous file"] == "1  (fake.oom)"
 
 
 def test_processes_an_op_starts_end_with_its_worker(tmp_path, monkeypatch, stops_growing):

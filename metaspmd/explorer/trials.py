@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from .. import pytree
+from ..case import OutOfMemory, out_of_memory
 from .common import BLIND_TRIALS, SPECIAL_TRIALS, TRIAL_SPLITS, Context, Trial, one_values
 
 
@@ -34,9 +35,14 @@ class Trials:
     def _call(self, leaves: Sequence[Any], trial: Trial, drop: bool = False,
               local: dict[int, tuple[int, int, int, int]] | None = None) -> tuple[list[Any], list[Any]]:
         args, kwargs = self._fill(trial)(leaves)
-        if self.config.isolate_calls is not None:
-            return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
-        return self._flatten_out(self.case.call(args, kwargs, drop, local))
+        try:
+            if self.config.isolate_calls is not None:
+                return self.config.isolate_calls(lambda: self._flatten_out(self.case.call(args, kwargs, drop, local)))
+            return self._flatten_out(self.case.call(args, kwargs, drop, local))
+        except Exception as e:
+            if out_of_memory(e):  # every caller would read it as the strategy failing
+                raise OutOfMemory(f"{self.case.op}: a run of the op failed to allocate memory: {e}") from e
+            raise
 
     def _fill(self, trial: Trial) -> Callable[[Sequence[Any]], Any]:
         """The trial's arguments rebuilt around new leaves, by a template made once per

@@ -28,9 +28,12 @@ def format_summary(report: SweepReport) -> str:
                                                       else "")
             value += f"  ({f'crashes {crashes}; ' if crashes else ''}{shown})"
         rows.append((status if status != "ok" else "with rules (ok)", value))
-    # An op out of time (or killed by SIGKILL) on both tries gets no record: its file, if any, stays as it was.
-    for what, group in (("timed out", [r for r in report.timed_out() if not r.reason.startswith("killed")]),
-                        ("killed (SIGKILL)", [r for r in report.timed_out() if r.reason.startswith("killed")])):
+    # An op out of time (or killed by SIGKILL, or out of memory) on both tries gets no record: its file, if any,
+    # stays as it was.
+    kinds = {"killed": "killed (SIGKILL)", "out of memory": "out of memory"}
+    for what in ("timed out", *kinds.values()):
+        group = [r for r in report.timed_out()
+                 if what == next((kinds[k] for k in kinds if r.reason.startswith(k)), "timed out")]
         kept = [r.op for r in group if r.kept]
         if kept:
             rows.append((f"{what}, kept previous file", f"{len(kept)}  ({', '.join(kept)})"))

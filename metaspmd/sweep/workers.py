@@ -36,6 +36,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import reproducible
+from ..case import OutOfMemory
 from ..rules import OpRecord
 from .config import (
     CASES_PER_TIMEOUT, SweepConfig, SweepError, backend_module, limit_units, load_backend, resolve_callable,
@@ -197,6 +198,9 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
             if failed is None and (not isinstance(record, OpRecord) or (record.op, record.backend) != (op, name)):
                 got = f"{record.backend}/{record.op}" if isinstance(record, OpRecord) else type(record).__name__
                 record = failed_record(name, op, f"explorer returned {got} instead of a record of {name}/{op}")
+        except OutOfMemory as exc:  # the machine's limit: the parent retries it, then keeps its file
+            conn.send(("out of memory", op, f"out of memory: {exc}", time.perf_counter() - start))
+            continue
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - op failures are data
             record = on_failure(name, op, describe_exception(exc))
         seconds = time.perf_counter() - start
@@ -493,6 +497,13 @@ class WorkerPool:
                 worker.cases = message[2]
             elif message[0] == "done" and message[1] == worker.op:
                 self._finish(worker, message[2], message[3], on_outcome)
+            elif message[0] == "out of memory" and message[1] == worker.op:
+                # as an op killed by the kernel's out-of-memory killer: a second try in a
+                # fresh worker, then the previous file kept (an allocation that failed
+                # says nothing of the rules, which the explorer would drop as failing)
+                self._failed(worker, message[2], message[3], on_outcome, timed_out=True)
+                self._replace(worker)
+                return
         # The worker is dead.
         worker.proc.join()
         if not worker.ready:

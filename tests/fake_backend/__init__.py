@@ -107,6 +107,21 @@ def _orphan():
     time.sleep(3600)
 
 
+def _oom():
+    # fake.add whose runs fail to allocate after $FAKE_OOM_AFTER of them (default 20), in
+    # torch's allocator's words: a machine short of memory, mid-verification.
+    after, runs = int(os.environ.get("FAKE_OOM_AFTER", "20")), [0]
+
+    def add(a, b):
+        runs[0] += 1
+        if runs[0] > after:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 192 bytes")
+        return np.add(a, b)
+
+    return [_case("fake.oom", add, [(4, 6), (4, 6)], ("self", "other"))]
+
+
 def _segfault():
     os.kill(os.getpid(), signal.SIGSEGV)
     time.sleep(10)
@@ -138,6 +153,7 @@ _SLOW_OPS = {
     "fake.nap": _nap,
     "fake.many": _many,
     "fake.killed": _killed,
+    "fake.oom": _oom,
     "fake.orphan": _orphan,
 }
 
