@@ -329,6 +329,59 @@ def test_a_worker_exits_when_its_parent_is_killed(outlives_killed_parent):
     assert not outlives_killed_parent(_ORPHAN), "the worker outlived its killed parent"
 
 
+_HOLDS_THE_GIL = """
+import multiprocessing, os, re, sys, time
+from metaspmd.sweep.workers import die_with_parent, exit_with_parent
+
+def child(pid_file):
+    exit_with_parent(interval=0.1)
+    die_with_parent()
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(pid_file + ".tmp", pid_file)
+    re.match(r"(a+)+$", "a" * 64 + "b")  # backtracks for ages without releasing the GIL
+
+if __name__ == "__main__":
+    multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],)).start()
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_op_holds_the_gil_dies_with_its_parent(tmp_path):
+    """exit_with_parent's thread never ran while the op held the GIL: the worker ran on,
+    orphaned, at full CPU."""
+    script, pid_file = tmp_path / "parent.py", tmp_path / "pid"
+    script.write_text(_HOLDS_THE_GIL)
+    proc = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not pid_file.exists():
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        time.sleep(0.5)
+        assert _running(pid), "the worker ended on its own"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _running(pid):
+            time.sleep(0.1)
+        assert not _running(pid), "the worker outlived its killed parent"
+    finally:
+        proc.kill()
+        if pid is not None and _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 # --------------------------------------------------------------------------- time limits
 # The limit counts CPU time, so a run's result never depends on how fast or loaded the
 # machine is; an op out of time twice keeps its previous file.
@@ -466,3 +519,28 @@ def test_a_cpu_bound_op_on_a_loaded_machine_is_not_timed_out(tmp_path, monkeypat
     busy = report.results[0]
     assert (busy.status, busy.retried) == ("ok", ""), busy
     assert busy.seconds > 1.5, f"not loaded: {busy.seconds:.2f}s"  # else the test shows nothing
+
+
+def test_an_op_runs_in_the_process_state_its_worker_had_before_it(tmp_path, monkeypatch):
+    """The working folder, the environment and Python's and numpy's random states an op
+    changes are given back: a later op in the same worker would see them."""
+    import random
+
+    import numpy as np
+
+    from metaspmd.sweep.workers import _state_kept
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("METASPMD_KEPT", "1")
+    cwd, environ = os.getcwd(), dict(os.environ)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with _state_kept(object()):  # no backend settings of its own
+        os.chdir("/")
+        os.environ["METASPMD_ADDED"] = "1"
+        del os.environ["METASPMD_KEPT"]
+        random.seed(1)
+        np.random.seed(1)
+    assert (os.getcwd(), dict(os.environ)) == (cwd, environ)
+    assert random.getstate() == py_state
+    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+               for a, b in zip(np.random.get_state(), np_state))

@@ -16,8 +16,8 @@ returns nothing (``_foreach_*_``, ``_foreach_*.out``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import re
 import sys
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -27,6 +27,7 @@ from metaspmd import pytree, reproducible
 from metaspmd.case import NoSample, OpCase, ShapeRefused, Skip
 from metaspmd.signature import arg_items
 from metaspmd.tensor_ops import ULP_STEPS, compared_as_bits
+from metaspmd.sweep.failures import clean_reason
 from metaspmd.sweep.user_modules import load_module
 
 from . import catalog, hand_samples, local_params, model_programs, random_ops, sample_data, views
@@ -46,8 +47,9 @@ _OPS = TorchOps()
 
 
 def _short_error(text: str) -> str:
-    text = re.sub(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?", "<path>", text)  # no machine paths in records
-    return text.strip().splitlines()[0][:200] if text.strip() else text
+    """An error's first line as a record's reason, as the sweep cleans every reason (no
+    machine path, no memory address: the same bytes on every machine and run)."""
+    return clean_reason(text, limit=200)
 
 
 def _is_list_arg(arg) -> bool:
@@ -614,6 +616,26 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
     return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
 
 
+def _set_deterministic(mode: tuple[bool, bool]) -> None:
+    torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+
+
+# (read, set) of each global setting of torch an op may change (the state the worker set up
+# for every op: oneDNN and NNPACK off, ``prepare``), given back after each op (``op_state``)
+_GLOBAL_SETTINGS = (
+    (torch.get_default_dtype, torch.set_default_dtype),
+    (torch.get_default_device, torch.set_default_device),
+    (torch.is_grad_enabled, torch.set_grad_enabled),
+    (torch.get_num_threads, torch.set_num_threads),
+    (lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+     _set_deterministic),
+    (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+    (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    (torch._C._get_mkldnn_enabled, torch._C._set_mkldnn_enabled),
+    (torch._C._get_nnpack_enabled, torch._C._set_nnpack_enabled),
+)
+
+
 class TorchBackend:
     """metaspmd.case.Backend over every ATen overload."""
 
@@ -647,6 +669,22 @@ class TorchBackend:
                 self.custom_examples.setdefault(op, []).extend(calls)
 
     # ------------------------------------------------------------------ Backend protocol
+
+    @contextlib.contextmanager
+    def op_state(self):
+        """Run an op and give torch's global settings back as they were (the sweep's worker
+        calls this around each op): a custom op that calls ``torch.set_default_dtype``
+        changed the dtype of every later op's results in its worker."""
+        saved = [get() for get, _ in _GLOBAL_SETTINGS]
+        rng = torch.get_rng_state()
+        try:
+            yield
+        finally:
+            for value, (get, put) in zip(saved, _GLOBAL_SETTINGS):
+                if get() != value:  # set only what changed (setting the thread count costs ms)
+                    put(value)
+            if not torch.equal(torch.get_rng_state(), rng):
+                torch.set_rng_state(rng)
 
     def tensor_ops(self) -> TorchOps:
         return self._ops

@@ -12,14 +12,14 @@ _ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]{6,}")
 MAX_REASON = 300
 
 
-def clean_reason(text: str) -> str:
+def clean_reason(text: str, limit: int = MAX_REASON) -> str:
     """First line, without machine paths or memory addresses, so records stay
-    byte-identical across machines and runs."""
+    byte-identical across machines and runs; at most ``limit`` characters."""
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     line = lines[0].strip() if lines else ""
     line = _PATH_RE.sub(lambda m: re.split(r"[\\/]", m.group(0))[-1], line)
     line = _ADDRESS_RE.sub("0x…", line)
-    return line if len(line) <= MAX_REASON else line[: MAX_REASON - 1] + "…"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -24,16 +24,22 @@ for the result of an op whose worker failed.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
+import random
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
 
 from .. import reproducible
 from ..case import OutOfMemory
@@ -128,6 +134,24 @@ def exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="metaspmd-exit-with-parent", daemon=True).start()
 
 
+def die_with_parent() -> None:
+    """Have the kernel kill this worker when its parent dies (Linux's PR_SET_PDEATHSIG),
+    where ``exit_with_parent``'s thread cannot run: an op that holds the GIL (a regular
+    expression's backtracking, a C loop) kept its worker running, orphaned, after the
+    parent was killed. The parent must spawn its workers from a thread that lives as long
+    as the pool (the sweep's own): the signal follows the spawning thread's exit."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def _freeze_loaded() -> None:
     """Take what the backend has loaded so far (a framework's modules, an op database, a
     sample index: ~520k objects for torch) out of the garbage collector's generations.
@@ -160,6 +184,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
     # (a subprocess left running) go with their worker, not on, orphaned, after the sweep
     os.setpgrp()
     exit_with_parent()
+    die_with_parent()
     unshared_progress_lock()
     _limit_threads()
     if not show_output:
@@ -194,7 +219,8 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         op, args = request[1], request[2:]
         start = time.perf_counter()
         try:
-            record = explore(instance, op, *args)
+            with _state_kept(instance):
+                record = explore(instance, op, *args)
             if failed is None and (not isinstance(record, OpRecord) or (record.op, record.backend) != (op, name)):
                 got = f"{record.backend}/{record.op}" if isinstance(record, OpRecord) else type(record).__name__
                 record = failed_record(name, op, f"explorer returned {got} instead of a record of {name}/{op}")
@@ -211,6 +237,30 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         if first:  # after the reply, so that the op's own time does not count the collection
             first = False
             _freeze_loaded()
+
+
+@contextlib.contextmanager
+def _state_kept(instance: Any):
+    """Run an op in the process state the worker had before it, restored after: an op that
+    changes a global setting (the working folder, an environment variable, Python's or
+    numpy's random state, or the framework's own: ``torch.set_default_dtype``) would
+    change the results of the ops its worker explores after it, so that a file would
+    depend on which ops ran before it in the same worker. The backend's ``op_state()``,
+    where it has one, keeps its framework's settings."""
+    cwd, environ = os.getcwd(), dict(os.environ)
+    py_random, np_random = random.getstate(), np.random.get_state()
+    framework = getattr(instance, "op_state", None)
+    try:
+        with framework() if callable(framework) else contextlib.nullcontext():
+            yield
+    finally:
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
+        if os.environ != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+        random.setstate(py_random)
+        np.random.set_state(np_random)
 
 
 def _report_cases(instance: Any, conn) -> None:

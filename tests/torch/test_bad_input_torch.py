@@ -618,3 +618,35 @@ def test_a_position_holding_several_tensors_is_refused_and_its_leaves_are_keys(f
             placed({0: (Shard(0),)})
         by_leaf, by_position = placed({"input 1[1]": (Shard(1),)}), placed({2: (Shard(1),)})
     assert by_leaf["pair_2"].dim == 1 and by_position["c_1"].dim == 1
+
+
+def test_an_op_that_changes_torchs_global_settings_leaves_the_next_op_as_it_was():
+    """A custom op that called torch.set_default_dtype(torch.float64) turned the next op's
+    results float64 in the same sweep worker: a file depended on the ops run before it."""
+    from metaspmd.backends.torch.backend import _GLOBAL_SETTINGS, TorchBackend
+
+    before = [get() for get, _ in _GLOBAL_SETTINGS]
+    draw = torch.rand(3, generator=torch.Generator().manual_seed(0))
+    rng = torch.get_rng_state()
+    with TorchBackend.op_state(None):
+        torch.set_default_dtype(torch.float64)
+        torch.set_default_device("meta")
+        torch.set_grad_enabled(False)
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.set_float32_matmul_precision("medium")
+        torch.manual_seed(123)
+        torch.rand(5)
+    assert [get() for get, _ in _GLOBAL_SETTINGS] == before
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.rand(3).dtype == torch.float32 and torch.equal(
+        torch.rand(3, generator=torch.Generator().manual_seed(0)), draw)
+
+
+def test_a_no_sample_reason_holds_no_memory_address_or_machine_path():
+    """Schema-built inputs that failed with an object's repr wrote its address into the
+    file: two sweeps of the same op gave other bytes."""
+    from metaspmd.backends.torch.backend import _short_error
+
+    assert _short_error("cannot handle <object object at 0x7f0b72776300>\nmore") == "cannot handle <object object at 0x…>"
+    assert _short_error("no file /home/someone/work/x.py") == "no file x.py"
