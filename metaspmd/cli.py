@@ -643,6 +643,18 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 # --------------------------------------------------------------------------- crosscheck
 
+# A cross-check's exit status, whichever backend: CI tells a rule that fails from a check that
+# could not run (a slow or loaded machine's time limit, a crash), as the sweep's 3 does.
+CROSSCHECK_EXIT = ("exit status: 0 done, 1 a rule of ours failed re-verification (or a jit run), 2 usage or "
+                   "registry error, 3 no rule failed but some op's check could not run (it raised, ran past "
+                   "--timeout or killed its worker), so its rules were not checked")
+
+
+def crosscheck_status(failed: bool, unchecked: bool) -> int:
+    """``CROSSCHECK_EXIT``'s status of a finished check."""
+    return 1 if failed else 3 if unchecked else 0
+
+
 CROSSCHECK_DOC = """Cross-check a backend's rules against its framework's own sharding rules.
 
     metaspmd crosscheck --backend jax --ops 'jax.dot_general,jax.add'
@@ -660,7 +672,7 @@ def crosscheck(argv: Sequence[str] | None = None, prog: str | None = None) -> in
     import importlib
 
     p = argparse.ArgumentParser(prog=prog, description=CROSSCHECK_DOC.split("\n\n")[0], add_help=False,
-                                epilog="--backend NAME --help lists the backend's own options.")
+                                epilog=f"--backend NAME --help lists the backend's own options. {CROSSCHECK_EXIT}.")
     p.add_argument("--backend", required=True, help="torch or jax (module metaspmd.backends.<name>.crosscheck)")
     argv = _argv(argv)
     if not any(a == "--backend" or a.startswith("--backend=") for a in argv) and {"-h", "--help"} & set(argv):

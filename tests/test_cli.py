@@ -84,3 +84,12 @@ def test_a_tool_run_from_a_clone_uses_the_clones_code(clone, tool, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [str(clone / p) for p in (
         "metaspmd/cli.py", "backends/torch/__init__.py", "codegen/generator.py", "generated/__init__.py", "registry")]
+
+
+def test_crosscheck_exit_status_tells_a_failed_rule_from_an_unchecked_op(capsys):
+    """An op whose check timed out exited 1, as a rule that fails re-verification does, and
+    no --help gave the statuses."""
+    assert [cli.crosscheck_status(f, u) for f, u in ((False, False), (True, False), (False, True), (True, True))] \
+        == [0, 1, 3, 1]
+    assert cli.crosscheck(["--help"]) == 0
+    assert "exit status: 0 done, 1 a rule of ours failed re-verification" in " ".join(capsys.readouterr().out.split())

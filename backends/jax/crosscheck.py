@@ -36,7 +36,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
-from metaspmd.cli import path_arg, positive_int
+from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, path_arg, positive_int
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
@@ -610,7 +610,7 @@ def device_count(text: str) -> int:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="crosscheck --backend jax", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)  # cli.crosscheck reads --registry and --ops by their full names
+                                allow_abbrev=False, epilog=CROSSCHECK_EXIT)  # cli.crosscheck reads --registry and --ops by their full names
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="ops to check (comma-separated globs)")
     p.add_argument("--registry", type=path_arg, help="registry root to read our rules from (metaspmd crosscheck and tools/crosscheck.py "
                         "pass the repository's registry/; run as this module alone: explored live)")
@@ -636,8 +636,7 @@ def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0: done; 1: a rule of ours failed re-verification or a jit run, or a case's check
-    failed; 2: usage or registry error."""
+    """Exit status: ``cli.CROSSCHECK_EXIT``."""
     args = parse_args(list(argv) if argv is not None else None)
     if args.devices >= 2:
         _ask_for_devices(args.devices)
@@ -679,7 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("\n".join(format_case(r)), flush=True)
     print()
     print("\n".join(summarize(results, skipped)))
-    return 1 if any(r.reverify_failed or r.jit_failed or r.check_error for r in results) else 0
+    return crosscheck_status(any(r.reverify_failed or r.jit_failed for r in results),
+                             any(r.check_error for r in results))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
-from metaspmd.cli import path_arg, positive_int, read_as_rules, seconds
+from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, path_arg, positive_int, read_as_rules, seconds
 from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
@@ -773,7 +773,8 @@ def mesh_size(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="crosscheck --backend torch", allow_abbrev=False,  # see cli.crosscheck
-                                description="Compare the torch registry with DTensor's own sharding rules.")
+                                description="Compare the torch registry with DTensor's own sharding rules.",
+                                epilog=CROSSCHECK_EXIT)
     p.add_argument("--ops", action="append", default=[], metavar="GLOB",
                    help="only ops matching these globs (comma-separated or repeated); those without a registry "
                         "file are explored on the fly. Default: every op with a registry file")
@@ -811,8 +812,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0: done; 1: a rule of ours failed re-verification, or an op's check failed;
-    2: usage or registry error."""
+    """Exit status: ``cli.CROSSCHECK_EXIT``."""
     args = parse_args(argv)
     problem = args.json is not None and (read_as_rules(args.json) or unwritable(args.json, folder=False))
     if problem:  # checked before the work, not after it
@@ -850,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_rechecks(report, args.limit) if config.other_calls else format_report(report, args.limit))
     if args.json:
         write_text_atomic(args.json, report_json(report) + "\n")  # a missing folder is made (as unwritable allows)
-    return 1 if report.failures() or report.unchecked_ops() else 0
+    return crosscheck_status(bool(report.failures()), bool(report.unchecked_ops()))
 
 
 __all__ = [
