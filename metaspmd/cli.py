@@ -561,6 +561,9 @@ An overload counts as covered when its file's status is ok (verified rules) or d
 with a kernel for strided CPU tensors in this torch build, outside the sparse, quantized,
 nested and accelerator families (metaspmd.backends.torch.dense_cpu): the ops a sweep here
 can sample.
+
+Exit status: 0 done, 1 a --min-reached or --min-core threshold not met (named on stderr),
+2 usage or registry error (a registry without torch's ATen rules among them).
 """
 
 COVERED = ("ok", "derived")
@@ -591,6 +594,12 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.backends.torch import catalog, dense_cpu
     from metaspmd.backends.torch.samples import load_index
 
+    overloads = set(catalog.all_overloads())
+    if not overloads & set(records):  # custom ops alone: every share would read 0% of ATen
+        print(f"coverage: error: {Path(args.registry) / 'torch'} holds no ATen overload's rule file (coverage is "
+              "of ATen's overloads; a registry of your own ops has none)", file=sys.stderr)
+        return 2
+
     def reason(record) -> str:
         reasons = Counter(e.reason for e in record.entries if e.reason)
         return reasons.most_common(1)[0][0] if reasons else record.reason
@@ -601,7 +610,6 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         except Exception:  # noqa: BLE001 - an overload torch lists but cannot resolve
             return False
 
-    overloads = set(catalog.all_overloads())
     reached = set(load_index()) & overloads
     core = {name for name in overloads if is_core(name)}
 
@@ -635,10 +643,16 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if misses:
         print(f"\n{'op':<48} {'status':<16} reason")
         for n in misses:
-            print(f"{n:<48} {status(n):<16} {reason(records[n]) if n in records else ''}"[:200])
-    failed = (args.min_reached is not None and 100 * rows[1][2] / max(1, rows[1][1]) < args.min_reached) or (
-        args.min_core is not None and 100 * rows[2][2] / max(1, rows[2][1]) < args.min_core)
-    return 1 if failed else 0
+            line = f"{n:<48} {status(n):<16} {reason(records[n]) if n in records else ''}"
+            print(line if len(line) <= 200 else line[:199] + "…")
+    below = []
+    for flag, least, (label, n, hit, pct) in (("--min-reached", args.min_reached, rows[1]),
+                                              ("--min-core", args.min_core, rows[2])):
+        if least is not None and 100 * hit / max(1, n) < least:
+            below.append(f"{flag} {least:g}: {label} is {pct}")
+    for line in below:
+        print(f"coverage: below {line}", file=sys.stderr)
+    return 1 if below else 0
 
 
 # --------------------------------------------------------------------------- crosscheck

@@ -180,3 +180,26 @@ def test_coverage_counts_and_lists_the_dense_cpu_overloads_without_a_sample(tmp_
     assert listed == want
     dense = next(line.split() for line in out.splitlines() if line.startswith("dense CPU "))
     assert int(dense[3]) == 3  # covered: the three with rules
+
+
+def test_coverage_names_a_threshold_not_met_and_refuses_a_registry_without_aten_rules(tmp_path, capsys):
+    """--min-core below its threshold exited 1 with nothing said; a registry of custom ops
+    alone read 0.0% everywhere and exited 0."""
+    import re
+    import shutil
+
+    from metaspmd import cli
+
+    (tmp_path / "torch").mkdir()
+    for op in ("aten.mm.default", "aten.relu.default"):
+        shutil.copy(cli.REGISTRY / "torch" / f"{op}.yaml", tmp_path / "torch" / f"{op}.yaml")
+    assert cli.coverage(["--registry", str(tmp_path), "--min-core", "50", "--min-reached", "0.1"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"coverage: below --min-core 50: core ops is \d+\.\d%", err)
+    assert "--min-reached" not in err  # met
+    own = tmp_path / "own"
+    (own / "torch").mkdir(parents=True)
+    (own / "torch" / "mine.scale.default.yaml").write_text(
+        (cli.REGISTRY / "torch" / "aten.relu.default.yaml").read_text().replace("aten.relu.default", "mine.scale.default"))
+    assert cli.coverage(["--registry", str(own)]) == 2
+    assert "holds no ATen overload's rule file" in capsys.readouterr().err
