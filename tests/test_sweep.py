@@ -90,6 +90,7 @@ def test_failure_reasons_carry_no_paths_or_addresses():
     assert describe_exit(-signal.SIGSEGV) == "crashed: SIGSEGV"
     assert describe_exit(-signal.SIGKILL) == "crashed: SIGKILL"
     assert describe_exit(3) == "crashed: exit code 3"
+    assert describe_exit(0) == "crashed: the process exited (code 0) during the op"  # "exit code 0" read as success
 
 
 def test_workers_run_ops_on_one_thread_whatever_the_environment(tmp_path, monkeypatch):
@@ -121,7 +122,7 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
     # fake.hang sleeps: it burns no CPU time, so the wall-clock guard stops it.
     report = sweep(tmp_path, jobs=1, timeout=1.5, wall_timeout=2.0)
     by_op = {r.op: r for r in report.results}
-    assert len(by_op) == 14 and report.backend == "fake"
+    assert len(by_op) == 15 and report.backend == "fake"
     expected = {
         "fake.add": ("ok", ""),
         "fake.once": ("ok", ""),
@@ -133,6 +134,7 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         "fake.raise": ("failed", "cases: ValueError: no kernel for this dtype"),
         "fake.escape": ("failed", "RuntimeError: explorer bug at 0x… in explorer.py"),
         "fake.exit": ("failed", "SystemExit: 3"),
+        "fake.interrupt": ("failed", "KeyboardInterrupt"),  # the op's own raise: was "crashed: exit code 1"
         "fake.threads": ("failed", "cases: ValueError: OMP_NUM_THREADS=1"),
         "fake.segv": ("failed", "crashed: SIGSEGV"),
         "fake.abort": ("failed", "crashed: SIGABRT"),
@@ -152,7 +154,8 @@ def test_every_outcome_is_recorded_and_the_sweep_survives(tmp_path, monkeypatch)
         "fake.hang": hang, "fake.segv": "crashed: SIGSEGV", "fake.abort": "crashed: SIGABRT"}
     rows = summary_rows(report)
     assert rows["with rules (ok)"] == "4"
-    assert rows["failed"] == "6  (crashes 2; fake.abort, fake.escape, fake.exit, fake.raise, fake.segv, fake.threads)"
+    assert rows["failed"] == ("7  (crashes 2; fake.abort, fake.escape, fake.exit, fake.interrupt, fake.raise, fake.segv, "
+                              "fake.threads)")
     assert rows["timed out, no previous file"] == "1  (fake.hang)"
     assert rows["retried"] == "3  (passed on the second try 0: -)"
     assert not list((tmp_path / "fake").glob(".*")), "temp files left behind"
@@ -280,7 +283,7 @@ def test_interrupt_leaves_only_complete_files(tmp_path):
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     names = sorted(p.name for p in folder.iterdir())
-    assert "fake.hang.yaml" not in names and len(names) == 13
+    assert "fake.hang.yaml" not in names and len(names) == 14
     for name in names:
         load_record(folder / name)
 
@@ -303,7 +306,7 @@ def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
     assert "interrupted" in err
     assert stops_growing(beats), "the worker in fake.hang outlived the sweep"
     names = sorted(p.name for p in folder.iterdir())
-    assert "fake.hang.yaml" not in names and len(names) == 13
+    assert "fake.hang.yaml" not in names and len(names) == 14
     for name in names:
         load_record(folder / name)
 

@@ -40,6 +40,8 @@ def describe_exit(exitcode: int | None) -> str:
             return f"crashed: {signal.Signals(-exitcode).name}"
         except ValueError:
             return f"crashed: signal {-exitcode}"
+    if exitcode == 0:  # os._exit(0) in the op: no error, yet no result either
+        return "crashed: the process exited (code 0) during the op"
     return f"crashed: exit code {exitcode}"
 
 

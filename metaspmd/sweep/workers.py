@@ -227,7 +227,8 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
         except OutOfMemory as exc:  # the machine's limit: the parent retries it, then keeps its file
             conn.send(("out of memory", op, f"out of memory: {exc}", time.perf_counter() - start))
             continue
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - op failures are data
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - op failures are data
+            # (the worker ignores SIGINT: a KeyboardInterrupt is the op's own raise)
             record = on_failure(name, op, describe_exception(exc))
         seconds = time.perf_counter() - start
         try:

@@ -140,6 +140,7 @@ _OPS = {
     "fake.threads": _report_threads,  # its failure reason shows the worker's thread limit
     "fake.escape": lambda: [],  # explore_op below raises for it
     "fake.exit": lambda: sys.exit(3),
+    "fake.interrupt": lambda: (_ for _ in ()).throw(KeyboardInterrupt()),
     "fake.hang": _hang,
     "fake.segv": _segfault,
     "fake.once": _once,
