@@ -314,7 +314,8 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     p.add_argument("--out", type=path_arg, help="registry root (default: the repository's registry/; "
                                              "required with --kernels)")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; list ops whose file would change and exit 1 if any")
+                   help="write nothing; list ops whose file would change, and files of no op (of those --ops "
+                        "matches), and exit 1 if any")
     p.add_argument("--resume", action="store_true", help="skip ops whose file exists and loads cleanly")
     p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"per-op limit in CPU seconds of its worker, which is killed past it, per "

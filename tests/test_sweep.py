@@ -206,6 +206,7 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     add.write_text(add.read_text().replace("gather(dim=0)", "gather(dim=1)"))
     (tmp_path / "fake" / "fake.sum.yaml").unlink()
     (tmp_path / "fake" / "fake.retired.yaml").write_bytes(before["fake.raise.yaml"])
+    (tmp_path / "fake" / "fake.zzz.yaml").write_bytes(before["fake.raise.yaml"])
     edited = files(tmp_path)
     bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
     assert bad.returncode == 1
@@ -213,12 +214,13 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     # The changed file's diff is printed under its name: the edit, and what the sweep gives.
     assert "    -  combine: {S1: gather(dim=1), S2" in bad.stdout, bad.stdout
     assert "    +  combine: {S1: gather(dim=0), S2" in bad.stdout, bad.stdout
-    assert "removed" not in bad.stdout  # an --ops subset says nothing about other files
+    # an --ops subset reports the files its globs match of no op (fake.r*), and no other
+    assert "removed  fake.retired.yaml" in bad.stdout and "fake.zzz" not in bad.stdout, bad.stdout
     assert files(tmp_path) == edited
 
     # Without --ops every listed op is compared, and files of unlisted ops show up.
     full = sweep(tmp_path, check=True, timeout=1.0, wall_timeout=1.0)
-    assert ("removed", "fake.retired.yaml") in full.changes()
+    assert ("removed", "fake.retired.yaml") in full.changes() and ("removed", "fake.zzz.yaml") in full.changes()
     assert ("added", "fake.threads") in full.changes()
     # an op out of time is not compared: a slow machine must not make the registry look stale
     assert [r.op for r in full.timed_out()] == ["fake.hang"] and "fake.hang" not in dict(full.changes()).values()

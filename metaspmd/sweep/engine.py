@@ -137,8 +137,8 @@ def run_sweep(config: SweepConfig) -> SweepReport:
             bar.close()
 
     removed: tuple[str, ...] = ()
-    if config.check and not config.patterns:
-        removed = _stale_files(registry_io, config.out_root, backend, ops)
+    if config.check:  # with --ops, of the files the globs match (CI checks a subset)
+        removed = _stale_files(registry_io, config.out_root, backend, ops, config.patterns)
     return SweepReport(
         backend=backend,
         results=tuple(results[op] for op in sorted(results)),
@@ -224,9 +224,11 @@ def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
     return "changed", "\n".join(lines)
 
 
-def _stale_files(registry_io, root: Path, backend: str, ops: list[str]) -> tuple[str, ...]:
+def _stale_files(registry_io, root: Path, backend: str, ops: list[str], patterns: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The rule files of no op swept (of those whose names ``patterns`` match, if any)."""
     expected = {registry_io.record_path(root, backend, op).name for op in ops}
     folder = registry_io.record_path(root, backend, ops[0]).parent
     if not folder.is_dir():
         return ()
-    return tuple(sorted(p.name for p in folder.glob("*.yaml") if p.name not in expected))
+    return tuple(sorted(p.name for p in folder.glob("*.yaml")
+                        if p.name not in expected and select_ops([p.name[:-len(".yaml")]], patterns)))
