@@ -616,6 +616,17 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
     return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
 
 
+def _default_device_context() -> Any:
+    """The default device as ``torch.set_default_device`` holds it: None where it was never
+    set. (``get_default_device`` says cpu then, and setting cpu back would install a device
+    mode over every later torch call, tracing included.)"""
+    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+
+
+def _set_default_device_context(context: Any) -> None:
+    torch.set_default_device(None if context is None else context.device)
+
+
 def _set_deterministic(mode: tuple[bool, bool]) -> None:
     torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
 
@@ -624,7 +635,7 @@ def _set_deterministic(mode: tuple[bool, bool]) -> None:
 # for every op: oneDNN and NNPACK off, ``prepare``), given back after each op (``op_state``)
 _GLOBAL_SETTINGS = (
     (torch.get_default_dtype, torch.set_default_dtype),
-    (torch.get_default_device, torch.set_default_device),
+    (_default_device_context, _set_default_device_context),
     (torch.is_grad_enabled, torch.set_grad_enabled),
     (torch.get_num_threads, torch.set_num_threads),
     (lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),

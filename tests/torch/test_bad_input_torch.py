@@ -638,6 +638,9 @@ def test_an_op_that_changes_torchs_global_settings_leaves_the_next_op_as_it_was(
         torch.manual_seed(123)
         torch.rand(5)
     assert [get() for get, _ in _GLOBAL_SETTINGS] == before
+    # the default device unset again, not set to cpu: that installs a mode over every later call
+    from torch.overrides import _get_current_function_mode_stack
+    assert not _get_current_function_mode_stack()
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.rand(3).dtype == torch.float32 and torch.equal(
         torch.rand(3, generator=torch.Generator().manual_seed(0)), draw)
