@@ -45,6 +45,7 @@ def test_a_2x2_mesh_places_over_both_dims_the_same_dim_twice_included(meshes):
     assert ((Shard(0), Shard(0)), (Replicate(), Replicate())) in got  # a bool tensor stays replicated
 
 
+@pytest.mark.slow  # 9 s
 def test_past_the_cap_a_fixed_draw_of_the_combinations_in_product_order(meshes):
     ins = [torch.randn(3, 3, 3) for _ in range(3)]  # 16 placements each over 2x2: 4,096 combinations
     make = bench.every_cut_converter(uneven=True)

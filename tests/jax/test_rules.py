@@ -21,6 +21,7 @@ def _strategies(entry):
     return {s.label: (tuple(str(p) for p in s.inputs), tuple(str(o) for o in s.outputs)) for s in entry.strategies()}
 
 
+@pytest.mark.slow  # 12 s; the jax sweep's --check in CI covers dot_general's rules too
 def test_dot_general_matmul_gives_the_mm_rule(backend, ops):
     case = _case(backend, ops, "jax.dot_general", "lhs:f[*,*] rhs:f[*,*] dimension_numbers=[[[1],[0]],[[],[]]]")
     entry = explore_case(case, ops)
@@ -60,6 +61,7 @@ def test_a_cast_to_bool_is_verified_on_data_with_zeros(backend, ops):
     assert cuts["S(0)"] == ("gather(dim=0)",) and cuts["S(2)"] == ("gather(dim=2)",)
 
 
+@pytest.mark.slow  # 10 s
 def test_broadcast_in_dim_shards_through_its_shape_param(backend, ops):
     case = backend.cases("jax.broadcast_in_dim")[0]
     entry = explore_case(case, ops)
