@@ -445,9 +445,11 @@ def check_case(op: str, case, ops, records: dict, do_reverify: bool, n_devices: 
 def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signature: int) -> int:
     """Every registry rule re-verified (``reverify``) on up to ``per_signature`` more calls of
     its signature at other shapes (``JaxBackend.cases_at_other_sizes``), where the runtime
-    applies it (``target.lined_up``). Prints the failures and a summary; 1 if one fails."""
+    applies it (``target.lined_up``). Prints the failures and a summary; the exit status of
+    ``cli.CROSSCHECK_EXIT`` (1 if a rule fails, 3 if none does but a check raised)."""
     ops = backend.tensor_ops()
     counts, failed = Counter(), []
+    wrong_rule = raised = False  # a rule refuted; a check that could not run
     for op in names:
         record = records.get(op)
         if record is None:
@@ -458,6 +460,7 @@ def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signat
             continue
         except Exception as e:  # noqa: BLE001 - one bad op must not stop the check, nor pass unsaid
             counts["failed"] += 1
+            raised = True
             failed.append(f"{op}: building its calls raised {type(e).__name__}: {str(e)[:200]}")
             print(f"FAILED {failed[-1]}", flush=True)
             continue
@@ -475,18 +478,19 @@ def recheck_other_calls(backend, names: Sequence[str], records: dict, per_signat
                     counts["unchecked"] += 1
                     continue
                 try:
-                    problem = reverify(case, ops, s)
+                    problem, wrong = reverify(case, ops, s), True
                 except Exception as e:  # noqa: BLE001 - one bad call must not stop the check, nor pass unsaid
-                    problem = f"the check raised {type(e).__name__}: {str(e)[:200]}"
+                    problem, wrong = f"the check raised {type(e).__name__}: {str(e)[:200]}", False
                 counts["failed" if problem else "ok"] += 1
                 if problem:
+                    wrong_rule, raised = wrong_rule or wrong, raised or not wrong
                     failed.append(f"{op}  {entry.signature}  {shapes}  {s.label}: {problem}")
                     print(f"FAILED {failed[-1]}", flush=True)
     print(f"rules re-verified on other calls of their signatures (up to {per_signature} per signature): "
           f"{counts['calls']} calls, {counts['ok']} ok, {counts['failed']} failed, "
           f"{counts['not applied']} not applied (cuts of unequal lengths), "
           f"{counts['unchecked']} unchecked (Partial(sum) parts of a low-precision float round)")
-    return 1 if failed else 0
+    return crosscheck_status(wrong_rule, raised)
 
 
 def _parts_round(ops, case, strategy) -> bool:

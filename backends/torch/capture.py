@@ -227,6 +227,8 @@ def refuse_other_inputs(captured: Captured, inputs: tuple) -> None:
     if captured.input_structure is not None and structure != captured.input_structure:
         for i, (given, planned) in enumerate(zip(structure.children(), captured.input_structure.children())):
             _refuse_other_structure(given, planned, f"input {i}")
+        # a difference the walk does not name (none it knows of): refused all the same
+        raise TypeError(f"the inputs are structured as {structure}, but the plan is for {captured.input_structure}")
     again = "parallelize again for"
     for traced, x in zip(captured.inputs, leaves):
         refuse_unplannable(traced.name, x)
