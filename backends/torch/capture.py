@@ -646,6 +646,9 @@ def _make_fx(fn: Callable, args: tuple, **kwargs) -> torch.fx.GraphModule:
                          "values as Python numbers") from err
 
 
+_ONE_HOT = inspect.signature(lambda tensor, num_classes=-1: None)  # torch.nn.functional.one_hot's (a builtin)
+
+
 class _ValueChecks(torch.overrides.TorchFunctionMode):
     """Writes into the graph the value checks a kernel makes in C++ and the trace leaves out:
     ``one_hot`` checks its classes' range on the values, which a fake trace cannot read, so
@@ -655,7 +658,7 @@ class _ValueChecks(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.nn.functional.one_hot:
-            bound = inspect.signature(lambda tensor, num_classes=-1: None).bind(*args, **kwargs).arguments
+            bound = _ONE_HOT.bind(*args, **kwargs).arguments
             x, n = bound["tensor"], bound.get("num_classes", -1)
             if isinstance(x, torch.Tensor) and isinstance(n, int) and n >= 0:  # -1: n read off the values
                 torch.ops.aten._assert_async.msg(((x >= 0) & (x < n)).all(),
