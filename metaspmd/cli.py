@@ -257,8 +257,8 @@ Exit status: 0 done (op failures are recorded, not errors), 1 --check found diff
 folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
 --timings not writable: checked before any op runs), 3 some op timed out (or was killed by
 SIGKILL, or ran out of memory) twice and kept its previous file (--check: no difference found, but those ops were
-not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP),
-141 stdout closed early (| head).
+not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP): the
+summary and --timings then cover the ops finished; 141 stdout closed early (| head).
 """
 
 
@@ -297,8 +297,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     import signal
 
     from metaspmd.sweep import (
-        DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, format_changes, format_summary, run_sweep,
-        split_patterns, timings_json,
+        DEFAULT_TIMEOUT, SweepConfig, SweepError, SweepInterrupted, backend_module, run_sweep, split_patterns,
     )
     from metaspmd.sweep.config import CASES_PER_TIMEOUT, WALL_FACTOR, unwritable
 
@@ -372,26 +371,16 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
+    except SweepInterrupted as e:  # what it finished is reported as a whole sweep's would be
+        _sweep_report(e.report, args, out)
+        return _interrupted(e)
     except KeyboardInterrupt as e:
         return _interrupted(e)
     except OSError as e:  # a rule file that could not be written (a full disk): those written are whole
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
-    unwritten = None
-    if args.timings:  # before the summary: a reader of it that stops early must not lose them
-        try:
-            from metaspmd.registry_io import write_text_atomic
-
-            write_text_atomic(args.timings, timings_json(report, args.jobs))
-        except OSError as e:
-            unwritten = e
-    if args.check and report.changes():
-        print(format_changes(report))
-    print(f"registry: {out}")  # which one: `metaspmd` runs the installed checkout's
-    print(format_summary(report))
-    if unwritten is not None:  # 2, not --check's "stale"
-        print(f"sweep: error: cannot write --timings {args.timings}: {unwritten}", file=sys.stderr)
-        return 2
+    if not _sweep_report(report, args, out):
+        return 2  # not --check's "stale"
     timed_out = report.timed_out()
     if timed_out:  # exit 3, not --check's 1: the registry is not known to be stale
         print(f"sweep: {len(timed_out)} op(s) ran out of time (or out of memory, or were killed by SIGKILL) on both "
@@ -405,6 +394,27 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         print(f"check: no difference; {len(timed_out)} op(s) timed out and were not compared" if timed_out
               else "check: registry is up to date")
     return 3 if timed_out else 0
+
+
+def _sweep_report(report, args: argparse.Namespace, out: Path) -> bool:
+    """Write --timings and print the check's changes and the summary; False (said on stderr)
+    when the timings could not be written."""
+    from metaspmd.registry_io import write_text_atomic
+    from metaspmd.sweep import format_changes, format_summary, timings_json
+
+    unwritten = None
+    if args.timings:  # before the summary: a reader of it that stops early must not lose them
+        try:
+            write_text_atomic(args.timings, timings_json(report, args.jobs))
+        except OSError as e:
+            unwritten = e
+    if args.check and report.changes():
+        print(format_changes(report))
+    print(f"registry: {out}")  # which one: `metaspmd` runs the installed checkout's
+    print(format_summary(report))
+    if unwritten is not None:
+        print(f"sweep: error: cannot write --timings {args.timings}: {unwritten}", file=sys.stderr)
+    return unwritten is None
 
 
 # --------------------------------------------------------------------------- codegen

@@ -4,7 +4,9 @@ segfault, abort and exit (tests/fake_backend)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -270,10 +272,12 @@ def test_usage_errors_exit_2(tmp_path):
         sweep(tmp_path, backend_options=(("fail", "broken"),))
 
 
-def test_interrupt_leaves_only_complete_files(tmp_path):
+def test_interrupt_leaves_only_complete_files_and_reports_what_it_finished(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(TESTS))
+    timings = tmp_path / "timings.json"
     proc = subprocess.Popen(
-        [sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", "--out", str(tmp_path), "--timeout", "30"],
+        [sys.executable, str(TOOL), "--backend", BACKEND, "--no-progress", "--out", str(tmp_path), "--timeout", "30",
+         "--timings", str(timings)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -282,12 +286,18 @@ def test_interrupt_leaves_only_complete_files(tmp_path):
     while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 13:  # all but fake.hang
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
+    out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
     names = sorted(p.name for p in folder.iterdir())
     assert "fake.hang.yaml" not in names and len(names) == 14
     for name in names:
         load_record(folder / name)
+    # the ops it finished are summed up and timed as a whole sweep's are; the rest are counted
+    done = json.loads(timings.read_text())
+    assert sorted(done["ops"]) == sorted(name[:-len(".yaml")] for name in names), done
+    assert "fake.hang" in done["not_swept"] and not set(done["not_swept"]) & set(done["ops"]), done
+    assert re.search(rf"^ops +{len(names)}$", out, re.M) and "with rules (ok)" in out, out
+    assert re.search(rf"not swept \(interrupted\) +{len(done['not_swept'])}  \(--resume sweeps them", out), out
 
 
 def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
@@ -488,6 +498,7 @@ def test_the_limit_counts_cpu_time_not_wall_time(tmp_path, monkeypatch):
     assert not record_path(tmp_path, "fake", "fake.spin").exists()
 
 
+@pytest.mark.slow  # two sweeps of ops that burn CPU up to and past their limits: 12 s
 def test_the_limit_is_counted_per_example_calls(tmp_path, monkeypatch):
     # fake.many has 45 example calls, fake.busy one; each burns 1.2 s of CPU under a 1 s limit
     # per 20 calls: fake.many is given 3 s and passes (its 45 explorations take some too),

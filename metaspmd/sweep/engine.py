@@ -45,6 +45,8 @@ class SweepReport:
     removed: tuple[str, ...] = ()  # check mode: registry files of ops no longer listed
     wall_s: float = 0.0
     check: bool = False
+    not_swept: tuple[str, ...] = ()  # an interrupted sweep's ops that got no result
+
 
     def counts(self) -> Counter:
         return Counter(r.status for r in self.results)
@@ -61,6 +63,16 @@ class SweepReport:
     @property
     def ops_per_s(self) -> float:
         return len(self.results) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or a signal (``args``: as the KeyboardInterrupt's). ``report``
+    holds the ops done before it, whose files are whole, and those not swept, so the caller
+    can still print the summary and timings: an interrupted run loses nothing it finished."""
+
+    def __init__(self, report: SweepReport, *args):
+        super().__init__(*args)
+        self.report = report
 
 
 def _loads_cleanly(path: Path, op: str, backend: str) -> bool:
@@ -133,9 +145,18 @@ def run_sweep(config: SweepConfig) -> SweepReport:
 
         try:
             pool.run(todo, on_outcome)
+        except KeyboardInterrupt as e:
+            stopped = e
+        else:
+            stopped = None
         finally:
             bar.close()
 
+    if stopped is not None:  # raised here, once the pool has stopped its workers
+        raise SweepInterrupted(SweepReport(
+            backend=backend, results=tuple(results[op] for op in sorted(results)), resumed=resumed,
+            wall_s=time.perf_counter() - started, check=config.check,
+            not_swept=tuple(op for op in todo if op not in results)), *stopped.args) from None
     removed: tuple[str, ...] = ()
     if config.check:  # with --ops, of the files the globs match (CI checks a subset)
         removed = _stale_files(registry_io, config.out_root, backend, ops, config.patterns)

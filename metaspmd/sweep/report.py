@@ -44,6 +44,9 @@ def format_summary(report: SweepReport) -> str:
     if retried:  # a crash or time limit that a second try got past was the machine's, not the op's
         passed = [r.op for r in retried if r.status not in ("failed", TIMED_OUT)]
         rows.append(("retried", f"{len(retried)}  (passed on the second try {len(passed)}: {', '.join(passed) or '-'})"))
+    if report.not_swept:  # the sweep was interrupted
+        rows.append(("not swept (interrupted)", f"{len(report.not_swept)}"
+                     + ("" if report.check else "  (--resume sweeps them and skips the ops done)")))
     rows += [("wall time", f"{report.wall_s:.1f} s"), ("ops/s", f"{report.ops_per_s:.2f}")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -81,4 +84,6 @@ def timings_json(report: SweepReport, jobs: int) -> str:
         "wall_s": round(report.wall_s, 3),
         "ops": {r.op: {"seconds": round(r.seconds, 4), "status": r.status} for r in report.results},
     }
+    if report.not_swept:  # an interrupted sweep's
+        data["not_swept"] = list(report.not_swept)
     return json.dumps(data, indent=1, sort_keys=True) + "\n"

@@ -332,6 +332,7 @@ EMPTY_CHANNELS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a child process that imports torch, registers and runs over 4 ranks: 7 s
 def test_a_kernel_that_crashes_on_an_empty_shard_is_given_none():
     """DTensor's rule cuts the batch norm gradient along the channels as its inputs are cut;
     with 5 channels over 4 ranks one rank held none and the process died (SIGFPE). Under

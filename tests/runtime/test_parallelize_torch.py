@@ -587,6 +587,7 @@ class FailsOffShape(torch.nn.Module):
         return fails_off_shape(self.fc(x), self.how)
 
 
+@pytest.mark.slow  # live exploration in a fresh child per crashing or hanging shard: 15 s
 @pytest.mark.parametrize("how", ["crash", "hang"])
 def test_an_op_that_crashes_or_hangs_off_its_shape_costs_its_rules_not_the_caller(fake_world, tmp_path, monkeypatch,
                                                                                    how):
