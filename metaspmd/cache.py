@@ -23,12 +23,15 @@ one that cannot be read as a record (bad UTF-8, an alias): the op is explored ag
 file rewritten. An entry whose path cannot be used (a folder, a FIFO or a device where its
 file belongs, a file where its op's folder belongs) is skipped with one warning naming it,
 and its rule kept in memory; the other entries are read and written as usual. A cache
-folder that cannot be used (read-only, not a folder) turns persistence off with one
-warning; what was explored stays in memory for the process.
+folder that cannot be used (read-only, not a folder, in a symlink loop), or a disk with no
+room (full, a quota, a file size limit), turns persistence off with one warning; what was
+explored stays in memory for the process. The folder is fixed when the cache is made: ``~``
+expanded, a relative path made absolute (a later chdir must not move it).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import os
@@ -47,6 +50,7 @@ from .rules import OpRecord, RuleEntry, make_record
 _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _SEAL = "# metaspmd rule cache, sha256 of what follows: "
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 FORMAT = 2  # 2: sealed files; the unsealed ones of 1 are never read (they would all warn)
 
 
@@ -78,6 +82,12 @@ def _not_a_file(path: Path) -> str:
     except NotADirectoryError:
         return f"{next(p for p in path.parents if p.exists())} is not a folder"
     except OSError:
+        try:
+            os.lstat(path)  # the entry itself a link to nothing or in a loop: replaced by the rewrite
+        except FileNotFoundError:
+            return ""
+        except OSError as e:  # a folder on the way in a symlink loop, a name too long: no rewrite gets there
+            return f"{path}: {e.strerror or e}"
         return ""
     return "" if stat.S_ISREG(mode) else f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}"
 
@@ -91,10 +101,18 @@ def default_cache_dir() -> Path:
     sample and program indexes): ``$METASPMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/metaspmd``
     (``~/.cache/metaspmd``)."""
     env = os.environ.get("METASPMD_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "metaspmd"
+    if env:  # as a shell would read it, and fixed now: a later chdir must not move the cache
+        return _absolute(env)
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, or relative: the XDG spec says to ignore it
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return _absolute(base) / "metaspmd"
+
+
+def _absolute(folder: str | os.PathLike) -> Path:
+    """``folder`` with ``~`` expanded (a value from a Docker ENV or a systemd unit reaches
+    us unexpanded), made absolute."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(folder))))
 
 
 def register_framework_version(backend: str, version: Callable[[], str]) -> None:
@@ -117,19 +135,21 @@ class RuleCache:
     def __init__(self, root: str | os.PathLike | None = None, persist: bool = True, *,
                  framework_versions: Mapping[str, str] | None = None):
         """``framework_versions``: backend -> framework version, instead of ``framework_version``'s."""
-        self.root = Path(root) if root is not None else default_cache_dir()
+        if root is not None and "\0" in os.fspath(root):  # every later os call would raise ValueError
+            raise ValueError(f"cache folder {os.fspath(root)!r} holds a NUL byte")
+        self.root = _absolute(root) if root is not None else default_cache_dir()
         self.persist = persist
         self._memory: dict[tuple, RuleEntry] = {}  # (backend, op, signature, implementation, pieces)
         self._pinned = dict(framework_versions or {})
         self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
-        self._skipped: set[Path] = set()  # entries whose path cannot be used, each warned of once
+        self._skipped: set[Path] = set()  # entries (or ops' folders) that cannot be used, each warned of once
         # Read at construction, not import, so a bump in a running test takes effect.
         self._folder = self.root / f"rules-v{rules.VERIFIER_VERSION}-s{rules.SCHEMA_VERSION}-c{FORMAT}"
 
     def _backend_folder(self, backend: str) -> str:
         if backend not in self._versions:
             version = self._pinned[backend] if backend in self._pinned else framework_version(backend)
-            self._versions[backend] = f"{backend}-{_UNSAFE.sub('_', version)}"
+            self._versions[backend] = f"{_stored_name(backend)}-{_UNSAFE.sub('_', version)}"
         return self._versions[backend]
 
     def path(self, backend: str, op: str, signature: str, implementation: str = "", pieces: int | None = None) -> Path:
@@ -157,6 +177,8 @@ class RuleCache:
         if not self.persist or implementation is None:
             return None
         path = self.path(backend, op, signature, implementation, pieces)
+        if path.parent in self._skipped:  # the op's folder cannot be used: warned of once
+            return None
         blocker = _not_a_file(path)
         if blocker:
             self._unusable_entry(backend, path, blocker)
@@ -184,7 +206,7 @@ class RuleCache:
         except RegistryError as e:  # its message names the file and line
             self._rewrite(str(e))
             return None
-        if (record.op, record.backend) != (_stored_name(op), backend):
+        if (record.op, record.backend) != (_stored_name(op), _stored_name(backend)):
             warnings.warn(f"rule cache: {path} holds {record.backend} {record.op}, not {backend} {op}; "
                           "exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
             return None
@@ -199,9 +221,9 @@ class RuleCache:
         # first: a failed write loses nothing
         self._memory[(backend, op, entry.signature, implementation, pieces)] = entry
         if self.persist and implementation is not None:
-            record: OpRecord = make_record(_stored_name(op), backend, [entry])
+            record: OpRecord = make_record(_stored_name(op), _stored_name(backend), [entry])
             path = self.path(backend, op, entry.signature, implementation, pieces)
-            if path in self._skipped:
+            if path in self._skipped or path.parent in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
             text = _seal(dump_record(record))
             try:
@@ -210,7 +232,12 @@ class RuleCache:
                 except FileNotFoundError:  # the folder removed after it was made (a cache cleared meanwhile)
                     write_text_atomic(path, text)
             except OSError as e:
-                self._unusable_entry(backend, path, f"{path}: cannot write: {e.strerror or e}")
+                if e.errno in _NO_ROOM:  # the folder's, not the entry's: every later write would fail alike
+                    self._memory_only(e)
+                    return
+                # mkdir's "File exists" where a folder on the way is a symlink loop: say what is there
+                problem = path_problem(path.parent, folder=True) or f"{path}: cannot write: {e.strerror or e}"
+                self._unusable_entry(backend, path, problem)
 
     def remember(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
                  pieces: int | None = None) -> None:
@@ -236,10 +263,13 @@ class RuleCache:
         if blocker:
             self._memory_only(OSError(blocker))
             return
-        if path not in self._skipped:
-            self._skipped.add(path)
-            warnings.warn(f"rule cache: cannot use the entry {path} ({problem}); its op is explored again and "
-                          "its rule kept in memory for this process", RuleCacheWarning, stacklevel=3)
+        # an op's folder that cannot be used blocks each of its entries: one warning for them all
+        where = path.parent if path_problem(path.parent, folder=True) else path
+        if where not in self._skipped:
+            self._skipped.add(where)
+            others = " (as are its other entries)" if where != path else ""
+            warnings.warn(f"rule cache: cannot use the entry {path} ({problem}){others}; its op is explored again "
+                          "and its rule kept in memory for this process", RuleCacheWarning, stacklevel=3)
 
     def _memory_only(self, error: OSError) -> None:
         """The folder cannot be used: say so once, and keep rules in memory from now on."""

@@ -302,3 +302,78 @@ def test_a_cache_folder_removed_while_an_entry_is_written_is_made_again(tmp_path
         cache.remember("torch", RELU, entry())
     assert removed and cache.persist
     assert RuleCache(tmp_path / "cache").get("torch", RELU, "self:f[*]") == entry()
+
+
+@pytest.mark.parametrize("given, where", [("~/rules", "{home}/rules"), ("rel/rules", "{cwd}/rel/rules")])
+def test_a_cache_folder_given_as_a_shell_would_read_it_is_fixed_at_once(tmp_path, monkeypatch, given, where):
+    """``~`` reaches the cache unexpanded from a Docker ENV or a systemd unit, and a relative
+    folder was looked up again on each access: a chdir split the cache in two."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    expected = Path(where.format(home=tmp_path / "home", cwd=tmp_path))
+    monkeypatch.setenv("METASPMD_CACHE_DIR", given)
+    assert default_cache_dir() == expected
+    cache = RuleCache(given)
+    assert cache.root == expected
+    monkeypatch.chdir(tmp_path / "home" if (tmp_path / "home").is_dir() else tmp_path.parent)
+    cache.remember("torch", RELU, entry())
+    assert RuleCache(expected).get("torch", RELU, "self:f[*]") == entry()
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("xdg", ["relative", "~/cache"])
+def test_a_relative_xdg_cache_home_is_ignored_as_the_spec_says(tmp_path, monkeypatch, xdg):
+    monkeypatch.delenv("METASPMD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert default_cache_dir() == tmp_path / ".cache" / "metaspmd"
+
+
+def test_a_cache_folder_with_a_nul_byte_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"cache folder .*bad\\x00name.* NUL byte"):
+        RuleCache("/tmp/bad\0name")
+
+
+@pytest.mark.parametrize("loop", ["root", "backend folder", "op folder"])
+def test_a_folder_in_a_symlink_loop_gives_one_warning_not_one_per_entry(tmp_path, loop):
+    root = tmp_path / "cache"
+    cache = RuleCache(root)
+    path = cache.path("torch", RELU, "self:f[*]")
+    target = {"root": root, "backend folder": path.parent.parent, "op folder": path.parent}[loop]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(target)  # a link to itself
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for sig in ("self:f[*]", "self:f[*,*]", "self:f[*,*,*]"):
+            assert cache.get("torch", RELU, sig) is None
+            cache.remember("torch", RELU, entry(sig))
+            assert cache.get("torch", RELU, sig) == entry(sig)  # kept in memory
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    assert len(ours) == 1, ours
+    assert "rewriting" not in ours[0] and "symbolic links" in ours[0] and "File exists" not in ours[0], ours
+
+
+@pytest.mark.parametrize("error", ["ENOSPC", "EDQUOT", "EFBIG"])
+def test_a_full_disk_turns_persistence_off_with_one_warning(tmp_path, monkeypatch, error):
+    import errno
+
+    def full(path, text):
+        raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), str(path))
+
+    monkeypatch.setattr(cache_module, "write_text_atomic", full)
+    cache = RuleCache(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for sig in ("self:f[*]", "self:f[*,*]", "self:f[*,*,*]"):
+            cache.remember("torch", RELU, entry(sig))
+    ours = [str(w.message) for w in caught if w.category is RuleCacheWarning]
+    assert len(ours) == 1 and "in memory" in ours[0] and os.strerror(getattr(errno, error)) in ours[0], ours
+    assert not cache.persist
+    assert all(cache.get("torch", RELU, sig) == entry(sig) for sig in ("self:f[*]", "self:f[*,*]", "self:f[*,*,*]"))
+
+
+def test_a_runtime_backend_whose_name_no_folder_may_have_is_cached_under_a_stand_in(tmp_path):
+    cache = RuleCache(tmp_path, framework_versions={"my fw/2": "1.0"})
+    cache.remember("my fw/2", RELU, entry())
+    assert RuleCache(tmp_path, framework_versions={"my fw/2": "1.0"}).get("my fw/2", RELU, "self:f[*]") == entry()
+    assert RuleCache(tmp_path, framework_versions={"my fw/3": "1.0"}).get("my fw/3", RELU, "self:f[*]") is None

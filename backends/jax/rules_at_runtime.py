@@ -18,6 +18,7 @@ from jax._src import core
 
 from metaspmd import spec
 from metaspmd.case import OpCase
+from metaspmd.fingerprint import code_fingerprint
 from metaspmd.ir import MetaOp
 from metaspmd.resolve import NodeCall
 from metaspmd.signature import signature
@@ -224,7 +225,19 @@ def node_call(captured: Captured, node: MetaOp, rules: RuleTable | None = None) 
                       bounds_checked=True, dropping=dropping_form(node.fn), in_range=clamped_positions(node.fn),
                       localize=localizer(node.fn), padding=padding_of(node.fn), exact_sizes=exact_sizes(prim, node.kwargs, first_shape(a)))
 
-    return NodeCall(sig, found, case, prepare=getattr(captured.values, "record", None))
+    return NodeCall(sig, found, case, prepare=getattr(captured.values, "record", None),
+                    implementation=_callback_code(captured.eqn(node.name).params))
+
+
+def _callback_code(params: dict[str, Any]) -> str | None:
+    """'' for a primitive that is JAX's own; for a host callback (``pure_callback`` and its
+    kin), a fingerprint of the user's Python function it runs, which is the op: two programs
+    whose callbacks differ only in that function share a signature, and must not share the
+    cache entry (None: code that cannot be read, cached in memory only)."""
+    callback = params.get("callback")
+    if callback is None:
+        return ""
+    return code_fingerprint([getattr(callback, "callback_func", callback)], frameworks=("jax", "jaxlib"))
 
 
 __all__ = ["OPAQUE", "Opaque", "boundary_rules", "node_call", "node_signature", "table", "without_literals"]

@@ -567,3 +567,30 @@ def test_rotary_embeddings_find_the_tables_rules(halves):
     assert {op for op, _ in calls} >= rotation | {"jax.mul", "jax.cos", "jax.sin"}
     missed = [f"{op} {call.signature}" for op, call in calls if not call.table_rules]
     assert not missed, missed
+
+
+def _times_three(a):
+    return np.asarray(a) * 3
+
+
+def _squared(a):
+    return np.asarray(a) ** 2
+
+
+def test_a_host_callbacks_rules_are_keyed_by_its_function_and_a_primitives_by_jaxs_version():
+    """Two programs whose pure_callback differ only in the Python function have one
+    signature: the cache served x*3's rules (S1 summed) to x**2. Each callback's entry is
+    keyed by its code, as a torch custom op's is; a function metaspmd cannot read (a numpy
+    ufunc) is cached in memory only, and JAX's own primitives by JAX's version alone."""
+    def program(callback):
+        def fn(x):
+            return jax.pure_callback(callback, jax.ShapeDtypeStruct(x.shape, x.dtype), jnp.sin(x))
+        c = capture(fn, (jnp.ones((4, 6)),), backward=False)
+        return {op.op: node_call(c, op, RuleTable({})) for op in c.ir.op_list}
+
+    three, squared, again, ufunc = (program(f) for f in (_times_three, _squared, _times_three, np.negative))
+    assert three["jax.pure_callback"].signature == squared["jax.pure_callback"].signature
+    keys = [p["jax.pure_callback"].implementation for p in (three, squared, again)]
+    assert keys[0] and keys[1] and keys[0] != keys[1] and keys[0] == keys[2], keys
+    assert ufunc["jax.pure_callback"].implementation is None
+    assert three["jax.sin"].implementation == ""
