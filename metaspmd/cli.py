@@ -672,12 +672,20 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 # could not run (a slow or loaded machine's time limit, a crash), as the sweep's 3 does.
 CROSSCHECK_EXIT = ("exit status: 0 done, 1 a rule of ours failed re-verification (or a jit run), 2 usage or "
                    "registry error, 3 no rule failed but some op's check could not run (it raised, ran past "
-                   "--timeout or killed its worker), so its rules were not checked")
+                   "--timeout or killed its worker), so its rules were not checked, 130 interrupted (Ctrl-C: "
+                   "the report covers the ops checked before it)")
 
 
 def crosscheck_status(failed: bool, unchecked: bool) -> int:
     """``CROSSCHECK_EXIT``'s status of a finished check."""
     return 1 if failed else 3 if unchecked else 0
+
+
+def interrupted(command: str, left: int) -> int:
+    """The status of a run stopped by Ctrl-C after reporting what it finished: ``left``
+    items got no result."""
+    print(f"{command}: interrupted; {left} op(s) not done, the report covers the others", file=sys.stderr)
+    return 128 + 2  # SIGINT
 
 
 CROSSCHECK_DOC = """Cross-check a backend's rules against its framework's own sharding rules.

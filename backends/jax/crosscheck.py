@@ -36,7 +36,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
-from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, path_arg, positive_int
+from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
@@ -665,23 +665,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.other_calls:
         return recheck_other_calls(backend, names, records, args.other_calls)
-    results, skipped = [], 0
-    for op in names:
-        try:
-            cases = backend.cases(op)
-        except (NoSample, Skip):
-            skipped += 1
-            continue
-        except Exception as e:  # noqa: BLE001 - counted and shown, the check goes on
-            op_results = [_failed_check(op, "(no case built)", e)]
-        else:
-            op_results = [_checked(op, case, ops, records, not args.no_reverify, n_devices) for case in cases]
-        for r in op_results:
-            results.append(r)
-            if not args.quiet or r.missed or r.reverify_failed or r.jit_failed or r.jit_errors or r.check_error:
-                print("\n".join(format_case(r)), flush=True)
+    results, skipped, done = [], 0, 0
+    try:
+        for op in names:
+            try:
+                cases = backend.cases(op)
+            except (NoSample, Skip):
+                skipped += 1
+                done += 1
+                continue
+            except Exception as e:  # noqa: BLE001 - counted and shown, the check goes on
+                op_results = [_failed_check(op, "(no case built)", e)]
+            else:
+                op_results = [_checked(op, case, ops, records, not args.no_reverify, n_devices) for case in cases]
+            for r in op_results:
+                results.append(r)
+                if not args.quiet or r.missed or r.reverify_failed or r.jit_failed or r.jit_errors or r.check_error:
+                    print("\n".join(format_case(r)), flush=True)
+            done += 1
+    except KeyboardInterrupt:  # Ctrl-C: the summary covers the ops checked so far (an op's cases all, or none)
+        results = [r for r in results if r.op in set(names[:done])]
     print()
     print("\n".join(summarize(results, skipped)))
+    if done < len(names):
+        print(f"interrupted: {len(names) - done} op(s) not checked; the counts above are of the {done} checked")
+        return interrupted("crosscheck", len(names) - done)
     return crosscheck_status(any(r.reverify_failed or r.jit_failed for r in results),
                              any(r.check_error for r in results))
 

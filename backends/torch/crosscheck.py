@@ -50,7 +50,9 @@ import torch
 
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
-from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, path_arg, positive_int, read_as_rules, seconds
+from metaspmd.cli import (
+    CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int, read_as_rules, seconds,
+)
 from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
@@ -485,6 +487,7 @@ class Report:
     results: list[OpResult]
     explored: list[str] = field(default_factory=list)  # ops explored now (no registry file)
     seconds: float = 0.0
+    not_checked: list[str] = field(default_factory=list)  # an interrupted run's ops that got no result
 
     def total(self, name: str) -> int:
         return sum(getattr(r, name) for r in self.results)
@@ -581,21 +584,27 @@ def run(ops: Sequence[str], records: dict[str, OpRecord], config: Config = Confi
         if progress:
             print(f"\r{len(results)}/{len(tasks)} {res.op[:60]:<60}", end="", file=sys.stderr, flush=True)
 
-    if jobs <= 1 and not timeout:
-        _init_worker(backend_options or {}, config.cache, quiet)
-        for op, task in tasks.items():
-            collect(*_check_one(op, *task))
-    else:  # a time limit needs a worker to kill; the sweep's pool keeps going past a dead one
-        pool_config = SweepConfig("torch", Path("."), jobs=max(1, jobs), timeout=timeout or NO_LIMIT,
-                                  backend_options=tuple((backend_options or {}).items()))
-        task = Task(f"{__name__}:check_in_worker", f"{__name__}:check_failed")
-        with WorkerPool(pool_config, task) as pool:
-            pool.start()
-            pool.run(list(tasks), lambda outcome: collect(*outcome.record), tasks)
+    try:
+        if jobs <= 1 and not timeout:
+            _init_worker(backend_options or {}, config.cache, quiet)
+            for op, task in tasks.items():
+                collect(*_check_one(op, *task))
+        else:  # a time limit needs a worker to kill; the sweep's pool keeps going past a dead one
+            pool_config = SweepConfig("torch", Path("."), jobs=max(1, jobs), timeout=timeout or NO_LIMIT,
+                                      backend_options=tuple((backend_options or {}).items()))
+            task = Task(f"{__name__}:check_in_worker", f"{__name__}:check_failed")
+            with WorkerPool(pool_config, task) as pool:
+                pool.start()
+                pool.run(list(tasks), lambda outcome: collect(*outcome.record), tasks)
+    except KeyboardInterrupt:  # Ctrl-C: the report covers the ops checked so far, and counts the rest
+        done = {r.op for r in results}
+        not_checked = [op for op in tasks if op not in done]
+    else:
+        not_checked = []
     if progress:
         print(file=sys.stderr)
     results.sort(key=lambda r: r.op)
-    return Report(config, results, sorted(explored), time.perf_counter() - start)
+    return Report(config, results, sorted(explored), time.perf_counter() - start, not_checked)
 
 
 # --------------------------------------------------------------------------- report
@@ -738,6 +747,9 @@ def _unchecked_and_notes(report: Report, limit: int) -> list[str]:
     notes = [(r.op, n) for r in report.results for n in r.notes if not n.startswith(CHECK_FAILS)]
     if notes:
         lines += ["", f"Notes ({len(notes)}):"] + [f"  {op}: {n}" for op, n in notes[:limit]]
+    if report.not_checked:
+        lines += ["", f"Interrupted: {len(report.not_checked)} op(s) not checked; the counts above are of the "
+                      f"{len(report.results)} checked"]
     return lines
 
 
@@ -748,6 +760,7 @@ def report_json(report: Report) -> str:
         "summary": report.summary(),
         "explored_now": report.explored,
         "ops": [asdict(r) for r in report.results],
+        **({"not_checked": report.not_checked} if report.not_checked else {}),
     }, indent=1, sort_keys=True)
 
 
@@ -850,6 +863,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_rechecks(report, args.limit) if config.other_calls else format_report(report, args.limit))
     if args.json:
         write_text_atomic(args.json, report_json(report) + "\n")  # a missing folder is made (as unwritable allows)
+    if report.not_checked:
+        return interrupted("crosscheck", len(report.not_checked))
     return crosscheck_status(bool(report.failures()), bool(report.unchecked_ops()))
 
 

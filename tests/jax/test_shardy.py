@@ -253,3 +253,24 @@ def test_a_case_whose_check_raises_is_shown_counted_and_fails_the_exit_status(mo
         assert "CHECK FAILED, nothing checked: RuntimeError: boom" in out
         assert "cases whose check FAILED, none of their rules checked: " in out and "(jax.neg)" in out
         assert "jax.exp  " in out  # the check went on to the next op
+
+
+@pytest.mark.slow  # builds the cases of two ops from the program index: 19 s
+def test_an_interrupted_check_summarizes_the_ops_it_checked(monkeypatch, capsys):
+    """Ctrl-C ended the run with one line: the summary of the ops checked before it was lost."""
+    from metaspmd.backends.jax import crosscheck
+
+    seen, real = [], crosscheck.check_case
+
+    def check(op, *args):
+        if seen and op != seen[0]:
+            raise KeyboardInterrupt
+        seen.append(op)
+        return real(op, *args)
+
+    monkeypatch.setattr(crosscheck, "check_case", check)
+    argv = ["--ops", "jax.neg,jax.exp", "--devices", "0", "--no-reverify", "--registry", str(ROOT / "registry")]
+    assert crosscheck.main(argv) == 130
+    out, err = capsys.readouterr()
+    assert "interrupted: 1 op(s) not checked; the counts above are of the 1 checked" in out, out
+    assert f"{seen[0]}  " in out and "interrupted; 1 op(s) not done" in err, err

@@ -571,6 +571,29 @@ def test_command_line_explores_missing_ops_and_sets_the_exit_status(tmp_path, mo
     assert crosscheck.main(["--partials", "median"]) == 2
 
 
+def test_an_interrupted_check_reports_the_ops_it_checked_and_counts_the_rest(tmp_path, monkeypatch, capsys):
+    """Ctrl-C an hour into a check printed one line: what it had checked was lost."""
+    checked = []
+
+    def check_one(op, record, explore, config):
+        if len(checked) == 2:
+            raise KeyboardInterrupt
+        checked.append(op)
+        return crosscheck.OpResult(op, "none", status="ok", examples=1), None
+
+    monkeypatch.setattr(crosscheck, "_check_one", check_one)
+    monkeypatch.setattr(crosscheck, "_init_worker", lambda *a: None)
+    out = tmp_path / "report.json"
+    ops = "aten.abs.default,aten.relu.default,aten.neg.default,aten.sin.default"
+    assert crosscheck.main(["--ops", ops, "--jobs", "1", "--timeout", "0", "--no-cache", "--json", str(out)]) == 130
+    text, err = capsys.readouterr()
+    assert "Interrupted: 2 op(s) not checked; the counts above are of the 2 checked" in text, text
+    assert "2 ops (" in text and "interrupted; 2 op(s) not done" in err, err
+    data = json.loads(out.read_text())
+    assert [r["op"] for r in data["ops"]] == sorted(checked) and len(data["not_checked"]) == 2, data
+    assert not set(data["not_checked"]) & set(checked)
+
+
 def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     assert crosscheck.main(["--partials", "median"]) == 2
     assert "--partials takes sum, avg, max, min, got 'median'" in capsys.readouterr().err
