@@ -225,7 +225,12 @@ class RuleCache:
             path = self.path(backend, op, entry.signature, implementation, pieces)
             if path in self._skipped or path.parent in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
-            text = _seal(dump_record(record))
+            try:
+                text = _seal(dump_record(record))
+            except ValueError as e:  # text no rule file may hold (a control character in a string argument)
+                warnings.warn(f"rule cache: cannot store an entry of {op}: {e}; its rule is kept in memory for "
+                              "this process", RuleCacheWarning, stacklevel=2)
+                return
             try:
                 try:
                     write_text_atomic(path, text)

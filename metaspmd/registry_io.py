@@ -29,20 +29,56 @@ from .rules import (
 from .signature import example_disagreement, signature_error
 from .spec import (
     ArgReduce, CombineSpec, DimLabel, Gather, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec,
-    OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, label_number,
+    OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, combine_order, label_number,
 )
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _OP_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")  # \Z: "$" lets a final newline through
 _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
 }
+
+
+class _Loader(_SafeLoader):
+    """The safe loader, reading a plain scalar as one of the standard types only: one that
+    looks like a timestamp, a merge key (``<<``) or a value key (``=``) is that text, so a
+    tag that is not standard is one the file spells out, with ``!`` (``_MAY_HIDE``)."""
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag in _STANDARD_TAGS]
+                               for first, resolvers in _SafeLoader.yaml_implicit_resolvers.items()}
+
+
+# What only ``_Reader.checked``'s walk of the nodes finds: a tag (spelt with '!') and a
+# control character a double-quoted escape makes ('\\'); YAML refuses raw control
+# characters itself, but CR and NEL, which it reads as line breaks. A file with none of
+# these (nearly every file) skips the walk: a tenth of the load.
+_MAY_HIDE = re.compile("[!\\\\\r\x85]")
 _NESTING = "values nest too deeply for a registry file"
-# The dtype names torch and jax give (float32, uint4, float8_e4m3fn, float4_e2m1fn_x2,
-# complex32, quint4x2, bits16, jax's key<fry>): the core imports neither to ask them.
-# the dtype names torch, numpy and ml_dtypes (JAX's) give, by their widths: float99 is a typo
-_DTYPE_RE = re.compile(r"(bool|bfloat16|bcomplex32|u?int([1-8]|16|32|64)|float(4|6|8|16|32|64)(_[a-z0-9_]+)?|complex(32|64|128)"
-                       r"|q(u)?int(8|32|4x2|2x4)|bits(8|16|1x8|2x4|4x2)|key<[a-z0-9_]+>)\Z")
+# The dtype names torch, numpy and ml_dtypes (JAX's) give (float32, uint4, float8_e4m3fn,
+# float4_e2m1fn_x2, complex32, quint4x2, bits16, jax's key<fry>): the core imports none of
+# them to ask. float99 and float32_typo are typos; the small floats are named one by one.
+_SMALL_FLOATS = ("float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                 "float8_e5m2fnuz", "float8_e5m3fnu", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+                 "float4_e2m1fn_x2")
+_DTYPE_RE = re.compile(r"(bool|bfloat16|bcomplex32|u?int([1-8]|16|32|64)|float(16|32|64|128)|complex(32|64|128|256)"
+                       r"|q(u)?int(8|32|4x2|2x4)|bits(8|16|1x8|2x4|4x2)|key<[a-z0-9_]+>|"
+                       + "|".join(_SMALL_FLOATS) + r")\Z")
+# What a registry string may not hold: C0 controls but tab and newline, DEL, C1 (NEL among
+# them), which would reach a terminal from a reason or a note (an escape sequence, a bell),
+# and lone surrogates, which no UTF-8 file holds. The writer refuses them too (dump_record).
+_BAD_CHARACTER = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _bad_character(c: str) -> str:
+    return f"{'lone surrogate' if 0xD800 <= ord(c) <= 0xDFFF else 'control character'} U+{ord(c):04X}"
+
+
+def escape_unwritable(text: str) -> str:
+    """``text`` with each character a registry file may not hold written as Python escapes
+    it (``\x1b``): for text from elsewhere (an op's error message) that a record keeps."""
+    return _BAD_CHARACTER.sub(lambda m: m[0].encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
 # Collections nested deeper than this are refused before composing: libyaml's composer
 # recurses in C, so a file nested some 30,000 deep overflows the C stack (a segfault, not
 # an error). The reader's own recursion stops values about 500 deep already.
@@ -119,7 +155,35 @@ def _entry_data(e: RuleEntry) -> dict:
     return data
 
 
+def _texts(v: Any) -> Iterable[str]:
+    """The strings of an example value."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, tuple):
+        for x in v:
+            yield from _texts(x)
+
+
+def _refuse_unwritable(record: OpRecord) -> None:
+    """ValueError naming the op and the field of text its reader would refuse or change:
+    a control character (YAML writes NEL raw, to be read back as a space) or a lone
+    surrogate (written as an escape no reader decodes)."""
+    fields = [("reason", record.reason)]
+    for e in record.entries:
+        at = f"entry {e.signature!r},"
+        fields += [(f"{at} signature", e.signature), (f"{at} reason", e.reason)]
+        fields += [(f"{at} note", n) for n in e.notes]
+        fields += [(f"{at} example argument {name!r}", t) for name, v in e.example.args for t in (name, *_texts(v))]
+    for field, text in fields:
+        bad = _BAD_CHARACTER.search(text)
+        if bad:
+            raise ValueError(f"{record.backend}/{record.op}: cannot write the {field}: {_bad_character(bad[0])} in "
+                             f"{reprlib.repr(text)}, which a registry file may not hold (its reader refuses it)")
+
+
 def dump_record(record: OpRecord) -> str:
+    """The text of ``record``'s file; ValueError for text a registry file may not hold."""
+    _refuse_unwritable(record)
     data: dict[str, Any] = {"schema": SCHEMA_VERSION, "op": record.op, "backend": record.backend, "status": record.status}
     if record.reason:
         data["reason"] = record.reason
@@ -216,18 +280,38 @@ def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
 class _Reader:
     """Turns composed YAML nodes into model objects, failing with file:line."""
 
-    def __init__(self, filename: str, folder: str | None = None):
+    def __init__(self, filename: str, folder: str | None = None, text: str = ""):
         self.filename = filename
         self.folder = folder  # the backend folder the file lies in, when known
+        self.text = text  # for line numbers (see line_at)
 
     def fail(self, node: yaml.Node | None, message: str):
-        line = node.start_mark.line + 1 if node is not None else 1
+        line = line_at(self.text, node.start_mark.index) if node is not None else 1
         raise RegistryError(f"{self.filename}:{line}: {message}")
 
+    def checked(self, root: yaml.Node) -> yaml.Node:
+        """``root``, every node of which has a standard tag and every scalar text without
+        control characters: one walk, so that no field's reader can forget either (a tag on
+        an example or a combine was read as the plain value it tags). Iterative: a document
+        nests up to MAX_NESTING deep."""
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node.tag not in _STANDARD_TAGS:
+                self.fail(node, f"tag {node.tag!r} is not allowed in a registry file")
+            if isinstance(node, yaml.ScalarNode):
+                bad = _BAD_CHARACTER.search(node.value)
+                if bad:
+                    self.fail(node, f"{_bad_character(bad[0])} in {reprlib.repr(node.value)}: not allowed in a "
+                                    "registry file")
+            elif isinstance(node, yaml.SequenceNode):
+                stack.extend(reversed(node.value))
+            else:
+                stack.extend(n for pair in reversed(node.value) for n in reversed(pair))
+        return root
+
     def value(self, node: yaml.Node) -> Any:
-        """Plain Python value of a node, refusing non-standard tags."""
-        if node.tag not in _STANDARD_TAGS:
-            self.fail(node, f"tag {node.tag!r} is not allowed in a registry file")
+        """Plain Python value of a node (its tag checked already)."""
         if isinstance(node, yaml.ScalarNode):
             try:
                 return _construct(node)
@@ -254,12 +338,12 @@ class _Reader:
         return key
 
     def scalar_key(self, node: yaml.Node) -> str:
-        if not isinstance(node, yaml.ScalarNode) or node.tag not in _STANDARD_TAGS:
+        if not isinstance(node, yaml.ScalarNode):
             self.fail(node, "mapping keys must be plain strings")
         return str(node.value)
 
     def mapping(self, node: yaml.Node, required: tuple[str, ...], optional: tuple[str, ...], what: str) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode) or node.tag not in _STANDARD_TAGS:
+        if not isinstance(node, yaml.MappingNode):
             self.fail(node, f"{what} must be a mapping")
         fields: dict[str, yaml.Node] = {}
         for k, v in node.value:
@@ -279,7 +363,7 @@ class _Reader:
         return v
 
     def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode) or node.tag not in _STANDARD_TAGS:
+        if not isinstance(node, yaml.SequenceNode):
             self.fail(node, f"{what} must be a list")
         return node.value
 
@@ -329,7 +413,7 @@ class _Reader:
             if e.signature in first_line:
                 self.fail(node, f"entry {e.signature!r} repeats the signature of the entry at line "
                                 f"{first_line[e.signature]}")
-            first_line[e.signature] = node.start_mark.line + 1
+            first_line[e.signature] = line_at(self.text, node.start_mark.index)
         for k in range(1, len(entries)):
             if entries[k].signature < entries[k - 1].signature:
                 self.fail(nodes[k], f"entries must be sorted by signature: {entries[k].signature!r} comes after "
@@ -389,8 +473,26 @@ class _Reader:
             self.fail(f["combine"], f"combine has {n_out.pop()} outputs but results lists {len(results)}")
         for fields, layer in zip(tables, layers):
             self.output_dims(fields["combine"], layer.combine, results)
+        self.strategies_of(f["status"], status, tables, layers)
         return RuleEntry(signature, status, shard, first.partial, combine, example, verified, reason, notes, results,
                          independent, first.offset, more)
+
+    def strategies_of(self, node: yaml.Node, status: str, tables: list[dict[str, yaml.Node]],
+                      layers: Sequence[Layer]) -> None:
+        """Strategies as the explorer writes them: some under ``ok`` (where none holds, the
+        entry is ``replicate-only``; ``derived`` may have none, a factory replicated by rule),
+        and no two placing the inputs alike (a rule diff keys strategies by their inputs:
+        the second would read as the first changed)."""
+        if status == "ok" and not any(layer.labels() for layer in layers):
+            self.fail(node, "entry status 'ok' with no strategy: an entry no strategy holds for is 'replicate-only'")
+        if len(layers) == 1 and len(layers[0].labels() - {d.label for dims in layers[0].shard.inputs for d in dims}) < 2:
+            return  # in one layer a dim holds one label, so only two labels that cut no dim may place alike
+        seen: dict[tuple, str] = {}
+        for fields, layer in zip(tables, layers):
+            for s in layer.strategies():
+                if s.inputs in seen:
+                    self.fail(fields["shard"], f"{s.label} places the inputs as {seen[s.inputs]} does")
+                seen[s.inputs] = s.label
 
     def cut_lengths(self, node: yaml.Node, shard: ShardSpec, tensors: Sequence[TensorArg]) -> None:
         """The dims one label cuts plainly (not in proportion, not re-based) are of one length:
@@ -526,14 +628,23 @@ class _Reader:
                 label_number(label)
             except SpecError as e:
                 self.fail(k, str(e))
-            if isinstance(v, yaml.SequenceNode):
-                mapping[label] = tuple(self.parsed(x, OutputCombine.parse, f"combine of {label}") for x in v.value)
-            else:
-                mapping[label] = (self.parsed(v, OutputCombine.parse, f"combine of {label}"),)
+            outs = v.value if isinstance(v, yaml.SequenceNode) else (v,)
+            mapping[label] = tuple(self.alternatives(x, label) for x in outs)
         try:
             return CombineSpec.of(mapping)
         except SpecError as e:
             self.fail(node, str(e))
+
+    def alternatives(self, node: yaml.Node, label: str) -> OutputCombine:
+        """One output's combines, in the writer's order (OutputCombine.of): the same
+        alternatives in another order would read as another rule to a diff."""
+        out = self.parsed(node, OutputCombine.parse, f"combine of {label}")
+        options = out.options
+        for k in range(1, len(options)):
+            if combine_order(options[k]) < combine_order(options[k - 1]):
+                self.fail(node, f"combine of {label}: alternatives must be sorted: {str(options[k])!r} comes after "
+                                f"{str(options[k - 1])!r} (write {str(OutputCombine.of(options))!r})")
+        return out
 
     def example(self, node: yaml.Node) -> Example:
         if not isinstance(node, yaml.MappingNode):
@@ -615,6 +726,15 @@ def _count_tensors(v: Any) -> int:
     return len(_tensors(v))
 
 
+def line_at(text: str | bytes, offset: int) -> int:
+    """The line of ``text`` (or of its UTF-8 bytes) that ``offset`` lies on, as an editor
+    and grep -n number them: libyaml's marks count NEL, U+2028 and U+2029 as line breaks
+    too, so a reason holding one would put every later error a line off."""
+    nl, cr = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
+    # \r\n is one break, a lone \r one (as libyaml and editors read an old Mac file)
+    return text.count(nl, 0, offset) + text.count(cr, 0, offset) - text.count(cr + nl, 0, offset) + 1
+
+
 def _may_nest_deeply(text: str) -> bool:
     """Could ``text`` nest collections more than MAX_NESTING deep? Every collection on a path
     opens with an indicator of its own (``[``, ``{``, ``-``, ``:``, ``?``), so a text with
@@ -634,7 +754,7 @@ def _refuse_events(text: str, filename: str) -> None:
         return
     depth = 0
     for event in yaml.parse(text, Loader=_Loader):
-        line = event.start_mark.line + 1
+        line = line_at(text, event.start_mark.index)
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_NESTING:
@@ -652,26 +772,25 @@ def _refuse_events(text: str, filename: str) -> None:
 def loads_record(text: str, filename: str = "<string>", backend: str | None = None) -> OpRecord:
     """``backend``: the backend folder the file lies in, if any; a rule of another backend is
     refused at its ``backend:`` line."""
-    reader = _Reader(filename, backend)
+    reader = _Reader(filename, backend, text)
     try:
         _refuse_events(text, filename)
         root = yaml.compose(text, Loader=_Loader)
     except yaml.reader.ReaderError as e:  # a character YAML refuses: named by its offset, not a line
         code = ord(e.character) if isinstance(e.character, str) else e.character
         # libyaml counts the offset in UTF-8 bytes, PyYAML's own reader in characters
-        before = text.encode("utf-8")[:e.position] if _Loader is not yaml.SafeLoader else text[:e.position]
-        line = before.count(b"\n" if isinstance(before, bytes) else "\n") + 1
+        line = line_at(text.encode("utf-8") if _SafeLoader is not yaml.SafeLoader else text, e.position)
         raise RegistryError(f"{filename}:{line}: not valid YAML: character U+{code:04X}: {e.reason}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
+        line = line_at(text, mark.index) if mark is not None else 1
         raise RegistryError(f"{filename}:{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
     except RecursionError:  # PyYAML's pure-Python composer, where libyaml is missing
         raise RegistryError(f"{filename}:1: {_NESTING}") from None
     if root is None:
         raise RegistryError(f"{filename}:1: empty file")
     try:
-        return reader.record(root)
+        return reader.record(reader.checked(root) if _MAY_HIDE.search(text) else root)
     except RecursionError:  # the reader names the line of a too-deep value; this is a last resort
         raise RegistryError(f"{filename}:1: {_NESTING}") from None
     except SpecError as e:  # likewise: the reader names the line of a spec it builds
@@ -726,9 +845,17 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
         raise RegistryError(path_problem(root, folder=True) or f"{root}: no such registry folder")
     if not root.is_dir():
         raise RegistryError(f"{root}: not a folder (expected a registry root holding <backend>/<op>.yaml)")
-    if next(root.glob("*.yaml"), None) is not None:
+    files = sorted(p for p in root.iterdir() if not p.is_dir())
+    backends = [p for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None]
+    if not backends and any(p.suffix == ".yaml" and usable_name(p.stem) for p in files):
         raise RegistryError(f"{root}: holds rule files itself, so it is a backend folder, not a registry root "
                             f"(pass {root.parent} instead)")
+    # a file beside the backend folders, refused as in a git revision's tree (rule_diff's
+    # _check_tree): a misnamed rule file, then any other (.yamllint.yaml too)
+    refuse_misnamed(str(p) for p in files)
+    stray = next((p for p in files if p.suffix.lower() in (".yaml", ".yml")), None)
+    if stray is not None:
+        raise RegistryError(f"{stray}: a rule file outside a backend folder (<backend>/<op>.yaml)")
     if backend is not None and (root / backend).exists() and not (root / backend).is_dir():
         raise RegistryError(f"{root / backend}: not a folder (expected the folder of {backend}'s rule files, "
                             f"{backend}/<op>.yaml)")

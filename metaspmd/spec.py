@@ -463,8 +463,8 @@ class PartialIn:
     @classmethod
     def parse(cls, text: str) -> "PartialIn":
         m = _PARTIAL_RE.match(text) if isinstance(text, str) else None
-        if not m:
-            raise SpecError(f"bad partial input {text!r} (expected S<j>(op))")
+        if not m or m[2] not in PARTIAL_OPS:  # the Partial states the explorer searches, and writes
+            raise SpecError(f"bad partial input {text!r} (expected S<j>(op), op one of {', '.join(PARTIAL_OPS)})")
         return cls(m[1], m[2])
 
 

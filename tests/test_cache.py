@@ -377,3 +377,15 @@ def test_a_runtime_backend_whose_name_no_folder_may_have_is_cached_under_a_stand
     cache.remember("my fw/2", RELU, entry())
     assert RuleCache(tmp_path, framework_versions={"my fw/2": "1.0"}).get("my fw/2", RELU, "self:f[*]") == entry()
     assert RuleCache(tmp_path, framework_versions={"my fw/3": "1.0"}).get("my fw/3", RELU, "self:f[*]") is None
+
+
+def test_an_entry_no_rule_file_may_hold_is_kept_in_memory_with_a_warning(tmp_path):
+    """A string argument with a control character: the writer refuses it, which reached
+    the caller of parallelize as a ValueError."""
+    odd = dataclasses.replace(entry("self:f[*] sep='\\x1b'"),
+                              example=Example((("self", TensorArg((8,), "float32")), ("sep", "\x1b"))))
+    cache = RuleCache(tmp_path)
+    with pytest.warns(RuleCacheWarning, match="cannot store an entry of aten.relu.default.*U\\+001B"):
+        cache.remember("torch", RELU, odd)
+    assert cache.get("torch", RELU, odd.signature) == odd
+    assert not list(tmp_path.rglob("*.yaml"))

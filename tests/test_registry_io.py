@@ -255,7 +255,7 @@ def test_schema_must_be_the_integer_not_a_value_equal_to_it(schema):
 
 
 @pytest.mark.parametrize("table,line", [
-    ("  partial: [[S4(sum), S4(max)], []]", "partial input 0 lists S4 twice"),
+    ("  partial: [[S4(sum), S4(prod)], []]", "partial input 0 lists S4 twice"),
     ("  offset: [[], [S1, S1(drop)]]", "offset input 1 lists S1 twice"),
 ])
 def test_one_label_twice_on_one_input_is_refused(table, line):

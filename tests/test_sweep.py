@@ -560,3 +560,18 @@ def test_an_op_runs_in_the_process_state_its_worker_had_before_it(tmp_path, monk
     assert random.getstate() == py_state
     assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
                for a, b in zip(np.random.get_state(), np_state))
+
+
+def test_text_no_rule_file_may_hold_is_escaped_in_a_reason_and_fails_its_op_elsewhere(tmp_path, monkeypatch):
+    """An error message in colour, or a record with a bell in it, stopped the whole sweep
+    once the writer refused control characters: the first is written escaped, the second
+    is its op's failure, and the sweep goes on."""
+    monkeypatch.setenv("FAKE_COLOUR", "1")
+    monkeypatch.setenv("FAKE_UNWRITABLE", "fake.add")
+    report = sweep(tmp_path, patterns=("fake.escape", "fake.add", "fake.matmul"))
+    by_op = {r.op: r for r in report.results}
+    escape = load_record(record_path(tmp_path, "fake", "fake.escape"))
+    assert escape.reason == "RuntimeError: \\x1b[31mexplorer bug\\x1b[0m at 0x… in explorer.py", escape.reason
+    add = load_record(record_path(tmp_path, "fake", "fake.add"))
+    assert add.status == "failed" and "control character U+0007" in add.reason and "\\x07" in add.reason, add.reason
+    assert by_op["fake.matmul"].status == "ok"

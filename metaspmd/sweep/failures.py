@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 
+from ..registry_io import escape_unwritable
 from ..rules import OpRecord
 
 _PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.+@~-]+){2,}")
@@ -14,9 +15,10 @@ MAX_REASON = 300
 
 def clean_reason(text: str, limit: int = MAX_REASON) -> str:
     """First line, without machine paths or memory addresses, so records stay
-    byte-identical across machines and runs; at most ``limit`` characters."""
+    byte-identical across machines and runs, and control characters escaped (an op's
+    message in colour); at most ``limit`` characters."""
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
-    line = lines[0].strip() if lines else ""
+    line = escape_unwritable(lines[0].strip()) if lines else ""
     line = _PATH_RE.sub(lambda m: re.split(r"[\\/]", m.group(0))[-1], line)
     line = _ADDRESS_RE.sub("0x…", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"

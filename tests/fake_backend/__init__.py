@@ -7,6 +7,7 @@ it must be importable from the tests folder.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -187,9 +188,15 @@ def get_backend(fail: str = "", prepare_seconds: str = "0", slow: str = "") -> F
 
 
 def explore_op(backend, op):
-    """The real explorer, except that 'fake.escape' raises out of it (an explorer bug)."""
+    """The real explorer, except that 'fake.escape' raises out of it (an explorer bug), in
+    colour where FAKE_COLOUR is set, and the op FAKE_UNWRITABLE names gets a reason with a
+    bell in it, which no rule file may hold."""
     if op == "fake.escape":
-        raise RuntimeError("explorer bug at 0x7f3a2b1c9d40 in /opt/somewhere/explorer.py\nsecond line")
+        colour = ("\x1b[31m", "\x1b[0m") if os.environ.get("FAKE_COLOUR") else ("", "")
+        raise RuntimeError(f"{colour[0]}explorer bug{colour[1]} at 0x7f3a2b1c9d40 in /opt/somewhere/explorer.py\n"
+                           "second line")
+    if op == os.environ.get("FAKE_UNWRITABLE"):
+        return dataclasses.replace(_explore_op(backend, op), reason="rings a bell \a")
     if op == "fake.many":  # its calls counted first (the sweep's worker reports them), then the work
         backend.cases(op)
         end = time.process_time() + float(os.environ.get("FAKE_MANY_S", "0"))
