@@ -276,9 +276,14 @@ def _interrupted(e: KeyboardInterrupt) -> int:
 
 def _reproducible_environment(command: str) -> None:
     """The command's environment as its workers' (``reproducible.for_command``): the
-    variables a user set that would change its results are left out, and named."""
+    variables a user set that would change its results are left out, or set to the
+    workers' values, and named."""
     from metaspmd import reproducible
 
+    overridden = reproducible.overridden()
+    if overridden:
+        print(f"{command}: setting {', '.join(overridden)} for its workers (set otherwise in the environment): the "
+              "results must not depend on the machine", file=sys.stderr)
     dropped = reproducible.for_command()
     if dropped:
         print(f"{command}: leaving out {', '.join(dropped)} (set in the environment): the results must not depend "

@@ -205,12 +205,17 @@ def record_path(root: str | os.PathLike, backend: str, op: str) -> Path:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file.
-    The file gets the mode a plain ``open(path, "w")`` would give it (0666 less the umask),
-    not mkstemp's 0600, which would hide it from a group or a CI user reading the checkout."""
+    The file gets the mode a plain ``open(path, "w")`` would give it (an existing file's
+    own; else 0666 less the umask), not mkstemp's 0600, which would hide it from a group or
+    a CI user reading the checkout."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # nothing there yet (or a link to nothing, which the rename replaces)
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -264,9 +269,17 @@ def path_problem(path: str | os.PathLike, folder: bool) -> str:
 
 
 def write_record(root: str | os.PathLike, record: OpRecord) -> Path:
+    """Write ``record``'s file, unless it holds those bytes already: a sweep that changes
+    nothing leaves every file as it was, its time stamp too."""
     path = record_path(root, record.backend, record.op)
+    text = dump_record(record)
     try:
-        write_text_atomic(path, dump_record(record))
+        if path.read_bytes() == text.encode("utf-8"):
+            return path
+    except OSError:  # nothing there yet; anything else, the write below names
+        pass
+    try:
+        write_text_atomic(path, text)
     except OSError as e:  # a full disk names no file: say which one was being written
         if e.filename is None:
             e.filename = str(path)

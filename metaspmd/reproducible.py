@@ -118,6 +118,12 @@ def child_env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in dropped}, **ENV}
 
 
+def overridden(environ: dict[str, str] | os._Environ = os.environ) -> list[str]:
+    """The variables of ``environ`` that ``ENV`` sets to another value than they have
+    (``ATEN_CPU_CAPABILITY=default``; an empty value is none), as ``NAME=value`` of ``ENV``."""
+    return [f"{k}={v}" for k, v in sorted(ENV.items()) if environ.get(k, "") not in ("", v)]
+
+
 def for_command() -> list[str]:
     """This process's environment as its workers' will be, but for the hash seed, which
     only a process's start sets: for a command that lists ops and builds indexes itself,
@@ -129,4 +135,6 @@ def for_command() -> list[str]:
     return names
 
 
-__all__ = ["ENV", "UNSET", "child_env", "for_command", "for_children", "in_effect", "started_under", "unset_names"]
+__all__ = [
+    "ENV", "UNSET", "child_env", "for_command", "for_children", "in_effect", "overridden", "started_under", "unset_names",
+]

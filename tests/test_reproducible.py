@@ -142,6 +142,21 @@ def test_for_command_leaves_them_out_of_a_commands_own_environment_and_names_the
     assert not reproducible.unset_names() and all(os.environ[k] == v for k, v in reproducible.ENV.items())
 
 
+def test_values_of_their_own_for_the_variables_it_sets_are_named(monkeypatch, capsys):
+    """ATEN_CPU_CAPABILITY=default was replaced by avx2 unsaid, while a dropped variable was named."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("MKL_CBWR", reproducible.ENV["MKL_CBWR"])
+    assert reproducible.overridden() == ["ATEN_CPU_CAPABILITY=avx2"]
+    for k in reproducible.ENV:
+        monkeypatch.setenv(k, os.environ.get(k, ""))  # restored after the test
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    from metaspmd import cli
+
+    cli._reproducible_environment("sweep")
+    assert "sweep: setting ATEN_CPU_CAPABILITY=avx2 for its workers" in capsys.readouterr().err
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
 @pytest.mark.slow  # a sweep in a process of its own
 def test_a_sweep_under_a_users_opinfo_setting_gives_the_committed_files():
     """With PYTORCH_OPINFO_SAMPLE_INPUT_INDEX=0 inherited, the workers replayed sample 0

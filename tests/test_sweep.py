@@ -195,6 +195,23 @@ def test_files_are_byte_identical_across_jobs_and_runs(tmp_path, swept):
     assert files(one) == files(two) == files(again)
 
 
+def test_a_sweep_leaves_unchanged_files_as_they_were_and_keeps_a_changed_files_mode(tmp_path, swept):
+    """Every file was rewritten: its time stamp moved and its mode became 0666 less the
+    umask (a 0444 file writable, a 0664 one 0644), whatever it was."""
+    shutil.copytree(swept, tmp_path / "reg")
+    folder = tmp_path / "reg" / "fake"
+    add, matmul = folder / "fake.add.yaml", folder / "fake.matmul.yaml"
+    add.write_text(add.read_text().replace("gather(dim=0)", "gather(dim=1)"))
+    add.chmod(0o664)
+    matmul.chmod(0o444)
+    os.utime(matmul, ns=(10**18, 10**18))
+    before = files(tmp_path / "reg")
+    sweep(tmp_path / "reg", jobs=1, patterns=("fake.add", "fake.matmul"))
+    assert files(tmp_path / "reg")["fake.add.yaml"] == files(swept)["fake.add.yaml"] != before["fake.add.yaml"]
+    assert (add.stat().st_mode & 0o777, matmul.stat().st_mode & 0o777) == (0o664, 0o444)
+    assert matmul.stat().st_mtime_ns == 10**18
+
+
 @pytest.mark.slow  # the CLI in four subprocess sweeps; CI's own --check runs the same path on the registry
 def test_check_reports_changes_and_writes_nothing(tmp_path):
     assert cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS)).returncode == 0
