@@ -272,7 +272,7 @@ class RuleCache:
         where = path.parent if path_problem(path.parent, folder=True) else path
         if where not in self._skipped:
             self._skipped.add(where)
-            others = " (as are its other entries)" if where != path else ""
+            others = ", nor its op's other entries" if where != path else ""
             warnings.warn(f"rule cache: cannot use the entry {path} ({problem}){others}; its op is explored again "
                           "and its rule kept in memory for this process", RuleCacheWarning, stacklevel=3)
 

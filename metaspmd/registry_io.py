@@ -75,7 +75,7 @@ def _bad_character(c: str) -> str:
 
 def escape_unwritable(text: str) -> str:
     """``text`` with each character a registry file may not hold written as Python escapes
-    it (``\x1b``): for text from elsewhere (an op's error message) that a record keeps."""
+    it (``\\x1b``): for text from elsewhere (an op's error message) that a record keeps."""
     return _BAD_CHARACTER.sub(lambda m: m[0].encode("unicode_escape", "backslashreplace").decode("ascii"), text)
 
 

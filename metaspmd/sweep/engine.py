@@ -47,7 +47,6 @@ class SweepReport:
     check: bool = False
     not_swept: tuple[str, ...] = ()  # an interrupted sweep's ops that got no result
 
-
     def counts(self) -> Counter:
         return Counter(r.status for r in self.results)
 
