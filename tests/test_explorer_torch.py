@@ -809,6 +809,7 @@ def test_fills_pass_a_partial_input_as_replicated(torch_backend):
     assert explore_case(torch_backend.cases("aten.uniform_.default")[0], OPS).partial.is_empty()
 
 
+@pytest.mark.slow  # a whole exploration of the op, verification included: 9 s
 def test_integer_operands_named_other_than_self_are_data(torch_backend):
     """addmv's mat is an operand, not an index: on integers it is refilled and tried
     Partial like self, so self and mat Partial together give a Partial output."""

@@ -35,6 +35,7 @@ def test_dot_general_matmul_gives_the_mm_rule(backend, ops):
     assert ("P(sum)", "R") in [s[0] for s in _strategies(entry).values()]
 
 
+@pytest.mark.slow  # a whole exploration of the op, verification included: 8 s
 def test_a_plain_cut_the_sample_shows_nothing_about_is_verified_on_lengthened_data(backend, ops):
     # the mask program's operands repeat along dims 0 and 1 (halves alike), and eq of blind
     # random floats is all False: the plain cuts are verified with those dims lengthened
@@ -109,6 +110,7 @@ SELECT_AND_SCATTER_ADD = ("source:i[1,*,*] operand:i[*,*,*] padding=[[0,0],[0,0]
                           "window_dimensions=[2,2,2] window_strides=[1,1,1]")
 
 
+@pytest.mark.slow  # a whole exploration of the op, verification included: 6 s
 def test_a_window_operand_is_cut_in_proportion_to_its_source(backend, ops):
     # windows of 2 at stride 2: the operand [8, 6] is cut at twice the source [4, 3]'s
     # boundaries, so every window and its source element share a shard
@@ -140,6 +142,7 @@ def test_a_scatter_mul_takes_its_operand_as_partial_prod(backend, ops):
     assert not any(s[1] == ("reduce(sum)",) and s[0][0] == "P(sum)" and s[0][2] != "R" for s in strategies)
 
 
+@pytest.mark.slow  # a whole exploration of the op, verification included: 6 s
 def test_a_gather_that_clamps_positions_runs_its_dropping_form_on_shards(backend, ops):
     # x[idx] binds PROMISE_IN_BOUNDS, which XLA clamps like CLIP: a shard's positions past its
     # edge would read the edge. Clamped first, then offset, the FILL_OR_DROP form reads zero
@@ -168,6 +171,7 @@ def test_an_update_slice_drops_what_falls_outside_a_shard(backend, ops):
     assert (("S(1)", "R", "R", "O(drop)"), ("gather(dim=1)",)) in strategies
 
 
+@pytest.mark.slow  # a whole exploration of the op, verification included: 7 s
 def test_a_slice_of_a_cut_dim_runs_on_each_shard_with_its_own_bounds(backend, ops):
     # slice [1:2] of 3 rows: the shard holding row 1 keeps it, the others keep nothing; the
     # uneven local outputs concatenate to the slice (Shardy's permutation factor)

@@ -117,7 +117,7 @@ def assert_collectives_follow_the_plan(par, x):
 
 
 @needs_devices
-@pytest.mark.parametrize("budget", [None, 200_000])
+@pytest.mark.parametrize("budget", [None, pytest.param(200_000, marks=pytest.mark.slow)])  # budgeted: 5 s, slow job
 def test_mlp_matches_single_device(mesh, cache, budget):
     params, x = mlp_params(), jax.random.normal(jax.random.key(1), (8, 64), jnp.float32)
     par = run_planned(mlp, params, x, mesh, cache, memory_budget=budget)

@@ -309,6 +309,7 @@ def test_a_custom_op_keeps_its_namespace_and_is_cut_where_its_rows_are_independe
     assert isinstance(cut, planner.Shard) and cut.dim in (0, 1), p.plan.table()
 
 
+@pytest.mark.slow  # a sweep in worker processes, then a plan: 8 s; the table hit itself is the same lookup as any op's
 def test_a_custom_op_swept_offline_is_a_table_hit(fake_world, tmp_path):
     """``tools/sweep.py --kernels`` sweeps a module's custom ops into a registry of one's
     own, on the calls the module gives; the table generated from it, once added, serves

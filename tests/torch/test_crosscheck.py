@@ -585,7 +585,8 @@ def test_an_interrupted_check_reports_the_ops_it_checked_and_counts_the_rest(tmp
     monkeypatch.setattr(crosscheck, "_init_worker", lambda *a: None)
     out = tmp_path / "report.json"
     ops = "aten.abs.default,aten.relu.default,aten.neg.default,aten.sin.default"
-    assert crosscheck.main(["--ops", ops, "--jobs", "1", "--timeout", "0", "--no-cache", "--json", str(out)]) == 130
+    argv = ["--ops", ops, "--registry", str(tmp_path), "--jobs", "1", "--timeout", "0", "--no-cache", "--json", str(out)]
+    assert crosscheck.main(argv) == 130  # (a registry of no file: the ops are read from the catalog)
     text, err = capsys.readouterr()
     assert "Interrupted: 2 op(s) not checked; the counts above are of the 2 checked" in text, text
     assert "2 ops (" in text and "interrupted; 2 op(s) not done" in err, err

@@ -119,6 +119,7 @@ def test_a_kernels_module_without_kernels_is_named(tmp_path):
         get_backend(kernels=str(empty))
 
 
+@pytest.mark.slow  # the sweep command in a subprocess that builds TVM kernels: 7 s
 def test_sweep_with_kernels_writes_the_user_kernel_to_its_own_file(tmp_path):
     cmd = [sys.executable, str(ROOT / "tools" / "sweep.py"), "--backend", "tvm", "--kernels", str(USER_KERNELS),
            "--ops", "tvm.scale_rows", "--out", str(tmp_path), "--jobs", "1", "--no-progress"]
