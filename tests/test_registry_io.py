@@ -22,26 +22,9 @@ from metaspmd.spec import CombineSpec, OffsetSpec, PartialSpec, ShardSpec
 np = pytest.importorskip("numpy")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_backend.numpy_ops import NumpyOps  # noqa: E402
+from registry_samples import MM  # noqa: E402
 
 X = np.zeros((3, 1, 4), dtype=np.float32)
-
-MM = """\
-schema: 1
-op: aten.mm.default
-backend: torch
-status: ok
-entries:
-- signature: self:f[*,*] mat2:f[*,*]
-  status: ok
-  shard: [[S1, S2], [S2, S3]]
-  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}
-  example:
-    self: {shape: [6, 4], dtype: float64}
-    mat2: {shape: [4, 5], dtype: float64}
-  verified: {trials: 3, shard_counts: [2, 3], uneven: true}
-  results:
-  - {shape: [6, 5], dtype: float64}
-"""
 
 
 def entry(**kw):

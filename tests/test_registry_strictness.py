@@ -4,6 +4,8 @@ control characters, text the writer could not read back, line numbers past a Uni
 break, misnamed files beside the backend folders, unknown dtypes and Partial kinds."""
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,23 +14,8 @@ from metaspmd.registry_io import RegistryError, dump_record, load_registry, load
 from metaspmd.rules import Example
 from metaspmd.spec import PartialIn, SpecError
 
-MM = """\
-schema: 1
-op: aten.mm.default
-backend: torch
-status: ok
-entries:
-- signature: self:f[*,*] mat2:f[*,*]
-  status: ok
-  shard: [[S1, S2], [S2, S3]]
-  combine: {S1: gather(dim=0), S2: reduce(sum), S3: gather(dim=1)}
-  example:
-    self: {shape: [6, 4], dtype: float64}
-    mat2: {shape: [4, 5], dtype: float64}
-  verified: {trials: 3, shard_counts: [2, 3], uneven: true}
-  results:
-  - {shape: [6, 5], dtype: float64}
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_samples import MM  # noqa: E402
 
 
 def refused(text: str, line: int, message: str) -> None:
