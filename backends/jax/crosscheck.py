@@ -684,7 +684,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print("\n".join(format_case(r)), flush=True)
             done += 1
     except KeyboardInterrupt:  # Ctrl-C: the summary covers the ops checked so far (an op's cases all, or none)
-        results = [r for r in results if r.op in set(names[:done])]
+        checked = set(names[:done])
+        results = [r for r in results if r.op in checked]
     print()
     print("\n".join(summarize(results, skipped)))
     if done < len(names):
