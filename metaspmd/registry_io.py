@@ -421,12 +421,12 @@ class _Reader:
         if not entries and status in VERIFIED:
             self.fail(f["status"], f"status {status!r} with no entries: a verified rule is an entry")
         # at the entry at fault, naming the signatures (a file holds dozens of entries)
-        first_line: dict[str, int] = {}
+        first: dict[str, yaml.Node] = {}
         for node, e in zip(nodes, entries):
-            if e.signature in first_line:
+            if e.signature in first:  # (its line counted here only: a count per entry costs a scan of the text)
                 self.fail(node, f"entry {e.signature!r} repeats the signature of the entry at line "
-                                f"{first_line[e.signature]}")
-            first_line[e.signature] = line_at(self.text, node.start_mark.index)
+                                f"{line_at(self.text, first[e.signature].start_mark.index)}")
+            first[e.signature] = node
         for k in range(1, len(entries)):
             if entries[k].signature < entries[k - 1].signature:
                 self.fail(nodes[k], f"entries must be sorted by signature: {entries[k].signature!r} comes after "
@@ -498,8 +498,13 @@ class _Reader:
         the second would read as the first changed)."""
         if status == "ok" and not any(layer.labels() for layer in layers):
             self.fail(node, "entry status 'ok' with no strategy: an entry no strategy holds for is 'replicate-only'")
-        if len(layers) == 1 and len(layers[0].labels() - {d.label for dims in layers[0].shard.inputs for d in dims}) < 2:
-            return  # in one layer a dim holds one label, so only two labels that cut no dim may place alike
+        if len(layers) == 1:  # a dim holds one label: only labels that cut no dim (Partial ones) may place alike
+            layer = layers[0]
+            cutting = {d.label for dims in layer.shard.inputs for d in dims}
+            uncut = tuple(kv for kv in layer.combine.by_label if kv[0] not in cutting)
+            if len(uncut) < 2:
+                return
+            layers = [Layer(layer.shard, layer.partial, CombineSpec(uncut), layer.offset)]
         seen: dict[tuple, str] = {}
         for fields, layer in zip(tables, layers):
             for s in layer.strategies():
