@@ -300,7 +300,7 @@ def test_interrupt_leaves_only_complete_files_and_reports_what_it_finished(tmp_p
     )
     folder = tmp_path / "fake"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 13:  # all but fake.hang
+    while time.monotonic() < deadline and len(list(folder.glob("*.yaml"))) < 14:  # all but fake.hang
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
@@ -326,7 +326,7 @@ def test_sigterm_stops_the_sweep_and_its_hung_worker(tmp_path, stops_growing):
     )
     folder = tmp_path / "fake"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (len(list(folder.glob("*.yaml"))) < 13 or not beats.exists()):
+    while time.monotonic() < deadline and (len(list(folder.glob("*.yaml"))) < 14 or not beats.exists()):
         time.sleep(0.1)
     assert beats.exists(), "fake.hang never ran"
     proc.terminate()
