@@ -164,7 +164,7 @@ def _texts(v: Any) -> Iterable[str]:
             yield from _texts(x)
 
 
-def _refuse_unwritable(record: OpRecord) -> None:
+def refuse_unwritable(record: OpRecord) -> None:
     """ValueError naming the op and the field of text its reader would refuse or change:
     a control character (YAML writes NEL raw, to be read back as a space) or a lone
     surrogate (written as an escape no reader decodes)."""
@@ -183,7 +183,7 @@ def _refuse_unwritable(record: OpRecord) -> None:
 
 def dump_record(record: OpRecord) -> str:
     """The text of ``record``'s file; ValueError for text a registry file may not hold."""
-    _refuse_unwritable(record)
+    refuse_unwritable(record)
     data: dict[str, Any] = {"schema": SCHEMA_VERSION, "op": record.op, "backend": record.backend, "status": record.status}
     if record.reason:
         data["reason"] = record.reason

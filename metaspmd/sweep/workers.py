@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import reproducible
 from ..case import OutOfMemory
-from ..registry_io import dump_record
+from ..registry_io import refuse_unwritable
 from ..rules import OpRecord
 from .config import (
     CASES_PER_TIMEOUT, SweepConfig, SweepError, backend_module, limit_units, load_backend, resolve_callable,
@@ -226,7 +226,7 @@ def _worker_main(conn, module: str, options: tuple, explorer: str, show_output: 
                 got = f"{record.backend}/{record.op}" if isinstance(record, OpRecord) else type(record).__name__
                 record = failed_record(name, op, f"explorer returned {got} instead of a record of {name}/{op}")
             elif failed is None:
-                dump_record(record)  # text no rule file may hold (a control character) is the op's failure, here
+                refuse_unwritable(record)  # text no rule file may hold (a control character) is the op's failure, here
         except OutOfMemory as exc:  # the machine's limit: the parent retries it, then keeps its file
             conn.send(("out of memory", op, f"out of memory: {exc}", time.perf_counter() - start))
             continue
