@@ -42,7 +42,8 @@ class ResolveStats:
     derived: int = 0
     neighbour: int = 0
     live_seconds: list[float] = field(default_factory=list)
-    unexplorable: dict[str, str] = field(default_factory=dict)  # node -> reason
+    unexplorable: dict[str, str] = field(default_factory=dict)  # node -> why it has no rule (failed, timed out)
+    replicate_only: dict[str, str] = field(default_factory=dict)  # node -> why no cut holds (explored, verified)
 
     def __str__(self) -> str:
         # derived and neighbour entries come from the cache or live exploration, either one
@@ -50,6 +51,7 @@ class ResolveStats:
         rest += [f"{self.neighbour} a neighbouring signature's rules, verified"] if self.neighbour else []
         return (f"{self.table} nodes from the table, {self.cache} from the cache, {self.live} explored live"
                 + (f" (of the {self.cache + self.live} not from the table: {', '.join(rest)})" if rest else "")
+                + (f", {len(self.replicate_only)} replicated (no cut holds)" if self.replicate_only else "")
                 + (f", {len(self.unexplorable)} replicated (no rule)" if self.unexplorable else ""))
 
 
@@ -181,7 +183,9 @@ def resolve(
             stats.neighbour += 1
         out[node.name] = tuple(entry.all_strategies())
         if not out[node.name] and entry.status != "derived":  # derived with no strategy: a factory, replicated by rule
-            stats.unexplorable[node.name] = entry.reason or entry.status
+            # replicate-only is a verified answer (tril of a square mask); failed is none
+            held = stats.replicate_only if entry.status == "replicate-only" else stats.unexplorable
+            held[node.name] = entry.reason or entry.status
     return out, stats
 
 

@@ -91,3 +91,26 @@ def test_calls_of_one_signature_split_into_other_numbers_of_pieces_have_entries_
         assert (stats.live, stats.cache) == (live, cached), run
         assert strategies["four"] and {len(s.outputs) for s in strategies["four"]} == {4}
         assert strategies["six"] and {len(s.outputs) for s in strategies["six"]} == {6}
+
+
+def tril_exp(a):
+    return np.tril(np.exp(a))  # nonlinear: no Partial input either
+
+
+def broken(a):
+    raise RuntimeError("this kernel is broken")
+
+
+def test_stats_tell_a_verified_replicate_only_node_from_one_with_no_rule(tmp_path):
+    """A square matrix's lower triangle (of its exponential) holds no cut (explored: a verified answer, said as
+    such), an op that raises on every call has no rule at all: the stats name them apart."""
+    m, lower, out = MetaVar("m", (5, 5)), MetaVar("lower", (5, 5)), MetaVar("out", (5, 5))
+    ir = MetaIR((m,), (MetaOp("tril", "tril", (m,), {}, (lower,)),
+                       MetaOp("broken", "broken", (lower,), {}, (out,))), (out,))
+    calls = {"tril": NodeCall("m:f[*,*]", None, lambda: OpCase("tril", tril_exp, values((5, 5)), {}, ("m",))),
+             "broken": NodeCall("a:f[*,*]", None, lambda: OpCase("broken", broken, values((5, 5)), {}, ("a",)))}
+    with pytest.warns(UserWarning):  # the broken op's failure is said when it is explored
+        strategies, stats = resolve(ir, lambda node: calls[node.name], NumpyOps(), "numpy", RuleCache(tmp_path))
+    assert strategies["tril"] == () and strategies["broken"] == ()
+    assert list(stats.replicate_only) == ["tril"] and list(stats.unexplorable) == ["broken"], stats
+    assert "1 replicated (no cut holds), 1 replicated (no rule)" in str(stats)
