@@ -231,9 +231,28 @@ class Captured:
         """A loop carry's placement entering and leaving the body: one placement; a scanned-
         over value's placement and the one its slices are taken from: one placement."""
         pairs = [pair for e in self.regions for pair in e.region.carries]
-        pairs += [(b.inputs[0], b.outputs[1]) for e in self.regions for b in e.region.enter
-                  if b.prim is BOUNDARY[SCAN_SLICE]]
+        pairs += [(b.inputs[0], b.outputs[1]) for b in self._scan_slices]
         return pairs
+
+    @cached_property
+    def whole_dims(self) -> dict[str, frozenset[int]]:
+        """Scanned-over value -> the dims of it no plan cuts: a loop reads its slices from
+        the value where it lies (``same_placement``) and never cuts the dim it iterates over
+        (the leading one), nor, where a slice is scanned over again by an inner scan, the
+        inner scan's (one further in)."""
+        sliced: dict[str, list[str]] = {}
+        for b in self._scan_slices:
+            sliced.setdefault(b.inputs[0], []).append(b.outputs[0])
+
+        def whole(value: str) -> frozenset[int]:
+            inner = (whole(s) for s in sliced[value] if s in sliced)
+            return frozenset({0}).union(*(frozenset(d + 1 for d in dims) for dims in inner))
+
+        return {value: whole(value) for value in sliced}
+
+    @property
+    def _scan_slices(self) -> list[FlatEqn]:
+        return [b for e in self.regions for b in e.region.enter if b.prim is BOUNDARY[SCAN_SLICE]]
 
     def eqn(self, name: str) -> FlatEqn:
         return self._by_name[name]

@@ -25,6 +25,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
 from metaspmd.resolve import ResolveStats
+from metaspmd.placement import placements_str
 from metaspmd.runtime import named_constraints, refuse_named_inputs
 from metaspmd.spec import Reduce, ShardIn, Strategy
 from metaspmd.table import RuleTable
@@ -34,7 +35,7 @@ from .capture import Captured, capture, check_capture_options, leaf_names, read_
 from .catalog import PREFIX
 from .rules_at_runtime import node_call, without_literals
 from .shared_plan import one_plan
-from .shardings import constraint_placements, named_sharding, placements_of
+from .shardings import constraint_placements, named_sharding, partition_spec, placements_of
 from .tensor_ops import JaxOps
 
 # Calls explored live at once: most of an exploration is XLA compiles, which release the
@@ -381,10 +382,14 @@ class JaxRuntime:
             sharding = e.params.get("sharding") if e.prim.name == "sharding_constraint" else None
             if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == tuple(self.mesh.axis_names):
                 pinned[e.outputs[0]] = placements_of(self.mesh, sharding)
+        annotated = {var: f"with_sharding_constraint on {e.inputs[0]}" for var, e in
+                     ((e.outputs[0], e) for e in captured.eqns) if var in pinned}
         names = {n: n for n in captured.input_names}
         checked = {key: constraint_placements(self.mesh, key, value, getattr(captured.avals.get(key), "ndim", None))
                    for key, value in given.items()}
         pinned.update(named_constraints(names, captured.ir, checked, tuple, tuple(self.mesh.shape.values())))
+        for var, p in pinned.items():
+            _refuse_cutting_a_scanned_dim(captured, self.mesh, var, p, annotated.get(var, f"constraint on {var!r}"))
         return pinned
 
     def one_plan(self, solve, key: str = ""):
@@ -394,6 +399,26 @@ class JaxRuntime:
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: Mesh) -> Parallelized:
         return Parallelized(captured, plan, stats, self.mesh, self.params,
                             caller_mesh=None if self.caller_mesh is self.mesh else self.caller_mesh)
+
+
+def _refuse_cutting_a_scanned_dim(captured: Captured, mesh: Mesh, var: str, p: planner.Placements, what: str) -> None:
+    """ValueError, before planning, for a pinned value that a scan reads in place with a
+    dim it never cuts cut (or Partial): no plan could give it, and the ILP would only say
+    that no assignment meets its ties."""
+    whole = captured.whole_dims.get(var)
+    if whole is None:
+        return
+    cut = sorted({x.dim for x in p if isinstance(x, planner.Shard)} & whole)
+    partial = any(isinstance(x, planner.Partial) for x in p)
+    if cut or partial:
+        shape = captured.avals[var].shape
+        given = partition_spec(p, mesh.axis_names, len(shape)) or f"[{placements_str(p)}]"
+        held = f"cuts dim {cut[0]} of shape {shape}, the dim" if cut else "holds Partial sums of a value"
+        axis = next(a for a, x in zip(mesh.axis_names, p) if not isinstance(x, planner.Replicate))
+        other = f"P({', '.join(['None'] * (max(whole) + 1))}, {axis!r})"
+        raise ValueError(f"{what}: {given} {held} a lax.scan iterates over: a scan reads its slices from the "
+                         f"stacked value where it lies, so dims {sorted(whole)} stay whole on every device; cut "
+                         f"another dim (as {other}) or leave the value to the planner")
 
 
 def check_table(table: Any) -> None:

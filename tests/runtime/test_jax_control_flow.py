@@ -163,6 +163,42 @@ def test_scan_capture_plans_the_body_once_with_its_boundaries():
     assert {producers[b].name: a for b, a in tied.items()} == {op.name: op.input_vars[0].name for op in slices}
 
 
+def nested_scan_mlp(params, x):
+    """Layers in groups: an outer scan over [G, L, ...] stacks, an inner one over each group."""
+    return lax.scan(lambda h, group: (scan_mlp(group, h), None), x, params)[0]
+
+
+def test_whole_dims_are_those_the_scans_iterate_over_nested_ones_included():
+    params = stacked_mlp_params()
+    x = jnp.ones((8, 64), jnp.float32)
+    c = capture(scan_mlp, (x,), params=params)
+    assert c.whole_dims["params.w1"] == c.whole_dims["params.w2"] == {0}
+    grouped = jax.tree.map(lambda a: a.reshape(2, 2, *a.shape[1:]), params)
+    c = capture(nested_scan_mlp, (x,), params=grouped)
+    assert c.whole_dims["params.w1"] == c.whole_dims["params.w2"] == {0, 1}
+
+
+@needs_devices
+@pytest.mark.parametrize("how", ["constraints", "with_sharding_constraint"])
+def test_a_stacked_value_pinned_along_its_scanned_dim_is_refused_before_planning(mesh, cache, how):
+    """A scan reads its slices from the stack where it lies and never cuts the dim it
+    iterates over: a pin there has no plan, said at once with the value and the dim (the
+    ILP said only that no assignment met the memory budget and ties, with no budget)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    params = stacked_mlp_params()
+    x = jnp.ones((8, 64), jnp.float32)
+    fn, given = scan_mlp, {"params.w1": P("tp")}
+    if how == "with_sharding_constraint":
+        def fn(p, x):
+            return scan_mlp(dict(p, w1=lax.with_sharding_constraint(p["w1"], NamedSharding(mesh, P("tp")))), x)
+        given = {}
+    with pytest.raises(ValueError, match=r"params\.w1'?: P\('tp', None, None\) cuts dim 0 of shape \(4, 64, 256\), "
+                                          r"the dim a lax\.scan iterates over.* cut another dim \(as P\(None, 'tp'\)\)"):
+        parallelize(fn, mesh, (x,), params=params, cache=cache, constraints=given)
+
+
 def test_boundary_rules_keep_the_iteration_dim_whole():
     labels = lambda rules: {(r.inputs[0].dim, r.outputs[0].first.dim) for r in rules}  # noqa: E731
     assert labels(boundary_rules("scan_slice", [3])) == {(1, 0), (2, 1)}
