@@ -337,7 +337,9 @@ def _solve(mip, model, p: ChoiceProblem, unary, links, time_limit: float, warm_s
     left = share * time_limit - (time.perf_counter() - (start if started is None else started))
     status = model.optimize(max_seconds=_solver_seconds(max(left, min(5.0, share * time_limit), 0.1)))
     if status == mip.OptimizationStatus.INFEASIBLE:
-        raise Infeasible("no assignment meets the memory budget and ties")
+        held = "the memory budget and " if p.memory_budget is not None else ""
+        raise Infeasible(f"no assignment meets {held}the ties (values that must share one placement, as a loop's "
+                         f"carry entering and leaving its body) under the placements pinned")
     if model.num_solutions == 0:
         return None
     assignment = tuple(0 if vs is None else int(np.argmax([var.x for var in vs])) for vs in b.x)

@@ -59,6 +59,16 @@ def test_warm_start_is_accepted_and_kept_when_optimal(make_problem, brute_force)
     assert got.cost == pytest.approx(want)
 
 
+def test_ties_no_assignment_meets_are_reported_without_blaming_a_budget():
+    """Two nodes tied to one placement that share none (a stacked value pinned where its
+    loop cannot read it): the ILP says the ties, and names no budget where none was given."""
+    nodes = (ChoiceNode("pinned", ("S(0)",), np.zeros(1), np.zeros(1)),
+             ChoiceNode("view", ("S(1)", "R"), np.zeros(2), np.zeros(2)))
+    tie = Tie((TieMember(0, ("S(0)",)), TieMember(1, ("S(1)", "R"))))
+    with pytest.raises(Infeasible, match=r"^no assignment meets the ties \(values that must share one placement"):
+        solve_ilp(ChoiceProblem(nodes, (), (tie,)))
+
+
 def test_an_infeasible_budget_is_reported():
     nodes = tuple(ChoiceNode(f"n{i}", ("a", "b"), np.zeros(2), np.array([5.0, 6.0])) for i in range(3))
     p = ChoiceProblem(nodes, (), (), memory_budget=14.0)
