@@ -24,8 +24,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from metaspmd import planner, runtime
 from metaspmd.cache import RuleCache
-from metaspmd.resolve import ResolveStats
 from metaspmd.placement import placements_str
+from metaspmd.resolve import ResolveStats
 from metaspmd.runtime import named_constraints, refuse_named_inputs
 from metaspmd.spec import Reduce, ShardIn, Strategy
 from metaspmd.table import RuleTable
@@ -377,13 +377,12 @@ class JaxRuntime:
         """Keys: an input leaf's name (``"params.w1"``, ``"in0"``) or a graph var; values:
         PartitionSpec, NamedSharding or placements. The function's own
         ``with_sharding_constraint`` calls pin their outputs too."""
-        pinned = {}
+        pinned, annotated = {}, {}
         for e in captured.eqns:
             sharding = e.params.get("sharding") if e.prim.name == "sharding_constraint" else None
             if isinstance(sharding, NamedSharding) and tuple(sharding.mesh.axis_names) == tuple(self.mesh.axis_names):
                 pinned[e.outputs[0]] = placements_of(self.mesh, sharding)
-        annotated = {var: f"with_sharding_constraint on {e.inputs[0]}" for var, e in
-                     ((e.outputs[0], e) for e in captured.eqns) if var in pinned}
+                annotated[e.outputs[0]] = f"with_sharding_constraint on {e.inputs[0]}"
         names = {n: n for n in captured.input_names}
         checked = {key: constraint_placements(self.mesh, key, value, getattr(captured.avals.get(key), "ndim", None))
                    for key, value in given.items()}
@@ -402,9 +401,9 @@ class JaxRuntime:
 
 
 def _refuse_cutting_a_scanned_dim(captured: Captured, mesh: Mesh, var: str, p: planner.Placements, what: str) -> None:
-    """ValueError, before planning, for a pinned value that a scan reads in place with a
-    dim it never cuts cut (or Partial): no plan could give it, and the ILP would only say
-    that no assignment meets its ties."""
+    """ValueError, before planning, for a value a scan reads in place that is pinned cut
+    along a dim the scan iterates over (or Partial): no plan gives it, and the ILP would
+    only say that no assignment meets its ties."""
     whole = captured.whole_dims.get(var)
     if whole is None:
         return
