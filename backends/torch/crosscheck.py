@@ -65,8 +65,9 @@ from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
 from . import catalog
 from .crosscheck_dtensor import (
     DTENSOR_PARTIALS, PARTIAL_RE, QUERIED, SHARD_RE, AnswerCache, DTensorQuery, Key, QueryConfig,
-    answer_for, canonical_names, default_cache_folder, dtensor_support, rewrites_shape_args,
+    answer_for, canonical_names, default_cache_folder, dtensor_support,
 )
+from .dtensor import rewrites_shape_args
 from .crosscheck_notation import (
     NO_EXAMPLES, RULE_STATUSES, OurRule, fmt_rule, input_key, our_rules, output_key, parse_input, parse_output,
 )

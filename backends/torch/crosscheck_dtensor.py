@@ -102,16 +102,6 @@ def dtensor_support(func: torch._ops.OpOverload) -> str:
     return "none"
 
 
-def rewrites_shape_args(func: torch._ops.OpOverload) -> bool:
-    """Does DTensor rewrite the op's size arguments to local sizes before running a shard
-    (views, factories, upsample backward, squeeze)? Replaying its rules then needs that too."""
-    from torch.distributed.tensor import DTensor
-
-    prop = DTensor._op_dispatcher.sharding_propagator
-    return (func in prop.op_to_shape_and_stride_idx or func in prop.op_to_scalar_shape_adjuster
-            or func in prop.squeeze_op_to_dims_variant)
-
-
 _MESHES: dict[int, Any] = {}
 
 
@@ -516,5 +506,5 @@ def answer_for(query: DTensorQuery, config: QueryConfig, cache: AnswerCache, op:
 __all__ = [
     "AnswerCache", "BOOL_PARTIALS", "DTENSOR_PARTIALS", "DTensorAnswer", "DTensorQuery", "Key", "NORM2", "PARTIAL_RE",
     "QUERIED", "QueryConfig", "SHARD_RE", "STRIDED_SHARD_RE", "answer_for", "canonical_names", "default_cache_folder",
-    "dtensor_answer", "dtensor_support", "placement", "rewrites_shape_args", "single_dim_candidates",
+    "dtensor_answer", "dtensor_support", "placement", "single_dim_candidates",
 ]

@@ -56,4 +56,13 @@ def dtensor_has_rule(op: torch._ops.OpOverload, handlers: bool = True) -> bool:
     return rule or (handlers and op in DTensor._op_dispatcher._custom_op_handlers)
 
 
-__all__ = ["dtensor_has_rule", "from_dtensor", "to_dtensor", "to_dtensor_placements"]
+def rewrites_shape_args(func: torch._ops.OpOverload) -> bool:
+    """Does DTensor rewrite the op's size arguments to each rank's local sizes before it
+    runs a shard (views, factories, upsample backward, group norm's N, squeeze)? A call
+    replayed from the global arguments is then not the call a rank makes."""
+    p = DTensor._op_dispatcher.sharding_propagator
+    return (func in p.op_to_shape_and_stride_idx or func in p.op_to_scalar_shape_adjuster
+            or func in p.squeeze_op_to_dims_variant)
+
+
+__all__ = ["dtensor_has_rule", "from_dtensor", "rewrites_shape_args", "to_dtensor", "to_dtensor_placements"]

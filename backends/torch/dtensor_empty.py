@@ -44,8 +44,8 @@ def local_shapes(spec) -> tuple[tuple[int, ...], ...] | None:
 def _local_shapes(mesh_shape: tuple, placements: tuple, whole: tuple) -> tuple[tuple[int, ...], ...] | None:
     from torch.distributed.tensor import Shard
 
-    if any(p.is_shard() and type(p) is not Shard for p in placements):
-        return None  # _StridedShard's cut is not chunk's
+    if any(type(p) is not Shard and not (p.is_replicate() or p.is_partial()) for p in placements):
+        return None  # _StridedShard's cut is not chunk's (nor, in torch 2.13, a Shard at all)
     shapes = []
     for coordinate in itertools.product(*(range(n) for n in mesh_shape)):
         shape = list(whole)
@@ -78,10 +78,15 @@ def _emptied_at_some_rank(mesh_shape: tuple, placements: tuple, whole: tuple) ->
 def kernel_refuses(op: torch._ops.OpOverload, strategy, op_schema) -> bool:
     """Whether ``op``'s kernel refuses what ``strategy`` (an OpSpec) gives a rank that it
     leaves an empty shard. The kernel runs on random data of the rank's shapes (integers
-    zero), at most one rank's inputs at a time. Only ATen ops are tried (a user's op, or a
-    collective, could wait on the other ranks), and not the random ones: a draw would move
-    the generator the call's own draws come from."""
+    zero), at most one rank's inputs at a time, with the sizes DTensor restates from the
+    output's local shape (a view's, an upsample backward's input size) restated alike.
+    Only ATen ops are tried (a user's op, or a collective, could wait on the other ranks),
+    and not the random ones: a draw would move the generator the call's own draws come
+    from; nor those whose other arguments DTensor restates per rank (group norm's N,
+    squeeze's dims), which take empty shards."""
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    from .dtensor import rewrites_shape_args  # (DTensor's modules load on first use, not with register)
 
     specs = list(strategy.input_specs or ())
     if not any(_emptied_somewhere(s) for s in specs):
@@ -89,25 +94,54 @@ def kernel_refuses(op: torch._ops.OpOverload, strategy, op_schema) -> bool:
     per_spec = [local_shapes(s) for s in specs]
     if any(shapes is None for shapes in per_spec):
         return False
-    emptied = {ranks for ranks in zip(*per_spec)
-               if any(_emptied(shape, s.tensor_meta.shape) for shape, s in zip(ranks, specs))}
     if op_name(op) in _KILL_THE_PROCESS:
-        return True
+        return any(_emptied(shape, s.tensor_meta.shape) for ranks in zip(*per_spec) for shape, s in zip(ranks, specs))
     call = (list(op_schema.args_schema), dict(op_schema.kwargs_schema))
-    if op.namespace != "aten" or tagged_random(op) \
+    sized = _restated_size(op)
+    if op.namespace != "aten" or tagged_random(op) or (rewrites_shape_args(op) and sized is None) \
             or sum(isinstance(x, DTensorSpec) for x in tree_leaves(call)) != len(specs):
         return False  # (a strategy not placing the call's tensors one to one is not read here)
+    outputs = [None] * len(per_spec[0]) if sized is None else _output_shapes(op, call, specs, strategy)
+    if outputs is None:
+        return False
+    emptied = {(ranks, out) for ranks, out in zip(zip(*per_spec), outputs)
+               if any(_emptied(shape, s.tensor_meta.shape) for shape, s in zip(ranks, specs))}
     plain = repr(tree_map(lambda x: "T" if isinstance(x, DTensorSpec) else x, call))
     dtypes = tuple(s.tensor_meta.dtype for s in specs)
-    for shapes in sorted(emptied):
-        key = (op, shapes, dtypes, plain)
+    for shapes, out in sorted(emptied):
+        key = (op, shapes, out, dtypes, plain)
         if len(_TRIED) > 4096:  # (calls of ever new shapes, dynamic ones, would grow it without end)
             _TRIED.clear()
         if key not in _TRIED:
-            _TRIED[key] = _raises(op, call, shapes, specs)
+            rank_call = call if out is None else ([*call[0][:sized], list(out), *call[0][sized + 1:]], call[1])
+            _TRIED[key] = _raises(op, rank_call, shapes, specs)
         if _TRIED[key]:
             return True
     return False
+
+
+def _restated_size(op: torch._ops.OpOverload) -> int | None:
+    """The position of the size argument DTensor restates from the output's local shape
+    (``view``'s sizes, ``new_zeros``' size, an upsample backward's input size), or None."""
+    from torch.distributed.tensor import DTensor
+
+    at = DTensor._op_dispatcher.sharding_propagator.op_to_shape_and_stride_idx.get(op)
+    return at if isinstance(at, int) else None  # (new_empty_strided's stride too: a factory, untried)
+
+
+def _output_shapes(op, call, specs, strategy) -> tuple[tuple[int, ...], ...] | None:
+    """Each rank's shape of the op's output under ``strategy``, from its whole shape (the
+    call run on meta tensors); None where the output's cut is not plain Shard's."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    out = strategy.output_specs
+    if not isinstance(out, DTensorSpec):
+        return None
+    with _disable_current_modes():
+        made = iter([torch.empty(s.tensor_meta.shape, dtype=s.tensor_meta.dtype, device="meta") for s in specs])
+        args, kwargs = tree_map(lambda x: next(made) if isinstance(x, DTensorSpec) else x, call)
+        whole = tuple(op(*args, **kwargs).shape)
+    return _local_shapes(tuple(out.mesh.shape), tuple(out.placements), whole)
 
 
 def _raises(op, call, shapes, specs) -> bool:
