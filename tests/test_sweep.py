@@ -18,7 +18,8 @@ import pytest
 
 from metaspmd.registry_io import load_record, record_path
 from metaspmd.sweep import (
-    SweepConfig, SweepError, clean_reason, describe_exit, format_summary, run_sweep, select_ops, split_patterns,
+    SweepConfig, SweepError, clean_reason, describe_exit, format_summary, nearest_ops, run_sweep, select_ops,
+    split_patterns,
 )
 from metaspmd.sweep.workers import WORKER_THREADS
 
@@ -84,6 +85,7 @@ def test_select_ops_globs():
     assert select_ops(ops, split_patterns(["*mm*", "aten.add.out"])) == ["aten.add.out", "aten.bmm.default", "aten.mm.default"]
     assert select_ops(ops, ()) == sorted(ops)
     assert select_ops(ops, ["nothing*"]) == []
+    assert nearest_ops(ops, ["aten.add.Tensr", "aten.mm*"]) == ["aten.add.Tensor"]  # a glob that matches: no hint
 
 
 def test_failure_reasons_carry_no_paths_or_addresses():
@@ -284,6 +286,9 @@ def test_usage_errors_exit_2(tmp_path):
     assert unknown.returncode == 2 and "unknown backend 'no_such_backend'" in unknown.stderr
     nomatch = cli("--out", str(tmp_path), "--ops", "aten.*")
     assert nomatch.returncode == 2 and "no op of backend 'fake' matches aten.*" in nomatch.stderr
+    assert "did you mean" not in nomatch.stderr  # nothing near
+    typo = cli("--out", str(tmp_path), "--ops", "fake.matmull")
+    assert typo.returncode == 2 and "matches fake.matmull (did you mean fake.matmul?)" in typo.stderr
     assert not (tmp_path / "fake").exists()
     with pytest.raises(SweepError, match="cannot load backend 'fake_backend': RuntimeError: cannot start: broken"):
         sweep(tmp_path, backend_options=(("fail", "broken"),))

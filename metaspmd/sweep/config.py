@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import importlib.util
@@ -136,6 +137,17 @@ def select_ops(ops: Iterable[str], patterns: Iterable[str]) -> list[str]:
     if not patterns:
         return ops
     return [op for op in ops if any(fnmatch.fnmatchcase(op, p) for p in patterns)]
+
+
+def nearest_ops(ops: Iterable[str], patterns: Iterable[str]) -> list[str]:
+    """The op names closest to patterns that match none (a typo's likely meaning), best
+    first, at most three."""
+    names = sorted(set(ops))
+    near: list[str] = []
+    for p in patterns:
+        if p and not any(fnmatch.fnmatchcase(op, p) for op in names):
+            near += [m for m in difflib.get_close_matches(p, names, n=3, cutoff=0.75) if m not in near]
+    return near[:3]
 
 
 def split_patterns(values: Iterable[str]) -> tuple[str, ...]:

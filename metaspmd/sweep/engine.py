@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..rules import OpRecord
-from .config import SweepConfig, SweepError, select_ops, unwritable
+from .config import SweepConfig, SweepError, nearest_ops, select_ops, unwritable
 from .workers import STARTUP_TIMEOUT, Outcome, WorkerPool
 
 # The status of an op that ran out of its time limit on both tries. It gets no record: how
@@ -102,9 +102,12 @@ def run_sweep(config: SweepConfig) -> SweepReport:
     _check_writable(config, config.out_root)  # before any work, not at the first op's file
     with WorkerPool(config) as pool:
         backend = _start(pool, config.backend)
-        ops = select_ops(pool.list_ops(), config.patterns)
+        every = pool.list_ops()
+        ops = select_ops(every, config.patterns)
         if not ops:
-            raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}")
+            near = nearest_ops(every, config.patterns)
+            raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}"
+                             + (f" (did you mean {' or '.join(near)}?)" if near else ""))
         if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
             raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
         _check_file_names(registry_io, config.out_root, backend, ops)
