@@ -94,8 +94,8 @@ def kernel_refuses(op: torch._ops.OpOverload, strategy, op_schema) -> bool:
     per_spec = [local_shapes(s) for s in specs]
     if any(shapes is None for shapes in per_spec):
         return False
-    if op_name(op) in _KILL_THE_PROCESS:
-        return any(_emptied(shape, s.tensor_meta.shape) for ranks in zip(*per_spec) for shape, s in zip(ranks, specs))
+    if op_name(op) in _KILL_THE_PROCESS:  # (some rank's shard is empty, as the first check found)
+        return True
     call = (list(op_schema.args_schema), dict(op_schema.kwargs_schema))
     sized = _restated_size(op)
     if op.namespace != "aten" or tagged_random(op) or (rewrites_shape_args(op) and sized is None) \
@@ -131,16 +131,20 @@ def _restated_size(op: torch._ops.OpOverload) -> int | None:
 
 def _output_shapes(op, call, specs, strategy) -> tuple[tuple[int, ...], ...] | None:
     """Each rank's shape of the op's output under ``strategy``, from its whole shape (the
-    call run on meta tensors); None where the output's cut is not plain Shard's."""
+    call run on meta tensors); None where the output's cut is not plain Shard's, or the
+    call has no meta form (then the op is not tried, as DTensor would run it)."""
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
     out = strategy.output_specs
     if not isinstance(out, DTensorSpec):
         return None
-    with _disable_current_modes():
-        made = iter([torch.empty(s.tensor_meta.shape, dtype=s.tensor_meta.dtype, device="meta") for s in specs])
-        args, kwargs = tree_map(lambda x: next(made) if isinstance(x, DTensorSpec) else x, call)
-        whole = tuple(op(*args, **kwargs).shape)
+    try:
+        with _disable_current_modes():
+            made = iter([torch.empty(s.tensor_meta.shape, dtype=s.tensor_meta.dtype, device="meta") for s in specs])
+            args, kwargs = tree_map(lambda x: next(made) if isinstance(x, DTensorSpec) else x, call)
+            whole = tuple(op(*args, **kwargs).shape)
+    except Exception:  # noqa: BLE001 -- no meta kernel, or a call the whole shapes refuse
+        return None
     return _local_shapes(tuple(out.mesh.shape), tuple(out.placements), whole)
 
 
