@@ -414,10 +414,11 @@ def _refuse_cutting_a_scanned_dim(captured: Captured, mesh: Mesh, var: str, p: p
         given = partition_spec(p, mesh.axis_names, len(shape)) or f"[{placements_str(p)}]"
         held = f"cuts dim {cut[0]} of shape {shape}, the dim" if cut else "holds Partial sums of a value"
         axis = next(a for a, x in zip(mesh.axis_names, p) if not isinstance(x, planner.Replicate))
-        other = f"P({', '.join(['None'] * (max(whole) + 1))}, {axis!r})"
+        whole_only = len(shape) <= max(whole) + 1  # a stack of per-layer scalars: no other dim to cut
+        other = "" if whole_only else f"cut another dim (as P({', '.join(['None'] * (max(whole) + 1))}, {axis!r})) or "
         raise ValueError(f"{what}: {given} {held} a lax.scan iterates over: a scan reads its slices from the "
-                         f"stacked value where it lies, so dims {sorted(whole)} stay whole on every device; cut "
-                         f"another dim (as {other}) or leave the value to the planner")
+                         f"stacked value where it lies, so dims {sorted(whole)} stay whole on every device; "
+                         f"{other}leave the value to the planner")
 
 
 def check_table(table: Any) -> None:

@@ -199,6 +199,21 @@ def test_a_stacked_value_pinned_along_its_scanned_dim_is_refused_before_planning
         parallelize(fn, mesh, (x,), params=params, cache=cache, constraints=given)
 
 
+@needs_devices
+def test_a_pinned_stack_of_per_layer_scalars_is_told_no_other_cut(mesh, cache):
+    """A [L] stack (one scale per layer) has no dim but the one the scan iterates over: the
+    refusal suggests no cut, only leaving the value to the planner."""
+    from jax.sharding import PartitionSpec as P
+
+    def scaled(p, x):
+        return lax.scan(lambda h, s: (h * s, None), x, p["scale"])[0]
+
+    params = {"scale": jnp.arange(1.0, 5.0, dtype=jnp.float32)}
+    with pytest.raises(ValueError, match=r"stay whole on every device; leave the value to the planner$"):
+        parallelize(scaled, mesh, (jnp.ones((8, 4), jnp.float32),), params=params, cache=cache,
+                    constraints={"params.scale": P("tp")})
+
+
 def test_boundary_rules_keep_the_iteration_dim_whole():
     labels = lambda rules: {(r.inputs[0].dim, r.outputs[0].first.dim) for r in rules}  # noqa: E731
     assert labels(boundary_rules("scan_slice", [3])) == {(1, 0), (2, 1)}
