@@ -33,7 +33,10 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import os
 import reprlib
+import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -460,6 +463,11 @@ def leaf_names(args: tuple, with_params: bool) -> list[str]:
 
 
 def _leaf_name(prefix: str, path) -> str:
+    """``prefix.a.0.b``: the path's keys joined by dots, or in jax's bracketed form,
+    ``prefix['a.b']``, where a key holds a dot itself, so that a flattened checkpoint key
+    (``{"a.b": w}``) and the nested path it spells (``{"a": {"b": w}}``) get two names."""
+    if any("." in str(getattr(key, "key", "")) for key in path):
+        return prefix + jax.tree_util.keystr(path)
     rest = jax.tree_util.keystr(path, simple=True, separator=".")
     return f"{prefix}.{rest}" if rest else prefix
 
@@ -544,13 +552,29 @@ _CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversion
              jax.errors.TracerIntegerConversionError)
 
 
+# jax's, metaspmd's and the backends' sources: every frame of theirs a trace passes through
+_OWN_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
+                  for f in (jax.__file__, os.path.dirname(__file__), sys.modules[MetaIR.__module__].__file__))
+
+
+def _user_line(err: BaseException) -> str:
+    """Where the user's code read a traced value: the innermost line outside jax and
+    metaspmd, as ``, at file:line in function: source``; '' where none is on the stack."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if not frame.filename.startswith(_OWN_DIRS):
+            return f", at {frame.filename}:{frame.lineno} in {frame.name}" + (f": {frame.line}" if frame.line else "")
+    return ""
+
+
 def _trace(fn: Callable, traced: Callable, args: tuple) -> tuple:
     """``jax.make_jaxpr`` of ``traced`` with its shapes; an error that a static argument
     explains re-raised with what to do (parallelize traces every argument as an array)."""
     def needs_concrete(err: Exception) -> TypeError:
-        return TypeError(f"{_name(fn)} needs a concrete value where it got a traced one. parallelize traces every "
-                         "example input and parameter as an array: fix an argument used as a Python value (a "
-                         f"size, a count, a flag) beforehand, functools.partial(fn, n=4)\n{err}")
+        return TypeError(f"{_name(fn)} needs a concrete value where it got a traced one{_user_line(err)}. "
+                         "parallelize traces every example input and parameter as an array: fix an argument used "
+                         "as a Python value (a size, a count, a flag) beforehand, functools.partial(fn, n=4); "
+                         "where an array computed from them decides (an if or a loop on its values), keep the "
+                         f"choice in arrays: jnp.where, lax.cond, lax.while_loop\n{err}")
 
     try:
         return jax.make_jaxpr(traced, return_shape=True)(*args)

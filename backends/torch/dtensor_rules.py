@@ -927,6 +927,10 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     if problem:  # before exploring: every run would fail, and the report would blame DTensor
         raise TypeError(f"the example call of {op_name(op)} does not fit its schema ({op._schema}): {problem}")
     check_cache(cache)
+    problem = _example_fails(op, args, kwargs)
+    if problem:  # a cached signature would install without running it; else the report blames DTensor
+        raise ValueError(f"the example call of {op_name(op)} fails, so it shows no rule: {problem.rstrip('.')}. Pass a call "
+                         "the op runs")
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
@@ -1003,6 +1007,40 @@ def _example_call(args, kwargs) -> tuple[tuple, dict]:
         raise TypeError(f"kwargs must be a dict of the op's keyword arguments or None, got a "
                         f"{type(kwargs).__qualname__}")
     return tuple(args), dict(kwargs or {})
+
+
+def _example_fails(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """The op's own error on ``register_op``'s example call (a wrong type, sizes that do not
+    fit), or ''; a tensor on the meta device is refused (TypeError). It runs once on
+    copies of its tensors (an in-place op would write the caller's), in a forked child where
+    live exploration uses one (an op that aborts takes only the child). A call on tensor
+    subclasses (DTensor, LocalTensor) is left to the exploration, which unwraps them."""
+    from metaspmd.isolation import ChildFailed
+
+    from .rules_at_runtime import live_exploration
+
+    tensors = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    meta = next((x for x in tensors if x.is_meta), None)
+    if meta is not None:
+        raise TypeError(f"the example call of {op_name(op)} has a tensor of shape {list(meta.shape)} on the meta "
+                        "device, which holds no values to explore: pass real tensors of the same shapes")
+    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return ""
+    copies = torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x,
+                                          (args, kwargs))
+
+    def run() -> None:
+        op(*copies[0], **copies[1])
+
+    isolation = live_exploration()
+    try:
+        with _disable_current_modes():
+            run() if isolation is None else isolation.run(run)
+    except ChildFailed as e:
+        return str(e).removeprefix("raised ").splitlines()[0]
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return ""
 
 
 def _schema_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:

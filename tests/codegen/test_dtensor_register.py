@@ -864,6 +864,42 @@ def test_register_op_refuses_what_is_no_overload_or_no_call(op, args, error, mes
         dtensor_rules.register_op(op, args)
 
 
+@pytest.mark.parametrize("example,error,message", [
+    (lambda x, w: (x, "w", 1e-6), ValueError,
+     r"^the example call of metaspmd_examples\.rms_norm\.default fails, so it shows no rule: RuntimeError: .*"
+     r"Expected a value of type 'Tensor' for argument 'weight' but instead found type 'str'\. Pass a call the op runs$"),
+    (lambda x, w: (x, torch.randn(5), 1e-6), ValueError,
+     r"fails, so it shows no rule: RuntimeError: The size of tensor a \(16\) must match the size of tensor b \(5\)"),
+    (lambda x, w: (x.to("meta"), w.to("meta"), 1e-6), TypeError,
+     r"has a tensor of shape \[8, 16\] on the meta device, which holds no values to explore"),
+])
+def test_register_op_refuses_an_example_the_op_refuses_though_its_signature_is_cached(tmp_path, monkeypatch,
+                                                                                       example, error, message):
+    """The wildcard signature of a good call (``x:f[*,*] weight:f[*]``) also covers a weight
+    of the wrong length: a cached entry would install without the example ever running."""
+    from metaspmd.cache import RuleCache
+
+    x, w = torch.randn(8, 16), torch.randn(16)
+    dtensor_rules.unregister(dtensor_rules.register_op(rms_norm, (x, w, 1e-6), cache=RuleCache(tmp_path)))
+    monkeypatch.setattr(dtensor_rules, "_install", lambda *a: pytest.fail("installed"))
+    with pytest.raises(error, match=message):
+        dtensor_rules.register_op(rms_norm, example(x, w), cache=RuleCache(tmp_path))
+
+
+def test_register_op_runs_the_example_on_copies_of_its_tensors(tmp_path, monkeypatch):
+    """In this process where no child can be forked (CUDA started): an in-place op's
+    example must not write the caller's tensor."""
+    from metaspmd.backends.torch import rules_at_runtime
+    from metaspmd.cache import RuleCache
+
+    monkeypatch.setattr(rules_at_runtime, "live_exploration", lambda: None)
+    x = torch.randn(8, 6)
+    before = x.clone()
+    report = dtensor_rules.register_op(torch.ops.aten.cumsum_.default, (x, 1), cache=RuleCache(tmp_path))
+    dtensor_rules.unregister(report)
+    assert torch.equal(x, before)
+
+
 def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
     from metaspmd.cache import RuleCache
 

@@ -504,3 +504,42 @@ def test_crosscheck_refuses_a_file_of_another_op_or_backend(tmp_path, edit, mess
     (tmp_path / "jax" / "jax.add.yaml").write_text(edit((registry / source).read_text()))
     with pytest.raises(RegistryError, match=message):
         _load_records(tmp_path, "jax", ["jax.add"])
+
+
+def test_an_if_on_a_computed_array_is_named_at_its_line():
+    def branchy(p, x):
+        h = linear(p, x)
+        if h.sum() > 0:
+            return h
+        return -h
+
+    with pytest.raises(TypeError, match=r"branchy needs a concrete value where it got a traced one, at \S+"
+                                        r"test_bad_input_jax\.py:\d+ in branchy: if h\.sum\(\) > 0:\. .* keep the "
+                                        r"choice in arrays: jnp\.where, lax\.cond"):
+        capture(branchy, (X,), params=PARAMS)
+
+
+def test_a_key_with_a_dot_and_the_path_it_spells_get_two_names():
+    from metaspmd.backends.jax.capture import leaf_names
+
+    params = {"a.b": X, "a": {"b": X}, "l": [X], "l.0": X}
+    assert leaf_names((params, X), with_params=True) == [
+        "params.a.b", "params['a.b']", "params.l.0", "params['l.0']", "in0"]
+
+
+def test_a_flat_checkpoint_key_beside_the_path_it_spells_is_planned_and_pinned_on_devices(tmp_path):
+    mesh = mesh_of(4)
+    rng = np.random.default_rng(0)
+    params = {"a.b": rng.standard_normal((16, 4), np.float32), "a": {"b": rng.standard_normal((4, 16), np.float32)}}
+
+    def fn(p, x):
+        return jax.numpy.tanh(x @ p["a"]["b"]) @ p["a.b"]
+
+    par = parallelize(fn, mesh, (X,), params=params, cache=RuleCache(tmp_path),
+                      constraints={"params['a.b']": P("tp", None)})
+    out, grads = par(X)
+    np.testing.assert_allclose(out, fn(params, X), rtol=1e-5, atol=1e-5)
+    ref = jax.grad(lambda p: fn(p, X).sum())(params)
+    np.testing.assert_allclose(grads["a.b"], ref["a.b"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads["a"]["b"], ref["a"]["b"], rtol=1e-5, atol=1e-5)
+    assert par.plan.placement("params['a.b']") == (Shard(0),)
