@@ -229,10 +229,15 @@ def _own_registry(p: argparse.ArgumentParser, what: str, out: Path | None) -> No
     (a kernel named ``pad``), and --check would call every built-in op removed."""
     if out is None:
         p.error(f"{what} sweeps ops of your own into a registry of your own: pass --out DIR")
-    inside = Path(os.path.realpath(out))  # a symlink loop is refused later, by name
-    if inside == REGISTRY.resolve() or REGISTRY.resolve() in inside.parents:
+    if _within(out, REGISTRY):
         p.error(f"{what} sweeps ops of your own into a registry of your own, not the repository's {REGISTRY}: "
                 "pass --out DIR outside it")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Is ``path`` ``folder`` or inside it, symlinks followed (a loop is refused later, by name)?"""
+    inside, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return inside == folder or folder in inside.parents
 
 
 # --------------------------------------------------------------------------- sweep
@@ -347,6 +352,9 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         _own_registry(p, "--kernels", args.out)
     elif not module.startswith("metaspmd.backends."):
         _own_registry(p, f"--backend {args.backend}", args.out)
+    if args.out is not None and _within(args.out, ROOT / "generated"):
+        p.error(f"--out {args.out} lies in {ROOT / 'generated'}, where codegen writes its tables: pass a registry "
+                "folder outside it")
     out = args.out if args.out is not None else REGISTRY
     # checked before any work: a sweep that cannot write its timings must not find out at the end
     problem = args.timings is not None and (read_as_rules(args.timings) or unwritable(args.timings, folder=False))
@@ -438,7 +446,9 @@ missing --out is stale. A table that is not UTF-8 is stale, and rewritten.
 @pipe_safe
 def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     from metaspmd.codegen.generator import TARGETS, generate
-    from metaspmd.registry_io import RegistryError, backend_names, path_problem, same_text, write_text_atomic
+    from metaspmd.registry_io import (
+        RegistryError, backend_names, check_registry_root, path_problem, same_text, write_text_atomic,
+    )
 
     p = argparse.ArgumentParser(prog=prog, description=CODEGEN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=sorted(TARGETS) + ["all"], default="all",
@@ -459,6 +469,13 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     default = args.registry is None
     if default:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
+    if _within(args.out, args.registry):  # tables among the rule files: a stray for every later read
+        p.error(f"--out {args.out} lies in the registry {args.registry}: pass a folder outside it for the tables")
+    try:  # a file where a backend's folder belongs would be passed over, its old table left as it was
+        check_registry_root(args.registry)
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     # a misspelt backend folder (troch/) would be skipped, and --check pass without its table
     known = backend_names()
     strays = sorted(str(d) for d in (args.registry.iterdir() if args.registry.is_dir() else ())

@@ -518,6 +518,9 @@ class _Reader:
         lengths: dict[str, dict[int, tuple[int, int]]] = {}
         for i, (row, t) in enumerate(zip(shard.inputs, tensors)):
             for d, cut in enumerate(row):
+                if cut.halo and t.shape[d] and cut.halo > t.shape[d]:  # each shard reads past the whole dim
+                    self.fail(node, f"{cut}: a halo of {cut.halo} along input {i} dim {d}, which has {t.shape[d]} "
+                                    f"elements in the example (shape {list(t.shape)})")
                 if cut.label is not None and cut.scale == 1 and not cut.extend and not cut.local:
                     lengths.setdefault(cut.label, {}).setdefault(t.shape[d], (i, d))
         for label, where in lengths.items():
@@ -591,6 +594,10 @@ class _Reader:
                     if c.dim >= len(shape):
                         self.fail(node, f"{label}: {c} names dim {c.dim} of output {k}, which has rank {len(shape)} "
                                         f"(shape {list(shape)})")
+                    if isinstance(c, Gather) and shape[c.dim] and max(c.halo, c.halo_end, c.overlap) > shape[c.dim]:
+                        self.fail(node, f"{label}: {c} drops or overlaps {max(c.halo, c.halo_end, c.overlap)} "
+                                        f"elements of a shard along dim {c.dim} of output {k}, which has "
+                                        f"{shape[c.dim]} (shape {list(shape)})")
                     if isinstance(c, Gather) and shape[c.dim] and c.block > shape[c.dim]:
                         self.fail(node, f"{label}: {c} makes dim {c.dim} of output {k} of {c.block} blocks, but it "
                                         f"has {shape[c.dim]} elements (shape {list(shape)})")
@@ -874,9 +881,11 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
     stray = next((p for p in files if p.suffix.lower() in (".yaml", ".yml")), None)
     if stray is not None:
         raise RegistryError(f"{stray}: a rule file outside a backend folder (<backend>/<op>.yaml)")
-    if backend is not None and (root / backend).exists() and not (root / backend).is_dir():
-        raise RegistryError(f"{root / backend}: not a folder (expected the folder of {backend}'s rule files, "
-                            f"{backend}/<op>.yaml)")
+    # a file where a backend's folder belongs: that backend's rules would read as all removed
+    for name in sorted((backend,) if backend is not None else backend_names()):
+        if (root / name).exists() and not (root / name).is_dir():
+            raise RegistryError(f"{root / name}: not a folder (expected the folder of {name}'s rule files, "
+                                f"{name}/<op>.yaml)")
     if backend is not None and not (root / backend).is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
         raise RegistryError(f"{root}: no {backend}/ folder of rule files "

@@ -10,6 +10,8 @@ status is ok or derived), so an entry turned failed loses its rules, though thei
 Only files that differ are read: between two revisions, the files whose git object or
 mode differs (those ``git diff --name-only`` lists); between two folders, the files whose
 bytes differ. An unchanged file adds nothing to the diff, and a registry holds thousands.
+A changed base file that does not read (what the head fixes) is listed as unreadable, its
+rules not compared; the head is read as codegen reads it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from .spec import (
     ShardIn, ShardSpec, Strategy,
 )
 
-Registry = dict[tuple[str, str], OpRecord]  # (backend, op) -> record
+@dataclass(frozen=True)
+class Unreadable:
+    """A changed file of the base that cannot be read (a broken file the head fixes): its
+    rules are unknown, and no table held them (codegen refuses such a registry)."""
+
+    where: str
+    reason: str
+
+
+Registry = dict[tuple[str, str], "OpRecord | Unreadable"]  # (backend, op) -> record
 
 
 def _is_folder(where: str) -> bool:
@@ -83,8 +94,14 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
     # a removal and an addition, as the full comparison sees it)
     changed = sorted(n for n in files[0] | files[1]
                      if n not in files[0] or n not in files[1] or trees[0][n] != trees[1][n])
-    _check_tree(base, {n: trees[0][n] for n in changed if n in files[0]}, subdir, whole=False)
-    return (_records(changed, git.blobs(old, [n for n in changed if n in files[0]]), base),
+    readable, broken = [], {}
+    for n in (n for n in changed if n in files[0]):
+        try:
+            _check_tree(base, {n: trees[0][n]}, subdir, whole=False)
+            readable.append(n)
+        except RegistryError as e:
+            broken[n] = e
+    return (_records(changed, git.blobs(old, readable), base, broken),
             _records(changed, git.blobs(new, [n for n in changed if n in files[1]]), head))
 
 
@@ -120,8 +137,8 @@ def _check_tree(where: str, tree: dict[str, _TreeEntry], subdir: str, whole: boo
     the path it points to, which would read as a malformed file) or as a submodule, or past
     the size of a rule file (read into memory whole); with ``whole``, besides, a misnamed
     rule file, one beside the backend folders, in a subfolder of one or in a folder named
-    after no backend, and a backend folder stored as a symbolic link (its rules would read
-    as all removed)."""
+    after no backend, and a backend folder stored as a symbolic link or as a file (its rules
+    would read as all removed)."""
     depth = subdir.count("/") + 3  # the parts of <subdir>/<backend>/<op>.yaml
     backends = backend_names()
     if whole:
@@ -142,6 +159,8 @@ def _check_tree(where: str, tree: dict[str, _TreeEntry], subdir: str, whole: boo
         if e.mode == _LINK and len(parts) == depth - 1:
             raise RegistryError(f"{at}: a backend folder stored as a symbolic link in git, whose content is the "
                                 "path it points to: commit the folder itself")
+        if len(parts) == depth - 1 and parts[-1] in backends:  # its rules would read as all removed
+            raise RegistryError(f"{at}: a file where the {parts[-1]}/ folder of rule files belongs")
         if len(parts) > depth and parts[depth - 1].endswith(".yaml"):
             raise RegistryError(f"{where}:{'/'.join(parts[:depth])}: a folder, not a rule file")
         if len(parts) > depth and rule_like:
@@ -166,21 +185,38 @@ def _key(path: str, record: OpRecord, where: str) -> tuple[str, str]:
     return folder, record.op
 
 
-def _records(names: list[str], blobs: dict[str, bytes], rev: str) -> Registry:
+def _records(names: list[str], blobs: dict[str, bytes], rev: str,
+             broken: dict[str, RegistryError] | None = None) -> Registry:
+    """The records of the files ``names`` that ``blobs`` holds. ``broken``: the base side's
+    files refused before they were read; with it, a file that does not read is Unreadable
+    too (a base may hold what the head fixes), not an error."""
     out: Registry = {}
     for name in names:
+        if broken is not None and name in broken:
+            out[_file_key(name)] = Unreadable(f"{rev}:{name}", str(broken[name]))
+            continue
         data = blobs.get(name)
         if data is None:  # absent on this side: added or removed
             continue
         where = f"{rev}:{name}"
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise RegistryError(f"{where}:{line}: not valid UTF-8") from None
-        record = loads_record(text, where, Path(name).parent.name)
-        out[_key(name, record, where)] = record
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line = data.count(b"\n", 0, e.start) + 1
+                raise RegistryError(f"{where}:{line}: not valid UTF-8") from None
+            record = loads_record(text, where, Path(name).parent.name)
+            out[_key(name, record, where)] = record
+        except RegistryError as e:
+            if broken is None:
+                raise
+            out[_file_key(name)] = Unreadable(where, str(e))
     return out
+
+
+def _file_key(path: str) -> tuple[str, str]:
+    """(backend, op) as a file's place names them, its content unread."""
+    return Path(path).parent.name, Path(path).name.removesuffix(".yaml")
 
 
 def _check_root(root: Path) -> list[Path]:
@@ -219,10 +255,16 @@ def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
         paths = (old.get(name), new.get(name))
         if None not in paths and read_file(paths[0]) == read_file(paths[1]):
             continue
-        for side, path in zip(sides, paths):
-            if path is not None:
+        for k, (side, path) in enumerate(zip(sides, paths)):
+            if path is None:
+                continue
+            try:
                 record = load_record(path, Path(name).parent.name)
                 side[_key(name, record, str(path))] = record
+            except RegistryError as e:
+                if k == 1:  # the head is read as codegen reads it
+                    raise
+                side[_file_key(name)] = Unreadable(str(path), str(e))
     return sides
 
 
@@ -338,6 +380,7 @@ class Diff:
     status: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # + old, new, reason
     gained: list[tuple[str, str, str, str]] = field(default_factory=list)  # backend, op, signature, rule
     lost: list[tuple[str, str, str, str]] = field(default_factory=list)
+    unreadable: list[tuple[str, str, str, str]] = field(default_factory=list)  # + why, the head's status
 
     @property
     def has_loss(self) -> bool:
@@ -348,6 +391,9 @@ def diff(base: Registry, head: Registry) -> Diff:
     d = Diff()
     for key in sorted(set(base) | set(head)):
         backend, op = key
+        if isinstance(base.get(key), Unreadable):  # its rules unknown: neither gained nor lost
+            d.unreadable.append((backend, op, base[key].reason, head[key].status if key in head else "removed"))
+            continue
         if key not in base:
             d.added.append((backend, op, head[key].status))
             d.gained += [(backend, op, sig, text) for sig, rules in sorted(_rules(head[key]).items()) for text in sorted(t for t, _ in rules.values())]
@@ -402,4 +448,6 @@ def to_markdown(d: Diff, base_name: str, head_name: str) -> str:
                                for b, op, o, n, r in d.status])
     section("Rules lost", [f"- {_code(f'{b}/{op}')} {_code(sig)}: {_code(t)}" for b, op, sig, t in d.lost])
     section("Rules gained", [f"- {_code(f'{b}/{op}')} {_code(sig)}: {_code(t)}" for b, op, sig, t in d.gained])
+    section("Unreadable in the base (rules not compared)",
+            [f"- {_code(f'{b}/{op}')}: {_plain(why)}; in the head: {new}" for b, op, why, new in d.unreadable])
     return "\n".join(lines) + "\n"

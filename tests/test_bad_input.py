@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -902,7 +903,13 @@ def _committed(name: str) -> str:
      r":10: S2: gather\(dim=0, block=999\) makes dim 0 of output 0 of 999 blocks, but it has"),
     ("torch/aten.nonzero.default.yaml", "  results:\n", "  more: []\n  results:\n", r":13: more lists no layer"),
     ("torch/aten.nonzero.default.yaml", "dtype: int64}", "dtype: bogus}", r":14: unknown tensor dtype 'bogus'"),
-], ids=["offset component", "offset of floats", "positions component", "block count", "empty more", "dtype"])
+    ("torch/aten._slow_conv2d_forward.default.yaml", "'gather(dim=2, halo=1)'", "'gather(dim=2, halo=100)'",
+     r":11: S3: gather\(dim=2, halo=100\) drops or overlaps 100 elements of a shard along dim 2 of output 0, which "
+     r"has \d+"),
+    ("torch/aten._slow_conv2d_forward.default.yaml", "S3(halo=1)", "S3(halo=100)",
+     r":9: S3\(halo=100\): a halo of 100 along input 0 dim 2, which has \d+ elements in the example"),
+], ids=["offset component", "offset of floats", "positions component", "block count", "empty more", "dtype",
+        "output halo", "input halo"])
 def test_indices_beyond_what_they_index_are_refused_at_their_line(name, old, new, message):
     """Codegen emitted the offset into the JAX table: a runtime would subtract a shard's start
     from an element no index vector has."""
@@ -1010,10 +1017,47 @@ def test_diff_refuses_a_rule_file_committed_as_a_symlink(two_revisions):
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "linked")
     expected = r"HEAD:registry/torch/aten.mm.default.yaml: a symbolic link in git, whose content is the path it points to"
-    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD"), ("HEAD", "HEAD~1")):
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD")):
         with pytest.raises(RegistryError, match=expected):
             rule_diff.load_sides(base, head, repo)
+    _unreadable_in_the_base("HEAD", "HEAD~1", repo, expected)
     rule_diff.load_sides(str(base_folder), str(head_folder))  # a folder reads the file it links to
+
+
+def _unreadable_in_the_base(base: str, head: str, repo: Path, why: str) -> None:
+    """A diff whose base holds, at a changed path, what the head fixes: listed with why,
+    its rules neither gained nor lost."""
+    d = rule_diff.diff(*rule_diff.load_sides(base, head, repo))
+    assert [(b, op) for b, op, _, _ in d.unreadable] == [("torch", "aten.mm.default")]
+    assert re.search(why, d.unreadable[0][2]) and d.unreadable[0][3] == "ok"
+    assert not any(op == "aten.mm.default" for _, op, *_ in d.gained + d.lost + d.added + d.removed)
+    assert "### Unreadable in the base (rules not compared)" in rule_diff.to_markdown(d, base, head)
+
+
+@pytest.mark.parametrize("broken", ["reduce(foo)", "\xff"])
+def test_a_diff_that_fixes_a_broken_rule_file_lists_it_and_diffs_the_rest(two_revisions, broken, capsys):
+    """A pull request that repairs a rule file got no diff (exit 2), and a --fail-on-loss
+    gate failed it."""
+    repo, base_folder, head_folder = two_revisions
+    path = head_folder / "torch" / "aten.mm.default.yaml"
+    good = path.read_bytes()
+    path.write_bytes(good.replace(b"reduce(max)", broken.encode("latin-1")))
+    _commit_after(repo, lambda: None)
+    path.write_bytes(good)
+    (head_folder / "torch" / "aten.bmm.default.yaml").unlink()
+    _commit_after(repo, lambda: None)
+    why = r"HEAD~1:registry/torch/aten.mm.default.yaml:\d+: " + ("combine of S2: bad reduce op 'foo'" if "foo" in broken
+                                                                   else "not valid UTF-8")
+    _unreadable_in_the_base("HEAD~1", "HEAD", repo, why)
+    d = rule_diff.diff(*rule_diff.load_sides("HEAD~1", "HEAD", repo))
+    assert [op for _, op, _ in d.removed] == ["aten.bmm.default"]  # the rest is diffed
+    broken_folder = head_folder.parent / "broken"  # two folders: the same
+    shutil.copytree(head_folder, broken_folder)
+    (broken_folder / "torch" / "aten.mm.default.yaml").write_bytes(good.replace(b"reduce(max)", broken.encode("latin-1")))
+    d = rule_diff.diff(*rule_diff.load_sides(str(broken_folder), str(head_folder)))
+    assert [(op, new) for _, op, _, new in d.unreadable] == [("aten.mm.default", "ok")] and not d.has_loss
+    with pytest.raises(RegistryError, match=r"broken/torch/aten.mm.default.yaml"):  # the head as codegen reads it
+        rule_diff.load_sides(str(head_folder), str(broken_folder))
 
 
 def _commit_after(repo: Path, change) -> None:
@@ -1033,11 +1077,14 @@ def _commit_after(repo: Path, change) -> None:
     # read as every rule of the backend removed
     (lambda reg: (shutil.move(reg / "jax", reg.parent / "jax"), (reg / "jax").symlink_to(Path("..", "jax"))),
      r"HEAD:registry/jax: a backend folder stored as a symbolic link in git"),
+    (lambda reg: (shutil.rmtree(reg / "jax"), (reg / "jax").write_text("x\n")),
+     r"HEAD:registry/jax: a file where the jax/ folder of rule files belongs"),
     # the tree object read as the file: "not valid UTF-8"
     (lambda reg: ((reg / "torch" / "aten.mm.default.yaml").unlink(), (reg / "torch" / "aten.mm.default.yaml").mkdir(),
                   (reg / "torch" / "aten.mm.default.yaml" / "x").write_text("x")),
      r"HEAD:registry/torch/aten.mm.default.yaml: a folder, not a rule file"),
-], ids=["subfolder", "no backend", "outside a backend folder", "backend folder link", "folder"])
+], ids=["subfolder", "no backend", "outside a backend folder", "backend folder link", "backend folder file",
+        "folder"])
 def test_diff_refuses_what_a_revision_holds_that_a_folder_would_be_refused_for(two_revisions, odd, message):
     repo, base_folder, head_folder = two_revisions
     _commit_after(repo, lambda: odd(head_folder))
@@ -1054,13 +1101,24 @@ def test_diff_refuses_a_submodule_and_a_blob_past_a_rule_files_size(two_revision
     git(repo, "rm", "-q", "registry/torch/aten.mm.default.yaml")
     git(repo, "update-index", "--add", "--cacheinfo", f"160000,{commit},registry/torch/aten.mm.default.yaml")
     git(repo, "commit", "-qm", "submodule")
-    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD"), ("HEAD", "HEAD~1")):
+    for base, head in (("HEAD~1", "HEAD"), (str(base_folder), "HEAD")):
         with pytest.raises(RegistryError, match=r"HEAD:registry/torch/aten.mm.default.yaml: a submodule"):
             rule_diff.load_sides(base, head, repo)
+    _unreadable_in_the_base("HEAD", "HEAD~1", repo, r"HEAD:registry/torch/aten.mm.default.yaml: a submodule")
     monkeypatch.setattr(rule_diff, "MOST_FILE_BYTES", 100)
     with pytest.raises(RegistryError, match=r"HEAD~1:registry/jax/jax.op0.yaml: cannot read: [\d,]+ bytes, "
                                             r"more than a rule file holds \(at most 100\)"):
         rule_diff.load_sides("HEAD~2", "HEAD~1", repo)
+
+
+def test_diff_of_folders_refuses_a_file_where_a_backend_folder_belongs(two_revisions):
+    """Read as every rule of that backend removed, exit 0, and a merge gate passed."""
+    _, base_folder, head_folder = two_revisions
+    shutil.rmtree(head_folder / "jax")
+    (head_folder / "jax").write_text("x\n")
+    for base, head in ((base_folder, head_folder), (head_folder, base_folder)):
+        with pytest.raises(RegistryError, match=r"registry/jax: not a folder \(expected the folder of jax's rule files"):
+            rule_diff.load_sides(str(base), str(head))
 
 
 def test_diff_of_folders_refuses_a_folder_named_after_no_backend(two_revisions):

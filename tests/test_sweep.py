@@ -228,6 +228,7 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     (tmp_path / "fake" / "fake.sum.yaml").unlink()
     (tmp_path / "fake" / "fake.retired.yaml").write_bytes(before["fake.raise.yaml"])
     (tmp_path / "fake" / "fake.zzz.yaml").write_bytes(before["fake.raise.yaml"])
+    (tmp_path / "fake" / "fake.threads.yaml").write_bytes(before["fake.raise.yaml"])  # an op left out of the subset
     edited = files(tmp_path)
     bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
     assert bad.returncode == 1
@@ -235,14 +236,19 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     # The changed file's diff is printed under its name: the edit, and what the sweep gives.
     assert "    -  combine: {S1: gather(dim=1), S2" in bad.stdout, bad.stdout
     assert "    +  combine: {S1: gather(dim=0), S2" in bad.stdout, bad.stdout
-    # an --ops subset reports the files its globs match of no op (fake.r*), and no other
-    assert "removed  fake.retired.yaml" in bad.stdout and "fake.zzz" not in bad.stdout, bad.stdout
+    # an --ops subset reports every file of no op of the backend (fake.zzz too: codegen would
+    # table its rules), and no file of an op it left out (fake.threads)
+    assert "removed  fake.retired.yaml" in bad.stdout and "removed  fake.zzz.yaml" in bad.stdout, bad.stdout
+    assert "fake.threads" not in bad.stdout, bad.stdout
     assert files(tmp_path) == edited
+    # a subset whose globs match no op, but a stray file: that file is named (exit 1)
+    stray = cli("--out", str(tmp_path), "--ops", "fake.zz*", "--check")
+    assert stray.returncode == 1 and "removed  fake.zzz.yaml" in stray.stdout, stray.stdout + stray.stderr
 
     # Without --ops every listed op is compared, and files of unlisted ops show up.
     full = sweep(tmp_path, check=True, timeout=1.0, wall_timeout=1.0)
     assert ("removed", "fake.retired.yaml") in full.changes() and ("removed", "fake.zzz.yaml") in full.changes()
-    assert ("added", "fake.threads") in full.changes()
+    assert ("changed", "fake.threads") in full.changes()
     # an op out of time is not compared: a slow machine must not make the registry look stale
     assert [r.op for r in full.timed_out()] == ["fake.hang"] and "fake.hang" not in dict(full.changes()).values()
     assert files(tmp_path) == edited

@@ -851,14 +851,23 @@ def load_index(cache_dir: Path | None = None, max_signatures: int = MAX_SIGNATUR
     return index
 
 
-_BUILD = ("import sys; from metaspmd.backends.torch import samples as s; "
-          "s.write_index(s.Path(sys.argv[1]), s.build_index(int(sys.argv[2]), lambda m: print(m, flush=True)))")
+# The child imports the code its parent runs: metaspmd from the parent's folder first, and
+# metaspmd.cli, which maps metaspmd.backends to the checkout's own (a clone's tools beside
+# another checkout installed editable); Ctrl-C ends it quietly, the parent says so.
+_BUILD = ("import sys; sys.path.insert(0, sys.argv[3]); import metaspmd.cli\n"
+          "from metaspmd.backends.torch import samples as s\n"
+          "try: s.write_index(s.Path(sys.argv[1]), s.build_index(int(sys.argv[2]), lambda m: print(m, flush=True)))\n"
+          "except KeyboardInterrupt: sys.exit(130)")
 
 
 def _build_in_child(path: Path, max_signatures: int, log: Callable[[str], None] | None) -> None:
-    """Build and write the index in a process started with ``reproducible.ENV``."""
-    with subprocess.Popen([sys.executable, "-c", _BUILD, str(path), str(max_signatures)], env=reproducible.child_env(),
-                          stdout=subprocess.PIPE, text=True) as child:
+    """Build and write the index in a process started with ``reproducible.ENV``, on this
+    process's code."""
+    import metaspmd
+
+    root = str(Path(metaspmd.__file__).resolve().parent.parent)
+    with subprocess.Popen([sys.executable, "-c", _BUILD, str(path), str(max_signatures), root],
+                          env=reproducible.child_env(), stdout=subprocess.PIPE, text=True) as child:
         for line in child.stdout:
             if log:
                 log(line.rstrip("\n"))

@@ -104,14 +104,17 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         backend = _start(pool, config.backend)
         every = pool.list_ops()
         ops = select_ops(every, config.patterns)
-        if not ops:
+        # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
+        # subset, and codegen would put a stray file's rules into a table)
+        strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
+        if not ops and not any(select_ops([name.removesuffix(".yaml")], config.patterns) for name in strays):
             near = nearest_ops(every, config.patterns)
             raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}"
                              + (f" (did you mean {' or '.join(near)}?)" if near else ""))
         if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
             raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
         _check_file_names(registry_io, config.out_root, backend, ops)
-        _check_writable(config, registry_io.record_path(config.out_root, backend, ops[0]).parent)
+        _check_writable(config, registry_io.record_path(config.out_root, backend, every[0]).parent)
         resumed = tuple(op for op in ops if config.resume
                         and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
         todo = [op for op in ops if op not in set(resumed)]
@@ -160,8 +163,9 @@ def run_sweep(config: SweepConfig) -> SweepReport:
             wall_s=time.perf_counter() - started, check=config.check,
             not_swept=tuple(op for op in todo if op not in results)), *stopped.args) from None
     removed: tuple[str, ...] = ()
-    if config.check:  # with --ops, of the files the globs match (CI checks a subset)
-        removed = _stale_files(registry_io, config.out_root, backend, ops, config.patterns)
+    if config.check:  # with --ops, of the files the globs match, and every file of no op
+        removed = tuple(sorted(set(strays) | set(_stale_files(registry_io, config.out_root, backend, ops,
+                                                              config.patterns))))
     return SweepReport(
         backend=backend,
         results=tuple(results[op] for op in sorted(results)),
@@ -248,7 +252,9 @@ def _compare(registry_io, root: Path, record: OpRecord) -> tuple[str, str]:
 
 
 def _stale_files(registry_io, root: Path, backend: str, ops: list[str], patterns: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The rule files of no op swept (of those whose names ``patterns`` match, if any)."""
+    """The rule files of none of ``ops`` (of those whose names ``patterns`` match, if any)."""
+    if not ops:
+        return ()
     expected = {registry_io.record_path(root, backend, op).name for op in ops}
     folder = registry_io.record_path(root, backend, ops[0]).parent
     if not folder.is_dir():

@@ -653,3 +653,31 @@ def test_a_no_sample_reason_holds_no_memory_address_or_machine_path():
 
     assert _short_error("cannot handle <object object at 0x7f0b72776300>\nmore") == "cannot handle <object object at 0x…>"
     assert _short_error("no file /home/someone/work/x.py") == "no file x.py"
+
+
+def test_the_index_child_runs_the_code_of_its_parents_checkout(tmp_path):
+    """A clone's tools beside another checkout installed editable: the child that builds
+    the index imports the clone's backends (``_BUILD`` is given the parent's root), not the
+    installed checkout's."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    import metaspmd
+
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(metaspmd.__file__).parent, clone / "metaspmd", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("codegen", "generated", "backends", "backends/torch"):
+        (clone / package).mkdir(parents=True, exist_ok=True)
+        (clone / package / "__init__.py").write_text("")
+    (clone / "backends/torch/samples.py").write_text(
+        "from pathlib import Path\n"
+        "def build_index(max_signatures, log):\n    return {}\n"
+        "def write_index(path, index):\n    Path(path).write_text(__file__)\n")
+    out = tmp_path / "index"
+    done = subprocess.run([sys.executable, "-c", samples._BUILD, str(out), "1", str(clone)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == str(clone / "backends/torch/samples.py")
