@@ -355,6 +355,9 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     if args.out is not None and _within(args.out, ROOT / "generated"):
         p.error(f"--out {args.out} lies in {ROOT / 'generated'}, where codegen writes its tables: pass a registry "
                 "folder outside it")
+    if args.out is not None and _within(args.out, REGISTRY) and not _within(REGISTRY, args.out):
+        p.error(f"--out {args.out} lies inside the repository's registry {REGISTRY}, whose readers would take its "
+                f"files for misplaced rule files: pass the registry itself ({REGISTRY}) or a folder outside it")
     out = args.out if args.out is not None else REGISTRY
     # checked before any work: a sweep that cannot write its timings must not find out at the end
     problem = args.timings is not None and (read_as_rules(args.timings) or unwritable(args.timings, folder=False))
@@ -469,8 +472,9 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     default = args.registry is None
     if default:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error
-    if _within(args.out, args.registry):  # tables among the rule files: a stray for every later read
-        p.error(f"--out {args.out} lies in the registry {args.registry}: pass a folder outside it for the tables")
+    for registry in dict.fromkeys((args.registry, REGISTRY)):  # tables among rule files: strays to every reader
+        if _within(args.out, registry):
+            p.error(f"--out {args.out} lies in the registry {registry}: pass a folder outside it for the tables")
     try:  # a file where a backend's folder belongs would be passed over, its old table left as it was
         check_registry_root(args.registry)
     except RegistryError as e:

@@ -861,10 +861,12 @@ def load_record(path: str | os.PathLike, backend: str | None = None) -> OpRecord
     return loads_record(text, str(path), backend)
 
 
-def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> Path:
+def check_registry_root(root: str | os.PathLike, backend: str | None = None, layout: bool = True) -> Path:
     """``root`` as a registry root (``<root>/<backend>/<op>.yaml``), or RegistryError naming
     the path. A missing folder or a backend folder given as the root would otherwise read
-    as an empty registry: codegen would write an empty table, a diff would see no change."""
+    as an empty registry: codegen would write an empty table, a diff would see no change.
+    ``layout``: also what lies in it (a file beside or instead of the backend folders);
+    without it, only whether it is a registry root at all (a diff's base, read file by file)."""
     root = Path(root)
     if not root.exists():  # or a symlink loop, a symlink to nothing, a file on the way: named
         raise RegistryError(path_problem(root, folder=True) or f"{root}: no such registry folder")
@@ -875,6 +877,8 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
     if not backends and any(p.suffix == ".yaml" and usable_name(p.stem) for p in files):
         raise RegistryError(f"{root}: holds rule files itself, so it is a backend folder, not a registry root "
                             f"(pass {root.parent} instead)")
+    if not layout:
+        return root
     # a file beside the backend folders, refused as in a git revision's tree (rule_diff's
     # _check_tree): a misnamed rule file, then any other (.yamllint.yaml too)
     refuse_misnamed(str(p) for p in files)
@@ -883,14 +887,24 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None) -> 
         raise RegistryError(f"{stray}: a rule file outside a backend folder (<backend>/<op>.yaml)")
     # a file where a backend's folder belongs: that backend's rules would read as all removed
     for name in sorted((backend,) if backend is not None else backend_names()):
-        if (root / name).exists() and not (root / name).is_dir():
-            raise RegistryError(f"{root / name}: not a folder (expected the folder of {name}'s rule files, "
-                                f"{name}/<op>.yaml)")
+        problem = backend_folder_problem(root / name)
+        if problem:
+            raise RegistryError(problem)
     if backend is not None and not (root / backend).is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None)
         raise RegistryError(f"{root}: no {backend}/ folder of rule files "
                             f"(backends there: {', '.join(found) or 'none'})")
     return root
+
+
+def backend_folder_problem(folder: Path) -> str:
+    """Why ``folder``, where a backend's rule files belong, holds something else (a file, a
+    symlink to nothing, a loop), or '' (a folder, or nothing there)."""
+    if not os.path.lexists(folder) or folder.is_dir():
+        return ""
+    if folder.exists():
+        return f"{folder}: not a folder (expected the folder of {folder.name}'s rule files, {folder.name}/<op>.yaml)"
+    return path_problem(folder, folder=True) or f"{folder}: cannot be read"  # a symlink to nothing, a loop
 
 
 def load_rules(root: str | os.PathLike, backend: str) -> dict[str, OpRecord]:

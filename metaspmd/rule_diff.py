@@ -16,14 +16,15 @@ rules not compared; the head is read as codegen reads it.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .registry_io import (
-    MOST_FILE_BYTES, RegistryError, backend_names, check_backend_folder, check_registry_root, load_record,
-    load_registry, loads_record, read_file, refuse_misnamed,
+    MOST_FILE_BYTES, RegistryError, backend_folder_problem, backend_names, check_backend_folder, check_registry_root,
+    load_record, load_registry, loads_record, read_file, refuse_misnamed,
 )
 from .rules import VERIFIED, OpRecord, RuleEntry
 from .spec import (
@@ -76,33 +77,108 @@ def load_sides(base: str, head: str, repo: Path | None = None, subdir: str = "re
             raise ValueError(f"{name} {where!r} names both a folder and a git revision: write ./{where} for the "
                              f"folder or {where}^{{commit}} for the revision")
     if _is_folder(base) and _is_folder(head):
-        return _changed_folders(Path(base), Path(head))
+        return _spread_backends(*_changed_folders(Path(base), Path(head)))
     if _is_folder(base) or _is_folder(head):
         # the revision first: it is checked in a fraction of a second, the folder read in seconds
-        sides = {w: load_side(w, repo, subdir) for w in sorted((base, head), key=_is_folder)}
-        return sides[base], sides[head]
+        if _is_folder(head):
+            base_side = _base_side(base, repo, subdir)
+            return _spread_backends(base_side, load_side(head, repo, subdir))
+        head_side = load_side(head, repo, subdir)
+        return _spread_backends(_base_side(base, repo, subdir), head_side)
     git = _Git(repo or Path.cwd())
     old, new = git.commit(base), git.commit(head)
     trees = git.tree(old, subdir), git.tree(new, subdir)
     for where, tree in zip((base, head), trees):
         _refuse_empty(where, tree, subdir)
-    # the head checked as a folder's loader checks one; of the base, the files read (the base
-    # may hold what the head fixes)
+    # the head checked as a folder's loader checks one; the base read file by file (it may
+    # hold what the head fixes)
     _check_tree(head, trees[1], subdir, whole=True)
     files = [set(_rule_files(t, subdir)) for t in trees]
     # a file differs where its object or mode does (git diff --no-renames: a moved file is
     # a removal and an addition, as the full comparison sees it)
     changed = sorted(n for n in files[0] | files[1]
                      if n not in files[0] or n not in files[1] or trees[0][n] != trees[1][n])
+    base_side = _tree_records(git, old, base, trees[0], [n for n in changed if n in files[0]], subdir)
+    return _spread_backends(base_side, _records(changed, git.blobs(new, [n for n in changed if n in files[1]]), head))
+
+
+def _base_side(where: str, repo: Path | None, subdir: str) -> Registry:
+    """A whole base registry, read file by file: a rule file or a backend folder that does
+    not read is Unreadable (``_spread_backends`` gives a backend's to its ops), the rest
+    read; only what is no registry at all (no such folder or revision, a backend folder
+    given as the root, a revision before the registry) is an error."""
+    if _is_folder(where):
+        root = _base_root(Path(where))
+        out: Registry = {}
+        for backend in sorted(backend_names()):
+            folder = root / backend
+            problem = backend_folder_problem(folder)
+            if problem:
+                out[(backend, "")] = Unreadable(str(folder), problem)
+            elif folder.is_dir():
+                for path in sorted(folder.glob("*.yaml")):
+                    out.update([_read_base(path, backend)])
+        return out
+    git = _Git(repo or Path.cwd())
+    rev = git.commit(where)
+    tree = git.tree(rev, subdir)
+    _refuse_empty(where, tree, subdir)
+    return _tree_records(git, rev, where, tree, _rule_files(tree, subdir), subdir)
+
+
+def _base_root(root: Path) -> Path:
+    """A base folder as a registry root: RegistryError where it is none at all (missing, a
+    backend folder, nothing where backend folders belong), not for what lies wrong in it."""
+    check_registry_root(root, layout=False)
+    if not any(backend_folder_problem(root / b) or next((root / b).glob("*.yaml"), None) is not None
+               for b in backend_names() if os.path.lexists(root / b)):
+        raise RegistryError(f"{root}: no rule files (<backend>/<op>.yaml) under it, so it is not a registry root")
+    return root
+
+
+def _tree_records(git: "_Git", rev: str, where: str, tree: dict[str, "_TreeEntry"], names: list[str],
+                  subdir: str) -> Registry:
+    """The base's records of the rule files ``names`` of ``tree`` and its backend folders
+    stored as files, each that does not read Unreadable."""
     readable, broken = [], {}
-    for n in (n for n in changed if n in files[0]):
+    for n in names:
         try:
-            _check_tree(base, {n: trees[0][n]}, subdir, whole=False)
+            _check_tree(where, {n: tree[n]}, subdir, whole=False)
             readable.append(n)
         except RegistryError as e:
             broken[n] = e
-    return (_records(changed, git.blobs(old, readable), base, broken),
-            _records(changed, git.blobs(new, [n for n in changed if n in files[1]]), head))
+    out = _records(names, git.blobs(rev, readable), where, broken)
+    depth = subdir.count("/") + 3
+    for name, e in tree.items():  # a blob, or a link, where a backend's folder belongs
+        parts = name.split("/")
+        if len(parts) == depth - 1 and parts[-1] in backend_names():
+            what = "a symbolic link" if e.mode == _LINK else "a file"
+            out[(parts[-1], "")] = Unreadable(f"{where}:{name}", f"{where}:{name}: {what} where the {parts[-1]}/ "
+                                                                   "folder of rule files belongs")
+    return out
+
+
+def _read_base(path: Path, backend: str) -> tuple[tuple[str, str], "OpRecord | Unreadable"]:
+    """(key, record) of a base file, or its key by its place and why it does not read."""
+    name = f"{backend}/{path.name}"
+    try:
+        record = load_record(path, backend)
+        return _key(name, record, str(path)), record
+    except RegistryError as e:
+        return _file_key(name), Unreadable(str(path), str(e))
+
+
+def _spread_backends(base: Registry, head: Registry) -> tuple[Registry, Registry]:
+    """``base`` with each backend folder that does not read (key ``(backend, "")``) given to
+    the head's ops of that backend it has no record of, as their own Unreadable; where the
+    head has none, kept as ``(backend, "*")``."""
+    base = dict(base)
+    for backend, op in [k for k in base if k[1] == ""]:
+        unreadable = base.pop((backend, op))
+        ops = [k for k in head if k[0] == backend and k not in base]
+        for key in ops or [(backend, "*")]:
+            base[key] = unreadable
+    return base, head
 
 
 @dataclass(frozen=True)
@@ -242,29 +318,33 @@ def _from_folder(root: Path) -> Registry:
 
 
 def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
-    def files(root: Path) -> dict[str, Path]:
-        backends = _check_root(root)
-        for d in root.iterdir():
-            if d.is_dir():
-                check_backend_folder(d)
-        return {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
-
-    old, new = files(base), files(head)
+    """The records of the files whose bytes differ; the head checked as codegen reads it,
+    the base read file by file (``_base_side``)."""
+    root = _base_root(base)
+    backends = _check_root(head)
+    for d in head.iterdir():
+        if d.is_dir():
+            check_backend_folder(d)
+    new = {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
+    old = {f"{b}/{p.name}": p for b in sorted(backend_names()) if (root / b).is_dir() for p in (root / b).glob("*.yaml")}
     sides: tuple[Registry, Registry] = ({}, {})
+    for backend in sorted(backend_names()):
+        problem = backend_folder_problem(root / backend)
+        if problem:
+            sides[0][(backend, "")] = Unreadable(str(root / backend), problem)
     for name in sorted(old.keys() | new.keys()):
         paths = (old.get(name), new.get(name))
-        if None not in paths and read_file(paths[0]) == read_file(paths[1]):
-            continue
-        for k, (side, path) in enumerate(zip(sides, paths)):
-            if path is None:
-                continue
+        if None not in paths:
             try:
-                record = load_record(path, Path(name).parent.name)
-                side[_key(name, record, str(path))] = record
-            except RegistryError as e:
-                if k == 1:  # the head is read as codegen reads it
-                    raise
-                side[_file_key(name)] = Unreadable(str(path), str(e))
+                if read_file(paths[0]) == read_file(paths[1]):
+                    continue
+            except RegistryError:
+                pass  # said below: the base's file as Unreadable, the head's as an error
+        if paths[0] is not None:
+            sides[0].update([_read_base(paths[0], Path(name).parent.name)])
+        if paths[1] is not None:  # the head as codegen reads it
+            record = load_record(paths[1], Path(name).parent.name)
+            sides[1][_key(name, record, str(paths[1]))] = record
     return sides
 
 

@@ -592,6 +592,36 @@ def test_ops_of_your_own_never_go_into_the_repositorys_registry(capsys, monkeypa
     assert "sweeps ops of your own into a registry of your own" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["sweep", "--backend", "tvm", "--ops", "tvm.sin", "--out", str(cli.REGISTRY / "tvm" / "sub")],
+     "lies inside the repository's registry"),
+    (["sweep", "--backend", "tvm", "--ops", "tvm.sin", "--out", str(cli.ROOT / "generated")],
+     "where codegen writes its tables"),
+    (["sweep", "--backend", "tvm", "--kernels", "examples/tvm_user_kernels.py", "--out", str(cli.ROOT / "generated" / "x")],
+     "where codegen writes its tables"),
+    (["codegen", "--out", str(cli.REGISTRY / "torch")], "lies in the registry"),
+    (["codegen", "--registry", str(cli.REGISTRY), "--out", str(cli.REGISTRY)], "lies in the registry"),
+], ids=["sweep into a backend folder", "sweep into generated", "kernels into generated", "codegen into a backend folder",
+        "codegen into the registry"])
+def test_outputs_never_go_where_another_command_reads(capsys, monkeypatch, args, message):
+    """Tables written into registry/torch, or rule files into generated/, left files every
+    later read of that folder took for strays."""
+    monkeypatch.setattr("metaspmd.sweep.run_sweep", lambda config: pytest.fail("the sweep ran"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(args + (["--no-progress"] if args[0] == "sweep" else []))
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_codegen_refuses_a_symlink_to_nothing_where_a_backend_folder_belongs(tmp_path, capsys):
+    """It wrote the other backend's table and said nothing of this one."""
+    shutil.copytree(ROOT / "registry" / "jax", tmp_path / "reg" / "jax")
+    (tmp_path / "reg" / "torch").symlink_to(tmp_path / "nowhere")
+    assert cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(tmp_path / "gen")]) == 2
+    assert f"{tmp_path / 'reg' / 'torch'} is a symlink to {tmp_path / 'nowhere'}, which does not exist" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "gen").exists()
+
+
 def test_sweep_check_of_a_missing_registry_is_a_usage_error(tmp_path, fake_backend, capsys):
     """It said every op's file would change, exit 1: a misspelt --out looked stale."""
     missing = tmp_path / "typo"
@@ -1058,6 +1088,16 @@ def test_a_diff_that_fixes_a_broken_rule_file_lists_it_and_diffs_the_rest(two_re
     assert [(op, new) for _, op, _, new in d.unreadable] == [("aten.mm.default", "ok")] and not d.has_loss
     with pytest.raises(RegistryError, match=r"broken/torch/aten.mm.default.yaml"):  # the head as codegen reads it
         rule_diff.load_sides(str(head_folder), str(broken_folder))
+    # a revision against a folder (``metaspmd diff main registry``) reads the base alike
+    d = rule_diff.diff(*rule_diff.load_sides("HEAD~1", str(head_folder), repo))
+    assert [(op, new) for _, op, _, new in d.unreadable] == [("aten.mm.default", "ok")]
+    assert [op for _, op, _ in d.removed] == ["aten.bmm.default"]
+    # a base file that cannot be opened at all: a symlink to nothing
+    (broken_folder / "torch" / "aten.mm.default.yaml").unlink()
+    (broken_folder / "torch" / "aten.mm.default.yaml").symlink_to(broken_folder / "nowhere.yaml")
+    d = rule_diff.diff(*rule_diff.load_sides(str(broken_folder), str(head_folder)))
+    assert [(op, new) for _, op, _, new in d.unreadable] == [("aten.mm.default", "ok")]
+    assert "a symlink to" in d.unreadable[0][2]
 
 
 def _commit_after(repo: Path, change) -> None:
@@ -1113,12 +1153,19 @@ def test_diff_refuses_a_submodule_and_a_blob_past_a_rule_files_size(two_revision
 
 def test_diff_of_folders_refuses_a_file_where_a_backend_folder_belongs(two_revisions):
     """Read as every rule of that backend removed, exit 0, and a merge gate passed."""
-    _, base_folder, head_folder = two_revisions
+    repo, base_folder, head_folder = two_revisions
     shutil.rmtree(head_folder / "jax")
     (head_folder / "jax").write_text("x\n")
-    for base, head in ((base_folder, head_folder), (head_folder, base_folder)):
-        with pytest.raises(RegistryError, match=r"registry/jax: not a folder \(expected the folder of jax's rule files"):
-            rule_diff.load_sides(str(base), str(head))
+    with pytest.raises(RegistryError, match=r"registry/jax: not a folder \(expected the folder of jax's rule files"):
+        rule_diff.load_sides(str(base_folder), str(head_folder))
+    # as a base (what the head fixes): each of the head's jax ops listed as unreadable there
+    for base in (str(head_folder), "HEAD"):
+        if base == "HEAD":
+            _commit_after(repo, lambda: None)
+        d = rule_diff.diff(*rule_diff.load_sides(base, str(base_folder), repo))
+        assert len(d.unreadable) == 20 and {b for b, *_ in d.unreadable} == {"jax"}, d.unreadable
+        assert "a file where the jax/ folder" in d.unreadable[0][2] or "not a folder" in d.unreadable[0][2]
+        assert not any(b == "jax" for b, *_ in d.added + d.removed + d.gained + d.lost)
 
 
 def test_diff_of_folders_refuses_a_folder_named_after_no_backend(two_revisions):

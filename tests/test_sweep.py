@@ -229,6 +229,7 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     (tmp_path / "fake" / "fake.retired.yaml").write_bytes(before["fake.raise.yaml"])
     (tmp_path / "fake" / "fake.zzz.yaml").write_bytes(before["fake.raise.yaml"])
     (tmp_path / "fake" / "fake.threads.yaml").write_bytes(before["fake.raise.yaml"])  # an op left out of the subset
+    (tmp_path / "fake" / "fake.add.yml").write_bytes(before["fake.raise.yaml"])  # misnamed: codegen refuses it
     edited = files(tmp_path)
     bad = cli("--out", str(tmp_path), "--ops", ",".join(FAST_OPS), "--check")
     assert bad.returncode == 1
@@ -239,7 +240,7 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     # an --ops subset reports every file of no op of the backend (fake.zzz too: codegen would
     # table its rules), and no file of an op it left out (fake.threads)
     assert "removed  fake.retired.yaml" in bad.stdout and "removed  fake.zzz.yaml" in bad.stdout, bad.stdout
-    assert "fake.threads" not in bad.stdout, bad.stdout
+    assert "fake.threads" not in bad.stdout and "removed  fake.add.yml" in bad.stdout, bad.stdout
     assert files(tmp_path) == edited
     # a subset whose globs match no op, but a stray file: that file is named (exit 1)
     stray = cli("--out", str(tmp_path), "--ops", "fake.zz*", "--check")

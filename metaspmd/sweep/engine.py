@@ -259,5 +259,6 @@ def _stale_files(registry_io, root: Path, backend: str, ops: list[str], patterns
     folder = registry_io.record_path(root, backend, ops[0]).parent
     if not folder.is_dir():
         return ()
-    return tuple(sorted(p.name for p in folder.glob("*.yaml")
-                        if p.name not in expected and select_ops([p.name[:-len(".yaml")]], patterns)))
+    # .yml and .YAML too: codegen refuses a registry holding one, so --check calls it stale
+    return tuple(sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".yaml", ".yml")
+                        and p.name not in expected and select_ops([p.stem], patterns)))
