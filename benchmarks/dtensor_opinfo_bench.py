@@ -760,7 +760,7 @@ def main(argv=None) -> int:
                          "combinations per sample)")
     args = ap.parse_args(argv)
     if not args.all:  # before torch starts: a glob that matches no entry would run nothing and exit 0
-        _check_globs(ap, args.ops, ENTRIES, "of the test's lists ")
+        _check_globs(ap, args.ops, ENTRIES, "of the test's lists ", "; --all takes every OpInfo of torch's op_db")
 
     import torch
     import torch.distributed as dist
@@ -813,11 +813,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _check_globs(ap, globs, entries, of: str) -> None:
+def _check_globs(ap, globs, entries, of: str, hint: str = "") -> None:
     keys = [_entry_key(*e) for e in entries]
     unmatched = [g for g in globs or () if not any(fnmatch.fnmatch(k, g) for k in keys)]
     if unmatched:
-        ap.error(f"--ops: no OpInfo entry {of}matches {' '.join(map(repr, unmatched))}")
+        ap.error(f"--ops: no OpInfo entry {of}matches {' '.join(map(repr, unmatched))}{hint}")
 
 
 def totals(results: dict, which: str) -> dict:

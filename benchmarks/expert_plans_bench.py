@@ -718,7 +718,7 @@ def fraction(text: str) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--framework", choices=("torch", "jax", "both"), default="both")
     ap.add_argument("--mesh", choices=("4", "2x2"), default="4", help="a 1-D mesh of 4 or a 2x2 mesh (dp, tp)")
     ap.add_argument("--batch", type=positive_int, default=8)

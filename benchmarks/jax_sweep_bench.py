@@ -51,10 +51,13 @@ def one_run(label: str, args, cache: str) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ops", action="append", default=[], metavar="GLOB")
-    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1)
-    p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS")
-    p.add_argument("--runs", choices=("cold", "both"), default="both", help="cold only, or cold then warm")
+    p.add_argument("--ops", action="append", default=[], metavar="GLOB",
+                   help="comma-separated or repeated globs (default: every primitive)")
+    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
+                   help="worker processes (default: one per core)")
+    p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
+                   help="CPU seconds per primitive, as the sweep's --timeout (default 120)")
+    p.add_argument("--runs", choices=("cold", "both"), default="both", help="cold only, or cold then warm (default both)")
     args = p.parse_args(argv)
     ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not the full sweep
     rows = [("jobs", str(args.jobs))]

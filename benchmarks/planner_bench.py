@@ -175,12 +175,13 @@ def mesh_text(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=positive_int, nargs="+", default=[1, 4, 12, 24])
-    p.add_argument("--mesh", type=mesh_text, default="2x4", help="e.g. 8 or 2x4")
-    p.add_argument("--hidden", type=positive_int, default=768)
-    p.add_argument("--heads", type=positive_int, default=12)
-    p.add_argument("--batch", type=positive_int, default=8)
-    p.add_argument("--seq", type=positive_int, default=512)
+    p.add_argument("--layers", type=positive_int, nargs="+", default=[1, 4, 12, 24],
+                   help="GPT depths to plan (default 1 4 12 24)")
+    p.add_argument("--mesh", type=mesh_text, default="2x4", help="e.g. 8 or 2x4 (default 2x4)")
+    p.add_argument("--hidden", type=positive_int, default=768, help="model width (default 768)")
+    p.add_argument("--heads", type=positive_int, default=12, help="attention heads (default 12)")
+    p.add_argument("--batch", type=positive_int, default=8, help="batch size (default 8)")
+    p.add_argument("--seq", type=positive_int, default=512, help="sequence length (default 512)")
     p.add_argument("--time-limit", type=seconds, default=None,
                    help="the ILP's seconds (default: sized to the ILP, 10 to 60 s)")
     p.add_argument("--beam-width", type=at_most(positive_int, MOST_BEAM, f"{MOST_BEAM} partial plans"), default=8,

@@ -87,11 +87,13 @@ def loaded(config: SweepConfig, hogs: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="torch")
+    p.add_argument("--backend", default="torch", help="torch, jax or tvm (default torch)")
     p.add_argument("--ops", action="append", default=[], metavar="GLOB", help="comma-separated or repeated globs")
-    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1)
-    p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS")
-    p.add_argument("--kernels", metavar="MODULE")
+    p.add_argument("--jobs", "-j", type=positive_int, default=os.cpu_count() or 1,
+                   help="worker processes (default: one per core)")
+    p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"CPU seconds per op, as the sweep's --timeout (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--kernels", metavar="MODULE", help="sweep a module of your own ops instead, as the sweep's --kernels")
     p.add_argument("--slowest", type=whole_number, default=5, help="list this many slowest ops")
     p.add_argument("--loaded", action="store_true",
                    help="sweep twice, quiet and with every core busy, and compare the registries")

@@ -809,7 +809,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", "-j", type=positive_int, default=None,
                    help="worker processes (default: one per 20 ops, at most the CPU count)")
     p.add_argument("--timeout", type=functools.partial(seconds, allow_zero=True), default=300.0,
-                   help="per-op time limit in seconds, 0: none")
+                   help="per-op time limit in seconds, 0: none (default 300)")
     p.add_argument("--cache-dir", type=path_arg, default=None,
                    help="where DTensor's answers are cached (default: the metaspmd cache folder)")
     p.add_argument("--no-cache", action="store_true", help="ask DTensor afresh and cache nothing")

@@ -14,6 +14,7 @@ always run by their verified rule, as ``register()`` makes DTensor run them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -466,6 +467,10 @@ class TorchRuntime:
         return one_plan(self.mesh, solve, key)
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
+        # the trace names its inputs arg0_1, ...: the plan shows and takes the user's names
+        labels = tuple((var, key if isinstance(key, str) else f"input {key}")
+                       for key, var in _user_names(captured).items() if isinstance(var, str))
+        plan = dataclasses.replace(plan, labels=labels)
         return Parallelized(captured, plan, stats, mesh, fn if isinstance(fn, torch.nn.Module) else None)
 
 

@@ -59,6 +59,9 @@ class Plan:
     picked: str = ""  # whose plan it is when solve chose: the ILP solver's name or the beam's ('beam8')
     peak: tuple[tuple[str, float], ...] = ()  # the peak's bytes per device by kind (parameter, gradient, ...)
     peak_at: str = ""  # the op running at the peak ('(end)': after the last op)
+    # (graph input var, the user's name of it: "fc1.weight", "input 0"), where a runtime's
+    # trace names its inputs otherwise (torch's arg0_1): shown in the table, taken by placement
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def gap(self) -> float | None:
@@ -90,11 +93,15 @@ class Plan:
         return self.node(name).strategy
 
     def placement(self, var: str) -> Placements:
-        """Where a graph input or op output lives after its producer runs."""
+        """Where a graph input (by its var or its label) or op output lives after its producer runs."""
         try:
             return self._by_var[var]
         except KeyError:
-            raise PlannerError(f"no var named {var!r} in the plan") from None
+            pass
+        by_label = {label: v for v, label in self.labels}
+        if var in by_label:
+            return self._by_var[by_label[var]]
+        raise PlannerError(f"no var named {var!r} in the plan")
 
     def collectives(self) -> list[str]:
         """Every non-free collective, as 'kind@axis', in plan order; then the neighbour
@@ -105,10 +112,11 @@ class Plan:
     def table(self) -> str:
         """A readable per-node table, then the resharding and the totals."""
         rows = [("node", "op", "strategy", "inputs", "outputs", "compute us", "MiB")]
+        labels = dict(self.labels)
         for n in self.nodes:
             s = n.strategy
             rows.append((
-                n.name,
+                f"{n.name} ({labels[n.name]})" if n.name in labels else n.name,
                 n.op or "(input)",
                 s.label,
                 " ".join("[" + placements_str(p) + "]" for p in s.inputs),

@@ -125,6 +125,10 @@ def test_large_batch_without_budget_gives_data_parallel_mlp(fake_world, cache):
     assert kinds and set(kinds) == {"all-reduce@axis0"} and len(kinds) <= n_params
     assert plan.strategy("addmm_1").outputs[0] == (planner.Shard(0),)  # the output stays batch-sharded
     assert not any(op.op == "aten.ones_like.default" for op in ir.op_list)  # the seed gradient reads no loss
+    # the trace's input names (arg0_1) shown and taken beside the user's
+    names = [name for name, _ in model.named_parameters()]
+    assert plan.placement(names[0]) == plan.placement(params[0].name) and plan.placement("input 0") == (planner.Shard(0),)
+    assert f"{params[0].name} ({names[0]})" in plan.table() and f"{x.name} (input 0)" in plan.table()
 
 
 class Lookup(torch.nn.Module):
