@@ -642,7 +642,7 @@ def capture(
     closed, out_shapes = _trace(fn, traced, args)
     in_tree = jax.tree.structure(args)
     names = leaf_names(args, params is not None)
-    param_names = [n for n in names if n.split(".")[0] == "params"]
+    param_names = names[:len(jax.tree.leaves(params))] if params is not None else []  # args' leaves, params first
     flat = _Flattener()
     for name, v in zip(names, closed.jaxpr.invars):
         flat.avals[name] = v.aval

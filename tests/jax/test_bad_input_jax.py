@@ -543,3 +543,4 @@ def test_a_flat_checkpoint_key_beside_the_path_it_spells_is_planned_and_pinned_o
     np.testing.assert_allclose(grads["a.b"], ref["a.b"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grads["a"]["b"], ref["a"]["b"], rtol=1e-5, atol=1e-5)
     assert par.plan.placement("params['a.b']") == (Shard(0),)
+    assert list(par.captured.param_names) == ["params.a.b", "params['a.b']"]  # both parameters, their gradients tied
