@@ -270,6 +270,14 @@ def refuse_named_inputs(named: Mapping[str, Any]) -> None:
                         f"argument{'s' if len(named) > 1 else ''} {', '.join(map(repr, named))}")
 
 
+class UnknownName(KeyError):
+    """A key that names no value; shown as its message (a KeyError shows its repr, which
+    escapes the quotes of every bracketed name it lists)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, Any],
                       placements: Callable[[Any], planner.Placements],
                       mesh_shape: tuple[int, ...]) -> dict[str, planner.Placements]:
@@ -287,7 +295,7 @@ def named_constraints(names: Mapping[Any, str], ir: MetaIR, given: Mapping[Any, 
         var = names.get(key, key if key in known_vars else None)
         if var is None:
             known = ", ".join(repr(k) for k in names)
-            raise KeyError(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
+            raise UnknownName(f"constraint on {key!r}: no such value (inputs are {known}, or name a graph var)")
         p = tuple(placements(value))
         why = constraint_problem(p, shapes[var], tuple(mesh_shape), var in inputs) if var in shapes else ""
         if why:

@@ -468,8 +468,7 @@ class TorchRuntime:
 
     def run(self, fn, captured: Captured, plan: planner.Plan, stats: ResolveStats, mesh: DeviceMesh) -> "Parallelized":
         # the trace names its inputs arg0_1, ...: the plan shows and takes the user's names
-        labels = tuple((var, key if isinstance(key, str) else f"input {key}")
-                       for key, var in _user_names(captured).items() if isinstance(var, str))
+        labels = tuple((var, key) for key, var in _user_names(captured).items() if isinstance(var, str))
         plan = dataclasses.replace(plan, labels=labels)
         return Parallelized(captured, plan, stats, mesh, fn if isinstance(fn, torch.nn.Module) else None)
 
@@ -488,12 +487,12 @@ def _user_names(captured: Captured) -> dict:
     names.update(zip(captured.buffer_names, inputs[n_p:]))
     leaves = dict(zip((t.name for t in captured.inputs), inputs[n_p + n_b:]))
     for i in range(captured.n_user_inputs):
-        own = f"input {i}"
+        own = f"input {i}"  # its name in the plan's table and in errors, beside the position
         if own in leaves:
-            names[i] = leaves[own]
+            names[i] = names[own] = leaves[own]
             continue
         nested = {k: v for k, v in leaves.items() if k.startswith(own + "[")}
-        names[i] = _SeveralLeaves(i, tuple(nested))
+        names[i] = names[own] = _SeveralLeaves(i, tuple(nested))
         names.update(nested)
     return names
 

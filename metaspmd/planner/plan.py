@@ -59,9 +59,10 @@ class Plan:
     picked: str = ""  # whose plan it is when solve chose: the ILP solver's name or the beam's ('beam8')
     peak: tuple[tuple[str, float], ...] = ()  # the peak's bytes per device by kind (parameter, gradient, ...)
     peak_at: str = ""  # the op running at the peak ('(end)': after the last op)
-    # (graph input var, the user's name of it: "fc1.weight", "input 0"), where a runtime's
-    # trace names its inputs otherwise (torch's arg0_1): shown in the table, taken by placement
-    labels: tuple[tuple[str, str], ...] = ()
+    # (graph input var, a user's name of it: "fc1.weight", "input 0", or the position 0),
+    # where a runtime's trace names its inputs otherwise (torch's arg0_1): the first str one
+    # shown in the table; each taken by placement, before the trace's names (as constraints)
+    labels: tuple[tuple[str, str | int], ...] = ()
 
     @property
     def gap(self) -> float | None:
@@ -92,16 +93,20 @@ class Plan:
     def strategy(self, name: str) -> NodeStrategy:
         return self.node(name).strategy
 
-    def placement(self, var: str) -> Placements:
-        """Where a graph input (by its var or its label) or op output lives after its producer runs."""
-        try:
-            return self._by_var[var]
-        except KeyError:
-            pass
+    def placement(self, var: str | int) -> Placements:
+        """Where a graph input (by a label, first, or its var) or op output lives after its
+        producer runs."""
         by_label = {label: v for v, label in self.labels}
-        if var in by_label:
-            return self._by_var[by_label[var]]
-        raise PlannerError(f"no var named {var!r} in the plan")
+        name = by_label.get(var, var)
+        try:
+            return self._by_var[name]
+        except (KeyError, TypeError):  # TypeError: an unhashable key
+            pass
+        if name != var:  # a label of a number the trace holds as a constant
+            raise PlannerError(f"{var!r} is {name}, a number the trace holds as a constant: it has no placement")
+        labels = ", ".join(repr(label) for _, label in self.labels)
+        raise PlannerError(f"no var named {var!r} in the plan" + (f" (inputs are {labels}, or name a graph var)"
+                                                                  if labels else ""))
 
     def collectives(self) -> list[str]:
         """Every non-free collective, as 'kind@axis', in plan order; then the neighbour
@@ -112,7 +117,10 @@ class Plan:
     def table(self) -> str:
         """A readable per-node table, then the resharding and the totals."""
         rows = [("node", "op", "strategy", "inputs", "outputs", "compute us", "MiB")]
-        labels = dict(self.labels)
+        labels: dict[str, str] = {}
+        for var, label in self.labels:
+            if isinstance(label, str):
+                labels.setdefault(var, label)
         for n in self.nodes:
             s = n.strategy
             rows.append((

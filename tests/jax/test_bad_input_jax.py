@@ -527,6 +527,16 @@ def test_a_key_with_a_dot_and_the_path_it_spells_get_two_names():
         "params.a.b", "params['a.b']", "params.l.0", "params['l.0']", "in0"]
 
 
+def test_a_misspelt_key_lists_the_names_as_they_are_written(tmp_path):
+    """A KeyError shows its message's repr: every bracketed name came out with escaped quotes."""
+    params = {"fc1.weight": PARAMS["w"]}
+    with pytest.raises(KeyError) as e:
+        parallelize(lambda p, x: x @ p["fc1.weight"], mesh_of(1), (X,), params=params, cache=RuleCache(tmp_path),
+                    constraints={"params.fc1.weight": P()})
+    assert str(e.value) == ("constraint on 'params.fc1.weight': no such value (inputs are \"params['fc1.weight']\", "
+                            "'in0', or name a graph var)")
+
+
 def test_a_flat_checkpoint_key_beside_the_path_it_spells_is_planned_and_pinned_on_devices(tmp_path):
     mesh = mesh_of(4)
     rng = np.random.default_rng(0)

@@ -95,7 +95,45 @@ def test_an_unknown_key_is_refused_before_rule_lookup(torch_world, no_lookup):
     from torch.distributed.tensor import Shard
 
     _constraint_error(torch_world, {"wieght": (Shard(0),)}, KeyError,
-                      r"constraint on 'wieght': no such value \(inputs are 'weight', 'bias', 0")
+                      r"^constraint on 'wieght': no such value \(inputs are 'weight', 'bias', 0, 'input 0', or name")
+
+
+def test_a_parameter_named_like_a_node_and_a_number_input_are_answered_by_the_users_names(torch_world, tmp_path):
+    """``placement("t")`` answered for the trace's transpose node ``t`` rather than the
+    parameter ``t`` a constraint had pinned; a number input's name raised a bare KeyError."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    from metaspmd.backends.torch.parallelize import parallelize
+
+    class Scaled(torch_world.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch_world.nn.Linear(8, 8)
+            self.t = torch_world.nn.Parameter(torch_world.rand(8) + 0.5)
+
+        def forward(self, x, scale):
+            return self.fc(x) / self.t * scale
+
+    model, x = Scaled(), torch_world.randn(8, 8)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x, 2.0), cache=RuleCache(tmp_path),
+                        constraints={"t": (Shard(0),)})
+    assert "t" in {n.name for n in p.plan.nodes}  # the trace's own node of that name
+    assert p.plan.placement("t") == (planner.Shard(0),)
+    with pytest.raises(planner.PlannerError, match=r"^'input 1' is arg\d+_\d+, a number the trace holds as a "
+                                                   r"constant: it has no placement$"):
+        p.plan.placement("input 1")
+
+
+def test_an_input_is_pinned_by_its_position_or_by_the_name_the_plan_shows(torch_world):
+    from torch.distributed.tensor import Replicate, Shard
+
+    from metaspmd import planner
+
+    p = _parallelize(torch_world, {"input 0": (Shard(0),), "weight": (Replicate(),)})
+    assert p.plan.placement(0) == p.plan.placement("input 0") == (planner.Shard(0),)
 
 
 def test_too_many_placements_name_the_key_and_the_mesh_axes(torch_world, no_lookup):

@@ -129,6 +129,9 @@ def test_large_batch_without_budget_gives_data_parallel_mlp(fake_world, cache):
     names = [name for name, _ in model.named_parameters()]
     assert plan.placement(names[0]) == plan.placement(params[0].name) and plan.placement("input 0") == (planner.Shard(0),)
     assert f"{params[0].name} ({names[0]})" in plan.table() and f"{x.name} (input 0)" in plan.table()
+    assert plan.placement(0) == plan.placement("input 0")  # the position, as constraints take it
+    with pytest.raises(planner.PlannerError, match=r"no var named 'fc9.weight' in the plan \(inputs are 'fc1.weight'"):
+        plan.placement("fc9.weight")
 
 
 class Lookup(torch.nn.Module):
