@@ -67,6 +67,9 @@ class Captured:
     modes: tuple[tuple[str, bool], ...] = ()  # each submodule's name and ``training`` flag, as traced
     updated_inputs: tuple[int, ...] = ()  # input tensors (leaf indices) the model writes; new values last
     constants: tuple[HeldConstant, ...] = ()  # tensors the graph holds as constants, by name
+    # (a second name, the first name) of each parameter or buffer the module holds under
+    # several (tied weights: a head sharing the embedding's), which named_parameters() hides
+    tied: tuple[tuple[str, str], ...] = ()
 
     @functools.cached_property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -553,7 +556,21 @@ def _capture(fn_or_module: Callable | torch.nn.Module, example_inputs: tuple, ba
     n_outputs = 1 if backward else len(ir.output_list) - len(written) - len(written_inputs)
     updated = tuple(buffer_names[i] for i in written)
     return Captured(ir, gm, tuple(names), len(example_inputs), values, n_outputs, tuple(buffer_names), updated,
-                    traced, structure, trainable, training_modes(module), tuple(written_inputs))
+                    traced, structure, trainable, training_modes(module), tuple(written_inputs),
+                    tied=_tied_names(module))
+
+
+def _tied_names(module: torch.nn.Module) -> tuple[tuple[str, str], ...]:
+    """(a second name, the first name) of each tensor the module holds under several names."""
+    tied = []
+    for named in (module.named_parameters, module.named_buffers):
+        first: dict[int, str] = {}
+        for name, t in named(remove_duplicate=False):
+            if id(t) in first:
+                tied.append((name, first[id(t)]))
+            else:
+                first[id(t)] = name
+    return tuple(tied)
 
 
 def _run_for_its_effect(node: torch.fx.Node) -> bool:

@@ -477,14 +477,16 @@ RUNTIME = TorchRuntime
 
 
 def _user_names(captured: Captured) -> dict:
-    """The graph input of each parameter, buffer (by name) and user input: by position
-    where the argument is one value, and by its leaf's name (``"input 1[0]"``, as errors
-    name it) where it holds several (a tuple, a dict). A position whose argument holds
-    several is refused naming its leaves (``_SeveralLeaves``): it would place one of them."""
+    """The graph input of each parameter, buffer (by each of its names, a tied weight's
+    too) and user input: by position and as ``"input 0"`` where the argument is one value,
+    and by its leaf's name (``"input 1[0]"``, as errors name it) where it holds several (a
+    tuple, a dict). A position whose argument holds several is refused naming its leaves
+    (``_SeveralLeaves``): it would place one of them."""
     inputs = [v.name for v in captured.ir.input_list]
     n_p, n_b = len(captured.param_names), len(captured.buffer_names)
     names: dict = dict(zip(captured.param_names, inputs))
     names.update(zip(captured.buffer_names, inputs[n_p:]))
+    names.update((second, names[first]) for second, first in captured.tied if first in names)  # tied weights
     leaves = dict(zip((t.name for t in captured.inputs), inputs[n_p + n_b:]))
     for i in range(captured.n_user_inputs):
         own = f"input {i}"  # its name in the plan's table and in errors, beside the position

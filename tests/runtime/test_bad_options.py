@@ -127,6 +127,34 @@ def test_a_parameter_named_like_a_node_and_a_number_input_are_answered_by_the_us
         p.plan.placement("input 1")
 
 
+def test_a_tied_weight_is_pinned_and_answered_by_either_of_its_names(torch_world, tmp_path):
+    """named_parameters() lists a tied weight once, under its first name: the second
+    (``dec.weight``, a state_dict key) was refused as naming nothing."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    from metaspmd.backends.torch.parallelize import parallelize
+
+    class Tied(torch_world.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch_world.nn.Linear(16, 8, bias=False)
+            self.dec = torch_world.nn.Linear(16, 8, bias=False)
+            self.dec.weight = self.head.weight
+
+        def forward(self, x):
+            return self.head(x) + self.dec(x * 2)
+
+    model, x = Tied(), torch_world.randn(8, 16)
+    with LocalTensorMode(frozenset(range(WORLD))):
+        p = parallelize(model, DeviceMesh("cpu", list(range(WORLD))), (x,), cache=RuleCache(tmp_path),
+                        constraints={"dec.weight": (Shard(1),)})
+        out, grads = p(x)
+    torch_world.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert p.plan.placement("dec.weight") == p.plan.placement("head.weight") == (planner.Shard(1),)
+
+
 def test_an_input_is_pinned_by_its_position_or_by_the_name_the_plan_shows(torch_world):
     from torch.distributed.tensor import Replicate, Shard
 
