@@ -876,7 +876,7 @@ def check_registry_root(root: str | os.PathLike, backend: str | None = None, lay
     backends = [p for p in root.iterdir() if p.is_dir() and next(p.glob("*.yaml"), None) is not None]
     if not backends and any(p.suffix == ".yaml" and usable_name(p.stem) for p in files):
         raise RegistryError(f"{root}: holds rule files itself, so it is a backend folder, not a registry root "
-                            f"(pass {root.parent} instead)")
+                            f"(pass {Path(os.path.realpath(root)).parent} instead)")
     if not layout:
         return root
     # a file beside the backend folders, refused as in a git revision's tree (rule_diff's

@@ -232,6 +232,9 @@ def test_a_backend_folder_passed_as_the_root_is_still_named_so(tmp_path):
         load_registry(root / "torch", "torch")
     (root / "README.md").write_text("not yaml")  # other files beside the backend folders are no rule files
     assert list(load_registry(root, "torch")) == ["aten.mm.default"]
+    (tmp_path / "linked").symlink_to(root / "torch")  # the root to pass is the one the link leads into
+    with pytest.raises(RegistryError, match=rf"^{tmp_path / 'linked'}: holds rule files .*\(pass {root} instead\)"):
+        load_registry(tmp_path / "linked", "torch")
 
 
 # --------------------------------------------------------------------------- dtypes, Partial kinds
