@@ -283,7 +283,7 @@ STAGES = {
     "baseline": ("draw_baseline",),
     "discovery": ("_explore", "_search"),
     "fresh trials": ("_verify", "_verify_even"),
-    "other sizes": ("_cuts_on_other_sizes", "_partials_on_other_sizes", "_amounts_on_other_sizes"),
+    "other sizes": ("_cuts_on_other_sizes", "_partials_on_other_sizes", "_amounts_on_other_sizes", "_cuts_far_away"),
     "value checks": ("_check_avg_evenly", "_refute_on_ties", "_reduces_on_three_shards", "_whole_on_special_values",
                      "_where_parts_cancel"),
     "independence": ("_independent_parts", "_independent_spec", "_beside_unread"),

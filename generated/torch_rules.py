@@ -5223,11 +5223,11 @@ RULES = {
     },
     'aten.geqrf.a': {
         'self:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0)]}'),
-        'self:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1)], S2: [identity, identity]}', partial='[[S2(sum)]]'),
+        'self:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.geqrf.default': {
         'self:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0)]}'),
-        'self:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1)], S2: [identity, identity]}', partial='[[S2(sum)]]'),
+        'self:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.ger.default': {
         'self:f[*] vec2:f[*]': E('[[S1], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]'),
@@ -6436,22 +6436,22 @@ RULES = {
     'aten.linalg_lu_factor.default': {
         'A:f[*,*,*,*]': E('[[S1, S2, N, N]]', '{S1: [gather(dim=0), gather(dim=0)], S2: [gather(dim=1), gather(dim=1)]}'),
         'A:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0)]}'),
-        'A:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1)], S2: [identity, identity]}', partial='[[S2(sum)]]'),
+        'A:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.linalg_lu_factor.out': {
         'A:f[*,*,*,*]': E('[[S1, S2, N, N]]', '{S1: [gather(dim=0), gather(dim=0)], S2: [gather(dim=1), gather(dim=1)]}'),
         'A:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0)]}'),
-        'A:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1)], S2: [identity, identity]}', partial='[[S2(sum)]]'),
+        'A:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.linalg_lu_factor_ex.default': {
         'A:f[*,*,*,*]': E('[[S1, S2, N, N]]', '{S1: [gather(dim=0), gather(dim=0), gather(dim=0)], S2: [gather(dim=1), gather(dim=1), gather(dim=1)]}'),
         'A:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0), gather(dim=0)]}'),
-        'A:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1), identity], S2: [identity, identity, identity]}', partial='[[S2(sum)]]'),
+        'A:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.linalg_lu_factor_ex.out': {
         'A:f[*,*,*,*]': E('[[S1, S2, N, N]]', '{S1: [gather(dim=0), gather(dim=0), gather(dim=0)], S2: [gather(dim=1), gather(dim=1), gather(dim=1)]}'),
         'A:f[*,*,*]': E('[[S1, N, N]]', '{S1: [gather(dim=0), gather(dim=0), gather(dim=0)]}'),
-        'A:f[0,*,*]': E('[[N, S1, N]]', '{S1: [gather(dim=1), gather(dim=1), identity], S2: [identity, identity, identity]}', partial='[[S2(sum)]]'),
+        'A:f[0,*,*]': E('[[N, N, N]]', '{S1: [identity, identity, identity]}', partial='[[S1(sum)]]'),
     },
     'aten.linalg_lu_solve.default': {
         'LU:f[*,*,*] pivots:i[*,*] B:f[*,*,*]': E('[[S1, N, N], [S1, N], [S1, N, S2]]', '{S1: gather(dim=0), S2: gather(dim=2), S3: reduce(sum)}', partial='[[], [], [S3(sum)]]'),

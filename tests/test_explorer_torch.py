@@ -1039,6 +1039,26 @@ def test_cut_rules_hold_at_other_sizes_too():
     assert combines(e)["S2"] == ["reduce(sum)"]
 
 
+def test_cut_rules_hold_far_from_the_example_too():
+    """A kernel that reads a length as a constant keeps a row gather true at the example's 6
+    rows and at the 7 the other sizes' check makes: rows below 12 kept, a read clamped at row
+    9; and a QR's taus on an empty batch, min(rows, columns) long, gather along the rows only
+    where there are no more rows than columns. Checked with the cut dims past twice their
+    length too."""
+    def head12(x):
+        rows = torch.arange(x.shape[0], dtype=F64).unsqueeze(1)
+        return torch.where(rows < 12, x, torch.zeros_like(x))
+
+    def clamped(x):
+        return x[torch.clamp(torch.arange(x.shape[0]), max=9)]
+
+    for fn in (head12, clamped):
+        e = explore(fn, [randn(6, 8)], ("self",))
+        assert [str(p) for p in e.shard.inputs[0]] == ["N", "S1"], (fn.__name__, e.shard)
+    e = explore(aten.geqrf.default, [randn(0, 5, 5)], ("self",))
+    assert [str(p) for p in e.shard.inputs[0]] == ["N", "N", "N"], e.shard
+
+
 def test_lengthened_trials_keep_equal_lengths_for_kernels_that_trust_them():
     # a kernel that reads grad as laid out for x's shape, unchecked: with the two lengthened
     # apart it reads the wrong elements, a call outside its contract, which refutes nothing

@@ -15,6 +15,12 @@ from ..tensor_ops import FLOAT, INT
 from .common import TRIAL_SPLITS, UNINFORMATIVE, Trial, sized_gather
 
 
+# How much a cut dim is lengthened to check its rule far from the example's length, at most
+# (``_cuts_far_away``): its own length up to this, plus one; more would cost a model's real
+# sizes, met live, their memory and time.
+FAR_ROOM = 16
+
+
 class OtherSizes:
     """Checks rules on lengthened trials (a part of ``Explorer``)."""
 
@@ -71,6 +77,25 @@ class OtherSizes:
         # example's sizes only fails on the first trial that leaves them, unless that one
         # stays in the op's contract by chance (an appended element above a sorted sequence)
         return self._held_on(group, outs, self._resized_by(amounts) or [], skip_refused=True, enough=2)
+
+    def _cuts_far_away(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
+        """A cut rule once more, with the cut dims alone lengthened past twice their length
+        (by their length, up to ``FAR_ROOM``, plus one): a kernel that reads a length as a
+        constant (rows below 12 kept, a read clamped at row 9) keeps a gather true at the
+        example's 6 rows and at the 7 of ``_cuts_on_other_sizes``, not at 13; a QR's taus,
+        min(rows, columns) long, gather along the rows only while rows are fewer. Its evidence
+        is added to the other checks', never put in for theirs: where the op refuses such a
+        call or its shards, or a cut input could index (its positions would need copies),
+        nothing is judged. None where an output keeps no combine."""
+        cut = [(i, d) for i, d, _ in group.dims]
+        if not set(cut) <= set(self._resizable_dims()) or any(self._may_index(i) for i, _ in cut):
+            return outs
+        size = self.ops.shape(self.trials[0].leaves[cut[0][0]])[cut[0][1]]
+        amounts = dict.fromkeys(cut, min(size, FAR_ROOM) + 1)
+        trials, taken = self._resized_and_taken(amounts)
+        if trials is None or taken != amounts:  # the op ties a cut dim to another: no far call of its own
+            return outs
+        return self._held_on(group, outs, trials, skip_refused=True, enough=2)
 
     def _amounts_on_other_sizes(self, group: Group, outs: list[OutputCombine]) -> list[OutputCombine] | None:
         """Block counts and halos are read off sizes, which the signature leaves out unless

@@ -173,6 +173,10 @@ class Verifier:
             result = self._cuts_on_other_sizes(group, result)
             if result is None:
                 return None
+        if group.dims:
+            result = self._cuts_far_away(group, result)
+            if result is None:
+                return None
         empty = self._empty_throughout()
         if empty:
             result = self._empty_outputs_on_other_sizes(group, result, empty)
