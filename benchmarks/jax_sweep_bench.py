@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="worker processes (default: one per core)")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
                    help="CPU seconds per primitive, as the sweep's --timeout (default 120)")
-    p.add_argument("--runs", choices=("cold", "both"), default="both", help="cold only, or cold then warm (default both)")
+    p.add_argument("--runs", choices=("cold", "both"), default="both",
+                   help="cold only, or cold then warm (default both)")
     args = p.parse_args(argv)
     ops_given(p, args.ops, split_patterns(args.ops))  # --ops '' is an error, not the full sweep
     rows = [("jobs", str(args.jobs))]

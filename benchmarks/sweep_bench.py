@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="worker processes (default: one per core)")
     p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"CPU seconds per op, as the sweep's --timeout (default {DEFAULT_TIMEOUT:g})")
-    p.add_argument("--kernels", metavar="MODULE", help="sweep a module of your own ops instead, as the sweep's --kernels")
+    p.add_argument("--kernels", metavar="MODULE",
+                   help="sweep a module of your own ops instead, as the sweep's --kernels")
     p.add_argument("--slowest", type=whole_number, default=5, help="list this many slowest ops")
     p.add_argument("--loaded", action="store_true",
                    help="sweep twice, quiet and with every core busy, and compare the registries")

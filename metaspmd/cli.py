@@ -698,8 +698,8 @@ def coverage(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 # could not run (a slow or loaded machine's time limit, a crash), as the sweep's 3 does.
 CROSSCHECK_EXIT = ("exit status: 0 done, 1 a rule of ours failed re-verification (or a jit run), 2 usage or "
                    "registry error, 3 no rule failed but some op's check could not run (it raised, ran past its "
-                   "time limit (torch's --timeout) or killed its worker), so its rules were not checked, 130 interrupted (Ctrl-C: "
-                   "the report covers the ops checked before it)")
+                   "time limit (torch's --timeout) or killed its worker), so its rules were not checked, 130 "
+                   "interrupted (Ctrl-C: the report covers the ops checked before it)")
 
 
 def crosscheck_status(failed: bool, unchecked: bool) -> int:

@@ -32,6 +32,7 @@ from .spec import (
     ShardIn, ShardSpec, Strategy,
 )
 
+
 @dataclass(frozen=True)
 class Unreadable:
     """A changed file of the base that cannot be read (a broken file the head fixes): its
@@ -326,7 +327,8 @@ def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
         if d.is_dir():
             check_backend_folder(d)
     new = {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
-    old = {f"{b}/{p.name}": p for b in sorted(backend_names()) if (root / b).is_dir() for p in (root / b).glob("*.yaml")}
+    old = {f"{b}/{p.name}": p for b in sorted(backend_names()) if (root / b).is_dir()
+           for p in (root / b).glob("*.yaml")}
     sides: tuple[Registry, Registry] = ({}, {})
     for backend in sorted(backend_names()):
         problem = backend_folder_problem(root / backend)

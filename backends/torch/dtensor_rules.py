@@ -929,8 +929,8 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     check_cache(cache)
     problem = _example_fails(op, args, kwargs)
     if problem:  # a cached signature would install without running it; else the report blames DTensor
-        raise ValueError(f"the example call of {op_name(op)} fails, so it shows no rule: {problem.rstrip('.')}. Pass a call "
-                         "the op runs")
+        raise ValueError(f"the example call of {op_name(op)} fails, so it shows no rule: {problem.rstrip('.')}. "
+                         "Pass a call the op runs")
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)

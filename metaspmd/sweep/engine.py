@@ -107,7 +107,7 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
         # subset, and codegen would put a stray file's rules into a table)
         strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
-        if not ops and not any(select_ops([name.removesuffix(".yaml")], config.patterns) for name in strays):
+        if not ops and not any(select_ops([name.rsplit(".", 1)[0]], config.patterns) for name in strays):
             near = nearest_ops(every, config.patterns)
             raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}"
                              + (f" (did you mean {' or '.join(near)}?)" if near else ""))
