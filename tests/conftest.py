@@ -90,7 +90,7 @@ def plain_and_registered(fake_world_of):
 # ``F``, ``DeviceMesh``, ``Replicate``, ``Shard``, ``distribute_tensor``, ``mesh`` (of both
 # ranks) and ``report`` (a register()'s, or None: plain DTensor), and fills the dict ``got``.
 _GLOO_HEAD = """
-import gc, json, sys, warnings
+import gc, json, os, sys, warnings
 import torch, torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
@@ -109,6 +109,8 @@ if report is not None:
     dtensor_rules.unregister(report)
 gc.collect()  # DTensors freed after the process group abort the process (torch 2.13, gloo)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # gloo's threads can abort the interpreter's teardown ("terminate called without an active exception")
 """
 
 

@@ -84,6 +84,10 @@ class Plan:
     def _by_var(self) -> dict[str, Placements]:
         return {var: n.strategy.outputs[k] for n in self.nodes for k, var in enumerate(n.outputs)}
 
+    @cached_property
+    def _by_label(self) -> dict[str | int, str]:
+        return {label: var for var, label in self.labels}
+
     def node(self, name: str) -> NodePlan:
         try:
             return self._by_name[name]
@@ -96,12 +100,9 @@ class Plan:
     def placement(self, var: str | int) -> Placements:
         """Where a graph input (by a label, first, or its var) or op output lives after its
         producer runs."""
-        by_label = {label: v for v, label in self.labels}
-        name = by_label.get(var, var)
-        try:
+        name = self._by_label.get(var, var)
+        if name in self._by_var:
             return self._by_var[name]
-        except (KeyError, TypeError):  # TypeError: an unhashable key
-            pass
         if name != var:  # a label of a number the trace holds as a constant
             raise PlannerError(f"{var!r} is {name}, a number the trace holds as a constant: it has no placement")
         labels = ", ".join(repr(label) for _, label in self.labels)
