@@ -110,21 +110,23 @@ def _base_side(where: str, repo: Path | None, subdir: str) -> Registry:
     given as the root, a revision before the registry) is an error."""
     if _is_folder(where):
         root = _base_root(Path(where))
-        out: Registry = {}
+        out = _unreadable_backends(root)
         for backend in sorted(backend_names()):
-            folder = root / backend
-            problem = backend_folder_problem(folder)
-            if problem:
-                out[(backend, "")] = Unreadable(str(folder), problem)
-            elif folder.is_dir():
-                for path in sorted(folder.glob("*.yaml")):
-                    out.update([_read_base(path, backend)])
+            if (backend, "") not in out and (root / backend).is_dir():
+                out.update(_read_base(path, backend) for path in sorted((root / backend).glob("*.yaml")))
         return out
     git = _Git(repo or Path.cwd())
     rev = git.commit(where)
     tree = git.tree(rev, subdir)
     _refuse_empty(where, tree, subdir)
     return _tree_records(git, rev, where, tree, _rule_files(tree, subdir), subdir)
+
+
+def _unreadable_backends(root: Path) -> Registry:
+    """A base folder's backend folders that are none (a file, a symlink to nothing), each
+    as Unreadable under ``(backend, "")`` (``_spread_backends`` gives it to the head's ops)."""
+    return {(b, ""): Unreadable(str(root / b), problem) for b in sorted(backend_names())
+            if (problem := backend_folder_problem(root / b))}
 
 
 def _base_root(root: Path) -> Path:
@@ -329,11 +331,7 @@ def _changed_folders(base: Path, head: Path) -> tuple[Registry, Registry]:
     new = {f"{d.name}/{p.name}": p for d in backends for p in d.glob("*.yaml")}
     old = {f"{b}/{p.name}": p for b in sorted(backend_names()) if (root / b).is_dir()
            for p in (root / b).glob("*.yaml")}
-    sides: tuple[Registry, Registry] = ({}, {})
-    for backend in sorted(backend_names()):
-        problem = backend_folder_problem(root / backend)
-        if problem:
-            sides[0][(backend, "")] = Unreadable(str(root / backend), problem)
+    sides: tuple[Registry, Registry] = (_unreadable_backends(root), {})
     for name in sorted(old.keys() | new.keys()):
         paths = (old.get(name), new.get(name))
         if None not in paths:
