@@ -35,11 +35,22 @@ def _name(t: te.Tensor) -> str:
     return str(t.op.name)
 
 
-def _placeholders_read(outputs: list[te.Tensor]) -> list[te.Tensor]:
-    """Every placeholder the outputs depend on, in first-reached order."""
+# The operations te.create_prim_func lowers (TVM 0.27); a te.scan reaches it as a ScanOp,
+# whose state placeholder would otherwise be reported as a missing input.
+_LOWERED = (te.PlaceholderOp, te.ComputeOp, te.ExternOp)
+
+
+def _placeholders_read(op: str, outputs: list[te.Tensor]) -> list[te.Tensor]:
+    """Every placeholder the outputs depend on, in first-reached order; refuses an operation
+    the build cannot lower, naming it."""
     seen, found, stack = set(), [], list(reversed(outputs))
     while stack:
         t = stack.pop()
+        if not isinstance(t.op, _LOWERED):
+            raise KernelError(
+                op, f"{_name(t)!r} is a {type(t.op).__name__}, which te.create_prim_func cannot lower "
+                "(it takes te.placeholder, te.compute and te.extern): write it with te.compute",
+            )
         if isinstance(t.op, te.PlaceholderOp):
             if not any(p.same_as(t) for p in found):
                 found.append(t)
@@ -75,7 +86,7 @@ def _check_arity(op: str, inputs: list[te.Tensor], outputs: list[te.Tensor]) -> 
     names = [_name(t) for t in inputs]
     if len(set(names)) != len(names):
         raise KernelError(op, f"input names must be unique (they name the arguments): {names}")
-    read = _placeholders_read(outputs)
+    read = _placeholders_read(op, outputs)
     missing = [_name(t) for t in read if not any(t.same_as(i) for i in inputs)]
     unused = [_name(i) for i in inputs if not any(i.same_as(t) for t in read)]
     if missing:

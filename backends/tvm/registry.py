@@ -10,7 +10,9 @@ A kernel is a builder function that creates placeholders with symbolic shapes
         b = te.placeholder((n,), "float64", name="b")
         return [a, b], te.compute((n,), lambda i: a[i] + b[i], name="out")
 
-``example`` gives each symbolic var its size in the example call. ``variants`` lists
+The outputs are built from ``te.compute`` and ``te.extern`` (what ``te.create_prim_func``
+lowers); a ``te.scan`` is refused by name. ``example`` gives each symbolic var its size in
+the example call. ``variants`` lists
 keyword arguments for the builder (one compiled kernel and one example per variant);
 they are part of the call's signature, like a framework op's non-tensor arguments.
 ``int_ranges`` bounds the random values of integer inputs (``{"indices": (0, "n")}``,

@@ -146,6 +146,15 @@ def _bad_kernels() -> KernelRegistry:
         a = te.placeholder((n * 2,), f64, name="a")
         return [a], topi.exp(a)
 
+    @kernel("scan", example={"m": 4, "n": 3}, registry=reg)
+    def scan():  # a running sum over rows: the state placeholder is te.scan's own, not an input
+        m, n = te.var("m"), te.var("n")
+        x = te.placeholder((m, n), f64, name="x")
+        state = te.placeholder((m, n), f64, name="state")
+        init = te.compute((1, n), lambda _, i: x[0, i], name="init")
+        update = te.compute((m, n), lambda t, i: state[t - 1, i] + x[t, i], name="update")
+        return [x], te.scan(init, update, state, inputs=[x], name="running")
+
     @kernel("good", example={"n": 4}, registry=reg)
     def good():
         n = te.var("n")
@@ -168,6 +177,7 @@ def _bad_kernels() -> KernelRegistry:
         ("tvm.free_output_dim", r"output 'out' dim q does not follow from the input shapes"),
         ("tvm.expression_dim", r"input 'a' dim 0 is the expression n \* 2"),
         ("tvm.bad_variant", r"does not take the variant arguments \{'axis': 0\}"),
+        ("tvm.scan", r"'running' is a ScanOp, which te.create_prim_func cannot lower"),
     ],
 )
 def test_invalid_kernels_raise_a_clear_error_naming_the_kernel(op, message):
