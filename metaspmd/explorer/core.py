@@ -223,10 +223,15 @@ class Accepted:
             return False
         if ({(i, d) for i, d, _ in group.dims} | {(f[0], f[1]) for f in group.follow}) & self.uncut:
             return False  # positions two shards could both write (OpCase.uncut_dims)
+        placements = group.placements(self.n_inputs)
+        if any(placements == p for p, _ in self.found):
+            # held already (a neighbour's Partial rule, met again where Partial inputs are
+            # tried with nothing cut): a rule file places the inputs one way once
+            return True
         verified = self.verify(group, combines)
         if verified is None:
             return False
-        self.found.append((group.placements(self.n_inputs), verified.combines))
+        self.found.append((placements, verified.combines))
         self.counts.update(verified.counts)
         self.uneven |= verified.uneven
         return True

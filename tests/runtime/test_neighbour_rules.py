@@ -10,7 +10,9 @@ from metaspmd.backends.torch import dtensor_rules
 from metaspmd.backends.torch.rules_at_runtime import call_of
 from metaspmd.backends.torch.tensor_ops import TorchOps
 
+from metaspmd.registry_io import dump_record, loads_record
 from metaspmd.resolve import NEIGHBOUR_NOTE, NodeCall, explore_call
+from metaspmd.rules import make_record
 from metaspmd.spec import Gather, OutputCombine, Replicate, ShardIn
 
 aten = torch.ops.aten
@@ -44,6 +46,23 @@ def test_a_neighbour_rule_that_fails_at_the_call_sends_it_to_exploration():
     assert entry.status == "ok" and NEIGHBOUR_NOTE not in entry.notes
     assert (ShardIn(0), Replicate(), Replicate()) in {s.inputs for s in entry.all_strategies()}
     assert wrong[0] not in {s.inputs for s in entry.all_strategies()}
+
+
+@pytest.mark.parametrize("fn, args", [
+    (aten.div.Tensor, (torch.randn(4, 4, 6, 6), 2.8284271247461903)),  # the table's is other=2.0
+    (aten.add.Tensor, (torch.randn(4, 6, 5), 0.125)),
+    (aten.native_layer_norm.default, layer_norm_call(40)[1]),
+])
+def test_a_neighbour_verified_entry_places_the_inputs_one_way_once_and_reads_back(fn, args):
+    # the neighbour's Partial(sum) rule and the search's own Partial inputs with nothing cut
+    # found the same placement twice: the rule cache wrote it and then refused to read it
+    call = call_of(fn, args, {})
+    assert call.table_rules is None and call.neighbours()
+    entry = explore_call(call, OPS)
+    placements = [s.inputs for s in entry.all_strategies()]
+    assert NEIGHBOUR_NOTE in entry.notes and len(placements) == len(set(placements))
+    record = make_record(str(fn), "torch", [entry])
+    assert loads_record(dump_record(record)) == record
 
 
 def test_no_neighbour_across_flags_or_tensor_patterns():
