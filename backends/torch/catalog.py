@@ -413,13 +413,18 @@ def trusts_matching_shapes(func: torch._ops.OpOverload) -> bool:
 def unread_arg_names(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
     """Tensor arguments this call never reads, whatever their shape: batch norm's backward
     kernels read the running statistics in eval mode only (in training, running stats of any
-    length, NaN or None give the same gradients), so the shape guard leaves them out."""
+    length, NaN or None give the same gradients) and the saved ones in training only (in
+    eval mode they are empty), so the shape guard leaves out the ones the mode skips."""
     base = aten_base(func)
     if "batch_norm" not in base or "backward" not in base:
         return frozenset()
     bound = dict(zip(positional_names(func), args)) | dict(kwargs)
     training = bound.get("update", bound.get("train"))
-    return frozenset({"running_mean", "running_var"}) if training is True else frozenset()
+    if training is True:
+        return frozenset({"running_mean", "running_var"})
+    if training is False:
+        return frozenset(n for n in ("save_mean", "save_invstd", "save_var") if n in bound)
+    return frozenset()
 
 
 # Dims that index tensors address by value: sharding them leaves the indices pointing past

@@ -751,7 +751,7 @@ def test_batch_norm_backward_in_training_reads_no_running_stats():
     func = torch.ops.aten.native_batch_norm_backward.default
     f64 = dict(dtype=torch.float64)
     g, x, w, rm, rv, sm, si = (torch.randn(4, 6, 5, **f64), torch.randn(4, 6, 5, **f64), *[torch.rand(6, **f64) + 0.5 for _ in range(5)])
-    for train, unread in ((True, {"running_mean", "running_var"}), (False, set())):
+    for train, unread in ((True, {"running_mean", "running_var"}), (False, {"save_mean", "save_invstd"})):
         args = (g, x, w, rm, rv, sm, si, train, 1e-5, [True, True, True])
         assert catalog.unread_arg_names(func, args, {}) == unread
         fn = torch_case(func, args, {}, make_runner(func)).fn
@@ -761,6 +761,25 @@ def test_batch_norm_backward_in_training_reads_no_running_stats():
         else:
             with pytest.raises(ValueError, match="inconsistent shards"):
                 fn(*cut)
+
+
+def test_batch_norm_backward_in_eval_mode_is_cut_by_batch_and_by_channel():
+    """In eval mode the saved statistics are empty and unread: the shape guard once held their
+    length 0 against the channels and refused every cut, so a frozen batch norm's backward
+    was replicated (its input gradient and the gradients of weight and bias all-gathered)."""
+    from metaspmd.backends.torch.rules_at_runtime import call_of
+    from metaspmd.resolve import explore_call
+
+    func = torch.ops.aten.native_batch_norm_backward.default
+    g, x = torch.randn(8, 4, 6, 6), torch.randn(8, 4, 6, 6)
+    w, rm, rv, empty = torch.randn(4), torch.randn(4), torch.rand(4) + 0.5, torch.empty(0)
+    entry = explore_call(call_of(func, (g, x, w, rm, rv, empty, empty, False, 1e-5, [True, True, True]), {}),
+                         get_backend(opinfos=()).tensor_ops())
+    rules = {s.inputs[:5]: [str(o) for o in s.outputs] for s in entry.all_strategies()}
+    batch = (ShardIn(0), ShardIn(0), Replicate(), Replicate(), Replicate())
+    channel = (ShardIn(1), ShardIn(1), ShardIn(0), ShardIn(0), ShardIn(0))
+    assert rules[batch] == ["gather(dim=0)", "reduce(sum)", "reduce(sum)"], entry
+    assert rules[channel] == ["gather(dim=1)", "gather(dim=0)", "gather(dim=0)"], entry
 
 
 def test_pdist_backward_refuses_pairs_cut_apart_from_the_rows():
