@@ -188,8 +188,8 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
     checking them, and crash the process when only one of them is sharded. Local inputs are
     refused (ShapeRefused, so the strategy simply fails) unless tensors of equal example shape
     shrink alike and the highest-rank tensors shrink along the same dims; with
-    ``channels``, 1-D tensors (per-channel statistics) must also keep the length of the
-    highest-rank tensors' dim 1. Arguments in ``unread`` (positions or keyword names) are
+    ``channels``, 1-D tensors (per-channel statistics, unless empty) must also keep the
+    length of the highest-rank tensors' dim 1. Arguments in ``unread`` (positions or keyword names) are
     left out: the kernel never reads them, so their shapes cannot mislead it.
     """
 
@@ -213,7 +213,9 @@ def consistent_shards_only(fn: Callable[..., Any], args: tuple, kwargs: Mapping[
         if any(len(v) > 1 for v in by_shape.values()) or len(top_dims) > 1:
             return False
         if channels and top >= 2:
-            widths = {ls[1] for ls in local if len(ls) == top} | {ls[0] for ls in local if len(ls) == 1}
+            # an empty 1-D tensor is no per-channel statistic (batch_norm_backward's reserve)
+            widths = ({ls[1] for ls in local if len(ls) == top}
+                      | {ls[0] for ls, es in zip(local, example) if len(ls) == 1 and es != (0,)})
             return len(widths) <= 1
         return True
 

@@ -782,6 +782,25 @@ def test_batch_norm_backward_in_eval_mode_is_cut_by_batch_and_by_channel():
     assert rules[channel] == ["gather(dim=1)", "gather(dim=0)", "gather(dim=0)"], entry
 
 
+def test_an_empty_reserve_is_no_per_channel_statistic_to_the_shape_guard():
+    """batch_norm_backward's reserve is empty (CPU): held as a 1-D tensor of length 0 against
+    the channels, it made the guard refuse every channel cut, and the op had none."""
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+
+    func = torch.ops.aten.batch_norm_backward.default
+    g, x = torch.randn(4, 6, 5, dtype=torch.float64), torch.randn(4, 6, 5, dtype=torch.float64)
+    w, rm, rv, sm, sv = (torch.rand(6, dtype=torch.float64) + 0.5 for _ in range(5))
+    reserve = torch.empty(0, dtype=torch.uint8)
+    args = (g, x, w, rm, rv, sm, sv, True, 1e-5, [True, True, True], reserve)
+    fn = torch_case(func, args, {}, make_runner(func)).fn
+    cut = (g[:, :3], x[:, :3], w[:3], rm, rv, sm[:3], sv[:3]) + args[7:]
+    whole = func(*args)
+    for part, full, dim in zip(fn(*cut), whole, (1, 0, 0)):
+        torch.testing.assert_close(part, full.narrow(dim, 0, 3))
+    with pytest.raises(ValueError, match="inconsistent shards"):
+        fn(g[:, :3], x[:, :3], w, rm, rv, sm[:3], sv[:3], *args[7:])  # weight left whole
+
+
 def test_pdist_backward_refuses_pairs_cut_apart_from_the_rows():
     """_pdist_backward reads grad and pdist by the number of pairs of self's rows, unchecked:
     with them cut and self whole it read past their end, and the rules found changed from
