@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -209,10 +210,11 @@ def ops_given(p: argparse.ArgumentParser, values: list[str], patterns: tuple[str
         p.error(f"--ops {' '.join(map(repr, values))} names no op pattern")
 
 
-def _kernels_given(p: argparse.ArgumentParser, kernels: str | None) -> None:
+def _kernels_given(p: argparse.ArgumentParser, kernels: list[str] | None) -> None:
     """``--kernels ''`` would sweep the built-in ops."""
-    if kernels is not None and not kernels.strip():
-        p.error(f"--kernels {kernels!r} names no module")
+    for k in kernels or ():
+        if not k.strip():
+            p.error(f"--kernels {k!r} names no module")
 
 
 def read_as_rules(path: Path) -> str:
@@ -331,9 +333,9 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
                         f"{CASES_PER_TIMEOUT} example calls of the op (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--wall-timeout", type=seconds, metavar="SECONDS",
                    help=f"per-op wall-clock guard against hangs that burn no CPU (default {WALL_FACTOR:g}x --timeout)")
-    p.add_argument("--kernels", metavar="MODULE",
+    p.add_argument("--kernels", metavar="MODULE", action="append",
                    help="a module (dotted name or .py file) of ops to sweep instead of the built-in ones: "
-                        "TE kernels (tvm) or custom ops (torch)")
+                        "TE kernels (tvm) or custom ops (torch); repeat it for several modules")
     p.add_argument("--timings", type=path_arg, metavar="FILE", help="write per-op exploration times here (json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--worker-output", action="store_true",
@@ -369,7 +371,7 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     signal.signal(signal.SIGHUP, _stop_on_sigterm)
     options: tuple = ()
     if args.kernels is not None:
-        options = (("kernels", args.kernels),)
+        options = (("kernels", tuple(args.kernels)),)
         if module == "metaspmd.backends.jax":  # it would sweep every primitive into registry/jax
             print("sweep: error: --kernels takes torch custom ops or TVM TE kernels; the jax backend sweeps "
                   "jax's own primitives only", file=sys.stderr)
@@ -515,6 +517,11 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         except RegistryError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    # the command that rewrites them: a registry of your own's tables by its own options
+    repository = not own and os.path.realpath(args.out) == os.path.realpath(ROOT / "generated")
+    rerun = "metaspmd codegen" if repository else shlex.join(
+        ["metaspmd", "codegen", "--registry", str(args.registry), "--out", str(args.out)]
+        + ([] if args.backend == "all" else ["--backend", args.backend]))
     stale, said = [], [header]  # every table written before a line is printed: a reader gone
     for backend, text in texts.items():  # early (| head -1) stops the printing, not the writing
         path = args.out / TARGETS[backend]
@@ -523,7 +530,7 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             continue
         if args.check:
             stale.append(path.name)
-            said.append(f"{path.name}: STALE (run metaspmd codegen)")
+            said.append(f"{path.name}: STALE (run {rerun})")
         else:
             try:
                 write_text_atomic(path, text)

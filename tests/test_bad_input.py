@@ -546,7 +546,11 @@ def test_kernels_replace_the_tvm_builtins(tmp_path, monkeypatch):
 
     monkeypatch.setattr("metaspmd.sweep.run_sweep", record)
     assert cli.sweep(["--backend", "tvm", "--kernels", "my_kernels", "--out", str(tmp_path)]) == 2
-    assert seen[0].backend_options == (("kernels", "my_kernels"), ("builtins", False))
+    assert seen[0].backend_options == (("kernels", ("my_kernels",)), ("builtins", False))
+    # repeated, every module is swept (only the last was)
+    assert cli.sweep(["--backend", "tvm", "--kernels", "a_kernels", "--kernels", "b.py", "--out", str(tmp_path)]) == 2
+    assert seen[1].backend_options == (("kernels", ("a_kernels", "b.py")), ("builtins", False))
+    assert seen[1].kernels == "a_kernels b.py"
 
 
 def test_sweep_out_must_be_a_registry_root(tmp_path, fake_backend, capsys, monkeypatch):
@@ -1011,6 +1015,16 @@ def test_codegen_check_of_a_registry_of_ones_own_does_not_depend_on_its_spelling
         assert cli.codegen(["--registry", spelling, "--out", "gen", "--check"]) == 0, spelling
     monkeypatch.chdir(tmp_path / "gen")
     assert cli.codegen(["--registry", "../base", "--out", ".", "--check"]) == 0
+
+
+def test_codegen_check_of_a_registry_of_ones_own_names_its_own_command(tmp_path, capsys, monkeypatch):
+    """A stale table of one's own registry said "run metaspmd codegen", which rewrites the
+    repository's generated/ from its registry, not these tables."""
+    write(tmp_path / "my reg", "torch", "aten.mm.default")
+    monkeypatch.chdir(tmp_path)
+    assert cli.codegen(["--registry", "my reg", "--out", "gen", "--check"]) == 1
+    said = capsys.readouterr().out
+    assert "torch_rules.py: STALE (run metaspmd codegen --registry 'my reg' --out gen)" in said, said
 
 
 def test_a_path_too_long_to_name_is_a_usage_error_for_every_command(capsys):

@@ -296,6 +296,11 @@ def test_usage_errors_exit_2(tmp_path):
     assert "did you mean" not in nomatch.stderr  # nothing near
     typo = cli("--out", str(tmp_path), "--ops", "fake.matmull")
     assert typo.returncode == 2 and "matches fake.matmull (did you mean fake.matmul?)" in typo.stderr
+    # a typo beside a good name, in a sweep or a check, is refused too: it would check less and pass
+    for check in ((), ("--check",)):
+        beside = cli("--out", str(tmp_path), *check, "--ops", "fake.add,fake.matmull", "--ops", "fake.s*")
+        assert beside.returncode == 2, beside.stderr
+        assert "no op of backend 'fake' matches fake.matmull (did you mean fake.matmul?)" in beside.stderr
     assert not (tmp_path / "fake").exists()
     with pytest.raises(SweepError, match="cannot load backend 'fake_backend': RuntimeError: cannot start: broken"):
         sweep(tmp_path, backend_options=(("fail", "broken"),))

@@ -74,6 +74,12 @@ class SweepConfig:
     def wall_limit(self) -> float:
         return wall_limit(self.timeout, self.wall_timeout)
 
+    @property
+    def kernels(self) -> str:
+        """The user's modules the backend imports (``--kernels``), for a message; '' for none."""
+        kernels = dict(self.backend_options).get("kernels") or ()
+        return kernels if isinstance(kernels, str) else " ".join(kernels)
+
 
 def unwritable(path: Path, folder: bool) -> str:
     """Why ``path`` (a folder to write files in, or a file to write) cannot be written, or

@@ -107,9 +107,13 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
         # subset, and codegen would put a stray file's rules into a table)
         strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
-        if not ops and not any(select_ops([name.rsplit(".", 1)[0]], config.patterns) for name in strays):
-            near = nearest_ops(every, config.patterns)
-            raise SweepError(f"no op of backend {backend!r} matches {', '.join(config.patterns) or '*'}"
+        # each pattern must name something (an op, or a stray file's op in check mode): a
+        # typo beside a good name would otherwise check less and pass
+        stray_ops = [name.rsplit(".", 1)[0] for name in strays]
+        unmatched = [p for p in config.patterns if p and not select_ops(every, [p]) and not select_ops(stray_ops, [p])]
+        if unmatched or (not ops and not select_ops(stray_ops, config.patterns)):
+            near = nearest_ops(every, unmatched or config.patterns)
+            raise SweepError(f"no op of backend {backend!r} matches {', '.join(unmatched or config.patterns) or '*'}"
                              + (f" (did you mean {' or '.join(near)}?)" if near else ""))
         if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
             raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
@@ -184,7 +188,7 @@ SLOW_START_S = 15.0
 
 def _start(pool: WorkerPool, name: str) -> str:
     """``pool.start()``, saying once on stderr why nothing happens when it is slow."""
-    kernels = dict(pool.config.backend_options).get("kernels")
+    kernels = pool.config.kernels
     timer = threading.Timer(SLOW_START_S, lambda: print(
         f"sweep: backend {name!r} is still setting up in its worker (loading the framework and its sample "
         "index; the first sweep on a machine builds that index, torch's OpInfo samples or JAX's traced "

@@ -418,8 +418,7 @@ class WorkerPool:
     def _loading(self) -> str:
         """What else loading the backend did, for a message: a module of the user's imported
         (``--kernels``, which may be what hangs)."""
-        kernels = dict(self.config.backend_options).get("kernels")
-        return f" (loading imports --kernels {kernels})" if kernels else ""
+        return f" (loading imports --kernels {self.config.kernels})" if self.config.kernels else ""
 
     def _handle_startup(self, worker: _Worker, message) -> None:
         if message is None:
