@@ -263,8 +263,9 @@ class OutOfMemory(BaseException):
     file, as it does for an op out of time."""
 
 
-# What a framework's allocator says when it fails (torch's CPU allocator and CUDA, XLA)
-_OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "RESOURCE_EXHAUSTED")
+# What a framework's allocator says when it fails (torch's CPU allocator and CUDA, XLA, and
+# C++'s std::bad_alloc as TVM's runtime passes it on)
+_OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "RESOURCE_EXHAUSTED", "std::bad_alloc")
 
 
 def out_of_memory(exc: BaseException) -> bool:

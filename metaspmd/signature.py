@@ -17,6 +17,7 @@ them, ``self:f[5,4,6] size=[20,6]``; a convolution's halo is its kernel's extent
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import re
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -70,7 +71,15 @@ def value_token(ops: TensorOps, x: Any, exact: slice | None = None) -> str:
     if isinstance(x, dict):
         return "{" + ",".join(f"{k}:{value_token(ops, x[k], exact)}" for k in sorted(x)) + "}"
     # dtypes, layouts, memory formats, enums: their own string form, without spaces
-    return str(x).replace(" ", "")
+    return object_text(x).replace(" ", "")
+
+
+def object_text(x: Any) -> str:
+    """An object's text in a rule file: a function or class by its module and name (its str
+    holds its address, new in each run), anything else by its str."""
+    if inspect.isroutine(x) or inspect.isclass(x):
+        return f"{x.__module__}.{x.__qualname__}"
+    return str(x)
 
 
 def has_tensor(ops: TensorOps, x: Any) -> bool:

@@ -17,6 +17,7 @@ import tvm
 from tvm import te, tirx
 from tvm.sym import Analyzer
 
+from metaspmd.case import OutOfMemory, out_of_memory
 from .registry import KernelError, KernelSpec, Params
 
 TARGET = "llvm"
@@ -199,7 +200,15 @@ def _call_builder(spec: KernelSpec, params: Params) -> Any:
     except KernelError:
         raise
     except Exception as e:
+        _raise_if_out_of_memory(spec.op, "building", e)
         raise KernelError(spec.op, f"the builder raised {_first_line(e)}") from e
+
+
+def _raise_if_out_of_memory(op: str, stage: str, e: Exception) -> None:
+    """An allocation that failed is the machine's limit, not the kernel's fault: a sweep
+    keeps the kernel's previous file (OutOfMemory), as for a run of the op."""
+    if out_of_memory(e):
+        raise OutOfMemory(f"{op}: {stage} the kernel failed to allocate memory: {_first_line(e)}") from e
 
 
 @functools.lru_cache(maxsize=None)
@@ -223,6 +232,7 @@ def build_kernel(spec: KernelSpec, params: Params = ()) -> CompiledKernel:
         func = te.create_prim_func([*inputs, *outputs])
         compiled = tvm.compile(tvm.IRModule({"main": func}), target=TARGET)
     except Exception as e:
+        _raise_if_out_of_memory(spec.op, "compiling", e)
         raise KernelError(spec.op, f"build failed: {_first_line(e)}") from e
     return CompiledKernel(spec.op, params, tuple(inputs), tuple(outputs), variables, compiled)
 

@@ -27,6 +27,7 @@ the backend first asks for the kernel's cases, so one broken kernel cannot stop 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -56,9 +57,27 @@ class KernelSpec:
     module: str = ""  # the module that registered it (what --kernels selects)
 
 
-def _params(variant: Mapping[str, Any]) -> Params:
+def _params(op: str, variant: Mapping[str, Any]) -> Params:
     # lists become tuples: a variant is a cache key and a signature value
+    for k, v in dict(variant).items():
+        problem = _unwritable(v)
+        if problem:
+            raise KernelError(op, f"variant argument {k!r} = {v!r}: {problem}")
     return tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in dict(variant).items()))
+
+
+def _unwritable(v: Any) -> str:
+    """Why a variant value cannot key a rule ('' where it can): the signature writes it,
+    so it must read the same in every run and tell variants apart."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return ""
+    if isinstance(v, (list, tuple)):
+        return next((p for p in map(_unwritable, v) if p), "")
+    if inspect.isroutine(v) or inspect.isclass(v):  # written by module and name
+        named = getattr(v, "__module__", None) and "<" not in getattr(v, "__qualname__", "<")
+        return "" if named else "a lambda or local function has no name the rule file can keep: define it at module level"
+    return (f"a {type(v).__name__} is no variant value: use numbers, strings, None, lists of them, or "
+            "functions defined at module level")
 
 
 def op_name(name: str) -> str:
@@ -75,6 +94,10 @@ class KernelRegistry:
         old = self._specs.get(spec.op)
         if old is not None and old.module != spec.module:
             raise KernelError(spec.op, f"already registered by module {old.module!r}")
+        if old is not None and _qualname(old.builder) != _qualname(spec.builder):
+            # a reload defines the same function again; two builders of one name would leave one unswept
+            raise KernelError(spec.op, f"registered twice in module {spec.module!r}, by {_qualname(old.builder)} "
+                                       f"and by {_qualname(spec.builder)}")
         self._specs[spec.op] = spec
 
     def get(self, op: str) -> KernelSpec:
@@ -87,6 +110,10 @@ class KernelRegistry:
         """Registered op names, sorted; only those registered by ``modules`` when given."""
         wanted = None if modules is None else set(modules)
         return sorted(op for op, s in self._specs.items() if wanted is None or s.module in wanted)
+
+
+def _qualname(builder: Callable[..., Any]) -> str:
+    return getattr(builder, "__qualname__", None) or repr(builder)
 
 
 REGISTRY = KernelRegistry()
@@ -112,7 +139,7 @@ def kernel(
             op=op,
             builder=builder,
             example=tuple(sorted((str(k), int(v)) for k, v in example.items())),
-            variants=tuple(_params(v) for v in variants) or ((),),
+            variants=tuple(_params(op, v) for v in variants) or ((),),
             int_ranges=tuple(sorted((k, tuple(v)) for k, v in (int_ranges or {}).items())),
             exact=tuple(sorted(exact)),
             module=builder.__module__,

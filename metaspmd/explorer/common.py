@@ -13,7 +13,7 @@ from .. import pytree
 from ..case import OpCase
 from ..combine import Split
 from ..rules import Example, RuleEntry, TensorArg
-from ..signature import arg_items
+from ..signature import arg_items, object_text
 from ..spec import (
     N, ArgReduce, CombineSpec, Gather, GatherPositions, Group, Identity, InputPlacement, OutputCombine, PartialInput, PartialSpec,
     Reduce, Scan, ShardIn, ShardSpec, Tables,
@@ -305,7 +305,7 @@ def example_value(ops: TensorOps, x: Any) -> Any:
         return tuple(example_value(ops, y) for y in x)
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
-    return str(x)
+    return object_text(x)
 
 
 def example_of(ops: TensorOps, case: OpCase) -> Example:

@@ -213,6 +213,69 @@ def test_registration_rejects_a_name_taken_by_another_module():
 
     kernel("dup", example={}, registry=reg)(builder)
     kernel("dup", example={}, registry=reg)(builder)  # same module again: a reload, replaces
+
+    def other_builder():
+        raise AssertionError("not built")
+
+    # another builder of the same name in one module: one of them would go unswept, unsaid
+    with pytest.raises(KernelError, match=r"kernel tvm.dup: registered twice in module '.*', by .*\.builder and by .*other_builder"):
+        kernel("dup", example={}, registry=reg)(other_builder)
     builder.__module__ = "someone.else"
     with pytest.raises(KernelError, match="kernel tvm.dup: already registered by module"):
         kernel("dup", example={}, registry=reg)(builder)
+
+
+def _doubled(v):
+    return v * 2.0
+
+
+def test_function_variants_are_written_by_name_and_unnamed_values_are_refused():
+    """A variant picking a function is written by its module and name, the same in every
+    run (its str holds an address); a lambda, a local function or a dict would make the
+    rule file change from run to run or fail to key a rule, and is refused naming it."""
+    from metaspmd.explorer import explore_case
+
+    reg = KernelRegistry()
+
+    @kernel("act", example={"n": 6}, variants=[{"f": te.exp}, {"f": _doubled}], registry=reg)
+    def act(f):
+        n = te.var("n")
+        x = te.placeholder((n,), "float64", name="x")
+        return [x], te.compute((n,), lambda i: f(x[i]), name="out")
+
+    be = backend_of(reg)
+    entries = [explore_case(c, be.tensor_ops()) for c in be.cases("tvm.act")]
+    assert [e.signature for e in entries] == ["x:f[*] f=tvm.tirx.op.exp", f"x:f[*] f={__name__}._doubled"]
+    assert dict(entries[1].example.args)["f"] == f"{__name__}._doubled"
+
+    def local(v):
+        return v
+
+    for value, problem in ((lambda v: v, "lambda or local function"), (local, "lambda or local function"),
+                           ({"a": 1}, "a dict is no variant value"), ([1, {2}], "a set is no variant value")):
+        with pytest.raises(KernelError, match=f"^kernel tvm.bad: variant argument 'f' = .*{problem}"):
+            kernel("bad", example={"n": 4}, variants=[{"f": value}], registry=KernelRegistry())(act)
+
+
+def test_a_kernel_that_fails_to_allocate_is_out_of_memory_not_failed(monkeypatch):
+    """TVM passes C++'s std::bad_alloc on as an InternalError, which was read as the kernel's
+    own failure: the sweep replaced its rules with a failed file and exited 0. It is the
+    machine's limit, so the sweep keeps the kernel's file (OutOfMemory), as for a run."""
+    from metaspmd.case import OutOfMemory, out_of_memory
+
+    assert out_of_memory(tvm.error.InternalError("Traceback...\nInternalError: std::bad_alloc"))
+    reg = KernelRegistry()
+
+    @kernel("hungry", example={"n": 4}, registry=reg)
+    def hungry():
+        raise MemoryError()
+
+    with pytest.raises(OutOfMemory, match="^tvm.hungry: building the kernel failed to allocate memory: MemoryError"):
+        backend_of(reg).cases("tvm.hungry")
+
+    def no_room(*args, **kwargs):
+        raise tvm.error.InternalError("std::bad_alloc")
+
+    monkeypatch.setattr(tvm, "compile", no_room)
+    with pytest.raises(OutOfMemory, match="^tvm.good: compiling the kernel failed to allocate memory"):
+        backend_of(_bad_kernels()).cases("tvm.good")
