@@ -279,3 +279,31 @@ def test_a_kernel_that_fails_to_allocate_is_out_of_memory_not_failed(monkeypatch
     monkeypatch.setattr(tvm, "compile", no_room)
     with pytest.raises(OutOfMemory, match="^tvm.good: compiling the kernel failed to allocate memory"):
         backend_of(_bad_kernels()).cases("tvm.good")
+
+
+def test_a_kernel_reading_past_its_input_gets_no_rule_from_what_lies_there():
+    """``x[i + 1]`` up to n reads one element past x: whatever the heap held there (often
+    zero) made a Partial(sum) rule pass on some sweeps and not on others. Each input is
+    followed by values drawn from its own bytes, which a shard's read and the whole
+    input's do not share: no rule holds, on every exploration alike."""
+    reg = KernelRegistry()
+
+    @kernel("shift_past_end", example={"n": 6}, registry=reg)
+    def shift_past_end():
+        n = te.var("n")
+        x = te.placeholder((n,), "float64", name="x")
+        return [x], te.compute((n,), lambda i: x[i + 1], name="out")
+
+    @kernel("shift_within", example={"n": 6}, registry=reg)
+    def shift_within():  # the same shift, clamped: a halo rule, as before
+        n = te.var("n")
+        x = te.placeholder((n,), "float64", name="x")
+        return [x], te.compute((n,), lambda i: x[te.min(i + 1, n - 1)], name="out")
+
+    be = backend_of(reg)
+    records = [explore_op(be, "tvm.shift_past_end") for _ in range(3)]
+    assert [r.status for r in records] == ["replicate-only"] * 3 and records[0] == records[1] == records[2]
+    x = to_tvm(np.arange(4.0))
+    [k] = be.kernels("tvm.shift_past_end")
+    assert k(x).numpy()[:3].tolist() == [1.0, 2.0, 3.0] and k(x).numpy()[3] == k(x).numpy()[3]  # the same read again
+    assert explore_op(be, "tvm.shift_within").status == "ok"
