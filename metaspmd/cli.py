@@ -264,8 +264,9 @@ Exit status: 0 done (op failures are recorded, not errors), 1 --check found diff
 folder, a file, a symlink loop or not writable, a folder at an op's rule file path,
 --timings not writable: checked before any op runs), 3 some op timed out (or was killed by
 SIGKILL, or ran out of memory) twice and kept its previous file (--check: no difference found, but those ops were
-not compared), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP): the
-summary and --timings then cover the ops finished; 141 stdout closed early (| head).
+not compared), 4 a rule file could not be written (a full disk), 130 interrupted (Ctrl-C),
+143 terminated (SIGTERM), 129 hung up (SIGHUP): the summary and --timings then cover the ops
+finished, whose files are whole; 141 stdout closed early (| head).
 """
 
 
@@ -309,7 +310,8 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
     import signal
 
     from metaspmd.sweep import (
-        DEFAULT_TIMEOUT, SweepConfig, SweepError, SweepInterrupted, backend_module, run_sweep, split_patterns,
+        DEFAULT_TIMEOUT, SweepConfig, SweepError, SweepInterrupted, SweepWriteFailed, backend_module, run_sweep,
+        split_patterns,
     )
     from metaspmd.sweep.config import CASES_PER_TIMEOUT, WALL_FACTOR, unwritable
 
@@ -386,6 +388,11 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
             progress=not args.no_progress, worker_output=args.worker_output,
         )
         report = run_sweep(config)
+    except SweepWriteFailed as e:  # what it finished is reported; the error last, where it is read
+        _sweep_report(e.report, args, out)
+        print(f"sweep: error: cannot write a rule file, so the sweep stopped ({len(e.report.not_swept)} op(s) not "
+              f"swept; files written so far are complete): {e.error}", file=sys.stderr)
+        return 4
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
@@ -394,9 +401,6 @@ def _sweep(argv: Sequence[str] | None, prog: str | None) -> int:
         return _interrupted(e)
     except KeyboardInterrupt as e:
         return _interrupted(e)
-    except OSError as e:  # a rule file that could not be written (a full disk): those written are whole
-        print(f"sweep: error: {e}", file=sys.stderr)
-        return 2
     if not _sweep_report(report, args, out):
         return 2  # not --check's "stale"
     timed_out = report.timed_out()

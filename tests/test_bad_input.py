@@ -836,19 +836,48 @@ def test_check_of_a_folder_with_no_backend_folder_is_a_usage_error(tmp_path, fak
 
 
 def test_a_rule_file_that_cannot_be_written_ends_the_sweep_naming_it(tmp_path, fake_backend, capsys, monkeypatch):
-    """A full disk was a traceback from the sweep's engine."""
+    """A full disk was a traceback from the sweep's engine; then exit 2 (a usage error) with
+    no summary and no --timings: the ops finished before it went unreported."""
     import errno
+    import json
 
     import metaspmd.registry_io
 
-    def full(path, text):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    write = metaspmd.registry_io.write_text_atomic
+    written = []
 
-    monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", full)
-    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add", "--jobs", "1",
-                      "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "No space left on device" in err and "fake.add.yaml" in err and "Traceback" not in err
+    def fills_up(path, text):
+        if path.suffix == ".yaml" and written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        write(path, text)
+
+    monkeypatch.setattr(metaspmd.registry_io, "write_text_atomic", fills_up)
+    timings = tmp_path / "t.json"
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--ops", "fake.add,fake.matmul,fake.sum",
+                      "--jobs", "1", "--no-progress", "--timings", str(timings)]) == 4
+    out, err = capsys.readouterr()
+    assert "No space left on device" in err and "Traceback" not in err and "the sweep stopped (2 op(s) not swept" in err
+    assert "ops/s" in out  # the summary of what it finished
+    assert [p.name for p in (tmp_path / "reg" / "fake").iterdir()] == [written[0].name]
+    assert len(json.loads(timings.read_text())["not_swept"]) == 2
+
+
+def test_an_interrupt_while_the_backend_loads_still_reports(tmp_path, fake_backend, capsys, monkeypatch):
+    """Ctrl-C before any op ran skipped the summary and --timings, which every stopped
+    sweep writes."""
+    import json
+
+    def interrupted(pool, name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("metaspmd.sweep.engine._start", interrupted)
+    timings = tmp_path / "t.json"
+    assert cli.sweep(["--backend", fake_backend, "--out", str(tmp_path / "reg"), "--jobs", "1", "--no-progress",
+                      "--timings", str(timings)]) == 130
+    out, err = capsys.readouterr()
+    assert "ops/s" in out and "interrupted; files written so far are complete" in err
+    assert json.loads(timings.read_text()).get("not_swept", []) == []
 
 
 PRINTS = "from metaspmd.cli import pipe_safe\nprint(pipe_safe(lambda: print('x' * 100000) or 7)())\n"

@@ -16,14 +16,14 @@ from .config import (
     DEFAULT_EXPLORER, DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, load_backend, nearest_ops,
     select_ops, split_patterns,
 )
-from .engine import OpResult, SweepInterrupted, SweepReport, run_sweep
+from .engine import OpResult, SweepInterrupted, SweepReport, SweepWriteFailed, run_sweep
 from .failures import clean_reason, describe_exception, describe_exit, failed_record
 from .report import format_changes, format_summary, timings_json
 from .workers import Outcome, WorkerPool
 
 __all__ = [
     "DEFAULT_EXPLORER", "DEFAULT_TIMEOUT", "OpResult", "Outcome", "SweepConfig", "SweepError",
-    "SweepInterrupted", "SweepReport", "WorkerPool", "backend_module", "clean_reason", "describe_exception",
+    "SweepInterrupted", "SweepReport", "SweepWriteFailed", "WorkerPool", "backend_module", "clean_reason", "describe_exception",
     "describe_exit", "failed_record", "format_changes", "format_summary", "load_backend",
     "nearest_ops", "run_sweep", "select_ops", "split_patterns", "timings_json",
 ]

@@ -74,6 +74,15 @@ class SweepInterrupted(KeyboardInterrupt):
         self.report = report
 
 
+class SweepWriteFailed(SweepError):
+    """A rule file could not be written (a full disk): the sweep stopped there. ``report``
+    holds the ops done before it, whose files are whole, and those not swept."""
+
+    def __init__(self, report: SweepReport, error: OSError):
+        super().__init__(str(error))
+        self.report, self.error = report, error
+
+
 def _loads_cleanly(path: Path, op: str, backend: str) -> bool:
     from .. import registry_io
 
@@ -100,72 +109,81 @@ def run_sweep(config: SweepConfig) -> SweepReport:
     results: dict[str, OpResult] = {}
     _check_root(registry_io, config)
     _check_writable(config, config.out_root)  # before any work, not at the first op's file
-    with WorkerPool(config) as pool:
-        backend = _start(pool, config.backend)
-        every = pool.list_ops()
-        ops = select_ops(every, config.patterns)
-        # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
-        # subset, and codegen would put a stray file's rules into a table)
-        strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
-        # each pattern must name something (an op, or a stray file's op in check mode): a
-        # typo beside a good name would otherwise check less and pass
-        stray_ops = [name.rsplit(".", 1)[0] for name in strays]
-        unmatched = [p for p in config.patterns if p and not select_ops(every, [p]) and not select_ops(stray_ops, [p])]
-        if unmatched or (not ops and not select_ops(stray_ops, config.patterns)):
-            near = nearest_ops(every, unmatched or config.patterns)
-            raise SweepError(f"no op of backend {backend!r} matches {', '.join(unmatched or config.patterns) or '*'}"
-                             + (f" (did you mean {' or '.join(near)}?)" if near else ""))
-        if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
-            raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
-        _check_file_names(registry_io, config.out_root, backend, ops)
-        _check_writable(config, registry_io.record_path(config.out_root, backend, every[0]).parent)
-        resumed = tuple(op for op in ops if config.resume
-                        and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
-        todo = [op for op in ops if op not in set(resumed)]
+    backend, todo, resumed = config.backend, [], ()
+    stopped: KeyboardInterrupt | None = None
+    unwritten: OSError | None = None
+    try:
+        with WorkerPool(config) as pool:
+            backend = _start(pool, config.backend)
+            every = pool.list_ops()
+            ops = select_ops(every, config.patterns)
+            # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
+            # subset, and codegen would put a stray file's rules into a table)
+            strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
+            # each pattern must name something (an op, or a stray file's op in check mode): a
+            # typo beside a good name would otherwise check less and pass
+            stray_ops = [name.rsplit(".", 1)[0] for name in strays]
+            unmatched = [p for p in config.patterns if p and not select_ops(every, [p]) and not select_ops(stray_ops, [p])]
+            if unmatched or (not ops and not select_ops(stray_ops, config.patterns)):
+                near = nearest_ops(every, unmatched or config.patterns)
+                raise SweepError(f"no op of backend {backend!r} matches {', '.join(unmatched or config.patterns) or '*'}"
+                                 + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+            if config.check and not (config.out_root / backend).is_dir():  # a mistyped --out: every op "added"
+                raise SweepError(f"--out {config.out_root}: no {backend}/ folder of rule files to check")
+            _check_file_names(registry_io, config.out_root, backend, ops)
+            _check_writable(config, registry_io.record_path(config.out_root, backend, every[0]).parent)
+            resumed = tuple(op for op in ops if config.resume
+                            and _loads_cleanly(registry_io.record_path(config.out_root, backend, op), op, backend))
+            todo = [op for op in ops if op not in set(resumed)]
 
-        from tqdm import tqdm
+            from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="op", file=sys.stderr, disable=not config.progress,
-                   desc=f"sweep {backend}", dynamic_ncols=True)
-        failed = timed_out = 0
+            bar = tqdm(total=len(todo), unit="op", file=sys.stderr, disable=not config.progress,
+                       desc=f"sweep {backend}", dynamic_ncols=True)
+            failed = timed_out = 0
 
-        def on_outcome(outcome: Outcome) -> None:
-            nonlocal failed, timed_out
-            record = outcome.record
-            change, diff = "", ""
-            if outcome.timed_out:
-                path = registry_io.record_path(config.out_root, backend, outcome.op)
-                results[outcome.op] = OpResult(outcome.op, TIMED_OUT, record.reason, outcome.seconds,
-                                               after=outcome.after, retried=outcome.retried, kept=path.is_file())
-                timed_out += 1
-                bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
+            def on_outcome(outcome: Outcome) -> None:
+                nonlocal failed, timed_out
+                record = outcome.record
+                change, diff = "", ""
+                if outcome.timed_out:
+                    path = registry_io.record_path(config.out_root, backend, outcome.op)
+                    results[outcome.op] = OpResult(outcome.op, TIMED_OUT, record.reason, outcome.seconds,
+                                                   after=outcome.after, retried=outcome.retried, kept=path.is_file())
+                    timed_out += 1
+                    bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
+                    bar.update(1)
+                    return
+                if config.check:
+                    change, diff = _compare(registry_io, config.out_root, record)
+                else:
+                    registry_io.write_record(config.out_root, record)
+                results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff,
+                                              outcome.after, outcome.retried)
+                if record.status == "failed":
+                    failed += 1
+                    bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
                 bar.update(1)
-                return
-            if config.check:
-                change, diff = _compare(registry_io, config.out_root, record)
-            else:
-                registry_io.write_record(config.out_root, record)
-            results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff,
-                                          outcome.after, outcome.retried)
-            if record.status == "failed":
-                failed += 1
-                bar.set_postfix(failed=failed, timed_out=timed_out, refresh=False)
-            bar.update(1)
 
-        try:
-            pool.run(todo, on_outcome)
-        except KeyboardInterrupt as e:
-            stopped = e
-        else:
-            stopped = None
-        finally:
-            bar.close()
+            try:
+                pool.run(todo, on_outcome)
+            except KeyboardInterrupt as e:
+                stopped = e
+            except OSError as e:  # a rule file that could not be written (a full disk): the rest waits
+                unwritten = e
+            finally:
+                bar.close()
 
-    if stopped is not None:  # raised here, once the pool has stopped its workers
-        raise SweepInterrupted(SweepReport(
+    except KeyboardInterrupt as e:  # while the backend loads or lists its ops: none done yet
+        stopped = e
+    if stopped is not None or unwritten is not None:  # raised here, once the pool has stopped its workers
+        report = SweepReport(
             backend=backend, results=tuple(results[op] for op in sorted(results)), resumed=resumed,
             wall_s=time.perf_counter() - started, check=config.check,
-            not_swept=tuple(op for op in todo if op not in results)), *stopped.args) from None
+            not_swept=tuple(op for op in todo if op not in results))
+        if stopped is not None:
+            raise SweepInterrupted(report, *stopped.args) from None
+        raise SweepWriteFailed(report, unwritten) from unwritten
     removed: tuple[str, ...] = ()
     if config.check:  # with --ops, of the files the globs match, and every file of no op
         removed = tuple(sorted(set(strays) | set(_stale_files(registry_io, config.out_root, backend, ops,
