@@ -123,7 +123,9 @@ def make_backend(kernels: str | Sequence[str] | None = None, builtins: bool = Tr
         modules.append(importlib.import_module(BUILTIN_MODULE).__name__)
     refs = [kernels] if isinstance(kernels, str) else list(kernels or ())
     for ref in refs:
+        before = REGISTRY.specs()
         module = load_kernel_module(ref)
+        REGISTRY.adopt(before, module)
         if not REGISTRY.ops([module]):  # else the sweep's only word is "no op matches *"
             raise ValueError(f"{ref}: defines no TVM kernel (@metaspmd.backends.tvm.kernel)")
         modules.append(module)

@@ -27,6 +27,7 @@ the backend first asks for the kernel's cases, so one broken kernel cannot stop 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -99,6 +100,17 @@ class KernelRegistry:
             raise KernelError(spec.op, f"registered twice in module {spec.module!r}, by {_qualname(old.builder)} "
                                        f"and by {_qualname(spec.builder)}")
         self._specs[spec.op] = spec
+
+    def specs(self) -> dict[str, KernelSpec]:
+        return dict(self._specs)
+
+    def adopt(self, before: Mapping[str, KernelSpec], module: str) -> None:
+        """Kernels registered since ``before`` (a ``specs()``) are ``module``'s, the module
+        whose import registered them, whatever module their builder comes from (a
+        functools.partial, a helper beside it): ``--kernels`` selects by it."""
+        for op, spec in self._specs.items():
+            if before.get(op) is not spec:
+                self._specs[op] = dataclasses.replace(spec, module=module)
 
     def get(self, op: str) -> KernelSpec:
         try:

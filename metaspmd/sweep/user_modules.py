@@ -27,10 +27,18 @@ def load_module(ref: str) -> str:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        # as a script run from its folder: the modules beside it import by their names
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             spec.loader.exec_module(module)
         except BaseException as e:
             sys.modules.pop(name, None)
+            if isinstance(e, ImportError) and e.name == USER_PACKAGE:  # `from . import x`: no package around it
+                raise ImportError(f"kernel module {ref} failed on import: a file given by path has no package for "
+                                  "its relative imports: import its neighbours by name, or pass the module as a "
+                                  "dotted name (pkg.kernels)") from e
             if isinstance(e, (Exception, SystemExit)):  # the file by name: the worker's report names only the backend
                 raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
             raise

@@ -307,3 +307,33 @@ def test_a_kernel_reading_past_its_input_gets_no_rule_from_what_lies_there():
     [k] = be.kernels("tvm.shift_past_end")
     assert k(x).numpy()[:3].tolist() == [1.0, 2.0, 3.0] and k(x).numpy()[3] == k(x).numpy()[3]  # the same read again
     assert explore_op(be, "tvm.shift_within").status == "ok"
+
+
+def test_a_kernel_file_registers_what_its_import_registers_wherever_the_builders_live(tmp_path, monkeypatch):
+    """Kernels were the module's whose builder they are: a file registering functools.partial
+    builders, or builders from a helper beside it, "defined no TVM kernel"; and the helper
+    did not import (the file's folder was not on the path, as it is for a script). A
+    relative import says why it cannot work in a file given by path."""
+    import sys
+
+    from metaspmd.backends.tvm import get_backend
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import puts tmp_path there
+    (tmp_path / "scaling_helpers.py").write_text(
+        "from tvm import te\n\n"
+        "def scaled(factor):\n"
+        "    n = te.var('n')\n"
+        "    x = te.placeholder((n,), 'float64', name='x')\n"
+        "    return [x], te.compute((n,), lambda i: x[i] * factor, name='out')\n")
+    (tmp_path / "scaling_kernels.py").write_text(
+        "import functools\n"
+        "from metaspmd.backends.tvm import kernel\n"
+        "from scaling_helpers import scaled\n\n"
+        "kernel('doubled_by_partial', example={'n': 6})(functools.partial(scaled, 2.0))\n"
+        "kernel('tripled_by_partial', example={'n': 6})(functools.partial(scaled, 3.0))\n")
+    be = get_backend(kernels=str(tmp_path / "scaling_kernels.py"), builtins=False)
+    assert be.list_ops() == ["tvm.doubled_by_partial", "tvm.tripled_by_partial"]
+    assert explore_op(be, "tvm.doubled_by_partial").status == "ok"
+    (tmp_path / "relative_kernels.py").write_text("from .scaling_helpers import scaled\n")
+    with pytest.raises(ImportError, match="has no package for its relative imports"):
+        get_backend(kernels=str(tmp_path / "relative_kernels.py"), builtins=False)
