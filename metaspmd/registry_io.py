@@ -192,9 +192,13 @@ def dump_record(record: OpRecord) -> str:
     return f"# metaspmd rules for {record.op} ({record.backend}); regenerate with tools/sweep.py\n" + body
 
 
+# A file name holds 255 bytes, and a rule file is written through ".<name>.yaml.<8>.tmp"
+MOST_NAME_CHARS = 200
+
+
 def usable_name(name: str) -> bool:
     """Whether ``name`` may name an op or a backend in a rule file (and its file's name)."""
-    return bool(_OP_NAME_RE.match(name))
+    return len(name) <= MOST_NAME_CHARS and bool(_OP_NAME_RE.match(name))
 
 
 def record_path(root: str | os.PathLike, backend: str, op: str) -> Path:

@@ -143,6 +143,8 @@ def kernel(
     """Register the decorated builder as kernel ``tvm.<name>`` (default: the function's name)."""
 
     def register(builder: Callable[..., Any]) -> Callable[..., Any]:
+        if name is not None and not name.strip():  # it fell back to the function's name, unsaid
+            raise KernelError(op_name(getattr(builder, "__name__", "?")), f"the kernel name {name!r} is empty")
         op = op_name(name or builder.__name__)
         unknown = sorted(set(exact) - set(example))
         if unknown:

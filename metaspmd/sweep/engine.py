@@ -254,7 +254,9 @@ def _check_file_names(registry_io, root: Path, backend: str, ops: list[str]) -> 
         except ValueError:
             bad.append(op)
     if bad:
-        raise SweepError(f"{len(bad)} op name(s) not usable as registry file names: {', '.join(bad[:5])}")
+        raise SweepError(f"{len(bad)} op name(s) not usable as registry file names (at most "
+                         f"{registry_io.MOST_NAME_CHARS} letters, digits, '_', '.' or '-', the first no '.' or '-'): "
+                         f"{', '.join(bad[:5])}")
     problems = [p for p in (registry_io.path_problem(registry_io.record_path(root, backend, op), folder=False)
                             for op in ops) if p]
     if problems:

@@ -337,3 +337,21 @@ def test_a_kernel_file_registers_what_its_import_registers_wherever_the_builders
     (tmp_path / "relative_kernels.py").write_text("from .scaling_helpers import scaled\n")
     with pytest.raises(ImportError, match="has no package for its relative imports"):
         get_backend(kernels=str(tmp_path / "relative_kernels.py"), builtins=False)
+
+
+def test_an_empty_or_overlong_kernel_name_is_refused_naming_it(tmp_path):
+    """kernel("") fell back to the function's name, unsaid; a 300-character name reached the
+    sweep's file writes as a raw "File name too long"."""
+    from metaspmd.registry_io import RegistryError, record_path
+
+    with pytest.raises(KernelError, match="^kernel tvm.act: the kernel name '' is empty"):
+        kernel("", example={"n": 4}, registry=KernelRegistry())(_named("act"))
+    with pytest.raises(RegistryError, match="is not usable as a file name"):
+        record_path(tmp_path, "tvm", "tvm." + "k" * 300)
+
+
+def _named(name):
+    def builder():
+        raise AssertionError("not built")
+    builder.__name__ = name
+    return builder
