@@ -74,6 +74,12 @@ class SweepInterrupted(KeyboardInterrupt):
         self.report = report
 
 
+class _Unwritten(Exception):
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
 class SweepWriteFailed(SweepError):
     """A rule file could not be written (a full disk): the sweep stopped there. ``report``
     holds the ops done before it, whose files are whole, and those not swept."""
@@ -157,7 +163,10 @@ def run_sweep(config: SweepConfig) -> SweepReport:
                 if config.check:
                     change, diff = _compare(registry_io, config.out_root, record)
                 else:
-                    registry_io.write_record(config.out_root, record)
+                    try:
+                        registry_io.write_record(config.out_root, record)
+                    except OSError as e:  # told apart from the pool's own OSErrors (a worker's pipe)
+                        raise _Unwritten(e) from e
                 results[outcome.op] = OpResult(outcome.op, record.status, record.reason, outcome.seconds, change, diff,
                                               outcome.after, outcome.retried)
                 if record.status == "failed":
@@ -169,8 +178,8 @@ def run_sweep(config: SweepConfig) -> SweepReport:
                 pool.run(todo, on_outcome)
             except KeyboardInterrupt as e:
                 stopped = e
-            except OSError as e:  # a rule file that could not be written (a full disk): the rest waits
-                unwritten = e
+            except _Unwritten as e:  # a rule file that could not be written (a full disk): the rest waits
+                unwritten = e.error
             finally:
                 bar.close()
 
