@@ -23,7 +23,7 @@ from .case import OpCase
 from .explorer import ExploreConfig, explore_case, failed_entry, holds_at_call
 from .ir import MetaIR, MetaOp
 from .isolation import ChildFailed, ForkServer, Isolation
-from .rules import RuleEntry
+from .rules import Example, RuleEntry, TensorArg
 from .spec import Strategy
 from .tensor_ops import TensorOps
 
@@ -78,16 +78,34 @@ class NodeCall:
     # the number of outputs of a call whose count its signature does not say (a split into
     # pieces of a size): an entry for another count is not its rules (None: any)
     pieces: int | None = None
+    # a user's op, whose kernel may branch on any size (keep the first 32 rows): the call's
+    # tensor shapes, in example order. Rules verified at other sizes (a table's, a cached
+    # entry's) are then candidates verified at these, not its rules. None: a framework's
+    # op, whose rules hold at every size their signature leaves open.
+    sizes: tuple[tuple[int, ...], ...] | None = None
 
     @property
-    def key(self) -> tuple[str, int | None]:
+    def key(self) -> tuple:
         """What tells this call's rules from another's of its op: two calls of one signature
-        split into different numbers of pieces have rules of their own."""
-        return self.signature, self.pieces
+        split into different numbers of pieces have rules of their own, as do a user's op's
+        calls at other sizes."""
+        return self.signature, self.pieces, self.sizes
 
     def takes(self, entry: RuleEntry) -> bool:
-        """Are ``entry``'s rules this call's, by its number of outputs?"""
-        return gives_pieces(entry.strategies(), self.pieces)
+        """Are ``entry``'s rules this call's, by its number of outputs (and a user's op's
+        sizes: verified at the call's own)?"""
+        return gives_pieces(entry.strategies(), self.pieces) and (
+            self.sizes is None or example_shapes(entry.example) == self.sizes)
+
+
+def example_shapes(example: Example | None) -> tuple[tuple[int, ...], ...]:
+    """The shapes of an example's tensors, in argument order."""
+    def shapes(v: Any) -> list[tuple[int, ...]]:
+        if isinstance(v, TensorArg):
+            return [tuple(v.shape)]
+        return [s for x in v for s in shapes(x)] if isinstance(v, tuple) else []
+
+    return tuple(s for _, v in (example.args if example is not None else ()) for s in shapes(v))
 
 
 def gives_pieces(strategies: Iterable[Strategy], pieces: int | None) -> bool:
@@ -95,8 +113,9 @@ def gives_pieces(strategies: Iterable[Strategy], pieces: int | None) -> bool:
     return pieces is None or all(len(s.outputs) == pieces for s in strategies)
 
 
-# the note of an entry whose rules are a neighbouring signature's, verified at the call
-NEIGHBOUR_NOTE = "the table's rules of a signature with other non-tensor arguments, verified at this call"
+# the note of an entry whose rules are a neighbouring signature's (or, for a user's op, the
+# table's at other sizes), verified at the call
+NEIGHBOUR_NOTE = "the table's rules of another signature or other sizes, verified at this call"
 
 
 def explore_call(call: NodeCall, ops: TensorOps) -> RuleEntry:

@@ -10,12 +10,18 @@ from metaspmd.case import OpCase
 from metaspmd.fingerprint import code_fingerprint
 from metaspmd.ir import MetaOp
 from metaspmd.isolation import Isolation, can_fork
-from metaspmd.resolve import NodeCall, gives_pieces
+from metaspmd.explorer.common import example_value
+from metaspmd.resolve import NodeCall, example_shapes, gives_pieces
+from metaspmd.rules import Example
+from metaspmd.signature import arg_items
 
 from . import catalog, table
 from .backend import make_runner, out_spec_from_kwargs, torch_case
 from .capture import Captured, meta_call
 from .samples import BASE_SEED, call_signature, with_varied_masks
+from .tensor_ops import TorchOps
+
+_TENSOR_OPS = TorchOps()
 
 # Live exploration runs in a forked child, with the sweep's per-op limit of CPU time; the child
 # must not touch the OpenMP pool the parent already started (it hangs).
@@ -170,16 +176,23 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
     pieces = _pieces(fn, args, kwargs)
     if found and not gives_pieces(found, pieces):
         found = None  # rules of the sweep's example, split into another number of pieces
+    sizes, swept = None, ()
+    if fn.namespace not in catalog.TORCH_NAMESPACES:
+        # a user's kernel may branch on any size (keep its first 32 rows): its table rules,
+        # swept at the example's sizes, are verified at the call's own before they stand
+        sizes = example_shapes(Example(tuple((n, example_value(_TENSOR_OPS, v))
+                                             for n, v in arg_items(catalog.positional_names(fn), args, kwargs))))
+        swept, found = tuple((s.inputs, s.outputs) for s in found or ()), None
 
     def neighbours() -> tuple:
-        return tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
+        return swept or tuple((s.inputs, s.outputs) for s in table.neighbour_rules(fn, sig))
 
     def case(probe: Callable | None = None) -> OpCase:
         a, k = real() if real is not None else (args, kwargs)
         return call_case(fn, a, k, probe)
 
     return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case,
-                    implementation(fn) if found is None else "", pieces)
+                    implementation(fn) if found is None else "", pieces, sizes)
 
 
 def implementation(fn: torch._ops.OpOverload) -> str | None:

@@ -98,3 +98,37 @@ def test_table_rules_for_another_number_of_pieces_are_not_the_calls():
     entry = explore_call(call, OPS)
     assert cut_dims(entry) >= {1, 2} and call.takes(entry)
     assert not call_of(aten.unbind.int, (torch.randn(4, 4, 8), 0), {}).takes(entry)  # a cached entry of 3
+
+
+@torch.library.custom_op("metaspmd_test::first_rows", mutates_args=())
+def first_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[:32] * 2  # a row count held inside the kernel, past any size a sweep tries
+
+
+@first_rows.register_fake
+def _(x):
+    return torch.empty(min(x.shape[0], 32), x.shape[1])
+
+
+def test_a_users_op_takes_its_table_and_cached_rules_only_as_verified_at_its_sizes(monkeypatch, tmp_path):
+    """A sweep of first_rows at 12 rows keeps the row gather (true below 32 rows, and at
+    every length its checks reach); a table made from it served a call of 64 rows, whose
+    plan then died in DTensor. Such rules are candidates verified at the call's own sizes,
+    and a cached entry serves calls of its example's sizes only."""
+    from metaspmd.backends.torch import table
+    from metaspmd.cache import RuleCache
+    from metaspmd.resolve import NEIGHBOUR_NOTE, resolve_call
+    from metaspmd.spec import Gather, OutputCombine, Strategy
+
+    op = torch.ops.metaspmd_test.first_rows.default
+    row_gather = Strategy("S1", (ShardIn(0),), (OutputCombine((Gather(0),)),))
+    monkeypatch.setattr(table, "lookup", lambda fn, args, kwargs: (row_gather,) if fn is op else None)
+    short, long = call_of(op, (torch.randn(12, 4),), {}), call_of(op, (torch.randn(64, 4),), {})
+    assert short.table_rules is None and short.neighbours() == ((row_gather.inputs, row_gather.outputs),)
+    assert short.sizes == ((12, 4),) and long.sizes == ((64, 4),) and short.key != long.key
+    at_short = explore_call(short, OPS)
+    assert NEIGHBOUR_NOTE in at_short.notes and 0 in cut_dims(at_short)  # the swept rule holds here
+    cache = RuleCache(tmp_path)
+    assert 0 in cut_dims(resolve_call(str(op), short, OPS, "torch", cache))
+    entry = resolve_call(str(op), long, OPS, "torch", cache)  # not the short call's cached entry
+    assert 0 not in cut_dims(entry) and entry.example.args[0][1].shape == (64, 4)
