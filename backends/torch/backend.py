@@ -605,17 +605,49 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
     module = sys.modules[name]
     namespaces = catalog.custom_op_namespaces(name, set(torch._C._dispatch_get_all_op_names()) - before)
     examples: dict[str, list[tuple[tuple, dict]]] = {}
-    for op, calls in getattr(module, EXAMPLES_ATTR, {}).items():
-        qualified = op.replace("::", ".") + (".default" if "::" in op and "." not in op else "")
-        try:
-            catalog.resolve(qualified)
-        except KeyError:
-            raise ValueError(f"{ref}: {EXAMPLES_ATTR} names {op!r}, which is not a registered op") from None
-        examples.setdefault(qualified, []).extend((tuple(args), dict(kwargs)) for args, kwargs in calls)
+    for op, calls in _example_calls(ref, getattr(module, EXAMPLES_ATTR, {}), namespaces):
+        examples.setdefault(op, []).extend(calls)
+    models = getattr(module, MODELS_ATTR, ())
+    if not isinstance(models, (list, tuple)):
+        raise ValueError(f"{ref}: {MODELS_ATTR} must be a list of functions returning (model, inputs), "
+                         f"got {type(models).__name__}")
     if namespaces:
-        for op, calls in model_calls(getattr(module, MODELS_ATTR, ()), namespaces, ref).items():
+        for op, calls in model_calls(models, namespaces, ref).items():
             examples.setdefault(op, []).extend(calls)
     return namespaces, {op: unique_calls(catalog.resolve(op), calls) for op, calls in examples.items()}
+
+
+def _example_calls(ref: str, given: Any, namespaces: frozenset[str]) -> list[tuple[str, list[tuple[tuple, dict]]]]:
+    """``METASPMD_EXAMPLES`` checked entry by entry, errors naming the module and the entry:
+    (catalog name, [(args, kwargs), ...]) of each op, every call bound to its schema."""
+    shape = f"a dict of op name ('ns::op' or 'ns.op.overload') -> a list of (args, kwargs) calls"
+    if not isinstance(given, dict):
+        raise ValueError(f"{ref}: {EXAMPLES_ATTR} must be {shape}, got {type(given).__name__}")
+    out = []
+    for op, calls in given.items():
+        where = f"{ref}: {EXAMPLES_ATTR}[{op!r}]"
+        if not isinstance(op, str):
+            raise ValueError(f"{where}: the key must be an op name, {shape}")
+        qualified = op.replace("::", ".") + (".default" if "::" in op and "." not in op else "")
+        try:
+            func = catalog.resolve(qualified)
+        except KeyError:
+            raise ValueError(f"{ref}: {EXAMPLES_ATTR} names {op!r}, which is not a registered op (name it "
+                             "'ns::op' or 'ns.op.overload')") from None
+        if func.namespace not in namespaces:  # the sweep lists the module's ops only: it was dropped unsaid
+            raise ValueError(f"{where}: not an op of this module (its namespaces: {', '.join(sorted(namespaces)) or 'none'})")
+        if not isinstance(calls, (list, tuple)) or not calls:
+            raise ValueError(f"{where} must be a non-empty list of (args, kwargs) calls (leave the op out for a "
+                             "call built from its schema)")
+        for i, call in enumerate(calls):
+            if not (isinstance(call, (list, tuple)) and len(call) == 2 and isinstance(call[0], (list, tuple))
+                    and isinstance(call[1], dict)):
+                raise ValueError(f"{where}[{i}] must be an (args, kwargs) pair, a tuple and a dict")
+            problem = catalog.schema_problem(func, tuple(call[0]), dict(call[1]))
+            if problem:
+                raise ValueError(f"{where}[{i}] does not fit the op's schema ({func._schema}): {problem}")
+        out.append((qualified, [(tuple(args), dict(kwargs)) for args, kwargs in calls]))
+    return out
 
 
 def _default_device_context() -> Any:

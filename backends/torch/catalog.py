@@ -165,6 +165,23 @@ def overloads_in(namespaces: Collection[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def schema_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """How ``args`` and ``kwargs`` fail to bind to ``op``'s arguments, or ''."""
+    arguments = op._schema.arguments
+    positional = [a.name for a in arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        return f"it takes at most {len(positional)} positional arguments, got {len(args)}"
+    unknown = sorted(set(kwargs) - {a.name for a in arguments})
+    if unknown:
+        return f"it has no argument {unknown[0]!r}"
+    twice = sorted(set(positional[:len(args)]) & set(kwargs))
+    if twice:
+        return f"argument {twice[0]!r} is given both by position and by keyword"
+    given = set(positional[:len(args)]) | set(kwargs)
+    missing = [a.name for a in arguments if a.name not in given and not a.has_default_value()]
+    return f"argument {missing[0]!r} is missing" if missing else ""
+
+
 def custom_op_namespaces(module_name: str, registered_by_import: Collection[str] = ()) -> frozenset[str]:
     """The namespaces of the ops a user's module defines: its ``torch.library.custom_op``
     functions and ``Library`` objects, and those of ``registered_by_import`` (dispatcher

@@ -30,7 +30,7 @@ from metaspmd.signature import signature
 from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
-from . import dtensor_empty, dtensor_masks
+from . import catalog, dtensor_empty, dtensor_masks
 from .catalog import exact_sizes, op_name, overload_named, positional_names, tagged_random
 from .dtensor_masks import MASKS_REDUCED
 from .dtensor_refuted import REFUTED, REFUTED_AT, argument, refuted, spec_leaves
@@ -923,7 +923,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
     op = _overload(op)
     args, kwargs = _example_call(args, kwargs)
-    problem = _schema_problem(op, args, kwargs)
+    problem = catalog.schema_problem(op, args, kwargs)
     if problem:  # before exploring: every run would fail, and the report would blame DTensor
         raise TypeError(f"the example call of {op_name(op)} does not fit its schema ({op._schema}): {problem}")
     check_cache(cache)
@@ -1041,23 +1041,6 @@ def _example_fails(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     return ""
-
-
-def _schema_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
-    """How ``args`` and ``kwargs`` fail to bind to ``op``'s arguments, or ''."""
-    arguments = op._schema.arguments
-    positional = [a.name for a in arguments if not a.kwarg_only]
-    if len(args) > len(positional):
-        return f"it takes at most {len(positional)} positional arguments, got {len(args)}"
-    unknown = sorted(set(kwargs) - {a.name for a in arguments})
-    if unknown:
-        return f"it has no argument {unknown[0]!r}"
-    twice = sorted(set(positional[:len(args)]) & set(kwargs))
-    if twice:
-        return f"argument {twice[0]!r} is given both by position and by keyword"
-    given = set(positional[:len(args)]) | set(kwargs)
-    missing = [a.name for a in arguments if a.name not in given and not a.has_default_value()]
-    return f"argument {missing[0]!r} is missing" if missing else ""
 
 
 def _dtensor_needs_a_strategy(op: torch._ops.OpOverload) -> bool:

@@ -1277,6 +1277,32 @@ def test_a_module_without_custom_ops_or_with_a_wrong_example_or_model_says_so(tm
         TorchBackend(kernels=unused)
 
 
+@pytest.mark.parametrize("tail, message", [
+    ("METASPMD_EXAMPLES = [((torch.ones(2),), {})]", r"METASPMD_EXAMPLES must be a dict of op name .* got list"),
+    ("METASPMD_EXAMPLES = {3: []}", r"METASPMD_EXAMPLES\[3\]: the key must be an op name"),
+    ("METASPMD_EXAMPLES = {'{ns}::twice': [((torch.ones(2),),)]}",
+     r"METASPMD_EXAMPLES\['{ns}::twice'\]\[0\] must be an \(args, kwargs\) pair"),
+    ("METASPMD_EXAMPLES = {'{ns}::twice': ((torch.ones(2),), {})}",
+     r"METASPMD_EXAMPLES\['{ns}::twice'\]\[0\] must be an \(args, kwargs\) pair"),
+    ("METASPMD_EXAMPLES = {'{ns}::twice': []}", r"METASPMD_EXAMPLES\['{ns}::twice'\] must be a non-empty list"),
+    ("METASPMD_EXAMPLES = {'{ns}::twice': [((torch.ones(2), 3), {})]}",
+     r"METASPMD_EXAMPLES\['{ns}::twice'\]\[0\] does not fit the op's schema .*at most 1 positional"),
+    ("METASPMD_EXAMPLES = {'{ns}::twice': [((), {'y': torch.ones(2)})]}",
+     r"METASPMD_EXAMPLES\['{ns}::twice'\]\[0\] does not fit .*no argument 'y'"),
+    ("METASPMD_EXAMPLES = {'aten::mm': [((torch.ones(2, 2), torch.ones(2, 2)), {})]}",
+     r"METASPMD_EXAMPLES\['aten::mm'\]: not an op of this module \(its namespaces: {ns}\)"),
+    ("METASPMD_MODELS = None", r"METASPMD_MODELS must be a list of functions .* got NoneType"),
+])
+def test_malformed_examples_and_models_are_refused_naming_the_entry(tmp_path, tail, message):
+    """Each was an AttributeError or an unpacking error naming no file or entry, or (a call
+    that does not fit the schema) the op's failed file and exit 0, or (another module's op,
+    an empty list) nothing at all."""
+    ns = f"metaspmd_bad_{abs(hash(tail)) % 10**8}"
+    module = _twice_module(tmp_path, f"bad_{ns}", ns, tail.replace("{ns}", ns))
+    with pytest.raises(ValueError, match=f"bad_{ns}.py: " + message.replace("{ns}", ns)):
+        TorchBackend(kernels=module)
+
+
 def test_a_recurrent_layer_refuses_hidden_states_cut_apart():
     """lstm reads c0 by h0's sizes, unchecked: an h0 with more layers than c0 crashed the
     process (SIGSEGV). Hidden states of two shapes, or not one per layer and direction,
