@@ -21,9 +21,10 @@ def load_module(ref: str) -> str:
             raise FileNotFoundError(f"kernel module {ref} is a folder, not a .py file" if path.is_dir() else
                                     f"kernel module file not found: {ref}")
         name = f"{USER_PACKAGE}.{path.stem}"
-        loaded = sys.modules.get(name)
-        if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
-            return name  # imported before: its ops registered then, and would clash now
+        for known in (name, path.stem):  # by a neighbour's `import stem` too
+            loaded = sys.modules.get(known)
+            if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+                return known  # imported before: its ops registered then, and would clash now
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -42,6 +43,8 @@ def load_module(ref: str) -> str:
             if isinstance(e, (Exception, SystemExit)):  # the file by name: the worker's report names only the backend
                 raise ImportError(f"kernel module {ref} failed on import: {type(e).__name__}: {e}") from e
             raise
+        if path.stem.isidentifier():  # a neighbour's `import stem` then finds it, not a second copy
+            sys.modules.setdefault(path.stem, module)
         return name
     try:
         return importlib.import_module(ref).__name__

@@ -1303,6 +1303,29 @@ def test_malformed_examples_and_models_are_refused_naming_the_entry(tmp_path, ta
         TorchBackend(kernels=module)
 
 
+@pytest.mark.parametrize("first", ["defines", "imports"])
+def test_two_kernel_files_one_importing_the_other_load_it_once(tmp_path, monkeypatch, first):
+    """A file given to --kernels was imported under metaspmd's own name, and a neighbour's
+    `import` of it by its plain name imported it again: its Library("ns", "DEF") then
+    failed ("Only a single TORCH_LIBRARY can be used to register the namespace")."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    ns = f"metaspmd_twofiles_{first}"
+    defines, imports = tmp_path / f"{ns}_defines.py", tmp_path / f"{ns}_imports.py"
+    defines.write_text("import torch\n"
+                       f"LIB = torch.library.Library('{ns}', 'DEF')\n"
+                       f"LIB.define('halve(Tensor x) -> Tensor')\n"
+                       f"LIB.impl('halve', lambda x: x / 2, 'CompositeExplicitAutograd')\n")
+    imports.write_text(f"import torch\nimport {defines.stem}  # noqa: F401\n\n"
+                       f"@torch.library.custom_op('{ns}::third', mutates_args=())\n"
+                       "def third(x: torch.Tensor) -> torch.Tensor:\n"
+                       "    return x / 3\n")
+    files = [str(defines), str(imports)] if first == "defines" else [str(imports), str(defines)]
+    backend = TorchBackend(kernels=files)
+    assert {f"{ns}.halve.default", f"{ns}.third.default"} <= set(backend.list_ops())
+
+
 def test_a_recurrent_layer_refuses_hidden_states_cut_apart():
     """lstm reads c0 by h0's sizes, unchecked: an h0 with more layers than c0 crashed the
     process (SIGSEGV). Hidden states of two shapes, or not one per layer and direction,
