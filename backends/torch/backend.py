@@ -860,7 +860,12 @@ class TorchBackend:
         samples are); fresh trials refill its tensors with random data."""
         if runs_in_float64(func, args, kwargs):
             args, kwargs = to_float64((args, kwargs))
-        return self._case(func, tuple(args), dict(kwargs), make_runner(func), None)
+        # its out= tensors are allocated afresh for every shard, shaped as the functional
+        # overload's result where the kernel does not resize an empty one (writes by copy_)
+        _, kwargs = out_spec_from_kwargs(func, kwargs)
+        sibling = catalog.overload_functional_sibling(func)
+        cases = self._cases_from_sibling(func, sibling, [(tuple(args), dict(kwargs), None, False)]) if sibling else []
+        return cases[0] if cases else self._case(func, tuple(args), dict(kwargs), make_runner(func), None)
 
     def _captured_case(self, func, call: SampleCall, source: SampleCall | None = None) -> OpCase:
         spec, kwargs = out_spec_from_kwargs(func, call.kwargs)

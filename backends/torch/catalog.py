@@ -361,6 +361,20 @@ def _arg_key(arg) -> tuple[str, str]:
     return arg.name, str(arg.real_type)
 
 
+def overload_functional_sibling(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """An ``out=`` overload's functional overload in its own packet (a user's op, which
+    ``functional_sibling``'s ATen names do not reach): the one taking its other arguments."""
+    if not out_arg_names(func):
+        return None
+    want = [_arg_key(a) for a in func._schema.arguments if not a.is_out]
+    for name in func.overloadpacket.overloads():
+        g = getattr(func.overloadpacket, name)
+        if g is not func and not (out_arg_names(g) or written_arg_names(g)) and \
+                [_arg_key(a) for a in g._schema.arguments] == want:
+            return g
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def functional_sibling(name: str) -> str | None:
     """The functional overload an in-place (``foo_``) or ``out=`` overload computes.

@@ -1326,6 +1326,25 @@ def test_two_kernel_files_one_importing_the_other_load_it_once(tmp_path, monkeyp
     assert {f"{ns}.halve.default", f"{ns}.third.default"} <= set(backend.list_ops())
 
 
+def test_a_custom_out_overload_that_does_not_resize_gets_outs_shaped_by_its_functional_one(tmp_path):
+    """Its example's out= tensor was allocated empty, as ATen's out kernels resize it; a
+    kernel writing by copy_ failed (size 0 against 4) and the op's file said failed."""
+    module = tmp_path / "noresize_out.py"
+    module.write_text(
+        "import torch\n"
+        "LIB = torch.library.Library('metaspmd_noresize', 'DEF')\n"
+        "LIB.define('scale(Tensor x, float s) -> Tensor')\n"
+        "LIB.define('scale.out(Tensor x, float s, *, Tensor(a!) out) -> Tensor(a!)')\n"
+        "LIB.impl('scale', lambda x, s: x * s, 'CompositeExplicitAutograd')\n"
+        "def scale_out(x, s, *, out):\n"
+        "    return out.copy_(x * s)\n"
+        "LIB.impl('scale.out', scale_out, 'CompositeExplicitAutograd')\n"
+        "METASPMD_EXAMPLES = {'metaspmd_noresize.scale.out': [((torch.randn(6, 4), 3.0), {'out': torch.empty(6, 4)})]}\n")
+    backend = TorchBackend(kernels=str(module))
+    entry = explore_case(backend.cases("metaspmd_noresize.scale.out")[0], backend.tensor_ops())
+    assert entry.status == "ok" and str(entry.shard) == "[[S1, S2]]", entry
+
+
 def test_a_recurrent_layer_refuses_hidden_states_cut_apart():
     """lstm reads c0 by h0's sizes, unchecked: an h0 with more layers than c0 crashed the
     process (SIGSEGV). Hidden states of two shapes, or not one per layer and direction,
