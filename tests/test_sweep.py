@@ -245,6 +245,11 @@ def test_check_reports_changes_and_writes_nothing(tmp_path):
     # a subset whose globs match no op, but a stray file: that file is named (exit 1)
     stray = cli("--out", str(tmp_path), "--ops", "fake.zz*", "--check")
     assert stray.returncode == 1 and "removed  fake.zzz.yaml" in stray.stdout, stray.stdout + stray.stderr
+    # a write leaves such files, and names them: the check after it reported them, unsaid before
+    write = cli("--out", str(tmp_path), "--ops", "fake.add")
+    assert write.returncode == 0 and "files of no op, left  3  (fake.add.yml, fake.retired.yaml, fake.zzz.yaml; " \
+        "delete them: --check reports them removed)" in write.stdout, write.stdout
+    add.write_bytes(edited["fake.add.yaml"])  # the write fixed it: the edit again, for the checks below
 
     # Without --ops every listed op is compared, and files of unlisted ops show up.
     full = sweep(tmp_path, check=True, timeout=1.0, wall_timeout=1.0)

@@ -43,6 +43,7 @@ class SweepReport:
     results: tuple[OpResult, ...]
     resumed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()  # check mode: registry files of ops no longer listed
+    left: tuple[str, ...] = ()  # a write: files of ops the backend no longer lists, left as they are
     wall_s: float = 0.0
     check: bool = False
     not_swept: tuple[str, ...] = ()  # an interrupted sweep's ops that got no result
@@ -125,10 +126,10 @@ def run_sweep(config: SweepConfig) -> SweepReport:
             ops = select_ops(every, config.patterns)
             # check mode: the files of no op of the backend, whatever --ops selects (CI checks a
             # subset, and codegen would put a stray file's rules into a table)
-            strays = _stale_files(registry_io, config.out_root, backend, every) if config.check else ()
+            strays = _stale_files(registry_io, config.out_root, backend, every)
             # each pattern must name something (an op, or a stray file's op in check mode): a
             # typo beside a good name would otherwise check less and pass
-            stray_ops = [name.rsplit(".", 1)[0] for name in strays]
+            stray_ops = [name.rsplit(".", 1)[0] for name in strays] if config.check else []
             unmatched = [p for p in config.patterns if p and not select_ops(every, [p]) and not select_ops(stray_ops, [p])]
             if unmatched or (not ops and not select_ops(stray_ops, config.patterns)):
                 near = nearest_ops(every, unmatched or config.patterns)
@@ -202,6 +203,9 @@ def run_sweep(config: SweepConfig) -> SweepReport:
         results=tuple(results[op] for op in sorted(results)),
         resumed=resumed,
         removed=removed,
+        # a write leaves them (a sweep of some modules is no reason to delete another's), and says so:
+        # the --check after it reports them removed
+        left=() if config.check else tuple(sorted(strays)),
         wall_s=time.perf_counter() - started,
         check=config.check,
     )

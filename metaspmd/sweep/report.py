@@ -47,6 +47,9 @@ def format_summary(report: SweepReport) -> str:
     if report.not_swept:  # the sweep was interrupted
         rows.append(("not swept (interrupted)", f"{len(report.not_swept)}"
                      + ("" if report.check else "  (--resume sweeps them and skips the ops done)")))
+    if report.left:
+        shown = ", ".join(report.left[:5]) + (", ..." if len(report.left) > 5 else "")
+        rows.append(("files of no op, left", f"{len(report.left)}  ({shown}; delete them: --check reports them removed)"))
     rows += [("wall time", f"{report.wall_s:.1f} s"), ("ops/s", f"{report.ops_per_s:.2f}")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
