@@ -504,8 +504,11 @@ class RegisterReport:
         handled = (f"; handlers for {len(self.handled)} ops (DTensor's machinery refuses them, or a moved written "
                    "tensor is written back)" if self.handled else "")
         guarded = f"; guarded: {', '.join(self.guarded)}" if self.guarded else ""
+        # a few skipped ops (register_op's one) with their reasons: the count alone hid why
+        why = ("; ".join(f"{op}: {reason}" for op, reason in self.skipped.items())
+               if 0 < len(self.skipped) <= 3 else "")
         return (f"installed metaspmd rules for {len(self.installed)} ops{replaced}{handled}{guarded}; "
-                f"skipped {len(self.skipped)}")
+                f"skipped {len(self.skipped)}" + (f" ({why})" if why else ""))
 
 
 def _on_uneven_cuts(strategies, op_schema, propagator) -> list:

@@ -359,6 +359,14 @@ def results(fake_world_of, backend, tmp_path_factory):
     dtensor_rules.unregister(report)  # leave DTensor as other tests expect it
 
 
+def test_a_report_of_few_skipped_ops_says_why():
+    """register_op's report printed "skipped 1" alone; the reason was in .skipped only."""
+    one = dtensor_rules.RegisterReport(skipped={"mylib.parts.default": "returns something other than plain tensors"})
+    assert str(one).endswith("skipped 1 (mylib.parts.default: returns something other than plain tensors)")
+    many = dtensor_rules.RegisterReport(skipped={f"op{i}": "no rule" for i in range(4)})
+    assert str(many).endswith("skipped 4")
+
+
 def test_register_reports_what_it_installed(results):
     _, report = results
     assert len(report.installed) >= 50, str(report)
