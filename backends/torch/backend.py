@@ -620,7 +620,7 @@ def _import_custom_ops(ref: str) -> tuple[frozenset[str], dict[str, list[tuple[t
 def _example_calls(ref: str, given: Any, namespaces: frozenset[str]) -> list[tuple[str, list[tuple[tuple, dict]]]]:
     """``METASPMD_EXAMPLES`` checked entry by entry, errors naming the module and the entry:
     (catalog name, [(args, kwargs), ...]) of each op, every call bound to its schema."""
-    shape = f"a dict of op name ('ns::op' or 'ns.op.overload') -> a list of (args, kwargs) calls"
+    shape = "a dict of op name ('ns::op' or 'ns.op.overload') -> a list of (args, kwargs) calls"
     if not isinstance(given, dict):
         raise ValueError(f"{ref}: {EXAMPLES_ATTR} must be {shape}, got {type(given).__name__}")
     out = []
