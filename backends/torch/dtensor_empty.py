@@ -23,8 +23,11 @@ from .catalog import op_name, tagged_random
 EMPTY_SHARDS_TRIED = "DTensor gives no rank an empty shard that the op's kernel refuses"
 
 # Kernels never tried: native_batch_norm_backward's CPU kernel dies of SIGFPE on a shard with
-# no channels. A strategy that leaves a rank an empty shard of one is dropped untried.
-_KILL_THE_PROCESS = frozenset({"aten.native_batch_norm_backward.default"})
+# no channels, and batch_norm_backward and _batch_norm_impl_index_backward run it (their
+# channel cuts). A strategy that leaves a rank an empty shard of one is dropped untried.
+_KILL_THE_PROCESS = frozenset({"aten.native_batch_norm_backward.default", "aten.native_batch_norm_backward.out",
+                               "aten.batch_norm_backward.default",
+                               "aten._batch_norm_impl_index_backward.default"})
 
 _TRIED: dict = {}  # (op, what a rank's call is given) -> whether the kernel refused it
 _OWNERS: list = []  # (a register() report, the op names it guards or None for every op)
