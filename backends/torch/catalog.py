@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Iterable
 
 import torch
 
@@ -361,18 +361,25 @@ def _arg_key(arg) -> tuple[str, str]:
     return arg.name, str(arg.real_type)
 
 
-def overload_functional_sibling(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """An ``out=`` overload's functional overload in its own packet (a user's op, which
-    ``functional_sibling``'s ATen names do not reach): the one taking its other arguments."""
-    if not out_arg_names(func):
-        return None
+def _functional_of_out(func: torch._ops.OpOverload, others: Iterable[torch._ops.OpOverload]) -> torch._ops.OpOverload | None:
+    """The first of ``others`` that is the ``out=`` overload ``func``'s functional form: it
+    writes nothing and takes ``func``'s arguments but its outs."""
     want = [_arg_key(a) for a in func._schema.arguments if not a.is_out]
-    for name in func.overloadpacket.overloads():
-        g = getattr(func.overloadpacket, name)
-        if g is not func and not (out_arg_names(g) or written_arg_names(g)) and \
-                [_arg_key(a) for a in g._schema.arguments] == want:
+    names = {n for n, _ in want}
+    for g in others:
+        if g is func or out_arg_names(g) or written_arg_names(g):
+            continue
+        # factory functionals take tensor options that their out overloads lack
+        if [_arg_key(a) for a in g._schema.arguments if a.name in names or a.name not in TENSOR_OPTIONS] == want:
             return g
     return None
+
+
+def overload_functional_sibling(func: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """An ``out=`` overload's functional overload in its own packet (a user's op, which
+    ``functional_sibling``'s ATen names do not reach)."""
+    packet = func.overloadpacket
+    return _functional_of_out(func, (getattr(packet, n) for n in packet.overloads())) if out_arg_names(func) else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -396,22 +403,11 @@ def functional_sibling(name: str) -> str | None:
             if not (out_arg_names(g) or written_arg_names(g)) and [str(a.real_type) for a in g._schema.arguments] == types:
                 return other
         return same if same in overloads else None
-    outs = out_arg_names(func)
-    if not outs:
+    if not out_arg_names(func):
         return None
-    want = [_arg_key(a) for a in func._schema.arguments if not a.is_out]
-    names = {n for n, _ in want}
-    for other in _overloads_by_base().get(base, ()):
-        if other == name:
-            continue
-        g = resolve(other)
-        if out_arg_names(g) or written_arg_names(g):
-            continue
-        # factory functionals take tensor options that their out overloads lack
-        args = [_arg_key(a) for a in g._schema.arguments if a.name in names or a.name not in TENSOR_OPTIONS]
-        if args == want:
-            return other
-    return None
+    others = {resolve(other): other for other in _overloads_by_base().get(base, ()) if other != name}
+    g = _functional_of_out(func, others)
+    return None if g is None else others[g]
 
 
 # Backward ops whose kernels never size one input by another: to_dense_backward and
