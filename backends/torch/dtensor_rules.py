@@ -184,14 +184,36 @@ def _written_in_place(outs: Sequence, ins: Sequence, written: Sequence[int]) -> 
     return ()
 
 
-def _sharding_fn(op: torch._ops.OpOverload, strategies_by_sig: dict):
-    """DTensor's strategy function for ``op``: the verified strategies at the call's
-    signature (``strategies_by_sig``), none at another."""
-    from .table import _SPEC_OPS
+def _sharding_fn(op: torch._ops.OpOverload, explored: dict, cache: RuleCache | None = None):
+    """DTensor's strategy function for ``op``: at a signature of ``explored`` (signature ->
+    the example's tensor shapes, None for a framework's op, and the strategies verified
+    there), those strategies at the example's shapes and a user's op's own verified rules
+    at other shapes (its kernel may branch on any size); none at another signature."""
+    from .table import _SPEC_OPS, call_key
 
     names, sized = positional_names(op), exact_sizes(op)
-    return _strategy_fn(op, lambda args, kwargs: strategies_by_sig.get(
-        signature(_SPEC_OPS, names, args, kwargs, sized), ()))
+    at_other_sizes: dict = {}
+
+    def rules_of(args, kwargs):
+        found = explored.get(signature(_SPEC_OPS, names, args, kwargs, sized))
+        if found is None:
+            return ()
+        shapes, strategies = found
+        if shapes is None or tensor_shapes(args, kwargs) == shapes:
+            return strategies
+        key = call_key((args, kwargs))
+        if key not in at_other_sizes:
+            at_other_sizes[key] = _rules_at_call(op, args, kwargs, cache)
+        return at_other_sizes[key]
+
+    return _strategy_fn(op, rules_of)
+
+
+def tensor_shapes(args: tuple, kwargs: dict) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a call's tensors (or DTensorSpecs), in ``spec_leaves``' order."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+    return tuple(tuple(x.shape) for x in tree_leaves((list(args), kwargs)) if isinstance(x, (torch.Tensor, DTensorSpec)))
 
 
 def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
@@ -701,8 +723,18 @@ def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: Rul
     from .table import lookup
 
     found = lookup(op, args, kwargs)
-    if found is not None:
-        return found
+    if found is not None and op.namespace in catalog.TORCH_NAMESPACES:
+        return found  # a framework's op: its rules hold at every size their signature leaves open
+    # a miss, or a user's op, whose kernel may branch on any size: its table rules, swept at
+    # other sizes, are verified at the call's own (as parallelize verifies them)
+    return _rules_at_call(op, args, kwargs, cache)
+
+
+def _rules_at_call(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: RuleCache | None = None
+                   ) -> tuple[Strategy, ...]:
+    """The call's verified rules, found as ``parallelize`` finds them (the table's where
+    they hold, neighbouring signatures' verified at the call, or live ShardCombine, in a
+    forked child, cached), on random tensors of the call's shapes."""
     specs = spec_leaves(args, kwargs)
     if any(not s.tensor_meta.dtype.is_floating_point for s in specs):
         return ()  # stand-ins for positions or masks would be made up: replicate
@@ -903,7 +935,7 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     return report
 
 
-_EXPLORED: dict = {}  # op -> signature -> the strategies register_op explored
+_EXPLORED: dict = {}  # op -> signature -> (a user's op's example shapes, the strategies register_op explored)
 _OWNERS: dict = {}  # op -> the report of the register() or register_op() call that installed its strategies
 
 
@@ -914,8 +946,10 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     ``.default`` overload), which no table holds and DTensor has no rule for. The rules are
     explored live (ShardCombine on the call's signature, in a forked child where the
     process can fork) and cached, like ``parallelize``'s; each call adds its signature to
-    those installed for the op. A call of another signature keeps
-    DTensor's fallback: everything replicated. DTensor's own rules are left alone."""
+    those installed for the op; a call of it at other sizes gets rules verified at its own
+    (a user's kernel may branch on any size), found as ``register`` finds a table miss's. A
+    call of another signature keeps DTensor's fallback: everything replicated. DTensor's own
+    rules are left alone."""
     from metaspmd.cache import RuleCache
     from metaspmd.resolve import resolve_call
     from metaspmd.runtime import check_cache
@@ -948,8 +982,9 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     if not _installable(op, strategies):
         report.skipped[name] = f"{_no_installable(op)} ({entry.reason or entry.status})"
         return report
-    _EXPLORED.setdefault(op, {})[entry.signature] = strategies
-    _install(op, _sharding_fn(op, _EXPLORED[op]))
+    shapes = None if op.namespace in catalog.TORCH_NAMESPACES else tensor_shapes(args, kwargs)
+    _EXPLORED.setdefault(op, {})[entry.signature] = shapes, strategies
+    _install(op, _sharding_fn(op, _EXPLORED[op], cache))
     _OWNERS[op] = report  # the op's signatures so far, all of which unregister(report) takes back
     _clear_sharding_prop_cache()
     report.installed.append(name)

@@ -45,9 +45,9 @@ def table() -> RuleTable:
 def add_table(rules: dict) -> None:
     """Look ops up in ``rules`` too: the ``RULES`` of a table generated from a registry of
     one's own custom ops (``tools/sweep.py --backend torch --kernels MODULE --out DIR``, then
-    ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``register`` then
-    installs those ops' rules, and ``parallelize`` verifies them at each call's own sizes
-    (a user's kernel may branch on any size) instead of searching; an op in both tables
+    ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``register`` and
+    ``parallelize`` then verify those ops' rules at each call's own sizes (a user's kernel
+    may branch on any size) instead of searching; an op in both tables
     takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
     refused here, naming the entry, and nothing is added: it would break every later lookup."""
     table().add(rules)

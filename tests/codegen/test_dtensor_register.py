@@ -484,6 +484,71 @@ def test_a_call_the_table_misses_gets_verified_cuts_of_its_own(fake_world_of, tm
     torch.testing.assert_close(full, op(x, 0.25))
 
 
+@torch.library.custom_op("metaspmd_test::first_rows_of_table", mutates_args=())
+def first_rows_of_table(x: torch.Tensor) -> torch.Tensor:
+    return x[:32] * 2  # a row count held inside the kernel, past the sizes a sweep tries
+
+
+@first_rows_of_table.register_fake
+def _(x):
+    return torch.empty(min(x.shape[0], 32), x.shape[1])
+
+
+def _rows_and_columns(op, mesh, short, long):
+    """The op on DTensor, its input cut by rows: the short call's placements, the long
+    call's global value."""
+    with LocalTensorMode(WORLD):
+        at_short = op(distribute_tensor(short, mesh, [Shard(0)])).placements
+        return at_short, _full_on_every_rank(op(distribute_tensor(long, mesh, [Shard(0)])))
+
+
+def test_a_users_table_rules_are_installed_as_verified_at_each_calls_sizes(fake_world_of, tmp_path):
+    """A table swept at 12 rows keeps first_rows' row gather (true below 32 rows).
+    register() installed it at every size: a call of 64 rows, cut in four, kept each rank's
+    16 rows and gave 64 rows for one device's 32. A user's table rules are candidates
+    verified at each call's own sizes, as parallelize verifies them."""
+    from metaspmd.backends.torch.samples import call_signature
+    from metaspmd.cache import RuleCache
+    from metaspmd.table import Entry
+
+    fake_world_of(WORLD)
+    mesh = DeviceMesh("cpu", list(range(WORLD)))
+    op = torch.ops.metaspmd_test.first_rows_of_table.default
+    short, long = torch.randn(12, 4), torch.randn(64, 4)
+    swept = {str(op): {call_signature(op, (short,), {}): Entry("[[S1, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}}
+    table.add_table(swept)
+    try:
+        report = dtensor_rules.register([str(op)], cache=RuleCache(tmp_path))
+        try:
+            assert report.installed == [str(op)], report
+            at_short, full = _rows_and_columns(op, mesh, short, long)
+        finally:
+            dtensor_rules.unregister(report)
+    finally:
+        table.remove_table(swept)
+    assert at_short == (Shard(0),)  # the table's row gather, verified at 12 rows
+    torch.testing.assert_close(full, op(long))
+
+
+def test_register_ops_rules_of_its_example_are_verified_at_a_calls_other_sizes(fake_world_of, tmp_path):
+    """register_op explores first_rows on a call of 12 rows, where the row gather holds; a
+    call of 64 rows has its own rules, verified at its sizes, and matches one device."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    mesh = DeviceMesh("cpu", list(range(WORLD)))
+    op = torch.ops.metaspmd_test.first_rows_of_table.default
+    short, long = torch.randn(12, 4), torch.randn(64, 4)
+    report = dtensor_rules.register_op(op, (short,), cache=RuleCache(tmp_path))
+    try:
+        assert report.installed == [str(op)], report
+        at_short, full = _rows_and_columns(op, mesh, short, long)
+    finally:
+        dtensor_rules.unregister(report)
+    assert at_short == (Shard(0),)
+    torch.testing.assert_close(full, op(long))
+
+
 @pytest.mark.parametrize("op, make", [
     ("aten.binomial.default", lambda: (torch.full((8, 6), 50.0), torch.full((8, 6), 0.5))),
     ("aten.normal.Tensor_float", lambda: (torch.randn(8, 6), 2.7)),  # a std the table holds
@@ -562,7 +627,7 @@ def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
     sig = signature(table._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
     assert sig == signature(table._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
     columns = spec_.Strategy("S1", (spec_.ShardIn(1), spec_.ShardIn(1)), (spec_.OutputCombine.parse("gather(dim=1)"),))
-    strategies = dtensor_rules._sharding_fn(op, {sig: (columns,)})
+    strategies = dtensor_rules._sharding_fn(op, {sig: (None, (columns,))})
     assert [ins for _, ins in strategies(*same)] == [[Replicate(), Replicate()], [Shard(1), Shard(1)]]
     assert [ins for _, ins in strategies(*narrow)] == [[Replicate(), Replicate()]]
 
