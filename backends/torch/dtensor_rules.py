@@ -971,6 +971,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     name, report = op_name(op), RegisterReport()
     # a rule register_op installed before counts as DTensor's own: it grows by signature
     why = "DTensor has its own rule" if dtensor_has_rule(op) and op not in _EXPLORED else _supported_schema(op)
+    why = why or _shapes_unknown(op, args, kwargs)
     if why:
         report.skipped[name] = why
         return report
@@ -1045,6 +1046,27 @@ def _example_call(args, kwargs) -> tuple[tuple, dict]:
         raise TypeError(f"kwargs must be a dict of the op's keyword arguments or None, got a "
                         f"{type(kwargs).__qualname__}")
     return tuple(args), dict(kwargs or {})
+
+
+def _shapes_unknown(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:
+    """Why DTensor cannot work out the example call's output shapes, or '': it runs the op
+    on fake tensors (a custom op needs a fake kernel), and without them no rule runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in tensors):
+        return ""  # DTensor's own, or LocalTensors: their shapes are found as DTensor finds them
+    with _disable_current_modes():
+        mode = FakeTensorMode()
+        fake = torch.utils._pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,
+                                            (args, kwargs))
+        try:
+            with mode:
+                op(*fake[0], **fake[1])
+        except Exception as e:  # noqa: BLE001 -- the op's own error, reported
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            return f"DTensor cannot find its output shapes on fake tensors: {type(e).__name__}: {first}"
+    return ""
 
 
 def _example_fails(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str:

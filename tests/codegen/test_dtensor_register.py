@@ -988,6 +988,23 @@ def test_register_op_takes_a_custom_op_object_as_the_op_it_defines(tmp_path):
         dtensor_rules.unregister(report)
 
 
+@torch.library.custom_op("metaspmd_test::doubled_without_fake", mutates_args=())
+def doubled_without_fake(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_register_op_skips_an_op_dtensor_cannot_find_shapes_of_and_says_why(tmp_path):
+    """DTensor works out a call's output shapes on fake tensors: a custom op with no fake
+    kernel was reported installed, and its first call on DTensor then failed."""
+    from metaspmd.cache import RuleCache
+
+    op = torch.ops.metaspmd_test.doubled_without_fake.default
+    report = dtensor_rules.register_op(op, (torch.randn(8, 4),), cache=RuleCache(tmp_path))
+    assert not report.installed and not any(tmp_path.iterdir())  # refused before exploring
+    assert "DTensor cannot find its output shapes on fake tensors" in report.skipped[str(op)]
+    assert "register_fake" in str(report)
+
+
 def test_every_op_refuted_at_some_calls_is_called_at_one(results):
     called = {key.split(":")[0] for key in set(REFUTED_AT_CALLS).union(*CALL_GROUPS.values())} | {
         "aten.fill_.Scalar", "aten.gather.default"}  # (their refuted calls: "refuted calls")
