@@ -11,9 +11,12 @@ placements. Separable blocks (a row term plus a column term) become unary costs.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
+import signal
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -297,6 +300,43 @@ def solve_ilp(
         _release(model)
 
 
+# the signals CBC's solve takes over for its crash handler (and keeps after it returns)
+_CRASH_SIGNALS = tuple(getattr(signal, n) for n in ("SIGABRT", "SIGSEGV", "SIGFPE", "SIGBUS", "SIGILL")
+                       if hasattr(signal, n))
+_SIGACTION_BYTES = 512  # more than any libc's struct sigaction: it is kept whole, never read
+
+
+@contextlib.contextmanager
+def _crash_handlers_kept() -> Iterator[None]:
+    """Put the process's handlers of crash signals back as they were after a solve. CBC
+    installs its own while solving and leaves them: any later abort or fault in the
+    process (an op's kernel, a test's faulthandler) was reported as "ERROR while running
+    Cbc". The C-level handlers (Python's ``signal`` module sees only its own) are copied
+    whole with ``sigaction``, flags and mask included; where libc has no ``sigaction``
+    (Windows), nothing is kept."""
+    sigaction = getattr(_libc(), "sigaction", None)
+    if sigaction is None:
+        yield
+        return
+    saved = {}
+    for sig in _CRASH_SIGNALS:
+        buffer = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if sigaction(sig, None, buffer) == 0:
+            saved[sig] = buffer
+    try:
+        yield
+    finally:
+        for sig, buffer in saved.items():
+            sigaction(sig, buffer, None)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None)
+    except (OSError, TypeError):  # no C library to load by that name (Windows)
+        return None
+
+
 def _release(model) -> None:
     """Free the solver's C model now, at a point where no cffi call is under way. Left to
     the cyclic garbage collector (a model and its variables refer to each other), the
@@ -335,7 +375,8 @@ def _solve(mip, model, p: ChoiceProblem, unary, links, time_limit: float, warm_s
         model.start = b.start
 
     left = share * time_limit - (time.perf_counter() - (start if started is None else started))
-    status = model.optimize(max_seconds=_solver_seconds(max(left, min(5.0, share * time_limit), 0.1)))
+    with _crash_handlers_kept():
+        status = model.optimize(max_seconds=_solver_seconds(max(left, min(5.0, share * time_limit), 0.1)))
     if status == mip.OptimizationStatus.INFEASIBLE:
         held = "the memory budget and " if p.memory_budget is not None else ""
         raise Infeasible(f"no assignment meets {held}the ties (values that must share one placement, as a loop's "
@@ -389,7 +430,9 @@ def _least_memory(mip, model, p: ChoiceProblem, time_limit: float) -> float | No
     for level in levels:
         model += level - peak <= 0
     model.objective = mip.minimize(peak)
-    if model.optimize(max_seconds=_solver_seconds(time_limit)) != mip.OptimizationStatus.OPTIMAL:
+    with _crash_handlers_kept():
+        status = model.optimize(max_seconds=_solver_seconds(time_limit))
+    if status != mip.OptimizationStatus.OPTIMAL:
         return None
     return p.memory_offset + model.objective_value / scale
 

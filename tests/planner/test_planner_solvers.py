@@ -280,3 +280,28 @@ def test_each_solver_model_is_freed_when_its_solve_ends(make_problem, monkeypatc
         solve_ilp(ChoiceProblem(p.nodes, p.edges, p.ties, 1e-9, liveness=p.liveness), solver=solver)
     assert least_memory(p) is not None
     assert len(made) == 3 and all(m.solver is None for m in made)
+
+
+def _crash_handlers() -> dict:
+    """The C-level handler of each crash signal (struct sigaction's first field)."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None)
+    handlers = {}
+    for sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGFPE, signal.SIGBUS, signal.SIGILL):
+        buffer = ctypes.create_string_buffer(512)
+        assert libc.sigaction(sig, None, buffer) == 0
+        handlers[sig] = buffer.raw[:ctypes.sizeof(ctypes.c_void_p)]
+    return handlers
+
+
+@pytest.mark.parametrize("solve", [lambda p: solve_ilp(p, solver="cbc"), lambda p: solve_ilp(p, solver="highs"),
+                                   least_memory], ids=["cbc", "highs", "least_memory"])
+def test_a_solve_leaves_the_processs_crash_handlers_as_they_were(make_problem, solve):
+    """CBC's solve installs its crash handler for SIGABRT, SIGSEGV and the like and kept it:
+    a later abort anywhere in the process printed "ERROR while running Cbc" and CBC's
+    stack trace, hiding what crashed (pytest's faulthandler, here, was replaced)."""
+    before = _crash_handlers()
+    solve(make_problem(np.random.default_rng(3), 5, budget=True))
+    assert _crash_handlers() == before
