@@ -1183,3 +1183,28 @@ def test_an_output_nan_on_every_trial_is_said_to_be_nan():
     # output "does not vary with the inputs", as if the op ignored them
     e = explore(lambda x: x * float("nan"), [randn(4, 3)], ("self",))
     assert e.status == "replicate-only" and "NaN or infinite on every trial" in e.reason, e
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (5, 5)])
+def test_an_input_read_only_where_it_is_one_or_minus_one_is_read(shape):
+    """hinge_embedding_loss reads target only where it is exactly 1 or -1 (elsewhere the loss
+    is self + clamp(margin - self, 0) whatever target holds): the special values plant ±1,
+    so a Partial target never passes as unread beside a margin that is neither 0 nor ±1."""
+    from metaspmd.backends.torch.sample_data import with_special_values
+
+    # random target, as OpInfo's sample gives: no ±1 on the example or the random trials
+    x, target = (torch.randn(shape, dtype=F64) for _ in range(2))
+    e = explore(aten.hinge_embedding_loss.default, [x, target, 6.2, 0],
+                ("self", "target", "margin", "reduction"), special=with_special_values)
+    assert e.status == ("replicate-only" if shape == () else "ok")
+    assert not any(s.inputs[1] == PartialInput() for s in e.all_strategies()), e.shard
+
+
+def test_positions_of_nans_in_two_shards_refute_a_kernel_that_keeps_the_last_nan():
+    """argreduce keeps the first NaN of a line (max.dim's kernel does); adaptive max pooling's
+    kernel keeps the last one. Random and special data rarely put NaNs in two shards of one
+    line, so a trial that does decides: max.dim keeps its argreduce, the pool loses it."""
+    c = combines(explore(aten.max.dim, [randn(4, 6), 1], ("self", "dim")))
+    assert ["reduce(max)", "argreduce(max, input=0)"] in c.values(), c
+    e = explore(aten.adaptive_max_pool1d.default, [randn(3, 6), [1]], ("self", "output_size"))
+    assert not any(isinstance(c, ArgReduce) for s in e.all_strategies() for o in s.outputs for c in o.options), e.combine

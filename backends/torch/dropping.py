@@ -72,8 +72,8 @@ def _scatter(runner: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _renorm_rows(runner: Callable[..., Any]) -> Callable[..., Any]:
-    """``embedding_renorm_``: a shard of self's rows renormalizes the rows it holds; positions
-    outside them are left out."""
+    """``embedding_renorm`` (in place, functional, out=): a shard of self's rows renormalizes
+    the rows it holds; positions outside them are left out."""
     def drop(self, indices, *rest, **kwargs):
         return runner(self, indices[(indices >= 0) & (indices < self.shape[0])], *rest, **kwargs)
 
@@ -86,7 +86,8 @@ _FORMS = {
     f"aten.{name}.{overload}": form
     for name, form in (("embedding", _embedding), ("index_select", _index_select), ("gather", _gather))
     for overload in ("default", "out")
-} | {"aten.embedding_renorm_.default": _renorm_rows}
+} | {f"aten.{name}.{overload}": _renorm_rows
+     for name, overload in (("embedding_renorm_", "default"), ("embedding_renorm", "default"), ("embedding_renorm", "out"))}
 
 
 def dropping_form(func: torch._ops.OpOverload, runner: Callable[..., Any]) -> Callable[..., Any] | None:

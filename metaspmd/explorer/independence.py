@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..rules import Example, RuleEntry
+from ..tensor_ops import COMPLEX, FLOAT, INT
 from ..spec import (
     Group, Identity, IndependentSpec, IndexOffset, PartialInput, Reduce, Replicate, ShardIn, joint,
     tables_from_strategies,
@@ -127,6 +128,7 @@ class IndependentParts:
         if not special:
             return []
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
+        candidates = [i for i in candidates if not self._reads_constants(i, first)]
         dims = self._resizable_dims() if candidates else []
         # only those the op reproduces: a kernel reading past a lengthened input gives garbage,
         # which changes from call to call (or not) whatever the input's values
@@ -145,6 +147,32 @@ class IndependentParts:
             if outs is None or not all(bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
                 return True
         return False
+
+    def _reads_constants(self, i: int, base: Trial) -> bool:
+        """Does some output of ``base`` change when input ``i`` is all zeros, all ones or all
+        minus ones (``_constant_readers``)?"""
+        return bool(self._constant_readers(i, base))
+
+    def _constant_readers(self, i: int, base: Trial) -> frozenset[int]:
+        """The outputs of ``base`` that change, by a bit, when input ``i`` is all zeros, all
+        ones or all minus ones (every output where such a call fails). Random and special
+        data hold exact ±1 only by chance (none on most 0-d targets), and
+        ``hinge_embedding_loss`` reads its target only there."""
+        x = base.leaves[i]
+        if self.ops.dtype_kind(x) not in (FLOAT, COMPLEX, INT):
+            return frozenset()
+        zeros = self.ops.zeros_like(x)
+
+        def readers() -> frozenset[int]:
+            hit: set[int] = set()
+            for fill in (zeros, self.ops.add_scalar(zeros, 1), self.ops.add_scalar(zeros, -1)):
+                outs = self._run_replaced(base, i, fill)
+                if outs is None:
+                    return frozenset(range(len(base.outputs)))
+                hit |= {j for j, (a, b) in enumerate(zip(outs, base.outputs)) if not bitwise_equal(self.ops, a, b)}
+            return frozenset(hit)
+
+        return self.memo.keep(("constant readers", id(base), i), (base,), readers)
 
     def _unmendable(self, group: Group, inputs: Sequence[int]) -> bool:
         """Did ``group`` fail on the example at an output none of ``inputs`` reaches? The

@@ -329,6 +329,41 @@ class Verifier:
             alive = [[c for c in opts if not picks_by_order(c) or c in k] for opts, k in zip(alive, kept)]
         if bases and any(picks_by_order(c) for opts in alive for c in opts):
             alive = self._refute_on_repeated_shards(group, bases[0], alive)
+        if bases and any(isinstance(c, ArgReduce) for opts in alive for c in opts):
+            alive = self._refute_on_nans_in_two_shards(group, bases[0], alive)
+        return alive
+
+    def _refute_on_nans_in_two_shards(self, group: Group, base: Trial, alive: list[list]) -> list[list]:
+        """``alive`` less the argreduce combines that fail where a line holds NaNs in two
+        shards: argreduce keeps the first NaN (max.dim's kernel does), adaptive max pooling's
+        kernel the last, and random or special data put NaNs in two shards of one line by
+        chance only. ``base`` again with every float cut input NaN at each even position
+        along its cut dim, split in two and in three."""
+        ops = self.ops
+        cut = {i: d for i, d, _ in group.dims}
+        if not any(ops.dtype_kind(base.leaves[i]) == FLOAT for i in cut):
+            return alive
+
+        def nans(x: Any, d: int) -> Any:
+            a = np.array(ops.to_numpy(x), dtype=np.float64)
+            np.moveaxis(a, d, 0)[::2] = np.nan
+            return ops.from_numpy(a, x)
+
+        leaves = [nans(x, cut[i]) if i in cut and ops.dtype_kind(x) == FLOAT else x for i, x in enumerate(base.leaves)]
+        args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
+        try:
+            trial = self._trial(tuple(args), dict(kwargs), index=base.index)
+        except Exception:
+            return alive
+        size = ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
+        for split in (Split(2), Split(3)):
+            if not split.bounds(size):
+                continue
+            ok = self._valid_combines(group, trial, split, alive)
+            if ok is UNINFORMATIVE:
+                continue
+            kept = ok if ok is not None else [[] for _ in alive]
+            alive = [[c for c in opts if not isinstance(c, ArgReduce) or c in k] for opts, k in zip(alive, kept)]
         return alive
 
     def _refute_on_repeated_shards(self, group: Group, base: Trial, alive: list[list]) -> list[list]:
@@ -406,7 +441,11 @@ class Verifier:
     def _whole_on_special_values(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the identity combines a special-value trial refutes. A Partial input
         that leaves an output whole on random data can still matter on values random data
-        never hits: heaviside's values are read only where self is 0."""
+        never hits: heaviside's values are read only where self is 0, hinge_embedding_loss's
+        target only where it is exactly ±1 (``_constant_readers``)."""
+        first = self.trials[0]
+        read = set().union(*(self._constant_readers(i, first) for i in group.partial)) if group.partial else set()
+        alive = [[c for c in opts if c != Identity() or j not in read] for j, opts in enumerate(alive)]
         for trial, split in zip(self._specials(), itertools.cycle(TRIAL_SPLITS)):
             locs = self._locals(group, trial, split)
             if locs is None or locs is UNINFORMATIVE:

@@ -26,10 +26,12 @@ def test_shards_renormalize_their_own_rows():
         RENORM(weight[:2].clone(), indices, 1.0, 2.0)
 
 
-def test_row_cut_verifies_with_dropped_positions():
+@pytest.mark.parametrize("op", [RENORM, torch.ops.aten.embedding_renorm.default], ids=["in place", "functional"])
+def test_row_cut_verifies_with_dropped_positions(op):
+    # the functional form was replicate-only: only the in-place overload had a dropping form
     g = torch.Generator().manual_seed(1)
     weight, indices = 3 * torch.randn(6, 5, generator=g, dtype=torch.float64), torch.tensor([[0, 4], [5, 2]])
-    entry = explore_case(torch_case(RENORM, (weight, indices, 1.0, 2.0), {}, make_runner(RENORM)), TorchOps())
+    entry = explore_case(torch_case(op, (weight, indices, 1.0, 2.0), {}, make_runner(op)), TorchOps())
     assert entry.status == "ok", entry.reason
     assert str(entry.shard) == "[[S1, N], [N, N]]" and str(entry.offset) == "[[], [S1(drop)]]", (entry.shard, entry.offset)
     assert str(entry.combine) == "{S1: gather(dim=0)}"
