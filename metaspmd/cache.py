@@ -16,9 +16,10 @@ imports no framework: the framework version is the installed distribution named 
 backend (package metadata), unless the backend registers its own with
 ``register_framework_version`` or the caller passes ``framework_versions``.
 
-Each file starts with a seal, a comment holding the sha256 of the rest: a rule is trusted
-because the explorer verified it, so a file changed since (a hand edit that still reads as
-a record but holds a wrong rule, a damaged disk) is a miss with a warning naming it, as is
+Each file starts with a seal, a comment holding the sha256 of its key and the rest: a rule
+is trusted because the explorer verified it, so a file changed since (a hand edit that still
+reads as a record but holds a wrong rule, a damaged disk) or moved under another key (another
+implementation's, other sizes') is a miss with a warning naming it, as is
 one that cannot be read as a record (bad UTF-8, an alias): the op is explored again and the
 file rewritten. An entry whose path cannot be used (a folder, a FIFO or a device where its
 file belongs, a file where its op's folder belongs) is skipped with one warning naming it,
@@ -51,18 +52,33 @@ _FRAMEWORK_VERSIONS: dict[str, Callable[[], str]] = {}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _SEAL = "# metaspmd rule cache, sha256 of what follows: "
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
-FORMAT = 2  # 2: sealed files; the unsealed ones of 1 are never read (they would all warn)
+# 2: sealed files (the unsealed ones of 1 would all warn); 3: the seal covers the entry's key
+# too, so a file copied or moved under another key (another implementation, other sizes)
+# does not pass for that key's
+FORMAT = 3
 
 
-def _seal(text: str) -> str:
-    """``text`` behind a first line naming its digest (a YAML comment: the file still reads as a record)."""
-    return f"{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n{text}"
+def _digest(key: str, body: bytes) -> str:
+    return hashlib.sha256(key.encode() + b"\0" + body).hexdigest()
 
 
-def _sealed(data: bytes) -> bool:
-    """Whether ``data`` starts with the seal of what follows it."""
+def _seal(text: str, key: str) -> str:
+    """``text`` behind a first line naming the digest of it and of the key it is stored
+    under (a YAML comment: the file still reads as a record)."""
+    return f"{_SEAL}{_digest(key, text.encode())}\n{text}"
+
+
+def _sealed(data: bytes, key: str) -> bool:
+    """Whether ``data`` starts with the seal of what follows it, stored under ``key``."""
     first, _, rest = data.partition(b"\n")
-    return first == f"{_SEAL}{hashlib.sha256(rest).hexdigest()}".encode()
+    return first == f"{_SEAL}{_digest(key, rest)}".encode()
+
+
+def _key(signature: str, implementation: str | None, pieces: int | None, at: str | None) -> str:
+    """An entry's key as text: what names its file and is sealed into it."""
+    key = signature + (f"\n{implementation}" if implementation else "")
+    key += f"\npieces={pieces}" if pieces is not None else ""  # None: the key before pieces were counted
+    return key + (f"\nat={at}" if at is not None else "")
 
 
 def _stored_name(op: str) -> str:
@@ -139,7 +155,7 @@ class RuleCache:
             raise ValueError(f"cache folder {os.fspath(root)!r} holds a NUL byte")
         self.root = _absolute(root) if root is not None else default_cache_dir()
         self.persist = persist
-        self._memory: dict[tuple, RuleEntry] = {}  # (backend, op, signature, implementation, pieces)
+        self._memory: dict[tuple, RuleEntry] = {}  # (backend, op, signature, implementation, pieces, at)
         self._pinned = dict(framework_versions or {})
         self._versions: dict[str, str] = {}  # backend -> folder name, looked up once
         self._skipped: set[Path] = set()  # entries (or ops' folders) that cannot be used, each warned of once
@@ -152,31 +168,32 @@ class RuleCache:
             self._versions[backend] = f"{_stored_name(backend)}-{_UNSAFE.sub('_', version)}"
         return self._versions[backend]
 
-    def path(self, backend: str, op: str, signature: str, implementation: str = "", pieces: int | None = None) -> Path:
+    def path(self, backend: str, op: str, signature: str, implementation: str = "", pieces: int | None = None,
+             at: str | None = None) -> Path:
         """Where the entry of (op, signature) lives on disk: a folder per op, named after it
         (an op name no file may have, a user's ``ns::op`` primitive, by its digest), and a
-        file per signature, implementation and number of pieces."""
-        key = signature + (f"\n{implementation}" if implementation else "")
-        key += f"\npieces={pieces}" if pieces is not None else ""  # None: the key before pieces were counted
-        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        file per signature, implementation, number of pieces and call (``at``)."""
+        digest = hashlib.sha256(_key(signature, implementation, pieces, at).encode()).hexdigest()[:24]
         folder = record_path(self._folder, self._backend_folder(backend), _stored_name(op)).with_suffix("")
         return folder / f"{digest}.yaml"
 
     def get(self, backend: str, op: str, signature: str, implementation: str | None = "",
-            pieces: int | None = None) -> RuleEntry | None:
+            pieces: int | None = None, at: str | None = None) -> RuleEntry | None:
         """The entry of (op, signature), or None. ``implementation``: '' for a framework's
         own op (the framework's version keys it), else a fingerprint of the user's code
         behind it (``fingerprint.code_fingerprint``), part of the key; None where that code
         cannot be read: its entries live in memory only, since nothing would tell a file
         written for an older version of the op from one for this. ``pieces``: the number of
         outputs of a call whose signature does not say it (``NodeCall.pieces``), part of
-        the key: ``unbind`` of 4 rows and of 6 have one signature and two entries."""
-        key = (backend, op, signature, implementation, pieces)
+        the key: ``unbind`` of 4 rows and of 6 have one signature and two entries. ``at``:
+        the call's own shapes and dtypes where its rules were verified at them and need not
+        hold at the signature's other sizes (``NodeCall.at``), part of the key."""
+        key = (backend, op, signature, implementation, pieces, at)
         if key in self._memory:
             return self._memory[key]
         if not self.persist or implementation is None:
             return None
-        path = self.path(backend, op, signature, implementation, pieces)
+        path = self.path(backend, op, signature, implementation, pieces, at)
         if path.parent in self._skipped:  # the op's folder cannot be used: warned of once
             return None
         blocker = _not_a_file(path)
@@ -193,9 +210,10 @@ class RuleCache:
         except OSError as e:
             self._unusable_entry(backend, path, f"{path}: cannot read: {e.strerror or e}")
             return None
-        if not _sealed(data):
-            warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it (its seal does not match "
-                          "its content); exploring again and rewriting it", RuleCacheWarning, stacklevel=2)
+        if not _sealed(data, _key(signature, implementation, pieces, at)):
+            warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it, or moved from another entry's "
+                          "place (its seal does not match its content and key); exploring again and rewriting it",
+                          RuleCacheWarning, stacklevel=2)
             return None
         try:
             record = loads_record(data.decode("utf-8"), str(path))  # the seal is a comment: lines keep their numbers
@@ -216,17 +234,17 @@ class RuleCache:
         return entry
 
     def put(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
-            pieces: int | None = None) -> None:
-        """Keep ``entry`` (``implementation`` and ``pieces`` as ``get`` takes them)."""
+            pieces: int | None = None, at: str | None = None) -> None:
+        """Keep ``entry`` (``implementation``, ``pieces`` and ``at`` as ``get`` takes them)."""
         # first: a failed write loses nothing
-        self._memory[(backend, op, entry.signature, implementation, pieces)] = entry
+        self._memory[(backend, op, entry.signature, implementation, pieces, at)] = entry
         if self.persist and implementation is not None:
             record: OpRecord = make_record(_stored_name(op), _stored_name(backend), [entry])
-            path = self.path(backend, op, entry.signature, implementation, pieces)
+            path = self.path(backend, op, entry.signature, implementation, pieces, at)
             if path in self._skipped or path.parent in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
             try:
-                text = _seal(dump_record(record))
+                text = _seal(dump_record(record), _key(entry.signature, implementation, pieces, at))
             except ValueError as e:  # text no rule file may hold (a control character in a string argument)
                 warnings.warn(f"rule cache: cannot store an entry of {op}: {e}; its rule is kept in memory for "
                               "this process", RuleCacheWarning, stacklevel=2)
@@ -245,11 +263,11 @@ class RuleCache:
                 self._unusable_entry(backend, path, problem)
 
     def remember(self, backend: str, op: str, entry: RuleEntry, implementation: str | None = "",
-                 pieces: int | None = None) -> None:
+                 pieces: int | None = None, at: str | None = None) -> None:
         """Keep a freshly explored entry, unless it failed: a failure may be the
         environment's (a crash, a time limit), so the next run explores again."""
         if entry.status != "failed":
-            self.put(backend, op, entry, implementation, pieces)
+            self.put(backend, op, entry, implementation, pieces, at)
 
     def _rewrite(self, problem: str) -> None:
         warnings.warn(f"rule cache: unreadable entry, exploring again and rewriting it: {problem}",

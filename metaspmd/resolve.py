@@ -83,13 +83,18 @@ class NodeCall:
     # entry's) are then candidates verified at these, not its rules. None: a framework's
     # op, whose rules hold at every size their signature leaves open.
     sizes: tuple[tuple[int, ...], ...] | None = None
+    # the call's own tensor shapes and dtypes, where its rules are verified at them and need
+    # not hold at the signature's other sizes or dtypes: a user's op (its kernel may branch on
+    # either), torch's op reading a position (tril's diagonal: explored on a smaller stand-in,
+    # checked at the call). Part of its cache key; None: the signature keys its rules.
+    at: str | None = None
 
     @property
     def key(self) -> tuple:
         """What tells this call's rules from another's of its op: two calls of one signature
-        split into different numbers of pieces have rules of their own, as do a user's op's
-        calls at other sizes."""
-        return self.signature, self.pieces, self.sizes
+        split into different numbers of pieces have rules of their own, as do calls whose
+        rules are verified at their own sizes (``at``)."""
+        return self.signature, self.pieces, self.sizes, self.at
 
     def takes(self, entry: RuleEntry) -> bool:
         """Are ``entry``'s rules this call's, by its number of outputs (and a user's op's
@@ -166,7 +171,7 @@ def resolve(
     for node in ir.op_list:
         call = calls[node.name]
         if call.table_rules is None:
-            hit = cache.get(backend, node.op, call.signature, call.implementation, call.pieces)
+            hit = cache.get(backend, node.op, call.signature, call.implementation, call.pieces, call.at)
             if hit is not None and call.takes(hit):
                 entries[node.name] = hit
             else:
@@ -191,7 +196,7 @@ def resolve(
             entry = explored[key]
             counted.add(key)
             stats.live += 1
-            cache.remember(backend, node.op, entry, call.implementation, call.pieces)
+            cache.remember(backend, node.op, entry, call.implementation, call.pieces, call.at)
             _warn_if_failed(node.op, entry, node.name)
         else:
             entry = explored[key]
@@ -212,13 +217,13 @@ def resolve_call(op: str, call: NodeCall, ops: TensorOps, backend: str, cache: R
                  isolation: Isolation | None = None) -> RuleEntry:
     """The verified rules of one call outside a graph (an op registered on its own): from
     the cache, or explored live as ``resolve`` explores a node's, and then cached."""
-    entry = cache.get(backend, op, call.signature, call.implementation, call.pieces)
+    entry = cache.get(backend, op, call.signature, call.implementation, call.pieces, call.at)
     if entry is None or not call.takes(entry):
         key = (op, call.key)
         if call.prepare is not None:
             call.prepare()
         entry = _explore({key: call}, ops, isolation, ResolveStats())[key]
-        cache.remember(backend, op, entry, call.implementation, call.pieces)
+        cache.remember(backend, op, entry, call.implementation, call.pieces, call.at)
         _warn_if_failed(op, entry)
     return entry
 

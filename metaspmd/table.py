@@ -18,6 +18,7 @@ from typing import Mapping, NamedTuple
 
 from .rules import Example, RuleEntry
 from .spec import CombineSpec, IndependentSpec, Layer, OffsetSpec, PartialSpec, ShardSpec, Strategy
+from .signature import signature_error
 
 
 class Entry(NamedTuple):
@@ -93,12 +94,21 @@ class RuleTable:
             found = self._parsed[key] = tuple(rule_entry(signature, entry).all_strategies())
         return found
 
+    def check(self, rules: object) -> None:
+        """Refuse what ``add`` would refuse, adding nothing."""
+        check_rules(rules, parse=True)
+
     def add(self, rules: Mapping[str, Mapping[str, Entry]]) -> None:
         """Look ops up in ``rules`` first; each entry is parsed now, so a bad one is refused
         here, naming it, rather than failing every later lookup in the process."""
-        check_rules(rules, parse=True)
+        self.check(rules)
         self._added.update(rules)
         self._parsed.clear()
+
+    def added(self, op: str) -> bool:
+        """Are ``op``'s rules an added table's (swept elsewhere, perhaps by another build of
+        the framework or edited by hand), not the generated one's?"""
+        return op in self._added
 
     def remove(self, rules: Mapping[str, Mapping[str, Entry]]) -> None:
         for op in rules:
@@ -127,6 +137,9 @@ def _check_entry(op: str, sig: object, entry: object, parse: bool) -> None:
                         f"metaspmd.table.Entry, got {type(sig).__qualname__} -> {type(entry).__qualname__} "
                         f"{entry!r:.80}")
     if parse:
+        why = signature_error(sig)
+        if why:  # a lookup would never match it, and neighbour_rules would raise on it
+            raise ValueError(f"rule table entry {op!r}: signature {sig!r} is not one metaspmd writes: {why}")
         try:
             rule_entry(sig, entry)
         except Exception as e:  # whatever the parsers raise, named with its entry

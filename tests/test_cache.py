@@ -2,7 +2,6 @@
 folders, unreadable entries and unusable folders."""
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import multiprocessing as mp
 import os
@@ -155,7 +154,8 @@ def test_a_sealed_entry_that_is_not_utf8_is_explored_again_and_rewritten(tmp_pat
     first = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
     path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
     body = path.read_bytes().split(b"\n", 1)[1].replace(b"status: ok", b"status: \xff", 1)
-    path.write_bytes(cache_module._SEAL.encode() + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    key = cache_module._key(ADD.signature, ADD.implementation, ADD.pieces, ADD.at)
+    path.write_bytes(cache_module._SEAL.encode() + cache_module._digest(key, body).encode() + b"\n" + body)
     again, ours = _resolved_again(tmp_path)
     assert again == first  # explored again, not read
     line = body[: body.index(b"\xff")].count(b"\n") + 2  # the seal is line 1

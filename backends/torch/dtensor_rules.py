@@ -720,13 +720,13 @@ def _verified_fn(op: torch._ops.OpOverload, cache: RuleCache | None = None):
 
 def _call_rules(op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: RuleCache | None = None
                 ) -> tuple[Strategy, ...]:
-    from .table import lookup
+    from .table import lookup, verified_per_call
 
     found = lookup(op, args, kwargs)
-    if found is not None and op.namespace in catalog.TORCH_NAMESPACES:
-        return found  # a framework's op: its rules hold at every size their signature leaves open
-    # a miss, or a user's op, whose kernel may branch on any size: its table rules, swept at
-    # other sizes, are verified at the call's own (as parallelize verifies them)
+    if found is not None and not verified_per_call(op):
+        return found  # the generated table's: they hold at every size their signature leaves open
+    # a miss, a user's op (its kernel may branch on any size) or an added table's rules:
+    # verified at the call's own sizes (as parallelize verifies them)
     return _rules_at_call(op, args, kwargs, cache)
 
 
@@ -956,6 +956,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
     from .dtensor import dtensor_has_rule
     from .rules_at_runtime import call_of, live_exploration
+    from .table import verified_per_call
     from .tensor_ops import TorchOps
 
     op = _overload(op)
@@ -983,7 +984,7 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     if not _installable(op, strategies):
         report.skipped[name] = f"{_no_installable(op)} ({entry.reason or entry.status})"
         return report
-    shapes = None if op.namespace in catalog.TORCH_NAMESPACES else tensor_shapes(args, kwargs)
+    shapes = tensor_shapes(args, kwargs) if verified_per_call(op) else None
     _EXPLORED.setdefault(op, {})[entry.signature] = shapes, strategies
     _install(op, _sharding_fn(op, _EXPLORED[op], cache))
     _OWNERS[op] = report  # the op's signatures so far, all of which unregister(report) takes back

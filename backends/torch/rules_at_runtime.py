@@ -83,12 +83,14 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     outputs on them: where it pins sizes (a view's ``size=[-1, 8]`` beside its input's) or
     splits into pieces of a size, they would make another call, whose rules need not hold
     for this one. Where torch's op takes a position, the rules they give are checked at the
-    call's own sizes too (``OpCase.stand_in_for``); a user's op is never shrunk."""
+    call's own sizes too (``OpCase.stand_in_for``), and hold there only (``NodeCall.at``).
+    A user's op is never shrunk nor cast."""
     call = (tuple(args), dict(kwargs))
-    own = _float64(call)
-    # a user's kernel may branch on any size (a fast path for short inputs, blocks of 8 rows):
-    # its calls are explored at their own sizes
-    small = _shrunk(call) if fn.namespace in catalog.TORCH_NAMESPACES else call
+    # a user's kernel may branch on any size or dtype (a fast path for short inputs, blocks of
+    # 8 rows, a float32-only path): its calls are explored at their own sizes and dtypes
+    framework = fn.namespace in catalog.TORCH_NAMESPACES
+    own = _float64(call) if framework else call
+    small = _shrunk(call) if framework else call
     shrunk = _float64(small) if small is not call else None
     a, k = own
     alike = shrunk and call_signature(fn, *shrunk) == call_signature(fn, *own) and _pieces(fn, *shrunk) == _pieces(fn, *own)
@@ -177,9 +179,10 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
     if found and not gives_pieces(found, pieces):
         found = None  # rules of the sweep's example, split into another number of pieces
     sizes, swept = None, ()
-    if fn.namespace not in catalog.TORCH_NAMESPACES:
-        # a user's kernel may branch on any size (keep its first 32 rows): its table rules,
-        # swept at the example's sizes, are verified at the call's own before they stand
+    per_call = table.verified_per_call(fn)
+    if per_call:
+        # a user's kernel may branch on any size (keep its first 32 rows), and an added table
+        # was swept elsewhere: its table rules are verified at the call's own before they stand
         sizes = example_shapes(Example(tuple((n, example_value(_TENSOR_OPS, v))
                                              for n, v in arg_items(catalog.positional_names(fn), args, kwargs))))
         swept, found = tuple((s.inputs, s.outputs) for s in found or ()), None
@@ -191,8 +194,15 @@ def call_of(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, real=None, pre
         a, k = real() if real is not None else (args, kwargs)
         return call_case(fn, a, k, probe)
 
+    at = _tensors_at(args, kwargs) if found is None and (per_call or _reads_positions(fn)) else None
     return NodeCall(sig, found, case, neighbours if found is None else None, prepare, case,
-                    implementation(fn) if found is None else "", pieces, sizes)
+                    implementation(fn) if found is None else "", pieces, sizes, at)
+
+
+def _tensors_at(args: tuple, kwargs: dict) -> str:
+    """A call's tensor dtypes and shapes, in argument order (``NodeCall.at``): 'float32[4, 8] int64[3]'."""
+    leaves = torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs)))
+    return " ".join(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" for x in leaves if isinstance(x, torch.Tensor))
 
 
 def implementation(fn: torch._ops.OpOverload) -> str | None:

@@ -18,7 +18,7 @@ from metaspmd.signature import signature, split_signature, value_token
 from metaspmd.spec import Strategy
 from metaspmd.table import RuleTable, generated
 
-from .catalog import exact_sizes, op_name, positional_names
+from .catalog import TORCH_NAMESPACES, exact_sizes, op_name, overload_named, positional_names
 from .tensor_ops import dtype_kind
 
 
@@ -49,9 +49,35 @@ def add_table(rules: dict) -> None:
     ``parallelize`` then verify those ops' rules at each call's own sizes (a user's kernel
     may branch on any size) instead of searching; an op in both tables
     takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
-    refused here, naming the entry, and nothing is added: it would break every later lookup."""
+    refused here, naming the entry, and nothing is added: it would break every later lookup,
+    or never match (a signature naming arguments its op does not take)."""
+    table().check(rules)
+    for op, entries in rules.items():
+        _check_argument_names(op, entries)
     table().add(rules)
     _forget_lookups()
+
+
+def _check_argument_names(op: str, entries: dict) -> None:
+    """Refuse a signature naming an argument the op's schema lacks: no call would ever have
+    it. An op this process has not loaded yet (a library imported later) is not checked."""
+    fn = overload_named(op)
+    if fn is None:
+        return
+    known = {a.name for a in fn._schema.arguments}
+    for sig in entries:
+        unknown = [name for name, _, _ in split_signature(sig) if name not in known]
+        if unknown:
+            raise ValueError(f"rule table entry {op!r}, signature {sig!r}: {op} takes no argument "
+                             f"{unknown[0]!r} (its schema: {fn._schema})")
+
+
+def verified_per_call(op: torch._ops.OpOverload) -> bool:
+    """Are ``op``'s table rules verified at each call's own sizes before they stand? A
+    user's op's are (its kernel may branch on any size), as are an added table's rules of
+    any op: they come from a sweep this build did not check. The generated table's rules
+    of torch's own ops hold at every size their signature leaves open."""
+    return op.namespace not in TORCH_NAMESPACES or table().added(op_name(op))
 
 
 def remove_table(rules: dict) -> None:

@@ -874,6 +874,13 @@ from metaspmd.table import Entry  # noqa: E402
       r"signature -> metaspmd.table.Entry, got str -> tuple")),
     ({"aten.mm.default": {"self:f[*,*] mat2:f[*,*]": Entry("[[S1, Q], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}}, ValueError,
      r"rule table entry 'aten.mm.default', signature 'self:f\[\*,\*\] mat2:f\[\*,\*\]': .* does not parse"),
+    # a key no lookup would match: the op was then replicated, and the warning blamed live exploration
+    ({"aten.mm.default": {"self:f[*,* mat2:f[*,*]": Entry("[[S1, N], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}},
+     ValueError, r"rule table entry 'aten.mm.default': signature 'self:f\[\*,\* mat2:f\[\*,\*\]' is not one "
+     r"metaspmd writes: expected tensor dims"),
+    ({"aten.mm.default": {"self:f[*,*] other:f[*,*]": Entry("[[S1, N], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}},
+     ValueError, r"rule table entry 'aten.mm.default', signature 'self:f\[\*,\*\] other:f\[\*,\*\]': "
+     r"aten.mm.default takes no argument 'other'"),
 ])
 def test_add_table_refuses_what_is_no_table_and_keeps_the_tables(rules, error, message):
     before = table.table().entries("aten.mm.default")
