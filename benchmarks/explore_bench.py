@@ -368,8 +368,9 @@ def main(argv=None) -> int:
     if a.ops is not None and not words:  # an unset shell variable: an error, not every call
         p.error(f"--ops {a.ops!r} names no call")
     selected = [c for c in calls() if not words or any(w in c[0] for w in words)]
-    if not selected:
-        p.error(f"--ops {a.ops!r}: no call's name contains one of these words; the calls: "
+    unmatched = [w for w in words if not any(w in c[0] for c in calls())]
+    if unmatched:  # a typo beside a good word would time fewer calls without a word
+        p.error(f"--ops {a.ops!r}: no call's name contains {', '.join(map(repr, unmatched))}; the calls: "
                 + ", ".join(c[0] for c in calls()))
     if a.profile and not any(a.profile in c[0] for c in selected):
         p.error(f"--profile {a.profile!r}: no selected call's name contains it")

@@ -25,7 +25,6 @@ on up to N more program calls of its signature, at other operand shapes.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
 import sys
 from collections import Counter
@@ -41,6 +40,7 @@ from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
 from metaspmd.signature import signature
+from metaspmd.sweep import select_ops, split_patterns, unmatched_patterns
 from metaspmd.tensor_ops import TOLERANCES
 from metaspmd.target import lined_up
 from metaspmd.spec import (
@@ -650,8 +650,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     backend = get_backend()
     ops = backend.tensor_ops()
-    patterns = [p.strip() for v in args.ops for p in v.split(",") if p.strip()]
-    names = [op for op in backend.list_ops() if not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)]
+    patterns = split_patterns(args.ops)
+    wrong = unmatched_patterns(backend.list_ops(), patterns)
+    if wrong:  # a typo beside a good name would check less and pass
+        print(f"crosscheck: error: --ops: {wrong}", file=sys.stderr)
+        return 2
+    names = select_ops(backend.list_ops(), patterns)
     if not names:
         print("crosscheck: no op matched", file=sys.stderr)
         return 2

@@ -57,7 +57,7 @@ from metaspmd.registry_io import RegistryError, load_registry, path_problem, wri
 from metaspmd.rules import OpRecord, RuleEntry
 from metaspmd.signature import signature
 from metaspmd.spec import Combine, Gather, InputPlacement
-from metaspmd.sweep import SweepConfig, WorkerPool, select_ops, split_patterns
+from metaspmd.sweep import SweepConfig, WorkerPool, select_ops, split_patterns, unmatched_patterns
 from metaspmd.sweep.config import unwritable
 from metaspmd.sweep.workers import Task
 from metaspmd.tensor_ops import COMPLEX, FLOAT, INT, TensorOps
@@ -849,7 +849,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     patterns = split_patterns(args.ops)
     if patterns:
-        ops = select_ops(set(records) | set(catalog.all_overloads()), patterns)
+        known = set(records) | set(catalog.all_overloads())
+        wrong = unmatched_patterns(known, patterns)
+        if wrong:  # a typo beside a good name would check less and pass
+            print(f"crosscheck: error: --ops: {wrong}", file=sys.stderr)
+            return 2
+        ops = select_ops(known, patterns)
     else:
         ops = sorted(set(records) | (set(catalog.all_overloads()) if args.explore_missing else set()))
     if not ops:

@@ -14,7 +14,7 @@ is imported only where ops run, and an op that hangs or crashes its worker is re
 
 from .config import (
     DEFAULT_EXPLORER, DEFAULT_TIMEOUT, SweepConfig, SweepError, backend_module, load_backend, nearest_ops,
-    select_ops, split_patterns,
+    select_ops, split_patterns, unmatched_patterns,
 )
 from .engine import OpResult, SweepInterrupted, SweepReport, SweepWriteFailed, run_sweep
 from .failures import clean_reason, describe_exception, describe_exit, failed_record
@@ -25,5 +25,5 @@ __all__ = [
     "DEFAULT_EXPLORER", "DEFAULT_TIMEOUT", "OpResult", "Outcome", "SweepConfig", "SweepError",
     "SweepInterrupted", "SweepReport", "SweepWriteFailed", "WorkerPool", "backend_module", "clean_reason", "describe_exception",
     "describe_exit", "failed_record", "format_changes", "format_summary", "load_backend",
-    "nearest_ops", "run_sweep", "select_ops", "split_patterns", "timings_json",
+    "nearest_ops", "run_sweep", "select_ops", "split_patterns", "timings_json", "unmatched_patterns",
 ]

@@ -145,6 +145,18 @@ def select_ops(ops: Iterable[str], patterns: Iterable[str]) -> list[str]:
     return [op for op in ops if any(fnmatch.fnmatchcase(op, p) for p in patterns)]
 
 
+def unmatched_patterns(ops: Iterable[str], patterns: Iterable[str]) -> str | None:
+    """What is wrong with ``patterns`` where one of them matches none of ``ops`` (a typo
+    beside a good name would otherwise check less and pass), naming it and the nearest
+    names; None where each matches some op."""
+    names = sorted(set(ops))
+    unmatched = [p for p in patterns if p and not select_ops(names, [p])]
+    if not unmatched:
+        return None
+    near = nearest_ops(names, unmatched)
+    return f"no op matches {', '.join(unmatched)}" + (f" (did you mean {' or '.join(near)}?)" if near else "")
+
+
 def nearest_ops(ops: Iterable[str], patterns: Iterable[str]) -> list[str]:
     """The op names closest to patterns that match none (a typo's likely meaning), best
     first, at most three."""

@@ -554,3 +554,11 @@ def test_a_flat_checkpoint_key_beside_the_path_it_spells_is_planned_and_pinned_o
     np.testing.assert_allclose(grads["a"]["b"], ref["a"]["b"], rtol=1e-5, atol=1e-5)
     assert par.plan.placement("params['a.b']") == (Shard(0),)
     assert list(par.captured.param_names) == ["params.a.b", "params['a.b']"]  # both parameters, their gradients tied
+
+
+def test_crosscheck_refuses_an_ops_pattern_that_matches_nothing_beside_a_good_one(capsys):
+    """A typo beside a good name checked the good one alone, and passed."""
+    from metaspmd.backends.jax import crosscheck
+
+    assert crosscheck.main(["--ops", "jax.add,jax.ad_typo"]) == 2
+    assert "--ops: no op matches jax.ad_typo" in capsys.readouterr().err

@@ -599,7 +599,10 @@ def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     assert crosscheck.main(["--partials", "median"]) == 2
     assert "--partials takes sum, avg, max, min, got 'median'" in capsys.readouterr().err
     assert crosscheck.main(["--registry", str(tmp_path), "--ops", "aten.no_such_op.default"]) == 2
-    assert "no op to check" in capsys.readouterr().err
+    assert "no op matches aten.no_such_op.default" in capsys.readouterr().err
+    # a typo beside a good name checked the good one alone, and passed
+    assert crosscheck.main(["--registry", str(tmp_path), "--ops", "aten.relu.default,aten.mmm.default"]) == 2
+    assert "--ops: no op matches aten.mmm.default (did you mean aten.mm.default" in capsys.readouterr().err
     # a cache folder that is a file would be skipped without a word
     (tmp_path / "file").write_text("")
     assert crosscheck.main(["--cache-dir", str(tmp_path / "file")]) == 2

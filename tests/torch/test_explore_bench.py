@@ -70,6 +70,9 @@ def test_refuses_bad_arguments(bench, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--ops", "no_such_call"])
     assert e.value.code == 2 and "no call's name contains" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a typo beside a good word timed the good one alone
+        bench.main(["--ops", "mm,no_such_call"])
+    assert e.value.code == 2 and "no call's name contains 'no_such_call'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # pstats' own sort keys only, checked before any call runs
         bench.main(["--ops", "mm", "--profile", "mm", "--sort", "bogus"])
     err = capsys.readouterr().err
