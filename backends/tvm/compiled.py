@@ -236,9 +236,22 @@ def _raise_if_out_of_memory(op: str, stage: str, e: Exception) -> None:
         raise OutOfMemory(f"{op}: {stage} the kernel failed to allocate memory: {_first_line(e)}") from e
 
 
-@functools.lru_cache(maxsize=None)
 def build_kernel(spec: KernelSpec, params: Params = ()) -> CompiledKernel:
     """Build, check and compile one variant of ``spec`` (cached per process)."""
+    return _build(spec, params, _typed(params))
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with each leaf's type beside it: variants {"scale": 2} and {"scale": 2.0}
+    (or 1 and True) are equal and hash alike, so a plain cache gave the second the first's
+    kernel."""
+    if isinstance(value, tuple):
+        return tuple(_typed(v) for v in value)
+    return type(value).__qualname__, value
+
+
+@functools.lru_cache(maxsize=None)
+def _build(spec: KernelSpec, params: Params, typed: Any) -> CompiledKernel:
     inputs, outputs = _split_result(spec.op, _call_builder(spec, params))
     _check_arity(spec.op, inputs, outputs)
     variables = _input_vars(spec.op, inputs)

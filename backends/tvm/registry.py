@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -79,6 +80,17 @@ def _unwritable(v: Any) -> str:
         return "" if named else "a lambda or local function has no name the rule file can keep: define it at module level"
     return (f"a {type(v).__name__} is no variant value: use numbers, strings, None, lists of them, or "
             "functions defined at module level")
+
+
+def _example(op: str, example: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """The example's sizes, each a positive int as given: int() made 6.9 a 6, True a 1 and
+    "6" a 6 without a word."""
+    if not isinstance(example, Mapping):
+        raise KernelError(op, f"example must map each symbolic var to its size, got {type(example).__name__} {example!r:.80}")
+    for k, v in example.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise KernelError(op, f"example {k!r}: {v!r}: each symbolic var's size is a positive int")
+    return tuple(sorted((k, int(v)) for k, v in example.items()))
 
 
 def op_name(name: str) -> str:
@@ -152,7 +164,7 @@ def kernel(
         spec = KernelSpec(
             op=op,
             builder=builder,
-            example=tuple(sorted((str(k), int(v)) for k, v in example.items())),
+            example=_example(op, example),
             variants=tuple(_params(op, v) for v in variants) or ((),),
             int_ranges=tuple(sorted((k, tuple(v)) for k, v in (int_ranges or {}).items())),
             exact=tuple(sorted(exact)),

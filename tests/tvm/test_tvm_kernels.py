@@ -1,5 +1,7 @@
 """Registering, validating, compiling and calling TE kernels."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -355,3 +357,30 @@ def _named(name):
         raise AssertionError("not built")
     builder.__name__ = name
     return builder
+
+
+def test_variants_equal_in_value_but_not_in_type_build_kernels_of_their_own():
+    """{"scale": 2} and {"scale": 2.0} are equal and hash alike: the build cache gave the
+    second the first's kernel, an integer scale where the builder made a float one."""
+    reg = KernelRegistry()
+
+    @kernel("scaled", example={"n": 4}, variants=[{"scale": 3}, {"scale": 2.5}, {"scale": 3.0}], registry=reg)
+    def scaled(scale):
+        n = te.var("n")
+        x = te.placeholder((n,), "float64", name="x")
+        # an int scale truncates each value first, a float one scales it as it is
+        body = (lambda i: te.floor(x[i]) * scale) if isinstance(scale, int) else (lambda i: x[i] * scale)
+        return [x], te.compute((n,), body, name="out")
+
+    spec = reg.get("tvm.scaled")
+    x = np.array([1.5, -0.5, 2.25, 3.0])
+    three, _, three_point_oh = (build_kernel(spec, params)(to_tvm(x)).numpy() for params in spec.variants)
+    np.testing.assert_allclose(three, np.floor(x) * 3)
+    np.testing.assert_allclose(three_point_oh, x * 3.0)
+
+
+@pytest.mark.parametrize("size", [6.9, True, "6", 0, None])
+def test_an_example_size_that_is_no_positive_int_is_refused(size):
+    """int() made 6.9 a 6, True a 1 and "6" a 6 without a word."""
+    with pytest.raises(KernelError, match=rf"^kernel tvm.bad: example 'n': {re.escape(repr(size))}: .*positive int"):
+        kernel("bad", example={"n": size}, registry=KernelRegistry())(lambda: None)
