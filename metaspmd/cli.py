@@ -475,6 +475,9 @@ def codegen(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             # the repository's tables would become the tables of a registry of your own
             p.error(f"--registry {args.registry} is not the repository's registry: pass --out DIR for its tables")
         args.out = ROOT / "generated"
+    elif own and os.path.realpath(args.out) == os.path.realpath(ROOT / "generated"):
+        p.error(f"--out {args.out} is the repository's generated/ folder: a registry of your own's tables would "
+                "replace the repository's; pass another folder")
     default = args.registry is None
     if default:
         args.registry = REGISTRY  # the repository's: every table, a missing backend folder an error

@@ -644,6 +644,19 @@ def test_codegen_of_a_registry_of_your_own_needs_an_out(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("check", [False, True])
+def test_codegen_of_a_registry_of_your_own_into_the_repositorys_generated_is_refused(tmp_path, capsys, check):
+    """``--out generated`` beside a registry of your own overwrote the repository's tables
+    (and --check's hint said to run just that)."""
+    write(tmp_path / "reg", "torch", "aten.mm.default")
+    before = {p.name: p.read_bytes() for p in (cli.ROOT / "generated").glob("*_rules.py")}
+    with pytest.raises(SystemExit) as e:
+        cli.codegen(["--registry", str(tmp_path / "reg"), "--out", str(cli.ROOT / "generated")] + ["--check"] * check)
+    assert e.value.code == 2
+    assert "is the repository's generated/ folder: a registry of your own's tables would replace" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (cli.ROOT / "generated").glob("*_rules.py")} == before
+
+
+@pytest.mark.parametrize("check", [False, True])
 @pytest.mark.parametrize("odd", ["loop", "file"])
 def test_sweep_out_a_symlink_loop_or_a_file_is_a_usage_error(tmp_path, fake_backend, capsys, monkeypatch, check, odd):
     out = tmp_path / "out"
