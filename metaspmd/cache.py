@@ -112,13 +112,19 @@ class RuleCacheWarning(UserWarning):
     """The on-disk rule cache could not be used as it is (an unreadable entry, an unwritable folder)."""
 
 
+_FIXED_DIRS: dict[str, Path] = {}  # $METASPMD_CACHE_DIR -> the folder it named when first read
+
+
 def default_cache_dir() -> Path:
     """Where metaspmd keeps what it learns on a machine (the rule cache, the backends'
     sample and program indexes): ``$METASPMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/metaspmd``
     (``~/.cache/metaspmd``)."""
     env = os.environ.get("METASPMD_CACHE_DIR")
-    if env:  # as a shell would read it, and fixed now: a later chdir must not move the cache
-        return _absolute(env)
+    if env:  # as a shell would read it, and fixed at its first reading: a later chdir must
+        # not move the cache (each parallelize makes a RuleCache, and found a second one)
+        if env not in _FIXED_DIRS:
+            _FIXED_DIRS[env] = _absolute(env)
+        return _FIXED_DIRS[env]
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):  # unset, or relative: the XDG spec says to ignore it
         base = os.path.join(os.path.expanduser("~"), ".cache")
@@ -283,6 +289,10 @@ class RuleCache:
         if not blocker:  # the folder, or where it would be made
             there = next(p for p in (folder, *folder.parents) if p.exists())
             blocker = "" if os.access(there, os.W_OK | os.X_OK) else f"{there} is not writable"
+        if not blocker and not folder.is_dir():
+            # a write makes the folders on its way: where it could not, no entry can be written
+            # (a folder under /proc, which os.access passes for root): one warning, not one per op
+            blocker = problem
         if blocker:
             self._memory_only(OSError(blocker))
             return

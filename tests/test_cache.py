@@ -308,6 +308,7 @@ def test_a_cache_folder_removed_while_an_entry_is_written_is_made_again(tmp_path
 def test_a_cache_folder_given_as_a_shell_would_read_it_is_fixed_at_once(tmp_path, monkeypatch, given, where):
     """``~`` reaches the cache unexpanded from a Docker ENV or a systemd unit, and a relative
     folder was looked up again on each access: a chdir split the cache in two."""
+    monkeypatch.setattr(cache_module, "_FIXED_DIRS", {})
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     expected = Path(where.format(home=tmp_path / "home", cwd=tmp_path))
@@ -319,6 +320,20 @@ def test_a_cache_folder_given_as_a_shell_would_read_it_is_fixed_at_once(tmp_path
     cache.remember("torch", RELU, entry())
     assert RuleCache(expected).get("torch", RELU, "self:f[*]") == entry()
     assert not (tmp_path / "~").exists()
+
+
+def test_a_relative_cache_folder_from_the_environment_stays_where_it_was_first_read(tmp_path, monkeypatch):
+    """Each parallelize makes a RuleCache(), which read $METASPMD_CACHE_DIR again: after a
+    chdir, a second cache beside the first, and every op explored again."""
+    monkeypatch.setattr(cache_module, "_FIXED_DIRS", {})
+    monkeypatch.setenv("METASPMD_CACHE_DIR", "relative/rules")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    RuleCache().remember("torch", RELU, entry())
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert RuleCache().root == tmp_path / "relative" / "rules"
+    assert RuleCache().get("torch", RELU, "self:f[*]") == entry()
+    assert not (tmp_path / "elsewhere" / "relative").exists()
 
 
 @pytest.mark.parametrize("xdg", ["relative", "~/cache"])
@@ -389,3 +404,23 @@ def test_an_entry_no_rule_file_may_hold_is_kept_in_memory_with_a_warning(tmp_pat
         cache.remember("torch", RELU, odd)
     assert cache.get("torch", RELU, odd.signature) == odd
     assert not list(tmp_path.rglob("*.yaml"))
+
+
+def test_a_cache_folder_that_cannot_be_made_warns_once_not_once_per_op(tmp_path, monkeypatch):
+    """Under /proc, mkdir fails though os.access passes for root: one warning per op."""
+    real = registry_io.write_text_atomic
+
+    def no_folders(path, text):  # as a folder nothing can be made under
+        if not path.parent.is_dir():
+            raise FileNotFoundError(2, "No such file or directory", str(path.parent))
+        return real(path, text)
+
+    monkeypatch.setattr(cache_module, "write_text_atomic", no_folders)
+    cache = RuleCache(tmp_path / "proc-like")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for op in (RELU, "aten.gelu.default", "aten.tanh.default"):
+            cache.remember("torch", op, entry())
+    ours = [str(w.message) for w in caught if issubclass(w.category, RuleCacheWarning)]
+    assert len(ours) == 1 and "keeping explored rules in memory" in ours[0], ours
+    assert cache.get("torch", "aten.gelu.default", "self:f[*]") == entry()  # kept in memory
