@@ -549,6 +549,18 @@ class _Reader:
         offset = None
         if "offset" in f:
             offset = OffsetSpec(self.per_input(f["offset"], "offset", OffsetIn.parse, len(shard.inputs)))
+        # an input takes one placement per label: a cut beside its Partial or offset kept the cut alone
+        for what, table in (("partial", partial.inputs), ("offset", offset.inputs if offset else ())):
+            for i, (row, items) in enumerate(zip(shard.inputs, table)):
+                both = sorted({x.label for x in items} & {d.label for d in row}, key=label_number)
+                if both:
+                    self.fail(f[what], f"{what} input {i}: {both[0]} cuts that input too, and an input takes one "
+                                       "placement per label")
+        for i, (parts, offsets) in enumerate(zip(partial.inputs, offset.inputs if offset else ())):
+            both = sorted({x.label for x in parts} & {x.label for x in offsets}, key=label_number)
+            if both:
+                self.fail(f["offset"], f"offset input {i}: {both[0]} makes that input Partial too, and an input "
+                                       "takes one placement per label")
             for label in sorted(offset.labels() - shard.labels(), key=label_number):
                 self.fail(f["offset"], f"offset label {label} cuts no dim: there is no shard start to subtract")
         combine = self.combine(f["combine"])

@@ -240,6 +240,10 @@ def test_schema_must_be_the_integer_not_a_value_equal_to_it(schema):
 @pytest.mark.parametrize("table,line", [
     ("  partial: [[S4(sum), S4(prod)], []]", "partial input 0 lists S4 twice"),
     ("  offset: [[], [S1, S1(drop)]]", "offset input 1 lists S1 twice"),
+    # S1 cuts self's rows: Partial under it too was dropped without a word
+    ("  partial: [[S1(sum)], []]", "partial input 0: S1 cuts that input too"),
+    ("  offset: [[S1], []]", "offset input 0: S1 cuts that input too"),
+    ("  offset: [[], [S1]]\n  partial: [[], [S1(sum)]]", "offset input 1: S1 makes that input Partial too"),
 ])
 def test_one_label_twice_on_one_input_is_refused(table, line):
     """An input takes one placement per label: the table kept the first and dropped the other."""
