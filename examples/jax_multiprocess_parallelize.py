@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from metaspmd.cli import at_most, path_arg, positive_int, positive_number, seconds
+
 
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Start one process per ``--processes`` on a free local port; their exit status."""
@@ -75,11 +77,14 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--devices", type=int, default=2, help="CPU devices per process")
-    parser.add_argument("--budget", type=float, default=None, help="memory budget per device, bytes")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="the ILP's time limit, seconds")
-    parser.add_argument("--cache", default=None, help="rule cache directory (default: the user cache)")
+    # checked here, before any process starts: each would otherwise fail alone, or hang waiting
+    # for peers that never come (--processes 0)
+    parser.add_argument("--processes", type=at_most(positive_int, 64, "64 processes"), default=2)
+    parser.add_argument("--devices", type=at_most(positive_int, 64, "64 devices"), default=2,
+                        help="CPU devices per process")
+    parser.add_argument("--budget", type=positive_number, default=None, help="memory budget per device, bytes")
+    parser.add_argument("--time-limit", type=seconds, default=10.0, help="the ILP's time limit, seconds")
+    parser.add_argument("--cache", type=path_arg, default=None, help="rule cache directory (default: the user cache)")
     parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.models import MLP, ConvNet, FusedAttention, GPTBlock  # noqa: E402
 from metaspmd.backends.torch.parallelize import parallelize  # noqa: E402
 from metaspmd.cache import RuleCache  # noqa: E402
+from metaspmd.cli import path_arg, positive_number, seconds  # noqa: E402
 
 MODELS = {
     "mlp": (lambda: MLP(64, 256), (8, 64)),
@@ -43,9 +44,9 @@ MODELS = {
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="convnet")
-    parser.add_argument("--budget", type=float, default=None, help="memory budget per device, bytes")
-    parser.add_argument("--cache", default=None, help="rule cache directory (default: the user cache)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="the ILP's time limit, seconds")
+    parser.add_argument("--budget", type=positive_number, default=None, help="memory budget per device, bytes")
+    parser.add_argument("--cache", type=path_arg, default=None, help="rule cache directory (default: the user cache)")
+    parser.add_argument("--time-limit", type=seconds, default=10.0, help="the ILP's time limit, seconds")
     args = parser.parse_args(argv)
 
     dist.init_process_group("gloo")

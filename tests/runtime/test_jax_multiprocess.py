@@ -83,3 +83,24 @@ def test_a_budgeted_gpt_block_on_two_processes_runs_one_plan_and_matches_one_dev
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "gpt on 2 processes, 4 devices matches one device (one plan" in done.stdout
     assert "S(" in done.stdout  # the budget cut something
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--processes", "0"], "--processes: expected an integer >= 1, got 0"),  # no process: a wait for none
+    (["--processes", "1000"], "--processes: expected at most 64 processes"),
+    (["--devices", "0"], "--devices: expected an integer >= 1, got 0"),
+    (["--budget", "nan"], "--budget: expected a number: finite and > 0, got 'nan'"),
+    (["--time-limit", "-1"], "--time-limit: expected a number of seconds: finite and > 0"),
+    (["--cache", ""], "--cache: expected a path, got ''"),
+])
+def test_the_examples_refuse_bad_options_before_any_process_starts(option, message, capsys):
+    """They started processes that each failed alone (or waited for peers that never came)."""
+    from examples import jax_multiprocess_parallelize, torchrun_parallelize
+
+    mains = [jax_multiprocess_parallelize.main]
+    if option[0] in ("--budget", "--time-limit", "--cache"):
+        mains.append(torchrun_parallelize.main)  # checked before the process group starts
+    for main in mains:
+        with pytest.raises(SystemExit) as e:
+            main(option)
+        assert e.value.code == 2 and message in capsys.readouterr().err
