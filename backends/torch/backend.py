@@ -815,6 +815,8 @@ class TorchBackend:
         no_rule = catalog.no_rule_reason(func)
         if no_rule:
             raise Skip("replicate-only", no_rule)
+        if op in catalog.MACHINE_DEPENDENT:
+            raise NoSample(catalog.MACHINE_DEPENDENT[op])
         reason = catalog.nondeterministic_reason(func)
         if reason and not random_ops.checkable(func):
             raise Skip("nondeterministic", reason if catalog.aten_base(func) in catalog.UNINITIALIZED
