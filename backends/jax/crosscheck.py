@@ -35,7 +35,7 @@ from typing import Any, Sequence
 from metaspmd import pytree
 from metaspmd.case import NoSample, Skip
 from metaspmd.check import cut_inputs, shard_inputs, surviving
-from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int
+from metaspmd.cli import CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int, refuse_unused
 from metaspmd.combine import Split, partial_parts, reduce_ops_for, scan_ops_for
 from metaspmd.explorer import explore_case
 from metaspmd.registry_io import RegistryError, load_op_file, record_path
@@ -625,7 +625,11 @@ def parse_args(argv):
     p.add_argument("--other-calls", type=positive_int, metavar="N",
                    help="instead of comparing with Shardy, re-verify every registry rule on up to N more program "
                         "calls of its signature, at other operand shapes than the explored call")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.other_calls:  # accepted and ignored, the report read as if they applied
+        refuse_unused(p, args, {option: "does not apply to --other-calls, which re-verifies our rules without "
+                                        "Shardy" for option in ("--no-reverify", "--quiet")})
+    return args
 
 
 def _load_records(root: Path | None, backend_name: str, ops: Sequence[str]) -> dict:

@@ -51,7 +51,7 @@ import torch
 from metaspmd.case import NoSample, OpCase, Skip
 from metaspmd.explorer import holds_at_other_sizes
 from metaspmd.cli import (
-    CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int, read_as_rules, seconds,
+    CROSSCHECK_EXIT, crosscheck_status, interrupted, path_arg, positive_int, read_as_rules, refuse_unused, seconds,
 )
 from metaspmd.registry_io import RegistryError, load_registry, path_problem, write_text_atomic
 from metaspmd.rules import OpRecord, RuleEntry
@@ -822,7 +822,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=path_arg, metavar="FILE", help="write the full results here")
     p.add_argument("--limit", type=positive_int, default=50, help="rows per table in the printed report")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
-    return p.parse_args(list(argv) if argv is not None else None)
+    args = p.parse_args(list(argv) if argv is not None else None)
+    # an option this run would ignore is refused: it was accepted, and the report read as if it applied
+    if args.other_calls:
+        refuse_unused(p, args, {option: "does not apply to --other-calls, which re-verifies our rules without asking DTensor"
+                                for option in ("--mesh-size", "--partials", "--max-combos", "--max-seconds", "--exhaustive",
+                                               "--cache-dir", "--no-cache", "--no-real-dtensor")})
+    if args.no_cache:
+        refuse_unused(p, args, {"--cache-dir": "does not combine with --no-cache"})
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -562,3 +562,12 @@ def test_crosscheck_refuses_an_ops_pattern_that_matches_nothing_beside_a_good_on
 
     assert crosscheck.main(["--ops", "jax.add,jax.ad_typo"]) == 2
     assert "--ops: no op matches jax.ad_typo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--no-reverify"], ["--quiet"]])
+def test_crosscheck_refuses_an_option_other_calls_ignores(option, capsys):
+    from metaspmd.backends.jax import crosscheck
+
+    with pytest.raises(SystemExit) as e:
+        crosscheck.main(["--ops", "jax.add", "--other-calls", "2", *option])
+    assert e.value.code == 2 and f"{option[0]} does not apply to --other-calls" in capsys.readouterr().err

@@ -595,6 +595,18 @@ def test_an_interrupted_check_reports_the_ops_it_checked_and_counts_the_rest(tmp
     assert not set(data["not_checked"]) & set(checked)
 
 
+@pytest.mark.parametrize("option, why", [
+    (["--other-calls", "2", "--partials", "max"], "--partials does not apply to --other-calls"),
+    (["--other-calls", "2", "--exhaustive"], "--exhaustive does not apply to --other-calls"),
+    (["--other-calls", "2", "--no-cache"], "--no-cache does not apply to --other-calls"),
+    (["--no-cache", "--cache-dir", "somewhere"], "--cache-dir does not combine with --no-cache"),
+])
+def test_command_line_refuses_an_option_the_run_would_ignore(option, why, capsys):
+    with pytest.raises(SystemExit) as e:
+        crosscheck.main(["--ops", "aten.relu.default", *option])
+    assert e.value.code == 2 and why in capsys.readouterr().err
+
+
 def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     assert crosscheck.main(["--partials", "median"]) == 2
     assert "--partials takes sum, avg, max, min, got 'median'" in capsys.readouterr().err
