@@ -971,8 +971,8 @@ def _committed(name: str) -> str:
 @pytest.mark.parametrize("name,old,new,message", [
     ("jax/jax.gather.yaml", "'S1(0, drop)'", "'S1(99, drop)'",
      r":12: offset S1\(99, drop\) of input 1: element 99 of its index vector, whose last dim has 2 elements"),
-    ("jax/jax.gather.yaml", "offset: [[], ['S1(0, drop)']]", "offset: [['S1(0, drop)'], []]",
-     r":12: offset S1\(0, drop\) of input 0: the input is float32, not integer positions"),
+    ("jax/jax.gather.yaml", "offset: [[], ['S1(0, drop)']]", "offset: [['S2(0, drop)'], []]",
+     r":12: offset S2\(0, drop\) of input 0: the input is float32, not integer positions"),
     ("torch/aten.nonzero.default.yaml", "positions=0)", "positions=99)",
      r":10: S1: gather\(dim=0, positions=99\) moves element 99 of the last dim of output 0, which has 3"),
     ("torch/aten._unsafe_view.default.yaml", "block=5)", "block=999)",

@@ -827,7 +827,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.other_calls:
         refuse_unused(p, args, {option: "does not apply to --other-calls, which re-verifies our rules without asking DTensor"
                                 for option in ("--mesh-size", "--partials", "--max-combos", "--max-seconds", "--exhaustive",
-                                               "--cache-dir", "--no-cache", "--no-real-dtensor")})
+                                               "--cache-dir", "--no-real-dtensor")})
     if args.no_cache:
         refuse_unused(p, args, {"--cache-dir": "does not combine with --no-cache"})
     return args

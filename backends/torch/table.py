@@ -47,8 +47,8 @@ def add_table(rules: dict) -> None:
     one's own custom ops (``tools/sweep.py --backend torch --kernels MODULE --out DIR``, then
     ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``register`` and
     ``parallelize`` then verify those ops' rules at each call's own sizes (a user's kernel
-    may branch on any size) instead of searching; an op in both tables
-    takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
+    may branch on any size; a table of torch's ops was swept by another build, or edited)
+    instead of searching; an op in both tables takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
     refused here, naming the entry, and nothing is added: it would break every later lookup,
     or never match (a signature naming arguments its op does not take)."""
     table().check(rules)

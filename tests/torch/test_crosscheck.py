@@ -598,7 +598,7 @@ def test_an_interrupted_check_reports_the_ops_it_checked_and_counts_the_rest(tmp
 @pytest.mark.parametrize("option, why", [
     (["--other-calls", "2", "--partials", "max"], "--partials does not apply to --other-calls"),
     (["--other-calls", "2", "--exhaustive"], "--exhaustive does not apply to --other-calls"),
-    (["--other-calls", "2", "--no-cache"], "--no-cache does not apply to --other-calls"),
+    (["--other-calls", "2", "--cache-dir", "somewhere"], "--cache-dir does not apply to --other-calls"),
     (["--no-cache", "--cache-dir", "somewhere"], "--cache-dir does not combine with --no-cache"),
 ])
 def test_command_line_refuses_an_option_the_run_would_ignore(option, why, capsys):
