@@ -2413,7 +2413,7 @@ RULES = {
     'aten.addr_.default': {
         'self:f[*,*] vec1:f[*] vec2:f[*]': E('[[S1, S2], [S1], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S3(sum)], [S4(sum)]]'),
         'self:f[*,*] vec1:f[*] vec2:f[*] alpha=0.2 beta=0.6': E('[[S1, S2], [S1], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S3(sum)], [S4(sum)]]'),
-        'self:f[1,1] vec1:f[1] vec2:f[1] alpha=0.0 beta=0.0': E('[[N, N], [N], [N]]', '{S1: identity, S2: identity, S3: reduce(sum), S4: reduce(sum)}', partial='[[S1(sum)], [S2(sum), S3(sum)], [S3(sum), S4(sum)]]', independent='[[S1], [S2, S3, S4]]'),
+        'self:f[1,1] vec1:f[1] vec2:f[1] alpha=0.0 beta=0.0': E('[[N, N], [N], [N]]', '{S1: identity, S2: identity, S3: reduce(sum), S4: identity}', partial='[[S1(sum)], [S2(sum), S3(sum)], [S3(sum), S4(sum)]]', independent='[[S1], [S2, S3, S4]]'),
     },
     'aten.adjoint.default': {
         'self:f[*,*]': E('[[S1, S2]]', '{S1: gather(dim=1), S2: gather(dim=0), S3: reduce(sum)}', partial='[[S3(sum)]]'),
@@ -5932,6 +5932,8 @@ RULES = {
         'input:f[*,*,*,*] weight=None bias=None running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[S1, S2, N, N], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: identity, S4: identity, S5: identity}', partial='[[], [S3(sum), S4(sum)], [S4(sum), S5(sum)]]'),
         'input:f[*,*,*] weight:f[*] bias:f[*] running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.5 eps=0.6 cudnn_enabled=True': E('[[S1, S2, N], [S2], [S2], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: identity, S4: identity, S5: identity}', partial='[[], [], [], [S3(sum), S4(sum)], [S4(sum), S5(sum)]]', more=(
             E('[[S6, N, N], [N], [N], [N], [N]]', '{S6: gather(dim=0)}', partial='[[], [], [], [S6(sum)], []]'),
+            E('[[S7, N, N], [N], [N], [N], [N]]', '{S7: gather(dim=0)}', partial='[[], [], [], [S7(sum)], [S7(sum)]]'),
+            E('[[S8, N, N], [N], [N], [N], [N]]', '{S8: gather(dim=0)}', partial='[[], [], [], [], [S8(sum)]]'),
         )),
         'input:f[1,*,*] weight=None bias=None running_mean=None running_var=None use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[N, S1, N]]', '{S1: gather(dim=1)}'),
     },

@@ -1208,3 +1208,13 @@ def test_positions_of_nans_in_two_shards_refute_a_kernel_that_keeps_the_last_nan
     assert ["reduce(max)", "argreduce(max, input=0)"] in c.values(), c
     e = explore(aten.adaptive_max_pool1d.default, [randn(3, 6), [1]], ("self", "output_size"))
     assert not any(isinstance(c, ArgReduce) for s in e.all_strategies() for o in s.outputs for c in o.options), e.combine
+
+
+def test_positions_of_a_kernel_that_skips_nans_refute_argreduce():
+    """A NaN-skipping argmax (a user's: torch has none) kept argreduce, whose combine lets a
+    NaN win: where one shard of a line is all NaN, its local answer won, wrongly."""
+    def nanargmax(self, dim):
+        return torch.nan_to_num(self, nan=-torch.inf).argmax(dim)
+
+    e = explore(nanargmax, [randn(4, 6), 1], ("self", "dim"))
+    assert not any(isinstance(c, ArgReduce) for s in e.all_strategies() for o in s.outputs for c in o.options), e.combine

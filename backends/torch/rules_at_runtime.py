@@ -112,16 +112,18 @@ def call_case(fn: torch._ops.OpOverload, args: tuple, kwargs: dict, probe: Calla
     return torch_case(fn, a, k, _runner(fn, k))
 
 
-# Integer arguments of torch's ops that name dims or kinds, not positions or sizes: a
+# Number arguments of torch's ops that name dims or kinds, not positions, sizes or values: a
 # stand-in of the same ranks reads them as the call does.
 _NOT_POSITIONS = ("dim", "dtype", "layout", "memory_format", "reduction")
+_NUMBERS = ("int", "float", "scalar", "number")
 
 
 def _reads_positions(fn: torch._ops.OpOverload) -> bool:
     """Can torch's op compute otherwise on a smaller stand-in of a call than on the call?
-    Where it takes an integer that may be a position or a size (tril's diagonal, roll's
-    shifts, topk's k)."""
-    return any("int" in str(a.type).lower() and "tensor" not in str(a.type).lower()
+    Where it takes a number that may be a position or a size (tril's diagonal, roll's
+    shifts, topk's k) or a bound on values (renorm's maxnorm: the stand-in's small rows
+    stayed under it, so a column cut passed; histc's min and max)."""
+    return any(any(n in str(a.type).lower() for n in _NUMBERS) and "tensor" not in str(a.type).lower()
                and not any(word in a.name for word in _NOT_POSITIONS) for a in fn._schema.arguments)
 
 

@@ -9,7 +9,8 @@ an output constant. Trial ``k`` (1, 2, ...) uses one pattern, cycling:
 1. lone: all zero (False) but one element, so exactly one shard of an ``any``-like op
    sees a True and ``identity`` is refuted while ``reduce(max)`` holds;
 2. special: a third replaced by NaN, ±inf, 0 and the call's own scalars and their
-   neighbours (so ``isnan`` and ``eq``/``gt`` with a scalar flip);
+   neighbours (so ``isnan`` and ``eq``/``gt`` with a scalar flip), and each scalar at one
+   element at least (a histogram's ``min`` and ``max`` bound the values it reads);
 3. near one: magnitudes close to one with random signs (products neither underflow nor
    overflow; bools mostly True);
 4. hole: near one but one element zero (False): the ``all``/``prod`` counterpart of lone;
@@ -59,6 +60,23 @@ def _special_pool(x: torch.Tensor, scalars: list[float], nonfinite: tuple[float,
     return pool.to(x.dtype)
 
 
+def _with_each_scalar(x: torch.Tensor, scalars: list[float]) -> torch.Tensor:
+    """``x`` with each of the call's finite scalars it can hold at one element, spread evenly
+    (no draw: later tensors' data stays as it was). Planted by chance alone, none landed in
+    a 6-element ``histc(x, 4, 100, 200)``: every output was zero, and a Partial ``self``
+    passed as ``identity``."""
+    floating = x.dtype.is_floating_point or x.dtype.is_complex
+    own = [v for v in dict.fromkeys(scalars) if math.isfinite(v) and (floating or v.is_integer())]
+    if x.dtype == torch.bool or not own or x.numel() < len(own):
+        return x
+    if not floating:
+        info = torch.iinfo(x.dtype)
+        own = [min(max(v, info.min), info.max) for v in own]
+    flat = x.flatten().clone()
+    flat[[j * x.numel() // len(own) for j in range(len(own))]] = torch.tensor(own, dtype=torch.float64).to(x.dtype)
+    return flat.reshape(x.shape)
+
+
 def _near_one(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if x.dtype == torch.bool:
         return torch.rand(x.shape, generator=gen) < 0.9
@@ -96,7 +114,7 @@ def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Gene
     if pattern == "special":
         pool = _special_pool(x, scalars, nonfinite)
         picks = pool[torch.randint(0, len(pool), x.shape, generator=gen)]
-        return torch.where(torch.rand(x.shape, generator=gen) < 1 / 3, picks, x)
+        return _with_each_scalar(torch.where(torch.rand(x.shape, generator=gen) < 1 / 3, picks, x), scalars)
     near = _near_one(x, gen)
     if x.dtype == torch.bool:
         near = torch.ones_like(x) if pattern == "hole" else near

@@ -128,7 +128,7 @@ class IndependentParts:
         if not special:
             return []
         candidates = [i for i in candidates if not any(self._reads(i, base, pool) for base in special)]
-        candidates = [i for i in candidates if not self._reads_constants(i, first)]
+        candidates = [i for i in candidates if not self._constant_readers(i, first)]
         dims = self._resizable_dims() if candidates else []
         # only those the op reproduces: a kernel reading past a lengthened input gives garbage,
         # which changes from call to call (or not) whatever the input's values
@@ -147,11 +147,6 @@ class IndependentParts:
             if outs is None or not all(bitwise_equal(self.ops, a, b) for a, b in zip(outs, base.outputs)):
                 return True
         return False
-
-    def _reads_constants(self, i: int, base: Trial) -> bool:
-        """Does some output of ``base`` change when input ``i`` is all zeros, all ones or all
-        minus ones (``_constant_readers``)?"""
-        return bool(self._constant_readers(i, base))
 
     def _constant_readers(self, i: int, base: Trial) -> frozenset[int]:
         """The outputs of ``base`` that change, by a bit, when input ``i`` is all zeros, all

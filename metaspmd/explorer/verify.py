@@ -334,36 +334,39 @@ class Verifier:
         return alive
 
     def _refute_on_nans_in_two_shards(self, group: Group, base: Trial, alive: list[list]) -> list[list]:
-        """``alive`` less the argreduce combines that fail where a line holds NaNs in two
-        shards: argreduce keeps the first NaN (max.dim's kernel does), adaptive max pooling's
-        kernel the last, and random or special data put NaNs in two shards of one line by
-        chance only. ``base`` again with every float cut input NaN at each even position
-        along its cut dim, split in two and in three."""
+        """``alive`` less the argreduce combines that fail where NaNs meet other NaNs or
+        numbers across shards: argreduce keeps a line's first NaN (max.dim's kernel does),
+        adaptive max pooling's kernel the last, and a NaN-skipping argmax none, and random or
+        special data put NaNs in two shards of one line by chance only. ``base`` again with
+        every float cut input NaN at each even position along its cut dim (split in two and
+        in three), and NaN all along its first half (split in two: one shard all NaN)."""
         ops = self.ops
         cut = {i: d for i, d, _ in group.dims}
         if not any(ops.dtype_kind(base.leaves[i]) == FLOAT for i in cut):
             return alive
 
-        def nans(x: Any, d: int) -> Any:
+        def nans(x: Any, d: int, where: slice) -> Any:
             a = np.array(ops.to_numpy(x), dtype=np.float64)
-            np.moveaxis(a, d, 0)[::2] = np.nan
+            np.moveaxis(a, d, 0)[where] = np.nan
             return ops.from_numpy(a, x)
 
-        leaves = [nans(x, cut[i]) if i in cut and ops.dtype_kind(x) == FLOAT else x for i, x in enumerate(base.leaves)]
-        args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
-        try:
-            trial = self._trial(tuple(args), dict(kwargs), index=base.index)
-        except Exception:
-            return alive
-        size = ops.shape(trial.leaves[group.dims[0][0]])[group.dims[0][1]]
-        for split in (Split(2), Split(3)):
-            if not split.bounds(size):
+        size = ops.shape(base.leaves[group.dims[0][0]])[group.dims[0][1]]
+        for where, splits in ((slice(None, None, 2), (Split(2), Split(3))), (slice(0, -(-size // 2)), (Split(2),))):
+            leaves = [nans(x, cut[i], where) if i in cut and ops.dtype_kind(x) == FLOAT else x
+                      for i, x in enumerate(base.leaves)]
+            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
+            try:
+                trial = self._trial(tuple(args), dict(kwargs), index=base.index)
+            except Exception:
                 continue
-            ok = self._valid_combines(group, trial, split, alive)
-            if ok is UNINFORMATIVE:
-                continue
-            kept = ok if ok is not None else [[] for _ in alive]
-            alive = [[c for c in opts if not isinstance(c, ArgReduce) or c in k] for opts, k in zip(alive, kept)]
+            for split in splits:
+                if not split.bounds(size):
+                    continue
+                ok = self._valid_combines(group, trial, split, alive)
+                if ok is UNINFORMATIVE:
+                    continue
+                kept = ok if ok is not None else [[] for _ in alive]
+                alive = [[c for c in opts if not isinstance(c, ArgReduce) or c in k] for opts, k in zip(alive, kept)]
         return alive
 
     def _refute_on_repeated_shards(self, group: Group, base: Trial, alive: list[list]) -> list[list]:

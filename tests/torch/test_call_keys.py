@@ -93,3 +93,22 @@ def test_an_added_tables_rules_of_torchs_op_are_verified_at_the_call(tmp_path):
     finally:
         table.remove_table(added)
     assert not table.verified_per_call(fn)
+
+
+def test_a_bound_on_values_is_checked_at_the_calls_own_data(tmp_path):
+    # renorm(x, 2, 0, maxnorm=5) scales each row whose norm passes 5: rows of 256 do, the
+    # small stand-in's rows of 8 do not, so a column cut passed there and served the call
+    fn, op = torch.ops.aten.renorm.default, "aten.renorm.default"
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(0))
+    assert 1 not in _cuts(op, call_of(fn, (x, 2.0, 0, 5.0), {}), RuleCache(tmp_path))
+
+
+def test_a_partial_input_read_only_inside_the_calls_own_range_is_not_unread(tmp_path):
+    # histc(x, 4, 100, 200) reads values inside [100, 200] only: random data never holds one,
+    # special values planted 100 and 200 by chance alone, and a Partial self passed as identity
+    from metaspmd.spec import Identity, PartialInput
+
+    entry = resolve_call("aten.histc.default", call_of(torch.ops.aten.histc.default, (torch.randn(64), 4, 100.0, 200.0), {}),
+                         OPS, "torch", RuleCache(tmp_path))
+    assert not any(isinstance(p, PartialInput) and Identity() in s.outputs[0].options
+                   for s in entry.all_strategies() for p in s.inputs), entry.combine
