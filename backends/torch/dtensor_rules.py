@@ -16,6 +16,7 @@ takes about a second to import): both load on first use.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +32,7 @@ from metaspmd.spec import Strategy
 from metaspmd.target import DTENSOR_REGISTER, cuts_line_up, makes_sparse, project
 
 from . import catalog, dtensor_empty, dtensor_masks
+from . import table as table_module
 from .catalog import exact_sizes, op_name, overload_named, positional_names, tagged_random
 from .dtensor_masks import MASKS_REDUCED
 from .dtensor_refuted import REFUTED, REFUTED_AT, argument, refuted, spec_leaves
@@ -136,7 +138,9 @@ def _installable(op: torch._ops.OpOverload, strategies: Sequence[Strategy]) -> t
 
 def dtensor_placements(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[tuple[tuple, tuple]]:
     """The table's strategies for this call that DTensor runs, as (input placements, output
-    placements) in DTensor's types; [] on a table miss."""
+    placements) in DTensor's types; [] on a table miss. They are the table's as they stand:
+    an added table's (``add_table``), which ``register()`` verifies at each call first, are
+    not verified here."""
     from .table import lookup
 
     return [(ins, outs) for _, ins, outs in _installable(op, lookup(op, args, kwargs) or ())]
@@ -186,9 +190,10 @@ def _written_in_place(outs: Sequence, ins: Sequence, written: Sequence[int]) -> 
 
 def _sharding_fn(op: torch._ops.OpOverload, explored: dict, cache: RuleCache | None = None):
     """DTensor's strategy function for ``op``: at a signature of ``explored`` (signature ->
-    the example's tensor shapes, None for a framework's op, and the strategies verified
-    there), those strategies at the example's shapes and a user's op's own verified rules
-    at other shapes (its kernel may branch on any size); none at another signature."""
+    the example's tensor shapes and dtypes, and the strategies verified there), those
+    strategies at the example's shapes and dtypes, and the call's own verified rules at
+    others (a user's kernel may branch on any size or dtype; a rule of torch's op found on
+    a stand-in holds at the example's sizes); none at another signature."""
     from .table import _SPEC_OPS, call_key
 
     names, sized = positional_names(op), exact_sizes(op)
@@ -198,8 +203,8 @@ def _sharding_fn(op: torch._ops.OpOverload, explored: dict, cache: RuleCache | N
         found = explored.get(signature(_SPEC_OPS, names, args, kwargs, sized))
         if found is None:
             return ()
-        shapes, strategies = found
-        if shapes is None or tensor_shapes(args, kwargs) == shapes:
+        layouts, strategies = found
+        if tensor_layouts(args, kwargs) == layouts:
             return strategies
         key = call_key((args, kwargs))
         if key not in at_other_sizes:
@@ -209,11 +214,12 @@ def _sharding_fn(op: torch._ops.OpOverload, explored: dict, cache: RuleCache | N
     return _strategy_fn(op, rules_of)
 
 
-def tensor_shapes(args: tuple, kwargs: dict) -> tuple[tuple[int, ...], ...]:
-    """The shapes of a call's tensors (or DTensorSpecs), in ``spec_leaves``' order."""
+def tensor_layouts(args: tuple, kwargs: dict) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """The shapes and dtypes of a call's tensors (or DTensorSpecs), in ``spec_leaves``' order."""
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-    return tuple(tuple(x.shape) for x in tree_leaves((list(args), kwargs)) if isinstance(x, (torch.Tensor, DTensorSpec)))
+    return tuple((tuple(x.shape), x.tensor_meta.dtype if isinstance(x, DTensorSpec) else x.dtype)
+                 for x in tree_leaves((list(args), kwargs)) if isinstance(x, (torch.Tensor, DTensorSpec)))
 
 
 def _install(op: torch._ops.OpOverload, strategies, own=None) -> None:
@@ -935,8 +941,25 @@ def register(ops: list[str] | str | None = None, *, replace_refuted: bool = True
     return report
 
 
-_EXPLORED: dict = {}  # op -> signature -> (a user's op's example shapes, the strategies register_op explored)
+def _warn_if_registered_before(rules: dict) -> None:
+    """``register()`` installs the ops the tables hold when it runs: an op added after it has
+    no rule in DTensor, which then raises NotImplementedError at the op's first call without
+    a word about the order (``table.AFTER_ADD``)."""
+    from .dtensor import dtensor_has_rule
+
+    if not _OWNERS:
+        return
+    left = sorted(op for op in rules if (fn := overload_named(op)) is not None and fn not in _OWNERS
+                  and not dtensor_has_rule(fn))
+    if left:
+        warnings.warn(f"add_table after register(): {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} "
+                      "has no rule in DTensor until register() runs again (or add the table first)",
+                      UserWarning, stacklevel=4)
+
+
+_EXPLORED: dict = {}  # op -> signature -> (the example's tensor shapes and dtypes, the strategies register_op explored)
 _OWNERS: dict = {}  # op -> the report of the register() or register_op() call that installed its strategies
+table_module.AFTER_ADD.append(_warn_if_registered_before)
 
 
 def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None, *,
@@ -956,7 +979,6 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
 
     from .dtensor import dtensor_has_rule
     from .rules_at_runtime import call_of, live_exploration
-    from .table import verified_per_call
     from .tensor_ops import TorchOps
 
     op = _overload(op)
@@ -984,8 +1006,8 @@ def register_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = No
     if not _installable(op, strategies):
         report.skipped[name] = f"{_no_installable(op)} ({entry.reason or entry.status})"
         return report
-    shapes = tensor_shapes(args, kwargs) if verified_per_call(op) else None
-    _EXPLORED.setdefault(op, {})[entry.signature] = shapes, strategies
+    # the example's shapes and dtypes: a call at others gets its own verified rules
+    _EXPLORED.setdefault(op, {})[entry.signature] = tensor_layouts(args, kwargs), strategies
     _install(op, _sharding_fn(op, _EXPLORED[op], cache))
     _OWNERS[op] = report  # the op's signatures so far, all of which unregister(report) takes back
     _clear_sharding_prop_cache()

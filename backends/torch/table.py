@@ -48,14 +48,22 @@ def add_table(rules: dict) -> None:
     ``tools/codegen.py --backend torch --registry DIR --out GEN``). ``register`` and
     ``parallelize`` then verify those ops' rules at each call's own sizes (a user's kernel
     may branch on any size; a table of torch's ops was swept by another build, or edited)
-    instead of searching; an op in both tables takes the added one's. ``rules`` not in that form (op -> {signature: Entry}) is
-    refused here, naming the entry, and nothing is added: it would break every later lookup,
-    or never match (a signature naming arguments its op does not take)."""
+    instead of searching; an op in both tables takes the added one's. ``rules`` not in that
+    form (op -> {signature: Entry}) is refused here, naming the entry, and nothing is added:
+    it would break every later lookup, or never match (a signature naming arguments its op
+    does not take)."""
     table().check(rules)
     for op, entries in rules.items():
         _check_argument_names(op, entries)
     table().add(rules)
     _forget_lookups()
+    for hook in AFTER_ADD:
+        hook(rules)
+
+
+# called with each table added: dtensor_rules says which of its ops register() has not
+# installed (this module imports no DTensor machinery)
+AFTER_ADD: list[Callable[[dict], None]] = []
 
 
 def _check_argument_names(op: str, entries: dict) -> None:

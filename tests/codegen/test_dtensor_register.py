@@ -530,6 +530,55 @@ def test_a_users_table_rules_are_installed_as_verified_at_each_calls_sizes(fake_
     torch.testing.assert_close(full, op(long))
 
 
+@torch.library.custom_op("metaspmd_test::first_row_away_if_float32", mutates_args=())
+def first_row_away_if_float32(x: torch.Tensor) -> torch.Tensor:
+    return x - x[:1] if x.dtype == torch.float32 else x * 2  # rows cut at float64 only
+
+
+first_row_away_if_float32.register_fake(lambda x: torch.empty_like(x))
+
+
+def test_add_table_after_register_says_its_ops_wait_for_register_again(tmp_path):
+    """register() installs what the tables hold when it runs: a user's op added after it had
+    no rule in DTensor, which raised NotImplementedError at its first call, no word of why."""
+    from metaspmd.backends.torch.samples import call_signature
+    from metaspmd.cache import RuleCache
+    from metaspmd.table import Entry
+
+    op = torch.ops.metaspmd_test.first_rows_of_table.default
+    added = {str(op): {call_signature(op, (torch.randn(12, 4),), {}): Entry("[[S1, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}}
+    report = dtensor_rules.register(["aten._add_relu.Scalar"], cache=RuleCache(tmp_path))
+    try:
+        assert dtensor_rules._OWNERS  # this register() or an earlier one installed something
+        with pytest.warns(UserWarning, match=r"add_table after register\(\): metaspmd_test.first_rows_of_table.default "
+                                             r"has no rule in DTensor until register\(\) runs again"):
+            table.add_table(added)
+    finally:
+        table.remove_table(added)
+        dtensor_rules.unregister(report)
+
+
+def test_register_ops_rules_of_its_example_are_verified_at_a_calls_other_dtype(fake_world_of, tmp_path):
+    """Explored at float64, its row cut served a float32 call of the same shapes, whose kernel
+    takes the first row away: each rank took its own first row."""
+    from metaspmd.cache import RuleCache
+
+    fake_world_of(WORLD)
+    mesh = DeviceMesh("cpu", list(range(WORLD)))
+    op = torch.ops.metaspmd_test.first_row_away_if_float32.default
+    report = dtensor_rules.register_op(op, (torch.randn(8, 4, dtype=torch.float64),), cache=RuleCache(tmp_path))
+    try:
+        assert report.installed == [str(op)], report
+        # what its rules were verified at, for any op (torch's own were kept for every size)
+        assert [layouts for layouts, _ in dtensor_rules._EXPLORED[op].values()] == [(((8, 4), torch.float64),)]
+        x = torch.randn(8, 4)
+        with LocalTensorMode(WORLD):
+            full = _full_on_every_rank(op(distribute_tensor(x, mesh, [Shard(0)])))
+    finally:
+        dtensor_rules.unregister(report)
+    torch.testing.assert_close(full, op(x))
+
+
 def test_register_ops_rules_of_its_example_are_verified_at_a_calls_other_sizes(fake_world_of, tmp_path):
     """register_op explores first_rows on a call of 12 rows, where the row gather holds; a
     call of 64 rows has its own rules, verified at its sizes, and matches one device."""
@@ -627,7 +676,8 @@ def test_a_table_rule_shards_dims_of_one_length_only(fake_world_of):
     sig = signature(table._SPEC_OPS, positional_names(op), same, {}, exact_sizes(op))
     assert sig == signature(table._SPEC_OPS, positional_names(op), narrow, {}, exact_sizes(op))
     columns = spec_.Strategy("S1", (spec_.ShardIn(1), spec_.ShardIn(1)), (spec_.OutputCombine.parse("gather(dim=1)"),))
-    strategies = dtensor_rules._sharding_fn(op, {sig: (None, (columns,))})
+    rules = (columns,)
+    strategies = dtensor_rules._strategy_fn(op, lambda args, kwargs: rules)
     assert [ins for _, ins in strategies(*same)] == [[Replicate(), Replicate()], [Shard(1), Shard(1)]]
     assert [ins for _, ins in strategies(*narrow)] == [[Replicate(), Replicate()]]
 
@@ -881,6 +931,13 @@ from metaspmd.table import Entry  # noqa: E402
     ({"aten.mm.default": {"self:f[*,*] other:f[*,*]": Entry("[[S1, N], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}")}},
      ValueError, r"rule table entry 'aten.mm.default', signature 'self:f\[\*,\*\] other:f\[\*,\*\]': "
      r"aten.mm.default takes no argument 'other'"),
+    # the registry loader refuses these; the table kept the cut and dropped the Partial
+    ({"aten.mm.default": {"self:f[*,*] mat2:f[*,*]": Entry("[[S1, N], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1)}",
+                                                          "[[S1(sum)], []]")}},
+     ValueError, r"signature 'self:f\[\*,\*\] mat2:f\[\*,\*\]': partial: partial input 0: S1 cuts that input too"),
+    ({"aten.mm.default": {"self:f[*,*] mat2:f[*,*]": Entry("[[S1, N], [N, S2]]", "{S1: gather(dim=0), S2: gather(dim=1), "
+                                                                                 "S3: reduce(sum)}")}},
+     ValueError, r"combine: unknown label S3: no input is sharded or partial under it"),
 ])
 def test_add_table_refuses_what_is_no_table_and_keeps_the_tables(rules, error, message):
     before = table.table().entries("aten.mm.default")
