@@ -30,6 +30,7 @@ from .signature import example_disagreement, signature_error
 from .spec import (
     ArgReduce, CombineSpec, DimLabel, Gather, GatherPositions, IndependentSpec, Layer, OffsetIn, OffsetSpec,
     OutputCombine, PartialIn, PartialSpec, Scan, ShardSpec, SpecError, check_label, combine_order, label_number,
+    layer_problem,
 )
 
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -549,18 +550,6 @@ class _Reader:
         offset = None
         if "offset" in f:
             offset = OffsetSpec(self.per_input(f["offset"], "offset", OffsetIn.parse, len(shard.inputs)))
-        # an input takes one placement per label: a cut beside its Partial or offset kept the cut alone
-        for what, table in (("partial", partial.inputs), ("offset", offset.inputs if offset else ())):
-            for i, (row, items) in enumerate(zip(shard.inputs, table)):
-                both = sorted({x.label for x in items} & {d.label for d in row}, key=label_number)
-                if both:
-                    self.fail(f[what], f"{what} input {i}: {both[0]} cuts that input too, and an input takes one "
-                                       "placement per label")
-        for i, (parts, offsets) in enumerate(zip(partial.inputs, offset.inputs if offset else ())):
-            both = sorted({x.label for x in parts} & {x.label for x in offsets}, key=label_number)
-            if both:
-                self.fail(f["offset"], f"offset input {i}: {both[0]} makes that input Partial too, and an input "
-                                       "takes one placement per label")
             for label in sorted(offset.labels() - shard.labels(), key=label_number):
                 self.fail(f["offset"], f"offset label {label} cuts no dim: there is no shard start to subtract")
         combine = self.combine(f["combine"])
@@ -581,11 +570,11 @@ class _Reader:
                 # "every dim the strategy cuts divides by the shard count" speaks of plain cuts
                 self.fail(f["combine"], f"{label}: {evens[0]} holds on even cuts, and {label} cuts "
                                         f"{'a dim not plainly' if cut else 'no dim'}")
+        # one placement per label and input, a combine for each label placing inputs
+        problem = layer_problem(Layer(shard, partial, combine, offset))
+        if problem:
+            self.fail(f[problem[0]], problem[1])
         used = shard.labels() | partial.labels()
-        for label in sorted(used - set(combine.as_dict()), key=label_number):
-            self.fail(f["shard"], f"label {label} has no combine")
-        for label in sorted(set(combine.as_dict()) - used, key=label_number):
-            self.fail(f["combine"], f"unknown label {label}: no input is sharded or partial under it")
         if first is not None:
             for label in sorted(used & set().union(*(b.labels() for b in before)), key=label_number):
                 self.fail(f["combine"], f"label {label} is already used by an earlier layer")

@@ -818,6 +818,29 @@ class Layer:
         return {label for label, _ in self.combine.by_label}
 
 
+def layer_problem(layer: Layer) -> tuple[str, str] | None:
+    """What is wrong with ``layer`` as a whole, as (the table to blame, why), or None: a
+    label giving one input two placements (a cut beside its Partial or offset, a Partial
+    beside its offset: ``strategies`` would keep one and drop the other without a word), a
+    label placing inputs without a combine, or a combine label nothing places."""
+    for i, row in enumerate(layer.shard.inputs):
+        cut = {d.label for d in row}
+        parts = {x.label for x in layer.partial.inputs[i]} if layer.partial.inputs else set()
+        offsets = {x.label for x in layer.offset.inputs[i]} if layer.offset else set()
+        for what, both, how in (("partial", parts & cut, "cuts that input"), ("offset", offsets & cut, "cuts that input"),
+                                ("offset", offsets & parts, "makes that input Partial")):
+            if both:
+                label = min(both, key=label_number)
+                return what, f"{what} input {i}: {label} {how} too, and an input takes one placement per label"
+    used = layer.shard.labels() | layer.partial.labels()
+    combined = set(layer.combine.as_dict())
+    for label in sorted(used - combined, key=label_number):
+        return "shard", f"label {label} has no combine"
+    for label in sorted(combined - used, key=label_number):
+        return "combine", f"unknown label {label}: no input is sharded or partial under it"
+    return None
+
+
 @dataclass(frozen=True)
 class Tables(Layer):
     """One entry's strategies in paper notation: the first layer, and further layers for
@@ -897,6 +920,6 @@ __all__ = [
     "Combine", "CombineSpec", "DimLabel", "Gather", "GatherPositions", "Group", "Identity", "IndependentSpec", "IndexOffset", "InputPlacement",
     "N", "OffsetIn", "OffsetSpec", "OutputCombine", "PartialIn", "PartialInput", "PartialSpec", "REDUCE_OPS", "Reduce",
     "Layer", "Replicate", "SCAN_OPS", "Scan", "ShardIn", "ShardSpec", "SpecError", "Strategy", "Tables", "drops", "joint",
-    "joint_strategies",
+    "joint_strategies", "layer_problem",
     "parse_combine", "strategies", "tables_from_strategies",
 ]

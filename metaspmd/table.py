@@ -17,7 +17,7 @@ import importlib
 from typing import Mapping, NamedTuple
 
 from .rules import Example, RuleEntry
-from .spec import CombineSpec, IndependentSpec, Layer, OffsetSpec, PartialSpec, ShardSpec, Strategy
+from .spec import CombineSpec, IndependentSpec, Layer, OffsetSpec, PartialSpec, ShardSpec, Strategy, layer_problem
 from .signature import signature_error
 
 
@@ -141,10 +141,14 @@ def _check_entry(op: str, sig: object, entry: object, parse: bool) -> None:
         if why:  # a lookup would never match it, and neighbour_rules would raise on it
             raise ValueError(f"rule table entry {op!r}: signature {sig!r} is not one metaspmd writes: {why}")
         try:
-            rule_entry(sig, entry)
+            parsed = rule_entry(sig, entry)
         except Exception as e:  # whatever the parsers raise, named with its entry
             raise ValueError(f"rule table entry {op!r}, signature {sig!r}: {entry!r:.200} does not parse "
                              f"({type(e).__name__}: {e})") from e
+        for layer in parsed.layers():  # as the registry loader refuses them
+            problem = layer_problem(layer)
+            if problem:
+                raise ValueError(f"rule table entry {op!r}, signature {sig!r}: {problem[0]}: {problem[1]}")
 
 
 _GENERATED: dict[str, RuleTable] = {}
