@@ -19,7 +19,8 @@ backend (package metadata), unless the backend registers its own with
 Each file starts with a seal, a comment holding the sha256 of its key and the rest: a rule
 is trusted because the explorer verified it, so a file changed since (a hand edit that still
 reads as a record but holds a wrong rule, a damaged disk) or moved under another key (another
-implementation's, other sizes') is a miss with a warning naming it, as is
+implementation's, other sizes', another framework version's folder) is a miss with a warning
+naming it, as is
 one that cannot be read as a record (bad UTF-8, an alias): the op is explored again and the
 file rewritten. An entry whose path cannot be used (a folder, a FIFO or a device where its
 file belongs, a file where its op's folder belongs) is skipped with one warning naming it,
@@ -183,6 +184,13 @@ class RuleCache:
         folder = record_path(self._folder, self._backend_folder(backend), _stored_name(op)).with_suffix("")
         return folder / f"{digest}.yaml"
 
+    def _sealed_key(self, backend: str, op: str, signature: str, implementation: str | None, pieces: int | None,
+                    at: str | None) -> str:
+        """What an entry's seal covers beside its text: its key and the versions its folders
+        name (a file copied from another torch's folder was read as this one's)."""
+        return f"{self._folder.name}/{self._backend_folder(backend)}/{_stored_name(op)}\n" + _key(
+            signature, implementation, pieces, at)
+
     def get(self, backend: str, op: str, signature: str, implementation: str | None = "",
             pieces: int | None = None, at: str | None = None) -> RuleEntry | None:
         """The entry of (op, signature), or None. ``implementation``: '' for a framework's
@@ -216,7 +224,7 @@ class RuleCache:
         except OSError as e:
             self._unusable_entry(backend, path, f"{path}: cannot read: {e.strerror or e}")
             return None
-        if not _sealed(data, _key(signature, implementation, pieces, at)):
+        if not _sealed(data, self._sealed_key(backend, op, signature, implementation, pieces, at)):
             warnings.warn(f"rule cache: {path} was changed after metaspmd wrote it, or moved from another entry's "
                           "place (its seal does not match its content and key); exploring again and rewriting it",
                           RuleCacheWarning, stacklevel=2)
@@ -250,7 +258,7 @@ class RuleCache:
             if path in self._skipped or path.parent in self._skipped:
                 return  # warned when it was read: a folder or a device where the file belongs
             try:
-                text = _seal(dump_record(record), _key(entry.signature, implementation, pieces, at))
+                text = _seal(dump_record(record), self._sealed_key(backend, op, entry.signature, implementation, pieces, at))
             except ValueError as e:  # text no rule file may hold (a control character in a string argument)
                 warnings.warn(f"rule cache: cannot store an entry of {op}: {e}; its rule is kept in memory for "
                               "this process", RuleCacheWarning, stacklevel=2)

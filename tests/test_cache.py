@@ -154,7 +154,7 @@ def test_a_sealed_entry_that_is_not_utf8_is_explored_again_and_rewritten(tmp_pat
     first = resolve_call("add", ADD, NumpyOps(), "numpy", RuleCache(tmp_path))
     path = RuleCache(tmp_path).path("numpy", "add", ADD.signature)
     body = path.read_bytes().split(b"\n", 1)[1].replace(b"status: ok", b"status: \xff", 1)
-    key = cache_module._key(ADD.signature, ADD.implementation, ADD.pieces, ADD.at)
+    key = RuleCache(tmp_path)._sealed_key("numpy", "add", ADD.signature, ADD.implementation, ADD.pieces, ADD.at)
     path.write_bytes(cache_module._SEAL.encode() + cache_module._digest(key, body).encode() + b"\n" + body)
     again, ours = _resolved_again(tmp_path)
     assert again == first  # explored again, not read
@@ -424,3 +424,16 @@ def test_a_cache_folder_that_cannot_be_made_warns_once_not_once_per_op(tmp_path,
     ours = [str(w.message) for w in caught if issubclass(w.category, RuleCacheWarning)]
     assert len(ours) == 1 and "keeping explored rules in memory" in ours[0], ours
     assert cache.get("torch", "aten.gelu.default", "self:f[*]") == entry()  # kept in memory
+
+
+def test_an_entry_copied_from_another_framework_versions_folder_is_explored_again(tmp_path):
+    """The seal covered the key alone: a file copied from torch-2.12.0's folder into
+    torch-2.13.0's was read as the newer torch's."""
+    old = RuleCache(tmp_path, framework_versions={"torch": "2.12.0"})
+    old.remember("torch", RELU, entry())
+    new = RuleCache(tmp_path, framework_versions={"torch": "2.13.0"})
+    target = new.path("torch", RELU, "self:f[*]")
+    target.parent.mkdir(parents=True)
+    target.write_bytes(old.path("torch", RELU, "self:f[*]").read_bytes())
+    with pytest.warns(RuleCacheWarning, match="moved from another entry's place"):
+        assert new.get("torch", RELU, "self:f[*]") is None

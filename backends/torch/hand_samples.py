@@ -390,8 +390,9 @@ def _randint_like(d: Draw) -> Named:
 # for these builders, which come before any guess): each was explored in a process of its own
 # without a crash and got verified rules. _sobol_engine_initialize_state_ corrupts memory on
 # the explorer's cuts even from valid inputs: it stays on the list, with no builder (NNPACK's
-# convolution, which runs on some CPUs only, is catalog.MACHINE_DEPENDENT). _cholesky_solve_helper's cuts of A alone are refused by its exact
-# guard (catalog.EXACT_GUARDS), and its builder leads.
+# convolution, which runs on some CPUs only, is catalog.MACHINE_DEPENDENT).
+# _cholesky_solve_helper's cuts of A alone are refused by its exact guard
+# (catalog.EXACT_GUARDS), and its builder leads.
 
 
 def _batch_norm_no_update(d: Draw) -> Named:

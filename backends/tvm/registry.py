@@ -88,7 +88,9 @@ def _example(op: str, example: Mapping[str, int]) -> tuple[tuple[str, int], ...]
     if not isinstance(example, Mapping):
         raise KernelError(op, f"example must map each symbolic var to its size, got {type(example).__name__} {example!r:.80}")
     for k, v in example.items():
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        if not isinstance(k, str):
+            raise KernelError(op, f"example key {k!r}: each key is a symbolic var's name (a str)")
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise KernelError(op, f"example {k!r}: {v!r}: each symbolic var's size is a positive int")
     return tuple(sorted((k, int(v)) for k, v in example.items()))
 
@@ -158,13 +160,14 @@ def kernel(
         if name is not None and not name.strip():  # it fell back to the function's name, unsaid
             raise KernelError(op_name(getattr(builder, "__name__", "?")), f"the kernel name {name!r} is empty")
         op = op_name(name or builder.__name__)
+        sizes = _example(op, example)
         unknown = sorted(set(exact) - set(example))
         if unknown:
             raise KernelError(op, f"exact names {unknown}, which are not vars of its example {sorted(example)}")
         spec = KernelSpec(
             op=op,
             builder=builder,
-            example=_example(op, example),
+            example=sizes,
             variants=tuple(_params(op, v) for v in variants) or ((),),
             int_ranges=tuple(sorted((k, tuple(v)) for k, v in (int_ranges or {}).items())),
             exact=tuple(sorted(exact)),

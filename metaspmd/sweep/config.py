@@ -164,7 +164,10 @@ def nearest_ops(ops: Iterable[str], patterns: Iterable[str]) -> list[str]:
     near: list[str] = []
     for p in patterns:
         if p and not any(fnmatch.fnmatchcase(op, p) for op in names):
-            near += [m for m in difflib.get_close_matches(p, names, n=3, cutoff=0.75) if m not in near]
+            close = difflib.get_close_matches(p, names, n=3, cutoff=0.75)
+            # a bare name ("abs") is no glob of the full one: the names holding it as a part
+            close = close or [op for op in names if p.strip("*") in op.split(".")][:3]
+            near += [m for m in close if m not in near]
     return near[:3]
 
 

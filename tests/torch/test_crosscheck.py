@@ -615,6 +615,8 @@ def test_command_line_usage_errors_exit_2(tmp_path, capsys):
     # a typo beside a good name checked the good one alone, and passed
     assert crosscheck.main(["--registry", str(tmp_path), "--ops", "aten.relu.default,aten.mmm.default"]) == 2
     assert "--ops: no op matches aten.mmm.default (did you mean aten.mm.default" in capsys.readouterr().err
+    assert crosscheck.main(["--registry", str(tmp_path), "--ops", "abs"]) == 2  # a bare name: no glob of the full one
+    assert "no op matches abs (did you mean aten.abs.default" in capsys.readouterr().err
     # a cache folder that is a file would be skipped without a word
     (tmp_path / "file").write_text("")
     assert crosscheck.main(["--cache-dir", str(tmp_path / "file")]) == 2

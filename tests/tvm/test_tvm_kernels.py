@@ -384,3 +384,12 @@ def test_an_example_size_that_is_no_positive_int_is_refused(size):
     """int() made 6.9 a 6, True a 1 and "6" a 6 without a word."""
     with pytest.raises(KernelError, match=rf"^kernel tvm.bad: example 'n': {re.escape(repr(size))}: .*positive int"):
         kernel("bad", example={"n": size}, registry=KernelRegistry())(lambda: None)
+
+
+@pytest.mark.parametrize("example, message", [
+    (6, r"example must map each symbolic var to its size, got int 6"),  # was a TypeError from the exact check
+    ({1: 6}, r"example key 1: each key is a symbolic var's name"),  # blamed the size
+])
+def test_an_example_that_is_no_mapping_of_names_is_refused_naming_what(example, message):
+    with pytest.raises(KernelError, match=rf"^kernel tvm.bad: {message}"):
+        kernel("bad", example=example, exact=["n"], registry=KernelRegistry())(lambda: None)
