@@ -304,6 +304,15 @@ class Verifier:
             alive = [[c for c in opts if c in k or c == Reduce("avg")] for opts, k in zip(alive, kept)]
         return alive
 
+    def _with_leaves(self, base: Trial, leaves: list) -> Trial | None:
+        """``base``'s call with its tensors replaced by ``leaves``, run as a trial of its
+        index; None where the op refuses them (no verdict)."""
+        args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
+        try:
+            return self._trial(tuple(args), dict(kwargs), index=base.index)
+        except Exception:
+            return None
+
     def _refute_on_ties(self, group: Group, alive: list[list]) -> list[list]:
         """``alive`` less the combines that pick by order (max, min, argmax, argmin) and fail
         where values repeat: random floats never do, so the mode of a row is its min and its
@@ -316,10 +325,8 @@ class Verifier:
             leaves = [ops.from_numpy(np.round(ops.to_numpy(x)), x)
                       if ops.dtype_kind(x) == FLOAT and self.leaf_names[i] not in self.fixed else x
                       for i, x in enumerate(base.leaves)]
-            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
-            try:
-                tied = self._trial(tuple(args), dict(kwargs), index=base.index)
-            except Exception:
+            tied = self._with_leaves(base, leaves)
+            if tied is None:
                 continue
             size = ops.shape(tied.leaves[group.dims[0][0]])[group.dims[0][1]]
             ok = self._valid_combines(group, tied, split if split.bounds(size) else Split(2), alive)
@@ -354,10 +361,8 @@ class Verifier:
         for where, splits in ((slice(None, None, 2), (Split(2), Split(3))), (slice(0, -(-size // 2)), (Split(2),))):
             leaves = [nans(x, cut[i], where) if i in cut and ops.dtype_kind(x) == FLOAT else x
                       for i, x in enumerate(base.leaves)]
-            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
-            try:
-                trial = self._trial(tuple(args), dict(kwargs), index=base.index)
-            except Exception:
+            trial = self._with_leaves(base, leaves)
+            if trial is None:
                 continue
             for split in splits:
                 if not split.bounds(size):
@@ -387,10 +392,8 @@ class Verifier:
             return ops.concat([ops.narrow(x, d, 0, half), ops.narrow(x, d, 0, rest - 1), ops.narrow(x, d, size - 1, 1)], d)
 
         leaves = [repeated(x, cut[i]) if i in cut and ops.shape(x)[cut[i]] >= 2 else x for i, x in enumerate(base.leaves)]
-        args, kwargs = pytree.replace((base.args, dict(base.kwargs)), ops.is_tensor, leaves)
-        try:
-            tied = self._trial(tuple(args), dict(kwargs), index=base.index)
-        except Exception:
+        tied = self._with_leaves(base, leaves)
+        if tied is None:
             return alive  # the op refuses repeated values (a sorted sequence's): no verdict
         ok = self._valid_combines(group, tied, Split(2), alive)
         if ok is UNINFORMATIVE:
@@ -468,10 +471,8 @@ class Verifier:
             one = 1 if group.partial_op == "prod" else 0
             leaves = [self.ops.add_scalar(self.ops.zeros_like(x), one) if i in group.partial else x
                       for i, x in enumerate(base.leaves)]
-            args, kwargs = pytree.replace((base.args, dict(base.kwargs)), self.ops.is_tensor, leaves)
-            try:
-                zero = self._trial(tuple(args), dict(kwargs), index=base.index)
-            except Exception:
+            zero = self._with_leaves(base, leaves)
+            if zero is None:
                 continue  # the op refuses zeros: no verdict
             locs = self._locals(group, zero, Split(2))
             if locs is None or locs is UNINFORMATIVE:
