@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -482,7 +483,8 @@ def _special_values(func):
     """The case's special-value generator: NaN alone among the data for the NaN-skipping
     ops (nanmean), one NaN or inf in one tensor at a time for the non-finite checks (AMP's
     unscale), ascending ramps for the histograms, matrices of chosen ranks for the rank
-    queries, the full set for the others; none for ops that crash on them."""
+    queries, finite ones for the norms under a bound (renorm), the full set for the others;
+    none for ops that crash on them."""
     if catalog.op_name(func) in catalog.CRASH_ON_SPECIAL_VALUES:
         return None
     if catalog.aten_base(func) in catalog.NAN_SKIPPING:
@@ -493,6 +495,8 @@ def _special_values(func):
         return sample_data.with_ramps
     if catalog.aten_base(func) in catalog.RANK_QUERIES:
         return sample_data.with_low_rank
+    if catalog.aten_base(func) in catalog.VALUE_BOUNDED:  # a NaN or inf would decide every norm
+        return functools.partial(sample_data.with_special_values, nonfinite=())
     return sample_data.with_special_values
 
 

@@ -145,7 +145,11 @@ BINNING = frozenset({"histogramdd", "_histogramdd_from_bin_tensors", "_histogram
 # they passed combines that rank deficiency breaks (a sum of the ranks of row blocks, the
 # rank of a Partial summand); matrices of chosen low ranks refute them
 RANK_QUERIES = frozenset({"linalg_matrix_rank", "matrix_rank"})
-SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING | NONFINITE_CHECKING | BINNING | RANK_QUERIES
+# and ops that act only where a norm passes a bound they take: random slices of a small
+# stand-in stay under renorm's maxnorm, so a cut across the normed slices passed; the
+# special values plant the bound itself
+VALUE_BOUNDED = frozenset({"renorm", "renorm_", "embedding_renorm", "embedding_renorm_"})
+SPECIAL_VALUE_SENSITIVE = TIE_SENSITIVE | NAN_SKIPPING | NONFINITE_CHECKING | BINNING | RANK_QUERIES | VALUE_BOUNDED
 
 # Return types the explorer takes as 0-d tensors: a scalar return (numel, item, equal) has
 # sharding rules like a tensor's (numel of a row shard sums to the global numel). 'number'

@@ -112,3 +112,16 @@ def test_a_partial_input_read_only_inside_the_calls_own_range_is_not_unread(tmp_
                          OPS, "torch", RuleCache(tmp_path))
     assert not any(isinstance(p, PartialInput) and Identity() in s.outputs[0].options
                    for s in entry.all_strategies() for p in s.inputs), entry.combine
+
+
+@pytest.mark.parametrize("columns", [6, 64])
+def test_a_norm_under_a_bound_is_explored_with_the_bound_planted(columns):
+    # rows of random data stay under renorm's maxnorm, where it changes nothing and a column
+    # cut passed, planned by any call's shapes and wrong at data past the bound
+    from metaspmd.backends.torch.backend import make_runner, torch_case
+    from metaspmd.explorer import explore_case
+
+    fn = torch.ops.aten.renorm.default
+    x = torch.randn(8, columns, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    entry = explore_case(torch_case(fn, (x, 2.0, 0, 20.0), {}, make_runner(fn)), OPS)
+    assert {s.inputs[0].dim for s in entry.strategies() if isinstance(s.inputs[0], ShardIn)} == {0}
