@@ -834,10 +834,10 @@ def layer_problem(layer: Layer) -> tuple[str, str] | None:
                 return what, f"{what} input {i}: {label} {how} too, and an input takes one placement per label"
     used = layer.shard.labels() | layer.partial.labels()
     combined = set(layer.combine.as_dict())
-    for label in sorted(used - combined, key=label_number):
-        return "shard", f"label {label} has no combine"
-    for label in sorted(combined - used, key=label_number):
-        return "combine", f"unknown label {label}: no input is sharded or partial under it"
+    if used - combined:
+        return "shard", f"label {min(used - combined, key=label_number)} has no combine"
+    if combined - used:
+        return "combine", f"unknown label {min(combined - used, key=label_number)}: no input is sharded or partial under it"
     return None
 
 

@@ -94,14 +94,10 @@ class RuleTable:
             found = self._parsed[key] = tuple(rule_entry(signature, entry).all_strategies())
         return found
 
-    def check(self, rules: object) -> None:
-        """Refuse what ``add`` would refuse, adding nothing."""
-        check_rules(rules, parse=True)
-
     def add(self, rules: Mapping[str, Mapping[str, Entry]]) -> None:
         """Look ops up in ``rules`` first; each entry is parsed now, so a bad one is refused
         here, naming it, rather than failing every later lookup in the process."""
-        self.check(rules)
+        check_rules(rules, parse=True)
         self._added.update(rules)
         self._parsed.clear()
 

@@ -44,11 +44,18 @@ def call_scalars(args: Any, kwargs: Any) -> list[float]:
     ]
 
 
+def _held_scalars(x: torch.Tensor, scalars: list[float]) -> list[float]:
+    """The call's scalars a tensor of ``x``'s dtype holds as they are: every one for floats,
+    the whole ones for integers."""
+    floating = x.dtype.is_floating_point or x.dtype.is_complex
+    return [s for s in scalars if floating or (math.isfinite(s) and s.is_integer())]
+
+
 def _special_pool(x: torch.Tensor, scalars: list[float], nonfinite: tuple[float, ...]) -> torch.Tensor:
     """Values to plant: the call's scalars make up half the pool (so ``ne(x, s)`` flips on
     every trial), their neighbours, zero and, for floats, ``nonfinite``."""
     floating = x.dtype.is_floating_point or x.dtype.is_complex
-    own = [s for s in scalars if floating or (math.isfinite(s) and s.is_integer())]
+    own = _held_scalars(x, scalars)
     others = [0.0] + [v for s in own if math.isfinite(s) for v in (s + 1, s - 1)]
     if floating:
         others += list(nonfinite)
@@ -65,11 +72,10 @@ def _with_each_scalar(x: torch.Tensor, scalars: list[float]) -> torch.Tensor:
     (no draw: later tensors' data stays as it was). Planted by chance alone, none landed in
     a 6-element ``histc(x, 4, 100, 200)``: every output was zero, and a Partial ``self``
     passed as ``identity``."""
-    floating = x.dtype.is_floating_point or x.dtype.is_complex
-    own = [v for v in dict.fromkeys(scalars) if math.isfinite(v) and (floating or v.is_integer())]
+    own = [v for v in dict.fromkeys(_held_scalars(x, scalars)) if math.isfinite(v)]
     if x.dtype == torch.bool or not own or x.numel() < len(own):
         return x
-    if not floating:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
         info = torch.iinfo(x.dtype)
         own = [min(max(v, info.min), info.max) for v in own]
     flat = x.flatten().clone()

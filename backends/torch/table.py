@@ -14,9 +14,9 @@ from typing import Any, Callable
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-from metaspmd.signature import signature, split_signature, value_token
+from metaspmd.signature import signature, signature_error, split_signature, value_token
 from metaspmd.spec import Strategy
-from metaspmd.table import RuleTable, generated
+from metaspmd.table import RuleTable, check_rules, generated
 
 from .catalog import TORCH_NAMESPACES, exact_sizes, op_name, overload_named, positional_names
 from .tensor_ops import dtype_kind
@@ -52,7 +52,7 @@ def add_table(rules: dict) -> None:
     form (op -> {signature: Entry}) is refused here, naming the entry, and nothing is added:
     it would break every later lookup, or never match (a signature naming arguments its op
     does not take)."""
-    table().check(rules)
+    check_rules(rules)  # its shape, before the names are read; add parses each entry
     for op, entries in rules.items():
         _check_argument_names(op, entries)
     table().add(rules)
@@ -74,6 +74,8 @@ def _check_argument_names(op: str, entries: dict) -> None:
         return
     known = {a.name for a in fn._schema.arguments}
     for sig in entries:
+        if signature_error(sig):
+            continue  # refused by name when the table is added
         unknown = [name for name, _, _ in split_signature(sig) if name not in known]
         if unknown:
             raise ValueError(f"rule table entry {op!r}, signature {sig!r}: {op} takes no argument "
