@@ -242,46 +242,84 @@ def _integers(shape: tuple[int, ...], gen: torch.Generator, complex_: bool) -> t
     return torch.complex(real, torch.randint(-2, 3, shape, generator=gen).to(torch.float64))
 
 
-def _shaped_rows(factor: torch.Tensor, shape: str) -> torch.Tensor:
-    """``factor`` (rows by rank) with its rows shaped: 'duplicated' copies the first half's
-    rows into the second half, 'zero' zeroes the second half, 'spread' keeps as many rows
-    as its rank, spread from the first row to the last, and zeroes the rest."""
-    m, rank = factor.shape
-    half = m // 2
+def _full_rank_factor(rows: int, rank: int, pivots: list[int], gen: torch.Generator,
+                      complex_: bool) -> torch.Tensor:
+    """A (rows, rank) integer factor of column rank ``rank`` exactly: its rows at ``pivots``
+    (``rank`` distinct rows) form a lower triangle whose diagonal is 1 or 2 in either sign.
+    Integers drawn freely leave a small factor singular now and then, and a trial meant to
+    be of full rank was not."""
+    factor = _integers((rows, rank), gen, complex_)
+    diagonal = torch.randint(1, 3, (rank,), generator=gen) * (torch.randint(0, 2, (rank,), generator=gen) * 2 - 1)
+    for j, row in enumerate(pivots):
+        factor[row, j + 1:] = 0
+        factor[row, j] = float(diagonal[j])
+    return factor
+
+
+def _shaped_factor(rows: int, rank: int, shape: str, gen: torch.Generator, complex_: bool) -> torch.Tensor:
+    """A (rows, rank) factor of column rank ``rank``, its rows shaped: 'duplicated' copies
+    the first half's rows into the second half, 'zero' zeroes the second half (both hold
+    their rank in the rows they keep: ``rank`` is at most ``rows - rows // 2``), 'spread'
+    keeps ``rank`` rows spread from the first to the last and zeroes the rest, 'plain'
+    keeps every row."""
+    half = rows // 2
+    spread = shape == "spread" and rank > 1
+    pivots = torch.linspace(0, rows - 1, rank).round().long().tolist() if spread else list(range(rank))
+    factor = _full_rank_factor(rows, rank, pivots, gen, complex_)
     if shape == "duplicated":
-        factor[m - half:] = factor[:half]
+        factor[rows - half:] = factor[:half]
     elif shape == "zero":
-        factor[m - half:] = 0
+        factor[rows - half:] = 0
     elif shape == "spread":
-        kept = torch.zeros(m, dtype=torch.bool)
-        kept[torch.linspace(0, m - 1, rank).round().long()] = True
+        kept = torch.zeros(rows, dtype=torch.bool)
+        kept[pivots] = True
         factor[~kept] = 0
     return factor
 
 
 def _low_rank_matrix(m: int, n: int, rank: int, symmetric: bool, shape: str, gen: torch.Generator,
                      complex_: bool) -> torch.Tensor:
-    """An m x n matrix of rank ``rank`` at most: integer factors (m, rank) and (rank, n), so
-    the product is exact and its zero singular values fall below any default tolerance.
-    ``symmetric`` (square only): F diag(d) F^H, as a Hermitian kernel reads it from one
-    triangle. ``shape`` (``LOW_RANK_SHAPES``) shapes the rows of F ('duplicated', 'zero'),
-    or the columns ('duplicated_cols', 'zero_cols'; both where symmetric), or both
-    ('spread'; see ``_shaped_rows``): blocks whose ranks do not add up to the whole's, or
-    do and miss it one by one."""
+    """An m x n matrix of rank ``rank`` exactly: integer factors (m, rank) and (n, rank) of
+    full column rank, so the product is exact and its zero singular values fall below any
+    default tolerance. ``symmetric`` (square only): F diag(d) F^H, as a Hermitian kernel
+    reads it from one triangle. ``shape`` (``LOW_RANK_SHAPES``) shapes the rows of F
+    ('duplicated', 'zero'), or of the right factor, the columns ('duplicated_cols',
+    'zero_cols'; the rows where symmetric), or both ('spread'; see ``_shaped_factor``)."""
     cols = shape.endswith("_cols") or shape == "spread"
     rows = shape.removesuffix("_cols") if symmetric or not shape.endswith("_cols") else "plain"
-    left = _shaped_rows(_integers((m, rank), gen, complex_), rows)
+    left = _shaped_factor(m, rank, rows, gen, complex_)
     if symmetric:
         d = torch.randint(1, 3, (rank,), generator=gen).to(torch.float64)
         d = d * torch.where(torch.rand(rank, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
         return (left * d.to(left.dtype)) @ left.mH
-    right = _integers((n, rank), gen, complex_)
-    return left @ _shaped_rows(right, shape.removesuffix("_cols") if cols else "plain").mT
+    right = _shaped_factor(n, rank, shape.removesuffix("_cols") if cols else "plain", gen, complex_)
+    return left @ right.mT
 
 
-# matrix shapes besides the plain product: each leaves some row or column blocks' ranks
-# other than a share of the whole's
-LOW_RANK_SHAPES = ("duplicated", "zero", "spread", "duplicated_cols", "zero_cols")
+# One matrix shape per trial, in turn, each refuting some combine of cut ranks at any size
+# (shard count, halo) of the matrix: all of them come round within SPECIAL_TRIALS (7).
+# 'spread' (full rank, held by rows and columns spread from first to last): every block,
+# overlapping ones too, misses some of it, so no max, min or single block's rank is the
+# whole's; 'duplicated' (the second half's rows repeat the first's) and its columns' twin:
+# the blocks' ranks add up to more than the whole's; 'none': rank 0; 'zero' (the second
+# half zero) and its twin: a block of rank 0 beside the whole's; 'plain': a product of
+# random factors, of a rank in between.
+LOW_RANK_SHAPES = ("spread", "duplicated", "duplicated_cols", "none", "zero", "zero_cols", "plain")
+
+
+def _rank_and_shape(m: int, n: int, t: int) -> tuple[int, str]:
+    """The rank and shape of the t-th matrix (trial k's matrix b of a batch: t = k - 1 + b)
+    of an m x n rank query: a rank the shape can hold, changing with t."""
+    p = min(m, n)
+    shape = LOW_RANK_SHAPES[t % len(LOW_RANK_SHAPES)]
+    if shape == "spread":
+        return p, shape
+    if shape == "none":
+        return 0, "plain"
+    if shape == "plain":
+        return 1 + t % p, shape
+    length = n if shape.endswith("_cols") else m
+    return 1 + t % min(p, length - length // 2), shape
 
 
 def with_low_rank(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, dict]:
@@ -292,13 +330,11 @@ def with_low_rank(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, 
 
     Random matrices have full rank, on every row block as on the whole, so the ranks of row
     blocks added up, and a Partial summand's rank was the whole's. Here matrix ``b`` of the
-    batch has rank ``r = (k - 1 + b) % (p + 1)`` at most (p = min(m, n)): trial after trial,
-    and along a batch, rank 0, full rank and the ranks between. A matrix of full rank is
-    'spread' (a tall one's row blocks then each miss some of its rank); below full rank it
-    is a plain product where ``k + b`` is even, else shaped by ``LOW_RANK_SHAPES`` in turn:
-    row or column halves duplicated or zero, whose ranks neither add up to nor equal the
-    whole's. A square matrix is Hermitian on odd ``k``, which a Hermitian rank (eigenvalues
-    of one triangle) reads as low rank too. A cut that keeps each matrix whole on one shard
+    batch in trial ``k`` takes shape ``LOW_RANK_SHAPES[(k - 1 + b) % 7]`` and a rank that
+    shape holds (``_rank_and_shape``): within 7 trials, at any size, full rank spread over
+    the matrix, rank 0, and blocks whose ranks neither add up to nor equal the whole's. A
+    square matrix is Hermitian on odd ``k``, which a Hermitian rank (eigenvalues of one
+    triangle) reads as low rank too. A cut that keeps each matrix whole on one shard
     computes every rank as the whole call does."""
     def fillable(x) -> bool:
         return (isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex)
@@ -315,14 +351,9 @@ def with_low_rank(args: tuple, kwargs: dict, k: int, seed: int) -> tuple[tuple, 
             low, high = (-6, 0) if relative else (-3, 5)
             return (2.0 ** torch.empty(x.shape, dtype=torch.float64).uniform_(low, high, generator=gen)).to(x.dtype)
         *batch, m, n = x.shape
-        p = min(m, n)
         out = torch.empty((math.prod(batch), m, n), dtype=torch.complex128 if x.dtype.is_complex else torch.float64)
         for b in range(out.shape[0]):
-            rank = (k - 1 + b) % (p + 1)
-            if rank == p:
-                shape = "spread"
-            else:
-                shape = "plain" if (k + b) % 2 == 0 else LOW_RANK_SHAPES[(k + b) // 2 % len(LOW_RANK_SHAPES)]
+            rank, shape = _rank_and_shape(m, n, k - 1 + b)
             out[b] = _low_rank_matrix(m, n, rank, m == n and k % 2 == 1, shape, gen, x.dtype.is_complex)
         return out.reshape(x.shape).to(x.dtype)
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from metaspmd.backends.torch import catalog, get_backend  # noqa: E402
 from metaspmd.backends.torch.backend import torch_case  # noqa: E402
+from metaspmd.backends.torch import sample_data  # noqa: E402
 from metaspmd.backends.torch.sample_data import with_low_rank  # noqa: E402
 from metaspmd.case import SpecialValues  # noqa: E402
 from metaspmd.combine import Split, partial_summands  # noqa: E402
@@ -90,6 +91,60 @@ def test_low_rank_trials_refute_every_combine_of_cut_ranks_on_every_split(shape,
         parts = [torch.linalg.matrix_rank(x.narrow(dim, s, n)) for s, n in bounds]
         random_holds |= {name for name, f in COMBINES.items() if torch.equal(f(parts), whole)}
     assert random_holds  # the random matrix alone refutes fewer
+
+
+def _blocks(a: torch.Tensor, dim: int, bounds, halo: int) -> list[torch.Tensor]:
+    """The shards of a cut along ``dim``, each widened by ``halo`` on both sides."""
+    size = a.shape[dim]
+    return [a.narrow(dim, max(0, s - halo), min(size, s + n + halo) - max(0, s - halo)) for s, n in bounds]
+
+
+@pytest.mark.parametrize("shape", [(m, n) for m in (2, 3, 5, 6) for n in (2, 3, 5, 6)])
+@pytest.mark.parametrize("dim", [-2, -1])
+def test_every_combine_of_cut_ranks_is_refuted_within_the_trials_of_one_matrix(shape, dim):
+    """A single matrix of any size (no batch to vary its rank along) meets every matrix
+    shape within SPECIAL_TRIALS trials: on every split each combine of the blocks' ranks
+    misses the whole's on some trial, and with a halo of 1 on some split. The trials
+    chose a rank and a shape from a cycle too short for small matrices: a 2 x 6 matrix met
+    no two nonzero parallel rows (a row cut passed as reduce(sum)), and a 3 x 6 one no full
+    rank held by columns far apart (a column cut with a halo passed as reduce(max))."""
+    x = torch.randn(*shape, dtype=torch.float64)
+    trials = [a for a, _ in _trials(x)]
+    for k, a in enumerate(trials, start=1):  # ranks are exact: the factors have full column rank
+        rank, _ = sample_data._rank_and_shape(*shape, k - 1)
+        assert int(torch.linalg.matrix_rank(a)) == rank, (k, a)
+    halo_refuted = set()
+    for split in TRIAL_SPLITS:
+        bounds = split.bounds(x.shape[dim])
+        if bounds is None:
+            continue
+        for halo, refuted in ((0, set()), (1, halo_refuted)):
+            for a in trials:
+                whole = torch.linalg.matrix_rank(a)
+                parts = [torch.linalg.matrix_rank(b) for b in _blocks(a, dim, bounds, halo)]
+                refuted |= {name for name, f in COMBINES.items() if not torch.equal(f(parts), whole)}
+            if halo == 0:
+                assert refuted == set(COMBINES), (split, set(COMBINES) - refuted)
+    if x.shape[dim] >= 5:  # shorter, a halo of 1 widens some block to the whole matrix, whose
+        # rank every combine of it returns; the explorer verifies halos at lengthened sizes too
+        assert halo_refuted == set(COMBINES), set(COMBINES) - halo_refuted
+
+
+@pytest.mark.parametrize("shape", [(2, 6), (6, 2), (2, 3), (3, 6), (4, 6), (5, 5)])
+@pytest.mark.parametrize("overload, args", [
+    (torch.ops.aten.linalg_matrix_rank.default, (0.5,)),
+    (torch.ops.aten.linalg_matrix_rank.atol_rtol_float, ()),
+    (torch.ops.aten.linalg_matrix_rank.atol_rtol_tensor, ()),
+])
+def test_live_exploration_of_one_matrix_keeps_it_whole(shape, overload, args):
+    """The runtime's exploration of a call on one matrix: no cut of it holds (a rank is no
+    combine of its blocks' ranks), so the call runs replicated. A 2 x 6 matrix's row cut
+    came out as reduce(sum), a 3 x 6 one's column cut with a halo as reduce(max)."""
+    from metaspmd.backends.torch.rules_at_runtime import call_case
+
+    ops = get_backend(opinfos=()).tensor_ops()
+    e = explore_case(call_case(overload, (torch.randn(*shape), *args), {}), ops)
+    assert e.status == "replicate-only", _strategies(e)
 
 
 def test_low_rank_trials_refute_a_partial_matrix():
