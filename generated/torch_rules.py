@@ -9103,12 +9103,12 @@ RULES = {
         'self:i[*,*,*]': E('[[S1, S2, S3]]', '{S1: gather(dim=1), S2: gather(dim=0, reverse=true), S3: gather(dim=2), S4: reduce(sum)}', partial='[[S4(sum)]]'),
     },
     'aten.round.decimals': {
-        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)]]'),
+        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=0': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=3': E('[[S1]]', '{S1: gather(dim=0)}'),
     },
     'aten.round.decimals_out': {
-        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)]]'),
+        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=0': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=3': E('[[S1]]', '{S1: gather(dim=0)}'),
     },
@@ -9121,7 +9121,7 @@ RULES = {
         'self:i[*,*]': E('[[S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)]]'),
     },
     'aten.round_.decimals': {
-        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)]]'),
+        'self:f[*] decimals=-3': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=0': E('[[S1]]', '{S1: gather(dim=0)}'),
         'self:f[*] decimals=3': E('[[S1]]', '{S1: gather(dim=0)}'),
     },

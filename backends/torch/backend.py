@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import sys
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -500,6 +501,28 @@ def _special_values(func):
     return sample_data.with_special_values
 
 
+# Schema types of value arguments: a fill value, a bound, a threshold (ints are dims and sizes)
+VALUE_TYPES = frozenset({"number", "float"})
+
+
+def value_arguments(func, args: tuple, kwargs: dict) -> list[float]:
+    """The call's values of arguments typed Scalar or float (alone, optional or in a list),
+    and the unit ``round``'s negative ``decimals`` round to (-2: hundreds): values whose one
+    side or the other the op treats apart."""
+    names = catalog.positional_names(func)
+    given = {**dict(zip(names, args)), **kwargs}
+    decimals = given.get("decimals")
+    rounding = catalog.aten_base(func).rstrip("_") == "round" and isinstance(decimals, int) and decimals < 0
+    values: list[float] = [10.0 ** -decimals] if rounding else []
+    for a in func._schema.arguments:
+        kind = str(a.real_type).removeprefix("Optional[").removeprefix("List[").rstrip("]")
+        if kind in VALUE_TYPES and a.name in given:
+            value = given[a.name]
+            values += [float(v) for v in (value if isinstance(value, (list, tuple)) else [value])
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return values
+
+
 def _planted(fresh: Callable[[int], tuple] | None, names: tuple[str, ...],
              skipped: tuple[str, str, Any]) -> Callable[[int], tuple] | None:
     """``fresh`` with the skipped label planted in each draw (``sample_data.with_sentinel``)."""
@@ -574,11 +597,16 @@ def torch_case(func, args: tuple, kwargs: dict, runner: Callable[..., Any],
     if guard is not None:
         fn = EXACT_GUARDS[guard](fn, names)
     value_sized = catalog.value_sized_reason(func, args, kwargs)  # by self, the first tensor
+    values = value_arguments(func, args, kwargs)
+    # a NaN or infinite value argument (index_fill's -inf) decides elements beside NaN and inf
+    # data, which random trials never hold: a max of shards' fills passed where self held NaN
+    nonfinite_value = not all(math.isfinite(v) for v in values)
     return OpCase(
         op=catalog.op_name(func), fn=fn, args=tuple(args), kwargs=dict(kwargs), arg_names=names,
         fresh=fresh, fixed=_index_like(names, args, kwargs), candidates=candidates,
         special=_special_values(func),
-        special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE,
+        special_always=catalog.aten_base(func) in catalog.SPECIAL_VALUE_SENSITIVE or nonfinite_value,
+        special_reach=max((abs(v) for v in values if math.isfinite(v)), default=0.0),
         random=random, value_free=value_free, shared_dims=shared_dims, dropping=dropping, localize=localize,
         exact_sizes=catalog.exact_sizes(func), trusts_shapes=catalog.trusts_matching_shapes(func), notes=notes,
         value_sized=value_sized, sized_by=frozenset({0}) if value_sized else frozenset(),

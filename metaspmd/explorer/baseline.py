@@ -12,7 +12,7 @@ import numpy as np
 from .. import pytree
 from ..rules import TensorArg
 from ..tensor_ops import BOOL, COMPLEX, FLOAT, INT
-from .common import NO_TENSOR_INPUT, TRIAL_SPLITS, Context, Trial, bitwise_equal, error_text, example_value, flat_along
+from .common import NO_TENSOR_INPUT, REACH_FLOOR, TRIAL_SPLITS, Context, Trial, bitwise_equal, error_text, example_value, flat_along
 from .trials import Trials
 
 
@@ -61,6 +61,8 @@ def draw_baseline(context: Context) -> Baseline | Verdict:
             trials.append(runner._fresh_trial(k, first))
     except Exception as e:
         return Verdict("failed", "fresh inputs: " + error_text(e), results)
+    if case.specials.reach > REACH_FLOOR and not case.randomness.random:
+        trials += runner._scaled_trials(case.specials.reach)
     notes: list[str] = []
     constant = constant_outputs(ops, trials)
     blind = bool(constant or empty_outputs(ops, trials) or integer_data(context, trials)

@@ -34,6 +34,14 @@ SPECIAL_SPLITS = (Split(2), Split(2, skew=True))
 # Trials on blind random inputs added when an output is constant or empty on the data of
 # the sample's own generator.
 BLIND_TRIALS = 2
+# Trials on fresh data moved past the call's value arguments (OpCase.special_reach), which
+# unit-scale data seldom crosses: every float element above the largest magnitude among
+# them, then every one below minus it, then both, spread over REACH_SCALE times it. Their
+# seeds start at FIRST_SCALED_TRIAL; values within REACH_FLOOR of zero the fresh trials cross.
+SCALED_SIDES = (1, -1, 0)
+FIRST_SCALED_TRIAL = 20
+REACH_FLOOR = 2.0
+REACH_SCALE = 2.0
 # Fresh trials drawn while a verification has seen only one trial whose shards differ
 # (t of two bools, equal on most draws), until a second one does; their seeds start here.
 RESERVE_TRIALS = 8
@@ -122,6 +130,9 @@ class Trial:
     nonfinite: bool = False  # every output one NaN/inf value throughout (out-of-domain data): proves nothing
     # blind data only: per output, the one value it holds throughout (eq of unequal random data: all False)
     one_value: tuple | None = None
+    # the data's scale (scaled trials: past the call's value arguments): a Partial(sum)
+    # input's random parts spread as widely, or they would all fall on one side of a bound
+    scale: float = 1.0
     # [args, kwargs, the function that rebuilds them around new leaves] once the op has run
     # on them (Trials._call): kept with the trial, so it goes when the trial does
     template: list = field(default_factory=list, compare=False, repr=False)

@@ -61,7 +61,7 @@ class Shards:
         def parts(i: int, x: Any, op: str) -> list[Any]:
             # special values meet parts of x's own sign (inf times parts of both signs is NaN:
             # IEEE arithmetic, which no linear rule survives, rather than the op's doing)
-            spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)]
+            spread = PARTIAL_SPREADS[trial.index % len(PARTIAL_SPREADS)] * (trial.scale if op == "sum" else 1.0)
             seed = self.seed * 1000 + 100 * trial.index + 17 * i + split.n
             return self.memo.keep(("parts", id(x), op, split.n, seed, spread, trial.special), x,
                                   lambda: partial_parts(ops, x, op, split.n, seed, spread, trial.special))

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from .. import pytree
 from ..case import OutOfMemory, out_of_memory
-from .common import BLIND_TRIALS, SPECIAL_TRIALS, TRIAL_SPLITS, Context, Trial, one_values
+from ..tensor_ops import FLOAT, largest_finite
+from .common import (BLIND_TRIALS, FIRST_SCALED_TRIAL, REACH_SCALE, SCALED_SIDES, SPECIAL_TRIALS, TRIAL_SPLITS,
+                     Context, Trial, one_values)
 
 
 def _not_container(x: Any) -> bool:
@@ -53,17 +57,18 @@ class Trials:
         return held[2]
 
     def _trial(self, args: tuple, kwargs: dict, index: int = 0, special: bool = False, blind: bool = False,
-               like: Trial | None = None, leaves: list[Any] | None = None) -> Trial:
+               like: Trial | None = None, leaves: list[Any] | None = None, scale: float = 1.0) -> Trial:
         """The op run on ``args``, ``kwargs``; ``like``: a trial whose arguments they are with
-        other ``leaves`` (its template fills them alike)."""
+        other ``leaves`` (its template fills them alike, and its data's scale stands)."""
         template = [args, kwargs, like.template[2]] if like is not None else []
+        scale = like.scale if like is not None else scale
         if leaves is None:
             leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
         bare = Trial(args, kwargs, leaves, [], [], index, special, template=template)
         outputs, others = self._call(leaves, bare)
         nonfinite = bool(outputs) and all(self.ops.one_nonfinite_value(o) for o in outputs)
         return Trial(args, kwargs, leaves, outputs, others, index, special, nonfinite,
-                     one_values(self.ops, outputs) if blind else None, bare.template)
+                     one_values(self.ops, outputs) if blind else None, scale, bare.template)
 
     def _fresh_trial(self, k: int, first: Trial) -> Trial:
         """Trial ``k`` on fresh inputs. A sample generator that ignores its seed (OpInfo's
@@ -116,6 +121,41 @@ class Trials:
             except Exception:
                 break
         return trials
+
+    def _scaled_trials(self, reach: float) -> list[Trial]:
+        """Trials on fresh inputs whose float data (indices and other fixed inputs aside)
+        lies past ``reach``, the largest of the call's value arguments (a fill value, a
+        bound; ``OpCase.special_reach``): all above it (``reach * (1 + |x|)``), all below
+        minus it, then spread over both sides (``x * REACH_SCALE * reach``). A rule that
+        holds on one side of a fill or bound only (a max of index_fill's shards, where
+        self stays under the fill value) is refuted on the other. A tensor whose dtype
+        cannot hold such values keeps its own; an op that refuses the data (a domain bound)
+        keeps the trials drawn before."""
+        trials: list[Trial] = []
+        for j, side in enumerate(SCALED_SIDES):
+            k = FIRST_SCALED_TRIAL + j
+            args, kwargs = self._fresh_inputs(k)
+            leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
+
+            def moved(x: Any) -> Any:
+                v = np.asarray(self.ops.to_numpy(x), dtype=np.float64)
+                return self.ops.from_numpy(side * reach * (1 + np.abs(v)) if side else v * REACH_SCALE * reach, x)
+
+            scaled = [moved(x) if name not in self.fixed and self._holds(x, 8 * REACH_SCALE * reach) else x
+                      for x, name in zip(leaves, self.leaf_names)]
+            args, kwargs = pytree.replace((args, kwargs), self.ops.is_tensor, scaled)
+            try:
+                trials.append(self._trial(tuple(args), dict(kwargs), index=k, leaves=scaled, scale=REACH_SCALE * reach))
+            except Exception:
+                break
+        return trials
+
+    def _holds(self, x: Any, magnitude: float) -> bool:
+        """Is ``x`` a float tensor whose dtype holds values of ``magnitude``?"""
+        if self.ops.dtype_kind(x) != FLOAT:
+            return False
+        largest = largest_finite(self.ops.dtype_name(x))
+        return largest is None or magnitude < largest
 
     def _special_trials(self) -> list[Trial] | None:
         """``SPECIAL_TRIALS`` trials with special-value inputs, or None when the op rejects
