@@ -1,4 +1,4 @@
-"""Fresh, valid index operands for gather, scatter and dynamic slicing.
+"""Fresh, valid index operands for gather, scatter and dynamic slicing, and select_n's picks.
 
 Index operands cannot take arbitrary random values, and programs often pass constant
 ones; kept as they are, every trial would use the same indices and a rule that only holds
@@ -78,6 +78,16 @@ def _dynamic_update_slice(rng: Rng, params: dict, shapes, dtypes) -> dict[int, n
     return {2 + k: np.asarray(rng.integers(0, operand[k] - update[k] + 1), dtype=dtypes[2 + k]) for k in range(len(operand))}
 
 
+def _select_n_picks(seed: int, shape: tuple[int, ...], cases: int, dtype) -> np.ndarray:
+    """``select_n``'s ``which``: a case per element, drawn at random but for the first
+    element, which cycles with the seed, so that a scalar ``which`` (``jnp.where`` on a flag)
+    or one the program made constant picks every case over consecutive trials. Kept as
+    captured, a flag False on every trial passed ``(R, R, P(sum)) -> identity``."""
+    picks = np.asarray(np.random.default_rng(seed).integers(0, cases, shape))
+    picks.flat[:1] = seed % cases
+    return np.asarray(picks, dtype=dtype)
+
+
 _SAMPLERS: dict[str, Callable[..., dict[int, np.ndarray]]] = {
     "gather": _gather,
     "dynamic_slice": _dynamic_slice,
@@ -92,6 +102,8 @@ def has_index_operands(prim: str) -> bool:
 
 def fresh_indices(prim: str, params: dict, operands: Sequence[Any], seed: int) -> dict[int, np.ndarray]:
     """New values for the index operands of ``prim`` (position -> array); {} for others."""
+    if prim == "select_n":
+        return {0: _select_n_picks(seed, tuple(np.shape(operands[0])), len(operands) - 1, np.dtype(operands[0].dtype))}
     sampler = _SAMPLERS.get(prim)
     if sampler is None:
         return {}
