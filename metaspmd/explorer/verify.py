@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -338,6 +339,43 @@ class Verifier:
             alive = self._refute_on_repeated_shards(group, bases[0], alive)
         if bases and any(isinstance(c, ArgReduce) for opts in alive for c in opts):
             alive = self._refute_on_nans_in_two_shards(group, bases[0], alive)
+        if bases and any(isinstance(c, ArgReduce) for opts in alive for c in opts):
+            alive = self._refute_on_signed_zeros(group, bases[0], alive)
+        return alive
+
+    def _refute_on_signed_zeros(self, group: Group, base: Trial, alive: list[list]) -> list[list]:
+        """``alive`` less the argreduce combines that fail where the extreme of a line is a
+        zero of each sign on two shards: argreduce compares as IEEE does (-0.0 == +0.0, the
+        lowest shard wins), and so do argmax and max.dim, but jax's ``top_k`` orders floats
+        totally, +0.0 above -0.0, and picks the later shard's. ``base`` again with every
+        float cut input's magnitudes moved past 1, every element negative and each line's
+        first element on each of two shards -0.0 and +0.0; then positive, +0.0 before -0.0."""
+        ops = self.ops
+        cut = {i: d for i, d, _ in group.dims}
+        size = ops.shape(base.leaves[group.dims[0][0]])[group.dims[0][1]]
+        bounds = Split(2).bounds(size)
+        if bounds is None or not any(ops.dtype_kind(base.leaves[i]) == FLOAT for i in cut):
+            return alive
+        second = bounds[1][0]
+
+        def zeros(x: Any, d: int, sign: float) -> Any:
+            a = np.array(ops.to_numpy(x), dtype=np.float64)
+            a = sign * (1 + np.abs(a))
+            lines = np.moveaxis(a, d, 0)
+            lines[0], lines[second] = math.copysign(0.0, sign), math.copysign(0.0, -sign)
+            return ops.from_numpy(a, x)
+
+        for sign in (-1.0, 1.0):
+            leaves = [zeros(x, cut[i], sign) if i in cut and ops.dtype_kind(x) == FLOAT and ops.shape(x)[cut[i]] == size
+                      else x for i, x in enumerate(base.leaves)]
+            trial = self._with_leaves(base, leaves)
+            if trial is None:
+                continue
+            ok = self._valid_combines(group, trial, Split(2), alive)
+            if ok is UNINFORMATIVE:
+                continue
+            kept = ok if ok is not None else [[] for _ in alive]
+            alive = [[c for c in opts if not isinstance(c, ArgReduce) or c in k] for opts, k in zip(alive, kept)]
         return alive
 
     def _refute_on_nans_in_two_shards(self, group: Group, base: Trial, alive: list[list]) -> list[list]:
