@@ -5495,13 +5495,13 @@ RULES = {
     },
     'aten.hardshrink_backward.default': {
         'grad_out:f[*,*] self:f[*,*] lambd=-0.5': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
-        'grad_out:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
+        'grad_out:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_out:f[*] self:f[*] lambd=0.5': E('[[S1], [S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)], []]'),
         'grad_out:f[] self:f[] lambd=0.5': E('[[], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], []]'),
     },
     'aten.hardshrink_backward.grad_input': {
         'grad_out:f[*,*] self:f[*,*] lambd=-0.5': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
-        'grad_out:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
+        'grad_out:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_out:f[*] self:f[*] lambd=0.5': E('[[S1], [S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)], []]'),
         'grad_out:f[] self:f[] lambd=0.5': E('[[], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], []]'),
     },
@@ -5928,12 +5928,14 @@ RULES = {
         'self:i[] other:i[*,*]': E('[[], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum)], [S4(sum)]]'),
     },
     'aten.instance_norm.default': {
-        'input:f[*,*,*,*] weight:f[*] bias=None running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[S1, S2, N, N], [S2], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum), S5: reduce(sum), S6: reduce(sum), S7: identity, S8: identity, S9: identity}', partial='[[], [S3(sum), S4(sum), S5(sum), S6(sum)], [S4(sum), S5(sum), S7(sum), S8(sum)], [S5(sum), S6(sum), S8(sum), S9(sum)]]'),
-        'input:f[*,*,*,*] weight=None bias=None running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[S1, S2, N, N], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: identity, S4: identity, S5: identity}', partial='[[], [S3(sum), S4(sum)], [S4(sum), S5(sum)]]'),
+        'input:f[*,*,*,*] weight:f[*] bias=None running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[S1, S2, N, N], [S2], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum), S5: reduce(sum), S6: reduce(sum), S7: identity, S8: identity, S9: identity}', partial='[[], [S3(sum), S4(sum), S5(sum), S6(sum)], [S4(sum), S5(sum), S7(sum), S8(sum)], [S5(sum), S6(sum), S8(sum), S9(sum)]]', more=(
+            E('[[S10, N, N, N], [N], [N], [N]]', '{S10: gather(dim=0)}', partial='[[], [], [S10(sum)], []]'),
+        )),
+        'input:f[*,*,*,*] weight=None bias=None running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[S1, S2, N, N], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: identity, S4: identity, S5: identity}', partial='[[], [S3(sum), S4(sum)], [S4(sum), S5(sum)]]', more=(
+            E('[[S6, N, N, N], [N], [N]]', '{S6: gather(dim=0)}', partial='[[], [S6(sum)], []]'),
+        )),
         'input:f[*,*,*] weight:f[*] bias:f[*] running_mean:f[*] running_var:f[*] use_input_stats=True momentum=0.5 eps=0.6 cudnn_enabled=True': E('[[S1, S2, N], [S2], [S2], [S2], [S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: identity, S4: identity, S5: identity}', partial='[[], [], [], [S3(sum), S4(sum)], [S4(sum), S5(sum)]]', more=(
             E('[[S6, N, N], [N], [N], [N], [N]]', '{S6: gather(dim=0)}', partial='[[], [], [], [S6(sum)], []]'),
-            E('[[S7, N, N], [N], [N], [N], [N]]', '{S7: gather(dim=0)}', partial='[[], [], [], [S7(sum)], [S7(sum)]]'),
-            E('[[S8, N, N], [N], [N], [N], [N]]', '{S8: gather(dim=0)}', partial='[[], [], [], [], [S8(sum)]]'),
         )),
         'input:f[1,*,*] weight=None bias=None running_mean=None running_var=None use_input_stats=True momentum=0.1 eps=1e-05 cudnn_enabled=True': E('[[N, S1, N]]', '{S1: gather(dim=1)}'),
     },
@@ -9760,13 +9762,13 @@ RULES = {
         'self:f[*]': E('[[S1]]', '{S1: gather(dim=0)}'),
     },
     'aten.softshrink_backward.default': {
-        'grad_output:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
+        'grad_output:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_output:f[*,*] self:f[*,*] lambd=0.5': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_output:f[*] self:f[*] lambd=0.5': E('[[S1], [S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)], []]'),
         'grad_output:f[] self:f[] lambd=0.5': E('[[], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], []]'),
     },
     'aten.softshrink_backward.grad_input': {
-        'grad_output:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum), S4: reduce(sum)}', partial='[[S3(sum), S4(sum)], [S4(sum)]]'),
+        'grad_output:f[*,*] self:f[*,*] lambd=0.0': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_output:f[*,*] self:f[*,*] lambd=0.5': E('[[S1, S2], [S1, S2]]', '{S1: gather(dim=0), S2: gather(dim=1), S3: reduce(sum)}', partial='[[S3(sum)], []]'),
         'grad_output:f[*] self:f[*] lambd=0.5': E('[[S1], [S1]]', '{S1: gather(dim=0), S2: reduce(sum)}', partial='[[S2(sum)], []]'),
         'grad_output:f[] self:f[] lambd=0.5': E('[[], []]', '{S1: reduce(sum)}', partial='[[S1(sum)], []]'),

@@ -87,16 +87,17 @@ class SpecialValues:
     neighbours across a shard boundary are equal; ``nanmean`` skips NaN, so the mean of its
     shards' means passes until their NaN counts differ.
 
-    ``reach``: the largest magnitude among the call's finite value arguments (a fill value,
-    a clamp bound), 0 for none. Random data of unit scale seldom crosses a value of 3, and
-    a rule true only on one side of it passed (an index cut of ``index_fill(x, 0, i, 3.0)``
-    as ``reduce(max)``, a Partial ``clamp(x, min=-100)`` as a sum): data spread past it joins
-    the trials (``explorer.common.SCALED_TRIALS``).
+    ``value_args``: the call's finite value arguments (a fill value, a clamp bound, a
+    threshold). Random data of unit scale seldom crosses a value of 3, nor meets 0 exactly,
+    and a rule true on one side of it only passed (an index cut of ``index_fill(x, 0, i,
+    3.0)`` as ``reduce(max)``, a Partial ``clamp(x, min=-100)`` as a sum,
+    ``hardshrink_backward``'s Partial self at ``lambd=0``): data past them and at them joins
+    the trials (``Trials._scaled_trials``).
     """
 
     special: Callable[[tuple, dict, int, int], Args] | None = None
     always: bool = False
-    reach: float = 0.0
+    value_args: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ _FLAT = {
     **{name: ("index", name) for name in ("fixed", "values", "bounds_checked", "dropping", "in_range")},
     **{name: ("local", name) for name in ("localize", "padding")},
     **{name: ("randomness", name) for name in ("deterministic", "random", "value_free", "shared_dims")},
-    "special": ("specials", "special"), "special_always": ("specials", "always"), "special_reach": ("specials", "reach"),
+    "special": ("specials", "special"), "special_always": ("specials", "always"), "value_args": ("specials", "value_args"),
     **{name: ("sizes", name) for name in ("widen", "exact_sizes", "trusts_shapes", "value_sized", "sized_by",
                                                 "uncut_dims", "stand_in_for")},
 }
@@ -229,7 +230,7 @@ class OpCase:
     shared_dims = _flat("randomness", "shared_dims")
     special = _flat("specials", "special")
     special_always = _flat("specials", "always")
-    special_reach = _flat("specials", "reach")
+    value_args = _flat("specials", "value_args")
     widen = _flat("sizes", "widen")
     exact_sizes = _flat("sizes", "exact_sizes")
     trusts_shapes = _flat("sizes", "trusts_shapes")

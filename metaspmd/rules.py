@@ -13,13 +13,14 @@ SCHEMA_VERSION = 1
 # Bump with every soundness fix of the explorer or verifier, or any change of what an
 # entry means: rules that live exploration cached under an older version are then never
 # trusted, but explored again (the rule cache keys its folders by this number).
-VERIFIER_VERSION = 8  # 2: live cases run out= and in-place ops on fresh outs and cloned inputs; 3: inputs read
+VERIFIER_VERSION = 9  # 2: live cases run out= and in-place ops on fresh outs and cloned inputs; 3: inputs read
 # only at 0 or ±1 (hinge_embedding_loss) are not Partial beside identity, NaN ties refute argreduce;
 # 4: the call's scalars planted in special values, stand-ins of calls with value bounds checked at the call;
 # 5: rank queries meet every low-rank matrix shape on one matrix (a 2 x 6 matrix's row cut passed as a sum);
 # 6: data past the call's value arguments (index_fill(x, 0, i, 3.0)'s index cut passed as a max);
 # 7: jax select_n's which redrawn per trial (a False flag's other case passed as identity);
-# 8: argreduce meets a line's extreme as a zero of each sign (jax top_k orders +0.0 above -0.0)
+# 8: argreduce meets a line's extreme as a zero of each sign (jax top_k orders +0.0 above -0.0);
+# 9: data at and past every value argument, ints too; exact ±1 and a lone scalar among special values
 # Joint strategies of independent parts offered per entry: (labels per part + 1) ** parts
 # grows fast for long lists; the single labels always remain.
 JOINT_LIMIT = 64

@@ -63,6 +63,15 @@ def largest_finite(dtype: str) -> float | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def largest_integer(dtype: str) -> float | None:
+    """The largest value of the integer dtype ``dtype``, or None where numpy does not know it."""
+    try:
+        return float(np.iinfo(dtype).max)
+    except (TypeError, ValueError):
+        return None
+
+
 def close(actual: np.ndarray, expected: np.ndarray, dtype: str, scale: float = 0.0) -> bool:
     """Are two arrays of one shape equal, the soundness test every rule rests on?
 

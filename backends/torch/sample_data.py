@@ -6,13 +6,16 @@ values underflows and its samples hold zeros anyway. The explorer cannot tell co
 apart on a constant output, so it asks for these inputs when the plain fresh ones leave
 an output constant. Trial ``k`` (1, 2, ...) uses one pattern, cycling:
 
-1. lone: all zero (False) but one element, so exactly one shard of an ``any``-like op
-   sees a True and ``identity`` is refuted while ``reduce(max)`` holds;
+1. lone: all zero (False) but one element, the call's first nonzero scalar where it has
+   one, so exactly one shard of an ``any``-like op sees a True (and of ``isin(2, x)`` the
+   one 2: planted by chance alone, every shard held a 2, and ``identity`` passed) and
+   ``identity`` is refuted while ``reduce(max)`` holds;
 2. special: a third replaced by NaN, ±inf, 0 and the call's own scalars and their
    neighbours (so ``isnan`` and ``eq``/``gt`` with a scalar flip), and each scalar at one
    element at least (a histogram's ``min`` and ``max`` bound the values it reads);
-3. near one: magnitudes close to one with random signs (products neither underflow nor
-   overflow; bools mostly True);
+3. near one: magnitudes close to one with random signs, half of them exactly one (products
+   neither underflow nor overflow; a target read only at exactly ±1 is read; bools mostly
+   True);
 4. hole: near one but one element zero (False): the ``all``/``prod`` counterpart of lone;
 5. zero: all zero (False): the one input where ``any`` is False;
 6. nan: all NaN (the largest value for integers, all True for bools);
@@ -53,10 +56,12 @@ def _held_scalars(x: torch.Tensor, scalars: list[float]) -> list[float]:
 
 def _special_pool(x: torch.Tensor, scalars: list[float], nonfinite: tuple[float, ...]) -> torch.Tensor:
     """Values to plant: the call's scalars make up half the pool (so ``ne(x, s)`` flips on
-    every trial), their neighbours, zero and, for floats, ``nonfinite``."""
+    every trial), their neighbours, zero, one and minus one (a ``target`` read only where
+    it is exactly ±1: ``cosine_embedding_loss`` of random targets is 0 throughout) and, for
+    floats, ``nonfinite``."""
     floating = x.dtype.is_floating_point or x.dtype.is_complex
     own = _held_scalars(x, scalars)
-    others = [0.0] + [v for s in own if math.isfinite(s) for v in (s + 1, s - 1)]
+    others = [0.0, 1.0, -1.0] + [v for s in own if math.isfinite(s) for v in (s + 1, s - 1)]
     if floating:
         others += list(nonfinite)
     values = own * max(1, len(others) // max(1, len(own))) + others
@@ -88,7 +93,10 @@ def _near_one(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         return torch.rand(x.shape, generator=gen) < 0.9
     sign = torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
     if x.dtype.is_floating_point or x.dtype.is_complex:
+        # half of them exactly 1: a target read only where it is exactly 1 or -1
+        # (cosine_embedding_loss's) is 0 throughout on magnitudes merely near it
         magnitude = torch.exp(torch.empty(x.shape, dtype=torch.float64).uniform_(-0.2, 0.2, generator=gen))
+        magnitude = torch.where(torch.rand(x.shape, generator=gen) < 0.5, 1.0, magnitude)
         return (sign * magnitude).to(x.dtype)
     twos = torch.where(torch.rand(x.shape, generator=gen) < 0.1, 2.0, 1.0).to(torch.float64)
     out = sign * twos
@@ -124,8 +132,9 @@ def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Gene
     near = _near_one(x, gen)
     if x.dtype == torch.bool:
         near = torch.ones_like(x) if pattern == "hole" else near
-    if pattern == "lone":
-        return _one_element(x, zero, near, gen)
+    if pattern == "lone":  # the call's first nonzero scalar where it has one (isin(2, x): one 2)
+        own = [v for v in _held_scalars(x, scalars) if math.isfinite(v) and v != 0 and x.dtype != torch.bool]
+        return _one_element(x, zero, torch.full_like(x, own[0]) if own else near, gen)
     if pattern == "hole":
         floating = x.dtype.is_floating_point or x.dtype.is_complex
         return _one_element(x, near, torch.full_like(x, hole) if floating else zero, gen)

@@ -12,7 +12,7 @@ import numpy as np
 from .. import pytree
 from ..rules import TensorArg
 from ..tensor_ops import BOOL, COMPLEX, FLOAT, INT
-from .common import NO_TENSOR_INPUT, REACH_FLOOR, TRIAL_SPLITS, Context, Trial, bitwise_equal, error_text, example_value, flat_along
+from .common import NO_TENSOR_INPUT, TRIAL_SPLITS, Context, Trial, bitwise_equal, error_text, example_value, flat_along
 from .trials import Trials
 
 
@@ -61,8 +61,11 @@ def draw_baseline(context: Context) -> Baseline | Verdict:
             trials.append(runner._fresh_trial(k, first))
     except Exception as e:
         return Verdict("failed", "fresh inputs: " + error_text(e), results)
-    if case.specials.reach > REACH_FLOOR and not case.randomness.random:
-        trials += runner._scaled_trials(case.specials.reach)
+    # Data past and at the call's value arguments joins last: it decides nothing about which
+    # other trials the random data calls for (where it alone moves an output, as isin(2, x)'s
+    # planted 2s do, the special values must still come)
+    scaled = (runner._scaled_trials(case.specials.value_args)
+              if case.specials.value_args and not case.randomness.random else [])
     notes: list[str] = []
     constant = constant_outputs(ops, trials)
     blind = bool(constant or empty_outputs(ops, trials) or integer_data(context, trials)
@@ -81,8 +84,11 @@ def draw_baseline(context: Context) -> Baseline | Verdict:
     # small noise everywhere), and identity is refuted only where shards disagree. So
     # does an op that blind data leaves one value throughout (ne of random integers and
     # 1: all True), where the sample may be no better (all zero): special values plant the 1.
+    # So does an output the example moves but fresh data leaves constant: the example holds
+    # values the op reads that random data never does (cosine_embedding_loss reads its
+    # target only where it is exactly 1 or -1, so every fresh loss was 0 and identity held).
     wanted = (constant or whole_tensor_predicates(ops, trials) or case.specials.always
-              or one_valued_blind(trials))
+              or one_valued_blind(trials) or constant_outputs(ops, trials[1:]))
     special = runner._special_trials() if wanted and case.specials.special is not None else None
     if special is not None:
         # Verified on the random trials and the special-value ones alike: an output
@@ -93,14 +99,17 @@ def draw_baseline(context: Context) -> Baseline | Verdict:
         # NaN, lone nonzero, ...): the output depends on shapes and non-tensor arguments
         # only (full_like, fill), so every combine that rebuilds it from local outputs
         # holds for any data.
-        still = constant_outputs(ops, trials)
+        still = constant_outputs(ops, trials + scaled)
         if still:  # or constant because an index never varied (index_fill's covers every column)
             trials = trials + resampled_index_trials(runner, trials)
-            still = constant_outputs(ops, trials)
+            still = constant_outputs(ops, trials + scaled)
         if still:
             which = ", ".join(map(str, still))
             notes.append(f"output {which} constant under random and special-value inputs: shape-determined")
         constant = []
+    trials = trials + scaled
+    if constant:
+        constant = constant_outputs(ops, trials)
     if constant:
         j = constant[0]  # NaN throughout: the op fails on these inputs rather than ignoring them
         why = "is NaN or infinite on every trial" if ops.one_nonfinite_value(first.outputs[j]) else "does not vary with the inputs"

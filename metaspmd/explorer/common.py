@@ -34,13 +34,14 @@ SPECIAL_SPLITS = (Split(2), Split(2, skew=True))
 # Trials on blind random inputs added when an output is constant or empty on the data of
 # the sample's own generator.
 BLIND_TRIALS = 2
-# Trials on fresh data moved past the call's value arguments (OpCase.special_reach), which
-# unit-scale data seldom crosses: every float element above the largest magnitude among
-# them, then every one below minus it, then both, spread over REACH_SCALE times it. Their
-# seeds start at FIRST_SCALED_TRIAL; values within REACH_FLOOR of zero the fresh trials cross.
+# Trials on fresh data past and at the call's value arguments (OpCase.value_args), which
+# unit-scale data seldom crosses or meets: every element above the largest magnitude among
+# them, then every one below minus it (where that is SIDE_FLOOR or more), then both sides spread over REACH_SCALE times it with
+# a third of the elements at one of the values or their negatives. Their seeds start at
+# FIRST_SCALED_TRIAL.
 SCALED_SIDES = (1, -1, 0)
+SIDE_FLOOR = 1.0
 FIRST_SCALED_TRIAL = 20
-REACH_FLOOR = 2.0
 REACH_SCALE = 2.0
 # Fresh trials drawn while a verification has seen only one trial whose shards differ
 # (t of two bools, equal on most draws), until a second one does; their seeds start here.

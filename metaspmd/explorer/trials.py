@@ -9,8 +9,9 @@ import numpy as np
 
 from .. import pytree
 from ..case import OutOfMemory, out_of_memory
-from ..tensor_ops import FLOAT, largest_finite
-from .common import (BLIND_TRIALS, FIRST_SCALED_TRIAL, REACH_SCALE, SCALED_SIDES, SPECIAL_TRIALS, TRIAL_SPLITS,
+from ..tensor_ops import FLOAT, INT, largest_finite, largest_integer
+from .common import (BLIND_TRIALS, FIRST_SCALED_TRIAL, REACH_SCALE, SCALED_SIDES, SIDE_FLOOR, SPECIAL_TRIALS,
+                     TRIAL_SPLITS,
                      Context, Trial, one_values)
 
 
@@ -122,39 +123,53 @@ class Trials:
                 break
         return trials
 
-    def _scaled_trials(self, reach: float) -> list[Trial]:
-        """Trials on fresh inputs whose float data (indices and other fixed inputs aside)
-        lies past ``reach``, the largest of the call's value arguments (a fill value, a
-        bound; ``OpCase.special_reach``): all above it (``reach * (1 + |x|)``), all below
-        minus it, then spread over both sides (``x * REACH_SCALE * reach``). A rule that
-        holds on one side of a fill or bound only (a max of index_fill's shards, where
-        self stays under the fill value) is refuted on the other. A tensor whose dtype
-        cannot hold such values keeps its own; an op that refuses the data (a domain bound)
-        keeps the trials drawn before."""
+    def _scaled_trials(self, values: tuple[float, ...]) -> list[Trial]:
+        """Trials on fresh inputs whose float and integer data (indices and other fixed
+        inputs aside) lies past and at the call's value arguments ``values`` (a fill value,
+        a bound; ``OpCase.value_args``), of largest magnitude ``reach``: all above it
+        (``reach * (1 + |x|)``), all below minus it, then both sides (``x`` times
+        ``REACH_SCALE * reach``, 1 at least) with a third of the elements at one of the
+        values or their negatives; the first two only where ``reach`` is ``SIDE_FLOOR`` or
+        more (unit data crosses smaller values, and data all near an ``eps`` of 1e-5 is a
+        regime of its own, where a batch norm's true rules round apart). A rule that holds on one side of a fill or bound only (a
+        max of index_fill's shards, where self stays under the fill value), or off it (a
+        Partial ``x`` of ``hardshrink_backward`` at ``lambd=0``, whose zeros random data
+        never holds), is refuted there. A tensor whose dtype cannot hold such values keeps
+        its own; an op that refuses the data (a domain bound) keeps the trials drawn before."""
+        reach = max(abs(v) for v in values)
+        scale = max(REACH_SCALE * reach, 1.0)
+        planted = np.array(sorted({v for value in values for v in (value, -value)}), dtype=np.float64)
         trials: list[Trial] = []
         for j, side in enumerate(SCALED_SIDES):
+            if side and reach < SIDE_FLOOR:
+                continue  # unit data crosses it; data all near a small eps is another regime
             k = FIRST_SCALED_TRIAL + j
             args, kwargs = self._fresh_inputs(k)
             leaves = pytree.leaves((args, kwargs), self.ops.is_tensor)
+            rng = np.random.default_rng(self.seed * 1000 + k)
 
             def moved(x: Any) -> Any:
                 v = np.asarray(self.ops.to_numpy(x), dtype=np.float64)
-                return self.ops.from_numpy(side * reach * (1 + np.abs(v)) if side else v * REACH_SCALE * reach, x)
+                if side:
+                    return self.ops.from_numpy(side * reach * (1 + np.abs(v)), x)
+                at = rng.random(v.shape) < 1 / 3
+                return self.ops.from_numpy(np.where(at, rng.choice(planted, v.shape), v * scale), x)
 
-            scaled = [moved(x) if name not in self.fixed and self._holds(x, 8 * REACH_SCALE * reach) else x
+            scaled = [moved(x) if name not in self.fixed and self._holds(x, 8 * scale) else x
                       for x, name in zip(leaves, self.leaf_names)]
             args, kwargs = pytree.replace((args, kwargs), self.ops.is_tensor, scaled)
             try:
-                trials.append(self._trial(tuple(args), dict(kwargs), index=k, leaves=scaled, scale=REACH_SCALE * reach))
+                trials.append(self._trial(tuple(args), dict(kwargs), index=k, leaves=scaled, scale=scale))
             except Exception:
                 break
         return trials
 
     def _holds(self, x: Any, magnitude: float) -> bool:
-        """Is ``x`` a float tensor whose dtype holds values of ``magnitude``?"""
-        if self.ops.dtype_kind(x) != FLOAT:
+        """Is ``x`` a float or integer tensor whose dtype holds values of ``magnitude``?"""
+        kind = self.ops.dtype_kind(x)
+        if kind not in (FLOAT, INT):
             return False
-        largest = largest_finite(self.ops.dtype_name(x))
+        largest = largest_finite(self.ops.dtype_name(x)) if kind == FLOAT else largest_integer(self.ops.dtype_name(x))
         return largest is None or magnitude < largest
 
     def _special_trials(self) -> list[Trial] | None:

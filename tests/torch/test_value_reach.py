@@ -1,4 +1,4 @@
-"""Trials past the call's value arguments (OpCase.special_reach).
+"""Trials past and at the call's value arguments (OpCase.value_args).
 
 Random data of unit scale seldom crosses a fill value of 3 or a clamp bound of -100, and a
 rule true on one side of it only passed live exploration: an index cut of
@@ -110,16 +110,59 @@ def test_value_arguments_are_the_scalar_and_float_ones():
     assert value_arguments(aten._foreach_add.ScalarList, ([torch.ones(2)], [2, -9.0]), {}) == [2.0, -9.0]
 
 
-def test_scaled_trials_lie_past_the_reach_and_keep_indices():
+def test_scaled_trials_lie_past_and_at_the_values_and_keep_indices():
     args = (torch.randn(4, 5), 1, torch.tensor([0, 3]), 6.0)
     case = torch_case(aten.index_fill.int_Scalar, args, {}, aten.index_fill.int_Scalar)
-    assert case.special_reach == 6.0 and not case.special_always
+    assert case.value_args == (6.0,) and not case.special_always
     runner = Trials(Context.of(case, TorchOps(), ExploreConfig(), 0))
-    above, below, both = runner._scaled_trials(case.special_reach)
+    above, below, both = runner._scaled_trials(case.value_args)
     assert [t.index for t in (above, below, both)] == [FIRST_SCALED_TRIAL + j for j in range(3)]
     assert bool((above.args[0] >= 6.0).all()) and bool((below.args[0] <= -6.0).all())
     assert bool((both.args[0] > 6.0).any()) and bool((both.args[0] < -6.0).any())
+    assert bool((both.args[0] == 6.0).any()) and bool((both.args[0] == -6.0).any())  # at the value too
     for t in (above, below, both):
-        assert torch.equal(t.args[2], args[2]) and t.args[0].dtype == torch.float32
-    # no value argument past the fresh data's range: no scaled trials
-    assert torch_case(aten.clamp.default, (torch.randn(3), -1.5), {}, aten.clamp.default).special_reach == 1.5
+        assert torch.equal(t.args[2], args[2]) and t.args[0].dtype == torch.float32 and t.scale == 12.0
+    # integer data is moved too; a zero value argument plants zeros, with no side of it
+    ints = torch_case(aten.index_fill.int_Scalar, (torch.randint(-9, 9, (6, 5)), 0, torch.tensor([1]), 100), {},
+                      aten.index_fill.int_Scalar)
+    above, below, both = Trials(Context.of(ints, TorchOps(), ExploreConfig(), 0))._scaled_trials(ints.value_args)
+    assert above.args[0].dtype == torch.int64 and bool((above.args[0] >= 100).all()) and bool((below.args[0] <= -100).all())
+    zero = torch_case(aten.hardshrink_backward.default, (torch.randn(6, 5), torch.randn(6, 5), 0.0), {},
+                      aten.hardshrink_backward.default)
+    (at,) = Trials(Context.of(zero, TorchOps(), ExploreConfig(), 0))._scaled_trials(zero.value_args)
+    assert at.index == FIRST_SCALED_TRIAL + 2 and bool((at.args[1] == 0).any())
+
+
+@pytest.mark.parametrize("value", [1.5, 2.0, -1.5, 0.5])
+def test_a_fill_near_the_data_is_crossed_too(value):
+    found = _strategies(aten.index_fill.int_Scalar, torch.randn(7), 0, torch.tensor([1, 6]), value)
+    assert not any(s.startswith("(R, S(0))") for s in found), found
+
+
+@pytest.mark.parametrize("value", [100, -1000])
+def test_an_integer_self_is_moved_past_the_fill(value):
+    found = _strategies(aten.index_fill.int_Scalar, torch.randint(-9, 9, (7,)), 0, torch.tensor([1, 6]), value)
+    assert not any(s.startswith("(R, S(0))") for s in found), found
+
+
+@pytest.mark.parametrize("op", [aten.hardshrink_backward.default, aten.softshrink_backward.default])
+def test_a_zero_threshold_meets_zeros(op):
+    """At lambd=0 the gradient passes wherever self is not exactly 0: random data never is,
+    and a Partial self (a zero split into 1 and -1) passed as a sum."""
+    found = _strategies(op, torch.randn(7), torch.randn(7), 0.0)
+    assert not any(s.startswith("(P(sum), P(sum))") for s in found), found
+
+
+def test_a_target_read_at_exactly_one_is_read():
+    """cosine_embedding_loss reads its target only where it is exactly 1 or -1: random
+    targets left every loss 0, and every combine (identity of a mean among them) held."""
+    t = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0])
+    found = _strategies(aten.cosine_embedding_loss.default, torch.randn(6, 4), torch.randn(6, 4), t)
+    assert not any("identity" in s for s in found), found
+
+
+def test_a_lone_scalar_refutes_identity_of_a_membership():
+    """isin(2, x) is True where some shard holds a 2: special values planted 2s by chance,
+    in every shard at once, and identity passed; the lone pattern plants one."""
+    found = _strategies(aten.isin.Scalar_Tensor, 2, torch.randn(4, 6))
+    assert found == {"(S(0)) -> (reduce(max))", "(S(1)) -> (reduce(max))"}, found
