@@ -11,8 +11,7 @@ from .. import pytree
 from ..case import OutOfMemory, out_of_memory
 from ..tensor_ops import FLOAT, INT, largest_finite, largest_integer
 from .common import (BLIND_TRIALS, FIRST_SCALED_TRIAL, REACH_SCALE, SCALED_SIDES, SIDE_FLOOR, SPECIAL_TRIALS,
-                     TRIAL_SPLITS,
-                     Context, Trial, one_values)
+                     TRIAL_SPLITS, Context, Trial, one_values)
 
 
 def _not_container(x: Any) -> bool:
@@ -131,11 +130,12 @@ class Trials:
         ``REACH_SCALE * reach``, 1 at least) with a third of the elements at one of the
         values or their negatives; the first two only where ``reach`` is ``SIDE_FLOOR`` or
         more (unit data crosses smaller values, and data all near an ``eps`` of 1e-5 is a
-        regime of its own, where a batch norm's true rules round apart). A rule that holds on one side of a fill or bound only (a
-        max of index_fill's shards, where self stays under the fill value), or off it (a
-        Partial ``x`` of ``hardshrink_backward`` at ``lambd=0``, whose zeros random data
-        never holds), is refuted there. A tensor whose dtype cannot hold such values keeps
-        its own; an op that refuses the data (a domain bound) keeps the trials drawn before."""
+        regime of its own, where a batch norm's true rules round apart). A rule that holds
+        on one side of a fill or bound only (a max of index_fill's shards, where self stays
+        under the fill value), or off it (a Partial ``x`` of ``hardshrink_backward`` at
+        ``lambd=0``, whose zeros random data never holds), is refuted there. A tensor whose
+        dtype cannot hold such values keeps its own; an op that refuses the data (a domain
+        bound) keeps the trials drawn before."""
         reach = max(abs(v) for v in values)
         scale = max(REACH_SCALE * reach, 1.0)
         planted = np.array(sorted({v for value in values for v in (value, -value)}), dtype=np.float64)
