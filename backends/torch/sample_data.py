@@ -133,7 +133,7 @@ def _inject(x: torch.Tensor, pattern: str, scalars: list[float], gen: torch.Gene
     if x.dtype == torch.bool:
         near = torch.ones_like(x) if pattern == "hole" else near
     if pattern == "lone":  # the call's first nonzero scalar where it has one (isin(2, x): one 2)
-        own = [v for v in _held_scalars(x, scalars) if math.isfinite(v) and v != 0 and x.dtype != torch.bool]
+        own = [] if x.dtype == torch.bool else [v for v in _held_scalars(x, scalars) if math.isfinite(v) and v != 0]
         return _one_element(x, zero, torch.full_like(x, own[0]) if own else near, gen)
     if pattern == "hole":
         floating = x.dtype.is_floating_point or x.dtype.is_complex
